@@ -1,0 +1,225 @@
+/* lmq_os.c: see lmq_os.h for the errno contract of each function. */
+#define _GNU_SOURCE
+#include "lmq_os.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+static size_t page_size_cached = 0;
+
+size_t lmq_page_size(void) {
+    if (page_size_cached == 0) {
+        long ps = sysconf(_SC_PAGESIZE);
+        page_size_cached = ps > 0 ? (size_t)ps : 4096;
+    }
+    return page_size_cached;
+}
+
+/* Round [addr+off, +len) out to page boundaries; returns the aligned start, *alen the aligned length. */
+static char *page_range(void *addr, size_t off, size_t len, size_t *alen) {
+    size_t ps = lmq_page_size();
+    uintptr_t start = (uintptr_t)addr + off;
+    uintptr_t astart = start & ~(uintptr_t)(ps - 1);
+    uintptr_t end = start + len;
+    uintptr_t aend = (end + ps - 1) & ~(uintptr_t)(ps - 1);
+    *alen = (size_t)(aend - astart);
+    return (char *)astart;
+}
+
+int lmq_map(int fd, size_t len, int writable, void **out) {
+    int prot = PROT_READ | (writable ? PROT_WRITE : 0);
+    void *p = mmap(NULL, len, prot, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        *out = NULL;
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
+int lmq_unmap(void *addr, size_t len) { return munmap(addr, len); }
+
+int lmq_msync(void *addr, size_t off, size_t len, int sync) {
+    size_t alen;
+    char *a;
+    if (len == 0) return 0;
+    a = page_range(addr, off, len, &alen);
+    return msync(a, alen, sync ? MS_SYNC : MS_ASYNC);
+}
+
+int lmq_fdatasync(int fd, int full) { return full ? fsync(fd) : fdatasync(fd); }
+
+int lmq_fallocate(int fd, int64_t off, int64_t len) {
+    int rc;
+    if (len <= 0) return 0;
+    do {
+        rc = posix_fallocate(fd, (off_t)off, (off_t)len);
+    } while (rc == EINTR);
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+    return 0;
+}
+
+int lmq_ftruncate(int fd, int64_t len) { return ftruncate(fd, (off_t)len); }
+
+int lmq_mlock(void *addr, size_t off, size_t len) {
+    size_t alen;
+    char *a = page_range(addr, off, len, &alen);
+    return mlock(a, alen);
+}
+
+int lmq_munlock(void *addr, size_t off, size_t len) {
+    size_t alen;
+    char *a = page_range(addr, off, len, &alen);
+    return munlock(a, alen);
+}
+
+int lmq_madvise(void *addr, size_t off, size_t len, int advice) {
+    static const int table[] = {MADV_NORMAL, MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED};
+    size_t alen;
+    char *a;
+    if (advice < 0 || advice > LMQ_ADV_DONTNEED) {
+        errno = EINVAL;
+        return -1;
+    }
+    a = page_range(addr, off, len, &alen);
+    return madvise(a, alen, table[advice]);
+}
+
+size_t lmq_pretouch(void *addr, size_t off, size_t len, int write) {
+    size_t ps = lmq_page_size();
+    volatile char *p = (volatile char *)addr + off;
+    size_t i, n = 0;
+    unsigned sink = 0;
+    for (i = 0; i < len; i += ps, n++) {
+        if (write)
+            p[i] = 0;
+        else
+            sink += (unsigned)p[i];
+    }
+    (void)sink;
+    return n;
+}
+
+int lmq_mincore(void *addr, size_t off, size_t len, size_t *resident) {
+    size_t alen, ps = lmq_page_size(), npages, i, count = 0;
+    char *a;
+    unsigned char *vec;
+    *resident = 0;
+    if (len == 0) return 0;
+    a = page_range(addr, off, len, &alen);
+    npages = alen / ps;
+    vec = (unsigned char *)malloc(npages);
+    if (vec == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    if (mincore(a, alen, vec) != 0) {
+        int saved = errno;
+        free(vec);
+        errno = saved;
+        return -1;
+    }
+    for (i = 0; i < npages; i++) count += vec[i] & 1u;
+    free(vec);
+    *resident = count;
+    return 0;
+}
+
+int lmq_is_zero(const void *p, size_t len) {
+    const unsigned char *c = (const unsigned char *)p;
+    size_t i = 0;
+    uint64_t acc = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t v;
+        memcpy(&v, c + i, 8);
+        acc |= v;
+        if ((i & 4095) == 4088 && acc) return 0;
+    }
+    for (; i < len; i++) acc |= c[i];
+    return acc == 0;
+}
+
+int64_t lmq_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void lmq_sleep_us(int64_t us) {
+    struct timespec ts;
+    if (us <= 0) return;
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (long)(us % 1000000) * 1000;
+    nanosleep(&ts, NULL);
+}
+
+struct lmq_event {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int signalled;
+    int waiting; /* read without the mutex by lmq_event_signal_if_waiting */
+};
+
+lmq_event *lmq_event_new(void) {
+    pthread_condattr_t attr;
+    lmq_event *ev = (lmq_event *)calloc(1, sizeof(lmq_event));
+    if (ev == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    pthread_mutex_init(&ev->mu, NULL);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&ev->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    return ev;
+}
+
+void lmq_event_free(lmq_event *ev) {
+    if (ev == NULL) return;
+    pthread_cond_destroy(&ev->cv);
+    pthread_mutex_destroy(&ev->mu);
+    free(ev);
+}
+
+int lmq_event_wait(lmq_event *ev, int64_t timeout_us) {
+    struct timespec deadline;
+    int got;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += timeout_us / 1000000;
+    deadline.tv_nsec += (long)(timeout_us % 1000000) * 1000;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&ev->mu);
+    __atomic_store_n(&ev->waiting, 1, __ATOMIC_SEQ_CST);
+    while (!ev->signalled) {
+        if (pthread_cond_timedwait(&ev->cv, &ev->mu, &deadline) == ETIMEDOUT) break;
+    }
+    got = ev->signalled;
+    ev->signalled = 0;
+    __atomic_store_n(&ev->waiting, 0, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&ev->mu);
+    return got;
+}
+
+void lmq_event_signal(lmq_event *ev) {
+    pthread_mutex_lock(&ev->mu);
+    ev->signalled = 1;
+    pthread_cond_signal(&ev->cv);
+    pthread_mutex_unlock(&ev->mu);
+}
+
+void lmq_event_signal_if_waiting(lmq_event *ev) {
+    if (__atomic_load_n(&ev->waiting, __ATOMIC_SEQ_CST)) lmq_event_signal(ev);
+}

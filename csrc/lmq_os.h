@@ -1,0 +1,75 @@
+/* lmq_os.h: the POSIX calls localmq needs, in plain C (no Python.h).
+ *
+ * Contract for every int-returning function: 0 on success, -1 on failure with errno set
+ * (posix_fallocate's returned error is moved into errno). Callers run them with the GIL
+ * released and raise OSError(errno, strerror, path) once it is back.
+ */
+#ifndef LMQ_OS_H
+#define LMQ_OS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* mmap(MAP_SHARED) `len` bytes of `fd` from offset 0; *out receives the address. */
+int lmq_map(int fd, size_t len, int writable, void **out);
+/* munmap. */
+int lmq_unmap(void *addr, size_t len);
+/* msync [addr+off, addr+off+len) rounded out to whole pages; MS_SYNC when sync != 0 else MS_ASYNC. */
+int lmq_msync(void *addr, size_t off, size_t len, int sync);
+/* fdatasync(fd); fsync(fd) when full != 0 (directories, metadata). */
+int lmq_fdatasync(int fd, int full);
+/* posix_fallocate(fd, off, len): reserves the blocks so later writes through a mapping cannot SIGBUS on ENOSPC. */
+int lmq_fallocate(int fd, int64_t off, int64_t len);
+/* ftruncate(fd, len). */
+int lmq_ftruncate(int fd, int64_t len);
+/* mlock / munlock of a page-rounded range. EPERM / ENOMEM when not permitted. */
+int lmq_mlock(void *addr, size_t off, size_t len);
+int lmq_munlock(void *addr, size_t off, size_t len);
+/* madvise(addr+off, len, advice) on a page-rounded range; advice is one of LMQ_ADV_*. */
+enum { LMQ_ADV_NORMAL = 0, LMQ_ADV_RANDOM = 1, LMQ_ADV_SEQUENTIAL = 2, LMQ_ADV_WILLNEED = 3, LMQ_ADV_DONTNEED = 4 };
+int lmq_madvise(void *addr, size_t off, size_t len, int advice);
+/* Touch one byte of every page of [addr+off, addr+off+len): write a 0 (write != 0) or read it.
+ * Writing 0 is only safe on pages known to be zero (a fresh, reserved segment). Cannot fail: returns pages touched. */
+size_t lmq_pretouch(void *addr, size_t off, size_t len, int write);
+/* mincore over a page-rounded range; *resident receives the number of resident pages. */
+int lmq_mincore(void *addr, size_t off, size_t len, size_t *resident);
+/* Size of a page. */
+size_t lmq_page_size(void);
+/* 1 if [p, p+len) is all zero bytes, else 0. Cannot fail. */
+int lmq_is_zero(const void *p, size_t len);
+/* CLOCK_REALTIME in milliseconds. Cannot fail. */
+int64_t lmq_now_ms(void);
+/* Sleep for `us` microseconds (nanosleep; EINTR ends the sleep early). Cannot fail. */
+void lmq_sleep_us(int64_t us);
+
+/* A one-slot wake-up event (mutex + condition + flag) shared by a producer and one waiting thread.
+ * The waiter sleeps in lmq_event_wait without the GIL; lmq_event_signal is cheap when nobody waits
+ * (one atomic load). Returns are 0 / -1 + errno like the rest. */
+typedef struct lmq_event lmq_event;
+lmq_event *lmq_event_new(void);            /* NULL + errno ENOMEM on failure */
+void lmq_event_free(lmq_event *ev);
+/* Wait until signalled or `timeout_us` passed; returns 1 when signalled, 0 on timeout. Consumes the signal. */
+int lmq_event_wait(lmq_event *ev, int64_t timeout_us);
+/* Wake the waiter if one is sleeping (or make its next wait return at once). */
+void lmq_event_signal(lmq_event *ev);
+/* Same, but skips the mutex entirely when no thread is inside lmq_event_wait. */
+void lmq_event_signal_if_waiting(lmq_event *ev);
+
+/* Big-endian loads and stores and the release/acquire publication of positions. */
+static inline uint16_t lmq_be16(const void *p) { uint16_t v; __builtin_memcpy(&v, p, 2); return __builtin_bswap16(v); }
+static inline uint32_t lmq_be32(const void *p) { uint32_t v; __builtin_memcpy(&v, p, 4); return __builtin_bswap32(v); }
+static inline uint64_t lmq_be64(const void *p) { uint64_t v; __builtin_memcpy(&v, p, 8); return __builtin_bswap64(v); }
+static inline void lmq_put16(void *p, uint16_t v) { v = __builtin_bswap16(v); __builtin_memcpy(p, &v, 2); }
+static inline void lmq_put32(void *p, uint32_t v) { v = __builtin_bswap32(v); __builtin_memcpy(p, &v, 4); }
+static inline void lmq_put64(void *p, uint64_t v) { v = __builtin_bswap64(v); __builtin_memcpy(p, &v, 8); }
+static inline int64_t lmq_load_acq(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void lmq_store_rel(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+#ifdef __cplusplus
+}
+#endif
+#endif

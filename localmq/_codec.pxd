@@ -1,0 +1,88 @@
+# Frame codec of RocketMQ 4.x CommitLog records (V1), shared with the put path, the dispatcher and the readers.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+
+cdef enum:
+    MESSAGE_MAGIC_CODE = -626843481      # 0xDAA320A7
+    BLANK_MAGIC_CODE = -875286124        # 0xCBD43194
+    END_FILE_MIN_BLANK_LENGTH = 8
+    SYSFLAG_COMPRESSED = 0x1
+    SYSFLAG_MULTI_TAGS = 0x2
+    SYSFLAG_TRANSACTION_MASK = 0xC
+    SYSFLAG_TRANSACTION_PREPARED = 0x4
+    SYSFLAG_TRANSACTION_COMMIT = 0x8
+    SYSFLAG_TRANSACTION_ROLLBACK = 0xC
+    SYSFLAG_BORNHOST_V6 = 0x10
+    SYSFLAG_STOREHOST_V6 = 0x20
+
+# parse_record outcomes
+cdef enum:
+    REC_OK = 0
+    REC_BLANK = 1        # end-of-file blank record: move to the next segment
+    REC_END = 2          # zero bytes where a record would start: the end of written data
+    REC_TORN = 3         # a record that runs past the readable bytes
+    REC_BAD_MAGIC = 4
+    REC_BAD_LENGTH = 5   # TOTALSIZE disagrees with the fields (RocketMQ: size reported, record invalid)
+    REC_BAD_CRC = 6
+
+cdef struct RecordView:
+    int32_t total_size
+    int32_t magic
+    uint32_t body_crc
+    int32_t queue_id
+    int32_t flag
+    int64_t queue_offset
+    int64_t physical_offset
+    int32_t sys_flag
+    int64_t born_timestamp
+    const uint8_t *born_host      # address bytes then int32 port, 8 or 20 bytes
+    int32_t born_host_len
+    int64_t store_timestamp
+    const uint8_t *store_host
+    int32_t store_host_len
+    int32_t reconsume_times
+    int64_t prepared_transaction_offset
+    const uint8_t *body
+    int32_t body_len
+    const uint8_t *topic
+    int32_t topic_len
+    const uint8_t *props
+    int32_t props_len
+
+cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check_crc) noexcept nogil
+cdef int64_t calc_msg_length(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len) noexcept nogil
+cdef uint32_t body_crc32(const uint8_t *p, int64_t n) noexcept nogil
+cdef int32_t java_hash_utf8(const uint8_t *s, int64_t n) noexcept nogil
+cdef bint find_property(const uint8_t *props, int32_t n, const char *key, int32_t keylen,
+                        const uint8_t **val, int32_t *vlen) noexcept nogil
+cdef int64_t tags_code_of(const RecordView *v) noexcept nogil
+cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t flag, int64_t queue_offset,
+                       int64_t physical_offset, int32_t sys_flag, int64_t born_timestamp,
+                       const uint8_t *born_host, int32_t born_host_len, int64_t store_timestamp,
+                       const uint8_t *store_host, int32_t store_host_len, int32_t reconsume_times,
+                       int64_t prepared_transaction_offset, const uint8_t *body, int32_t body_len,
+                       const uint8_t *topic, int32_t topic_len, const uint8_t *props, int32_t props_len) noexcept nogil
+cdef void write_blank(uint8_t *dst, int32_t size) noexcept nogil
+
+cdef class Message:
+    cdef readonly str topic
+    cdef readonly int queue_id
+    cdef readonly long long queue_offset
+    cdef readonly long long physical_offset
+    cdef readonly long long store_timestamp
+    cdef readonly long long born_timestamp
+    cdef readonly long long prepared_transaction_offset
+    cdef readonly int flag
+    cdef readonly int sys_flag
+    cdef readonly int reconsume_times
+    cdef readonly int store_size
+    cdef readonly unsigned int body_crc
+    cdef readonly object body
+    cdef bytes _props_raw
+    cdef dict _props
+    cdef uint8_t _store_host[20]
+    cdef uint8_t _born_host[20]
+    cdef int _store_host_len
+    cdef int _born_host_len
+
+cdef str msg_id_of_c(const uint8_t *host, int host_len, int64_t offset)
+cdef Message message_from_view(const RecordView *v, str topic, bint copy_body, object owner)

@@ -1,0 +1,35 @@
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from localmq._mapped_file cimport MappedFile
+from localmq._os cimport lmq_event
+
+cdef extern from "pythread.h":
+    ctypedef void *PyThread_type_lock
+
+cdef class TopicEntry:
+    cdef readonly str topic
+    cdef readonly bytes encoded
+    cdef int64_t *next_offsets      # next queue offset per queue id (index = queue id)
+    cdef int32_t n_queues
+    cdef int ensure(self, int32_t queue_id) except -1
+
+cdef class CommitLog:
+    cdef readonly object mapped_file_queue
+    cdef readonly int64_t file_size
+    cdef MappedFile cur
+    cdef PyThread_type_lock lock
+    cdef dict topics
+    cdef dict props_cache
+    cdef bytes store_host
+    cdef bytes born_host
+    cdef int32_t host_sys_flag
+    cdef readonly int64_t max_message_size
+    cdef int64_t last_store_ts
+    cdef lmq_event *dispatch_event
+    cdef readonly bint closed
+    cdef public object after_put      # SYNC_FLUSH / flush wake-up hook: called with (next_offset) or None
+    cdef public object create_failed_hook
+    cdef readonly long long puts
+    cdef readonly long long put_failures
+    cdef TopicEntry _topic(self, str topic)
+    cdef bytes _properties(self, object tags, object keys, object properties)
+    cdef MappedFile _roll(self, int64_t start)

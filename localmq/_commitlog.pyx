@@ -1,0 +1,503 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""The CommitLog put path: encode records straight into the current segment under one put lock."""
+import logging
+
+cimport cython
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.ref cimport PyObject
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.string cimport memset
+
+from localmq._codec cimport (
+    BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, calc_msg_length,
+    msg_id_of_c, write_blank, write_record,
+)
+from localmq._mapped_file cimport MappedFile
+from localmq._os cimport lmq_event, lmq_event_signal_if_waiting, lmq_now_ms, lmq_store_rel
+
+from localmq._codec import pack_host, properties_to_bytes
+from localmq.config import MAX_QUEUE_ID, PutStatus, check_topic
+from localmq.errors import (
+    InvalidPropertyError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError, StoreClosedError,
+)
+
+log = logging.getLogger("localmq.commitlog")
+
+cdef extern from "pythread.h":
+    PyThread_type_lock PyThread_allocate_lock()
+    void PyThread_free_lock(PyThread_type_lock)
+    int PyThread_acquire_lock(PyThread_type_lock, int) nogil
+    void PyThread_release_lock(PyThread_type_lock) nogil
+
+cdef object PUT_OK = PutStatus.PUT_OK
+cdef object CREATE_FAILED = PutStatus.CREATE_MAPPED_FILE_FAILED
+cdef int MAX_PROPS = 32767
+
+
+cdef inline void lock_acquire(PyThread_type_lock lk):
+    # Fast path without releasing the GIL; when contended, wait with the GIL released so the holder (which
+    # needs the GIL to finish its put) can run. Lock order: put lock -> MappedFileQueue.lock.
+    if PyThread_acquire_lock(lk, 0):
+        return
+    with nogil:
+        PyThread_acquire_lock(lk, 1)
+
+
+@cython.freelist(256)
+cdef class PutResult:
+    """Result of a put or put_batch: ``status`` (PutStatus), ``physical_offset`` and ``queue_offset`` of the first
+    message, ``wrote_bytes``, ``store_timestamp``, ``msg_num``, and ``msg_id`` (comma-joined ids for a batch)."""
+
+    cdef public object status
+    cdef readonly long long physical_offset
+    cdef readonly long long queue_offset
+    cdef readonly long long wrote_bytes
+    cdef readonly long long store_timestamp
+    cdef readonly int msg_num
+    cdef bytes _host
+    cdef object _offsets   # list of physical offsets for a batch, None for one message
+
+    @property
+    def msg_id(self):
+        if self.physical_offset < 0 or self._host is None:
+            return None
+        cdef const uint8_t *h = <const uint8_t *>PyBytes_AS_STRING(self._host)
+        cdef int n = PyBytes_GET_SIZE(self._host)
+        if self._offsets is None:
+            return msg_id_of_c(h, n, self.physical_offset)
+        return ",".join([msg_id_of_c(h, n, o) for o in self._offsets])
+
+    @property
+    def ok(self):
+        return self.status is PUT_OK
+
+    def __repr__(self):
+        return (f"PutResult(status={self.status.name}, physical_offset={self.physical_offset}, "
+                f"queue_offset={self.queue_offset}, wrote_bytes={self.wrote_bytes}, msg_num={self.msg_num})")
+
+
+cdef PutResult failed_result(object status):
+    cdef PutResult r = PutResult.__new__(PutResult)
+    r.status = status
+    r.physical_offset = -1
+    r.queue_offset = -1
+    return r
+
+
+cdef class TopicEntry:
+    """Per-topic put state: the encoded name and the next queue offset of each queue id."""
+
+    def __cinit__(self, str topic):
+        self.topic = topic
+        self.encoded = topic.encode("ascii")
+        self.next_offsets = NULL
+        self.n_queues = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.next_offsets)
+
+    cdef int ensure(self, int32_t queue_id) except -1:
+        cdef int32_t n
+        cdef int64_t *p
+        if queue_id < self.n_queues:
+            return 0
+        n = queue_id + 1 if queue_id + 1 > self.n_queues * 2 else self.n_queues * 2
+        if n < 8:
+            n = 8
+        if n > MAX_QUEUE_ID + 1:
+            n = MAX_QUEUE_ID + 1
+        p = <int64_t *>PyMem_Realloc(self.next_offsets, n * sizeof(int64_t))
+        if p == NULL:
+            raise MemoryError()
+        memset(p + self.n_queues, 0, (n - self.n_queues) * sizeof(int64_t))
+        self.next_offsets = p
+        self.n_queues = n
+        return 0
+
+    def next_offset(self, int queue_id):
+        if queue_id < self.n_queues:
+            return self.next_offsets[queue_id]
+        return 0
+
+    def queue_ids(self):
+        return [q for q in range(self.n_queues) if self.next_offsets[q] > 0]
+
+
+cdef class CommitLog:
+    """All topics' records in one log of fixed-size segments (RocketMQ's CommitLog).
+
+    ``put`` and ``put_batch`` run under one put lock and are safe from any number of threads; each record is
+    complete in the mapping before its end is published (release store), which is what readers and the
+    dispatcher rely on. Invalid input raises before the lock is taken.
+    """
+
+    def __cinit__(self, mapped_file_queue, *, long long max_message_size, str store_host, str born_host):
+        self.mapped_file_queue = mapped_file_queue
+        self.file_size = mapped_file_queue.file_size
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError()
+        self.topics = {}
+        self.props_cache = {}
+        self.max_message_size = max_message_size
+        self.store_host = pack_host(store_host)
+        self.born_host = pack_host(born_host)
+        self.host_sys_flag = (SYSFLAG_BORNHOST_V6 if len(self.born_host) == 20 else 0) | \
+                             (SYSFLAG_STOREHOST_V6 if len(self.store_host) == 20 else 0)
+        self.cur = None
+        self.dispatch_event = NULL
+        self.after_put = None
+
+    def __dealloc__(self):
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    def set_dispatch_event(self, object capsule_owner):
+        """Let puts wake the dispatcher (an object exposing ``_event_ptr()`` as int)."""
+        self.dispatch_event = <lmq_event *><Py_ssize_t>capsule_owner._event_ptr()
+
+    # -- topic / queue-offset table ---------------------------------------------------------------------------
+
+    cdef TopicEntry _topic(self, str topic):
+        cdef object e = self.topics.get(topic)
+        if e is not None:
+            return <TopicEntry>e
+        check_topic(topic)
+        te = TopicEntry(topic)
+        self.topics[topic] = te
+        return te
+
+    def set_queue_offset(self, str topic, int queue_id, long long next_offset):
+        """Set the next queue offset of (topic, queue) (recovery rebuilds the table from the ConsumeQueues)."""
+        cdef TopicEntry te = self._topic(topic)
+        if not 0 <= queue_id <= MAX_QUEUE_ID:
+            raise InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")
+        te.ensure(queue_id)
+        te.next_offsets[queue_id] = next_offset
+
+    def queue_offset(self, str topic, int queue_id):
+        """Next queue offset that (topic, queue) will assign (0 for an unknown queue)."""
+        e = self.topics.get(topic)
+        return (<TopicEntry>e).next_offset(queue_id) if e is not None else 0
+
+    def topic_table(self):
+        """{(topic, queue id): next queue offset} of every queue written so far."""
+        out = {}
+        for t, e in self.topics.items():
+            for q in (<TopicEntry>e).queue_ids():
+                out[(t, q)] = (<TopicEntry>e).next_offsets[q]
+        return out
+
+    # -- properties -------------------------------------------------------------------------------------------
+
+    cdef bytes _properties(self, object tags, object keys, object properties):
+        cdef object ck
+        if properties is None:
+            if keys is None or isinstance(keys, str):
+                ck = (tags, keys)
+            elif isinstance(keys, tuple):
+                ck = (tags, keys)
+            else:
+                ck = None
+            if ck is not None:
+                cached = self.props_cache.get(ck)
+                if cached is not None:
+                    return <bytes>cached
+        d = dict(properties) if properties else {}
+        if tags is not None:
+            if not isinstance(tags, str) or not tags:
+                raise InvalidPropertyError(f"tags must be a non-empty str, not {tags!r}")
+            d["TAGS"] = tags
+        if keys is not None:
+            if isinstance(keys, str):
+                keys = (keys,)
+            ks = list(keys)
+            for k in ks:
+                if not isinstance(k, str) or not k or " " in k:
+                    raise InvalidPropertyError(f"keys must be non-empty str without spaces, not {k!r}")
+            if ks:
+                d["KEYS"] = " ".join(ks)
+        out = properties_to_bytes(d)
+        if len(out) > MAX_PROPS:
+            raise PropertiesSizeError(f"properties encode to {len(out)} bytes, more than {MAX_PROPS}",
+                                      PutStatus.PROPERTIES_SIZE_EXCEEDED)
+        if properties is None and ck is not None and len(self.props_cache) < 4096:
+            self.props_cache[ck] = out
+        return out
+
+    # -- segments -----------------------------------------------------------------------------------------------
+
+    cdef MappedFile _roll(self, int64_t start):
+        """The segment to write at absolute offset `start` (creating it); None when creation failed."""
+        try:
+            mf = self.mapped_file_queue.last_or_create(start)
+        except OSError as e:
+            self.put_failures += 1
+            log.error("cannot create commit log segment at %d: %s", start, e)
+            if self.create_failed_hook is not None:
+                self.create_failed_hook(e)
+            return None
+        self.cur = mf
+        return mf
+
+    def reset_write_segment(self):
+        """Forget the cached write segment (after recovery or truncation changed the files)."""
+        self.cur = None
+
+    @property
+    def max_offset(self):
+        return self.mapped_file_queue.max_offset()
+
+    # -- put --------------------------------------------------------------------------------------------------
+
+    def put(self, str topic, object body, int queue_id=0, object tags=None, object keys=None,
+            object properties=None, int flag=0):
+        """Append one message. Returns a PutResult (status PUT_OK, or CREATE_MAPPED_FILE_FAILED when a new
+        segment could not be created, e.g. a full disk).
+
+        Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError (body over max_message_size),
+        PropertiesSizeError, InvalidPropertyError, StoreClosedError, TypeError (body not bytes-like).
+        """
+        cdef TopicEntry te
+        cdef bytes props
+        cdef Py_buffer view
+        cdef const uint8_t *bp
+        cdef int64_t blen, total, pos, ts, qoff, phys
+        cdef MappedFile mf
+        cdef bint have_view = False
+        cdef PutResult r
+        if self.closed:
+            raise StoreClosedError("the store is closed")
+        te = self._topic(topic)
+        if queue_id < 0 or queue_id > MAX_QUEUE_ID:
+            raise InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")
+        te.ensure(queue_id)
+        if tags is None and keys is None and properties is None:
+            props = b""
+        else:
+            props = self._properties(tags, keys, properties)
+        if type(body) is bytes:
+            bp = <const uint8_t *>PyBytes_AS_STRING(body)
+            blen = PyBytes_GET_SIZE(body)
+        else:
+            PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+            have_view = True
+            bp = <const uint8_t *>view.buf
+            blen = view.len
+        try:
+            if blen > self.max_message_size:
+                raise MessageSizeError(f"body of {blen} bytes exceeds max_message_size {self.max_message_size}",
+                                       PutStatus.MESSAGE_ILLEGAL)
+            total = calc_msg_length(self.host_sys_flag, blen, PyBytes_GET_SIZE(te.encoded), PyBytes_GET_SIZE(props))
+            if total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+                raise MessageSizeError(f"a record of {total} bytes cannot fit a segment of {self.file_size}",
+                                       PutStatus.MESSAGE_ILLEGAL)
+            lock_acquire(self.lock)
+            try:
+                if self.closed:
+                    raise StoreClosedError("the store is closed")
+                ts = lmq_now_ms()
+                if ts < self.last_store_ts:
+                    ts = self.last_store_ts  # store times never go backwards within the log
+                self.last_store_ts = ts
+                mf = self.cur
+                while True:
+                    if mf is None:
+                        mf = self._roll(self.mapped_file_queue.max_offset())
+                        if mf is None:
+                            return failed_result(CREATE_FAILED)
+                    pos = mf.wrote_pos
+                    if pos >= self.file_size:
+                        mf = self._roll(mf.file_from_offset + self.file_size)
+                        if mf is None:
+                            return failed_result(CREATE_FAILED)
+                        continue
+                    if total + END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
+                        # END_OF_FILE: leave the 8-byte blank announcing the rest of the file, then roll
+                        write_blank(mf.addr + pos, <int32_t>(self.file_size - pos))
+                        lmq_store_rel(&mf.wrote_pos, self.file_size)
+                        mf.committed_pos = self.file_size
+                        mf = self._roll(mf.file_from_offset + self.file_size)
+                        if mf is None:
+                            return failed_result(CREATE_FAILED)
+                        continue
+                    break
+                phys = mf.file_from_offset + pos
+                qoff = te.next_offsets[queue_id]
+                write_record(mf.addr + pos, <int32_t>total, queue_id, flag, qoff, phys,
+                             self.host_sys_flag, ts,
+                             <const uint8_t *>PyBytes_AS_STRING(self.born_host), PyBytes_GET_SIZE(self.born_host),
+                             ts, <const uint8_t *>PyBytes_AS_STRING(self.store_host),
+                             PyBytes_GET_SIZE(self.store_host), 0, 0, bp, <int32_t>blen,
+                             <const uint8_t *>PyBytes_AS_STRING(te.encoded), PyBytes_GET_SIZE(te.encoded),
+                             <const uint8_t *>PyBytes_AS_STRING(props), PyBytes_GET_SIZE(props))
+                mf.store_timestamp = ts
+                mf.committed_pos = pos + total
+                lmq_store_rel(&mf.wrote_pos, pos + total)
+                te.next_offsets[queue_id] = qoff + 1
+                self.puts += 1
+            finally:
+                PyThread_release_lock(self.lock)
+        finally:
+            if have_view:
+                PyBuffer_Release(&view)
+        if self.dispatch_event != NULL:
+            lmq_event_signal_if_waiting(self.dispatch_event)
+        r = PutResult.__new__(PutResult)
+        r.status = PUT_OK
+        r.physical_offset = phys
+        r.queue_offset = qoff
+        r.wrote_bytes = total
+        r.store_timestamp = ts
+        r.msg_num = 1
+        r._host = self.store_host
+        if self.after_put is not None:
+            st = self.after_put(phys + total)
+            if st is not None:
+                r.status = st
+        return r
+
+    def put_batch(self, str topic, object bodies, int queue_id=0, object tags=None, object keys=None,
+                  object properties=None, int flag=0):
+        """Append a batch to one queue under one lock: consecutive queue offsets, one store timestamp.
+
+        Records roll into the next segment as needed (each record stays whole in one segment). Returns one
+        PutResult (first offsets, total bytes, msg_num). Every body is validated before anything is written.
+        Raises as ``put``; an empty batch raises ValueError.
+        """
+        cdef TopicEntry te
+        cdef bytes props
+        cdef list blist
+        cdef Py_ssize_t i, n
+        cdef object b
+        cdef int64_t blen, total, pos, ts, qoff, first_phys = -1, first_qoff = -1, wrote = 0, tlen, plen
+        cdef MappedFile mf
+        cdef PutResult r
+        cdef const uint8_t *tp
+        cdef const uint8_t *pp
+        cdef const uint8_t *bh
+        cdef const uint8_t *sh
+        cdef int32_t bhl, shl
+        cdef Py_buffer view
+        if self.closed:
+            raise StoreClosedError("the store is closed")
+        te = self._topic(topic)
+        if queue_id < 0 or queue_id > MAX_QUEUE_ID:
+            raise InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")
+        te.ensure(queue_id)
+        if tags is None and keys is None and properties is None:
+            props = b""
+        else:
+            props = self._properties(tags, keys, properties)
+        blist = bodies if type(bodies) is list else list(bodies)
+        n = PyList_GET_SIZE(blist)
+        if n == 0:
+            raise ValueError("put_batch needs at least one body")
+        tlen = PyBytes_GET_SIZE(te.encoded)
+        plen = PyBytes_GET_SIZE(props)
+        # validate everything first: a batch is refused whole, never half-written because of bad input
+        for i in range(n):
+            b = <object>PyList_GET_ITEM(blist, i)
+            if type(b) is bytes:
+                blen = PyBytes_GET_SIZE(b)
+            else:
+                blen = memoryview(b).nbytes
+            if blen > self.max_message_size:
+                raise MessageSizeError(f"body {i} of {blen} bytes exceeds max_message_size {self.max_message_size}",
+                                       PutStatus.MESSAGE_ILLEGAL)
+            if calc_msg_length(self.host_sys_flag, blen, tlen, plen) + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+                raise MessageSizeError(f"body {i} cannot fit a segment of {self.file_size}", PutStatus.MESSAGE_ILLEGAL)
+        tp = <const uint8_t *>PyBytes_AS_STRING(te.encoded)
+        pp = <const uint8_t *>PyBytes_AS_STRING(props)
+        bh = <const uint8_t *>PyBytes_AS_STRING(self.born_host)
+        bhl = PyBytes_GET_SIZE(self.born_host)
+        sh = <const uint8_t *>PyBytes_AS_STRING(self.store_host)
+        shl = PyBytes_GET_SIZE(self.store_host)
+        offsets = [] if n <= 4096 else None
+        lock_acquire(self.lock)
+        try:
+            if self.closed:
+                raise StoreClosedError("the store is closed")
+            ts = lmq_now_ms()
+            if ts < self.last_store_ts:
+                ts = self.last_store_ts
+            self.last_store_ts = ts
+            mf = self.cur
+            qoff = te.next_offsets[queue_id]
+            for i in range(n):
+                b = <object>PyList_GET_ITEM(blist, i)
+                PyObject_GetBuffer(b, &view, PyBUF_SIMPLE)
+                try:
+                    blen = view.len
+                    total = calc_msg_length(self.host_sys_flag, blen, tlen, plen)
+                    while True:
+                        if mf is None:
+                            mf = self._roll(self.mapped_file_queue.max_offset())
+                            if mf is None:
+                                break
+                        pos = mf.wrote_pos
+                        if pos >= self.file_size:
+                            mf = self._roll(mf.file_from_offset + self.file_size)
+                            if mf is None:
+                                break
+                            continue
+                        if total + END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
+                            write_blank(mf.addr + pos, <int32_t>(self.file_size - pos))
+                            lmq_store_rel(&mf.wrote_pos, self.file_size)
+                            mf.committed_pos = self.file_size
+                            mf = self._roll(mf.file_from_offset + self.file_size)
+                            if mf is None:
+                                break
+                            continue
+                        break
+                    if mf is None:
+                        break
+                    write_record(mf.addr + pos, <int32_t>total, queue_id, flag, qoff, mf.file_from_offset + pos,
+                                 self.host_sys_flag, ts, bh, bhl, ts, sh, shl, 0, 0,
+                                 <const uint8_t *>view.buf, <int32_t>blen, tp, <int32_t>tlen, pp, <int32_t>plen)
+                    if first_phys < 0:
+                        first_phys = mf.file_from_offset + pos
+                        first_qoff = qoff
+                    if offsets is not None:
+                        offsets.append(mf.file_from_offset + pos)
+                    mf.store_timestamp = ts
+                    mf.committed_pos = pos + total
+                    lmq_store_rel(&mf.wrote_pos, pos + total)
+                    qoff += 1
+                    wrote += total
+                finally:
+                    PyBuffer_Release(&view)
+            te.next_offsets[queue_id] = qoff
+            self.puts += qoff - (first_qoff if first_qoff >= 0 else qoff)
+        finally:
+            PyThread_release_lock(self.lock)
+        if self.dispatch_event != NULL:
+            lmq_event_signal_if_waiting(self.dispatch_event)
+        r = PutResult.__new__(PutResult)
+        r.physical_offset = first_phys
+        r.queue_offset = first_qoff
+        r.wrote_bytes = wrote
+        r.store_timestamp = ts
+        r.msg_num = <int>(qoff - first_qoff) if first_qoff >= 0 else 0
+        r._host = self.store_host
+        r._offsets = offsets
+        if mf is None:
+            # a segment could not be created part-way: what was written stays (and is reported), the rest is not
+            r.status = CREATE_FAILED
+            return r
+        r.status = PUT_OK
+        if self.after_put is not None:
+            st = self.after_put(mf.file_from_offset + mf.wrote_pos)
+            if st is not None:
+                r.status = st
+        return r
+
+    def close(self):
+        """Refuse further puts (waits for a put in progress to finish)."""
+        lock_acquire(self.lock)
+        self.closed = True
+        self.cur = None
+        PyThread_release_lock(self.lock)

@@ -1,0 +1,21 @@
+from libc.stdint cimport int64_t, uint8_t
+from localmq._mapped_file cimport MappedFile
+
+cdef struct CQState:
+    uint8_t *addr            # mapping of the file the dispatcher writes (NULL: none yet)
+    int64_t file_from        # logical byte offset of that file
+    int64_t file_size
+    int64_t max_offset       # next unit index; published with a release store after the unit is written
+    int64_t min_offset       # first readable unit index
+    int64_t max_physic_offset  # commit log end (offset + size) of the last unit written
+    int64_t last_store_ts
+
+cdef class ConsumeQueue:
+    cdef readonly str topic
+    cdef readonly int queue_id
+    cdef readonly object mapped_file_queue
+    cdef readonly object directory
+    cdef CQState st
+    cdef MappedFile cur
+    cdef readonly long long gap_units
+    cdef CQState *state_ptr(self) noexcept

@@ -1,0 +1,503 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""ConsumeQueue: 20-byte big-endian units per (topic, queue); numpy views over the mapping, and the read path."""
+import logging
+import os
+
+cimport numpy as cnp
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+from localmq._codec cimport (
+    REC_OK, RecordView, find_property, message_from_view, parse_record,
+)
+from localmq._mapped_file cimport MappedFile
+from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_put32, lmq_put64, lmq_store_rel
+
+import numpy as np
+
+from localmq.errors import CorruptFrameError, CorruptStoreError
+from localmq.store.mapped_file_queue import MappedFileQueue
+
+cnp.import_array()
+
+log = logging.getLogger("localmq.consume_queue")
+
+CQ_UNIT_SIZE = 20
+cdef enum:
+    UNIT = 20
+UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+BLANK_UNIT_SIZE = 0x7FFFFFFF
+EXT_ADDRESS_MAX = -2147483649   # tagsCode <= this is a ConsumeQueueExt address
+cdef int64_t C_EXT_MAX = -2147483649
+
+# outcomes of ConsumeQueue.read_messages
+SCAN_FOUND = 0
+SCAN_NO_MATCHED = 1
+SCAN_REMOVING = 2
+SCAN_NULL = 3
+
+
+cdef class ConsumeQueue:
+    """The units of one (topic, queue id): ``<root>/consumequeue/<topic>/<queueId>/<20-digit logical offset>``.
+
+    The dispatcher (one thread) appends units; any thread may read up to ``max_offset`` (published with a
+    release store after the unit is complete). ``units()`` gives numpy structured arrays laid on the mapping.
+    """
+
+    def __cinit__(self, str topic, int queue_id, root, long long file_size):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = os.path.join(os.fspath(root), topic, str(queue_id))
+        self.mapped_file_queue = MappedFileQueue(self.directory, file_size)
+        self.st.addr = NULL
+        self.st.file_size = file_size
+        self.st.file_from = 0
+        self.st.max_offset = 0
+        self.st.min_offset = 0
+        self.st.max_physic_offset = -1
+        self.cur = None
+
+    cdef CQState *state_ptr(self) noexcept:
+        return &self.st
+
+    # -- offsets ----------------------------------------------------------------------------------------------
+
+    @property
+    def max_offset(self):
+        """Next unit index (one past the last unit)."""
+        return lmq_load_acq(&self.st.max_offset)
+
+    @property
+    def min_offset(self):
+        return self.st.min_offset
+
+    @property
+    def max_physic_offset(self):
+        """Commit log end of the last unit (offset + size), -1 when empty."""
+        return self.st.max_physic_offset
+
+    @property
+    def last_store_timestamp(self):
+        return self.st.last_store_ts
+
+    @property
+    def file_size(self):
+        return self.st.file_size
+
+    # -- load / recover ----------------------------------------------------------------------------------------
+
+    def load(self):
+        """Map the existing files. Raises CorruptStoreError on a wrong file size or a gap."""
+        return self.mapped_file_queue.load()
+
+    def recover(self):
+        """Find the end of valid units (from the third-last file, as RocketMQ), set positions there and cut the
+        files past it. Returns the number of units found invalid-and-dropped at the tail (0 if clean)."""
+        mfq = self.mapped_file_queue
+        files = mfq.files
+        cdef int64_t unit_per_file = self.st.file_size // UNIT
+        if not files:
+            self._reset_state(0)
+            return 0
+        start = max(0, len(files) - 3)
+        end_offset = files[start].file_from_offset
+        max_phys = -1
+        for i in range(start, len(files)):
+            mf = files[i]
+            arr = np.frombuffer(mf, dtype=UNIT_DTYPE)
+            try:
+                valid = (arr["offset"] >= 0) & (arr["size"] > 0)
+                n_valid = unit_per_file if bool(valid.all()) else int(np.argmin(valid))
+                if n_valid > 0 and int(arr["size"][n_valid - 1]) != BLANK_UNIT_SIZE:
+                    max_phys = int(arr["offset"][n_valid - 1]) + int(arr["size"][n_valid - 1])
+                end_offset = mf.file_from_offset + n_valid * UNIT
+            finally:
+                del arr
+            if n_valid < unit_per_file:
+                break
+        dropped = mfq.truncate_dirty_files(end_offset)
+        if dropped:
+            log.warning("consume queue %s-%d: dropped files past logical offset %d: %s", self.topic,
+                        self.queue_id, end_offset, dropped)
+        # the blank padding units at the start don't carry a physical offset; look back for a real one
+        if max_phys < 0 and end_offset > 0:
+            max_phys = self._last_physic_end(end_offset // UNIT)
+        self._reset_state(end_offset // UNIT)
+        self.st.max_physic_offset = max_phys
+        return 0
+
+    def _last_physic_end(self, long long upto):
+        """offset+size of the last real unit before unit index `upto` (-1 if none)."""
+        found = -1
+        for base, arr in self._views(self._first_index(), upto):
+            real = np.nonzero(arr["size"] != BLANK_UNIT_SIZE)[0]
+            if len(real):
+                j = int(real[-1])
+                found = int(arr["offset"][j]) + int(arr["size"][j])
+            del arr
+        return found
+
+    def _first_index(self):
+        first = self.mapped_file_queue.first()
+        return first.file_from_offset // UNIT if first is not None else 0
+
+    def _reset_state(self, long long max_offset):
+        mfq = self.mapped_file_queue
+        last = mfq.last()
+        self.cur = None
+        self.st.addr = NULL
+        if last is not None and max_offset * UNIT < last.file_from_offset + self.st.file_size:
+            self.cur = last
+            self.st.addr = (<MappedFile>last).addr
+            self.st.file_from = last.file_from_offset
+        lmq_store_rel(&self.st.max_offset, max_offset)
+        first = mfq.first()
+        if first is not None:
+            if self.st.min_offset * UNIT < first.file_from_offset or self.st.min_offset > max_offset:
+                self.st.min_offset = first.file_from_offset // UNIT
+        else:
+            self.st.min_offset = max_offset
+
+    def truncate_dirty(self, long long phy_offset):
+        """Drop every unit whose commit log offset is >= ``phy_offset`` (the log was cut there).
+
+        Returns the number of units removed.
+        """
+        mfq = self.mapped_file_queue
+        before = lmq_load_acq(&self.st.max_offset)
+        cdef int64_t new_end = -1
+        while mfq.files:
+            mf = mfq.last()
+            arr = np.frombuffer(mf, dtype=UNIT_DTYPE)
+            try:
+                limit = min(len(arr), max(0, (before * UNIT - mf.file_from_offset) // UNIT))
+                arr = arr[:limit]
+                valid = (arr["offset"] >= 0) & (arr["size"] > 0)
+                n_valid = len(arr) if bool(valid.all()) else int(np.argmin(valid))
+                offs = arr["offset"][:n_valid]
+                sizes = arr["size"][:n_valid]
+                keep = (offs < phy_offset) | (sizes == BLANK_UNIT_SIZE)
+                n_keep = n_valid if bool(keep.all()) else int(np.argmin(keep))
+            finally:
+                del arr
+            if n_keep == 0 and mf.file_from_offset > 0 and len(mfq.files) > 1:
+                mfq.delete_last()
+                continue
+            new_end = mf.file_from_offset + n_keep * UNIT
+            mfq.truncate_dirty_files(new_end)
+            break
+        if new_end < 0:
+            new_end = 0
+        self._reset_state(new_end // UNIT)
+        if new_end // UNIT < before:
+            self.st.max_physic_offset = self._last_physic_end(new_end // UNIT)
+        return before - new_end // UNIT
+
+    def correct_min_offset(self, long long min_commit_log_offset):
+        """Set min_offset to the first unit whose record is still in the commit log (>= the log's min offset)."""
+        mx = lmq_load_acq(&self.st.max_offset)
+        for base, arr in self._views(self._first_index(), mx):
+            offs = arr["offset"]
+            idx = np.nonzero((offs >= min_commit_log_offset) & (arr["size"] != BLANK_UNIT_SIZE))[0]
+            if len(idx):
+                self.st.min_offset = base + int(idx[0])
+                return self.st.min_offset
+        self.st.min_offset = mx
+        return mx
+
+    # -- views ---------------------------------------------------------------------------------------------------
+
+    def _views(self, long long start, long long end):
+        """Yield (first unit index, structured array view) covering units [start, end), one per file."""
+        mfq = self.mapped_file_queue
+        cdef int64_t fs = self.st.file_size
+        cdef int64_t upf = fs // UNIT
+        pos = start
+        while pos < end:
+            mf = mfq.find(pos * UNIT)
+            if mf is None:
+                return
+            base = mf.file_from_offset // UNIT
+            hi = min(end, base + upf)
+            arr = np.frombuffer(mf, dtype=UNIT_DTYPE, count=hi - base)[pos - base:]
+            yield pos, arr
+            pos = hi
+
+    def units(self, long long start=-1, long long end=-1):
+        """Units [start, end) as one structured array (dtype offset >i8, size >i4, tags >i8).
+
+        Zero-copy when the range lies in one file, a copy otherwise. Defaults to [min_offset, max_offset).
+        """
+        if start < 0:
+            start = self.st.min_offset
+        mx = lmq_load_acq(&self.st.max_offset)
+        if end < 0 or end > mx:
+            end = mx
+        if start >= end:
+            return np.empty(0, dtype=UNIT_DTYPE)
+        parts = [arr for _, arr in self._views(start, end)]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts)
+
+    def unit(self, long long index):
+        """(offset, size, tags_code) of one unit, or None when out of range / file gone."""
+        if index < self.st.min_offset or index >= lmq_load_acq(&self.st.max_offset):
+            return None
+        mf = self.mapped_file_queue.find(index * UNIT)
+        if mf is None:
+            return None
+        cdef MappedFile mfc = mf
+        cdef int64_t rel = index * UNIT - mfc.file_from_offset
+        cdef const uint8_t *p = mfc.addr + rel
+        return (<int64_t>lmq_be64(p), <int32_t>lmq_be32(p + 8), <int64_t>lmq_be64(p + 12))
+
+    # -- writes (dispatcher slow path; the fast path writes through CQState in _dispatch) ---------------
+
+    def prepare_write(self, long long queue_offset):
+        """Make the file holding unit ``queue_offset`` the write target (create it; pad a first file that starts
+        mid-file with blank units, as RocketMQ's fillPreBlank). Raises OSError when the file cannot be created."""
+        mfq = self.mapped_file_queue
+        cdef int64_t fs = self.st.file_size
+        cdef int64_t logical = queue_offset * UNIT
+        mf = mfq.find(logical)
+        if mf is None:
+            last = mfq.last()
+            if last is None:
+                mf = mfq.create_file(logical - logical % fs)
+                self._fill_pre_blank(mf, logical - mf.file_from_offset)
+                self.st.min_offset = queue_offset
+            else:
+                while last.file_from_offset + fs <= logical:
+                    last.wrote_position = fs
+                    last = mfq.create_file(last.file_from_offset + fs)
+                mf = last
+        self.cur = mf
+        self.st.addr = (<MappedFile>mf).addr
+        self.st.file_from = mf.file_from_offset
+
+    def _fill_pre_blank(self, mf, long long upto):
+        cdef bytes blank = (0).to_bytes(8, "big") + BLANK_UNIT_SIZE.to_bytes(4, "big") + (0).to_bytes(8, "big")
+        cdef int64_t p = 0
+        while p < upto:
+            mf.write_at(p, blank)
+            p += UNIT
+        mf.wrote_position = upto
+
+    def put_unit(self, long long queue_offset, long long phys, int size, long long tags_code, long long store_ts=0):
+        """Write one unit at ``queue_offset`` (slow path: recovery, gaps). Returns False for a duplicate.
+
+        A unit ahead of max_offset pads the gap with blank units and logs an error (the gap is counted in
+        ``gap_units``); it never leaves zero units that would end the queue early.
+        """
+        mx = lmq_load_acq(&self.st.max_offset)
+        if queue_offset < mx or phys + size <= self.st.max_physic_offset:
+            return False
+        if queue_offset > mx and mx > 0:
+            log.error("consume queue %s-%d: unit %d arrives with %d missing before it; padding with blank units",
+                      self.topic, self.queue_id, queue_offset, queue_offset - mx)
+            self.gap_units += queue_offset - mx
+            for q in range(mx, queue_offset):
+                self._write(q, 0, BLANK_UNIT_SIZE, 0)
+        self._write(queue_offset, phys, size, tags_code)
+        self.st.max_physic_offset = phys + size
+        if store_ts:
+            self.st.last_store_ts = store_ts
+        lmq_store_rel(&self.st.max_offset, queue_offset + 1)
+        return True
+
+    def _write(self, long long q, long long phys, int size, long long tags):
+        cdef int64_t rel = q * UNIT - self.st.file_from
+        if self.st.addr == NULL or rel < 0 or rel + UNIT > self.st.file_size:
+            self.prepare_write(q)
+            rel = q * UNIT - self.st.file_from
+        cdef uint8_t *p = self.st.addr + rel
+        lmq_put64(p, <uint64_t>phys)
+        lmq_put32(p + 8, <uint32_t>size)
+        lmq_put64(p + 12, <uint64_t>tags)
+        self.cur.wrote_position = rel + UNIT
+
+    def sync_write_position(self):
+        """Copy the published max offset into the current file's wrote position (before a flush)."""
+        cur = self.cur
+        if cur is not None:
+            rel = lmq_load_acq(&self.st.max_offset) * UNIT - cur.file_from_offset
+            if 0 <= rel <= self.st.file_size and rel > cur.wrote_position:
+                cur.wrote_position = rel
+
+    def flush(self, int least_pages=0):
+        """Flush written units (one file per call). Returns True when nothing was flushed."""
+        self.sync_write_position()
+        return self.mapped_file_queue.flush(least_pages)
+
+    def close(self):
+        self.st.addr = NULL
+        self.cur = None
+        self.mapped_file_queue.close()
+
+    def destroy(self):
+        self.st.addr = NULL
+        self.cur = None
+        self.mapped_file_queue.destroy()
+        lmq_store_rel(&self.st.max_offset, 0)
+        self.st.min_offset = 0
+        self.st.max_physic_offset = -1
+
+    # -- the read path -----------------------------------------------------------------------------------------
+
+    def read_messages(self, commit_log_files, long long seg_size, long long offset, int max_messages,
+                      tuple tag_hashes, object tag_names, int max_count_mem, long long max_bytes_mem,
+                      int max_count_disk, long long max_bytes_disk, long long disk_threshold,
+                      long long commit_log_max, bint copy_body):
+        """Scan units from ``offset`` (caller checked min <= offset < max) and collect messages.
+
+        Returns (outcome, messages, next offset, last scanned commit log offset). ``tag_hashes`` is () for
+        no filter; ``tag_names`` the exact tag strings for the second check.
+        """
+        cdef int64_t mx = lmq_load_acq(&self.st.max_offset)
+        cdef int64_t scan_units = max(800, max_messages)
+        cdef int64_t end = offset + scan_units
+        cdef int64_t i = offset, phys, tags, rel, seg_idx, first_base, fs = self.st.file_size, bytes_total = 0
+        cdef int32_t size, h
+        cdef int nh = len(tag_hashes), k, count = 0
+        cdef int64_t hashes[64]
+        cdef bint matched, in_disk, removing = False
+        cdef list files = commit_log_files
+        cdef Py_ssize_t nfiles = PyList_GET_SIZE(files)
+        cdef MappedFile cqf = None
+        cdef MappedFile seg
+        cdef int64_t cq_base = -1, cq_end = -1
+        cdef const uint8_t *u
+        cdef RecordView v
+        cdef const uint8_t *tv
+        cdef int32_t tvlen
+        cdef int64_t last_phys = -1
+        cdef list out = []
+        cdef str topic = self.topic
+        if nh > 64:
+            raise ValueError("at most 64 tags in a subscription")
+        for k in range(nh):
+            hashes[k] = tag_hashes[k]
+        if end > mx:
+            end = mx
+        if nfiles == 0:
+            return SCAN_REMOVING, out, offset, -1
+        first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset
+        while i < end:
+            if i * UNIT >= cq_end:
+                cqf = self.mapped_file_queue.find(i * UNIT)
+                if cqf is None or cqf.addr == NULL:
+                    if count == 0:
+                        return SCAN_NULL, out, i, last_phys
+                    break
+                cq_base = cqf.file_from_offset
+                cq_end = cq_base + fs
+            u = cqf.addr + (i * UNIT - cq_base)
+            phys = <int64_t>lmq_be64(u)
+            size = <int32_t>lmq_be32(u + 8)
+            tags = <int64_t>lmq_be64(u + 12)
+            if size == 0x7FFFFFFF or size <= 0 or phys < 0:
+                i += 1  # blank padding unit
+                continue
+            in_disk = (commit_log_max - phys) > disk_threshold
+            if count > 0:
+                if count >= max_messages:
+                    break
+                if in_disk:
+                    if bytes_total + size > max_bytes_disk or count >= max_count_disk:
+                        break
+                else:
+                    if bytes_total + size > max_bytes_mem or count >= max_count_mem:
+                        break
+            last_phys = phys
+            if nh > 0 and tags > C_EXT_MAX:
+                h = <int32_t>tags
+                matched = False
+                for k in range(nh):
+                    if <int32_t>hashes[k] == h:
+                        matched = True
+                        break
+                if not matched:
+                    i += 1
+                    continue
+            seg_idx = phys // seg_size - first_base // seg_size
+            if seg_idx < 0 or seg_idx >= nfiles:
+                removing = True
+                i += 1
+                continue
+            seg = <MappedFile>PyList_GET_ITEM(files, seg_idx)
+            rel = phys - seg.file_from_offset
+            if seg.addr == NULL or rel < 0 or rel + size > seg.read_position():
+                removing = True
+                i += 1
+                continue
+            rc = parse_record(seg.addr + rel, size, &v, False)
+            if rc != REC_OK or v.total_size != size:
+                raise CorruptFrameError(
+                    f"consume queue {topic}-{self.queue_id} unit {i} points at an invalid record at offset {phys}",
+                    offset=phys, path=seg.path)
+            if nh > 0:
+                if not find_property(v.props, v.props_len, "TAGS", 4, &tv, &tvlen):
+                    i += 1
+                    continue
+                if (<bytes>tv[:tvlen]).decode("utf-8", "replace") not in tag_names:
+                    i += 1
+                    continue
+            out.append(message_from_view(&v, topic, copy_body, seg))
+            count += 1
+            bytes_total += size
+            i += 1
+        if count > 0:
+            return SCAN_FOUND, out, i, last_phys
+        if removing:
+            return SCAN_REMOVING, out, i, last_phys
+        return SCAN_NO_MATCHED, out, i, last_phys
+
+    def __repr__(self):
+        return f"ConsumeQueue({self.topic!r}, {self.queue_id}, min={self.st.min_offset}, max={self.st.max_offset})"
+
+
+def read_record(commit_log_files, long long seg_size, long long phys, bint copy_body=True):
+    """Decode the record at commit log offset ``phys``; None when its segment is gone or it is not a record."""
+    cdef list files = commit_log_files
+    cdef Py_ssize_t nfiles = PyList_GET_SIZE(files)
+    cdef MappedFile seg
+    cdef RecordView v
+    cdef int64_t rel, avail
+    if nfiles == 0:
+        return None
+    first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset
+    idx = phys // seg_size - first_base // seg_size
+    if idx < 0 or idx >= nfiles:
+        return None
+    seg = <MappedFile>PyList_GET_ITEM(files, idx)
+    rel = phys - seg.file_from_offset
+    avail = seg.read_position() - rel
+    if seg.addr == NULL or rel < 0 or avail <= 0:
+        return None
+    if parse_record(seg.addr + rel, avail, &v, False) != REC_OK:
+        return None
+    return message_from_view(&v, None, copy_body, seg)
+
+
+def record_store_timestamp(commit_log_files, long long seg_size, long long phys):
+    """Store timestamp of the record at ``phys`` (-1 when unavailable)."""
+    cdef list files = commit_log_files
+    cdef Py_ssize_t nfiles = PyList_GET_SIZE(files)
+    cdef MappedFile seg
+    cdef RecordView v
+    cdef int64_t rel, avail
+    if nfiles == 0:
+        return -1
+    first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset
+    idx = phys // seg_size - first_base // seg_size
+    if idx < 0 or idx >= nfiles:
+        return -1
+    seg = <MappedFile>PyList_GET_ITEM(files, idx)
+    rel = phys - seg.file_from_offset
+    avail = seg.read_position() - rel
+    if seg.addr == NULL or rel < 0 or avail <= 0:
+        return -1
+    if parse_record(seg.addr + rel, avail, &v, False) != REC_OK:
+        return -1
+    return v.store_timestamp

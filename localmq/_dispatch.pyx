@@ -1,0 +1,374 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""The reput / dispatch loop: walk new CommitLog bytes without the GIL and append ConsumeQueue units."""
+import logging
+import threading
+
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
+
+from localmq._codec cimport (
+    REC_BAD_CRC, REC_BAD_LENGTH, REC_BLANK, REC_END, REC_OK, REC_TORN, RecordView, SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK, parse_record, tags_code_of,
+)
+from localmq._cq cimport ConsumeQueue, CQState
+from localmq._mapped_file cimport MappedFile
+from localmq._os cimport (
+    lmq_event, lmq_event_free, lmq_event_new, lmq_event_signal, lmq_event_wait, lmq_load_acq, lmq_put32,
+    lmq_put64, lmq_store_rel,
+)
+
+from localmq._codec import REC_STATUS_NAMES
+from localmq.errors import CorruptFrameError
+
+log = logging.getLogger("localmq.dispatch")
+
+cdef enum:
+    R_CAUGHT_UP = 0
+    R_PROGRESS = 1      # returned early so that waiters get notified
+    R_NEED_SEGMENT = 2
+    R_NEED_CQ = 3
+    R_NEED_CQ_FILE = 4
+    R_GAP = 5
+    R_BAD_RECORD = 6
+    R_STOP = 7
+
+cdef struct Slot:
+    uint64_t hash
+    int32_t queue_id
+    int32_t topic_len
+    uint8_t topic[128]
+    CQState *st
+
+
+cdef inline uint64_t key_hash(const uint8_t *t, int32_t n, int32_t qid) noexcept nogil:
+    cdef uint64_t h = 1469598103934665603ULL
+    cdef int32_t i
+    for i in range(n):
+        h = (h ^ t[i]) * 1099511628211ULL
+    h = (h ^ <uint64_t>qid) * 1099511628211ULL
+    return h | 1  # 0 marks an empty slot
+
+
+cdef class ReputCore:
+    """State of the dispatcher: the reput offset, the current segment and a C hash table (topic, queue) ->
+    ConsumeQueue state, so that the loop appends units without touching Python objects.
+
+    One thread runs ``run``; ``reput_from`` (the dispatched offset) is published with release stores and may be
+    read from any thread. ``waiters`` is incremented by threads blocked in ``wait_for`` (under ``cond``).
+    """
+
+    cdef Slot *table
+    cdef int64_t cap
+    cdef int64_t used
+    cdef list keep_alive
+    cdef MappedFile seg
+    cdef uint8_t *seg_addr
+    cdef int64_t seg_base
+    cdef int64_t seg_size
+    cdef int64_t *seg_wrote
+    cdef int64_t reput_from
+    cdef lmq_event *event
+    cdef public int waiters
+    cdef bint stop_flag
+    cdef readonly object cond
+    cdef object commit_log_files_owner    # MappedFileQueue of the commit log
+    cdef object cq_factory                 # (topic, queue id) -> ConsumeQueue
+    cdef RecordView pending
+    cdef int pending_rc
+    cdef readonly long long dispatched
+    cdef readonly long long duplicates
+    cdef readonly long long skipped_transactions
+    cdef readonly long long bad_records
+    cdef readonly long long rounds
+    cdef public object error
+    cdef public int idle_wait_us
+
+    def __cinit__(self, commit_log_mfq, cq_factory, long long reput_from, int idle_wait_us=1000):
+        self.cap = 1024
+        self.table = <Slot *>PyMem_Malloc(self.cap * sizeof(Slot))
+        if self.table == NULL:
+            raise MemoryError()
+        memset(self.table, 0, self.cap * sizeof(Slot))
+        self.used = 0
+        self.keep_alive = []
+        self.seg = None
+        self.seg_addr = NULL
+        self.seg_wrote = NULL
+        self.commit_log_files_owner = commit_log_mfq
+        self.seg_size = commit_log_mfq.file_size
+        self.cq_factory = cq_factory
+        self.reput_from = reput_from
+        self.event = lmq_event_new()
+        if self.event == NULL:
+            raise MemoryError()
+        self.cond = threading.Condition(threading.Lock())
+        self.idle_wait_us = idle_wait_us
+
+    def __dealloc__(self):
+        PyMem_Free(self.table)
+        if self.event != NULL:
+            lmq_event_free(self.event)
+
+    def _event_ptr(self):
+        return <Py_ssize_t>self.event
+
+    @property
+    def reput_offset(self):
+        """Commit log offset up to which every record has been dispatched."""
+        return lmq_load_acq(&self.reput_from)
+
+    def set_reput_offset(self, long long offset):
+        """Move the reput offset (only while the loop is not running)."""
+        lmq_store_rel(&self.reput_from, offset)
+        self._drop_segment()
+
+    def _drop_segment(self):
+        self.seg = None
+        self.seg_addr = NULL
+        self.seg_wrote = NULL
+
+    # -- the C hash table --------------------------------------------------------------------------------------
+
+    cdef Slot *lookup(self, const uint8_t *t, int32_t n, int32_t qid) noexcept nogil:
+        cdef uint64_t h = key_hash(t, n, qid)
+        cdef int64_t mask = self.cap - 1
+        cdef int64_t i = <int64_t>(h & <uint64_t>mask)
+        cdef Slot *s
+        while True:
+            s = &self.table[i]
+            if s.hash == 0:
+                return NULL
+            if s.hash == h and s.queue_id == qid and s.topic_len == n and memcmp(s.topic, t, n) == 0:
+                return s
+            i = (i + 1) & mask
+
+    cdef int insert(self, const uint8_t *t, int32_t n, int32_t qid, CQState *st) except -1:
+        cdef Slot *old
+        cdef int64_t oldcap, i, j, mask
+        cdef uint64_t h
+        if (self.used + 1) * 2 > self.cap:
+            old = self.table
+            oldcap = self.cap
+            self.table = <Slot *>PyMem_Malloc(oldcap * 2 * sizeof(Slot))
+            if self.table == NULL:
+                self.table = old
+                raise MemoryError()
+            memset(self.table, 0, oldcap * 2 * sizeof(Slot))
+            self.cap = oldcap * 2
+            mask = self.cap - 1
+            for i in range(oldcap):
+                if old[i].hash != 0:
+                    j = <int64_t>(old[i].hash & <uint64_t>mask)
+                    while self.table[j].hash != 0:
+                        j = (j + 1) & mask
+                    self.table[j] = old[i]
+            PyMem_Free(old)
+        h = key_hash(t, n, qid)
+        mask = self.cap - 1
+        j = <int64_t>(h & <uint64_t>mask)
+        while self.table[j].hash != 0:
+            j = (j + 1) & mask
+        self.table[j].hash = h
+        self.table[j].queue_id = qid
+        self.table[j].topic_len = n
+        memcpy(self.table[j].topic, t, n)
+        self.table[j].st = st
+        self.used += 1
+        return 0
+
+    def register(self, ConsumeQueue cq):
+        """Make the loop write (cq.topic, cq.queue_id) units straight into ``cq``."""
+        tb = cq.topic.encode("utf-8")
+        if self.lookup(tb, len(tb), cq.queue_id) != NULL:
+            return
+        self.keep_alive.append(cq)
+        self.insert(tb, len(tb), cq.queue_id, cq.state_ptr())
+
+    def clear(self):
+        memset(self.table, 0, self.cap * sizeof(Slot))
+        self.used = 0
+        self.keep_alive = []
+
+    # -- the loop --------------------------------------------------------------------------------------------
+
+    cdef int _run_nogil(self, int64_t max_records) noexcept nogil:
+        cdef int64_t n = 0, rel, end, qo, r
+        cdef int rc
+        cdef RecordView v
+        cdef Slot *slot
+        cdef CQState *st
+        cdef int32_t txn
+        cdef uint8_t *u
+        while True:
+            if self.stop_flag:
+                return R_STOP
+            if self.seg_addr == NULL:
+                return R_NEED_SEGMENT
+            rel = self.reput_from - self.seg_base
+            end = lmq_load_acq(self.seg_wrote)
+            if rel >= end:
+                if end >= self.seg_size:
+                    return R_NEED_SEGMENT
+                return R_PROGRESS if n > 0 else R_CAUGHT_UP
+            rc = parse_record(self.seg_addr + rel, end - rel, &v, False)
+            if rc == REC_BLANK:
+                lmq_store_rel(&self.reput_from, self.seg_base + self.seg_size)
+                return R_NEED_SEGMENT
+            if rc != REC_OK:
+                self.pending = v
+                self.pending_rc = rc
+                return R_BAD_RECORD
+            txn = v.sys_flag & SYSFLAG_TRANSACTION_MASK
+            if txn == SYSFLAG_TRANSACTION_PREPARED or txn == SYSFLAG_TRANSACTION_ROLLBACK:
+                self.skipped_transactions += 1
+                lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
+                continue
+            slot = self.lookup(v.topic, v.topic_len, v.queue_id)
+            if slot == NULL:
+                self.pending = v
+                return R_NEED_CQ
+            st = slot.st
+            qo = v.queue_offset
+            if qo < st.max_offset or self.reput_from + v.total_size <= st.max_physic_offset:
+                # already in the queue (re-dispatch after recovery): CQ writes are idempotent
+                self.duplicates += 1
+                lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
+                continue
+            if qo > st.max_offset:
+                self.pending = v
+                return R_GAP
+            r = qo * 20 - st.file_from
+            if st.addr == NULL or r < 0 or r + 20 > st.file_size:
+                self.pending = v
+                return R_NEED_CQ_FILE
+            u = st.addr + r
+            lmq_put64(u, <uint64_t>self.reput_from)
+            lmq_put32(u + 8, <uint32_t>v.total_size)
+            lmq_put64(u + 12, <uint64_t>tags_code_of(&v))
+            st.max_physic_offset = self.reput_from + v.total_size
+            st.last_store_ts = v.store_timestamp
+            lmq_store_rel(&st.max_offset, qo + 1)
+            lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
+            self.dispatched += 1
+            n += 1
+            if n >= max_records:
+                return R_PROGRESS
+
+    cdef int _next_segment(self) except -1:
+        """Point the loop at the segment holding reput_from. Returns 1 when switched, 0 when it is not there yet."""
+        mfq = self.commit_log_files_owner
+        cdef int64_t off = lmq_load_acq(&self.reput_from)
+        min_off = mfq.min_offset()
+        if off < min_off:
+            # retention removed what was not dispatched yet: jump forward (RocketMQ does the same)
+            log.warning("reput offset %d is below the commit log min offset %d; jumping forward", off, min_off)
+            lmq_store_rel(&self.reput_from, min_off)
+            off = min_off
+        seg = mfq.find(off)
+        if seg is None:
+            self._drop_segment()
+            return 0
+        if self.seg is seg and off >= self.seg_base + self.seg_size:
+            return 0
+        self.seg = <MappedFile>seg
+        self.seg_addr = self.seg.addr
+        self.seg_base = self.seg.file_from_offset
+        self.seg_wrote = &self.seg.wrote_pos
+        return 1
+
+    cdef int _slow(self, int code) except -1:
+        cdef RecordView *v = &self.pending
+        cdef ConsumeQueue cq
+        if code == R_NEED_SEGMENT:
+            return self._next_segment()
+        topic = (<bytes>v.topic[:v.topic_len]).decode("utf-8", "replace")
+        if code == R_NEED_CQ:
+            cq = self.cq_factory(topic, v.queue_id)
+            self.register(cq)
+            return 1
+        cq = self.cq_factory(topic, v.queue_id)
+        if code == R_NEED_CQ_FILE:
+            cq.prepare_write(v.queue_offset)
+            return 1
+        if code == R_GAP:
+            off = lmq_load_acq(&self.reput_from)
+            cq.put_unit(v.queue_offset, off, v.total_size, tags_code_of(v), v.store_timestamp)
+            self.dispatched += 1
+            lmq_store_rel(&self.reput_from, off + v.total_size)
+            return 1
+        raise AssertionError(code)
+
+    def run_until_caught_up(self, long long limit=-1):
+        """Dispatch in the calling thread until every readable record (or up to ``limit``) is dispatched.
+
+        Returns the number of units written. Raises CorruptFrameError on an invalid record.
+        """
+        cdef long long before = self.dispatched
+        cdef int code
+        while True:
+            with nogil:  # pure C over the mapping
+                code = self._run_nogil(1 << 30)
+            if code in (R_CAUGHT_UP, R_PROGRESS, R_STOP):
+                if code == R_PROGRESS:
+                    continue
+                return self.dispatched - before
+            if code == R_BAD_RECORD:
+                self._bad_record()
+            if self._slow(code) == 0:
+                return self.dispatched - before
+
+    cdef int _bad_record(self) except -1:
+        cdef long long off = lmq_load_acq(&self.reput_from)
+        self.bad_records += 1
+        name = REC_STATUS_NAMES.get(self.pending_rc, str(self.pending_rc))
+        raise CorruptFrameError(f"dispatch found a {name} record at commit log offset {off}", offset=off,
+                                path=self.seg.path if self.seg is not None else None)
+
+    def run(self):
+        """Thread body: dispatch until ``stop()``. Exceptions are stored in ``error`` (waiters raise them) and
+        re-raised for the service thread to log."""
+        cdef int code
+        cdef int64_t wait_us
+        cdef bint progressed
+        try:
+            while not self.stop_flag:
+                progressed = False
+                with nogil:  # walks the log and writes units; never touches Python objects
+                    code = self._run_nogil(4096 if self.waiters > 0 else (1 << 20))
+                self.rounds += 1
+                if code == R_STOP:
+                    break
+                if code == R_PROGRESS or code == R_CAUGHT_UP:
+                    if self.waiters > 0:
+                        with self.cond:
+                            self.cond.notify_all()
+                    if code == R_CAUGHT_UP:
+                        wait_us = self.idle_wait_us
+                        with nogil:  # idle: sleep until a put signals the event or the timeout passes
+                            lmq_event_wait(self.event, wait_us)
+                    continue
+                if code == R_BAD_RECORD:
+                    self._bad_record()
+                if self._slow(code) == 0:
+                    wait_us = self.idle_wait_us
+                    with nogil:  # the next segment does not exist yet
+                        lmq_event_wait(self.event, wait_us)
+        except BaseException as e:
+            self.error = e
+            with self.cond:
+                self.cond.notify_all()
+            raise
+        finally:
+            with self.cond:
+                self.cond.notify_all()
+
+    def stop(self):
+        self.stop_flag = True
+        lmq_event_signal(self.event)
+
+    def reset_stop(self):
+        self.stop_flag = False
+
+    def wake(self):
+        lmq_event_signal(self.event)

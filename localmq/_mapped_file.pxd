@@ -1,0 +1,29 @@
+# MappedFile: one pre-sized, memory-mapped segment with wrote / committed / flushed positions.
+from libc.stdint cimport int64_t, uint8_t
+
+cdef class MappedFile:
+    cdef readonly object path
+    cdef readonly int64_t file_from_offset
+    cdef readonly int64_t file_size
+    cdef uint8_t *addr
+    cdef int fd
+    cdef bint writable
+    # wrote_pos is published with a release store after a record is complete; readers on other threads
+    # (the dispatcher) load it with acquire. Only the thread holding the owner's put lock stores it.
+    cdef int64_t wrote_pos
+    cdef int64_t committed_pos
+    cdef int64_t flushed_pos
+    cdef int64_t store_timestamp      # store time of the last record appended (checkpoint input)
+    cdef int64_t flushed_store_timestamp
+    cdef int exports                  # live buffer exports (memoryviews, numpy arrays) of the mapping
+    cdef int refs                     # hold() count of readers; the file's own reference is 1
+    cdef bint available
+    cdef bint unmap_pending           # close()/destroy() asked while exports were alive
+    cdef bint delete_pending
+    cdef bint locked
+    cdef double shutdown_at
+
+    cdef int _check_open(self) except -1
+    cdef int64_t read_position(self) noexcept nogil
+    cdef bint hold_c(self) noexcept
+    cdef void release_c(self) noexcept

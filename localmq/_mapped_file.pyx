@@ -1,0 +1,418 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""MappedFile: one fixed-size segment file mapped MAP_SHARED, with reference-counted, zero-copy reads."""
+import logging
+import os
+import time
+
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo
+from libc.stdint cimport int64_t, uint8_t
+from libc.string cimport memcpy, memset
+
+from localmq._native cimport (
+    c_fallocate, c_fdatasync, c_ftruncate, c_madvise, c_map, c_mincore, c_mlock, c_msync, c_munlock, c_pretouch,
+    c_unmap,
+)
+from localmq._os cimport lmq_is_zero, lmq_load_acq, lmq_store_rel
+
+from localmq.errors import CorruptStoreError, StoreClosedError
+
+log = logging.getLogger("localmq.mapped_file")
+
+OS_PAGE_SIZE = 4096
+FILE_NAME_DIGITS = 20
+
+
+def offset_to_file_name(long long offset):
+    """20-digit zero-padded decimal name of a file starting at ``offset``."""
+    return "%020d" % offset
+
+
+cdef class MappedFile:
+    """One segment: a file of exactly ``file_size`` bytes mapped shared, named by its base offset.
+
+    Creating a file reserves its blocks (posix_fallocate) so writes through the mapping never SIGBUS on a full
+    disk; ENOSPC / EFBIG surface here as OSError. Positions: ``wrote_position`` (appended),
+    ``committed_position`` (equal to wrote without a transient pool), ``flushed_position`` (forced to disk).
+
+    Reads are zero-copy: ``view(pos, size)`` (or ``memoryview(mf)``) exports the mapping; while any export is
+    alive the mapping is never unmapped, ``close()``/``destroy()`` defer it to the release of the last export.
+    Thread-safety: one writer (the owner's put lock); readers may run concurrently up to ``read_position``.
+    """
+
+    def __cinit__(self, path, long long file_size, long long file_from_offset=-1, *, bint create=True,
+                  bint reserve=True, bint writable=True):
+        cdef void *p = NULL
+        self.fd = -1
+        self.addr = NULL
+        self.path = os.fspath(path)
+        if file_size <= 0:
+            raise ValueError("file_size must be positive")
+        self.file_size = file_size
+        name = os.path.basename(self.path)
+        if file_from_offset < 0:
+            if len(name) != FILE_NAME_DIGITS or not name.isdigit():
+                raise ValueError(f"cannot derive a base offset from file name {name!r}")
+            file_from_offset = int(name)
+        self.file_from_offset = file_from_offset
+        self.writable = writable
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        existed = os.path.exists(self.path)
+        if not existed and not create:
+            raise FileNotFoundError(2, "No such file", self.path)
+        if create and writable:
+            flags |= os.O_CREAT
+        fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
+        self.fd = fd
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0 and writable and (create or reserve):
+                # a new file, or one whose creation was interrupted before it was sized
+                if reserve:
+                    c_fallocate(fd, 0, file_size, self.path)
+                else:
+                    c_ftruncate(fd, file_size, self.path)
+            elif size != file_size:
+                raise CorruptStoreError(
+                    f"{self.path} is {size} bytes, expected {file_size} (mapped file size setting)")
+            c_map(fd, <size_t>file_size, writable, &p, self.path)
+        except BaseException:
+            os.close(fd)
+            self.fd = -1
+            if not existed and create:
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
+            raise
+        self.addr = <uint8_t *>p
+        self.refs = 1
+        self.available = True
+        self.wrote_pos = 0
+        self.committed_pos = 0
+        self.flushed_pos = 0
+
+    def __dealloc__(self):
+        if self.addr != NULL and self.exports == 0:
+            c_unmap(self.addr, <size_t>self.file_size, self.path)
+            self.addr = NULL
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    cdef int _check_open(self) except -1:
+        if self.addr == NULL or self.unmap_pending:
+            raise StoreClosedError(f"mapped file {self.path} is closed")
+        return 0
+
+    cdef int64_t read_position(self) noexcept nogil:
+        return lmq_load_acq(&self.wrote_pos)
+
+    # -- positions ---------------------------------------------------------------------------------------
+
+    @property
+    def wrote_position(self):
+        return lmq_load_acq(&self.wrote_pos)
+
+    @wrote_position.setter
+    def wrote_position(self, long long v):
+        if not 0 <= v <= self.file_size:
+            raise ValueError("position out of range")
+        lmq_store_rel(&self.wrote_pos, v)
+
+    @property
+    def committed_position(self):
+        return self.committed_pos
+
+    @committed_position.setter
+    def committed_position(self, long long v):
+        if not 0 <= v <= self.file_size:
+            raise ValueError("position out of range")
+        self.committed_pos = v
+
+    @property
+    def flushed_position(self):
+        return self.flushed_pos
+
+    @flushed_position.setter
+    def flushed_position(self, long long v):
+        if not 0 <= v <= self.file_size:
+            raise ValueError("position out of range")
+        self.flushed_pos = v
+
+    @property
+    def read_position_(self):
+        return lmq_load_acq(&self.wrote_pos)
+
+    @property
+    def store_timestamp_(self):
+        return self.store_timestamp
+
+    @property
+    def flushed_store_timestamp_(self):
+        return self.flushed_store_timestamp
+
+    def set_positions(self, long long pos):
+        """Set wrote, committed and flushed positions to ``pos`` (after recovery found the valid end)."""
+        if not 0 <= pos <= self.file_size:
+            raise ValueError("position out of range")
+        lmq_store_rel(&self.wrote_pos, pos)
+        self.committed_pos = pos
+        self.flushed_pos = pos
+
+    def is_full(self):
+        return lmq_load_acq(&self.wrote_pos) >= self.file_size
+
+    @property
+    def closed(self):
+        return self.addr == NULL or self.unmap_pending
+
+    @property
+    def exported(self):
+        """Number of live buffer exports (zero-copy views) of the mapping."""
+        return self.exports
+
+    @property
+    def references(self):
+        return self.refs
+
+    @property
+    def is_available(self):
+        return self.available
+
+    @property
+    def fileno(self):
+        return self.fd
+
+    def last_modified(self):
+        """mtime of the file in ms (retention)."""
+        return int(os.stat(self.path).st_mtime * 1000)
+
+    # -- writes (slow paths from Python; the put path writes through addr in Cython) ------------------------
+
+    def append(self, data):
+        """Append bytes at the wrote position. Returns True, or False when they do not fit.
+
+        Raises StoreClosedError when the file is closed.
+        """
+        self._check_open()
+        cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        cdef int64_t n = mv.shape[0]
+        cdef int64_t pos = self.wrote_pos
+        if pos + n > self.file_size:
+            return False
+        if n:
+            memcpy(self.addr + pos, &mv[0], n)
+        lmq_store_rel(&self.wrote_pos, pos + n)
+        return True
+
+    def write_at(self, long long pos, data):
+        """Write bytes at ``pos`` without moving positions (CQ padding, recovery repairs)."""
+        self._check_open()
+        cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        cdef int64_t n = mv.shape[0]
+        if pos < 0 or pos + n > self.file_size:
+            raise ValueError("write outside the file")
+        if n:
+            memcpy(self.addr + pos, &mv[0], n)
+
+    def zero_tail(self, long long pos, long long chunk=65536):
+        """Zero from ``pos`` until the first all-zero chunk (or the file end), so that stale records past a
+        truncation point can never be read back as valid by a later recovery. Returns bytes zeroed."""
+        self._check_open()
+        cdef int64_t p = pos, n, done = 0
+        if pos < 0 or pos > self.file_size:
+            raise ValueError("position out of range")
+        with nogil:  # may touch many pages of a large segment
+            while p < self.file_size:
+                n = chunk if p + chunk <= self.file_size else self.file_size - p
+                if lmq_is_zero(self.addr + p, n):
+                    break
+                memset(self.addr + p, 0, n)
+                done += n
+                p += n
+        if done:
+            c_msync(self.addr, pos, done, True, self.path)
+        return done
+
+    # -- flush ----------------------------------------------------------------------------------------------
+
+    def flush(self, int least_pages=0):
+        """msync [flushed, wrote) when the file is full, or at least ``least_pages`` dirty pages (0: any byte).
+
+        Returns the new flushed position. Raises OSError when msync fails.
+        """
+        self._check_open()
+        cdef int64_t wrote = lmq_load_acq(&self.wrote_pos)
+        cdef int64_t flushed = self.flushed_pos
+        cdef int64_t ts = self.store_timestamp
+        if wrote <= flushed:
+            return flushed
+        if wrote < self.file_size:
+            if least_pages > 0 and (wrote // OS_PAGE_SIZE) - (flushed // OS_PAGE_SIZE) < least_pages:
+                return flushed
+        c_msync(self.addr, flushed, wrote - flushed, True, self.path)
+        self.flushed_pos = wrote
+        self.flushed_store_timestamp = ts
+        return wrote
+
+    def fsync(self):
+        """fdatasync the file descriptor (metadata-light flush of everything written)."""
+        self._check_open()
+        c_fdatasync(self.fd, False, self.path)
+
+    # -- page cache helpers (warm-up, residency) ---------------------------------------------------------
+
+    def pretouch(self, long long off=0, long long length=-1, bint write=False):
+        """Touch one byte per page of [off, off+length) with the GIL released (write=True writes a 0, only for
+        never-written ranges). Returns pages touched."""
+        self._check_open()
+        if length < 0:
+            length = self.file_size - off
+        if off < 0 or off + length > self.file_size:
+            raise ValueError("range outside the file")
+        return c_pretouch(self.addr, off, length, write)
+
+    def mlock(self, long long off=0, long long length=-1):
+        """mlock a range; raises OSError (EPERM, ENOMEM, EAGAIN) when refused."""
+        self._check_open()
+        if length < 0:
+            length = self.file_size - off
+        c_mlock(self.addr, off, length, self.path)
+        self.locked = True
+
+    def munlock(self, long long off=0, long long length=-1):
+        self._check_open()
+        if length < 0:
+            length = self.file_size - off
+        c_munlock(self.addr, off, length, self.path)
+        self.locked = False
+
+    def madvise(self, int advice, long long off=0, long long length=-1):
+        """madvise a range with one of localmq._native.ADV_*."""
+        self._check_open()
+        if length < 0:
+            length = self.file_size - off
+        c_madvise(self.addr, off, length, advice, self.path)
+
+    def resident_pages(self, long long off=0, long long length=-1):
+        """Pages of the range in the page cache (mincore)."""
+        self._check_open()
+        if length < 0:
+            length = self.file_size - off
+        return c_mincore(self.addr, off, length, self.path)
+
+    # -- zero-copy reads ------------------------------------------------------------------------------------
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if self.addr == NULL or self.unmap_pending:
+            raise StoreClosedError(f"mapped file {self.path} is closed")
+        if (flags & PyBUF_WRITABLE) and not self.writable:
+            raise BufferError("mapped file is read-only")
+        # readonly=0 only when asked, so numpy views of units stay read-only by default
+        PyBuffer_FillInfo(buffer, self, self.addr, self.file_size, 0 if (flags & PyBUF_WRITABLE) else 1, flags)
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        self.exports -= 1
+        if self.exports == 0 and self.unmap_pending:
+            self._do_unmap()
+
+    def view(self, long long pos, long long size):
+        """A read-only memoryview of [pos, pos+size); keeps the mapping alive until it is released."""
+        if pos < 0 or size < 0 or pos + size > self.file_size:
+            raise ValueError("range outside the file")
+        return memoryview(self)[pos:pos + size]
+
+    def read(self, long long pos, long long size):
+        """A bytes copy of [pos, pos+size)."""
+        self._check_open()
+        if pos < 0 or size < 0 or pos + size > self.file_size:
+            raise ValueError("range outside the file")
+        return (<char *>self.addr)[pos:pos + size]
+
+    # -- lifetime (RocketMQ ReferenceResource) ------------------------------------------------------------
+
+    cdef bint hold_c(self) noexcept:
+        if self.available and self.addr != NULL:
+            self.refs += 1
+            return True
+        return False
+
+    cdef void release_c(self) noexcept:
+        self.refs -= 1
+        if self.refs <= 0 and not self.available and self.delete_pending and self.exports == 0:
+            self._finish_destroy()
+
+    def hold(self):
+        """Take a reader reference; False when the file is being destroyed."""
+        return self.hold_c()
+
+    def release(self):
+        self.release_c()
+
+    def _do_unmap(self):
+        if self.addr != NULL:
+            if self.locked:
+                try:
+                    c_munlock(self.addr, 0, self.file_size, self.path)
+                except OSError:
+                    pass
+                self.locked = False
+            c_unmap(self.addr, <size_t>self.file_size, self.path)
+            self.addr = NULL
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.unmap_pending = False
+        if self.delete_pending:
+            self._unlink()
+
+    def _unlink(self):
+        self.delete_pending = False
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def _finish_destroy(self):
+        if self.exports > 0:
+            self.unmap_pending = True
+            return
+        self._do_unmap()
+
+    def close(self):
+        """Unmap and close (no delete). With live exports the unmap waits for the last one to be released."""
+        if self.addr == NULL:
+            return
+        self.available = False
+        if self.exports > 0:
+            self.unmap_pending = True
+            return
+        self._do_unmap()
+
+    def destroy(self, long long interval_forcibly_ms=0):
+        """Mark unavailable and delete the file once no reader holds it (RocketMQ's destroy).
+
+        Readers holding references past ``interval_forcibly_ms`` since the first call are released forcibly.
+        Returns True when the file is gone, False when deletion is deferred (call again, or it completes when
+        the last reference / export is released).
+        """
+        cdef double now = time.monotonic()
+        if self.available:
+            self.available = False
+            self.shutdown_at = now
+            self.refs -= 1  # drop the file's own reference
+        elif self.refs > 0 and (now - self.shutdown_at) * 1000 >= interval_forcibly_ms:
+            self.refs = -1000 - self.refs
+        self.delete_pending = True
+        if self.refs <= 0:
+            if self.exports > 0:
+                self.unmap_pending = True
+                return False
+            self._do_unmap()
+            return True
+        return False
+
+    def __repr__(self):
+        return (f"MappedFile({self.path!r}, from={self.file_from_offset}, size={self.file_size}, "
+                f"wrote={self.wrote_pos}, flushed={self.flushed_pos})")

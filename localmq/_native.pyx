@@ -1,0 +1,181 @@
+"""Checked, GIL-free wrappers over the C helpers in csrc/ (mmap, msync, fdatasync, fallocate, mlock, madvise, mincore)."""
+import os
+
+from libc.errno cimport errno
+from libc.stdint cimport int64_t
+from libc.string cimport strerror
+
+from localmq._os cimport (
+    LMQ_ADV_DONTNEED, LMQ_ADV_NORMAL, LMQ_ADV_RANDOM, LMQ_ADV_SEQUENTIAL, LMQ_ADV_WILLNEED,
+    lmq_fallocate, lmq_fdatasync, lmq_ftruncate, lmq_madvise, lmq_map, lmq_mincore, lmq_mlock, lmq_msync,
+    lmq_munlock, lmq_now_ms, lmq_page_size, lmq_pretouch, lmq_unmap,
+)
+
+ADV_NORMAL = LMQ_ADV_NORMAL
+ADV_RANDOM = LMQ_ADV_RANDOM
+ADV_SEQUENTIAL = LMQ_ADV_SEQUENTIAL
+ADV_WILLNEED = LMQ_ADV_WILLNEED
+ADV_DONTNEED = LMQ_ADV_DONTNEED
+PAGE_SIZE = lmq_page_size()
+
+
+cdef object raise_errno(int err, object path):
+    """Raise OSError(err, strerror(err), path); the caller read errno while the GIL was released."""
+    msg = strerror(err).decode("utf-8", "replace")
+    if path is None:
+        raise OSError(err, msg)
+    raise OSError(err, msg, os.fspath(path))
+
+
+# Each wrapper: rc and errno are kept in C locals inside the nogil block (another thread may run Python
+# code that changes errno as soon as the GIL is released again) and turned into OSError afterwards.
+
+cdef int c_map(int fd, size_t length, bint writable, void **out, object path) except -1:
+    cdef int rc, err = 0
+    with nogil:  # mmap may block on the page table lock of a busy process
+        rc = lmq_map(fd, length, writable, out)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return 0
+
+
+cdef int c_unmap(void *addr, size_t length, object path) except -1:
+    cdef int rc, err = 0
+    with nogil:  # munmap of a large dirty mapping can take milliseconds
+        rc = lmq_unmap(addr, length)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return 0
+
+
+cdef int c_msync(void *addr, size_t off, size_t length, bint sync, object path) except -1:
+    cdef int rc, err = 0
+    with nogil:  # msync(MS_SYNC) waits for the disk
+        rc = lmq_msync(addr, off, length, sync)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return 0
+
+
+cdef int c_fdatasync(int fd, bint full, object path) except -1:
+    cdef int rc, err = 0
+    with nogil:  # waits for the disk
+        rc = lmq_fdatasync(fd, full)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return 0
+
+
+cdef int c_fallocate(int fd, int64_t off, int64_t length, object path) except -1:
+    cdef int rc, err = 0
+    with nogil:  # block reservation; on tmpfs this zeroes memory
+        rc = lmq_fallocate(fd, off, length)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return 0
+
+
+cdef int c_ftruncate(int fd, int64_t length, object path) except -1:
+    cdef int rc, err = 0
+    with nogil:  # metadata update on the file system
+        rc = lmq_ftruncate(fd, length)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return 0
+
+
+cdef int c_mlock(void *addr, size_t off, size_t length, object path) except -1:
+    cdef int rc, err = 0
+    with nogil:  # mlock faults every page in
+        rc = lmq_mlock(addr, off, length)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return 0
+
+
+cdef int c_munlock(void *addr, size_t off, size_t length, object path) except -1:
+    cdef int rc, err = 0
+    with nogil:  # walks the page tables of the range
+        rc = lmq_munlock(addr, off, length)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return 0
+
+
+cdef int c_madvise(void *addr, size_t off, size_t length, int advice, object path) except -1:
+    cdef int rc, err = 0
+    with nogil:  # WILLNEED starts read-ahead, DONTNEED drops pages
+        rc = lmq_madvise(addr, off, length, advice)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return 0
+
+
+cdef size_t c_mincore(void *addr, size_t off, size_t length, object path) except? 0:
+    cdef int rc, err = 0
+    cdef size_t resident = 0
+    with nogil:  # walks the page tables of the range
+        rc = lmq_mincore(addr, off, length, &resident)
+        if rc != 0:
+            err = errno
+    if rc != 0:
+        raise_errno(err, path)
+    return resident
+
+
+cdef size_t c_pretouch(void *addr, size_t off, size_t length, bint write) noexcept:
+    cdef size_t n
+    with nogil:  # every touched page may fault; other threads keep running meanwhile
+        n = lmq_pretouch(addr, off, length, write)
+    return n
+
+
+def fdatasync(fd, *, full=False, path=None):
+    """fdatasync (or fsync when ``full``) a file descriptor with the GIL released.
+
+    Raises OSError(errno, strerror, path) on failure.
+    """
+    c_fdatasync(fd, full, path)
+
+
+def fsync_dir(path):
+    """fsync a directory so that a file created, renamed or deleted in it survives a power loss.
+
+    Raises OSError when the directory cannot be opened or synced.
+    """
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        c_fdatasync(fd, True, path)
+    finally:
+        os.close(fd)
+
+
+def fallocate(fd, offset, length, *, path=None):
+    """Reserve the blocks of [offset, offset+length) of ``fd`` (posix_fallocate).
+
+    Raises OSError(ENOSPC / EFBIG, ...) when the file system cannot reserve them.
+    """
+    c_fallocate(fd, offset, length, path)
+
+
+def now_ms():
+    """Wall-clock milliseconds since the epoch (CLOCK_REALTIME)."""
+    return lmq_now_ms()

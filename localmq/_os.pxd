@@ -1,0 +1,46 @@
+# The only cdef extern block for csrc/: every declaration is nogil; see csrc/lmq_os.h for each errno contract.
+from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
+
+cdef extern from "lmq_os.h" nogil:
+    int lmq_map(int fd, size_t length, int writable, void **out)
+    int lmq_unmap(void *addr, size_t length)
+    int lmq_msync(void *addr, size_t off, size_t length, int sync)
+    int lmq_fdatasync(int fd, int full)
+    int lmq_fallocate(int fd, int64_t off, int64_t length)
+    int lmq_ftruncate(int fd, int64_t length)
+    int lmq_mlock(void *addr, size_t off, size_t length)
+    int lmq_munlock(void *addr, size_t off, size_t length)
+    int lmq_madvise(void *addr, size_t off, size_t length, int advice)
+    size_t lmq_pretouch(void *addr, size_t off, size_t length, int write)
+    int lmq_mincore(void *addr, size_t off, size_t length, size_t *resident)
+    size_t lmq_page_size()
+    int lmq_is_zero(const void *p, size_t length)
+    int64_t lmq_now_ms()
+    void lmq_sleep_us(int64_t us)
+
+    ctypedef struct lmq_event:
+        pass
+    lmq_event *lmq_event_new()
+    void lmq_event_free(lmq_event *ev)
+    int lmq_event_wait(lmq_event *ev, int64_t timeout_us)
+    void lmq_event_signal(lmq_event *ev)
+    void lmq_event_signal_if_waiting(lmq_event *ev)
+
+    enum:
+        LMQ_ADV_NORMAL
+        LMQ_ADV_RANDOM
+        LMQ_ADV_SEQUENTIAL
+        LMQ_ADV_WILLNEED
+        LMQ_ADV_DONTNEED
+
+    uint16_t lmq_be16(const void *p)
+    uint32_t lmq_be32(const void *p)
+    uint64_t lmq_be64(const void *p)
+    void lmq_put16(void *p, uint16_t v)
+    void lmq_put32(void *p, uint32_t v)
+    void lmq_put64(void *p, uint64_t v)
+    int64_t lmq_load_acq(const int64_t *p)
+    void lmq_store_rel(int64_t *p, int64_t v)
+
+cdef extern from "zlib.h" nogil:
+    unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int length)

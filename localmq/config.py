@@ -1,0 +1,218 @@
+"""StoreConfig (RocketMQ's MessageStoreConfig in snake_case) and the status and mode enums."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from typing import Any, Mapping
+
+from localmq.errors import ConfigError
+
+
+class FlushDiskType(enum.Enum):
+    """When a put's bytes are forced to disk (see the durability table in the README)."""
+
+    ASYNC_FLUSH = "ASYNC_FLUSH"
+    SYNC_FLUSH = "SYNC_FLUSH"
+
+
+class PutStatus(enum.IntEnum):
+    """RocketMQ's PutMessageStatus (5.x spelling; the 4.x spellings are aliases)."""
+
+    PUT_OK = 0
+    FLUSH_DISK_TIMEOUT = 1
+    FLUSH_SLAVE_TIMEOUT = 2
+    SLAVE_NOT_AVAILABLE = 3
+    SERVICE_NOT_AVAILABLE = 4
+    CREATE_MAPPED_FILE_FAILED = 5
+    MESSAGE_ILLEGAL = 6
+    PROPERTIES_SIZE_EXCEEDED = 7
+    OS_PAGE_CACHE_BUSY = 8
+    UNKNOWN_ERROR = 9
+    CREATE_MAPEDFILE_FAILED = 5  # 4.x name
+    OS_PAGECACHE_BUSY = 8  # 4.x name
+
+
+class AppendMessageStatus(enum.IntEnum):
+    """Outcome of appending one record (or batch) to one MappedFile."""
+
+    PUT_OK = 0
+    END_OF_FILE = 1
+    MESSAGE_SIZE_EXCEEDED = 2
+    PROPERTIES_SIZE_EXCEEDED = 3
+    UNKNOWN_ERROR = 4
+
+
+class GetStatus(enum.IntEnum):
+    """RocketMQ's GetMessageStatus (4.x)."""
+
+    FOUND = 0
+    NO_MATCHED_MESSAGE = 1
+    MESSAGE_WAS_REMOVING = 2
+    OFFSET_FOUND_NULL = 3
+    OFFSET_OVERFLOW_BADLY = 4
+    OFFSET_OVERFLOW_ONE = 5
+    OFFSET_TOO_SMALL = 6
+    NO_MATCHED_LOGIC_QUEUE = 7
+    NO_MESSAGE_IN_QUEUE = 8
+
+
+CQ_UNIT_SIZE = 20
+MAX_QUEUE_ID = 65535
+TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,127}\Z")
+
+
+@dataclasses.dataclass
+class StoreConfig:
+    """Store settings. Names are RocketMQ's MessageStoreConfig fields in snake_case, with its defaults.
+
+    Sizes are bytes, intervals milliseconds, ``file_reserved_time`` hours. ``localmq.open(path, **fields)``
+    builds one; unknown names raise ConfigError.
+    """
+
+    mapped_file_size_commit_log: int = 1024 * 1024 * 1024
+    mapped_file_size_consume_queue: int = 300_000 * CQ_UNIT_SIZE
+    enable_consume_queue_ext: bool = False
+    mapped_file_size_consume_queue_ext: int = 48 * 1024 * 1024
+    bit_map_length_consume_queue_ext: int = 64
+    flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
+    flush_interval_commit_log: int = 500
+    flush_commit_log_timed: bool = True
+    flush_commit_log_least_pages: int = 4
+    flush_commit_log_thorough_interval: int = 10_000
+    commit_interval_commit_log: int = 200
+    commit_commit_log_least_pages: int = 4
+    commit_commit_log_thorough_interval: int = 200
+    flush_interval_consume_queue: int = 1000
+    flush_consume_queue_least_pages: int = 2
+    flush_consume_queue_thorough_interval: int = 60_000
+    sync_flush_timeout: int = 5000
+    max_message_size: int = 4 * 1024 * 1024
+    check_crc_on_recover: bool = True
+    warm_mapped_file_enable: bool = False
+    flush_least_pages_when_warm_mapped_file: int = 4096
+    transient_store_pool_enable: bool = False
+    transient_store_pool_size: int = 5
+    fast_fail_if_no_buffer_in_store_pool: bool = False
+    max_transfer_bytes_on_message_in_memory: int = 256 * 1024
+    max_transfer_count_on_message_in_memory: int = 32
+    max_transfer_bytes_on_message_in_disk: int = 64 * 1024
+    max_transfer_count_on_message_in_disk: int = 8
+    access_message_in_memory_max_ratio: int = 40
+    message_index_enable: bool = True
+    message_index_safe: bool = False
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 20_000_000
+    max_msgs_num_batch: int = 64
+    default_query_max_num: int = 32
+    delete_when: str = "04"
+    file_reserved_time: int = 72
+    disk_max_used_space_ratio: int = 75
+    clean_resource_interval: int = 10_000
+    delete_commit_log_files_interval: int = 100
+    delete_consume_queue_files_interval: int = 100
+    destroy_mapped_file_interval_forcibly: int = 120_000
+    redelete_hanged_file_interval: int = 120_000
+    clean_file_forcibly_enable: bool = True
+    clean_unconsumed: bool = False
+    os_page_cache_busy_timeout_mills: int = 1000
+    store_host: str = "127.0.0.1:10911"
+    born_host: str = "127.0.0.1:0"
+    dispatch_idle_wait_us: int = 1000
+
+    def __post_init__(self) -> None:
+        if isinstance(self.flush_disk_type, str):
+            try:
+                self.flush_disk_type = FlushDiskType[self.flush_disk_type.upper()]
+            except KeyError:
+                raise ConfigError(f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, not {self.flush_disk_type!r}") from None
+        if not isinstance(self.flush_disk_type, FlushDiskType):
+            raise ConfigError(f"flush_disk_type must be a FlushDiskType, not {self.flush_disk_type!r}")
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.type in ("int", int) and (not isinstance(v, int) or isinstance(v, bool)):
+                raise ConfigError(f"{f.name} must be an int, not {v!r}")
+            if f.type in ("bool", bool) and not isinstance(v, bool):
+                raise ConfigError(f"{f.name} must be a bool, not {v!r}")
+        # Positions inside a segment are int32 in RocketMQ's records and CQ units.
+        if not 4096 <= self.mapped_file_size_commit_log <= (1 << 31) - 8:
+            raise ConfigError("mapped_file_size_commit_log must be between 4096 bytes and 2 GiB - 8")
+        if self.mapped_file_size_commit_log % 8:
+            raise ConfigError("mapped_file_size_commit_log must be a multiple of 8")
+        if self.mapped_file_size_consume_queue < CQ_UNIT_SIZE:
+            raise ConfigError("mapped_file_size_consume_queue must hold at least one 20-byte unit")
+        # RocketMQ's getter rounds the CQ file size up to whole units.
+        rem = self.mapped_file_size_consume_queue % CQ_UNIT_SIZE
+        if rem:
+            self.mapped_file_size_consume_queue += CQ_UNIT_SIZE - rem
+        # a record must also fit one segment; put() refuses those that don't (MessageSizeError)
+        if self.max_message_size <= 0:
+            raise ConfigError("max_message_size must be positive")
+        if not 10 <= self.disk_max_used_space_ratio <= 95:
+            # RocketMQ clamps it to 10..95; refusing says so instead of silently changing the value.
+            raise ConfigError("disk_max_used_space_ratio must be within 10..95")
+        parse_host(self.store_host)
+        parse_host(self.born_host)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "StoreConfig":
+        """Build a config from ``name -> value`` where values may be strings (Spark options, CLI flags).
+
+        Raises ConfigError on an unknown name or a value that does not convert.
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for name, value in options.items():
+            if name not in fields:
+                raise ConfigError(f"unknown store option {name!r}")
+            t = fields[name].type
+            if isinstance(value, str) and t in ("int", int):
+                try:
+                    value = int(value)
+                except ValueError:
+                    raise ConfigError(f"{name} must be an integer, not {value!r}") from None
+            elif isinstance(value, str) and t in ("bool", bool):
+                low = value.strip().lower()
+                if low not in ("true", "false", "1", "0"):
+                    raise ConfigError(f"{name} must be true or false, not {value!r}")
+                value = low in ("true", "1")
+            kwargs[name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "StoreConfig":
+        """Build a config from keyword arguments; an unknown name raises ConfigError."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ConfigError(f"unknown store config field(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+
+def parse_host(text: str) -> tuple[bytes, int]:
+    """Parse ``"ip:port"`` or ``"[ipv6]:port"`` into (packed address of 4 or 16 bytes, port).
+
+    Raises ConfigError when the text is not an address and port.
+    """
+    import ipaddress
+
+    try:
+        if text.startswith("["):
+            host, _, port = text[1:].partition("]:")
+        else:
+            host, _, port = text.rpartition(":")
+        addr = ipaddress.ip_address(host)
+        port_n = int(port)
+        if not 0 <= port_n <= 0x7FFFFFFF:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"not a host:port: {text!r}") from None
+    return addr.packed, port_n
+
+
+def check_topic(topic: str) -> None:
+    """Raise InvalidTopicError unless ``topic`` matches ``[%|a-zA-Z0-9_-]{1,127}``."""
+    from localmq.errors import InvalidTopicError
+
+    if not isinstance(topic, str) or TOPIC_RE.match(topic) is None:
+        raise InvalidTopicError(f"invalid topic name {topic!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")

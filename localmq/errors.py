@@ -1,0 +1,76 @@
+"""The localmq exception tree: every error is a LocalMQError and also the builtin that matches its kind."""
+
+
+class LocalMQError(Exception):
+    """Root of every error localmq raises on purpose."""
+
+
+class StoreClosedError(LocalMQError, ValueError):
+    """An operation on a store, queue, producer or consumer that was closed (like I/O on a closed file)."""
+
+
+class StoreLockedError(LocalMQError, BlockingIOError):
+    """Another writer (this process or another one, localmq or a RocketMQ broker) holds the store's ``lock`` file."""
+
+
+class InvalidTopicError(LocalMQError, ValueError):
+    """A topic name outside ``[%|a-zA-Z0-9_-]{1,127}`` (so never a path component such as ``..``)."""
+
+
+class InvalidQueueIdError(LocalMQError, ValueError):
+    """A queue id outside ``[0, MAX_QUEUE_ID]``."""
+
+
+class MessageSizeError(LocalMQError, ValueError):
+    """A body larger than ``max_message_size`` or a record that cannot fit a segment. ``status`` is MESSAGE_ILLEGAL."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+class PropertiesSizeError(LocalMQError, ValueError):
+    """Encoded properties longer than 32767 bytes (the record stores an int16 length). ``status`` is PROPERTIES_SIZE_EXCEEDED."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+class InvalidPropertyError(LocalMQError, ValueError):
+    """A property name or value that is empty or contains the 0x01 / 0x02 separators, so it could not be read back."""
+
+
+class CorruptFrameError(LocalMQError, ValueError):
+    """Bytes that are not a valid record where one must be (bad magic, size, CRC or length fields).
+
+    ``offset`` is the absolute offset of the bad frame when known, ``path`` the file.
+    """
+
+    def __init__(self, message, offset=None, path=None):
+        super().__init__(message)
+        self.offset = offset
+        self.path = path
+
+
+class CorruptStoreError(LocalMQError, ValueError):
+    """A store directory whose files cannot be used as they are (wrong segment sizes, gaps, unreadable files)."""
+
+
+class NotAStoreError(LocalMQError, FileNotFoundError):
+    """A path that holds no store or segment files where one was required."""
+
+
+class ConfigError(LocalMQError, ValueError):
+    """An invalid configuration value."""
+
+
+class DispatchError(LocalMQError, RuntimeError):
+    """The dispatch service failed; the error it raised is the ``__cause__``."""
+
+
+__all__ = [
+    "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
+    "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
+    "NotAStoreError", "ConfigError", "DispatchError",
+]

@@ -1,0 +1,1 @@
+"""Background services (Python threads): dispatch, flush, allocation, cleanup."""

@@ -1,0 +1,206 @@
+"""MappedFileQueue: the segment files of one directory seen as one logical file."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable, List, Optional
+
+from localmq._mapped_file import MappedFile, offset_to_file_name
+from localmq._native import fsync_dir
+from localmq.errors import CorruptStoreError
+
+log = logging.getLogger("localmq.mapped_file_queue")
+
+
+class MappedFileQueue:
+    """Fixed-size segments named by their 20-digit base offset, in one directory.
+
+    ``files`` is the ordered list of MappedFile (readers index it by offset under the GIL). Creating,
+    truncating and deleting files happen under ``lock``; the put path takes the owner's put lock first
+    (lock order: owner put lock -> this lock).
+    """
+
+    def __init__(self, directory: str, file_size: int, *, reserve: bool = True,
+                 allocator: Optional[Callable[[str, int, int], MappedFile]] = None):
+        self.directory = os.fspath(directory)
+        self.file_size = int(file_size)
+        self.reserve = reserve
+        self.files: List[MappedFile] = []
+        self.lock = threading.RLock()
+        self.flushed_where = 0
+        self.committed_where = 0
+        self.store_timestamp = 0
+        # Issue 3's AllocateMappedFileService plugs in here; by default files are created synchronously.
+        self.allocator = allocator
+
+    # -- load ---------------------------------------------------------------------------------------------
+
+    def load(self, *, fix_empty_tail: bool = True) -> int:
+        """Map every segment in the directory, sorted by name; returns how many.
+
+        Raises CorruptStoreError when a file has another size than ``file_size`` (except a trailing 0-byte
+        file, an interrupted creation, which is sized again and reported) or when names leave a gap.
+        """
+        if not os.path.isdir(self.directory):
+            return 0
+        names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit())
+        files = []
+        try:
+            for i, name in enumerate(names):
+                path = os.path.join(self.directory, name)
+                size = os.path.getsize(path)
+                if size == 0 and i == len(names) - 1 and fix_empty_tail:
+                    log.warning("segment %s is empty (interrupted creation); sizing it to %d bytes",
+                                path, self.file_size)
+                elif size != self.file_size:
+                    raise CorruptStoreError(
+                        f"segment {path} is {size} bytes but the configured size is {self.file_size}; "
+                        f"open the store with the size it was written with")
+                mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve)
+                if files and mf.file_from_offset != files[-1].file_from_offset + self.file_size:
+                    mf.close()
+                    raise CorruptStoreError(
+                        f"segment {path} does not follow {files[-1].path}: expected base "
+                        f"{files[-1].file_from_offset + self.file_size}")
+                # until recovery says otherwise, a loaded file counts as fully written (RocketMQ does the same)
+                mf.set_positions(self.file_size)
+                files.append(mf)
+        except BaseException:
+            for mf in files:
+                mf.close()
+            raise
+        self.files = files
+        return len(files)
+
+    # -- lookup -------------------------------------------------------------------------------------------
+
+    def first(self) -> Optional[MappedFile]:
+        files = self.files
+        return files[0] if files else None
+
+    def last(self) -> Optional[MappedFile]:
+        files = self.files
+        return files[-1] if files else None
+
+    def find(self, offset: int, return_first_on_not_found: bool = False) -> Optional[MappedFile]:
+        """The segment holding absolute ``offset``, or None."""
+        files = self.files
+        if not files:
+            return None
+        first = files[0]
+        idx = offset // self.file_size - first.file_from_offset // self.file_size
+        if 0 <= idx < len(files):
+            mf = files[idx]
+            if mf.file_from_offset <= offset < mf.file_from_offset + self.file_size:
+                return mf
+        for mf in files:  # fallback after deletions shifted the list
+            if mf.file_from_offset <= offset < mf.file_from_offset + self.file_size:
+                return mf
+        return first if return_first_on_not_found else None
+
+    def min_offset(self) -> int:
+        first = self.first()
+        return first.file_from_offset if first is not None else 0
+
+    def max_offset(self) -> int:
+        last = self.last()
+        return last.file_from_offset + last.wrote_position if last is not None else 0
+
+    def create_file(self, start_offset: int) -> MappedFile:
+        """Create (or, with an allocator, obtain) the segment starting at ``start_offset`` and append it.
+
+        Raises OSError (ENOSPC, EFBIG, ...) when the file cannot be created and reserved.
+        """
+        with self.lock:
+            last = self.last()
+            if last is not None and start_offset != last.file_from_offset + self.file_size:
+                raise CorruptStoreError(f"new segment at {start_offset} does not follow {last.path}")
+            path = os.path.join(self.directory, offset_to_file_name(start_offset))
+            os.makedirs(self.directory, exist_ok=True)
+            if self.allocator is not None:
+                mf = self.allocator(path, self.file_size, start_offset)
+            else:
+                mf = MappedFile(path, self.file_size, start_offset, create=True, reserve=self.reserve)
+                fsync_dir(self.directory)
+            self.files.append(mf)
+            return mf
+
+    def last_or_create(self, start_offset: int = 0) -> MappedFile:
+        """The last segment if it has room, else a new one after it (or at ``start_offset`` rounded down)."""
+        last = self.last()
+        if last is None:
+            return self.create_file(start_offset - start_offset % self.file_size)
+        if last.is_full():
+            return self.create_file(last.file_from_offset + self.file_size)
+        return last
+
+    # -- truncate / delete ----------------------------------------------------------------------------------
+
+    def truncate_dirty_files(self, offset: int) -> List[str]:
+        """Cut the logical file at ``offset``: the segment holding it gets its positions set there (and its stale
+        tail zeroed), segments after it are deleted. Returns the deleted paths."""
+        removed = []
+        with self.lock:
+            keep = []
+            for mf in self.files:
+                tail = mf.file_from_offset + self.file_size
+                if tail > offset:
+                    if offset >= mf.file_from_offset:
+                        pos = offset - mf.file_from_offset
+                        mf.set_positions(pos)
+                        mf.zero_tail(pos)
+                        keep.append(mf)
+                    else:
+                        removed.append(mf.path)
+                        mf.destroy(1000)
+                else:
+                    keep.append(mf)
+            self.files = keep
+            if removed:
+                fsync_dir(self.directory)
+        self.flushed_where = min(self.flushed_where, offset)
+        self.committed_where = min(self.committed_where, offset)
+        return removed
+
+    def delete_last(self) -> None:
+        with self.lock:
+            if self.files:
+                mf = self.files.pop()
+                mf.destroy(1000)
+
+    def destroy(self) -> None:
+        """Delete every segment and the list."""
+        with self.lock:
+            for mf in self.files:
+                mf.destroy(1000)
+            self.files = []
+            self.flushed_where = self.committed_where = 0
+
+    # -- flush ----------------------------------------------------------------------------------------------
+
+    def flush(self, least_pages: int = 0) -> bool:
+        """Flush the segment that holds ``flushed_where`` (one segment per call, as RocketMQ).
+
+        Returns True when nothing was flushed.
+        """
+        mf = self.find(self.flushed_where, return_first_on_not_found=self.flushed_where == 0)
+        if mf is None:
+            return True
+        ts = mf.store_timestamp_
+        pos = mf.flush(least_pages)
+        where = mf.file_from_offset + pos
+        result = where == self.flushed_where
+        self.flushed_where = where
+        if least_pages == 0 and ts:
+            self.store_timestamp = ts
+        return result
+
+    def close(self) -> None:
+        with self.lock:
+            for mf in self.files:
+                mf.close()
+            self.files = []
+
+    def __len__(self) -> int:
+        return len(self.files)

@@ -1,0 +1,161 @@
+"""Recovery of the CommitLog and ConsumeQueues after a clean (normal) or unclean (abnormal) exit."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Callable, Dict, List, Optional
+
+from localmq._codec import MAGIC_CODE, decode_message, scan_record, walk_records
+from localmq._native import fdatasync, fsync_dir
+
+log = logging.getLogger("localmq.recovery")
+
+
+@dataclasses.dataclass
+class RecoveryReport:
+    """What recovery did. ``dropped_*`` describe the tail cut off the CommitLog (a torn write or corruption)."""
+
+    mode: str = "none"                      # "normal", "abnormal" or "none" (no segments)
+    start_offset: int = 0                   # where the walk began
+    end_offset: int = 0                     # end of the last valid record (the new max offset)
+    records_checked: int = 0
+    crc_checked: bool = True
+    stop_reason: str = "end"                # why the walk stopped: end, torn, bad magic, bad length, bad crc
+    dropped_at: Optional[int] = None        # absolute offset of the first byte dropped
+    dropped_bytes: int = 0                  # non-zero bytes after dropped_at that were cut
+    dropped_records: int = 0                # whole records recognised in the dropped tail (lower bound)
+    quarantine_path: Optional[str] = None   # copy of the dropped bytes, so nothing is lost for good
+    deleted_segments: List[str] = dataclasses.field(default_factory=list)
+    cq_units_truncated: Dict[str, int] = dataclasses.field(default_factory=dict)
+    cq_damaged: List[str] = dataclasses.field(default_factory=list)
+    reput_from: int = 0
+    redispatched: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _count_tail_records(mf, pos: int) -> int:
+    """Whole records (structure intact, CRC ignored) that follow a damaged one at ``pos`` in ``mf``."""
+    status, size = scan_record(mf, pos, False)
+    if status not in ("ok", "bad crc") or size <= 0:
+        return 0
+    count = 1
+    p = pos + size
+    _, _, n, _, _ = walk_records(mf, p, mf.file_size, False)
+    return count + n
+
+
+def _quarantine(root: str, mfq, start: int) -> tuple[Optional[str], int]:
+    """Copy the non-zero bytes from absolute offset ``start`` to the end of written data into
+    ``<root>/recovery/`` before they are cut. Returns (path or None, bytes copied)."""
+    chunks = []
+    for mf in mfq.files:
+        base = mf.file_from_offset
+        if base + mf.file_size <= start:
+            continue
+        lo = max(0, start - base)
+        data = mf.read(lo, mf.file_size - lo)
+        stripped = data.rstrip(b"\0")
+        if not stripped:
+            break
+        chunks.append((base + lo, stripped))
+    if not chunks:
+        return None, 0
+    qdir = os.path.join(root, "recovery")
+    os.makedirs(qdir, exist_ok=True)
+    path = os.path.join(qdir, f"commitlog-tail-{start:020d}-{int(time.time() * 1000)}.bin")
+    total = 0
+    with open(path, "wb") as f:
+        for off, data in chunks:
+            # each chunk: absolute offset and length headers, then the bytes, so the file can be inspected
+            f.write(off.to_bytes(8, "big") + len(data).to_bytes(8, "big"))
+            f.write(data)
+            total += len(data)
+        f.flush()
+        fdatasync(f.fileno(), path=path)
+    fsync_dir(qdir)
+    return path, total
+
+
+def _walk(mfq, first_index: int, check_crc: bool, report: RecoveryReport,
+          progress: Optional[Callable[[int, int], None]]) -> int:
+    """Walk records from segment ``first_index`` on; returns the end of the last valid record."""
+    files = mfq.files
+    size = mfq.file_size
+    process = files[first_index].file_from_offset
+    report.start_offset = process
+    total_files = len(files)
+    for i in range(first_index, total_files):
+        mf = files[i]
+        pos, status, n, _, _ = walk_records(mf, 0, size, check_crc)
+        report.records_checked += n
+        if progress is not None:
+            progress(i - first_index + 1, total_files - first_index)
+        if status == "blank":
+            # the segment ends with its blank record: it is complete
+            process = mf.file_from_offset + size
+            continue
+        process = mf.file_from_offset + pos
+        report.stop_reason = status
+        if status != "end":
+            report.dropped_at = process
+            report.dropped_records = _count_tail_records(mf, pos)
+        elif i < total_files - 1:
+            # zeros where a record should start, but later segments exist: the writer lost a segment tail
+            later = any(files[j].read(0, 8) != b"\0" * 8 for j in range(i + 1, total_files))
+            if later:
+                report.stop_reason = "gap"
+                report.dropped_at = process
+        break
+    return process
+
+
+def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, checkpoint_min_ts: int,
+                       progress: Optional[Callable[[int, int], None]] = None) -> RecoveryReport:
+    """Find the end of valid data in the commit log, quarantine and cut what follows it.
+
+    Normal: walk from the third-last segment. Abnormal: from the newest segment whose first record is older
+    than the checkpoint (RocketMQ's isMappedFileMatchedRecover), else the first one.
+    """
+    t0 = time.monotonic()
+    report = RecoveryReport(mode="abnormal" if abnormal else "normal", crc_checked=check_crc)
+    files = mfq.files
+    if not files:
+        report.mode = "none"
+        report.seconds = time.monotonic() - t0
+        return report
+    if abnormal:
+        first = 0
+        for i in range(len(files) - 1, -1, -1):
+            head = files[i].read(0, 8)
+            magic = int.from_bytes(head[4:8], "big", signed=True)
+            if magic != MAGIC_CODE:
+                continue
+            try:
+                m = decode_message(files[i], 0, check_crc=False)
+            except ValueError:
+                continue
+            if m is not None and m.store_timestamp != 0 and m.store_timestamp <= checkpoint_min_ts:
+                first = i
+                break
+    else:
+        first = max(0, len(files) - 3)
+    end = _walk(mfq, first, check_crc, report, progress)
+    report.end_offset = end
+    if report.dropped_at is not None:
+        report.quarantine_path, report.dropped_bytes = _quarantine(root, mfq, report.dropped_at)
+        log.error("commit log: %s record at offset %d; cutting the log there (%d bytes, %d whole records after "
+                  "it; copy kept in %s)", report.stop_reason, report.dropped_at, report.dropped_bytes,
+                  report.dropped_records, report.quarantine_path)
+    report.deleted_segments = mfq.truncate_dirty_files(end)
+    mfq.flushed_where = end
+    mfq.committed_where = end
+    if report.deleted_segments:
+        log.warning("commit log: deleted segments past offset %d: %s", end, report.deleted_segments)
+    report.seconds = time.monotonic() - t0
+    return report
+

@@ -1,0 +1,556 @@
+"""LocalMessageQueue: the RocketMQ-compatible store (CommitLog + ConsumeQueues + dispatch + recovery)."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from localmq._codec import java_hash
+from localmq._commitlog import CommitLog, PutResult
+from localmq._cq import (
+    SCAN_FOUND, SCAN_NO_MATCHED, SCAN_NULL, SCAN_REMOVING, ConsumeQueue, read_record, record_store_timestamp,
+)
+from localmq._dispatch import ReputCore
+from localmq._native import fsync_dir
+from localmq.config import MAX_QUEUE_ID, TOPIC_RE, GetStatus, StoreConfig, check_topic
+from localmq.errors import (
+    CorruptStoreError, DispatchError, InvalidQueueIdError, StoreClosedError, StoreLockedError,
+)
+from localmq.services.reput import ReputMessageService
+from localmq.store.checkpoint import StoreCheckpoint
+from localmq.store.mapped_file_queue import MappedFileQueue
+from localmq.store.recovery import RecoveryReport, recover_commit_log
+
+log = logging.getLogger("localmq.store")
+
+_S_FOUND = GetStatus.FOUND
+_STATUS_OF_SCAN = {
+    SCAN_FOUND: GetStatus.FOUND,
+    SCAN_NO_MATCHED: GetStatus.NO_MATCHED_MESSAGE,
+    SCAN_REMOVING: GetStatus.MESSAGE_WAS_REMOVING,
+    SCAN_NULL: GetStatus.OFFSET_FOUND_NULL,
+}
+
+
+class GetResult:
+    """Result of ``get_message``: ``status`` (GetStatus), ``messages`` (list of Message), ``next_begin_offset``
+    (where the next pull should start), ``min_offset`` / ``max_offset`` of the queue, and
+    ``suggest_pulling_from_slave`` (RocketMQ's hint; always False here)."""
+
+    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset")
+
+    def __init__(self, status, messages, next_begin_offset, min_offset, max_offset):
+        self.status = status
+        self.messages = messages
+        self.next_begin_offset = next_begin_offset
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+
+    @property
+    def found(self) -> bool:
+        return self.status is _S_FOUND
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __iter__(self):
+        return iter(self.messages)
+
+    def __repr__(self) -> str:
+        return (f"GetResult(status={self.status.name}, messages={len(self.messages)}, "
+                f"next_begin_offset={self.next_begin_offset}, min_offset={self.min_offset}, "
+                f"max_offset={self.max_offset})")
+
+
+def _total_ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 24 * 1024 ** 3
+
+
+class _StoreLock:
+    """The ``lock`` file: flock (other localmq stores, this process included) + a POSIX record lock on byte 0
+    (what RocketMQ's FileChannel.tryLock takes, so a broker on the same directory is refused as well)."""
+
+    def __init__(self, root: str):
+        self.path = os.path.join(root, "lock")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise StoreLockedError(errno.EAGAIN, f"store {root} is already open by another writer",
+                                       self.path) from None
+            raise
+        os.pwrite(fd, b"lock", 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            try:
+                fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+
+
+class LocalMessageQueue:
+    """The default localmq store: every topic appends to one CommitLog; a dispatch thread builds a ConsumeQueue
+    per (topic, queue id); consumers pull by queue offset. Files are RocketMQ 4.x compatible.
+
+    Thread-safety: ``put``/``put_batch`` may be called from any number of threads (one put lock);
+    ``get_message`` and the offset queries from any thread concurrently with puts. ``close`` must not race
+    with calls still in progress on other threads (they get StoreClosedError once it has started).
+
+    Use ``localmq.open(path, **config)``; see StoreConfig for the settings.
+    """
+
+    def __init__(self, path: str | os.PathLike, config: Optional[StoreConfig] = None, *,
+                 progress: Optional[Callable[[int, int], None]] = None, **kwargs: Any):
+        if config is None:
+            config = StoreConfig.from_kwargs(kwargs)
+        elif kwargs:
+            raise TypeError("pass either a StoreConfig or keyword settings, not both")
+        self.config = config
+        self.root = os.path.abspath(os.fspath(path))
+        self._closed = True
+        self._lock = None
+        self._reput_service: Optional[ReputMessageService] = None
+        os.makedirs(self.root, exist_ok=True)
+        self._lock = _StoreLock(self.root)
+        try:
+            self._open(progress)
+        except BaseException:
+            self._abandon()
+            raise
+        self._closed = False
+
+    # -- open / recover -------------------------------------------------------------------------------------------
+
+    def _open(self, progress) -> None:
+        c = self.config
+        t0 = time.monotonic()
+        self._abort_path = os.path.join(self.root, "abort")
+        last_exit_ok = not os.path.exists(self._abort_path)
+        self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
+        self._cq_root = os.path.join(self.root, "consumequeue")
+        self._cl_mfq = MappedFileQueue(os.path.join(self.root, "commitlog"), c.mapped_file_size_commit_log)
+        self._cl_mfq.load()
+        self._cqs: Dict[Tuple[str, int], ConsumeQueue] = {}
+        self._cq_lock = threading.Lock()
+        self._skipped_dirs: List[str] = []
+        self._load_consume_queues()
+        for cq in self._cqs.values():
+            cq.recover()
+        report = recover_commit_log(self.root, self._cl_mfq, abnormal=not last_exit_ok,
+                                    check_crc=c.check_crc_on_recover,
+                                    checkpoint_min_ts=self.checkpoint.min_timestamp, progress=progress)
+        end = report.end_offset
+        cl_min = self._cl_mfq.min_offset()
+        if not self._cl_mfq.files:
+            # no commit log at all: queues cannot point anywhere (RocketMQ destroys them too)
+            for cq in self._cqs.values():
+                cq.destroy()
+            self._cqs.clear()
+        for key, cq in self._cqs.items():
+            if cq.max_physic_offset >= end or cq.max_offset > 0 and cq.max_physic_offset < 0:
+                n = cq.truncate_dirty(end)
+                if n:
+                    report.cq_units_truncated[f"{key[0]}-{key[1]}"] = n
+        # the dispatcher resumes where the queues end; after an unclean exit from the recovery start at the latest
+        if self._cqs:
+            reput_from = max(cq.max_physic_offset for cq in self._cqs.values())
+        else:
+            reput_from = cl_min
+        if reput_from < cl_min:
+            reput_from = cl_min
+        if not last_exit_ok:
+            reput_from = min(reput_from, report.start_offset)
+        report.reput_from = reput_from
+        self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
+                                    store_host=c.store_host, born_host=c.born_host)
+        self._reput = ReputCore(self._cl_mfq, self._consume_queue_for_dispatch, reput_from,
+                                c.dispatch_idle_wait_us)
+        for cq in self._cqs.values():
+            self._reput.register(cq)
+        report.redispatched = self._reput.run_until_caught_up()
+        for (topic, qid), cq in self._cqs.items():
+            cq.correct_min_offset(cl_min)
+            self.commit_log.set_queue_offset(topic, qid, cq.max_offset)
+        report.seconds = time.monotonic() - t0
+        self.recovery = report
+        if report.dropped_at is not None or report.cq_units_truncated or report.deleted_segments:
+            log.warning("recovery of %s: %s", self.root, report)
+        else:
+            log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds, end)
+        # abort marks "running": present at the next open unless close() completes
+        with open(self._abort_path, "wb") as f:
+            f.flush()
+        fsync_dir(self.root)
+        self.commit_log.set_dispatch_event(self._reput)
+        self._reput_service = ReputMessageService(self._reput)
+        self._reput_service.start()
+        self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
+        self._disk_threshold = _total_ram() * c.access_message_in_memory_max_ratio // 100
+        self._opened_at = time.time()
+
+    def _load_consume_queues(self) -> None:
+        root = self._cq_root
+        if not os.path.isdir(root):
+            return
+        for topic in sorted(os.listdir(root)):
+            tdir = os.path.join(root, topic)
+            if not os.path.isdir(tdir):
+                continue
+            if TOPIC_RE.match(topic) is None:
+                self._skipped_dirs.append(tdir)
+                log.warning("ignoring consume queue directory %s: not a valid topic name", tdir)
+                continue
+            for q in sorted(os.listdir(tdir)):
+                if not q.isdigit() or int(q) > MAX_QUEUE_ID:
+                    self._skipped_dirs.append(os.path.join(tdir, q))
+                    log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
+                    continue
+                cq = ConsumeQueue(topic, int(q), root, self.config.mapped_file_size_consume_queue)
+                cq.load()
+                self._cqs[(topic, int(q))] = cq
+
+    def _consume_queue_for_dispatch(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """Find or create the ConsumeQueue of (topic, queue) (called by the dispatcher)."""
+        key = (topic, queue_id)
+        cq = self._cqs.get(key)
+        if cq is None:
+            with self._cq_lock:
+                cq = self._cqs.get(key)
+                if cq is None:
+                    check_topic(topic)
+                    cq = ConsumeQueue(topic, queue_id, self._cq_root, self.config.mapped_file_size_consume_queue)
+                    self._cqs[key] = cq
+        return cq
+
+    def _abandon(self) -> None:
+        """Undo a failed open: stop what started, unmap, release the lock (files stay as they were)."""
+        svc = self._reput_service
+        if svc is not None:
+            try:
+                svc.shutdown()
+            except Exception:  # noqa: BLE001 - the original error is what matters
+                log.exception("stopping the dispatcher after a failed open")
+        for name in ("_cl_mfq",):
+            mfq = getattr(self, name, None)
+            if mfq is not None:
+                mfq.close()
+        for cq in getattr(self, "_cqs", {}).values():
+            cq.close()
+        cp = getattr(self, "checkpoint", None)
+        if cp is not None:
+            cp.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # -- context manager ----------------------------------------------------------------------------------------
+
+    def __enter__(self) -> "LocalMessageQueue":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+
+    # -- put ----------------------------------------------------------------------------------------------------
+
+    def put(self, topic: str, body, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
+            properties: Optional[Dict[str, str]] = None, flag: int = 0) -> PutResult:
+        """Append one message to ``topic``/``queue_id``.
+
+        Params: ``body`` bytes-like; ``tags`` a string (hashed into the ConsumeQueue); ``keys`` a string or
+        iterable of strings (no spaces); ``properties`` extra str -> str; ``flag`` an opaque int32.
+        Returns PutResult (status PUT_OK, or CREATE_MAPPED_FILE_FAILED when no segment could be created).
+        Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError,
+        InvalidPropertyError, StoreClosedError.
+        """
+        return self.commit_log.put(topic, body, queue_id, tags, keys, properties, flag)
+
+    def put_batch(self, topic: str, bodies: Iterable, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
+                  properties: Optional[Dict[str, str]] = None, flag: int = 0) -> PutResult:
+        """Append several messages to one queue under one lock (consecutive queue offsets, one store time).
+
+        Returns one PutResult describing the first message, the total bytes and ``msg_num``.
+        Raises as ``put`` (every body is checked before anything is written).
+        """
+        return self.commit_log.put_batch(topic, bodies, queue_id, tags, keys, properties, flag)
+
+    # -- dispatch -----------------------------------------------------------------------------------------------
+
+    def wait_for_dispatch(self, timeout: Optional[float] = None) -> bool:
+        """Block until every message put before this call is in its ConsumeQueue.
+
+        Returns True, or False when ``timeout`` seconds passed first. Raises DispatchError when the dispatcher
+        stopped on an error, StoreClosedError when the store is closed.
+        """
+        self._check_open()
+        target = self._cl_mfq.max_offset()
+        return self._wait_dispatched(target, timeout)
+
+    def _wait_dispatched(self, target: int, timeout: Optional[float]) -> bool:
+        core = self._reput
+        if core.reput_offset >= target:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cond = core.cond
+        with cond:
+            core.waiters += 1
+            try:
+                core.wake()
+                while core.reput_offset < target:
+                    if core.error is not None:
+                        raise DispatchError("the dispatch service stopped") from core.error
+                    if self._closed:
+                        raise StoreClosedError("the store was closed while waiting")
+                    if not self._reput_service.alive and core.reput_offset < target:
+                        raise DispatchError("the dispatch service is not running") from core.error
+                    wait = 0.05
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return False
+                        wait = min(wait, left)
+                    cond.wait(wait)
+            finally:
+                core.waiters -= 1
+        return True
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        return max(0, self._cl_mfq.max_offset() - self._reput.reput_offset)
+
+    # -- get ----------------------------------------------------------------------------------------------------
+
+    def _tag_filter(self, tags: Optional[str]):
+        if tags is None:
+            return None
+        f = self._tag_filters.get(tags)
+        if f is None:
+            names = [t.strip() for t in tags.split("||")]
+            names = [t for t in names if t]
+            if not names or "*" in names:
+                f = ((), frozenset())
+            else:
+                if len(names) > 64:
+                    raise ValueError("at most 64 tags in a subscription")
+                f = (tuple(sorted({java_hash(t) for t in names})), frozenset(names))
+            if len(self._tag_filters) < 1024:
+                self._tag_filters[tags] = f
+        return f
+
+    def get_message(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
+                    tags: Optional[str] = None, zero_copy: bool = False) -> GetResult:
+        """Pull up to ``max_messages`` from (topic, queue) starting at queue offset ``offset``.
+
+        ``tags``: "*" / None for all, or "a || b": units are filtered by tag hash, then by the exact tag.
+        Batches also stop at RocketMQ's transfer limits (32 messages / 256 KiB in memory, 8 / 64 KiB on disk).
+        ``zero_copy``: bodies are memoryviews of the mapping (they keep it alive) instead of bytes.
+        Returns GetResult; its status is one of GetStatus (see the README for next_begin_offset rules).
+        Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1).
+        """
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            if not 0 <= queue_id <= MAX_QUEUE_ID:
+                raise InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+        mn = cq.min_offset
+        mx = cq.max_offset
+        if mx == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0, mn, mx)
+        if offset < mn:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], mn, mn, mx)
+        if offset == mx:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, mn, mx)
+        if offset > mx:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], mx, mn, mx)
+        c = self.config
+        f = self._tag_filter(tags)
+        hashes, names = f if f is not None else ((), None)
+        mfq = self._cl_mfq
+        outcome, msgs, nxt, _ = cq.read_messages(
+            mfq.files, mfq.file_size, offset, max_messages, hashes, names,
+            c.max_transfer_count_on_message_in_memory, c.max_transfer_bytes_on_message_in_memory,
+            c.max_transfer_count_on_message_in_disk, c.max_transfer_bytes_on_message_in_disk,
+            self._disk_threshold, mfq.max_offset(), not zero_copy)
+        if outcome == SCAN_NULL:
+            units_per_file = cq.file_size // 20
+            nxt = (offset // units_per_file + 1) * units_per_file
+        return GetResult(_STATUS_OF_SCAN[outcome], msgs, nxt, mn, mx)
+
+    # -- offsets & lookups -------------------------------------------------------------------------------------
+
+    def _cq(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+        self._check_open()
+        return self._cqs.get((topic, queue_id))
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """Next queue offset to be read in (topic, queue): one past the last dispatched message (0 if none)."""
+        cq = self._cq(topic, queue_id)
+        return cq.max_offset if cq is not None else 0
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """First queue offset still readable (0 if the queue does not exist)."""
+        cq = self._cq(topic, queue_id)
+        return cq.min_offset if cq is not None else 0
+
+    def offset_by_time(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        """Queue offset of the first message stored at or after ``ts_ms`` (by binary search on store times).
+
+        Returns max_offset when every message is older, min_offset when every message is newer, 0 when the
+        queue does not exist. (RocketMQ first picks a CQ file by mtime; searching every unit is exact.)
+        """
+        cq = self._cq(topic, queue_id)
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        files, size = self._cl_mfq.files, self._cl_mfq.file_size
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = cq.unit(mid)
+            ts = -1
+            if u is not None and u[1] != 0x7FFFFFFF:
+                ts = record_store_timestamp(files, size, u[0])
+            if ts < 0 or ts < ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def look_message_by_offset(self, physical_offset: int, *, zero_copy: bool = False):
+        """The message stored at commit log offset ``physical_offset``, or None when there is none."""
+        self._check_open()
+        if physical_offset < 0 or physical_offset >= self._cl_mfq.max_offset():
+            return None
+        return read_record(self._cl_mfq.files, self._cl_mfq.file_size, physical_offset, not zero_copy)
+
+    def consume_queue(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+        """The ConsumeQueue of (topic, queue) (numpy scans via ``units()``), or None."""
+        return self._cq(topic, queue_id)
+
+    def topics(self) -> Dict[str, List[int]]:
+        """{topic: sorted queue ids} of every queue that has a ConsumeQueue."""
+        self._check_open()
+        out: Dict[str, List[int]] = {}
+        for (t, q) in list(self._cqs):
+            out.setdefault(t, []).append(q)
+        return {t: sorted(qs) for t, qs in sorted(out.items())}
+
+    @property
+    def commit_log_min_offset(self) -> int:
+        return self._cl_mfq.min_offset()
+
+    @property
+    def commit_log_max_offset(self) -> int:
+        return self._cl_mfq.max_offset()
+
+    def commit_log_segments(self) -> List[Tuple[int, memoryview, int]]:
+        """[(base offset, read-only memoryview of the whole segment, readable end)] for columnar decoding.
+
+        The views keep their mappings alive until released."""
+        self._check_open()
+        return [(mf.file_from_offset, memoryview(mf), mf.wrote_position) for mf in list(self._cl_mfq.files)]
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters of the store and its services."""
+        core = self._reput
+        svc = self._reput_service
+        return {
+            "puts": self.commit_log.puts,
+            "put_failures": self.commit_log.put_failures,
+            "commit_log_min_offset": self._cl_mfq.min_offset(),
+            "commit_log_max_offset": self._cl_mfq.max_offset(),
+            "segments": len(self._cl_mfq.files),
+            "consume_queues": len(self._cqs),
+            "dispatched": core.dispatched,
+            "dispatch_duplicates": core.duplicates,
+            "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
+            "dispatch_gap_units": sum(cq.gap_units for cq in self._cqs.values()),
+            "service_errors": {"ReputMessageService": svc.errors if svc else 0},
+            "recovery": self.recovery.as_dict(),
+            "skipped_directories": list(self._skipped_dirs),
+        }
+
+    # -- flush / close ------------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Force every written byte of the commit log and the consume queues to disk, then the checkpoint."""
+        self._check_open()
+        self._flush_all()
+
+    def _flush_all(self) -> None:
+        while not self._cl_mfq.flush(0):
+            pass
+        logics_ts = 0
+        for cq in list(self._cqs.values()):
+            while not cq.flush(0):
+                pass
+            logics_ts = max(logics_ts, cq.last_store_timestamp)
+        cp = self.checkpoint
+        if self._cl_mfq.store_timestamp:
+            cp.physic_msg_timestamp = self._cl_mfq.store_timestamp
+        if logics_ts:
+            cp.logics_msg_timestamp = logics_ts
+        cp.flush()
+
+    def close(self) -> None:
+        """Stop the dispatcher (after it caught up), flush everything, write the checkpoint, remove ``abort``
+        and release the lock. Idempotent."""
+        if self._closed:
+            return
+        self.commit_log.close()  # no put can start from here on; one in progress has finished
+        clean = True
+        try:
+            if self._reput.error is None and self._reput_service.alive:
+                try:
+                    self._wait_dispatched(self._cl_mfq.max_offset(), 60.0)
+                except DispatchError:
+                    clean = False
+        finally:
+            self._closed = True
+            self._reput_service.shutdown()
+        if self._reput.error is not None or self.dispatch_behind_bytes > 0:
+            clean = False
+        try:
+            self._flush_all()
+        finally:
+            for cq in self._cqs.values():
+                cq.close()
+            self._cl_mfq.close()
+            self.checkpoint.close()
+            if clean:
+                try:
+                    os.unlink(self._abort_path)
+                    fsync_dir(self.root)
+                except FileNotFoundError:
+                    pass
+            self._lock.release()
+            self._lock = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<LocalMessageQueue {self.root!r} {state}>"
