@@ -809,32 +809,6 @@ def decode_range(data, RecordColumns cols, Py_ssize_t start=0, Py_ssize_t end=-1
     return row - first, pos, reason
 
 
-def iter_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, long long base_offset=0, bint check_crc=True,
-                 bint copy=True):
-    """Yield (position, Message) for each record of ``data[start:end]``; stops at a blank record or zero bytes.
-
-    The generator's ``stop`` is reported by raising nothing: read ``scan_record`` at the final position to learn
-    why it stopped. A corrupt record raises CorruptFrameError with its absolute offset.
-    """
-    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    cdef Py_ssize_t n = mv.shape[0]
-    cdef RecordView v
-    cdef int rc
-    if end < 0 or end > n:
-        end = n
-    pos = start
-    while pos < end:
-        rc = parse_record(&mv[0] + pos, end - pos, &v, check_crc)
-        if rc == REC_OK:
-            yield pos, message_from_view(&v, None, copy, data)
-            pos += v.total_size
-            continue
-        if rc in (REC_BLANK, REC_END):
-            return
-        raise CorruptFrameError(f"{REC_STATUS_NAMES[rc]} record at offset {base_offset + pos}",
-                                offset=base_offset + pos)
-
-
 def walk_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint check_crc=True):
     """Walk consecutive records of ``data[start:end]`` without building anything (recovery).
 

@@ -15,7 +15,7 @@ from localmq._cq cimport ConsumeQueue, CQState
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
     lmq_event, lmq_event_free, lmq_event_new, lmq_event_signal, lmq_event_wait, lmq_load_acq, lmq_put32,
-    lmq_put64, lmq_store_rel,
+    lmq_put64, lmq_sleep_us, lmq_store_rel,
 )
 
 from localmq._codec import REC_STATUS_NAMES
@@ -192,9 +192,12 @@ cdef class ReputCore:
 
     # -- the loop --------------------------------------------------------------------------------------------
 
-    cdef int _run_nogil(self, int64_t max_records) noexcept nogil:
+    cdef int _run_nogil(self, int64_t max_records, bint idle_wait) noexcept nogil:
+        """Dispatch without the GIL. With ``idle_wait`` it stays here when caught up: it polls every 20 us for
+        about 1 ms (a busy producer then never pays for a wake-up), then sleeps on the event that puts signal.
+        It returns to Python only for a slow path, to notify waiters after progress, or to stop."""
         cdef int64_t n = 0, rel, end, qo, r
-        cdef int rc
+        cdef int rc, idle_polls = 0
         cdef RecordView v
         cdef Slot *slot
         cdef CQState *st
@@ -210,7 +213,16 @@ cdef class ReputCore:
             if rel >= end:
                 if end >= self.seg_size:
                     return R_NEED_SEGMENT
-                return R_PROGRESS if n > 0 else R_CAUGHT_UP
+                if not idle_wait or (n > 0 and self.waiters > 0):
+                    return R_PROGRESS if n > 0 else R_CAUGHT_UP
+                if idle_polls < 50:
+                    idle_polls += 1
+                    lmq_sleep_us(20)
+                else:
+                    idle_polls = 0
+                    lmq_event_wait(self.event, self.idle_wait_us)
+                continue
+            idle_polls = 0
             rc = parse_record(self.seg_addr + rel, end - rel, &v, False)
             if rc == REC_BLANK:
                 lmq_store_rel(&self.reput_from, self.seg_base + self.seg_size)
@@ -308,7 +320,7 @@ cdef class ReputCore:
         cdef int code
         while True:
             with nogil:  # pure C over the mapping
-                code = self._run_nogil(1 << 30)
+                code = self._run_nogil(1 << 30, False)
             if code in (R_CAUGHT_UP, R_PROGRESS, R_STOP):
                 if code == R_PROGRESS:
                     continue
@@ -334,8 +346,8 @@ cdef class ReputCore:
         try:
             while not self.stop_flag:
                 progressed = False
-                with nogil:  # walks the log and writes units; never touches Python objects
-                    code = self._run_nogil(4096 if self.waiters > 0 else (1 << 20))
+                with nogil:  # walks the log, writes units and idles; never touches Python objects
+                    code = self._run_nogil(4096 if self.waiters > 0 else (1 << 20), True)
                 self.rounds += 1
                 if code == R_STOP:
                     break
@@ -343,10 +355,6 @@ cdef class ReputCore:
                     if self.waiters > 0:
                         with self.cond:
                             self.cond.notify_all()
-                    if code == R_CAUGHT_UP:
-                        wait_us = self.idle_wait_us
-                        with nogil:  # idle: sleep until a put signals the event or the timeout passes
-                            lmq_event_wait(self.event, wait_us)
                     continue
                 if code == R_BAD_RECORD:
                     self._bad_record()

@@ -1,0 +1,42 @@
+"""localmq: an embedded, persistent message queue on RocketMQ-compatible CommitLog / ConsumeQueue files."""
+from localmq._codec import (
+    Message, RecordColumns, decode_message, decode_message_id, decode_range, encode_blank, encode_message,
+    java_hash, parse_properties, properties_to_bytes, tags_hash,
+)
+from localmq._commitlog import PutResult
+from localmq.config import AppendMessageStatus, FlushDiskType, GetStatus, PutStatus, StoreConfig
+from localmq.errors import (
+    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, InvalidPropertyError, InvalidQueueIdError,
+    InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError, PropertiesSizeError, StoreClosedError,
+    StoreLockedError,
+)
+from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
+from localmq.store.config_json import read_config_json, write_config_json
+from localmq.store.readers import read_commitlog, read_consume_queue, read_consume_queue_ext
+from localmq.store.store import GetResult, LocalMessageQueue
+
+__version__ = "0.1.0"
+
+
+def open(path, kind: str = "local", **config) -> LocalMessageQueue:  # noqa: A001 - the library's entry point
+    """Open (creating if needed) the store at ``path`` and recover it.
+
+    ``kind``: "local" (default) is the RocketMQ-compatible LocalMessageQueue. ``config``: StoreConfig fields.
+    Raises StoreLockedError when another writer holds the store, CorruptStoreError when its files cannot be
+    used as they are, ConfigError for bad settings.
+    """
+    if kind != "local":
+        raise ConfigError(f"unknown queue kind {kind!r} (available: 'local')")
+    return LocalMessageQueue(path, **config)
+
+
+__all__ = [
+    "open", "LocalMessageQueue", "StoreConfig", "FlushDiskType", "PutStatus", "GetStatus", "AppendMessageStatus",
+    "PutResult", "GetResult", "Message", "RecordColumns", "decode_range", "decode_message", "encode_message",
+    "encode_blank", "decode_message_id", "java_hash", "tags_hash", "parse_properties", "properties_to_bytes",
+    "read_commitlog", "read_consume_queue", "read_consume_queue_ext", "read_checkpoint", "StoreCheckpoint",
+    "read_config_json", "write_config_json",
+    "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
+    "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
+    "NotAStoreError", "ConfigError", "DispatchError",
+]

@@ -1,0 +1,160 @@
+"""The store checkpoint: five big-endian int64 values at the start of the 4 KiB ``<root>/checkpoint`` file."""
+
+import errno
+import os
+import struct
+import threading
+from dataclasses import dataclass
+
+from localmq._native import fdatasync, fsync_dir
+from localmq.errors import CorruptStoreError, NotAStoreError, StoreClosedError
+
+__all__ = ["CHECKPOINT_FILE_SIZE", "Checkpoint", "StoreCheckpoint", "read_checkpoint"]
+
+CHECKPOINT_FILE_SIZE = 4096  # RocketMQ maps one OS page
+# Slack RocketMQ subtracts from the physic / logics times before using them as a recovery bound.
+RECOVERY_SLACK_MS = 3000
+_LAYOUT = struct.Struct(">5q")  # physic, logics, index, master flushed offset, confirm phy offset
+
+
+def _min_timestamp(physic, logics):
+    return max(0, min(physic, logics) - RECOVERY_SLACK_MS)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The five checkpoint values as read from a file (ms timestamps; offsets are 0 in files RocketMQ 4.x wrote)."""
+
+    physic_msg_timestamp: int
+    logics_msg_timestamp: int
+    index_msg_timestamp: int
+    master_flushed_offset: int = 0
+    confirm_phy_offset: int = 0
+
+    @property
+    def min_timestamp(self):
+        """max(0, min(physic, logics) - 3000): records stored before this time are known to be dispatched."""
+        return _min_timestamp(self.physic_msg_timestamp, self.logics_msg_timestamp)
+
+    @property
+    def min_timestamp_index(self):
+        """min(min_timestamp, index): the same bound when the index must be safe too."""
+        return min(self.min_timestamp, self.index_msg_timestamp)
+
+
+def _unpack(data, path):
+    if len(data) < _LAYOUT.size:
+        raise CorruptStoreError(f"checkpoint {path} holds {len(data)} bytes, fewer than {_LAYOUT.size}")
+    return _LAYOUT.unpack_from(data, 0)
+
+
+def read_checkpoint(path):
+    """Read a checkpoint file without writing to it (works on read-only copies).
+
+    :param path: the ``checkpoint`` file.
+    :returns: a frozen ``Checkpoint``.
+    :raises NotAStoreError: (a FileNotFoundError) when the file does not exist.
+    :raises CorruptStoreError: when it is shorter than 40 bytes.
+    :raises OSError: for other read failures.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_LAYOUT.size)
+    except FileNotFoundError:
+        raise NotAStoreError(errno.ENOENT, "no checkpoint file", path) from None
+    return Checkpoint(*_unpack(data, path))
+
+
+class StoreCheckpoint:
+    """The writable checkpoint of a store, opened or created at ``path``.
+
+    A new file (or an empty one left by a crash during creation) is pre-sized to 4096 zero bytes and synced
+    together with its directory; a shorter existing file of at least 40 bytes is extended to 4096. The five
+    fields are plain attributes: update them, then call ``flush()`` to persist all of them at once.
+
+    Threads: one writer thread at a time updates the fields (in localmq the flush service); ``flush()`` holds
+    an internal lock, so concurrent ``flush()`` / ``close()`` calls are serialised and each writes one
+    consistent snapshot of the fields.
+
+    :param path: the ``checkpoint`` file; missing parent directories are created.
+    :raises CorruptStoreError: when an existing file holds 1 to 39 bytes.
+    :raises OSError: when the file cannot be opened, sized or synced (e.g. PermissionError on a read-only file).
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        # Serialises flush() and close(); no other lock is taken while it is held.
+        self._lock = threading.Lock()
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if 0 < size < _LAYOUT.size:
+                raise CorruptStoreError(f"checkpoint {self.path} holds {size} bytes, fewer than {_LAYOUT.size}")
+            if size < CHECKPOINT_FILE_SIZE:
+                os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
+                fdatasync(fd, path=self.path)
+                if size == 0:  # new, or created by a run that crashed before this sync
+                    fsync_dir(parent)
+            values = _unpack(os.pread(fd, _LAYOUT.size, 0), self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        (self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
+         self.master_flushed_offset, self.confirm_phy_offset) = values
+
+    @property
+    def closed(self):
+        """True once ``close()`` has run."""
+        return self._fd < 0
+
+    @property
+    def min_timestamp(self):
+        """max(0, min(physic, logics) - 3000) from the current field values."""
+        return _min_timestamp(self.physic_msg_timestamp, self.logics_msg_timestamp)
+
+    @property
+    def min_timestamp_index(self):
+        """min(min_timestamp, index_msg_timestamp) from the current field values."""
+        return min(self.min_timestamp, self.index_msg_timestamp)
+
+    def snapshot(self):
+        """The current field values as a frozen ``Checkpoint`` (not necessarily flushed yet)."""
+        return Checkpoint(self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
+                          self.master_flushed_offset, self.confirm_phy_offset)
+
+    def flush(self):
+        """Write the five fields at offset 0 and fdatasync the file.
+
+        :raises StoreClosedError: after ``close()``.
+        :raises OSError: when the write or the sync fails.
+        """
+        with self._lock:
+            if self._fd < 0:
+                raise StoreClosedError(f"checkpoint {self.path} is closed")
+            data = _LAYOUT.pack(self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
+                                self.master_flushed_offset, self.confirm_phy_offset)
+            n = os.pwrite(self._fd, data, 0)
+            if n != len(data):
+                raise OSError(errno.EIO, f"short write to the checkpoint ({n} of {len(data)} bytes)", self.path)
+            fdatasync(self._fd, path=self.path)
+
+    def close(self):
+        """Close the file without writing (call ``flush()`` first to persist the fields). Idempotent."""
+        with self._lock:
+            if self._fd >= 0:
+                fd, self._fd = self._fd, -1
+                os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"StoreCheckpoint({self.path!r}, physic={self.physic_msg_timestamp}, "
+                f"logics={self.logics_msg_timestamp}, index={self.index_msg_timestamp})")

@@ -1,0 +1,44 @@
+"""Shared fixtures: the RocketMQ fixture directory and store factories in tmp_path."""
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import localmq
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "rocketmq"
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir():
+    d = Path(os.environ.get("LOCALMQ_FIXTURES", FIXTURES))
+    if not d.is_dir():
+        pytest.skip(f"RocketMQ fixtures not found at {d} (set LOCALMQ_FIXTURES)")
+    return d
+
+
+@pytest.fixture
+def store_factory(tmp_path):
+    """open(path=tmp_path/'store', **config); every store opened is closed at teardown."""
+    opened = []
+
+    def make(path=None, **config):
+        st = localmq.open(path or tmp_path / "store", **config)
+        opened.append(st)
+        return st
+
+    yield make
+    for st in opened:
+        st.close()
+
+
+@pytest.fixture
+def small_store(store_factory):
+    """A store with 64 KiB segments and 10-unit... consume queue files of 200 bytes, so tests roll files."""
+    return store_factory(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=200)
+
+
+def copy_fixture_store(src, dst):
+    shutil.copytree(src, dst)
+    return dst
