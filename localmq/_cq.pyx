@@ -380,9 +380,7 @@ cdef class ConsumeQueue:
             hashes[k] = tag_hashes[k]
         if end > mx:
             end = mx
-        if nfiles == 0:
-            return SCAN_REMOVING, out, offset, -1
-        first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset
+        first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset if nfiles > 0 else 0
         while i < end:
             if i * UNIT >= cq_end:
                 cqf = self.mapped_file_queue.find(i * UNIT)

@@ -143,6 +143,10 @@ class LocalMessageQueue:
         self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
         self._cq_root = os.path.join(self.root, "consumequeue")
         self._cl_mfq = MappedFileQueue(os.path.join(self.root, "commitlog"), c.mapped_file_size_commit_log)
+        for d in (self._cl_mfq.directory, self._cq_root):
+            if not os.path.isdir(d):
+                os.makedirs(d)
+                fsync_dir(os.path.dirname(d))
         self._cl_mfq.load()
         self._cqs: Dict[Tuple[str, int], ConsumeQueue] = {}
         self._cq_lock = threading.Lock()
