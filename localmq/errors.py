@@ -26,6 +26,10 @@ class MessageSizeError(LocalMQError, ValueError):
 
     def __init__(self, message, status=None):
         super().__init__(message)
+        if status is None:
+            from localmq.config import PutStatus
+
+            status = PutStatus.MESSAGE_ILLEGAL
         self.status = status
 
 
@@ -34,6 +38,10 @@ class PropertiesSizeError(LocalMQError, ValueError):
 
     def __init__(self, message, status=None):
         super().__init__(message)
+        if status is None:
+            from localmq.config import PutStatus
+
+            status = PutStatus.PROPERTIES_SIZE_EXCEEDED
         self.status = status
 
 

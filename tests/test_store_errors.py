@@ -1,0 +1,161 @@
+"""Bad input and misuse: typed errors (also the matching builtins), nothing written, nothing lost."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import localmq
+
+SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=200)
+
+
+@pytest.mark.parametrize("topic", ["", "a/b", "..", "../x", "t" * 128, "caf\u00e9", "a b", "x\x00", 5, None])
+def test_invalid_topic(store_factory, topic):
+    st = store_factory(**SMALL)
+    with pytest.raises(localmq.InvalidTopicError if isinstance(topic, str) else TypeError):
+        st.put(topic, b"x")
+    assert st.commit_log_max_offset == 0
+    assert not os.path.exists(os.path.join(st.root, "consumequeue", "x"))
+
+
+def test_invalid_topic_is_value_error(store_factory):
+    with pytest.raises(ValueError):
+        store_factory(**SMALL).put("no/slash", b"x")
+
+
+@pytest.mark.parametrize("qid", [-1, 65536, 2 ** 31 - 1])
+def test_invalid_queue_id(store_factory, qid):
+    st = store_factory(**SMALL)
+    with pytest.raises(localmq.InvalidQueueIdError):
+        st.put("t", b"x", queue_id=qid)
+    with pytest.raises(ValueError):
+        st.put_batch("t", [b"x"], queue_id=qid)
+
+
+def test_sizes(store_factory):
+    st = store_factory(mapped_file_size_commit_log=64 * 1024, max_message_size=1000)
+    with pytest.raises(localmq.MessageSizeError) as e:
+        st.put("t", b"x" * 1001)
+    assert e.value.status is localmq.PutStatus.MESSAGE_ILLEGAL
+    assert isinstance(e.value, ValueError)
+    st.put("t", b"x" * 1000)
+    with pytest.raises(localmq.PropertiesSizeError) as e:
+        st.put("t", b"x", properties={"p": "v" * 33000})
+    assert e.value.status is localmq.PutStatus.PROPERTIES_SIZE_EXCEEDED
+    with pytest.raises(localmq.InvalidPropertyError):
+        st.put("t", b"x", keys=["has space"])
+    with pytest.raises(localmq.InvalidPropertyError):
+        st.put("t", b"x", properties={"k": "a\x01b"})
+    with pytest.raises(localmq.InvalidPropertyError):
+        st.put("t", b"x", tags="")
+    with pytest.raises(TypeError):
+        st.put("t", 12345)
+    with pytest.raises(TypeError):
+        st.put("t", "text is not bytes")
+    st.wait_for_dispatch()
+    assert st.max_offset("t", 0) == 1
+
+
+def test_record_larger_than_segment(store_factory):
+    st = store_factory(mapped_file_size_commit_log=4096)
+    with pytest.raises(localmq.MessageSizeError):
+        st.put("t", b"x" * 4096)
+    r = st.put("t", b"x" * 3900)
+    assert r.status is localmq.PutStatus.PUT_OK
+
+
+def test_closed_store(tmp_path):
+    st = localmq.open(tmp_path / "s", **SMALL)
+    st.put("t", b"x")
+    st.close()
+    for call in (lambda: st.put("t", b"x"), lambda: st.put_batch("t", [b"x"]), lambda: st.get_message("t", 0, 0),
+                 lambda: st.max_offset("t", 0), lambda: st.wait_for_dispatch(), lambda: st.flush()):
+        with pytest.raises(localmq.StoreClosedError):
+            call()
+    with pytest.raises(ValueError):
+        st.get_message("t", 0, 0)
+
+
+def test_second_writer_same_process(tmp_path):
+    with localmq.open(tmp_path / "s", **SMALL):
+        with pytest.raises(localmq.StoreLockedError) as e:
+            localmq.open(tmp_path / "s", **SMALL)
+        assert isinstance(e.value, BlockingIOError)
+    # released on close
+    localmq.open(tmp_path / "s", **SMALL).close()
+
+
+def test_second_writer_other_process(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys, localmq
+        try:
+            localmq.open({str(tmp_path / 's')!r}, mapped_file_size_commit_log=65536)
+        except localmq.StoreLockedError as e:
+            print("LOCKED", e)
+            sys.exit(3)
+        sys.exit(0)
+    """)
+    with localmq.open(tmp_path / "s", **SMALL) as st:
+        st.put("t", b"keep")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert p.returncode == 3, p.stderr
+        assert "LOCKED" in p.stdout
+        st.put("t", b"still")
+    with localmq.open(tmp_path / "s", **SMALL) as st:
+        assert [m.body for m in st.get_message("t", 0, 0).messages] == [b"keep", b"still"]
+
+
+def test_wrong_segment_size_refused(tmp_path):
+    with localmq.open(tmp_path / "s", **SMALL) as st:
+        st.put("t", b"x")
+    with pytest.raises(localmq.CorruptStoreError, match="65536 bytes"):
+        localmq.open(tmp_path / "s", mapped_file_size_commit_log=8192)
+    # nothing was changed by the refused open
+    with localmq.open(tmp_path / "s", **SMALL) as st:
+        assert st.get_message("t", 0, 0).messages[0].body == b"x"
+
+
+def test_bad_config(tmp_path):
+    with pytest.raises(localmq.ConfigError):
+        localmq.open(tmp_path / "s", no_such_setting=1)
+    with pytest.raises(localmq.ConfigError):
+        localmq.open(tmp_path / "s", mapped_file_size_commit_log=100)
+    with pytest.raises(localmq.ConfigError):
+        localmq.open(tmp_path / "s", flush_disk_type="SOMETIMES")
+    assert localmq.StoreConfig(flush_disk_type="sync_flush").flush_disk_type is localmq.FlushDiskType.SYNC_FLUSH
+    assert localmq.StoreConfig.from_options({"mapped_file_size_commit_log": "8192"}).mapped_file_size_commit_log == 8192
+    assert localmq.StoreConfig(mapped_file_size_consume_queue=1001).mapped_file_size_consume_queue == 1020
+
+
+def test_max_messages_validation(store_factory):
+    st = store_factory(**SMALL)
+    with pytest.raises(ValueError):
+        st.get_message("t", 0, 0, 0)
+    with pytest.raises(localmq.InvalidQueueIdError):
+        st.get_message("t", -1, 0)
+
+
+def test_not_a_store_for_readers(tmp_path):
+    with pytest.raises(localmq.NotAStoreError):
+        localmq.read_commitlog(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError):
+        localmq.read_commitlog(tmp_path / "empty")
+
+
+def test_native_errors_carry_errno_and_path(tmp_path):
+    from localmq import _native
+    p = tmp_path / "ro"
+    p.write_bytes(b"")
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as e:
+            _native.fallocate(fd, 0, 4096, path=str(p))
+        assert e.value.errno == 9 and e.value.filename == str(p)  # EBADF: not open for writing
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        _native.fsync_dir(tmp_path / "nope")
