@@ -109,6 +109,22 @@ size_t lmq_pretouch(void *addr, size_t off, size_t len, int write) {
     return n;
 }
 
+int lmq_populate_write(void *addr, size_t off, size_t len) {
+#ifdef MADV_POPULATE_WRITE
+    size_t alen;
+    char *a;
+    if (len == 0) return 0;
+    a = page_range(addr, off, len, &alen);
+    return madvise(a, alen, MADV_POPULATE_WRITE);
+#else
+    (void)addr;
+    (void)off;
+    (void)len;
+    errno = EINVAL;
+    return -1;
+#endif
+}
+
 int lmq_mincore(void *addr, size_t off, size_t len, size_t *resident) {
     size_t alen, ps = lmq_page_size(), npages, i, count = 0;
     char *a;

@@ -35,6 +35,9 @@ int lmq_madvise(void *addr, size_t off, size_t len, int advice);
 /* Touch one byte of every page of [addr+off, addr+off+len): write a 0 (write != 0) or read it.
  * Writing 0 is only safe on pages known to be zero (a fresh, reserved segment). Cannot fail: returns pages touched. */
 size_t lmq_pretouch(void *addr, size_t off, size_t len, int write);
+/* Prefault [addr+off, +len) writable without changing its bytes (madvise MADV_POPULATE_WRITE, Linux 5.14+),
+ * so a writer racing ahead of it never sees a clobbered page. EINVAL on kernels without it. */
+int lmq_populate_write(void *addr, size_t off, size_t len);
 /* mincore over a page-rounded range; *resident receives the number of resident pages. */
 int lmq_mincore(void *addr, size_t off, size_t len, size_t *resident);
 /* Size of a page. */

@@ -8,7 +8,7 @@ from libc.string cimport strerror
 from localmq._os cimport (
     LMQ_ADV_DONTNEED, LMQ_ADV_NORMAL, LMQ_ADV_RANDOM, LMQ_ADV_SEQUENTIAL, LMQ_ADV_WILLNEED,
     lmq_fallocate, lmq_fdatasync, lmq_ftruncate, lmq_madvise, lmq_map, lmq_mincore, lmq_mlock, lmq_msync,
-    lmq_munlock, lmq_now_ms, lmq_page_size, lmq_pretouch, lmq_unmap,
+    lmq_munlock, lmq_now_ms, lmq_page_size, lmq_populate_write, lmq_pretouch, lmq_unmap,
 )
 
 ADV_NORMAL = LMQ_ADV_NORMAL
@@ -139,6 +139,12 @@ cdef size_t c_mincore(void *addr, size_t off, size_t length, object path) except
     if rc != 0:
         raise_errno(err, path)
     return resident
+
+
+cdef int c_populate_write(void *addr, size_t off, size_t length) noexcept nogil:
+    """MADV_POPULATE_WRITE; returns 0, or the errno (the caller, already without the GIL, decides)."""
+    cdef int rc = lmq_populate_write(addr, off, length)
+    return 0 if rc == 0 else errno
 
 
 cdef size_t c_pretouch(void *addr, size_t off, size_t length, bint write) noexcept:

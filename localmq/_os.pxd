@@ -12,6 +12,7 @@ cdef extern from "lmq_os.h" nogil:
     int lmq_munlock(void *addr, size_t off, size_t length)
     int lmq_madvise(void *addr, size_t off, size_t length, int advice)
     size_t lmq_pretouch(void *addr, size_t off, size_t length, int write)
+    int lmq_populate_write(void *addr, size_t off, size_t length)
     int lmq_mincore(void *addr, size_t off, size_t length, size_t *resident)
     size_t lmq_page_size()
     int lmq_is_zero(const void *p, size_t length)
