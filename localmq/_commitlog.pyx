@@ -253,7 +253,7 @@ cdef class CommitLog:
 
     # -- put --------------------------------------------------------------------------------------------------
 
-    def put(self, str topic not None, object body, int queue_id=0, object tags=None, object keys=None,
+    def put(self, str topic not None, object body, *, int queue_id=0, object tags=None, object keys=None,
             object properties=None, int flag=0):
         """Append one message. Returns a PutResult (status PUT_OK, or CREATE_MAPPED_FILE_FAILED when a new
         segment could not be created, e.g. a full disk).
@@ -360,7 +360,7 @@ cdef class CommitLog:
                 r.status = st
         return r
 
-    def put_batch(self, str topic not None, object bodies, int queue_id=0, object tags=None, object keys=None,
+    def put_batch(self, str topic not None, object bodies, *, int queue_id=0, object tags=None, object keys=None,
                   object properties=None, int flag=0):
         """Append a batch to one queue under one lock: consecutive queue offsets, one store timestamp.
 

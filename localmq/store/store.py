@@ -200,6 +200,10 @@ class LocalMessageQueue:
             f.flush()
         fsync_dir(self.root)
         self.commit_log.set_dispatch_event(self._reput)
+        # The put path is the CommitLog's Cython methods bound straight onto the instance (same signature as
+        # the methods below, which document them): a Python forwarding frame costs ~15% of a 100-byte put.
+        self.put = self.commit_log.put
+        self.put_batch = self.commit_log.put_batch
         self._reput_service = ReputMessageService(self._reput)
         self._reput_service.start()
         self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
@@ -289,7 +293,8 @@ class LocalMessageQueue:
         Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError,
         InvalidPropertyError, StoreClosedError.
         """
-        return self.commit_log.put(topic, body, queue_id, tags, keys, properties, flag)
+        return self.commit_log.put(topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=properties,
+                                   flag=flag)
 
     def put_batch(self, topic: str, bodies: Iterable, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
                   properties: Optional[Dict[str, str]] = None, flag: int = 0) -> PutResult:
@@ -298,7 +303,8 @@ class LocalMessageQueue:
         Returns one PutResult describing the first message, the total bytes and ``msg_num``.
         Raises as ``put`` (every body is checked before anything is written).
         """
-        return self.commit_log.put_batch(topic, bodies, queue_id, tags, keys, properties, flag)
+        return self.commit_log.put_batch(topic, bodies, queue_id=queue_id, tags=tags, keys=keys,
+                                         properties=properties, flag=flag)
 
     # -- dispatch -----------------------------------------------------------------------------------------------
 
