@@ -92,16 +92,18 @@ cdef class ConsumeQueue:
 
     def recover(self):
         """Find the end of valid units (from the third-last file, as RocketMQ), set positions there and cut the
-        files past it. Returns the number of units found invalid-and-dropped at the tail (0 if clean)."""
+        files past it. Returns True when non-zero units were found after that end (damage in the middle of the
+        queue, e.g. a zeroed page): those units are cut too and the caller rebuilds the queue from the log."""
         mfq = self.mapped_file_queue
         files = mfq.files
         cdef int64_t unit_per_file = self.st.file_size // UNIT
         if not files:
             self._reset_state(0)
-            return 0
+            return False
         start = max(0, len(files) - 3)
         end_offset = files[start].file_from_offset
         max_phys = -1
+        damaged = False
         for i in range(start, len(files)):
             mf = files[i]
             arr = np.frombuffer(mf, dtype=UNIT_DTYPE)
@@ -111,10 +113,18 @@ cdef class ConsumeQueue:
                 if n_valid > 0 and int(arr["size"][n_valid - 1]) != BLANK_UNIT_SIZE:
                     max_phys = int(arr["offset"][n_valid - 1]) + int(arr["size"][n_valid - 1])
                 end_offset = mf.file_from_offset + n_valid * UNIT
+                if n_valid < unit_per_file:
+                    raw = np.frombuffer(mf, dtype=np.uint8)
+                    damaged = bool(raw[n_valid * UNIT:].any()) or any(
+                        bool(np.frombuffer(later, dtype=np.uint8).any()) for later in files[i + 1:])
+                    del raw
             finally:
                 del arr
             if n_valid < unit_per_file:
                 break
+        if damaged:
+            log.error("consume queue %s-%d: invalid unit at logical offset %d with units after it; cutting there "
+                      "and rebuilding from the commit log", self.topic, self.queue_id, end_offset)
         dropped = mfq.truncate_dirty_files(end_offset)
         if dropped:
             log.warning("consume queue %s-%d: dropped files past logical offset %d: %s", self.topic,
@@ -124,7 +134,7 @@ cdef class ConsumeQueue:
             max_phys = self._last_physic_end(end_offset // UNIT)
         self._reset_state(end_offset // UNIT)
         self.st.max_physic_offset = max_phys
-        return 0
+        return damaged
 
     def _last_physic_end(self, long long upto):
         """offset+size of the last real unit before unit index `upto` (-1 if none)."""

@@ -242,3 +242,21 @@ def test_sigkill_writer_loses_no_acknowledged_message(tmp_path, mode):
             st.put("crash", b"after-recovery", queue_id=n_threads)
     assert checked > 0
     print(f"kills survived: {kills}, acknowledged messages checked: {checked}")
+
+
+def test_zeroed_page_in_the_middle_of_a_consume_queue_is_rebuilt(tmp_path):
+    root = tmp_path / "s"
+    cfg = dict(mapped_file_size_commit_log=256 * 1024, mapped_file_size_consume_queue=20 * 1000)
+    with localmq.open(root, **cfg) as st:
+        bodies = [b"%d" % i + os.urandom(30) for i in range(2500)]
+        for b in bodies:
+            st.put("cqd", b)
+    cq_file = root / "consumequeue" / "cqd" / "0" / ("%020d" % 20000)  # units 1000..1999
+    with open(cq_file, "r+b") as f:
+        f.seek(4096)
+        f.write(bytes(4096))  # a page of units in the middle of the queue is lost
+    with localmq.open(root, **cfg) as st:
+        assert st.recovery.cq_damaged == ["cqd-0"]
+        assert [m.body for m in read_all(st, "cqd", 0)] == bodies
+        units = st.consume_queue("cqd", 0).units()
+        assert len(units) == 2500 and (units["size"] > 0).all()

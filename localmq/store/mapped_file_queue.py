@@ -13,6 +13,18 @@ from localmq.errors import CorruptStoreError
 log = logging.getLogger("localmq.mapped_file_queue")
 
 
+def _makedirs_durable(directory: str) -> None:
+    """makedirs, then fsync the parent of every directory created so the new entries survive a power loss."""
+    missing = []
+    d = directory
+    while not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    os.makedirs(directory, exist_ok=True)
+    for m in reversed(missing):
+        fsync_dir(os.path.dirname(m))
+
+
 class MappedFileQueue:
     """Fixed-size segments named by their 20-digit base offset, in one directory.
 
@@ -117,7 +129,8 @@ class MappedFileQueue:
             if last is not None and start_offset != last.file_from_offset + self.file_size:
                 raise CorruptStoreError(f"new segment at {start_offset} does not follow {last.path}")
             path = os.path.join(self.directory, offset_to_file_name(start_offset))
-            os.makedirs(self.directory, exist_ok=True)
+            if not os.path.isdir(self.directory):
+                _makedirs_durable(self.directory)
             if self.allocator is not None:
                 mf = self.allocator(path, self.file_size, start_offset)
             else:

@@ -152,8 +152,10 @@ class LocalMessageQueue:
         self._cq_lock = threading.Lock()
         self._skipped_dirs: List[str] = []
         self._load_consume_queues()
-        for cq in self._cqs.values():
-            cq.recover()
+        damaged = []
+        for key, cq in self._cqs.items():
+            if cq.recover():
+                damaged.append(key)
         report = recover_commit_log(self.root, self._cl_mfq, abnormal=not last_exit_ok,
                                     check_crc=c.check_crc_on_recover,
                                     checkpoint_min_ts=self.checkpoint.min_timestamp, progress=progress)
@@ -178,6 +180,12 @@ class LocalMessageQueue:
             reput_from = cl_min
         if not last_exit_ok:
             reput_from = min(reput_from, report.start_offset)
+        for key in damaged:
+            # a queue cut short by damage in its middle is rebuilt from the log from where it now ends
+            cq = self._cqs.get(key)
+            report.cq_damaged.append(f"{key[0]}-{key[1]}")
+            if cq is not None:
+                reput_from = min(reput_from, max(cl_min, cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min))
         report.reput_from = reput_from
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)
@@ -499,7 +507,7 @@ class LocalMessageQueue:
             "dispatched": core.dispatched,
             "dispatch_duplicates": core.duplicates,
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
-            "dispatch_gap_units": sum(cq.gap_units for cq in self._cqs.values()),
+            "dispatch_gap_units": sum(cq.gap_units for cq in list(self._cqs.values())),
             "service_errors": {"ReputMessageService": svc.errors if svc else 0},
             "recovery": self.recovery.as_dict(),
             "skipped_directories": list(self._skipped_dirs),
