@@ -13,8 +13,8 @@ cdef class MappedFile:
     cdef int64_t wrote_pos
     cdef int64_t committed_pos
     cdef int64_t flushed_pos
-    cdef int64_t store_timestamp      # store time of the last record appended (checkpoint input)
-    cdef int64_t flushed_store_timestamp
+    cdef readonly int64_t store_timestamp      # store time of the last record appended (checkpoint input)
+    cdef readonly int64_t flushed_store_timestamp
     cdef int exports                  # live buffer exports (memoryviews, numpy arrays) of the mapping
     cdef int refs                     # hold() count of readers; the file's own reference is 1
     cdef bint available

@@ -139,18 +139,6 @@ cdef class MappedFile:
             raise ValueError("position out of range")
         self.flushed_pos = v
 
-    @property
-    def read_position_(self):
-        return lmq_load_acq(&self.wrote_pos)
-
-    @property
-    def store_timestamp_(self):
-        return self.store_timestamp
-
-    @property
-    def flushed_store_timestamp_(self):
-        return self.flushed_store_timestamp
-
     def set_positions(self, long long pos):
         """Set wrote, committed and flushed positions to ``pos`` (after recovery found the valid end)."""
         if not 0 <= pos <= self.file_size:

@@ -200,7 +200,7 @@ class MappedFileQueue:
         mf = self.find(self.flushed_where, return_first_on_not_found=self.flushed_where == 0)
         if mf is None:
             return True
-        ts = mf.store_timestamp_
+        ts = mf.store_timestamp
         pos = mf.flush(least_pages)
         where = mf.file_from_offset + pos
         result = where == self.flushed_where
