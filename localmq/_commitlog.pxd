@@ -28,6 +28,8 @@ cdef class CommitLog:
     cdef readonly bint closed
     cdef public object after_put      # SYNC_FLUSH / flush wake-up hook: called with (next_offset) or None
     cdef public object create_failed_hook
+    # None, or the PutStatus every put answers without writing (retention's disk-full flag: SERVICE_NOT_AVAILABLE)
+    cdef public object refuse_status
     cdef readonly long long puts
     cdef readonly long long put_failures
     cdef TopicEntry _topic(self, str topic)

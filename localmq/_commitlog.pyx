@@ -150,6 +150,7 @@ cdef class CommitLog:
         self.cur = None
         self.dispatch_event = NULL
         self.after_put = None
+        self.refuse_status = None
 
     def __dealloc__(self):
         if self.lock != NULL:
@@ -271,6 +272,9 @@ cdef class CommitLog:
         cdef PutResult r
         if self.closed:
             raise StoreClosedError("the store is closed")
+        if self.refuse_status is not None:
+            self.put_failures += 1
+            return failed_result(self.refuse_status)
         te = self._topic(topic)
         if queue_id < 0 or queue_id > MAX_QUEUE_ID:
             raise InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")
@@ -384,6 +388,9 @@ cdef class CommitLog:
         cdef Py_buffer view
         if self.closed:
             raise StoreClosedError("the store is closed")
+        if self.refuse_status is not None:
+            self.put_failures += 1
+            return failed_result(self.refuse_status)
         te = self._topic(topic)
         if queue_id < 0 or queue_id > MAX_QUEUE_ID:
             raise InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")
