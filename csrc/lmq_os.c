@@ -239,3 +239,118 @@ void lmq_event_signal(lmq_event *ev) {
 void lmq_event_signal_if_waiting(lmq_event *ev) {
     if (__atomic_load_n(&ev->waiting, __ATOMIC_SEQ_CST)) lmq_event_signal(ev);
 }
+
+struct lmq_gc {
+    pthread_mutex_t mu;
+    pthread_cond_t done;   /* waiters sleep here until flushed covers them */
+    pthread_cond_t req;    /* the flusher sleeps here until a request arrives */
+    int64_t requested;     /* highest offset asked for (under mu) */
+    int64_t flushed;       /* highest offset on disk: read without mu on the fast path */
+    int flusher_waiting;
+    int closed;
+};
+
+static void deadline_after(struct timespec *ts, int64_t timeout_us) {
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += timeout_us / 1000000;
+    ts->tv_nsec += (long)(timeout_us % 1000000) * 1000;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec += 1;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+lmq_gc *lmq_gc_new(int64_t flushed) {
+    pthread_condattr_t attr;
+    lmq_gc *gc = (lmq_gc *)calloc(1, sizeof(lmq_gc));
+    if (gc == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    pthread_mutex_init(&gc->mu, NULL);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&gc->done, &attr);
+    pthread_cond_init(&gc->req, &attr);
+    pthread_condattr_destroy(&attr);
+    gc->flushed = flushed;
+    gc->requested = flushed;
+    return gc;
+}
+
+void lmq_gc_free(lmq_gc *gc) {
+    if (gc == NULL) return;
+    pthread_cond_destroy(&gc->done);
+    pthread_cond_destroy(&gc->req);
+    pthread_mutex_destroy(&gc->mu);
+    free(gc);
+}
+
+int lmq_gc_wait(lmq_gc *gc, int64_t target, int64_t timeout_us) {
+    struct timespec deadline;
+    int rc = 0;
+    if (__atomic_load_n(&gc->flushed, __ATOMIC_ACQUIRE) >= target) return 0;
+    deadline_after(&deadline, timeout_us);
+    pthread_mutex_lock(&gc->mu);
+    if (target > gc->requested) {
+        gc->requested = target;
+        if (gc->flusher_waiting) pthread_cond_signal(&gc->req);
+    }
+    while (gc->flushed < target) {
+        if (gc->closed) {
+            rc = ESHUTDOWN;
+            break;
+        }
+        if (pthread_cond_timedwait(&gc->done, &gc->mu, &deadline) == ETIMEDOUT) {
+            rc = gc->flushed >= target ? 0 : ETIMEDOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&gc->mu);
+    return rc;
+}
+
+int64_t lmq_gc_next(lmq_gc *gc, int64_t timeout_us) {
+    struct timespec deadline;
+    int64_t out = 0;
+    deadline_after(&deadline, timeout_us);
+    pthread_mutex_lock(&gc->mu);
+    while (!gc->closed && gc->requested <= gc->flushed) {
+        gc->flusher_waiting = 1;
+        int r = pthread_cond_timedwait(&gc->req, &gc->mu, &deadline);
+        gc->flusher_waiting = 0;
+        if (r == ETIMEDOUT) break;
+    }
+    if (gc->closed) out = -1;
+    else if (gc->requested > gc->flushed) out = gc->requested;
+    pthread_mutex_unlock(&gc->mu);
+    return out;
+}
+
+void lmq_gc_publish(lmq_gc *gc, int64_t flushed) {
+    pthread_mutex_lock(&gc->mu);
+    if (flushed > gc->flushed) {
+        __atomic_store_n(&gc->flushed, flushed, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&gc->done);
+    }
+    pthread_mutex_unlock(&gc->mu);
+}
+
+void lmq_gc_close(lmq_gc *gc) {
+    pthread_mutex_lock(&gc->mu);
+    gc->closed = 1;
+    pthread_cond_broadcast(&gc->done);
+    pthread_cond_broadcast(&gc->req);
+    pthread_mutex_unlock(&gc->mu);
+}
+
+int64_t lmq_gc_flushed(lmq_gc *gc) {
+    return __atomic_load_n(&gc->flushed, __ATOMIC_ACQUIRE);
+}
+
+int lmq_map_anon(size_t len, void **out) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return -1;
+    *out = p;
+    return 0;
+}

@@ -62,6 +62,26 @@ void lmq_event_signal(lmq_event *ev);
 /* Same, but skips the mutex entirely when no thread is inside lmq_event_wait. */
 void lmq_event_signal_if_waiting(lmq_event *ev);
 
+/* Group commit (SYNC_FLUSH): putting threads wait until the flushed offset covers their bytes; one flusher
+ * thread takes the highest requested offset, flushes, and publishes the new flushed offset to all waiters at
+ * once, so concurrent requests share one flush. All waits are on CLOCK_MONOTONIC without the GIL. */
+typedef struct lmq_gc lmq_gc;
+lmq_gc *lmq_gc_new(int64_t flushed);     /* NULL + errno ENOMEM on failure */
+void lmq_gc_free(lmq_gc *gc);
+/* Block until the flushed offset is >= target. Returns 0, ETIMEDOUT after timeout_us, or ESHUTDOWN when the
+ * group commit was closed before the offset was covered. */
+int lmq_gc_wait(lmq_gc *gc, int64_t target, int64_t timeout_us);
+/* Flusher side: block until a request beyond the flushed offset exists; returns the highest requested offset,
+ * 0 after timeout_us without one, or -1 once closed. */
+int64_t lmq_gc_next(lmq_gc *gc, int64_t timeout_us);
+/* Publish a new flushed offset and wake every waiter it covers. */
+void lmq_gc_publish(lmq_gc *gc, int64_t flushed);
+/* Wake everyone for good: waiters not covered get ESHUTDOWN, the flusher gets -1. */
+void lmq_gc_close(lmq_gc *gc);
+int64_t lmq_gc_flushed(lmq_gc *gc);
+/* Anonymous private memory (transient store pool buffers): 0 or -1 + errno (ENOMEM). */
+int lmq_map_anon(size_t len, void **out);
+
 /* Big-endian loads and stores and the release/acquire publication of positions. */
 static inline uint16_t lmq_be16(const void *p) { uint16_t v; __builtin_memcpy(&v, p, 2); return __builtin_bswap16(v); }
 static inline uint32_t lmq_be32(const void *p) { uint32_t v; __builtin_memcpy(&v, p, 4); return __builtin_bswap32(v); }

@@ -1,6 +1,6 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from localmq._mapped_file cimport MappedFile
-from localmq._os cimport lmq_event
+from localmq._os cimport lmq_event, lmq_gc
 
 cdef extern from "pythread.h":
     ctypedef void *PyThread_type_lock
@@ -11,6 +11,11 @@ cdef class TopicEntry:
     cdef int64_t *next_offsets      # next queue offset per queue id (index = queue id)
     cdef int32_t n_queues
     cdef int ensure(self, int32_t queue_id) except -1
+
+cdef class GroupCommit:
+    cdef lmq_gc *gc
+    cdef int wait_c(self, int64_t target, int64_t timeout_us) noexcept nogil
+
 
 cdef class CommitLog:
     cdef readonly object mapped_file_queue
@@ -26,7 +31,8 @@ cdef class CommitLog:
     cdef int64_t last_store_ts
     cdef lmq_event *dispatch_event
     cdef readonly bint closed
-    cdef public object after_put      # SYNC_FLUSH / flush wake-up hook: called with (next_offset) or None
+    cdef GroupCommit group_commit     # SYNC_FLUSH: puts wait on it for their bytes to be flushed (else None)
+    cdef int64_t sync_flush_timeout_us
     cdef public object create_failed_hook
     # None, or the PutStatus every put answers without writing (retention's disk-full flag: SERVICE_NOT_AVAILABLE)
     cdef public object refuse_status
@@ -35,3 +41,4 @@ cdef class CommitLog:
     cdef TopicEntry _topic(self, str topic)
     cdef bytes _properties(self, object tags, object keys, object properties)
     cdef MappedFile _roll(self, int64_t start)
+    cdef _await_flush(self, object r, int64_t end)

@@ -8,6 +8,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.ref cimport PyObject
+from libc.errno cimport ETIMEDOUT
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memset
 
@@ -16,7 +17,10 @@ from localmq._codec cimport (
     msg_id_of_c, write_blank, write_record,
 )
 from localmq._mapped_file cimport MappedFile
-from localmq._os cimport lmq_event, lmq_event_signal_if_waiting, lmq_now_ms, lmq_store_rel
+from localmq._os cimport (
+    lmq_event, lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_flushed, lmq_gc_free, lmq_gc_new, lmq_gc_next,
+    lmq_gc_publish, lmq_gc_wait, lmq_now_ms, lmq_store_rel,
+)
 
 from localmq._codec import pack_host, properties_to_bytes
 from localmq.config import MAX_QUEUE_ID, PutStatus, check_topic
@@ -34,6 +38,7 @@ cdef extern from "pythread.h":
 
 cdef object PUT_OK = PutStatus.PUT_OK
 cdef object CREATE_FAILED = PutStatus.CREATE_MAPPED_FILE_FAILED
+cdef object FLUSH_TIMEOUT = PutStatus.FLUSH_DISK_TIMEOUT
 cdef int MAX_PROPS = 32767
 
 
@@ -44,6 +49,22 @@ cdef inline void lock_acquire(PyThread_type_lock lk):
         return
     with nogil:
         PyThread_acquire_lock(lk, 1)
+
+
+cdef inline uint8_t *write_base(MappedFile mf) noexcept:
+    # records go to the transient pool's buffer when the file has one, else straight into the mapping
+    return mf.wbuf if mf.wbuf != NULL else mf.addr
+
+
+cdef inline void publish(MappedFile mf, int64_t end) noexcept:
+    # Called with the put lock held, after the record is complete. Direct mode: readers see it now (release
+    # store of wrote_pos). Write-buffer mode: only the committer sees it; commit() publishes wrote_pos later.
+    if mf.wbuf == NULL:
+        mf.committed_pos = end
+        lmq_store_rel(&mf.append_pos, end)
+        lmq_store_rel(&mf.wrote_pos, end)
+    else:
+        lmq_store_rel(&mf.append_pos, end)
 
 
 @cython.freelist(256)
@@ -85,6 +106,55 @@ cdef PutResult failed_result(object status):
     r.physical_offset = -1
     r.queue_offset = -1
     return r
+
+
+cdef class GroupCommit:
+    """The SYNC_FLUSH rendezvous between putting threads and the GroupCommitService (a C mutex + two conds).
+
+    A put waits (GIL released) until the published flushed offset covers its last byte; the service takes the
+    highest requested offset with ``next_request``, flushes, and ``publish``es, waking every covered waiter at
+    once. Thread-safe; ``close()`` releases all waiters (those not covered see a timeout status).
+    """
+
+    def __cinit__(self, long long flushed=0):
+        self.gc = lmq_gc_new(flushed)
+        if self.gc == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.gc != NULL:
+            lmq_gc_close(self.gc)
+            lmq_gc_free(self.gc)
+            self.gc = NULL
+
+    cdef int wait_c(self, int64_t target, int64_t timeout_us) noexcept nogil:
+        return lmq_gc_wait(self.gc, target, timeout_us)
+
+    def wait(self, long long target, double timeout_s):
+        """Block until ``target`` is flushed; returns 0, or errno ETIMEDOUT / ESHUTDOWN."""
+        cdef int rc
+        cdef int64_t us = <int64_t>(timeout_s * 1e6)
+        with nogil:  # a flush takes a disk round trip
+            rc = lmq_gc_wait(self.gc, target, us)
+        return rc
+
+    def next_request(self, long long timeout_us):
+        """Flusher side: the highest offset waited for beyond the flushed one, 0 on timeout, -1 once closed."""
+        cdef int64_t r
+        with nogil:  # idle most of the time
+            r = lmq_gc_next(self.gc, timeout_us)
+        return r
+
+    def publish(self, long long flushed):
+        """Announce that everything below ``flushed`` is on disk (wakes the waiters it covers)."""
+        lmq_gc_publish(self.gc, flushed)
+
+    def close(self):
+        lmq_gc_close(self.gc)
+
+    @property
+    def flushed(self):
+        return lmq_gc_flushed(self.gc)
 
 
 cdef class TopicEntry:
@@ -149,12 +219,18 @@ cdef class CommitLog:
                              (SYSFLAG_STOREHOST_V6 if len(self.store_host) == 20 else 0)
         self.cur = None
         self.dispatch_event = NULL
-        self.after_put = None
+        self.group_commit = None
         self.refuse_status = None
 
     def __dealloc__(self):
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
+
+    def set_group_commit(self, GroupCommit gc, long long timeout_ms):
+        """SYNC_FLUSH: make every put wait until ``gc`` reports its bytes flushed, at most ``timeout_ms``
+        (then the put answers FLUSH_DISK_TIMEOUT; its message stays written). None turns it off."""
+        self.group_commit = gc
+        self.sync_flush_timeout_us = timeout_ms * 1000
 
     def set_dispatch_event(self, object capsule_owner):
         """Let puts wake the dispatcher (an object exposing ``_event_ptr()`` as int)."""
@@ -313,7 +389,7 @@ cdef class CommitLog:
                         mf = self._roll(self.mapped_file_queue.max_offset())
                         if mf is None:
                             return failed_result(CREATE_FAILED)
-                    pos = mf.wrote_pos
+                    pos = mf.append_pos
                     if pos >= self.file_size:
                         mf = self._roll(mf.file_from_offset + self.file_size)
                         if mf is None:
@@ -321,9 +397,8 @@ cdef class CommitLog:
                         continue
                     if total + END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
                         # END_OF_FILE: leave the 8-byte blank announcing the rest of the file, then roll
-                        write_blank(mf.addr + pos, <int32_t>(self.file_size - pos))
-                        lmq_store_rel(&mf.wrote_pos, self.file_size)
-                        mf.committed_pos = self.file_size
+                        write_blank(write_base(mf) + pos, <int32_t>(self.file_size - pos))
+                        publish(mf, self.file_size)
                         mf = self._roll(mf.file_from_offset + self.file_size)
                         if mf is None:
                             return failed_result(CREATE_FAILED)
@@ -331,7 +406,7 @@ cdef class CommitLog:
                     break
                 phys = mf.file_from_offset + pos
                 qoff = te.next_offsets[queue_id]
-                write_record(mf.addr + pos, <int32_t>total, queue_id, flag, qoff, phys,
+                write_record(write_base(mf) + pos, <int32_t>total, queue_id, flag, qoff, phys,
                              self.host_sys_flag, ts,
                              <const uint8_t *>PyBytes_AS_STRING(self.born_host), PyBytes_GET_SIZE(self.born_host),
                              ts, <const uint8_t *>PyBytes_AS_STRING(self.store_host),
@@ -339,8 +414,7 @@ cdef class CommitLog:
                              <const uint8_t *>PyBytes_AS_STRING(te.encoded), PyBytes_GET_SIZE(te.encoded),
                              <const uint8_t *>PyBytes_AS_STRING(props), PyBytes_GET_SIZE(props))
                 mf.store_timestamp = ts
-                mf.committed_pos = pos + total
-                lmq_store_rel(&mf.wrote_pos, pos + total)
+                publish(mf, pos + total)
                 te.next_offsets[queue_id] = qoff + 1
                 self.puts += 1
             finally:
@@ -358,10 +432,8 @@ cdef class CommitLog:
         r.store_timestamp = ts
         r.msg_num = 1
         r._host = self.store_host
-        if self.after_put is not None:
-            st = self.after_put(phys + total)
-            if st is not None:
-                r.status = st
+        if self.group_commit is not None:
+            self._await_flush(r, phys + total)
         return r
 
     def put_batch(self, str topic not None, object bodies, *, int queue_id=0, object tags=None, object keys=None,
@@ -377,7 +449,7 @@ cdef class CommitLog:
         cdef list blist
         cdef Py_ssize_t i, n
         cdef object b
-        cdef int64_t blen, total, pos, ts, qoff, first_phys = -1, first_qoff = -1, wrote = 0, tlen, plen
+        cdef int64_t blen, total, pos, ts, qoff, first_phys = -1, first_qoff = -1, wrote = 0, tlen, plen, end_off = 0
         cdef MappedFile mf
         cdef PutResult r
         cdef const uint8_t *tp
@@ -445,16 +517,15 @@ cdef class CommitLog:
                             mf = self._roll(self.mapped_file_queue.max_offset())
                             if mf is None:
                                 break
-                        pos = mf.wrote_pos
+                        pos = mf.append_pos
                         if pos >= self.file_size:
                             mf = self._roll(mf.file_from_offset + self.file_size)
                             if mf is None:
                                 break
                             continue
                         if total + END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
-                            write_blank(mf.addr + pos, <int32_t>(self.file_size - pos))
-                            lmq_store_rel(&mf.wrote_pos, self.file_size)
-                            mf.committed_pos = self.file_size
+                            write_blank(write_base(mf) + pos, <int32_t>(self.file_size - pos))
+                            publish(mf, self.file_size)
                             mf = self._roll(mf.file_from_offset + self.file_size)
                             if mf is None:
                                 break
@@ -462,7 +533,7 @@ cdef class CommitLog:
                         break
                     if mf is None:
                         break
-                    write_record(mf.addr + pos, <int32_t>total, queue_id, flag, qoff, mf.file_from_offset + pos,
+                    write_record(write_base(mf) + pos, <int32_t>total, queue_id, flag, qoff, mf.file_from_offset + pos,
                                  self.host_sys_flag, ts, bh, bhl, ts, sh, shl, 0, 0,
                                  <const uint8_t *>view.buf, <int32_t>blen, tp, <int32_t>tlen, pp, <int32_t>plen)
                     if first_phys < 0:
@@ -471,8 +542,8 @@ cdef class CommitLog:
                     if offsets is not None:
                         offsets.append(mf.file_from_offset + pos)
                     mf.store_timestamp = ts
-                    mf.committed_pos = pos + total
-                    lmq_store_rel(&mf.wrote_pos, pos + total)
+                    publish(mf, pos + total)
+                    end_off = mf.file_from_offset + pos + total
                     qoff += 1
                     wrote += total
                 finally:
@@ -496,11 +567,19 @@ cdef class CommitLog:
             r.status = CREATE_FAILED
             return r
         r.status = PUT_OK
-        if self.after_put is not None:
-            st = self.after_put(mf.file_from_offset + mf.wrote_pos)
-            if st is not None:
-                r.status = st
+        if self.group_commit is not None:
+            self._await_flush(r, end_off)
         return r
+
+    cdef _await_flush(self, object r, int64_t end):
+        cdef int rc
+        cdef GroupCommit gc = self.group_commit
+        cdef int64_t us = self.sync_flush_timeout_us
+        with nogil:  # until the GroupCommitService's next flush covers `end`
+            rc = gc.wait_c(end, us)
+        if rc != 0:
+            # the message is in the log but not known to be on disk: RocketMQ's FLUSH_DISK_TIMEOUT
+            (<PutResult>r).status = FLUSH_TIMEOUT
 
     def close(self):
         """Refuse further puts (waits for a put in progress to finish)."""

@@ -1,6 +1,13 @@
 # MappedFile: one pre-sized, memory-mapped segment with wrote / committed / flushed positions.
 from libc.stdint cimport int64_t, uint8_t
 
+cdef class WriteBuffer:
+    cdef uint8_t *addr
+    cdef readonly int64_t size
+    cdef readonly bint locked
+    cdef public object lock_error
+
+
 cdef class MappedFile:
     cdef readonly object path
     cdef readonly int64_t file_from_offset
@@ -12,6 +19,12 @@ cdef class MappedFile:
     # (the dispatcher) load it with acquire. Only the thread holding the owner's put lock stores it.
     cdef int64_t wrote_pos
     cdef int64_t committed_pos
+    # The writer's cursor. Without a write buffer it equals wrote_pos. With one (transient store pool), records
+    # go to wbuf up to append_pos (release store) and commit() copies them into the mapping, then publishes
+    # wrote_pos: readers only ever see committed bytes.
+    cdef int64_t append_pos
+    cdef uint8_t *wbuf
+    cdef object write_buffer
     cdef int64_t flushed_pos
     cdef readonly int64_t store_timestamp      # store time of the last record appended (checkpoint input)
     cdef readonly int64_t flushed_store_timestamp

@@ -5,6 +5,7 @@ import os
 import time
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo
+from libc.errno cimport errno
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy, memset
 
@@ -12,7 +13,7 @@ from localmq._native cimport (
     c_fallocate, c_fdatasync, c_ftruncate, c_madvise, c_map, c_mincore, c_mlock, c_msync, c_munlock,
     c_populate_write, c_pretouch, c_unmap, raise_errno,
 )
-from localmq._os cimport lmq_is_zero, lmq_load_acq, lmq_pretouch, lmq_store_rel
+from localmq._os cimport lmq_is_zero, lmq_load_acq, lmq_map_anon, lmq_pretouch, lmq_store_rel
 
 from localmq.errors import CorruptStoreError, StoreClosedError
 
@@ -25,6 +26,44 @@ FILE_NAME_DIGITS = 20
 def offset_to_file_name(long long offset):
     """20-digit zero-padded decimal name of a file starting at ``offset``."""
     return "%020d" % offset
+
+
+cdef class WriteBuffer:
+    """An anonymous memory buffer of one segment's size for the transient store pool, mlocked when allowed.
+
+    ``WriteBuffer(size, lock=True)``; ``locked`` says whether mlock succeeded (a refusal is not an error: the
+    caller warns once). Raises OSError (ENOMEM) when the memory cannot be mapped.
+    """
+
+    def __cinit__(self, long long size, bint lock=True):
+        cdef void *p = NULL
+        cdef int rc, err = 0
+        if size <= 0:
+            raise ValueError("size must be positive")
+        with nogil:  # mmap of a large region
+            rc = lmq_map_anon(<size_t>size, &p)
+            if rc != 0:
+                err = errno
+        if rc != 0:
+            raise_errno(err, None)
+        self.addr = <uint8_t *>p
+        self.size = size
+        self.locked = False
+        if lock:
+            try:
+                c_mlock(self.addr, 0, <size_t>size, None)  # faults every page in: done once per buffer
+                self.locked = True
+            except OSError as e:
+                self.lock_error = e
+
+
+    def __dealloc__(self):
+        if self.addr != NULL:
+            try:
+                c_unmap(self.addr, <size_t>self.size, None)
+            except OSError:
+                pass
+            self.addr = NULL
 
 
 cdef class MappedFile:
@@ -88,8 +127,10 @@ cdef class MappedFile:
         self.refs = 1
         self.available = True
         self.wrote_pos = 0
+        self.append_pos = 0
         self.committed_pos = 0
         self.flushed_pos = 0
+        self.wbuf = NULL
 
     def __dealloc__(self):
         if self.addr != NULL and self.exports == 0:
@@ -117,7 +158,19 @@ cdef class MappedFile:
     def wrote_position(self, long long v):
         if not 0 <= v <= self.file_size:
             raise ValueError("position out of range")
+        if self.wbuf != NULL:
+            raise ValueError("positions of a file with a write buffer move by commit()")
+        lmq_store_rel(&self.append_pos, v)
         lmq_store_rel(&self.wrote_pos, v)
+
+    @property
+    def append_position(self):
+        """Where the next record goes (ahead of wrote_position while a write buffer holds uncommitted bytes)."""
+        return lmq_load_acq(&self.append_pos)
+
+    @property
+    def has_write_buffer(self):
+        return self.wbuf != NULL
 
     @property
     def committed_position(self):
@@ -143,12 +196,54 @@ cdef class MappedFile:
         """Set wrote, committed and flushed positions to ``pos`` (after recovery found the valid end)."""
         if not 0 <= pos <= self.file_size:
             raise ValueError("position out of range")
+        if self.wbuf != NULL:
+            raise ValueError("positions of a file with a write buffer move by commit()")
+        lmq_store_rel(&self.append_pos, pos)
         lmq_store_rel(&self.wrote_pos, pos)
         self.committed_pos = pos
         self.flushed_pos = pos
 
     def is_full(self):
-        return lmq_load_acq(&self.wrote_pos) >= self.file_size
+        return lmq_load_acq(&self.append_pos) >= self.file_size
+
+    # -- transient store pool ------------------------------------------------------------------------------
+
+    def attach_write_buffer(self, WriteBuffer buf not None):
+        """Route appends of this fresh file through ``buf`` until commit() has copied the whole file."""
+        if buf.size < self.file_size:
+            raise ValueError("write buffer smaller than the file")
+        if lmq_load_acq(&self.append_pos) != 0 or self.wbuf != NULL:
+            raise ValueError("a write buffer can only be attached to an empty file")
+        self.write_buffer = buf
+        self.wbuf = buf.addr
+
+    def commit(self, int least_pages=0):
+        """Copy appended bytes from the write buffer into the mapping and publish them to readers.
+
+        Copies when at least ``least_pages`` pages are pending (0: any byte) or the file is full. Returns
+        (committed position, buffer released: the WriteBuffer once the whole file is committed, else None).
+        Without a write buffer it only reports the wrote position.
+        """
+        self._check_open()
+        cdef int64_t app, w
+        cdef uint8_t *src = self.wbuf
+        if src == NULL:
+            return lmq_load_acq(&self.wrote_pos), None
+        app = lmq_load_acq(&self.append_pos)
+        w = self.wrote_pos
+        if app > w:
+            if app < self.file_size and least_pages > 0 and (app // OS_PAGE_SIZE) - (w // OS_PAGE_SIZE) < least_pages:
+                return w, None
+            with nogil:  # up to a whole segment of copying; the writer keeps appending past app
+                memcpy(self.addr + w, src + w, <size_t>(app - w))
+            self.committed_pos = app
+            lmq_store_rel(&self.wrote_pos, app)
+        if app >= self.file_size:
+            buf = self.write_buffer
+            self.wbuf = NULL
+            self.write_buffer = None
+            return app, buf
+        return app, None
 
     @property
     def closed(self):
@@ -186,10 +281,13 @@ cdef class MappedFile:
         cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
         cdef int64_t n = mv.shape[0]
         cdef int64_t pos = self.wrote_pos
+        if self.wbuf != NULL:
+            raise ValueError("append() does not go through a write buffer")
         if pos + n > self.file_size:
             return False
         if n:
             memcpy(self.addr + pos, &mv[0], n)
+        lmq_store_rel(&self.append_pos, pos + n)
         lmq_store_rel(&self.wrote_pos, pos + n)
         return True
 

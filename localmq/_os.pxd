@@ -27,6 +27,17 @@ cdef extern from "lmq_os.h" nogil:
     void lmq_event_signal(lmq_event *ev)
     void lmq_event_signal_if_waiting(lmq_event *ev)
 
+    ctypedef struct lmq_gc:
+        pass
+    lmq_gc *lmq_gc_new(int64_t flushed)
+    void lmq_gc_free(lmq_gc *gc)
+    int lmq_gc_wait(lmq_gc *gc, int64_t target, int64_t timeout_us)
+    int64_t lmq_gc_next(lmq_gc *gc, int64_t timeout_us)
+    void lmq_gc_publish(lmq_gc *gc, int64_t flushed)
+    void lmq_gc_close(lmq_gc *gc)
+    int64_t lmq_gc_flushed(lmq_gc *gc)
+    int lmq_map_anon(size_t length, void **out)
+
     enum:
         LMQ_ADV_NORMAL
         LMQ_ADV_RANDOM

@@ -90,6 +90,7 @@ class StoreConfig:
     max_message_size: int = 4 * 1024 * 1024
     check_crc_on_recover: bool = True
     warm_mapped_file_enable: bool = False
+    preallocate_mapped_file: bool = True   # localmq: AllocateMappedFileService creates the next 2 segments ahead
     flush_least_pages_when_warm_mapped_file: int = 4096
     transient_store_pool_enable: bool = False
     transient_store_pool_size: int = 5
@@ -151,6 +152,11 @@ class StoreConfig:
         if not 10 <= self.disk_max_used_space_ratio <= 95:
             # RocketMQ clamps it to 10..95; refusing says so instead of silently changing the value.
             raise ConfigError("disk_max_used_space_ratio must be within 10..95")
+        if self.transient_store_pool_enable and self.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            # RocketMQ silently ignores the pool in SYNC_FLUSH; saying so is clearer
+            raise ConfigError("transient_store_pool_enable works with ASYNC_FLUSH only")
+        if self.transient_store_pool_enable and self.transient_store_pool_size < 1:
+            raise ConfigError("transient_store_pool_size must be at least 1")
         parse_host(self.store_host)
         parse_host(self.born_host)
 

@@ -40,6 +40,13 @@ class MappedFileQueue:
         self.reserve = reserve
         self.files: List[MappedFile] = []
         self.lock = threading.RLock()
+        # Serialises flush() callers (the flush service, SYNC_FLUSH group commit, store.flush(), close());
+        # taken alone, never while holding `lock` or a put lock.
+        self.flush_lock = threading.Lock()
+        # Serialises commit() callers (transient store pool); same rule.
+        self.commit_lock = threading.Lock()
+        # Called with each WriteBuffer that commit() finished with (the pool takes it back).
+        self.on_buffer_released: Optional[Callable[[object], None]] = None
         self.flushed_where = 0
         self.committed_where = 0
         self.store_timestamp = 0
@@ -195,19 +202,65 @@ class MappedFileQueue:
     def flush(self, least_pages: int = 0) -> bool:
         """Flush the segment that holds ``flushed_where`` (one segment per call, as RocketMQ).
 
-        Returns True when nothing was flushed.
+        Returns True when nothing was flushed. Raises OSError when msync fails (flushed_where stays).
         """
-        mf = self.find(self.flushed_where, return_first_on_not_found=self.flushed_where == 0)
-        if mf is None:
-            return True
-        ts = mf.store_timestamp
-        pos = mf.flush(least_pages)
-        where = mf.file_from_offset + pos
-        result = where == self.flushed_where
-        self.flushed_where = where
-        if least_pages == 0 and ts:
-            self.store_timestamp = ts
-        return result
+        with self.flush_lock:
+            mf = self.find(self.flushed_where, return_first_on_not_found=self.flushed_where == 0)
+            if mf is None:
+                return True
+            pos = mf.flush(least_pages)
+            where = mf.file_from_offset + pos
+            result = where == self.flushed_where
+            self.flushed_where = where
+            if not result and mf.flushed_store_timestamp:
+                # what the checkpoint may claim: the store time of the last record known to be on disk
+                self.store_timestamp = mf.flushed_store_timestamp
+            return result
+
+    def flush_to(self, target: int) -> int:
+        """Flush segment after segment until ``flushed_where`` >= ``target`` (or nothing is left to flush).
+
+        Returns the new flushed_where. Raises OSError when msync fails.
+        """
+        while self.flushed_where < target:
+            if self.flush(0):
+                break
+        return self.flushed_where
+
+    def flush_all(self) -> int:
+        """Flush every written byte; returns flushed_where."""
+        while not self.flush(0):
+            pass
+        return self.flushed_where
+
+    def commit(self, least_pages: int = 0) -> bool:
+        """Copy write-buffered bytes into the segment holding ``committed_where`` (transient store pool).
+
+        Returns True when nothing was committed. A segment committed to its end gives its buffer back through
+        ``on_buffer_released``.
+        """
+        with self.commit_lock:
+            mf = self.find(self.committed_where, return_first_on_not_found=self.committed_where == 0)
+            if mf is None:
+                return True
+            pos, released = mf.commit(least_pages)
+            where = mf.file_from_offset + pos
+            result = where == self.committed_where
+            self.committed_where = where
+            if released is not None and self.on_buffer_released is not None:
+                self.on_buffer_released(released)
+            return result
+
+    def commit_all(self) -> int:
+        """Commit everything appended so far; returns committed_where."""
+        while not self.commit(0):
+            pass
+        return self.committed_where
+
+    def append_offset(self) -> int:
+        """Absolute offset where the next record goes (ahead of max_offset() while a write buffer holds bytes)."""
+        last = self.last()
+        return last.file_from_offset + last.append_position if last is not None else 0
 
     def close(self) -> None:
         with self.lock:

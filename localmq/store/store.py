@@ -16,11 +16,17 @@ from localmq._cq import (
 )
 from localmq._dispatch import ReputCore
 from localmq._native import fsync_dir
-from localmq.config import MAX_QUEUE_ID, TOPIC_RE, GetStatus, StoreConfig, check_topic
+from localmq._commitlog import GroupCommit
+from localmq.config import MAX_QUEUE_ID, TOPIC_RE, FlushDiskType, GetStatus, StoreConfig, check_topic
 from localmq.errors import (
     CorruptStoreError, DispatchError, InvalidQueueIdError, StoreClosedError, StoreLockedError,
 )
+from localmq.services.allocate import AllocateMappedFileService
+from localmq.services.flush import (
+    CommitRealTimeService, FlushConsumeQueueService, FlushRealTimeService, GroupCommitService,
+)
 from localmq.services.reput import ReputMessageService
+from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.checkpoint import StoreCheckpoint
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.recovery import RecoveryReport, recover_commit_log
@@ -124,6 +130,12 @@ class LocalMessageQueue:
         self._closed = True
         self._lock = None
         self._reput_service: Optional[ReputMessageService] = None
+        self._services: List[Any] = []   # every background service, in start order
+        self._group_commit: Optional[GroupCommit] = None
+        self._pool: Optional[TransientStorePool] = None
+        self._allocate_service: Optional[AllocateMappedFileService] = None
+        self._flush_service = None
+        self._commit_service: Optional[CommitRealTimeService] = None
         os.makedirs(self.root, exist_ok=True)
         self._lock = _StoreLock(self.root)
         try:
@@ -214,9 +226,62 @@ class LocalMessageQueue:
         self.put_batch = self.commit_log.put_batch
         self._reput_service = ReputMessageService(self._reput)
         self._reput_service.start()
+        self._services.append(self._reput_service)
+        self._start_services()
         self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
         self._disk_threshold = _total_ram() * c.access_message_in_memory_max_ratio // 100
         self._opened_at = time.time()
+
+    def _start_services(self) -> None:
+        """Allocation ahead, the flush mode's services and the ConsumeQueue flusher (see the README's table)."""
+        c = self.config
+        mfq = self._cl_mfq
+        sync = c.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        if c.transient_store_pool_enable:
+            self._pool = TransientStorePool(c.transient_store_pool_size, c.mapped_file_size_commit_log)
+            mfq.on_buffer_released = self._pool.give_back
+        if c.preallocate_mapped_file or self._pool is not None:
+            svc = AllocateMappedFileService(
+                mfq, warm=c.warm_mapped_file_enable,
+                warm_flush_pages=c.flush_least_pages_when_warm_mapped_file if sync else 0, pool=self._pool)
+            self._allocate_service = svc
+            mfq.allocator = svc.allocate
+            svc.start()
+            self._services.append(svc)
+            svc.prime()
+        if sync:
+            gc = GroupCommit(mfq.flushed_where)
+            self._group_commit = gc
+            self._flush_service = GroupCommitService(mfq, gc, self.checkpoint)
+            self.commit_log.set_group_commit(gc, c.sync_flush_timeout)
+        else:
+            self._flush_service = FlushRealTimeService(mfq, c, self.checkpoint)
+        self._flush_service.start()
+        self._services.append(self._flush_service)
+        if self._pool is not None:
+            flush_svc = self._flush_service
+            reput = self._reput
+
+            def committed() -> None:
+                reput.wake()
+                flush_svc.wakeup()
+
+            self._commit_service = CommitRealTimeService(mfq, c, committed)
+            self._commit_service.start()
+            self._services.append(self._commit_service)
+        self._cq_flush_service = FlushConsumeQueueService(lambda: self._cqs.values(), c, self.checkpoint,
+                                                          self.checkpoint.flush)
+        self._cq_flush_service.start()
+        self._services.append(self._cq_flush_service)
+
+    def _stop_service(self, svc) -> None:
+        if svc is None:
+            return
+        try:
+            svc.shutdown()
+        except Exception:  # noqa: BLE001 - close() must go on; the failure is logged and counted
+            svc.errors += 1
+            log.exception("stopping %s", svc.name)
 
     def _load_consume_queues(self) -> None:
         root = self._cq_root
@@ -254,12 +319,11 @@ class LocalMessageQueue:
 
     def _abandon(self) -> None:
         """Undo a failed open: stop what started, unmap, release the lock (files stay as they were)."""
-        svc = self._reput_service
-        if svc is not None:
+        for svc in reversed(getattr(self, "_services", [])):
             try:
                 svc.shutdown()
             except Exception:  # noqa: BLE001 - the original error is what matters
-                log.exception("stopping the dispatcher after a failed open")
+                log.exception("stopping %s after a failed open", svc.name)
         for name in ("_cl_mfq",):
             mfq = getattr(self, name, None)
             if mfq is not None:
@@ -323,6 +387,9 @@ class LocalMessageQueue:
         stopped on an error, StoreClosedError when the store is closed.
         """
         self._check_open()
+        if self._pool is not None:
+            # write-buffered records reach readers when committed: commit them now rather than wait for the service
+            self._cl_mfq.commit_all()
         target = self._cl_mfq.max_offset()
         return self._wait_dispatched(target, timeout)
 
@@ -508,7 +575,14 @@ class LocalMessageQueue:
             "dispatch_duplicates": core.duplicates,
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
             "dispatch_gap_units": sum(cq.gap_units for cq in list(self._cqs.values())),
-            "service_errors": {"ReputMessageService": svc.errors if svc else 0},
+            "service_errors": {s.name: s.errors for s in self._services},
+            "flush_disk_type": self.config.flush_disk_type.value,
+            "flushed_offset": self._cl_mfq.flushed_where,
+            "committed_offset": self._cl_mfq.committed_where if self._pool is not None else self._cl_mfq.max_offset(),
+            "flushes": getattr(self._flush_service, "flushes", 0),
+            "allocate": self._allocate_service.stats() if self._allocate_service is not None else None,
+            "transient_store_pool": ({"available": self._pool.available, "borrow_failures": self._pool.borrow_failures}
+                                     if self._pool is not None else None),
             "recovery": self.recovery.as_dict(),
             "skipped_directories": list(self._skipped_dirs),
         }
@@ -521,13 +595,15 @@ class LocalMessageQueue:
         self._flush_all()
 
     def _flush_all(self) -> None:
-        while not self._cl_mfq.flush(0):
-            pass
+        if self._pool is not None:
+            self._cl_mfq.commit_all()
+        self._cl_mfq.flush_all()
         logics_ts = 0
         for cq in list(self._cqs.values()):
+            ts = cq.last_store_timestamp
             while not cq.flush(0):
                 pass
-            logics_ts = max(logics_ts, cq.last_store_timestamp)
+            logics_ts = max(logics_ts, ts)
         cp = self.checkpoint
         if self._cl_mfq.store_timestamp:
             cp.physic_msg_timestamp = self._cl_mfq.store_timestamp
@@ -536,13 +612,18 @@ class LocalMessageQueue:
         cp.flush()
 
     def close(self) -> None:
-        """Stop the dispatcher (after it caught up), flush everything, write the checkpoint, remove ``abort``
-        and release the lock. Idempotent."""
+        """Stop accepting puts, commit write-buffered records, let the dispatcher catch up, stop every service,
+        flush the commit log, the consume queues and the checkpoint, remove ``abort``, release the lock.
+        Idempotent. A store that is never closed (or whose close fails part-way) recovers on the next open.
+        """
         if self._closed:
             return
-        self.commit_log.close()  # no put can start from here on; one in progress has finished
+        self.commit_log.close()  # no put can start from here on; one in progress has finished writing
         clean = True
         try:
+            if self._commit_service is not None:
+                self._stop_service(self._commit_service)
+                self._cl_mfq.commit_all()
             if self._reput.error is None and self._reput_service.alive:
                 try:
                     self._wait_dispatched(self._cl_mfq.max_offset(), 60.0)
@@ -550,12 +631,25 @@ class LocalMessageQueue:
                     clean = False
         finally:
             self._closed = True
-            self._reput_service.shutdown()
+            self._stop_service(self._reput_service)
+            self._stop_service(self._cq_flush_service)
+            if not isinstance(self._flush_service, GroupCommitService):
+                self._stop_service(self._flush_service)
         if self._reput.error is not None or self.dispatch_behind_bytes > 0:
             clean = False
         try:
             self._flush_all()
+        except OSError:
+            clean = False
+            raise
         finally:
+            if self._group_commit is not None:
+                # SYNC_FLUSH puts still waiting are covered by the flush above (or, if it failed, time out)
+                self._group_commit.publish(self._cl_mfq.flushed_where)
+                self._stop_service(self._flush_service)
+            self._stop_service(self._allocate_service)
+            if self._pool is not None:
+                self._pool.close()
             for cq in self._cqs.values():
                 cq.close()
             self._cl_mfq.close()

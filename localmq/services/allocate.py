@@ -1,0 +1,230 @@
+"""AllocateMappedFileService: creates the next CommitLog segments ahead of need, reserved and optionally warm."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Dict, List, Optional
+
+from localmq._mapped_file import MappedFile, offset_to_file_name
+from localmq._native import fsync_dir
+from localmq.services.service_thread import ServiceThread
+
+log = logging.getLogger("localmq.allocate")
+
+
+class _Request:
+    __slots__ = ("path", "offset", "done", "mf", "error", "taken")
+
+    def __init__(self, path: str, offset: int):
+        self.path = path
+        self.offset = offset
+        self.done = threading.Event()
+        self.mf: Optional[MappedFile] = None
+        self.error: Optional[BaseException] = None
+        self.taken = False
+
+
+class AllocateMappedFileService(ServiceThread):
+    """Serves ``MappedFileQueue.allocator``: when the CommitLog asks for segment N it gets the file this thread
+    created ahead (or, if that is not ready, one created on the spot), and segments N+1 and N+2 are queued.
+
+    Each file is created at its full size with its blocks reserved (posix_fallocate), so writing into it can
+    never SIGBUS on a full disk, and its directory is fsynced. With ``warm`` (warm_mapped_file_enable) the
+    thread also prefaults every page writable (MADV_POPULATE_WRITE, GIL released; in SYNC_FLUSH the warmed
+    range is msynced every ``warm_flush_pages`` pages as RocketMQ does), mlocks the file and advises
+    MADV_WILLNEED. A refused mlock (no privilege, RLIMIT_MEMLOCK) is one warning, then files are not locked.
+    A warmed file is unlocked once the writer has moved past it, so at most three segments are locked.
+
+    Pre-created files that were never handed out are deleted by ``shutdown()``; after a crash, recovery cuts
+    them (they hold only zeros). A failed pre-creation (ENOSPC) is retried synchronously when the file is
+    actually needed; that error then reaches the put as CREATE_MAPPED_FILE_FAILED.
+
+    Thread-safety: ``allocate`` is called with the CommitLog's put lock and the queue's lock held; it waits
+    for this thread only when the very file it needs is being created right now.
+    """
+
+    AHEAD = 2
+
+    def __init__(self, mfq, *, warm: bool = False, warm_flush_pages: int = 0, pool=None, reserve: bool = True,
+                 wait_timeout_s: float = 5.0):
+        super().__init__("AllocateMappedFileService")
+        self.mfq = mfq
+        self.directory = mfq.directory
+        self.file_size = mfq.file_size
+        self.warm = warm
+        self.warm_flush_pages = warm_flush_pages
+        self.pool = pool
+        self.reserve = reserve
+        self.wait_timeout_s = wait_timeout_s
+        self._cond = threading.Condition()
+        self._requests: Dict[str, _Request] = {}
+        self._queue: List[_Request] = []
+        self._unlock: List[MappedFile] = []
+        self._mlock_ok = True
+        self.created_ahead = 0
+        self.served_ready = 0
+        self.served_sync = 0
+        self.warm_seconds = 0.0
+
+    # -- the allocator hook (put path) ---------------------------------------------------------------------
+
+    def allocate(self, path: str, file_size: int, start_offset: int) -> MappedFile:
+        """Return the mapped segment for ``path`` (raises OSError when it cannot be created)."""
+        with self._cond:
+            req = self._requests.get(path)
+            if req is not None:
+                req.taken = True
+        mf = None
+        if req is not None:
+            # being created or done: wait for it (bounded), then take it
+            if req.done.wait(self.wait_timeout_s) and req.mf is not None:
+                mf = req.mf
+                self.served_ready += 1
+            with self._cond:
+                self._requests.pop(path, None)
+            if mf is None and req.done.is_set() is False:
+                log.warning("%s: %s not ready after %.1f s; creating it synchronously", self.name, path,
+                            self.wait_timeout_s)
+        if mf is None:
+            mf = MappedFile(path, file_size, start_offset, create=True, reserve=self.reserve)
+            fsync_dir(self.directory)
+            self.served_sync += 1
+        if self.pool is not None:
+            buf = self.pool.borrow()
+            if buf is not None:
+                mf.attach_write_buffer(buf)
+        prev = self.mfq.last()  # create_file appends `mf` after this returns
+        if prev is not None:
+            self.release_previous(prev)
+        self._request_ahead(start_offset)
+        return mf
+
+    def prime(self) -> None:
+        """Queue the segments after the current last one (at open, so the first roll finds them ready)."""
+        last = self.mfq.last()
+        if last is not None:
+            self._request_ahead(last.file_from_offset)
+
+    def _request_ahead(self, start_offset: int) -> None:
+        with self._cond:
+            if self.stopped:
+                return
+            for i in range(1, self.AHEAD + 1):
+                off = start_offset + i * self.file_size
+                p = os.path.join(self.directory, offset_to_file_name(off))
+                if p not in self._requests:
+                    r = _Request(p, off)
+                    self._requests[p] = r
+                    self._queue.append(r)
+            self._cond.notify()
+
+    def release_previous(self, mf: MappedFile) -> None:
+        """The writer left ``mf``: unlock its pages in this thread (not on the put path)."""
+        if self.warm:
+            with self._cond:
+                self._unlock.append(mf)
+                self._cond.notify()
+
+    # -- the thread ------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._unlock and not self.stopped:
+                    self._cond.wait(1.0)
+                if self.stopped:
+                    return
+                unlock, self._unlock = self._unlock, []
+                req = self._queue.pop(0) if self._queue else None
+            for mf in unlock:
+                try:
+                    if not mf.closed:
+                        mf.munlock()
+                except OSError:
+                    pass
+            if req is not None:
+                self._create(req)
+
+    def _create(self, req: _Request) -> None:
+        import time
+
+        mf = None
+        try:
+            if os.path.exists(req.path):
+                raise FileExistsError(17, "segment already exists", req.path)
+            mf = MappedFile(req.path, self.file_size, req.offset, create=True, reserve=self.reserve)
+            fsync_dir(self.directory)
+            if self.warm:
+                t0 = time.monotonic()
+                self._warm(mf)
+                self.warm_seconds += time.monotonic() - t0
+            self.created_ahead += 1
+        except OSError as e:
+            if mf is not None:
+                mf.destroy(0)
+                mf = None
+            req.error = e
+            log.warning("%s: cannot create %s ahead of need: %s", self.name, req.path, e)
+        except BaseException as e:  # noqa: BLE001 - counted, and the put path creates it itself
+            if mf is not None:
+                mf.destroy(0)
+                mf = None
+            req.error = e
+            self.errors += 1
+            self.last_error = e
+            log.exception("%s: creating %s failed", self.name, req.path)
+        req.mf = mf
+        req.done.set()
+        # a file finished after the service was stopped, or one no put will claim, is deleted at shutdown
+
+    def _warm(self, mf: MappedFile) -> None:
+        from localmq._native import ADV_WILLNEED
+
+        size = self.file_size
+        step = self.warm_flush_pages * 4096 if self.warm_flush_pages > 0 else size
+        pos = 0
+        while pos < size and not self.stopped:
+            n = min(step, size - pos)
+            mf.populate(pos, n)
+            if self.warm_flush_pages > 0:
+                # SYNC_FLUSH: write the prefaulted (dirty) pages back now, not in the puts' flushes
+                mf.wrote_position = pos + n
+                mf.flush(0)
+            pos += n
+        if self.warm_flush_pages > 0:
+            mf.set_positions(0)
+        if self._mlock_ok:
+            try:
+                mf.mlock()
+            except OSError as e:
+                self._mlock_ok = False
+                log.warning("%s: mlock refused (%s); warmed segments will not be locked in memory", self.name, e)
+        mf.madvise(ADV_WILLNEED)
+
+    def on_shutdown(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the thread, then delete every file created ahead that no put took."""
+        super().shutdown(timeout)
+        removed = False
+        with self._cond:
+            reqs = list(self._requests.values())
+            self._requests.clear()
+            self._queue.clear()
+        for r in reqs:
+            if r.mf is not None and not r.taken:
+                r.mf.destroy(0)
+                removed = True
+        if removed:
+            try:
+                fsync_dir(self.directory)
+            except OSError:
+                pass
+
+    def stats(self) -> dict:
+        return {"created_ahead": self.created_ahead, "served_ready": self.served_ready,
+                "served_sync": self.served_sync, "warm_seconds": round(self.warm_seconds, 3),
+                "mlock": self._mlock_ok}

@@ -1,0 +1,211 @@
+"""Flush services: FlushRealTimeService (ASYNC_FLUSH), GroupCommitService (SYNC_FLUSH), CommitRealTimeService
+(transient store pool) and FlushConsumeQueueService, with RocketMQ's intervals and least-pages rules."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterable
+
+from localmq.services.service_thread import ServiceThread
+
+log = logging.getLogger("localmq.flush")
+
+# RocketMQ retries the last flush this many times when a service shuts down.
+SHUTDOWN_FLUSH_RETRIES = 10
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+class FlushRealTimeService(ServiceThread):
+    """ASYNC_FLUSH: every ``flush_interval_commit_log`` ms, msync the CommitLog when at least
+    ``flush_commit_log_least_pages`` pages are dirty, and everything every ``flush_commit_log_thorough_interval``
+    ms. After each flush the checkpoint's physical timestamp moves to the last record known on disk.
+
+    ``flush_commit_log_timed`` (default True) sleeps the interval; False waits on ``wakeup()`` (which the
+    commit service calls after each commit) or the interval, whichever is first.
+    """
+
+    def __init__(self, mfq, config, checkpoint):
+        super().__init__("FlushRealTimeService")
+        self.mfq = mfq
+        self.config = config
+        self.checkpoint = checkpoint
+        self.flushes = 0
+        self._last_thorough = _monotonic_ms()
+
+    def run(self) -> None:
+        c = self.config
+        while not self.stopped:
+            if c.flush_commit_log_timed:
+                self._stopped.wait(c.flush_interval_commit_log / 1000.0)
+            else:
+                self.wait_for_running(c.flush_interval_commit_log)
+            if self.stopped:
+                break
+            least = c.flush_commit_log_least_pages
+            now = _monotonic_ms()
+            if now >= self._last_thorough + c.flush_commit_log_thorough_interval:
+                self._last_thorough = now
+                least = 0
+            self.flush_once(least)
+        # RocketMQ retries the final flush: a full segment and the next one may both hold unflushed bytes
+        for _ in range(SHUTDOWN_FLUSH_RETRIES):
+            if self.mfq.flush(0):
+                break
+
+    def flush_once(self, least_pages: int) -> None:
+        """One pass (errors are logged and counted, the next pass tries again)."""
+        try:
+            if not self.mfq.flush(least_pages):
+                self.flushes += 1
+                ts = self.mfq.store_timestamp
+                if ts > 0:
+                    self.checkpoint.physic_msg_timestamp = ts
+        except OSError as e:
+            self.errors += 1
+            self.last_error = e
+            log.error("%s: flushing the commit log failed: %s", self.name, e)
+
+
+class GroupCommitService(ServiceThread):
+    """SYNC_FLUSH: putting threads wait on ``group_commit`` (a C rendezvous, GIL released) until their last
+    byte is flushed. This thread takes the highest requested offset, flushes every written byte (so requests
+    that arrived meanwhile are covered by the same msync), publishes the new flushed offset and so wakes every
+    covered put at once. A put whose flush does not finish within ``sync_flush_timeout`` ms answers
+    FLUSH_DISK_TIMEOUT (checked by the put itself).
+    """
+
+    def __init__(self, mfq, group_commit, checkpoint):
+        super().__init__("GroupCommitService")
+        self.mfq = mfq
+        self.gc = group_commit
+        self.checkpoint = checkpoint
+        self.flushes = 0
+
+    def run(self) -> None:
+        gc = self.gc
+        mfq = self.mfq
+        while not self.stopped:
+            target = gc.next_request(10_000)  # 10 ms, as RocketMQ's waitForRunning(10)
+            if target < 0:
+                break
+            if target == 0:
+                continue
+            try:
+                # flush everything written so far, not just `target`: puts that are between their write and
+                # their wait are covered by the same flush
+                flushed = mfq.flush_all()
+                self.flushes += 1
+            except OSError as e:
+                self.errors += 1
+                self.last_error = e
+                log.error("%s: flushing the commit log failed: %s (waiting puts will time out)", self.name, e)
+                self._stopped.wait(0.01)
+                continue
+            gc.publish(flushed)
+            ts = mfq.store_timestamp
+            if ts > 0:
+                self.checkpoint.physic_msg_timestamp = ts
+
+    def on_shutdown(self) -> None:
+        # the store flushes and publishes before it stops this service; close() releases any waiter left
+        self.gc.close()
+
+
+class CommitRealTimeService(ServiceThread):
+    """Transient store pool: every ``commit_interval_commit_log`` ms copy at least
+    ``commit_commit_log_least_pages`` pages of write-buffered records into the file (everything every
+    ``commit_commit_log_thorough_interval`` ms), make them visible to readers and the dispatcher, and wake the
+    flush service. Until committed, records exist only in process memory (see the durability table).
+    """
+
+    def __init__(self, mfq, config, on_committed: Callable[[], None]):
+        super().__init__("CommitRealTimeService")
+        self.mfq = mfq
+        self.config = config
+        self.on_committed = on_committed
+        self.commits = 0
+        self._last_thorough = _monotonic_ms()
+
+    def run(self) -> None:
+        c = self.config
+        while not self.stopped:
+            self.wait_for_running(c.commit_interval_commit_log)
+            if self.stopped:
+                break
+            least = c.commit_commit_log_least_pages
+            now = _monotonic_ms()
+            if now >= self._last_thorough + c.commit_commit_log_thorough_interval:
+                self._last_thorough = now
+                least = 0
+            self.commit_once(least)
+        for _ in range(SHUTDOWN_FLUSH_RETRIES):
+            if self.mfq.commit(0):
+                break
+
+    def commit_once(self, least_pages: int) -> bool:
+        """One pass; returns True when something was committed."""
+        did = False
+        try:
+            while not self.mfq.commit(least_pages):
+                did = True
+                # a full segment was finished: continue into the next one in the same pass
+                if self.mfq.committed_where % self.mfq.file_size:
+                    break
+        except OSError as e:
+            self.errors += 1
+            self.last_error = e
+            log.error("%s: commit failed: %s", self.name, e)
+        if did:
+            self.commits += 1
+            self.on_committed()
+        return did
+
+
+class FlushConsumeQueueService(ServiceThread):
+    """Flushes every ConsumeQueue each ``flush_interval_consume_queue`` ms (at least
+    ``flush_consume_queue_least_pages`` dirty pages), everything every ``flush_consume_queue_thorough_interval``
+    ms; after a thorough pass the checkpoint's logical timestamp moves and the checkpoint file is synced.
+    """
+
+    def __init__(self, queues: Callable[[], Iterable], config, checkpoint, flush_checkpoint: Callable[[], None]):
+        super().__init__("FlushConsumeQueueService")
+        self.queues = queues
+        self.config = config
+        self.checkpoint = checkpoint
+        self.flush_checkpoint = flush_checkpoint
+        self.flushes = 0
+        self._last_thorough = _monotonic_ms()
+
+    def run(self) -> None:
+        c = self.config
+        while not self.stopped:
+            self.wait_for_running(c.flush_interval_consume_queue)
+            if self.stopped:
+                break
+            least = c.flush_consume_queue_least_pages
+            now = _monotonic_ms()
+            if now >= self._last_thorough + c.flush_consume_queue_thorough_interval:
+                self._last_thorough = now
+                least = 0
+            self.flush_once(least)
+
+    def flush_once(self, least_pages: int) -> None:
+        logics_ts = 0
+        try:
+            for cq in list(self.queues()):
+                ts = cq.last_store_timestamp  # read before the flush: only what the flush covers may be claimed
+                cq.flush(least_pages)
+                if ts > logics_ts:
+                    logics_ts = ts
+            self.flushes += 1
+            if least_pages == 0:
+                if logics_ts:
+                    self.checkpoint.logics_msg_timestamp = logics_ts
+                self.flush_checkpoint()
+        except OSError as e:
+            self.errors += 1
+            self.last_error = e
+            log.error("%s: flushing consume queues failed: %s", self.name, e)
