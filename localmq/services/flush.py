@@ -87,27 +87,43 @@ class GroupCommitService(ServiceThread):
     def run(self) -> None:
         gc = self.gc
         mfq = self.mfq
+        target = 0
         while not self.stopped:
-            target = gc.next_request(10_000)  # 10 ms, as RocketMQ's waitForRunning(10)
-            if target < 0:
-                break
-            if target == 0:
-                continue
+            if target <= 0:
+                target = gc.next_request(10_000)  # 10 ms, as RocketMQ's waitForRunning(10)
+                if target < 0:
+                    break
+                if target == 0:
+                    continue
             try:
-                # flush everything written so far, not just `target`: puts that are between their write and
-                # their wait are covered by the same flush
-                flushed = mfq.flush_all()
-                self.flushes += 1
+                with mfq.flush_lock:
+                    where = mfq.flushed_where
+                    mf = mfq.find(where, return_first_on_not_found=where == 0)
+                    if mf is None:
+                        # nothing written past `where` yet: the request is already covered
+                        gc.publish(where)
+                        target = 0
+                        continue
+                    # The C loop serves this and later requests inside `mf` without the GIL; it returns when a
+                    # request needs the next segment, after 10 ms idle, or once closed.
+                    flushed, status, rounds = gc.serve(mf, target, 10_000)
+                    mfq.flushed_where = flushed
+                    if mf.flushed_store_timestamp:
+                        mfq.store_timestamp = mf.flushed_store_timestamp
             except OSError as e:
                 self.errors += 1
                 self.last_error = e
                 log.error("%s: flushing the commit log failed: %s (waiting puts will time out)", self.name, e)
                 self._stopped.wait(0.01)
                 continue
-            gc.publish(flushed)
+            self.flushes += rounds
             ts = mfq.store_timestamp
             if ts > 0:
                 self.checkpoint.physic_msg_timestamp = ts
+            if status < 0:
+                break
+            if status == 1 or target <= flushed:
+                target = 0
 
     def on_shutdown(self) -> None:
         # the store flushes and publishes before it stops this service; close() releases any waiter left
