@@ -82,6 +82,8 @@ cdef class ReputCore:
     cdef readonly long long bad_records
     cdef readonly long long rounds
     cdef public object error
+    cdef public object blocked             # the OSError (e.g. ENOSPC) that stops a ConsumeQueue file, or None
+    cdef readonly long long blocked_count
     cdef public int idle_wait_us
 
     def __cinit__(self, commit_log_mfq, cq_factory, long long reput_from, int idle_wait_us=1000):
@@ -358,7 +360,23 @@ cdef class ReputCore:
                     continue
                 if code == R_BAD_RECORD:
                     self._bad_record()
-                if self._slow(code) == 0:
+                try:
+                    code = self._slow(code)
+                except OSError as e:
+                    # e.g. ENOSPC creating a ConsumeQueue file: nothing is lost (the record stays in the log and
+                    # is dispatched again); retry until space returns, saying so once
+                    if self.blocked is None:
+                        log.error("dispatch blocked at commit log offset %d: %s; retrying every 100 ms",
+                                  lmq_load_acq(&self.reput_from), e)
+                    self.blocked = e
+                    self.blocked_count += 1
+                    with nogil:  # back off; a put or close() wakes it early
+                        lmq_event_wait(self.event, 100000)
+                    continue
+                if self.blocked is not None:
+                    log.warning("dispatch resumed after: %s", self.blocked)
+                    self.blocked = None
+                if code == 0:
                     wait_us = self.idle_wait_us
                     with nogil:  # the next segment does not exist yet
                         lmq_event_wait(self.event, wait_us)

@@ -574,10 +574,12 @@ class LocalMessageQueue:
             "dispatched": core.dispatched,
             "dispatch_duplicates": core.duplicates,
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
+            "dispatch_blocked": str(core.blocked) if core.blocked is not None else None,
             "dispatch_gap_units": sum(cq.gap_units for cq in list(self._cqs.values())),
             "service_errors": {s.name: s.errors for s in self._services},
             "flush_disk_type": self.config.flush_disk_type.value,
-            "flushed_offset": self._cl_mfq.flushed_where,
+            "flushed_offset": (max(self._group_commit.flushed, self._cl_mfq.flushed_where)
+                               if self._group_commit is not None else self._cl_mfq.flushed_where),
             "committed_offset": self._cl_mfq.committed_where if self._pool is not None else self._cl_mfq.max_offset(),
             "flushes": getattr(self._flush_service, "flushes", 0),
             "allocate": self._allocate_service.stats() if self._allocate_service is not None else None,
@@ -624,7 +626,11 @@ class LocalMessageQueue:
             if self._commit_service is not None:
                 self._stop_service(self._commit_service)
                 self._cl_mfq.commit_all()
-            if self._reput.error is None and self._reput_service.alive:
+            if self._reput.blocked is not None:
+                # the dispatcher cannot write a ConsumeQueue file (disk full): leave `abort` so that the next
+                # open re-dispatches the tail from the log instead of waiting here for space
+                clean = False
+            elif self._reput.error is None and self._reput_service.alive:
                 try:
                     self._wait_dispatched(self._cl_mfq.max_offset(), 60.0)
                 except DispatchError:

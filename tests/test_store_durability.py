@@ -1,0 +1,352 @@
+"""Background services: flush modes, group commit, the transient store pool, allocation ahead and warm-up."""
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import localmq
+from localmq import PutStatus
+from localmq._commitlog import GroupCommit
+from localmq.store.checkpoint import read_checkpoint
+
+SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=2000)
+
+
+def _poll(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.005)
+    return cond()
+
+
+def _local_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("localmq-")]
+
+
+# -- group commit ----------------------------------------------------------------------------------------------
+
+def test_group_commit_releases_many_waiters_with_one_publish():
+    gc = GroupCommit(0)
+    targets = [100 * (i + 1) for i in range(8)]
+    results = {}
+
+    def waiter(t):
+        results[t] = gc.wait(t, 10.0)
+
+    threads = [threading.Thread(target=waiter, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    # the flusher sees the highest offset asked for once every waiter has registered
+    assert _poll(lambda: gc.next_request(1000) == max(targets))
+    assert not results  # nobody returns before a flush covers it
+    gc.publish(max(targets))  # one flush for all eight
+    for t in threads:
+        t.join(5)
+    assert results == {t: 0 for t in targets}
+    assert gc.flushed == max(targets)
+
+
+def test_group_commit_wait_times_out_and_close_releases():
+    import errno
+
+    gc = GroupCommit(50)
+    assert gc.wait(50, 0.01) == 0  # already covered: the fast path
+    assert gc.wait(51, 0.02) == errno.ETIMEDOUT
+    out = []
+    t = threading.Thread(target=lambda: out.append(gc.wait(500, 10.0)))
+    t.start()
+    assert _poll(lambda: gc.next_request(1000) == 500)
+    gc.close()
+    t.join(5)
+    assert out == [errno.ESHUTDOWN]
+    assert gc.next_request(1000) == -1
+
+
+def test_sync_flush_put_returns_after_its_bytes_are_flushed(store_factory):
+    st = store_factory(flush_disk_type=localmq.FlushDiskType.SYNC_FLUSH, **SMALL)
+    for i in range(300):  # rolls several 64 KiB segments
+        r = st.put("s", os.urandom(500), queue_id=i % 3)
+        assert r.status is PutStatus.PUT_OK
+        assert st.stats()["flushed_offset"] >= r.physical_offset + r.wrote_bytes
+    rb = st.put_batch("s", [b"x" * 300] * 50)
+    assert rb.ok and st.stats()["flushed_offset"] >= st.commit_log_max_offset
+
+
+def test_sync_flush_requests_from_many_threads_share_flushes(store_factory):
+    st = store_factory(flush_disk_type="SYNC_FLUSH", **SMALL)
+    n_threads, per = 8, 150
+    statuses = []
+
+    def run(k):
+        for i in range(per):
+            statuses.append(st.put("g", b"%d:%d" % (k, i), queue_id=k).status)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert statuses.count(PutStatus.PUT_OK) == n_threads * per
+    st.wait_for_dispatch()
+    for k in range(n_threads):
+        r = st.get_message("g", k, 0, 32)
+        assert r.messages[0].body == b"%d:0" % k
+        assert st.max_offset("g", k) == per
+    assert st.stats()["flushed_offset"] == st.commit_log_max_offset
+
+
+def test_sync_flush_slower_than_timeout_gives_flush_disk_timeout(store_factory):
+    st = store_factory(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=50, **SMALL)
+    assert st.put("t", b"first").ok
+    lock = st._cl_mfq.flush_lock
+    with lock:  # the group commit service cannot flush while the test holds its lock: a stuck disk
+        r = st.put("t", b"stuck")
+    assert r.status is PutStatus.FLUSH_DISK_TIMEOUT
+    # the message is in the log all the same (RocketMQ's contract) and the next flush covers it
+    assert st.put("t", b"after").ok
+    st.wait_for_dispatch()
+    assert [m.body for m in st.get_message("t", 0, 0).messages] == [b"first", b"stuck", b"after"]
+
+
+# -- ASYNC_FLUSH and the consume queue flush -----------------------------------------------------------------
+
+def test_async_flush_service_flushes_and_moves_the_checkpoint(tmp_path):
+    root = tmp_path / "s"
+    st = localmq.open(root, flush_interval_commit_log=10, flush_commit_log_least_pages=0,
+                      flush_interval_consume_queue=10, flush_consume_queue_thorough_interval=0, **SMALL)
+    try:
+        results = [st.put("a", os.urandom(200)) for _ in range(500)]
+        last_ts = results[-1].store_timestamp
+        assert _poll(lambda: st.stats()["flushed_offset"] == st.commit_log_max_offset)
+        # the CQ service's thorough pass records the logical time and syncs the checkpoint file itself
+        assert _poll(lambda: read_checkpoint(root / "checkpoint").logics_msg_timestamp == last_ts)
+        cp = read_checkpoint(root / "checkpoint")
+        assert cp.physic_msg_timestamp == last_ts
+        assert st.stats()["flushes"] > 0 and st.stats()["service_errors"]["FlushRealTimeService"] == 0
+    finally:
+        st.close()
+
+
+def test_service_errors_are_logged_and_counted(store_factory, caplog):
+    st = store_factory(flush_interval_consume_queue=10, flush_consume_queue_thorough_interval=0, **SMALL)
+
+    class BrokenQueue:
+        last_store_timestamp = 0
+
+        def flush(self, least_pages):
+            raise OSError(5, "Input/output error", "fake-cq")
+
+    svc = st._cq_flush_service
+    real = svc.queues
+    with caplog.at_level(logging.ERROR, logger="localmq.flush"):
+        svc.queues = lambda: [BrokenQueue()]
+        assert _poll(lambda: st.stats()["service_errors"]["FlushConsumeQueueService"] >= 2)
+        svc.queues = real
+    assert any("FlushConsumeQueueService" in r.getMessage() and "Input/output error" in r.getMessage()
+               for r in caplog.records)
+    assert svc.alive  # an error does not kill the service
+
+
+def test_close_leaves_no_thread_behind(tmp_path):
+    before = set(_local_threads())
+    for mode in ({}, {"flush_disk_type": "SYNC_FLUSH"}, {"transient_store_pool_enable": True},
+                 {"warm_mapped_file_enable": True}):
+        st = localmq.open(tmp_path / "s", **SMALL, **mode)
+        assert len(set(_local_threads()) - before) >= 4
+        st.put("t", b"x")
+        st.close()
+        assert set(_local_threads()) - before == set()
+
+
+# -- transient store pool -------------------------------------------------------------------------------------
+
+def test_transient_pool_records_are_visible_once_committed(store_factory):
+    st = store_factory(transient_store_pool_enable=True, transient_store_pool_size=2,
+                       commit_interval_commit_log=60_000, commit_commit_log_thorough_interval=60_000,
+                       commit_commit_log_least_pages=10_000, **SMALL)
+    mf_before = st.commit_log_max_offset
+    assert mf_before == 0
+    st.put("p", b"one")  # the first segment takes a pool buffer: the record sits in process memory
+    assert st.commit_log_max_offset == 0
+    assert st.stats()["committed_offset"] == 0
+    assert st.wait_for_dispatch(5)  # commits what was put, then waits for the dispatcher
+    assert [m.body for m in st.get_message("p", 0, 0).messages] == [b"one"]
+    for i in range(400):  # fill several segments: buffers go back to the pool as segments complete
+        st.put("p", b"%d" % i + bytes(400))
+    st.wait_for_dispatch(5)
+    assert st.max_offset("p", 0) == 401
+    assert st.stats()["transient_store_pool"]["available"] >= 1
+
+
+def test_transient_pool_is_refused_with_sync_flush(tmp_path):
+    with pytest.raises(localmq.ConfigError, match="ASYNC_FLUSH"):
+        localmq.open(tmp_path / "s", transient_store_pool_enable=True, flush_disk_type="SYNC_FLUSH")
+
+
+# -- allocation ahead ------------------------------------------------------------------------------------------
+
+def _segments(root):
+    return sorted(os.listdir(root / "commitlog"))
+
+
+def test_segments_are_created_ahead_and_unclaimed_ones_removed_at_close(tmp_path):
+    root = tmp_path / "s"
+    seg = 64 * 1024
+    st = localmq.open(root, **SMALL)
+    try:
+        st.put("t", b"x")
+        # the first segment was created on demand; the next two are created ahead of need
+        assert _poll(lambda: _segments(root) == ["%020d" % (i * seg) for i in range(3)])
+        while st.commit_log_max_offset < seg + 100:
+            st.put("t", bytes(1000))
+        assert _poll(lambda: _segments(root) == ["%020d" % (i * seg) for i in range(4)])
+        assert st.stats()["allocate"]["served_ready"] >= 1
+        for name in _segments(root):
+            assert os.path.getsize(root / "commitlog" / name) == seg  # full size, blocks reserved
+            assert os.stat(root / "commitlog" / name).st_blocks * 512 >= seg
+    finally:
+        st.close()
+    assert _segments(root) == ["%020d" % (i * seg) for i in range(2)]
+
+
+CRASH_AFTER_ALLOCATION = """
+import os, sys, time, localmq
+st = localmq.open(sys.argv[1], mapped_file_size_commit_log=64 * 1024)
+r = st.put("t", b"kept")
+deadline = time.monotonic() + 10
+while len(os.listdir(os.path.join(sys.argv[1], "commitlog"))) < 3 and time.monotonic() < deadline:
+    time.sleep(0.01)
+os._exit(0)  # no close(): the segments created ahead stay on disk
+"""
+
+
+def test_segments_created_ahead_are_cut_by_recovery_after_a_crash(tmp_path):
+    root = tmp_path / "s"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", CRASH_AFTER_ALLOCATION, str(root)], check=True, env=env, timeout=60)
+    assert len(_segments(root)) == 3 and (root / "abort").exists()
+    with localmq.open(root, mapped_file_size_commit_log=64 * 1024) as st:
+        assert st.recovery.mode == "abnormal"
+        assert len(st.recovery.deleted_segments) == 2
+        assert [m.body for m in st.get_message("t", 0, 0).messages] == [b"kept"]
+        assert st.put("t", b"next").physical_offset == st.get_message("t", 0, 0).messages[0].store_size
+
+
+def test_warm_segments_are_resident_and_locked(store_factory, tmp_path):
+    st = store_factory(warm_mapped_file_enable=True, **SMALL)
+    st.put("w", b"x")
+    svc = st._allocate_service
+    assert _poll(lambda: svc.created_ahead >= 2)
+    reqs = [r for r in svc._requests.values() if r.mf is not None]
+    assert reqs
+    for r in reqs:
+        assert r.mf.resident_pages() == 64 * 1024 // 4096
+    assert st.stats()["allocate"]["mlock"] is True
+
+
+MLOCK_REFUSED = """
+import logging, sys, time, localmq
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+st = localmq.open(sys.argv[1], mapped_file_size_commit_log=16 * 1024 * 1024, warm_mapped_file_enable=True)
+for i in range(40):
+    st.put("t", bytes(1024 * 1024 - 400))  # rolls ~3 segments: several warm-ups
+deadline = time.monotonic() + 20
+while st.stats()["allocate"]["created_ahead"] < 4 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("mlock", st.stats()["allocate"]["mlock"], "created_ahead", st.stats()["allocate"]["created_ahead"])
+st.close()
+"""
+
+
+def test_mlock_refused_degrades_to_one_warning(tmp_path):
+    """Without CAP_IPC_LOCK and with an 8 MiB RLIMIT_MEMLOCK, locking a 16 MiB segment is refused."""
+    import shutil
+
+    if shutil.which("setpriv") is None or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv to run a child without CAP_IPC_LOCK")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", "prlimit", "--memlock=8388608",
+           sys.executable, "-c", MLOCK_REFUSED, str(tmp_path / "s")]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "mlock False" in p.stdout
+    warnings = [line for line in p.stderr.splitlines() if "mlock refused" in line]
+    assert len(warnings) == 1, p.stderr
+
+
+# -- disk full --------------------------------------------------------------------------------------------------
+
+def _read_all(st, topic):
+    got, off = [], 0
+    while True:
+        r = st.get_message(topic, 0, off)
+        if not r.messages:
+            return got
+        got += [m.body for m in r.messages]
+        off = r.next_begin_offset
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 640 KiB tmpfs mounted for the test (skipped where mounting is not permitted)."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=640k", "localmq-test", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip() or p.returncode}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_gives_create_failed_stays_readable_and_recovers(small_tmpfs):
+    root = small_tmpfs / "s"
+    ballast = small_tmpfs / "ballast"
+    with open(ballast, "wb") as f:  # room that the test gives back later
+        f.write(os.urandom(256 * 1024))
+    cfg = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=400)
+    st = localmq.open(root, **cfg)
+    acked, failed = [], None
+    try:
+        for i in range(2000):
+            body = b"%d:" % i + os.urandom(900)
+            r = st.put("full", body)
+            if r.status is PutStatus.PUT_OK:
+                acked.append(body)
+            else:
+                failed = r
+                break
+        assert failed is not None, "the 640 KiB tmpfs never filled"
+        assert failed.status is PutStatus.CREATE_MAPPED_FILE_FAILED and failed.physical_offset == -1
+        assert st.stats()["put_failures"] >= 1
+        # what is indexed is readable and in order; when even a ConsumeQueue file could not be created the
+        # dispatcher says so (and retries), it does not stop or skip
+        dispatched = st.wait_for_dispatch(2)
+        got = _read_all(st, "full")
+        assert got == acked[:len(got)]
+        blocked = st.stats()["dispatch_blocked"]
+        print(f"acked {len(acked)}, indexed {len(got)}, dispatch blocked: {blocked}")
+        assert (got == acked) == dispatched == (blocked is None)
+        if blocked is not None:
+            assert "No space left" in blocked
+        # still full: still refused, still no crash
+        assert st.put("full", os.urandom(900)).status is PutStatus.CREATE_MAPPED_FILE_FAILED
+        os.unlink(ballast)  # space returns
+        more = [b"again-%d" % i for i in range(50)]
+        assert all(st.put("full", b).ok for b in more)
+        assert st.wait_for_dispatch(10)
+        assert st.stats()["dispatch_blocked"] is None
+        assert _read_all(st, "full") == acked + more
+    finally:
+        st.close()
+    with localmq.open(root, **cfg) as st:
+        assert st.max_offset("full", 0) == len(acked) + len(more)
+        assert st.get_message("full", 0, len(acked)).messages[0].body == b"again-0"
