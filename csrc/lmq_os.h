@@ -71,12 +71,21 @@ void lmq_gc_free(lmq_gc *gc);
 /* Block until the flushed offset is >= target. Returns 0, ETIMEDOUT after timeout_us, or ESHUTDOWN when the
  * group commit was closed before the offset was covered. */
 int lmq_gc_wait(lmq_gc *gc, int64_t target, int64_t timeout_us);
-/* Flusher side: block until a request beyond the flushed offset exists; returns the highest requested offset,
- * 0 after timeout_us without one, or -1 once closed. */
+/* A waiter whose bytes all lie in the current segment and finds no flush in progress flushes itself
+ * (fdatasync of that segment's descriptor: the leader of its group). */
+/* The segment the writer writes into now: descriptor and [base, end) offsets (set on every roll). */
+void lmq_gc_set_file(lmq_gc *gc, int fd, int64_t base, int64_t end);
+/* Flusher side: block until a request beyond the flushed offset exists and no flush runs, then claim the next
+ * flush; returns the highest requested offset, 0 after timeout_us, or -1 once closed. */
 int64_t lmq_gc_next(lmq_gc *gc, int64_t timeout_us);
-/* Publish a new flushed offset and wake every waiter it covers. */
+/* Claim the flush unconditionally (after the running one ends): no flush happens until lmq_gc_done. */
+void lmq_gc_pause(lmq_gc *gc);
+/* End a claimed flush: publish the new flushed offset and wake every waiter. */
+void lmq_gc_done(lmq_gc *gc, int64_t flushed);
+/* Publish a new flushed offset (no claim involved) and wake every waiter it covers. */
 void lmq_gc_publish(lmq_gc *gc, int64_t flushed);
-/* Wake everyone for good: waiters not covered get ESHUTDOWN, the flusher gets -1. */
+/* Wake everyone for good: waiters not covered get ESHUTDOWN, the flusher gets -1. Returns once no flush is
+ * in progress, so the caller may then close the segment files. */
 void lmq_gc_close(lmq_gc *gc);
 int64_t lmq_gc_flushed(lmq_gc *gc);
 /* Anonymous private memory (transient store pool buffers): 0 or -1 + errno (ENOMEM). */

@@ -18,8 +18,8 @@ from localmq._codec cimport (
 )
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
-    lmq_event, lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_flushed, lmq_gc_free, lmq_gc_new, lmq_gc_next,
-    lmq_gc_publish, lmq_gc_wait, lmq_fdatasync, lmq_load_acq, lmq_now_ms, lmq_store_rel,
+    lmq_event, lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_pause, lmq_gc_flushed, lmq_gc_free, lmq_gc_new,
+    lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_load_acq, lmq_now_ms, lmq_store_rel,
 )
 from localmq._native cimport raise_errno
 
@@ -140,7 +140,10 @@ cdef class GroupCommit:
         return rc
 
     def next_request(self, long long timeout_us):
-        """Flusher side: the highest offset waited for beyond the flushed one, 0 on timeout, -1 once closed."""
+        """Flusher side: the highest offset waited for beyond the flushed one, 0 on timeout, -1 once closed.
+
+        A positive answer claims the next flush: pass it to ``serve`` (which releases the claim) or call
+        ``done``."""
         cdef int64_t r
         with nogil:  # idle most of the time
             r = lmq_gc_next(self.gc, timeout_us)
@@ -174,11 +177,12 @@ cdef class GroupCommit:
                         rc = lmq_fdatasync(mf.fd, 0)
                         if rc != 0:
                             err = errno
+                            lmq_gc_done(self.gc, base + flushed)  # release the claim; waiters time out
                             break
                         mf.flushed_pos = wrote
                         mf.flushed_store_timestamp = ts
                         rounds += 1
-                        lmq_gc_publish(self.gc, base + wrote)
+                    lmq_gc_done(self.gc, base + wrote)  # publish and release the claim
                     if t > base + wrote or wrote >= size:
                         status = 0
                         break
@@ -201,8 +205,24 @@ cdef class GroupCommit:
         """Announce that everything below ``flushed`` is on disk (wakes the waiters it covers)."""
         lmq_gc_publish(self.gc, flushed)
 
+    def pause(self):
+        """Hold off every flush (waits for the running one) until ``done``: what a stuck disk looks like to
+        the puts (tests), or a moment in which the files do not change on disk."""
+        with nogil:  # may wait for a running fdatasync
+            lmq_gc_pause(self.gc)
+
+    def done(self, long long flushed):
+        """Release a claim taken by ``next_request`` (publishing ``flushed``)."""
+        lmq_gc_done(self.gc, flushed)
+
+    def set_file(self, MappedFile mf):
+        """The writer moved to ``mf``: waiting puts may flush its descriptor themselves."""
+        lmq_gc_set_file(self.gc, mf.fd, mf.file_from_offset, mf.file_from_offset + mf.file_size)
+
     def close(self):
-        lmq_gc_close(self.gc)
+        """Release every waiter for good; returns once no flush is running (then files may be closed)."""
+        with nogil:  # may wait for a leader's fdatasync
+            lmq_gc_close(self.gc)
 
     @property
     def flushed(self):
@@ -370,6 +390,8 @@ cdef class CommitLog:
                 self.create_failed_hook(e)
             return None
         self.cur = mf
+        if self.group_commit is not None:
+            self.group_commit.set_file(mf)
         return mf
 
     def reset_write_segment(self):

@@ -5,7 +5,8 @@ Usage: ``python perf/report.py bench.json`` (the file written by ``pytest perf/ 
 import json
 import sys
 
-SCENARIOS = ["put", "put_batch_1000", "read", "decode_range"]
+SCENARIOS = ["put", "put_batch_1000", "read", "decode_range", "sync_put_1_threads", "sync_put_4_threads",
+             "sync_put_16_threads"]
 REFERENCE = "localmq"
 
 

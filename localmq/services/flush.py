@@ -71,9 +71,10 @@ class FlushRealTimeService(ServiceThread):
 
 class GroupCommitService(ServiceThread):
     """SYNC_FLUSH: putting threads wait on ``group_commit`` (a C rendezvous, GIL released) until their last
-    byte is flushed. This thread takes the highest requested offset, flushes every written byte (so requests
-    that arrived meanwhile are covered by the same msync), publishes the new flushed offset and so wakes every
-    covered put at once. A put whose flush does not finish within ``sync_flush_timeout`` ms answers
+    byte is flushed. When no flush is running and all unflushed bytes are in the current segment, the first
+    waiter flushes for everyone (leader/follower group commit, no thread hand-off); otherwise (a segment just
+    rolled, or a leader's flush failed) this thread takes the highest requested offset, flushes every written
+    byte, publishes the new flushed offset and so wakes every covered put at once. A put whose flush does not finish within ``sync_flush_timeout`` ms answers
     FLUSH_DISK_TIMEOUT (checked by the put itself).
     """
 
@@ -87,25 +88,27 @@ class GroupCommitService(ServiceThread):
     def run(self) -> None:
         gc = self.gc
         mfq = self.mfq
-        target = 0
         while not self.stopped:
-            if target <= 0:
-                target = gc.next_request(10_000)  # 10 ms, as RocketMQ's waitForRunning(10)
-                if target < 0:
-                    break
-                if target == 0:
-                    continue
+            target = gc.next_request(10_000)  # 10 ms, as RocketMQ's waitForRunning(10); > 0 claims the flush
+            if target < 0:
+                break
+            if target == 0:
+                self._idle()
+                continue
+            released = False
             try:
                 with mfq.flush_lock:
                     where = mfq.flushed_where
                     mf = mfq.find(where, return_first_on_not_found=where == 0)
                     if mf is None:
-                        # nothing written past `where` yet: the request is already covered
-                        gc.publish(where)
-                        target = 0
+                        # nothing written past `where`: the request is already covered
+                        released = True
+                        gc.done(max(where, gc.flushed))
                         continue
-                    # The C loop serves this and later requests inside `mf` without the GIL; it returns when a
-                    # request needs the next segment, after 10 ms idle, or once closed.
+                    # The C loop flushes this segment for this and every later request it covers, without the
+                    # GIL, releasing the claim after each flush; it returns when a request needs the next
+                    # segment, after 10 ms idle, or once closed.
+                    released = True
                     flushed, status, rounds = gc.serve(mf, target, 10_000)
                     mfq.flushed_where = flushed
                     if mf.flushed_store_timestamp:
@@ -116,14 +119,32 @@ class GroupCommitService(ServiceThread):
                 log.error("%s: flushing the commit log failed: %s (waiting puts will time out)", self.name, e)
                 self._stopped.wait(0.01)
                 continue
+            finally:
+                if not released:
+                    gc.done(gc.flushed)
             self.flushes += rounds
             ts = mfq.store_timestamp
             if ts > 0:
                 self.checkpoint.physic_msg_timestamp = ts
             if status < 0:
                 break
-            if status == 1 or target <= flushed:
-                target = 0
+
+    def _idle(self) -> None:
+        """Puts that flushed for themselves (group leaders) leave the queue's flushed position and the
+        checkpoint behind: catch up (their pages are clean, so the msync is cheap)."""
+        mfq = self.mfq
+        if mfq.flushed_where >= mfq.max_offset():
+            return
+        try:
+            mfq.flush_to(self.gc.flushed)
+        except OSError as e:
+            self.errors += 1
+            self.last_error = e
+            log.error("%s: flushing the commit log failed: %s", self.name, e)
+            return
+        ts = mfq.store_timestamp
+        if ts > 0:
+            self.checkpoint.physic_msg_timestamp = ts
 
     def on_shutdown(self) -> None:
         # the store flushes and publishes before it stops this service; close() releases any waiter left
