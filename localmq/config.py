@@ -151,6 +151,11 @@ class StoreConfig:
         if not 10 <= self.disk_max_used_space_ratio <= 95:
             # RocketMQ clamps it to 10..95; refusing says so instead of silently changing the value.
             raise ConfigError("disk_max_used_space_ratio must be within 10..95")
+        hours = [h.strip() for h in self.delete_when.split(";")] if isinstance(self.delete_when, str) else None
+        if not hours or not all(h.isdigit() and 0 <= int(h) <= 23 for h in hours):
+            # RocketMQ skips entries it cannot parse, which silently turns time-based retention off
+            raise ConfigError(f"delete_when must be ';'-separated hours 0..23 such as \"04\" or \"04;05\", "
+                              f"not {self.delete_when!r}")
         parse_host(self.store_host)
         parse_host(self.born_host)
 
