@@ -20,6 +20,7 @@ from localmq.config import MAX_QUEUE_ID, TOPIC_RE, GetStatus, StoreConfig, check
 from localmq.errors import (
     CorruptStoreError, DispatchError, InvalidQueueIdError, StoreClosedError, StoreLockedError,
 )
+from localmq.services.clean import CleanService
 from localmq.services.reput import ReputMessageService
 from localmq.store.checkpoint import StoreCheckpoint
 from localmq.store.mapped_file_queue import MappedFileQueue
@@ -110,11 +111,15 @@ class LocalMessageQueue:
     ``get_message`` and the offset queries from any thread concurrently with puts. ``close`` must not race
     with calls still in progress on other threads (they get StoreClosedError once it has started).
 
-    Use ``localmq.open(path, **config)``; see StoreConfig for the settings.
+    Use ``localmq.open(path, **config)``; see StoreConfig for the settings. Keyword-only ``clock`` (() -> ms
+    since the epoch) and ``disk_usage`` (path -> used ratio 0..1) replace the wall clock and statvfs for
+    retention (``clean_service``, see localmq.services.clean), so tests can use a fake clock and a full disk.
     """
 
     def __init__(self, path: str | os.PathLike, config: Optional[StoreConfig] = None, *,
-                 progress: Optional[Callable[[int, int], None]] = None, **kwargs: Any):
+                 progress: Optional[Callable[[int, int], None]] = None,
+                 clock: Optional[Callable[[], int]] = None, disk_usage: Optional[Callable[[str], float]] = None,
+                 **kwargs: Any):
         if config is None:
             config = StoreConfig.from_kwargs(kwargs)
         elif kwargs:
@@ -124,6 +129,11 @@ class LocalMessageQueue:
         self._closed = True
         self._lock = None
         self._reput_service: Optional[ReputMessageService] = None
+        # retention: ``clock`` () -> ms since the epoch and ``disk_usage`` path -> used ratio 0..1, injectable
+        # for tests (default wall clock and statvfs); see localmq.services.clean
+        self._clock = clock
+        self._disk_usage = disk_usage
+        self.clean_service: Optional[CleanService] = None
         os.makedirs(self.root, exist_ok=True)
         self._lock = _StoreLock(self.root)
         try:
@@ -217,6 +227,7 @@ class LocalMessageQueue:
         self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
         self._disk_threshold = _total_ram() * c.access_message_in_memory_max_ratio // 100
         self._opened_at = time.time()
+        self._start_clean_service()
 
     def _load_consume_queues(self) -> None:
         root = self._cq_root
@@ -254,6 +265,7 @@ class LocalMessageQueue:
 
     def _abandon(self) -> None:
         """Undo a failed open: stop what started, unmap, release the lock (files stay as they were)."""
+        self._stop_clean_service()
         svc = self._reput_service
         if svc is not None:
             try:
@@ -272,6 +284,26 @@ class LocalMessageQueue:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    # -- retention (CleanService) --------------------------------------------------------------------------------
+
+    def _start_clean_service(self) -> None:
+        """Start the retention thread (CleanCommitLogService + CleanConsumeQueueService, every
+        ``clean_resource_interval`` ms); ``clean_service.run_once()`` runs a pass at once."""
+        self.clean_service = CleanService(
+            self.config, self._cl_mfq, self.commit_log, lambda: self._reput.reput_offset, lambda: self._cqs,
+            self.root, clock=self._clock, disk_usage=self._disk_usage)
+        # IndexService (a later issue) plugs in with: self.clean_service.index_service = <it>
+        self.clean_service.start()
+
+    def _stop_clean_service(self) -> None:
+        """Stop and join the retention thread (a pass in progress finishes its current file first)."""
+        svc = self.clean_service
+        if svc is not None:
+            try:
+                svc.shutdown()
+            except Exception:  # noqa: BLE001 - closing goes on; the error is in the log
+                log.exception("stopping the clean service")
 
     # -- context manager ----------------------------------------------------------------------------------------
 
@@ -491,7 +523,13 @@ class LocalMessageQueue:
 
         The views keep their mappings alive until released."""
         self._check_open()
-        return [(mf.file_from_offset, memoryview(mf), mf.wrote_position) for mf in list(self._cl_mfq.files)]
+        out = []
+        for mf in list(self._cl_mfq.files):
+            try:
+                out.append((mf.file_from_offset, memoryview(mf), mf.wrote_position))
+            except StoreClosedError:
+                continue  # retention deleted it after the list was taken
+        return out
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the store and its services."""
@@ -508,7 +546,9 @@ class LocalMessageQueue:
             "dispatch_duplicates": core.duplicates,
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
             "dispatch_gap_units": sum(cq.gap_units for cq in list(self._cqs.values())),
-            "service_errors": {"ReputMessageService": svc.errors if svc else 0},
+            "service_errors": {"ReputMessageService": svc.errors if svc else 0,
+                               "CleanService": self.clean_service.errors if self.clean_service else 0},
+            "retention": self.clean_service.stats() if self.clean_service else {},
             "recovery": self.recovery.as_dict(),
             "skipped_directories": list(self._skipped_dirs),
         }
@@ -540,6 +580,7 @@ class LocalMessageQueue:
         and release the lock. Idempotent."""
         if self._closed:
             return
+        self._stop_clean_service()  # no file is deleted while the store flushes and unmaps
         self.commit_log.close()  # no put can start from here on; one in progress has finished
         clean = True
         try:
