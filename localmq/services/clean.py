@@ -264,7 +264,7 @@ class CleanCommitLogService:
     # -- the pass -------------------------------------------------------------------------------------------------
 
     def run_once(self) -> List[str]:
-        """One pass. Returns the paths of the segments deleted.
+        """One pass. Returns the paths of the segments deleted (a deferred deletion completed now included).
 
         :raises OSError: when an unlink, an mtime read or a directory fsync fails.
         """
@@ -275,10 +275,13 @@ class CleanCommitLogService:
         force = now - self.last_redelete_ms > c.redelete_hanged_file_interval
         if force:
             self.last_redelete_ms = now
-        self.mfq.retry_delete_hanged(c.destroy_mapped_file_interval_forcibly if force else None, now)
+        gone = self.mfq.retry_delete_hanged(c.destroy_mapped_file_interval_forcibly if force else None, now)
+        if gone:
+            self.deleted_files += len(gone)
+            self.deleted_segments = (self.deleted_segments + [int(os.path.basename(p)) for p in gone])[-100:]
         timeup = is_delete_hour(c.delete_when, now)
         if not (timeup or space):
-            return []
+            return gone
         at_once = c.clean_file_forcibly_enable and self.clean_immediately
         dispatched = self.dispatched_offset()
         bounds = self.consumer_bounds()
@@ -328,7 +331,7 @@ class CleanCommitLogService:
         if res.deleted:
             log.info("retention deleted %d segment(s) (%s): %s", len(res.deleted),
                      "at once" if at_once else "time" if timeup else "space", deleted_bases)
-        return res.deleted
+        return gone + res.deleted
 
 
 class CleanConsumeQueueService:
