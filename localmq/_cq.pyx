@@ -215,6 +215,42 @@ cdef class ConsumeQueue:
         self.st.min_offset = mx
         return mx
 
+    def delete_expired_files(self, long long min_commit_log_offset, long long forcibly_ms=60000, now_ms=None):
+        """Retention: move ``min_offset`` to the first unit still in the commit log, then delete the files
+        (never the last, which the dispatcher writes) whose units all point below ``min_commit_log_offset``,
+        oldest first, stopping at the first file that still points at kept records (RocketMQ's
+        deleteExpiredFileByOffset + correctMinOffset; it reads only a file's last unit, this takes the largest
+        real unit so a blank padding unit at a file's end cannot make it look expired).
+
+        :param min_commit_log_offset: the commit log's new min offset.
+        :param forcibly_ms: release readers that still hold a file this long after its first destroy.
+        :param now_ms: the caller's clock in ms.
+        :returns: the deleted paths (a file a reader holds is deleted by a later call or on its release).
+        :raises OSError: when an unlink or the directory fsync fails.
+        """
+        mfq = self.mapped_file_queue
+        # min first, so that readers stop asking for units before they vanish
+        self.correct_min_offset(min_commit_log_offset)
+        gone = mfq.retry_delete_hanged(forcibly_ms, now_ms)
+        if mfq.hanged:
+            return gone
+        doomed = []
+        files = mfq.files
+        for mf in files[:len(files) - 1]:
+            arr = np.frombuffer(mf, dtype=UNIT_DTYPE)
+            try:
+                sizes = arr["size"]
+                real = arr["offset"][(sizes > 0) & (sizes != BLANK_UNIT_SIZE)]
+                last = int(real.max()) if len(real) else -1
+            finally:
+                del arr, sizes
+            if last >= min_commit_log_offset:
+                break
+            doomed.append(mf)
+        if doomed:
+            gone += mfq.delete_files(doomed, forcibly_ms=forcibly_ms, now_ms=now_ms).deleted
+        return gone
+
     # -- views ---------------------------------------------------------------------------------------------------
 
     def _views(self, long long start, long long end):
@@ -259,6 +295,8 @@ cdef class ConsumeQueue:
             return None
         cdef MappedFile mfc = mf
         cdef int64_t rel = index * UNIT - mfc.file_from_offset
+        if mfc.addr == NULL:
+            return None  # retention deleted it after the lookup
         cdef const uint8_t *p = mfc.addr + rel
         return (<int64_t>lmq_be64(p), <int32_t>lmq_be32(p + 8), <int64_t>lmq_be64(p + 12))
 
@@ -392,7 +430,8 @@ cdef class ConsumeQueue:
             end = mx
         first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset if nfiles > 0 else 0
         while i < end:
-            if i * UNIT >= cq_end:
+            # re-checked per unit: building a message may run a finalizer that lets retention unmap the file
+            if i * UNIT >= cq_end or cqf is None or cqf.addr == NULL:
                 cqf = self.mapped_file_queue.find(i * UNIT)
                 if cqf is None or cqf.addr == NULL:
                     if count == 0:

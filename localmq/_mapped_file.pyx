@@ -505,28 +505,44 @@ cdef class MappedFile:
             return
         self._do_unmap()
 
-    def destroy(self, long long interval_forcibly_ms=0):
+    def destroy(self, long long interval_forcibly_ms=0, now_ms=None):
         """Mark unavailable and delete the file once no reader holds it (RocketMQ's destroy).
 
-        Readers holding references past ``interval_forcibly_ms`` since the first call are released forcibly.
-        Returns True when the file is gone, False when deletion is deferred (call again, or it completes when
-        the last reference / export is released).
+        :param interval_forcibly_ms: readers holding references (``hold()``) this long after the first call are
+            released forcibly and the file is unmapped under them, as RocketMQ does. Zero-copy exports (views)
+            are never unmapped under their owner, which would crash it: once forced, the file's name is
+            unlinked at once and the mapping (whose blocks the kernel frees then) goes with the last view.
+        :param now_ms: the caller's clock in ms (retention passes its injectable clock); default monotonic.
+            Use the same clock for every call on one file.
+        :returns: True when the file is gone from the directory, False when deletion is deferred (call again,
+            or it completes in whichever thread releases the last reference / export).
         """
-        cdef double now = time.monotonic()
+        cdef double now = time.monotonic() if now_ms is None else now_ms / 1000.0
+        cdef bint forced = False
         if self.available:
             self.available = False
             self.shutdown_at = now
             self.refs -= 1  # drop the file's own reference
-        elif self.refs > 0 and (now - self.shutdown_at) * 1000 >= interval_forcibly_ms:
-            self.refs = -1000 - self.refs
+        elif (now - self.shutdown_at) * 1000 >= interval_forcibly_ms:
+            forced = True
+            if self.refs > 0:
+                self.refs = -1000 - self.refs
         self.delete_pending = True
         if self.refs <= 0:
             if self.exports > 0:
                 self.unmap_pending = True
+                if forced:
+                    self._unlink()
+                    return True
                 return False
             self._do_unmap()
             return True
         return False
+
+    @property
+    def destroy_pending(self):
+        """True between a deferred ``destroy()`` and the moment the file is actually unlinked."""
+        return self.delete_pending
 
     def __repr__(self):
         return (f"MappedFile({self.path!r}, from={self.file_from_offset}, size={self.file_size}, "

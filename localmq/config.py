@@ -157,6 +157,11 @@ class StoreConfig:
             raise ConfigError("transient_store_pool_enable works with ASYNC_FLUSH only")
         if self.transient_store_pool_enable and self.transient_store_pool_size < 1:
             raise ConfigError("transient_store_pool_size must be at least 1")
+        hours = [h.strip() for h in self.delete_when.split(";")] if isinstance(self.delete_when, str) else None
+        if not hours or not all(h.isdigit() and 0 <= int(h) <= 23 for h in hours):
+            # RocketMQ skips entries it cannot parse, which silently turns time-based retention off
+            raise ConfigError(f"delete_when must be ';'-separated hours 0..23 such as \"04\" or \"04;05\", "
+                              f"not {self.delete_when!r}")
         parse_host(self.store_host)
         parse_host(self.born_host)
 

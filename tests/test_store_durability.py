@@ -139,9 +139,12 @@ def test_async_flush_service_flushes_and_moves_the_checkpoint(tmp_path):
         last_ts = results[-1].store_timestamp
         assert _poll(lambda: st.stats()["flushed_offset"] == st.commit_log_max_offset)
         # the CQ service's thorough pass records the logical time and syncs the checkpoint file itself
-        assert _poll(lambda: read_checkpoint(root / "checkpoint").logics_msg_timestamp == last_ts)
-        cp = read_checkpoint(root / "checkpoint")
-        assert cp.physic_msg_timestamp == last_ts
+        # (the two services set their fields independently: wait until a synced checkpoint holds both)
+        def synced():
+            cp = read_checkpoint(root / "checkpoint")
+            return (cp.physic_msg_timestamp, cp.logics_msg_timestamp) == (last_ts, last_ts)
+
+        assert _poll(synced)
         assert st.stats()["flushes"] > 0 and st.stats()["service_errors"]["FlushRealTimeService"] == 0
     finally:
         st.close()

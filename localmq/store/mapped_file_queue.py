@@ -1,6 +1,7 @@
 """MappedFileQueue: the segment files of one directory seen as one logical file."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -11,6 +12,26 @@ from localmq._native import fsync_dir
 from localmq.errors import CorruptStoreError
 
 log = logging.getLogger("localmq.mapped_file_queue")
+
+# RocketMQ's DELETE_FILES_BATCH_MAX: files deleted by one retention pass at most.
+DELETE_FILES_BATCH_MAX = 10
+# "never force": the interval given to destroy() when a retry may only collect a file its readers released.
+_NEVER_MS = 1 << 62
+
+
+@dataclasses.dataclass
+class DeleteResult:
+    """What one ``delete_expired_files`` call did.
+
+    ``deleted``: paths removed. ``held_back``: files that qualified (old enough, or cleaning at once) but end
+    past ``max_end_offset``, oldest first (the caller reports why). ``hanged``: a deletion was deferred because
+    a reader still holds the file (see ``hanged``); ``stopped``: ``between`` asked to stop.
+    """
+
+    deleted: List[str] = dataclasses.field(default_factory=list)
+    held_back: List[MappedFile] = dataclasses.field(default_factory=list)
+    hanged: bool = False
+    stopped: bool = False
 
 
 def _makedirs_durable(directory: str) -> None:
@@ -30,7 +51,9 @@ class MappedFileQueue:
 
     ``files`` is the ordered list of MappedFile (readers index it by offset under the GIL). Creating,
     truncating and deleting files happen under ``lock``; the put path takes the owner's put lock first
-    (lock order: owner put lock -> this lock).
+    (lock order: owner put lock -> this lock). Retention removes files from the head by assigning a new list
+    (never by mutating the one a reader may be iterating); a file whose destroy a reader defers leaves
+    ``files`` at once and waits in ``hanged`` (see ``retry_delete_hanged``).
     """
 
     def __init__(self, directory: str, file_size: int, *, reserve: bool = True,
@@ -39,6 +62,8 @@ class MappedFileQueue:
         self.file_size = int(file_size)
         self.reserve = reserve
         self.files: List[MappedFile] = []
+        # files removed from ``files`` whose destroy was deferred by a reader; only retention touches it
+        self.hanged: List[MappedFile] = []
         self.lock = threading.RLock()
         # Serialises flush() callers (the flush service, SYNC_FLUSH group commit, store.flush(), close());
         # taken alone, never while holding `lock` or a put lock.
@@ -183,6 +208,118 @@ class MappedFileQueue:
         self.committed_where = min(self.committed_where, offset)
         return removed
 
+    def expired_files(self, expired_ms: int, now_ms: int, *, clean_immediately: bool = False,
+                      batch_max: int = DELETE_FILES_BATCH_MAX) -> List[MappedFile]:
+        """The leading run of files that retention may delete, oldest first (RocketMQ's deleteExpiredFileByTime
+        selection): every file but the last, each qualifying when ``now_ms >= mtime + expired_ms`` or
+        ``clean_immediately``; the run stops at the first file that does not qualify (nothing is deleted from
+        the middle) and after ``batch_max`` files.
+
+        :param expired_ms: reserved time in ms (``file_reserved_time`` hours * 3,600,000).
+        :param now_ms: the current time in ms since the epoch, from the caller's clock.
+        :returns: the qualifying files (not removed; see ``delete_files``).
+        :raises OSError: when a file's mtime cannot be read.
+        """
+        files = self.files
+        out: List[MappedFile] = []
+        for mf in files[:-1]:  # the last file is the one being written
+            if len(out) >= batch_max:
+                break
+            if not clean_immediately and now_ms < mf.last_modified() + expired_ms:
+                break
+            out.append(mf)
+        return out
+
+    def delete_files(self, files: List[MappedFile], *, forcibly_ms: int, now_ms: Optional[int] = None,
+                     between: Optional[Callable[[], bool]] = None) -> DeleteResult:
+        """Delete ``files``, which must be the head of ``files`` in order (from ``expired_files``).
+
+        Each file leaves ``files`` first (new readers no longer find it; a reader that already took the old
+        list sees its mapping or a closed file, never freed memory), then is destroyed. A destroy deferred by a
+        reader moves the file to ``hanged`` and ends the call, as RocketMQ stops at the first hung file: no
+        later file is deleted while it is on disk, so a crash never leaves a gap between segment names. The
+        directory is fsynced after the unlinks.
+
+        :param forcibly_ms: ``destroy_mapped_file_interval_forcibly``.
+        :param now_ms: the caller's clock (ms), passed to ``MappedFile.destroy``.
+        :param between: called before each file after the first (the pause between deletions); returning
+            False stops the call (the service is shutting down).
+        :returns: DeleteResult.
+        :raises OSError: when an unlink or the directory fsync fails.
+        """
+        res = DeleteResult()
+        try:
+            for i, mf in enumerate(files):
+                if i > 0 and between is not None and not between():
+                    res.stopped = True
+                    break
+                with self.lock:
+                    cur = self.files
+                    if len(cur) < 2 or cur[0] is not mf:
+                        break  # the list changed under us (truncation): keep it as it is
+                    self.files = cur[1:]
+                if mf.destroy(forcibly_ms, now_ms):
+                    res.deleted.append(mf.path)
+                else:
+                    self.hanged = self.hanged + [mf]
+                    res.hanged = True
+                    log.info("deletion of %s deferred: a reader still holds it", mf.path)
+                    break
+        finally:
+            if res.deleted:
+                fsync_dir(self.directory)
+        return res
+
+    def delete_expired_files(self, expired_ms: int, now_ms: int, *, forcibly_ms: int,
+                             clean_immediately: bool = False, max_end_offset: Optional[int] = None,
+                             batch_max: int = DELETE_FILES_BATCH_MAX,
+                             between: Optional[Callable[[], bool]] = None) -> DeleteResult:
+        """Delete up to ``batch_max`` expired files from the head (``expired_files`` then ``delete_files``).
+
+        Nothing is deleted while an earlier deletion hangs (``retry_delete_hanged`` first).
+
+        :param max_end_offset: a file is deleted only if it ends at or before this absolute offset (the
+            dispatcher's position, unconsumed messages); qualifying files past it are returned in ``held_back``.
+        :returns: DeleteResult. Other params and errors as ``expired_files`` / ``delete_files``.
+        """
+        if self.hanged:
+            return DeleteResult(hanged=True)
+        candidates = self.expired_files(expired_ms, now_ms, clean_immediately=clean_immediately,
+                                        batch_max=batch_max)
+        n = len(candidates)
+        if max_end_offset is not None:
+            n = 0
+            while n < len(candidates) and candidates[n].file_from_offset + self.file_size <= max_end_offset:
+                n += 1
+        res = self.delete_files(candidates[:n], forcibly_ms=forcibly_ms, now_ms=now_ms, between=between)
+        res.held_back = candidates[n:]
+        return res
+
+    def retry_delete_hanged(self, forcibly_ms: Optional[int], now_ms: Optional[int] = None) -> List[str]:
+        """Destroy again the files whose deletion a reader deferred (RocketMQ's retryDeleteFirstFile).
+
+        :param forcibly_ms: readers still holding a file this long after its first destroy are released
+            forcibly (see ``MappedFile.destroy``); None only collects files whose readers are done.
+        :param now_ms: the caller's clock (ms), the same as for the first destroy.
+        :returns: the paths now gone (the directory is fsynced when there are any).
+        :raises OSError: when an unlink or the directory fsync fails.
+        """
+        hanged = self.hanged
+        if not hanged:
+            return []
+        interval = _NEVER_MS if forcibly_ms is None else forcibly_ms
+        gone, still = [], []
+        for mf in hanged:
+            if mf.destroy(interval, now_ms):
+                gone.append(mf.path)
+            else:
+                still.append(mf)
+        self.hanged = still
+        if gone:
+            log.info("deferred deletion done: %s", gone)
+            fsync_dir(self.directory)
+        return gone
+
     def delete_last(self) -> None:
         with self.lock:
             if self.files:
@@ -195,6 +332,9 @@ class MappedFileQueue:
             for mf in self.files:
                 mf.destroy(1000)
             self.files = []
+            for mf in self.hanged:
+                mf.close()
+            self.hanged = []
             self.flushed_where = self.committed_where = 0
 
     # -- flush ----------------------------------------------------------------------------------------------
@@ -263,10 +403,15 @@ class MappedFileQueue:
         return last.file_from_offset + last.append_position if last is not None else 0
 
     def close(self) -> None:
+        """Unmap every file (no delete). A file whose deletion hangs is unmapped and unlinked now (or with its
+        last zero-copy view), whatever ``hold()`` references remain: the store is going away."""
         with self.lock:
             for mf in self.files:
                 mf.close()
             self.files = []
+            for mf in self.hanged:
+                mf.close()
+            self.hanged = []
 
     def __len__(self) -> int:
         return len(self.files)

@@ -25,6 +25,7 @@ from localmq.services.allocate import AllocateMappedFileService
 from localmq.services.flush import (
     CommitRealTimeService, FlushConsumeQueueService, FlushRealTimeService, GroupCommitService,
 )
+from localmq.services.clean import CleanService
 from localmq.services.reput import ReputMessageService
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.checkpoint import StoreCheckpoint
@@ -116,11 +117,15 @@ class LocalMessageQueue:
     ``get_message`` and the offset queries from any thread concurrently with puts. ``close`` must not race
     with calls still in progress on other threads (they get StoreClosedError once it has started).
 
-    Use ``localmq.open(path, **config)``; see StoreConfig for the settings.
+    Use ``localmq.open(path, **config)``; see StoreConfig for the settings. Keyword-only ``clock`` (() -> ms
+    since the epoch) and ``disk_usage`` (path -> used ratio 0..1) replace the wall clock and statvfs for
+    retention (``clean_service``, see localmq.services.clean), so tests can use a fake clock and a full disk.
     """
 
     def __init__(self, path: str | os.PathLike, config: Optional[StoreConfig] = None, *,
-                 progress: Optional[Callable[[int, int], None]] = None, **kwargs: Any):
+                 progress: Optional[Callable[[int, int], None]] = None,
+                 clock: Optional[Callable[[], int]] = None, disk_usage: Optional[Callable[[str], float]] = None,
+                 **kwargs: Any):
         if config is None:
             config = StoreConfig.from_kwargs(kwargs)
         elif kwargs:
@@ -136,6 +141,11 @@ class LocalMessageQueue:
         self._allocate_service: Optional[AllocateMappedFileService] = None
         self._flush_service = None
         self._commit_service: Optional[CommitRealTimeService] = None
+        # retention: ``clock`` () -> ms since the epoch and ``disk_usage`` path -> used ratio 0..1, injectable
+        # for tests (default wall clock and statvfs); see localmq.services.clean
+        self._clock = clock
+        self._disk_usage = disk_usage
+        self.clean_service: Optional[CleanService] = None
         os.makedirs(self.root, exist_ok=True)
         self._lock = _StoreLock(self.root)
         try:
@@ -231,6 +241,7 @@ class LocalMessageQueue:
         self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
         self._disk_threshold = _total_ram() * c.access_message_in_memory_max_ratio // 100
         self._opened_at = time.time()
+        self._start_clean_service()
 
     def _start_services(self) -> None:
         """Allocation ahead, the flush mode's services and the ConsumeQueue flusher (see the README's table)."""
@@ -319,6 +330,7 @@ class LocalMessageQueue:
 
     def _abandon(self) -> None:
         """Undo a failed open: stop what started, unmap, release the lock (files stay as they were)."""
+        self._stop_clean_service()
         for svc in reversed(getattr(self, "_services", [])):
             try:
                 svc.shutdown()
@@ -336,6 +348,26 @@ class LocalMessageQueue:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    # -- retention (CleanService) --------------------------------------------------------------------------------
+
+    def _start_clean_service(self) -> None:
+        """Start the retention thread (CleanCommitLogService + CleanConsumeQueueService, every
+        ``clean_resource_interval`` ms); ``clean_service.run_once()`` runs a pass at once."""
+        self.clean_service = CleanService(
+            self.config, self._cl_mfq, self.commit_log, lambda: self._reput.reput_offset, lambda: self._cqs,
+            self.root, clock=self._clock, disk_usage=self._disk_usage)
+        # IndexService (a later issue) plugs in with: self.clean_service.index_service = <it>
+        self.clean_service.start()
+
+    def _stop_clean_service(self) -> None:
+        """Stop and join the retention thread (a pass in progress finishes its current file first)."""
+        svc = self.clean_service
+        if svc is not None:
+            try:
+                svc.shutdown()
+            except Exception:  # noqa: BLE001 - closing goes on; the error is in the log
+                log.exception("stopping the clean service")
 
     # -- context manager ----------------------------------------------------------------------------------------
 
@@ -558,7 +590,13 @@ class LocalMessageQueue:
 
         The views keep their mappings alive until released."""
         self._check_open()
-        return [(mf.file_from_offset, memoryview(mf), mf.wrote_position) for mf in list(self._cl_mfq.files)]
+        out = []
+        for mf in list(self._cl_mfq.files):
+            try:
+                out.append((mf.file_from_offset, memoryview(mf), mf.wrote_position))
+            except StoreClosedError:
+                continue  # retention deleted it after the list was taken
+        return out
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the store and its services."""
@@ -576,7 +614,9 @@ class LocalMessageQueue:
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
             "dispatch_blocked": str(core.blocked) if core.blocked is not None else None,
             "dispatch_gap_units": sum(cq.gap_units for cq in list(self._cqs.values())),
-            "service_errors": {s.name: s.errors for s in self._services},
+            "service_errors": {**{s.name: s.errors for s in self._services},
+                               "CleanService": self.clean_service.errors if self.clean_service else 0},
+            "retention": self.clean_service.stats() if self.clean_service else {},
             "flush_disk_type": self.config.flush_disk_type.value,
             "flushed_offset": (max(self._group_commit.flushed, self._cl_mfq.flushed_where)
                                if self._group_commit is not None else self._cl_mfq.flushed_where),
@@ -620,6 +660,7 @@ class LocalMessageQueue:
         """
         if self._closed:
             return
+        self._stop_clean_service()  # no file is deleted while the store flushes and unmaps
         self.commit_log.close()  # no put can start from here on; one in progress has finished writing
         clean = True
         try:
