@@ -9,7 +9,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from localmq._codec import walk_records
+from localmq._codec import scan_record, walk_records
 from localmq._mapped_file import MappedFile
 from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
 
@@ -267,6 +267,10 @@ class StoreFiles:
         mf = MappedFile(fpath, self.segment_size, base, create=False, writable=False)
         try:
             pos, outcome, _, _, _ = walk_records(mf, 0, target - base, False)
+            if outcome == "torn":  # only cut short by ``target``: the boundary is after this record
+                status, size = scan_record(mf, pos, False)
+                if status == "ok":
+                    pos, outcome = pos + size, "end"
         finally:
             mf.close()
         if outcome not in ("end", "blank"):
@@ -545,7 +549,7 @@ def segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues=(), b
     total = hi_phys - lo_phys
     if total <= 0:
         return []
-    piece = max(1 << 20, math.ceil(total / max(1, parts_wanted)))
+    piece = max(4096, math.ceil(total / max(1, parts_wanted)))
     out = []
     topics = opts.topics
     for base, fpath in store.segments:
