@@ -192,3 +192,16 @@ def test_live_writer_batch_prefix_and_streaming(spark, tmp_path):
     assert streamed == total
     values = sorted(int(r.value) for r in spark.read.parquet(out).select("value").collect())
     assert values == list(range(total))
+
+
+def test_streaming_starts_at_latest_by_default(spark, tmp_path):
+    path = str(tmp_path / "store")
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
+        st.put_batch("a", [b"old"] * 100, queue_id=0)
+        st.wait_for_dispatch()
+        assert sum(run_stream(spark, path, out, ck)) == 0  # as Kafka's source: only what comes next
+        st.put_batch("a", [b"new"] * 50, queue_id=0)
+        st.wait_for_dispatch()
+        assert sum(run_stream(spark, path, out, ck)) == 50
+    assert {r.value for r in spark.read.parquet(out).collect()} == {b"new"}

@@ -280,3 +280,9 @@ def test_rocketmq_fixture_with_consume_queues(fixtures_dir, tmp_path):
         # what the ConsumeQueue indexes (records past its last unit were never dispatched)
         assert t.column("offset").to_pylist() == list(range(len(units)))
         assert t.column("physical_offset").to_pylist() == units["offset"].tolist()
+
+
+def test_topics_without_queues_read_nothing(written):
+    path, _ = written
+    p = plan(path, topics="nothing-here", **OPTS)
+    assert p.partitions == [] and p.offsets == {}

@@ -8,7 +8,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 from localmq.errors import ConfigError
 from localmq.spark.decode import COLUMN_TYPES, read_partition, spark_ddl
 from localmq.spark.plan import (
-    LATEST, OffsetRangeError, ReadOptions, StoreFiles, log, plan_batch, queue_partitions, queue_state,
+    DEFAULT_SEGMENT, LATEST, OffsetRangeError, ReadOptions, StoreFiles, log, plan_batch, queue_partitions,
+    queue_state,
 )
 
 __all__ = ["LocalMQDataSource", "LocalMQReader", "LocalMQStreamReader"]
@@ -43,9 +44,13 @@ class LocalMQDataSource(DataSource):
         return "localmq"
 
     def schema(self):
-        # fail here, at load(), for a path that is not a store or bad options
-        opts = ReadOptions.parse(self.options)
-        StoreFiles(opts.path, opts.segment_size)
+        # fail here, at load(), for a path that is not a store or a wrong segment size (the offsets options are
+        # checked by the batch or stream reader: they differ between the two)
+        opts = {str(k).lower(): v for k, v in dict(self.options).items()}
+        path = ReadOptions.parse({"path": opts.get("path")}).path
+        size = ReadOptions.parse({"path": path, "mapped_file_size_commit_log": opts.get(
+            "mapped_file_size_commit_log", DEFAULT_SEGMENT)}).segment_size
+        StoreFiles(path, size)
         return spark_ddl()
 
     def reader(self, schema):
@@ -163,6 +168,11 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         offsets = {}
         for key, e in stop.items():
             if key not in state:
+                if e > begin.get(key, e):
+                    msg = f"{key[0]} queue {key[1]}: offsets {begin[key]}..{e} are gone (no ConsumeQueue any more)"
+                    if self.opts.fail_on_data_loss:
+                        raise OffsetRangeError(msg + "; set failOnDataLoss=false to skip them")
+                    log.warning("%s; skipping them", msg)
                 continue
             _, lo, _ = state[key]
             s = begin.get(key, lo)

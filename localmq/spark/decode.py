@@ -251,8 +251,8 @@ def _read_queue(part, columns, schema, batch_size):
                                             offset=at, path=path)
                 if not (np.array_equal(cols["queue_offset"], qoffs[a:stop])
                         and (cols["queue_id"] == part.queue_id).all()):
-                    raise CorruptStoreError(f"consume queue {part.cq_path}: units {int(qoffs[a])}..{int(qoffs[stop - 1])}"
-                                            f" point at records of another queue or offset")
+                    raise CorruptStoreError(f"consume queue {part.cq_path}: units {int(qoffs[a])}.."
+                                            f"{int(qoffs[stop - 1])} point at records of another queue or offset")
                 yield record_batch(cols, None, columns, schema)
                 a = stop
         finally:

@@ -586,6 +586,8 @@ def plan_batch(opts):
     state, bound = queue_state(store, opts.topics)
     if not store.segments:
         return Plan([], {}, "segment", 0)
+    if not state and opts.topics is not None and store.queues():
+        return Plan([], {}, "queue", bound)  # the store indexes its topics, none of those asked for
     if not state:
         # no ConsumeQueues (a bare commit log): scan it, with offsets and times as row filters
         if isinstance(opts.starting, dict) or isinstance(opts.ending, dict):
