@@ -838,3 +838,419 @@ def walk_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint check_crc=Tru
             rc = REC_END
     reported = v.total_size if rc in (REC_BLANK, REC_BAD_LENGTH, REC_BAD_CRC) else 0
     return pos, REC_STATUS_NAMES[rc], count, last_ts, reported
+
+
+# ---------------------------------------------------------------------------------------------- Arrow layout
+# Gathers that turn decoded rows into Arrow buffers (the Spark reader wraps them with pyarrow, zero-copy):
+# binary / string = int32 offsets[n+1] + data bytes; validity = LSB-first bitmap; list = int32 offsets over a
+# child string array; map = int32 offsets over (key string, value string) entries. ``rows`` selects and orders
+# the rows gathered (int64 indices < count); None means every decoded row.
+
+def _rows_array(rows, Py_ssize_t count):
+    """``rows`` as validated contiguous int64 indices below ``count``, or None for all rows."""
+    if rows is None:
+        return None
+    arr = np.ascontiguousarray(rows, dtype=np.int64)
+    if arr.ndim != 1:
+        raise ValueError("rows must be one-dimensional")
+    if arr.shape[0] and (arr.min() < 0 or arr.max() >= count):
+        raise IndexError("row index out of range")
+    return arr
+
+
+cdef inline Py_ssize_t _row(const int64_t *rows, Py_ssize_t i) noexcept nogil:
+    return rows[i] if rows != NULL else i
+
+
+cdef const uint8_t[::1] _bytes_view(RecordColumns cols):
+    if cols.buffer is None:
+        raise ValueError("no rows decoded yet")
+    return memoryview(cols.buffer).cast("B") if not isinstance(cols.buffer, bytes) else cols.buffer
+
+
+def decode_positions(data, RecordColumns cols, positions, sizes=None, long long base_offset=0,
+                     bint check_crc=False, bint append=False):
+    """Decode the records that start at ``positions`` of ``data`` (ConsumeQueue units) into ``cols``.
+
+    ``positions``: int64 positions relative to ``data[0]`` (physical offset - ``base_offset``); ``sizes``:
+    optional int32 sizes each record must have (the units' sizes). Rows are added in the order given, from
+    row 0 or after the rows already in ``cols`` with ``append`` (same buffer only).
+    Returns (rows added, index of the first position not decoded, stop reason): "end" (all decoded), "full"
+    (capacity reached), "torn" (a record runs past ``data``), "corrupt" (bad magic, lengths, CRC, a blank or
+    zero bytes where a record must be, or a size that disagrees with ``sizes``). The GIL is released.
+    """
+    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    cdef Py_ssize_t n = mv.shape[0]
+    pos_arr = np.ascontiguousarray(positions, dtype=np.int64)
+    cdef const int64_t *pp = <const int64_t *>cnp.PyArray_DATA(pos_arr)
+    cdef Py_ssize_t npos = pos_arr.shape[0]
+    cdef const int32_t *sp = NULL
+    if sizes is not None:
+        size_arr = np.ascontiguousarray(sizes, dtype=np.int32)
+        if size_arr.shape[0] != npos:
+            raise ValueError("sizes and positions differ in length")
+        sp = <const int32_t *>cnp.PyArray_DATA(size_arr)
+    if append and cols.count and cols.buffer is not data:
+        raise ValueError("append needs the same buffer as the rows already decoded")
+    if not append:
+        cols.count = 0
+    cols.buffer = data
+    cdef const uint8_t *base = &mv[0] if n else NULL
+    cdef Py_ssize_t i = 0, row = cols.count, cap = cols.capacity, first = cols.count
+    cdef int64_t pos
+    cdef RecordView v
+    cdef int rc = REC_END
+    with nogil:  # a partition may hold millions of units
+        while i < npos:
+            if row >= cap:
+                rc = -1
+                break
+            pos = pp[i]
+            if pos < 0 or pos >= n:
+                rc = REC_TORN
+                break
+            rc = parse_record(base + pos, n - pos, &v, check_crc)
+            if rc != REC_OK:
+                break
+            if sp != NULL and sp[i] != v.total_size:
+                rc = REC_BAD_LENGTH
+                break
+            cols.c_phys[row] = base_offset + pos
+            cols.c_size[row] = v.total_size
+            cols.c_qid[row] = v.queue_id
+            cols.c_qoff[row] = v.queue_offset
+            cols.c_sts[row] = v.store_timestamp
+            cols.c_bts[row] = v.born_timestamp
+            cols.c_sysflag[row] = v.sys_flag
+            cols.c_flag[row] = v.flag
+            cols.c_recon[row] = v.reconsume_times
+            cols.c_crc[row] = v.body_crc
+            cols.c_tags[row] = tags_code_of(&v)
+            cols.c_bpos[row] = v.body - base
+            cols.c_blen[row] = v.body_len
+            cols.c_tpos[row] = v.topic - base
+            cols.c_tlen[row] = v.topic_len
+            cols.c_ppos[row] = v.props - base
+            cols.c_plen[row] = v.props_len
+            row += 1
+            i += 1
+            rc = REC_END
+    cols.count = row
+    if rc == -1:
+        reason = STOP_FULL
+    elif rc == REC_END and i == npos:
+        reason = STOP_END
+    elif rc == REC_TORN:
+        reason = STOP_TORN
+    else:
+        reason = STOP_CORRUPT
+    return row - first, i, reason
+
+
+def topic_codes(RecordColumns cols):
+    """Intern the topics of the decoded rows: (int32 codes[count], list of distinct topic str in code order).
+
+    Distinct topics are compared by their bytes in C; a store's topics are few, so the list stays short.
+    """
+    cdef Py_ssize_t n = cols.count, i, k, nd = 0
+    codes = np.empty(n, np.int32)
+    if n == 0:
+        return codes, []
+    cdef const uint8_t[::1] buf = _bytes_view(cols)
+    cdef const uint8_t *base = &buf[0]
+    cdef int32_t[::1] c = codes
+    cdef list names = []
+    # first occurrence of each distinct topic: its position and length in the buffer
+    cdef int64_t[::1] dpos = np.empty(256, np.int64)
+    cdef int32_t[::1] dlen = np.empty(256, np.int32)
+    cdef int64_t p, prev_pos = -1
+    cdef int32_t ln, prev_code = -1, prev_len = -1
+    i = 0
+    while i < n:
+        p = cols.c_tpos[i]
+        ln = cols.c_tlen[i]
+        if prev_code >= 0 and ln == prev_len and memcmp(base + p, base + prev_pos, ln) == 0:
+            c[i] = prev_code
+            i += 1
+            continue
+        k = 0
+        while k < nd:
+            if dlen[k] == ln and memcmp(base + dpos[k], base + p, ln) == 0:
+                break
+            k += 1
+        if k == nd:
+            if nd == dpos.shape[0]:
+                dpos = np.concatenate([np.asarray(dpos), np.empty(nd, np.int64)])
+                dlen = np.concatenate([np.asarray(dlen), np.empty(nd, np.int32)])
+            dpos[nd] = p
+            dlen[nd] = ln
+            names.append(PyBytes_FromStringAndSize(<const char *>(base + p), ln).decode("utf-8", "replace"))
+            nd += 1
+        c[i] = <int32_t>k
+        prev_code = <int32_t>k
+        prev_pos = p
+        prev_len = ln
+        i += 1
+    return codes, names
+
+
+def gather_binary(RecordColumns cols, str field, rows=None):
+    """Arrow binary layout of the ``field`` ("body" or "topic") of the selected rows: (int32 offsets[n+1], uint8 data)."""
+    cdef int64_t *pos_col
+    cdef int32_t *len_col
+    if field == "body":
+        pos_col, len_col = cols.c_bpos, cols.c_blen
+    elif field == "topic":
+        pos_col, len_col = cols.c_tpos, cols.c_tlen
+    else:
+        raise ValueError(f"unknown field {field!r}")
+    cdef Py_ssize_t n, i, r
+    rows = _rows_array(rows, cols.count)
+    cdef const int64_t *rp = NULL if rows is None else <const int64_t *>cnp.PyArray_DATA(rows)
+    n = cols.count if rows is None else len(rows)
+    cdef const uint8_t[::1] buf = _bytes_view(cols) if n else None
+    cdef int64_t total = 0, at = 0
+    for i in range(n):
+        total += len_col[_row(rp, i)]
+    if total > 0x7FFFFFFF:
+        raise OverflowError("more than 2 GiB in one batch: use smaller batches")
+    offs = np.empty(n + 1, np.int32)
+    data = np.empty(total, np.uint8)
+    cdef int32_t *o = <int32_t *>cnp.PyArray_DATA(offs)
+    cdef uint8_t *d = <uint8_t *>cnp.PyArray_DATA(data)
+    cdef const uint8_t *base = &buf[0] if n and buf.shape[0] else NULL
+    with nogil:  # a batch copies megabytes
+        o[0] = 0
+        for i in range(n):
+            r = _row(rp, i)
+            if len_col[r] > 0:
+                memcpy(d + at, base + pos_col[r], len_col[r])
+            at += len_col[r]
+            o[i + 1] = <int32_t>at
+    return offs, data
+
+
+cdef inline int64_t _props_total(RecordColumns cols, const int64_t *rp, Py_ssize_t n) noexcept nogil:
+    cdef int64_t total = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        total += cols.c_plen[_row(rp, i)]
+    return total
+
+
+def gather_property(RecordColumns cols, str name, rows=None):
+    """Arrow nullable binary/string layout of property ``name`` of the selected rows (RocketMQ parsing rules).
+
+    Returns (validity bitmap uint8 or None when every row has it, null count, int32 offsets[n+1], uint8 data).
+    """
+    nb = name.encode("utf-8")
+    cdef const char *key = nb
+    cdef int32_t keylen = len(nb)
+    cdef Py_ssize_t n, i, r
+    rows = _rows_array(rows, cols.count)
+    cdef const int64_t *rp = NULL if rows is None else <const int64_t *>cnp.PyArray_DATA(rows)
+    n = cols.count if rows is None else len(rows)
+    cdef const uint8_t[::1] buf = _bytes_view(cols) if n else None
+    cdef int64_t total = _props_total(cols, rp, n), at = 0, nulls = 0
+    if total > 0x7FFFFFFF:
+        raise OverflowError("more than 2 GiB of properties in one batch: use smaller batches")
+    offs = np.empty(n + 1, np.int32)
+    data = np.empty(total, np.uint8)
+    valid = np.zeros((n + 7) // 8, np.uint8)
+    cdef int32_t *o = <int32_t *>cnp.PyArray_DATA(offs)
+    cdef uint8_t *d = <uint8_t *>cnp.PyArray_DATA(data)
+    cdef uint8_t *vb = <uint8_t *>cnp.PyArray_DATA(valid)
+    cdef const uint8_t *base = &buf[0] if n and buf.shape[0] else NULL
+    cdef const uint8_t *val
+    cdef int32_t vlen
+    with nogil:  # a scan of every properties string of the batch
+        o[0] = 0
+        for i in range(n):
+            r = _row(rp, i)
+            if find_property(base + cols.c_ppos[r], cols.c_plen[r], key, keylen, &val, &vlen):
+                memcpy(d + at, val, vlen)
+                at += vlen
+                vb[i >> 3] |= <uint8_t>(1 << (i & 7))
+            else:
+                nulls += 1
+            o[i + 1] = <int32_t>at
+    return (valid if nulls else None), nulls, offs, data[:at]
+
+
+cdef inline bint _next_property(const uint8_t *props, int32_t n, int32_t *start, int32_t *ks, int32_t *kl,
+                                int32_t *vs, int32_t *vl) noexcept nogil:
+    """The next kept ``key\\x01value`` segment at or after ``start[0]`` (RocketMQ's rules); advances ``start``."""
+    cdef int32_t s = start[0], end, sep
+    while s < n:
+        end = s
+        while end < n and props[end] != 2:
+            end += 1
+        if end - s >= 3:
+            sep = s
+            while sep < end and props[sep] != 1:
+                sep += 1
+            if sep > s and sep < end - 1:
+                ks[0] = s
+                kl[0] = sep - s
+                vs[0] = sep + 1
+                vl[0] = end - sep - 1
+                start[0] = end + 1
+                return True
+        s = end + 1
+    start[0] = n
+    return False
+
+
+def gather_keys(RecordColumns cols, rows=None):
+    """Arrow list<string> layout of the KEYS property split on spaces (empty keys dropped; no KEYS: empty list).
+
+    Returns (int32 list offsets[n+1], int32 child offsets[k+1], uint8 child data).
+    """
+    cdef Py_ssize_t n, i, r
+    rows = _rows_array(rows, cols.count)
+    cdef const int64_t *rp = NULL if rows is None else <const int64_t *>cnp.PyArray_DATA(rows)
+    n = cols.count if rows is None else len(rows)
+    cdef const uint8_t[::1] buf = _bytes_view(cols) if n else None
+    cdef const uint8_t *base = &buf[0] if n and buf.shape[0] else NULL
+    cdef const uint8_t *val
+    cdef int32_t vlen, j, s
+    cdef int64_t nkeys = 0, nbytes = 0, k = 0, at = 0
+    with nogil:  # sizing pass
+        for i in range(n):
+            r = _row(rp, i)
+            if find_property(base + cols.c_ppos[r], cols.c_plen[r], "KEYS", 4, &val, &vlen):
+                j = 0
+                while j < vlen:
+                    while j < vlen and val[j] == 32:
+                        j += 1
+                    if j < vlen:
+                        nkeys += 1
+                        while j < vlen and val[j] != 32:
+                            j += 1
+                            nbytes += 1
+    if nbytes > 0x7FFFFFFF or nkeys > 0x7FFFFFFF:
+        raise OverflowError("more than 2 GiB of keys in one batch: use smaller batches")
+    loffs = np.empty(n + 1, np.int32)
+    coffs = np.empty(nkeys + 1, np.int32)
+    data = np.empty(nbytes, np.uint8)
+    cdef int32_t *lo = <int32_t *>cnp.PyArray_DATA(loffs)
+    cdef int32_t *co = <int32_t *>cnp.PyArray_DATA(coffs)
+    cdef uint8_t *d = <uint8_t *>cnp.PyArray_DATA(data)
+    with nogil:  # fill pass
+        lo[0] = 0
+        co[0] = 0
+        for i in range(n):
+            r = _row(rp, i)
+            if find_property(base + cols.c_ppos[r], cols.c_plen[r], "KEYS", 4, &val, &vlen):
+                j = 0
+                while j < vlen:
+                    while j < vlen and val[j] == 32:
+                        j += 1
+                    if j < vlen:
+                        s = j
+                        while j < vlen and val[j] != 32:
+                            j += 1
+                        memcpy(d + at, val + s, j - s)
+                        at += j - s
+                        k += 1
+                        co[k] = <int32_t>at
+            lo[i + 1] = <int32_t>k
+    return loffs, coffs, data
+
+
+def gather_properties(RecordColumns cols, rows=None):
+    """Arrow map<string,string> layout of every kept property of the selected rows, in stored order.
+
+    Returns (int32 map offsets[n+1], int32 key offsets[k+1], uint8 key data, int32 value offsets[k+1],
+    uint8 value data).
+    """
+    cdef Py_ssize_t n, i, r
+    rows = _rows_array(rows, cols.count)
+    cdef const int64_t *rp = NULL if rows is None else <const int64_t *>cnp.PyArray_DATA(rows)
+    n = cols.count if rows is None else len(rows)
+    cdef const uint8_t[::1] buf = _bytes_view(cols) if n else None
+    cdef const uint8_t *base = &buf[0] if n and buf.shape[0] else NULL
+    cdef const uint8_t *pr
+    cdef int32_t plen, s, ks, kl, vs, vl
+    cdef int64_t npairs = 0, kbytes = 0, vbytes = 0, k = 0, kat = 0, vat = 0
+    with nogil:  # sizing pass
+        for i in range(n):
+            r = _row(rp, i)
+            pr = base + cols.c_ppos[r]
+            plen = cols.c_plen[r]
+            s = 0
+            while _next_property(pr, plen, &s, &ks, &kl, &vs, &vl):
+                npairs += 1
+                kbytes += kl
+                vbytes += vl
+    if max(npairs, kbytes, vbytes) > 0x7FFFFFFF:
+        raise OverflowError("more than 2 GiB of properties in one batch: use smaller batches")
+    moffs = np.empty(n + 1, np.int32)
+    koffs = np.empty(npairs + 1, np.int32)
+    kdata = np.empty(kbytes, np.uint8)
+    voffs = np.empty(npairs + 1, np.int32)
+    vdata = np.empty(vbytes, np.uint8)
+    cdef int32_t *mo = <int32_t *>cnp.PyArray_DATA(moffs)
+    cdef int32_t *ko = <int32_t *>cnp.PyArray_DATA(koffs)
+    cdef int32_t *vo = <int32_t *>cnp.PyArray_DATA(voffs)
+    cdef uint8_t *kd = <uint8_t *>cnp.PyArray_DATA(kdata)
+    cdef uint8_t *vd = <uint8_t *>cnp.PyArray_DATA(vdata)
+    with nogil:  # fill pass
+        mo[0] = 0
+        ko[0] = 0
+        vo[0] = 0
+        for i in range(n):
+            r = _row(rp, i)
+            pr = base + cols.c_ppos[r]
+            plen = cols.c_plen[r]
+            s = 0
+            while _next_property(pr, plen, &s, &ks, &kl, &vs, &vl):
+                memcpy(kd + kat, pr + ks, kl)
+                memcpy(vd + vat, pr + vs, vl)
+                kat += kl
+                vat += vl
+                k += 1
+                ko[k] = <int32_t>kat
+                vo[k] = <int32_t>vat
+            mo[i + 1] = <int32_t>k
+    return moffs, koffs, kdata, voffs, vdata
+
+
+def gather_msg_ids(RecordColumns cols, rows=None):
+    """Arrow string layout of the offset message ids (store host + physical offset, uppercase hex) of the rows.
+
+    Returns (int32 offsets[n+1], uint8 data): 32 characters per IPv4 store host, 56 per IPv6 one.
+    """
+    cdef Py_ssize_t n, i, r
+    rows = _rows_array(rows, cols.count)
+    cdef const int64_t *rp = NULL if rows is None else <const int64_t *>cnp.PyArray_DATA(rows)
+    n = cols.count if rows is None else len(rows)
+    cdef const uint8_t[::1] buf = _bytes_view(cols) if n else None
+    cdef const uint8_t *base = &buf[0] if n and buf.shape[0] else NULL
+    cdef int64_t total = 0, at = 0, phys
+    cdef int32_t hl, j
+    cdef const uint8_t *host
+    cdef const char *hexd = b"0123456789ABCDEF"
+    cdef uint8_t raw[28]
+    for i in range(n):
+        total += 56 if cols.c_sysflag[_row(rp, i)] & SYSFLAG_STOREHOST_V6 else 32
+    offs = np.empty(n + 1, np.int32)
+    data = np.empty(total, np.uint8)
+    cdef int32_t *o = <int32_t *>cnp.PyArray_DATA(offs)
+    cdef uint8_t *d = <uint8_t *>cnp.PyArray_DATA(data)
+    with nogil:  # formatting a batch of ids
+        o[0] = 0
+        for i in range(n):
+            r = _row(rp, i)
+            hl = 20 if cols.c_sysflag[r] & SYSFLAG_STOREHOST_V6 else 8
+            # the store host ends 16 bytes (reconsume 4, prepared offset 8, body length 4) before the body
+            host = base + cols.c_bpos[r] - 16 - hl
+            memcpy(raw, host, hl)
+            phys = cols.c_phys[r]
+            lmq_put64(raw + hl, <uint64_t>phys)
+            for j in range(hl + 8):
+                d[at] = hexd[raw[j] >> 4]
+                d[at + 1] = hexd[raw[j] & 15]
+                at += 2
+            o[i + 1] = <int32_t>at
+    return offs, data

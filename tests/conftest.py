@@ -42,3 +42,34 @@ def small_store(store_factory):
 def copy_fixture_store(src, dst):
     shutil.copytree(src, dst)
     return dst
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session (2 cores) for the whole run; skipped without pyspark or Java.
+
+    Workers must import this checkout's localmq and its ``pyspark_localmq`` entry, so the repository root goes
+    first on their PYTHONPATH.
+    """
+    pytest.importorskip("pyspark")
+    pytest.importorskip("pyarrow")
+    if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime for Spark")
+    import sys
+
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("localmq-tests")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "1g").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,39 @@
+"""Spark integration: the ``localmq`` Python data source and mapInArrow decoding (pyspark imported lazily)."""
+
+__all__ = ["register", "read_commitlog", "arrow_batches", "spark_ddl", "COLUMNS", "LocalMQDataSource"]
+
+
+def register(spark):
+    """Register the ``localmq`` data source with a SparkSession (Spark 4; needs the ``spark`` extra)."""
+    from localmq.spark.datasource import register as _register
+
+    _register(spark)
+
+
+def read_commitlog(spark, path, **options):
+    """A DataFrame of a store's messages, decoded by ``mapInArrow`` over planned commit-log / queue ranges.
+
+    See ``localmq.spark.read.read_commitlog``.
+    """
+    from localmq.spark.read import read_commitlog as _read
+
+    return _read(spark, path, **options)
+
+
+def arrow_batches(path, **options):
+    """Iterate pyarrow RecordBatches of a store in this process (no Spark): see ``localmq.spark.read``."""
+    from localmq.spark.read import arrow_batches as _batches
+
+    return _batches(path, **options)
+
+
+def __getattr__(name):
+    if name in ("spark_ddl", "COLUMNS"):
+        from localmq.spark import decode
+
+        return getattr(decode, name)
+    if name == "LocalMQDataSource":
+        from localmq.spark.datasource import LocalMQDataSource
+
+        return LocalMQDataSource
+    raise AttributeError(name)

@@ -1,0 +1,202 @@
+"""The ``localmq`` PySpark Python Data Source (Spark 4): batch and streaming reads of a store, Arrow batches."""
+
+import math
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+
+from localmq.errors import ConfigError
+from localmq.spark.decode import COLUMN_TYPES, read_partition, spark_ddl
+from localmq.spark.plan import (
+    DEFAULT_SEGMENT, LATEST, OffsetRangeError, ReadOptions, StoreFiles, log, plan_batch, queue_partitions,
+    queue_state,
+)
+
+__all__ = ["LocalMQDataSource", "LocalMQReader", "LocalMQStreamReader"]
+
+
+def _columns(schema):
+    """Names of the requested columns; each must be one of the source's columns with its type."""
+    names = []
+    for f in schema.fields:
+        want = COLUMN_TYPES.get(f.name)
+        if want is None:
+            raise ConfigError(f"localmq has no column {f.name!r} (columns: {', '.join(COLUMN_TYPES)})")
+        got = f.dataType.simpleString()
+        if got != want:
+            raise ConfigError(f"localmq column {f.name!r} is {want}, not {got}")
+        names.append(f.name)
+    return names
+
+
+class LocalMQDataSource(DataSource):
+    """``spark.read.format("localmq").load(path)`` / ``spark.readStream.format("localmq").load(path)``.
+
+    Columns are Spark's Kafka source ones (key, value, topic, partition = queue id, offset = queue offset,
+    timestamp = store time, timestampType = 1 LogAppendTime), then tags, keys, properties, physical_offset,
+    born_timestamp, reconsume_times, sys_flag, msg_id. A schema given with ``.schema(...)`` may name any subset
+    of them, which is all that is decoded. The store is read through read-only mappings, without its lock, so a
+    live writer may keep appending. Options: see ``localmq.spark.plan.ReadOptions``.
+    """
+
+    @classmethod
+    def name(cls):
+        return "localmq"
+
+    def schema(self):
+        # fail here, at load(), for a path that is not a store or a wrong segment size (the offsets options are
+        # checked by the batch or stream reader: they differ between the two)
+        opts = {str(k).lower(): v for k, v in dict(self.options).items()}
+        path = ReadOptions.parse({"path": opts.get("path")}).path
+        size = ReadOptions.parse({"path": path, "mapped_file_size_commit_log": opts.get(
+            "mapped_file_size_commit_log", DEFAULT_SEGMENT)}).segment_size
+        StoreFiles(path, size)
+        return spark_ddl()
+
+    def reader(self, schema):
+        return LocalMQReader(self.options, schema)
+
+    def streamReader(self, schema):
+        return LocalMQStreamReader(self.options, schema)
+
+
+class LocalMQReader(DataSourceReader):
+    """Batch reader: partitions are planned when the query runs, over what the store holds then."""
+
+    def __init__(self, options, schema):
+        self.opts = ReadOptions.parse(options)
+        self.columns = _columns(schema)
+
+    def partitions(self):
+        return [InputPartition(p) for p in plan_batch(self.opts).partitions]
+
+    def read(self, partition):
+        if partition.value is None:
+            return iter(())
+        return read_partition(partition.value, self.columns, self.opts.batch_size)
+
+
+def _to_json(offsets):
+    out = {}
+    for (topic, qid), off in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(qid)] = int(off)
+    return out
+
+
+def _from_json(doc):
+    return {(topic, int(q)): int(off) for topic, queues in (doc or {}).items() for q, off in queues.items()}
+
+
+class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader: offsets are ``{"topic": {"queueId": next offset}}``, one partition per queue range.
+
+    New queues are read from their earliest offset. ``maxOffsetsPerTrigger`` caps a micro-batch, shared out
+    over the queues in proportion to their lag; ``trigger(availableNow=True)`` stops at the offsets the store
+    had when the query started.
+    """
+
+    def __init__(self, options, schema):
+        self.opts = ReadOptions.parse(options, streaming=True)
+        self.columns = _columns(schema)
+        self._target = None
+
+    def _state(self):
+        store = StoreFiles(self.opts.path, self.opts.segment_size)
+        state, _ = queue_state(store, self.opts.topics)
+        return store, state
+
+    def initialOffset(self):
+        store, state = self._state()
+        opts = self.opts
+        starting = opts.starting
+        out = {}
+        for key, (cq, lo, hi) in state.items():
+            if opts.starting_timestamp is not None:
+                out[key] = cq.offset_for_time(store, opts.starting_timestamp, lo, hi)
+            elif starting == "earliest":
+                out[key] = lo
+            elif starting == "latest":
+                out[key] = hi
+            else:
+                s = starting.get(key, LATEST)
+                out[key] = lo if s == -2 else hi if s == LATEST else s
+        return _to_json(out)
+
+    def _latest(self):
+        _, state = self._state()
+        return {k: (lo, hi) for k, (_, lo, hi) in state.items()}
+
+    def getDefaultReadLimit(self):
+        if self.opts.max_offsets_per_trigger:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self):
+        self._target = {k: hi for k, (_, hi) in self._latest().items()}
+
+    def reportLatestOffset(self):
+        return _to_json({k: hi for k, (_, hi) in self._latest().items()})
+
+    def latestOffset(self, start, limit):
+        begin = _from_json(start)
+        latest = self._latest()
+        end = {}
+        for key, (lo, hi) in latest.items():
+            if self._target is not None:
+                if key not in self._target:
+                    continue  # a queue created after availableNow started: not this query's
+                hi = min(hi, self._target[key])
+            s = begin.get(key, lo)
+            end[key] = max(s, hi)
+        for key, s in begin.items():
+            end.setdefault(key, s)  # a queue whose files are gone keeps its offset
+        if isinstance(limit, ReadMaxRows):
+            lags = {k: e - begin.get(k, latest[k][0] if k in latest else e) for k, e in end.items()}
+            total = sum(lags.values())
+            if total > limit.max_rows:
+                share = {k: math.floor(lag * limit.max_rows / total) for k, lag in lags.items()}
+                left = limit.max_rows - sum(share.values())
+                for k in sorted(lags, key=lambda k: lags[k] - share[k], reverse=True)[:left]:
+                    share[k] += 1
+                for k in end:
+                    end[k] = end[k] - lags[k] + share[k]
+        return _to_json(end)
+
+    def partitions(self, start, end):
+        store, state = self._state()
+        begin, stop = _from_json(start), _from_json(end)
+        offsets = {}
+        for key, e in stop.items():
+            if key not in state:
+                if e > begin.get(key, e):
+                    msg = f"{key[0]} queue {key[1]}: offsets {begin[key]}..{e} are gone (no ConsumeQueue any more)"
+                    if self.opts.fail_on_data_loss:
+                        raise OffsetRangeError(msg + "; set failOnDataLoss=false to skip them")
+                    log.warning("%s; skipping them", msg)
+                continue
+            _, lo, _ = state[key]
+            s = begin.get(key, lo)
+            if s < lo:
+                msg = f"{key[0]} queue {key[1]}: offsets {s}..{lo} were removed by retention (the earliest is {lo})"
+                if self.opts.fail_on_data_loss:
+                    raise OffsetRangeError(msg + "; set failOnDataLoss=false to skip them")
+                log.warning("%s; skipping them", msg)
+                s = lo
+            if e > s:
+                offsets[key] = (s, e)
+        parts = queue_partitions(store, state, offsets, self.opts, self.opts.target_partitions)
+        return [InputPartition(p) for p in parts]
+
+    def read(self, partition):
+        return read_partition(partition.value, self.columns, self.opts.batch_size)
+
+    def commit(self, end):
+        pass  # read-only: nothing to release
+
+    def stop(self):
+        pass
+
+
+def register(spark):
+    """Register the ``localmq`` data source with ``spark`` (not needed when ``pyspark_localmq`` is importable)."""
+    spark.dataSource.register(LocalMQDataSource)

@@ -1,0 +1,277 @@
+"""Decode planned partitions of a store into pyarrow RecordBatches whose buffers the Cython codec fills."""
+
+import logging
+import os
+
+import numpy as np
+
+from localmq import _codec
+from localmq._mapped_file import MappedFile
+from localmq.errors import CorruptFrameError, CorruptStoreError
+from localmq.spark.plan import CQ_BLANK_SIZE, CQ_UNIT, ConsumeQueueFiles, OffsetRangeError, QueueRange, SegmentRange
+
+__all__ = ["COLUMNS", "TIMESTAMP_TYPE_LOG_APPEND", "arrow_schema", "spark_ddl", "read_partition"]
+
+log = logging.getLogger("localmq.spark")
+
+# (name, Spark SQL type). Kafka's source columns first, then RocketMQ's.
+COLUMNS = (
+    ("key", "binary"), ("value", "binary"), ("topic", "string"), ("partition", "int"), ("offset", "bigint"),
+    ("timestamp", "timestamp"), ("timestampType", "int"),
+    ("tags", "string"), ("keys", "array<string>"), ("properties", "map<string,string>"),
+    ("physical_offset", "bigint"), ("born_timestamp", "timestamp"), ("reconsume_times", "int"),
+    ("sys_flag", "int"), ("msg_id", "string"),
+)
+COLUMN_TYPES = dict(COLUMNS)
+# Kafka's timestampType: 0 CreateTime, 1 LogAppendTime. ``timestamp`` is the store time the broker (or localmq)
+# set when it appended the record, so it is LogAppendTime; the producer's time is ``born_timestamp``.
+TIMESTAMP_TYPE_LOG_APPEND = 1
+_CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+_I64_MAX = np.iinfo(np.int64).max
+
+
+def spark_ddl(columns=None):
+    """The Spark DDL schema string of ``columns`` (default: all, in order)."""
+    names = [c for c, _ in COLUMNS] if columns is None else list(columns)
+    return ", ".join(f"`{c}` {COLUMN_TYPES[c]}" for c in names)
+
+
+def _arrow_type(sql):
+    import pyarrow as pa
+
+    return {
+        "binary": pa.binary(), "string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
+        "timestamp": pa.timestamp("us", tz="UTC"), "array<string>": pa.list_(pa.field("element", pa.string())),
+        "map<string,string>": pa.map_(pa.string(), pa.string()),
+    }[sql]
+
+
+def arrow_schema(columns=None):
+    """The pyarrow schema of ``columns`` (default: all): what Spark expects for the Spark schema of the same names."""
+    import pyarrow as pa
+
+    names = [c for c, _ in COLUMNS] if columns is None else list(columns)
+    return pa.schema([pa.field(c, _arrow_type(COLUMN_TYPES[c])) for c in names])
+
+
+# ---------------------------------------------------------------------------------------------- batches
+
+
+def _buf(a):
+    import pyarrow as pa
+
+    return pa.py_buffer(a)
+
+
+def _binary(pa_type, n, offs, data, valid=None, nulls=0):
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(pa_type, n, [None if valid is None else _buf(valid), _buf(offs), _buf(data)],
+                                 null_count=nulls)
+
+
+def _fixed(pa_type, values):
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(pa_type, len(values), [None, _buf(np.ascontiguousarray(values))], null_count=0)
+
+
+def record_batch(cols, rows, columns, schema):
+    """One RecordBatch of the decoded rows of ``cols`` (all, or the int64 indices ``rows``), columns as named."""
+    import pyarrow as pa
+
+    n = cols.count if rows is None else len(rows)
+
+    def col(name):
+        a = cols[name]
+        return a if rows is None else a[rows]
+
+    out = []
+    for name in columns:
+        t = schema.field(name).type
+        if name == "value":
+            out.append(_binary(t, n, *_codec.gather_binary(cols, "body", rows)))
+        elif name == "topic":
+            out.append(_binary(t, n, *_codec.gather_binary(cols, "topic", rows)))
+        elif name in ("key", "tags"):
+            valid, nulls, offs, data = _codec.gather_property(cols, "KEYS" if name == "key" else "TAGS", rows)
+            out.append(_binary(t, n, offs, data, valid, nulls))
+        elif name == "partition":
+            out.append(_fixed(t, col("queue_id")))
+        elif name == "offset":
+            out.append(_fixed(t, col("queue_offset")))
+        elif name == "timestamp":
+            out.append(_fixed(t, col("store_timestamp") * 1000))
+        elif name == "born_timestamp":
+            out.append(_fixed(t, col("born_timestamp") * 1000))
+        elif name == "timestampType":
+            out.append(_fixed(t, np.full(n, TIMESTAMP_TYPE_LOG_APPEND, np.int32)))
+        elif name == "keys":
+            loffs, coffs, data = _codec.gather_keys(cols, rows)
+            child = _binary(pa.string(), len(coffs) - 1, coffs, data)
+            out.append(pa.Array.from_buffers(t, n, [None, _buf(loffs)], null_count=0, children=[child]))
+        elif name == "properties":
+            moffs, koffs, kdata, voffs, vdata = _codec.gather_properties(cols, rows)
+            k = len(koffs) - 1
+            entries = pa.StructArray.from_arrays(
+                [_binary(pa.string(), k, koffs, kdata), _binary(pa.string(), k, voffs, vdata)],
+                fields=[t.key_field, t.item_field])
+            out.append(pa.Array.from_buffers(t, n, [None, _buf(moffs)], null_count=0, children=[entries]))
+        elif name == "physical_offset":
+            out.append(_fixed(t, col("physical_offset")))
+        elif name == "reconsume_times":
+            out.append(_fixed(t, col("reconsume_times")))
+        elif name == "sys_flag":
+            out.append(_fixed(t, col("sys_flag")))
+        elif name == "msg_id":
+            out.append(_binary(t, n, *_codec.gather_msg_ids(cols, rows)))
+        else:
+            raise KeyError(name)
+    return pa.RecordBatch.from_arrays(out, schema=schema)
+
+
+def _segment_rows(cols, part):
+    """Indices of the rows ``part``'s filters keep, or None for all of them."""
+    if part.topics is None and part.bounds is None and part.min_ts is None and part.max_ts is None:
+        return None
+    n = cols.count
+    keep = np.ones(n, bool)
+    if part.topics is not None or part.bounds is not None:
+        codes, names = _codec.topic_codes(cols)
+        if part.topics is not None:
+            wanted = set(part.topics)
+            keep &= np.array([nm in wanted for nm in names], bool)[codes]
+        if part.bounds:
+            qid = cols["queue_id"]
+            qoff = cols["queue_offset"]
+            index = {nm: i for i, nm in enumerate(names)}
+            width = int(max(qid.max(initial=0), max(q for _, q in part.bounds)) + 1)
+            lo = np.zeros((len(names), width), np.int64)
+            hi = np.full((len(names), width), _I64_MAX, np.int64)
+            for (topic, q), (s, e) in part.bounds.items():
+                i = index.get(topic)
+                if i is not None:
+                    lo[i, q] = s
+                    hi[i, q] = _I64_MAX if e < 0 else e
+            keep &= (qoff >= lo[codes, qid]) & (qoff < hi[codes, qid])
+    if part.min_ts is not None:
+        keep &= cols["store_timestamp"] >= part.min_ts
+    if part.max_ts is not None:
+        keep &= cols["store_timestamp"] < part.max_ts
+    return np.flatnonzero(keep)
+
+
+def _read_segment(part, columns, schema, batch_size):
+    mf = MappedFile(part.path, part.size, part.base, create=False, writable=False)
+    try:
+        pos = part.start
+        while pos < part.end:
+            cols = _codec.RecordColumns(batch_size)
+            n, nxt, reason = _codec.decode_range(mf, cols, pos, part.end, part.base, part.check_crc)
+            if n:
+                rows = _segment_rows(cols, part)
+                if rows is None or len(rows):
+                    yield record_batch(cols, rows, columns, schema)
+            if reason == "full":
+                pos = nxt
+                continue
+            if reason == "blank" or (reason == "end" and nxt >= part.end):
+                return
+            what = "zero bytes" if reason == "end" else f"a {reason} record"
+            raise CorruptFrameError(f"{what} at offset {part.base + nxt} of the commit log, inside the range "
+                                    f"planned to read ({part.path})", offset=part.base + nxt, path=part.path)
+    finally:
+        mf.close()
+
+
+def _queue_units(part):
+    """(queue offsets, physical offsets, sizes) of ``part``'s units, native int arrays; lost ranges handled."""
+    cq = ConsumeQueueFiles(part.topic, part.queue_id, part.cq_path)
+    offs, phys, sizes = [], [], []
+    i = part.start
+    while i < part.end:
+        f = cq._file_of(i)
+        if f is None:
+            nxt = next((b // CQ_UNIT for b, _ in cq.files if b // CQ_UNIT > i), part.end)
+            _lost(part, i, min(nxt, part.end), "its ConsumeQueue file is gone")
+            i = min(nxt, part.end)
+            continue
+        base, path = f
+        stop = min(part.end, (base + cq.file_size) // CQ_UNIT)
+        with open(path, "rb") as fh:
+            raw = os.pread(fh.fileno(), (stop - i) * CQ_UNIT, i * CQ_UNIT - base)
+        units = np.frombuffer(raw, _CQ_DTYPE, count=len(raw) // CQ_UNIT)
+        if len(units) < stop - i or (units["size"] <= 0).any() or (units["size"] == CQ_BLANK_SIZE).any():
+            raise CorruptStoreError(f"consume queue {part.cq_path}: units {i}..{stop} planned to be read are "
+                                    f"missing or invalid")
+        offs.append(np.arange(i, stop, dtype=np.int64))
+        phys.append(units["offset"].astype(np.int64))
+        sizes.append(units["size"].astype(np.int32))
+        i = stop
+    if not offs:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32)
+    return np.concatenate(offs), np.concatenate(phys), np.concatenate(sizes)
+
+
+def _lost(part, first, stop, why):
+    msg = f"{part.topic} queue {part.queue_id}: offsets {first}..{stop} are gone ({why})"
+    if part.fail_on_data_loss:
+        raise OffsetRangeError(msg + "; set failOnDataLoss=false to skip them")
+    log.warning("%s; skipping them", msg)
+
+
+def _read_queue(part, columns, schema, batch_size):
+    qoffs, phys, sizes = _queue_units(part)
+    if not len(phys):
+        return
+    seg = part.segment_size
+    seg_base = (phys // seg) * seg
+    # runs of units in one segment (a queue's units grow with the log, so a run is one stretch of it)
+    cuts = np.flatnonzero(np.diff(seg_base)) + 1
+    starts = np.concatenate([[0], cuts])
+    stops = np.concatenate([cuts, [len(phys)]])
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        base = int(seg_base[a])
+        path = os.path.join(part.commitlog, "%020d" % base)
+        try:
+            mf = MappedFile(path, seg, base, create=False, writable=False)
+        except FileNotFoundError:
+            _lost(part, int(qoffs[a]), int(qoffs[b - 1]) + 1, f"commit log segment {path} is gone")
+            continue
+        try:
+            while a < b:
+                stop = min(b, a + batch_size)
+                cols = _codec.RecordColumns(stop - a)
+                n, done, reason = _codec.decode_positions(mf, cols, phys[a:stop] - base, sizes[a:stop], base,
+                                                          part.check_crc)
+                if reason != "end":
+                    at = int(phys[a + done])
+                    raise CorruptFrameError(f"consume queue {part.cq_path} unit {int(qoffs[a + done])} points at "
+                                            f"offset {at}, where there is no record of its size ({reason})",
+                                            offset=at, path=path)
+                if not (np.array_equal(cols["queue_offset"], qoffs[a:stop])
+                        and (cols["queue_id"] == part.queue_id).all()):
+                    raise CorruptStoreError(f"consume queue {part.cq_path}: units {int(qoffs[a])}.."
+                                            f"{int(qoffs[stop - 1])} point at records of another queue or offset")
+                yield record_batch(cols, None, columns, schema)
+                a = stop
+        finally:
+            mf.close()
+
+
+def read_partition(part, columns=None, batch_size=65536):
+    """Decode one planned partition (SegmentRange or QueueRange) into pyarrow RecordBatches.
+
+    :param columns: the column names to produce (default all of ``COLUMNS``, in that order).
+    :param batch_size: rows per batch at most.
+    :raises CorruptFrameError: a damaged record inside the planned range (offset and path set).
+    :raises CorruptStoreError: ConsumeQueue units that do not match their records.
+    :raises OffsetRangeError: planned offsets that retention removed meanwhile (``failOnDataLoss``).
+    """
+    names = [c for c, _ in COLUMNS] if columns is None else list(columns)
+    schema = arrow_schema(names)
+    if isinstance(part, SegmentRange):
+        return _read_segment(part, names, schema, batch_size)
+    if isinstance(part, QueueRange):
+        return _read_queue(part, names, schema, batch_size)
+    raise TypeError(f"not a localmq partition: {part!r}")

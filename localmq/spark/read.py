@@ -1,0 +1,71 @@
+"""``read_commitlog``: a store as a DataFrame through ``mapInArrow``, and the same decode without Spark."""
+
+import pickle
+
+from localmq.spark.decode import read_partition, spark_ddl
+from localmq.spark.plan import ReadOptions, plan_batch
+
+__all__ = ["read_commitlog", "arrow_batches", "plan"]
+
+
+def _split(path, options):
+    options = dict(options)
+    columns = options.pop("columns", None)
+    if isinstance(columns, str):
+        columns = [c.strip() for c in columns.split(",") if c.strip()]
+    if columns is not None:
+        from localmq.spark.decode import COLUMN_TYPES
+        from localmq.errors import ConfigError
+
+        unknown = [c for c in columns if c not in COLUMN_TYPES]
+        if unknown:
+            raise ConfigError(f"unknown columns {unknown} (columns: {', '.join(COLUMN_TYPES)})")
+    options["path"] = path
+    return ReadOptions.parse({k: str(v) for k, v in options.items()}), columns
+
+
+def plan(path, **options):
+    """The batch Plan (partitions, per-queue offsets) that a read with these options would use."""
+    opts, _ = _split(path, options)
+    return plan_batch(opts)
+
+
+def arrow_batches(path, **options):
+    """pyarrow RecordBatches of the store at ``path``, read here partition after partition.
+
+    Takes the data source's options (``topics``, ``startingOffsets``, ``mapped_file_size_commit_log``, ...)
+    as keywords, plus ``columns`` (names or a comma string).
+    """
+    opts, columns = _split(path, options)
+    for part in plan_batch(opts).partitions:
+        yield from read_partition(part, columns, opts.batch_size)
+
+
+def read_commitlog(spark, path, **options):
+    """A DataFrame of the messages of the store at ``path``, decoded on the executors with ``mapInArrow``.
+
+    The driver plans partitions (commit-log byte ranges that start at record boundaries known from the
+    ConsumeQueues or from a walk, or ConsumeQueue offset ranges) over a consistent prefix of the store; each
+    task opens its segment files by path (a shared filesystem on a cluster) and yields Arrow batches filled by
+    the Cython codec.
+
+    :param options: the ``localmq`` data source options as keywords (``topics``, ``startingOffsets``,
+        ``endingOffsets``, ``startingTimestamp``, ``endingTimestamp``, ``failOnDataLoss``,
+        ``mapped_file_size_commit_log``, ``batchSize``, ``minPartitions``, ``partitioning``, ``checkCRC``) and
+        ``columns``: the subset of columns to decode.
+    :raises NotAStoreError, CorruptStoreError, CorruptFrameError, OffsetRangeError, ConfigError: while planning.
+    """
+    opts, columns = _split(path, options)
+    if opts.min_partitions is None:
+        opts.min_partitions = max(2, spark.sparkContext.defaultParallelism)
+    parts = plan_batch(opts).partitions
+    batch_size = opts.batch_size
+    rdd = spark.sparkContext.parallelize([(pickle.dumps(p),) for p in parts], max(1, len(parts)))
+    descriptors = spark.createDataFrame(rdd, "part binary")
+
+    def decode(batches):
+        for b in batches:
+            for blob in b.column(0).to_pylist():
+                yield from read_partition(pickle.loads(blob), columns, batch_size)
+
+    return descriptors.mapInArrow(decode, spark_ddl(columns))

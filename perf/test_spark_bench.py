@@ -1,0 +1,202 @@
+"""Scanning the same 100-byte messages in Spark: the localmq data source, read_commitlog (mapInArrow), Parquet.
+
+One store and one Parquet file of the same bodies per size (2M and 8M messages; LOCALMQ_BENCH_QUICK=1: 20k),
+one local[*] Spark session for the module. Every scenario materialises every row of its DataFrame through
+Spark's ``noop`` sink (``df.write.format("noop")``); the ``agg`` scenarios compute count(*) and
+sum(length(value)) instead, which Parquet answers from its vectorised reader. The summary prints rows/s,
+MB/s (body bytes) and localmq/peer ratios from the same run.
+"""
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import QUICK, ROWS, localmq_missing
+
+pytest.importorskip("pyspark")
+pa = pytest.importorskip("pyarrow")
+import pyarrow.parquet as pq  # noqa: E402
+
+SIZES = [20_000] if QUICK else [2_000_000, 8_000_000]
+BODY = 100
+QUEUES = 4
+ROUNDS = 1 if QUICK else 3
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def spark():
+    if localmq_missing():
+        pytest.skip(localmq_missing())
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                         if p])
+    from pyspark.sql import SparkSession
+
+    s = (SparkSession.builder.master("local[*]").appName("localmq-bench").config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+         .config("spark.driver.memory", "4g").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    s.stop()
+
+
+def bodies(start, stop):
+    """Bodies start..stop-1: a big-endian index, then a fixed pseudo-random filler (numpy rows of BODY bytes)."""
+    filler = np.frombuffer(np.random.default_rng(BODY).bytes(BODY), np.uint8)
+    out = np.empty((stop - start, BODY), np.uint8)
+    out[:] = filler
+    out[:, :8] = np.arange(start, stop, dtype=">u8").view(np.uint8).reshape(-1, 8)
+    return out
+
+
+@pytest.fixture(scope="module", params=SIZES, ids=lambda n: f"{n // 1_000_000}M" if n >= 1_000_000 else str(n))
+def data(request, tmp_path_factory):
+    """(store path, parquet path, message count): the same bodies in a localmq store and in one Parquet file."""
+    import localmq
+
+    n = request.param
+    root = tmp_path_factory.mktemp(f"spark{n}")
+    store = root / "store"
+    with localmq.open(store) as st:
+        for i in range(0, n, 1000):
+            rows = bodies(i, min(n, i + 1000))
+            st.put_batch("bench", [r.tobytes() for r in rows], queue_id=(i // 1000) % QUEUES)
+        st.wait_for_dispatch()
+    all_rows = bodies(0, n)
+    offsets = pa.py_buffer(np.arange(0, (n + 1) * BODY, BODY, dtype=np.int32))
+    values = pa.Array.from_buffers(pa.binary(), n, [None, offsets, pa.py_buffer(all_rows)])
+    pq.write_table(pa.table({"value": values}), root / "bodies.parquet")
+    del all_rows, values
+    yield str(store), str(root / "bodies.parquet"), n
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def record(request, benchmark, scenario, implementation, n):
+    info = benchmark.extra_info
+    info.update(scenario=scenario, body_size=BODY, implementation=implementation, messages=n, body_bytes=n * BODY)
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None:
+        from report import row_from_extra_info
+
+        request.config.stash[ROWS].append(row_from_extra_info(info, stats.stats.median))
+
+
+def scan(benchmark, make_df, n, query):
+    """Time ``query`` over a fresh DataFrame per round (planning included); check the row count once."""
+    from pyspark.sql import functions as F
+
+    df = make_df()
+    assert df.count() == n
+
+    def noop():
+        make_df().write.format("noop").mode("overwrite").save()
+
+    def agg():
+        row = make_df().agg(F.count("*"), F.sum(F.length("value"))).first()
+        assert (row[0], row[1]) == (n, n * BODY)
+
+    benchmark.pedantic(noop if query == "noop" else agg, rounds=ROUNDS, warmup_rounds=1, iterations=1)
+
+
+SCENARIOS = {
+    "parquet": lambda spark, path, pqpath: spark.read.parquet(pqpath),
+    "localmq": lambda spark, path, pqpath: spark.read.format("localmq").schema("value binary").load(path),
+    "localmq all columns": lambda spark, path, pqpath: spark.read.format("localmq").load(path),
+    "read_commitlog": lambda spark, path, pqpath: _read_commitlog(spark, path, columns="value"),
+    "read_commitlog all columns": lambda spark, path, pqpath: _read_commitlog(spark, path),
+}
+
+
+def _read_commitlog(spark, path, **kw):
+    import localmq.spark
+
+    return localmq.spark.read_commitlog(spark, path, **kw)
+
+
+@pytest.mark.parametrize("implementation", list(SCENARIOS))
+def test_spark_scan_noop(spark, data, implementation, benchmark, request):
+    """Every row of the value column (all columns for the "all columns" rows) through the noop sink."""
+    path, pqpath, n = data
+    scan(benchmark, lambda: SCENARIOS[implementation](spark, path, pqpath), n, "noop")
+    record(request, benchmark, f"spark_scan_noop_{n // 1000}k", implementation, n)
+
+
+@pytest.mark.parametrize("implementation", ["parquet", "localmq", "read_commitlog"])
+def test_spark_scan_agg(spark, data, implementation, benchmark, request):
+    """count(*) and sum(length(value)) over the value column."""
+    path, pqpath, n = data
+    scan(benchmark, lambda: SCENARIOS[implementation](spark, path, pqpath), n, "agg")
+    record(request, benchmark, f"spark_scan_agg_{n // 1000}k", implementation, n)
+
+
+def test_spark_streaming_catch_up(spark, data, benchmark, request, tmp_path):
+    """The streaming reader from earliest to the end with trigger(availableNow), noop sink: rows/s a stream of
+    this store can absorb (to compare with a producer's rate)."""
+    path, _, n = data
+    state = {"round": 0}
+
+    def run():
+        state["round"] += 1
+        q = (spark.readStream.format("localmq").schema("value binary").option("startingOffsets", "earliest")
+             .load(path).writeStream.format("noop").trigger(availableNow=True)
+             .option("checkpointLocation", str(tmp_path / f"ck{state['round']}")).start())
+        q.awaitTermination()
+        assert sum(p["numInputRows"] for p in q.recentProgress) == n
+
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1, iterations=1)
+    record(request, benchmark, f"spark_stream_{n // 1000}k", "localmq", n)
+
+
+def test_spark_streaming_live_producer(spark, tmp_path, benchmark, request):
+    """A producer thread appends batches of 1000 as fast as it can while a processingTime(1 s) stream follows;
+    the time runs until the stream has read everything. extra_info: the producer's rate and how long the stream
+    needed after the producer's last put (one micro-batch or so when it keeps up)."""
+    import localmq
+
+    n = 20_000 if QUICK else 4_000_000
+    path = str(tmp_path / "live")
+    chunks = [[r.tobytes() for r in bodies(i, i + 1000)] for i in range(0, 100_000, 1000)]
+    result = {}
+
+    def run():
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(tmp_path / "ck", ignore_errors=True)
+        import threading
+
+        with localmq.open(path) as st:
+            st.put_batch("bench", chunks[0], queue_id=0)
+            st.wait_for_dispatch()
+            q = (spark.readStream.format("localmq").schema("value binary").option("startingOffsets", "earliest")
+                 .load(path).writeStream.format("noop").trigger(processingTime="1 second")
+                 .option("checkpointLocation", str(tmp_path / "ck")).start())
+
+            def produce():
+                t0 = time.perf_counter()
+                for i in range(1000, n, 1000):
+                    st.put_batch("bench", chunks[(i // 1000) % len(chunks)], queue_id=(i // 1000) % QUEUES)
+                result["producer_s"] = time.perf_counter() - t0
+
+            t = threading.Thread(target=produce)
+            t.start()
+            t.join()
+            st.wait_for_dispatch()
+            deadline = time.time() + 600
+            done = time.perf_counter()
+            seen = 0
+            while seen < n:
+                assert time.time() < deadline and q.isActive
+                time.sleep(0.05)
+                seen = sum(p["numInputRows"] for p in q.recentProgress)
+            result["tail_s"] = time.perf_counter() - done
+            q.stop()
+
+    benchmark.pedantic(run, rounds=1, warmup_rounds=0, iterations=1)
+    benchmark.extra_info["producer_msgs_s"] = round((n - 1000) / result["producer_s"])
+    # how long the stream needed, after the producer's last put, to have read everything
+    benchmark.extra_info["stream_tail_s"] = round(result["tail_s"], 2)
+    record(request, benchmark, f"spark_stream_live_{n // 1000}k", "localmq", n)

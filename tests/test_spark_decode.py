@@ -1,0 +1,288 @@
+"""Spark decode layer without Spark: Arrow gathers against the record decoder, planning, bounds, errors, fixtures."""
+
+import logging
+import os
+import shutil
+import struct
+import time
+
+import numpy as np
+import pytest
+
+import localmq
+from localmq import _codec
+from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
+
+pa = pytest.importorskip("pyarrow")
+
+from localmq.spark import decode, plan as planmod  # noqa: E402
+from localmq.spark.read import arrow_batches, plan  # noqa: E402
+
+SEG = 64 * 1024
+OPTS = {"mapped_file_size_commit_log": SEG}
+TOPICS = ("orders", "audit", "clicks")
+QUEUES = 4
+
+
+def table(path, **options):
+    return pa.Table.from_batches(list(arrow_batches(path, **dict(OPTS, **options))), schema=decode.arrow_schema(
+        options["columns"].split(",") if "columns" in options else None))
+
+
+@pytest.fixture
+def written(tmp_path):
+    """A closed store (64 KiB segments, 10-unit CQ files) with 3 topics x 4 queues; returns (path, messages)."""
+    path = tmp_path / "store"
+    sent = []
+    with localmq.open(path, mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=200) as st:
+        for i in range(1200):
+            topic, qid = TOPICS[i % 3], (i // 3) % QUEUES
+            keys = [f"k{i}", "x"] if i % 4 == 0 else None
+            r = st.put(topic, b"body-%06d" % i, queue_id=qid, tags=f"t{i % 5}" if i % 2 else None, keys=keys,
+                       properties={"n": str(i)})
+            sent.append((topic, qid, r.queue_offset, i))
+        st.wait_for_dispatch()
+    return str(path), sent
+
+
+def records(props=None, n=6):
+    """Hand-made records: IPv4 and IPv6 store hosts, with and without properties, keys with extra spaces."""
+    out, pos = [], 0
+    for i in range(n):
+        p = props if props is not None else (
+            {"TAGS": f"tag{i}", "KEYS": f" a{i}  b ", "UNIQ_KEY": f"U{i}"} if i % 2 == 0 else None)
+        r = localmq.encode_message(f"top{i % 2}", b"v" * i, queue_id=i, queue_offset=10 + i, physical_offset=pos,
+                                   store_host="[fe80::1]:10911" if i == 3 else "10.1.2.3:10911",
+                                   born_host="[::1]:9" if i == 5 else "127.0.0.1:1", store_timestamp=1000 + i,
+                                   born_timestamp=900 + i, reconsume_times=i, properties=p)
+        out.append(r)
+        pos += len(r)
+    return b"".join(out) + bytes(64)
+
+
+def test_arrow_schema_is_what_spark_expects():
+    pytest.importorskip("pyspark")
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import (
+        ArrayType, BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
+    )
+
+    types = {"binary": BinaryType(), "string": StringType(), "int": IntegerType(), "bigint": LongType(),
+             "timestamp": TimestampType(), "array<string>": ArrayType(StringType()),
+             "map<string,string>": MapType(StringType(), StringType())}
+    spark_schema = StructType([StructField(n, types[t]) for n, t in decode.COLUMNS])
+    assert decode.arrow_schema().equals(to_arrow_schema(spark_schema, timezone="UTC"))
+    assert [n for n, _ in decode.COLUMNS][:7] == ["key", "value", "topic", "partition", "offset", "timestamp",
+                                                 "timestampType"]
+
+
+def test_batch_columns_match_the_record_decoder():
+    data = records()
+    cols = _codec.RecordColumns(16)
+    n, _, reason = _codec.decode_range(data, cols)
+    assert (n, reason) == (6, "end")
+    rows = decode.record_batch(cols, None, [c for c, _ in decode.COLUMNS], decode.arrow_schema()).to_pylist()
+    pos = 0
+    for row in rows:
+        m = localmq.decode_message(data, pos)
+        pos += m.store_size
+        assert row["value"] == m.body and row["topic"] == m.topic
+        assert (row["partition"], row["offset"], row["physical_offset"]) == (m.queue_id, m.queue_offset,
+                                                                           m.physical_offset)
+        assert row["timestamp"].timestamp() * 1000 == pytest.approx(m.store_timestamp)
+        assert row["born_timestamp"].timestamp() * 1000 == pytest.approx(m.born_timestamp)
+        assert row["timestampType"] == decode.TIMESTAMP_TYPE_LOG_APPEND
+        assert row["tags"] == m.tags
+        assert row["keys"] == list(m.keys)
+        assert row["key"] == (m.properties["KEYS"].encode() if "KEYS" in m.properties else None)
+        assert dict(row["properties"]) == m.properties
+        assert row["msg_id"] == m.msg_id
+        assert (row["reconsume_times"], row["sys_flag"]) == (m.reconsume_times, m.sys_flag)
+    assert len(rows[3]["msg_id"]) == 56 and len(rows[0]["msg_id"]) == 32
+
+
+def test_row_selection_and_topic_codes():
+    data = records()
+    cols = _codec.RecordColumns(16)
+    _codec.decode_range(data, cols)
+    codes, names = _codec.topic_codes(cols)
+    assert names == ["top0", "top1"] and codes.tolist() == [0, 1, 0, 1, 0, 1]
+    sel = np.array([5, 0, 2])
+    b = decode.record_batch(cols, sel, ["value", "offset", "tags"], decode.arrow_schema(["value", "offset", "tags"]))
+    assert b.to_pydict() == {"value": [b"v" * 5, b"", b"vv"], "offset": [15, 10, 12], "tags": [None, "tag0", "tag2"]}
+    with pytest.raises(IndexError):
+        _codec.gather_binary(cols, "body", np.array([6]))
+
+
+def test_properties_follow_rocketmq_parsing_rules():
+    raw = b"A\x01x\x02\x01bad\x02short\x02E\x01\x02K\x01v1\x01v2\x02KEYS\x01 one  two \x02TAGS\x01t\x02"
+    cols = _codec.RecordColumns(4)
+    _codec.decode_range(localmq.encode_message("t", b"b", properties=raw), cols)
+    row = decode.record_batch(cols, None, ["properties", "keys", "key", "tags"],
+                              decode.arrow_schema(["properties", "keys", "key", "tags"])).to_pylist()[0]
+    assert dict(row["properties"]) == localmq.parse_properties(raw)
+    assert row["keys"] == ["one", "two"] and row["key"] == b" one  two " and row["tags"] == "t"
+
+
+def test_decode_positions_checks_sizes_and_records():
+    data = records()
+    cols = _codec.RecordColumns(16)
+    _codec.decode_range(data, cols)
+    pos, sizes = cols["physical_offset"].copy(), cols["store_size"].copy()
+    out = _codec.RecordColumns(16)
+    assert _codec.decode_positions(data, out, pos[::-1], sizes[::-1]) == (6, 6, "end")
+    assert out["queue_id"].tolist() == [5, 4, 3, 2, 1, 0]
+    assert _codec.decode_positions(data, out, pos[:2], sizes[:2] + 1)[2] == "corrupt"
+    assert _codec.decode_positions(data, out, [pos[1] + 1])[2] == "corrupt"
+    assert _codec.decode_positions(data, out, [len(data) - 8])[2] == "corrupt"  # zero bytes, not a record
+    assert _codec.decode_positions(data, _codec.RecordColumns(2), pos)[:3] == (2, 2, "full")
+
+
+def expected_rows(sent, topics=TOPICS, bounds=None):
+    out = set()
+    for topic, qid, off, i in sent:
+        if topic not in topics:
+            continue
+        lo, hi = (bounds or {}).get((topic, qid), (0, 1 << 62))
+        if lo <= off < hi:
+            out.add((topic, qid, off, b"body-%06d" % i))
+    return out
+
+
+def rows_of(t):
+    d = t.select(["topic", "partition", "offset", "value"]).to_pydict()
+    return list(zip(d["topic"], d["partition"], d["offset"], d["value"]))
+
+
+@pytest.mark.parametrize("mode", ["segment", "queue"])
+def test_whole_store_in_both_partitionings(written, mode):
+    path, sent = written
+    p = plan(path, partitioning=mode, minPartitions=5, **OPTS)
+    assert p.mode == mode and len(p.partitions) >= 5
+    assert p.offsets == {(t, q): (0, sum(1 for s in sent if s[:2] == (t, q))) for t in TOPICS for q in range(QUEUES)}
+    got = rows_of(table(path, partitioning=mode, minPartitions=5, batchSize=97))
+    assert len(got) == len(sent) and set(got) == expected_rows(sent)
+
+
+def test_segment_partitions_start_at_record_boundaries(written):
+    path, _ = written
+    p = plan(path, partitioning="segment", minPartitions=7, **OPTS)
+    for part in p.partitions:
+        mf = localmq._mapped_file.MappedFile(part.path, SEG, part.base, create=False, writable=False)
+        try:
+            assert _codec.scan_record(mf, part.start)[0] == "ok"
+        finally:
+            mf.close()
+
+
+@pytest.mark.parametrize("mode", ["segment", "queue"])
+def test_offsets_topics_and_bounds(written, mode):
+    path, sent = written
+    starting = '{"orders": {"0": 5, "2": -2}, "clicks": {"1": 30}}'
+    ending = '{"orders": {"0": 50, "3": 7}, "clicks": {"1": -1}}'
+    t = table(path, topics="orders,clicks", startingOffsets=starting, endingOffsets=ending, partitioning=mode)
+    n = {(tp, q): sum(1 for s in sent if s[:2] == (tp, q)) for tp in TOPICS for q in range(QUEUES)}
+    bounds = {("orders", 0): (5, 50), ("orders", 3): (0, 7), ("clicks", 1): (30, n[("clicks", 1)])}
+    assert set(rows_of(t)) == expected_rows(sent, ("orders", "clicks"), bounds)
+    assert len(rows_of(t)) == len(expected_rows(sent, ("orders", "clicks"), bounds))
+
+
+def test_timestamps_select_by_store_time(tmp_path):
+    path = tmp_path / "store"
+    with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
+        st.put_batch("t", [b"a"] * 30, queue_id=0)
+        st.wait_for_dispatch()
+        time.sleep(0.05)
+        cut = int(time.time() * 1000)
+        time.sleep(0.05)
+        st.put_batch("t", [b"b"] * 20, queue_id=0)
+        st.wait_for_dispatch()
+    later = table(str(path), startingTimestamp=cut)
+    assert later.column("value").to_pylist() == [b"b"] * 20 and later.column("offset").to_pylist()[0] == 30
+    assert (pa.compute.min(later.column("timestamp")).as_py().timestamp() * 1000) >= cut
+    earlier = table(str(path), endingTimestamp=cut)
+    assert earlier.column("value").to_pylist() == [b"a"] * 30
+
+
+def test_columns_subset(written):
+    path, sent = written
+    t = table(path, columns="offset,value")
+    assert t.column_names == ["offset", "value"] and t.num_rows == len(sent)
+
+
+def test_not_a_store(tmp_path):
+    with pytest.raises(NotAStoreError, match="no commitlog directory"):
+        list(arrow_batches(str(tmp_path)))
+    with pytest.raises(NotAStoreError):
+        list(arrow_batches(str(tmp_path / "missing")))
+    with pytest.raises(ConfigError):
+        list(arrow_batches(str(tmp_path), startingOffsets="nonsense"))
+
+
+def test_wrong_segment_size_is_named(written):
+    path, _ = written
+    with pytest.raises(CorruptStoreError, match="mapped_file_size_commit_log=65536"):
+        list(arrow_batches(path))
+
+
+def test_corrupt_record_inside_the_range_raises(written):
+    path, sent = written
+    seg = os.path.join(path, "commitlog", "%020d" % 0)
+    with open(seg, "rb") as f:
+        data = f.read()
+    cols = _codec.RecordColumns(1024)
+    _codec.decode_range(data, cols)
+    # break the magic of the first record that starts after position 1000: a damaged record with data after it
+    at = int(cols["physical_offset"][np.searchsorted(cols["physical_offset"], 1000)])
+    with open(seg, "r+b") as f:
+        f.seek(at + 4)
+        f.write(b"\0\0\0\1")
+    for mode in ("segment", "queue"):
+        with pytest.raises(CorruptFrameError) as e:
+            list(arrow_batches(path, partitioning=mode, **OPTS))
+        assert e.value.offset == at and e.value.path == seg
+
+
+def test_retention_and_fail_on_data_loss(written, caplog):
+    path, sent = written
+    os.unlink(os.path.join(path, "commitlog", "%020d" % 0))  # what retention does to the oldest segment
+    p = plan(path, **OPTS)
+    lo = p.offsets[("orders", 0)][0]
+    assert lo > 0
+    with pytest.raises(planmod.OffsetRangeError, match="failOnDataLoss"):
+        plan(path, startingOffsets='{"orders": {"0": 0}}', **OPTS)
+    with caplog.at_level(logging.WARNING, logger="localmq.spark"):
+        t = table(path, startingOffsets='{"orders": {"0": 0}}', failOnDataLoss="false", topics="orders")
+    assert "removed by retention" in caplog.text
+    offs = [o for tp, q, o, _ in rows_of(t) if q == 0]
+    assert min(offs) == lo
+
+
+def test_rocketmq_fixture_bare_commitlog(fixtures_dir, tmp_path):
+    store = shutil.copytree(fixtures_dir / "apache-rocketmq-4e25b979" / "store", tmp_path / "store")
+    with pytest.raises(CorruptStoreError, match="mapped_file_size_commit_log=8192"):
+        list(arrow_batches(str(store)))
+    t = table(str(store), mapped_file_size_commit_log=8192)
+    assert t.num_rows == 47
+    assert t.column("offset").to_pylist() == list(range(47))
+    assert set(t.column("value").to_pylist()) == {b"Once, there was a chance for me!"}
+    assert set(t.column("tags").to_pylist()) == {"TAG1"} and set(t.column("topic").to_pylist()) == {"abc"}
+    assert t.column("physical_offset").to_pylist() == [172 * i for i in range(47)]
+    assert t.column("msg_id").to_pylist()[1] == "C0A8470100001FBB" + "%016X" % 172  # store host 192.168.71.1:8123
+
+
+def test_rocketmq_fixture_with_consume_queues(fixtures_dir, tmp_path):
+    src = fixtures_dir / "EricPanGopher-rocketmq-9835cd5f" / "store" / "unit_test_store"
+    store = shutil.copytree(src, tmp_path / "store")
+    units = localmq.read_consume_queue(str(store / "consumequeue" / "abc" / "0"))
+    for mode in ("segment", "queue"):
+        t = table(str(store), mapped_file_size_commit_log=8192, partitioning=mode)
+        # what the ConsumeQueue indexes (records past its last unit were never dispatched)
+        assert t.column("offset").to_pylist() == list(range(len(units)))
+        assert t.column("physical_offset").to_pylist() == units["offset"].tolist()
+
+
+def test_topics_without_queues_read_nothing(written):
+    path, _ = written
+    p = plan(path, topics="nothing-here", **OPTS)
+    assert p.partitions == [] and p.offsets == {}
