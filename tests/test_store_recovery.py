@@ -262,3 +262,53 @@ def test_zeroed_page_in_the_middle_of_a_consume_queue_is_rebuilt(tmp_path):
         assert [m.body for m in read_all(st, "cqd", 0)] == bodies
         units = st.consume_queue("cqd", 0).units()
         assert len(units) == 2500 and (units["size"] > 0).all()
+
+
+def _record_at(written, offset):
+    """Index of the record holding commit log byte ``offset`` (from the put results), or None."""
+    for i, w in enumerate(written):
+        if w[3] <= offset < w[3] + w[4]:
+            return i
+    return None
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_random_torn_and_corrupted_tails(tmp_path, trial):
+    """Damage near the end of the log at a random place (a truncated last segment file, or bytes overwritten
+    in a record's size, magic or body: the fields the format protects); recovery keeps every record before
+    the damaged one, cuts from it on, reports where, and the store takes new puts."""
+    rng = random.Random(1000 + trial)
+    root = tmp_path / "s"
+    with localmq.open(root, preallocate_mapped_file=False, **SMALL) as st:
+        written = _fill(st, 260, seed=trial)
+    last_seg_base = written[-1][3] - written[-1][3] % (64 * 1024)
+    tail = [w for w in written[-25:] if w[3] >= last_seg_base]
+    kind = ("truncate", "size", "magic", "body")[trial % 4]
+    victim = rng.choice(tail)
+    seg, pos = _segment_of(root, victim[3])
+    if kind == "truncate":
+        cut = rng.randrange(pos + 1, pos + victim[4])  # inside the victim record
+        os.truncate(seg, cut)
+        damaged = _record_at(written, victim[3])
+    else:
+        field = {"size": 0, "magic": 4, "body": victim[4] - 2 - 1 - len(victim[0]) - len(victim[5])}[kind]
+        off = pos + field + (rng.randrange(len(victim[5])) if kind == "body" else rng.randrange(4))
+        with open(seg, "r+b") as f:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
+        damaged = _record_at(written, victim[3])
+    if trial % 3 == 0:
+        (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        rep = st.recovery
+        assert rep.dropped_at == written[damaged][3], (kind, rep)
+        assert st.stats()["recovery"]["dropped_at"] == written[damaged][3]
+        assert rep.end_offset == written[damaged][3]
+        for t in ("a", "b"):
+            for q in (0, 1):
+                want = [w[5] for w in written[:damaged] if w[0] == t and w[1] == q]
+                assert [m.body for m in read_all(st, t, q)] == want
+        r = st.put("a", b"after", queue_id=0)
+        assert r.ok and r.physical_offset == written[damaged][3]

@@ -14,12 +14,13 @@ log = logging.getLogger("localmq.allocate")
 
 
 class _Request:
-    __slots__ = ("path", "offset", "done", "mf", "error", "taken")
+    __slots__ = ("path", "offset", "created", "done", "mf", "error", "taken")
 
     def __init__(self, path: str, offset: int):
         self.path = path
         self.offset = offset
-        self.done = threading.Event()
+        self.created = threading.Event()  # the file exists, sized and reserved (warm-up may still run)
+        self.done = threading.Event()     # creation and warm-up finished (or failed)
         self.mf: Optional[MappedFile] = None
         self.error: Optional[BaseException] = None
         self.taken = False
@@ -77,13 +78,16 @@ class AllocateMappedFileService(ServiceThread):
                 req.taken = True
         mf = None
         if req is not None:
-            # being created or done: wait for it (bounded), then take it
-            if req.done.wait(self.wait_timeout_s) and req.mf is not None:
+            # Being created or ready: wait for it (bounded), then take it. In ASYNC_FLUSH a file still being
+            # warmed is taken at once (prefaulting is safe while the writer appends: the warm-up simply goes
+            # on ahead of it); the SYNC_FLUSH warm-up flushes the file as it goes, so that one is waited for.
+            ready = req.created if self.warm_flush_pages == 0 else req.done
+            if ready.wait(self.wait_timeout_s) and req.mf is not None:
                 mf = req.mf
                 self.served_ready += 1
             with self._cond:
                 self._requests.pop(path, None)
-            if mf is None and req.done.is_set() is False:
+            if mf is None and ready.is_set() is False:
                 log.warning("%s: %s not ready after %.1f s; creating it synchronously", self.name, path,
                             self.wait_timeout_s)
         if mf is None:
@@ -155,28 +159,38 @@ class AllocateMappedFileService(ServiceThread):
                 raise FileExistsError(17, "segment already exists", req.path)
             mf = MappedFile(req.path, self.file_size, req.offset, create=True, reserve=self.reserve)
             fsync_dir(self.directory)
+            req.mf = mf
+            req.created.set()
             if self.warm:
                 t0 = time.monotonic()
                 self._warm(mf)
                 self.warm_seconds += time.monotonic() - t0
             self.created_ahead += 1
         except OSError as e:
-            if mf is not None:
-                mf.destroy(0)
-                mf = None
+            mf = self._discard(req, mf)
             req.error = e
-            log.warning("%s: cannot create %s ahead of need: %s", self.name, req.path, e)
+            log.warning("%s: cannot create or warm %s ahead of need: %s", self.name, req.path, e)
         except BaseException as e:  # noqa: BLE001 - counted, and the put path creates it itself
-            if mf is not None:
-                mf.destroy(0)
-                mf = None
+            mf = self._discard(req, mf)
             req.error = e
             self.errors += 1
             self.last_error = e
             log.exception("%s: creating %s failed", self.name, req.path)
         req.mf = mf
+        req.created.set()
         req.done.set()
         # a file finished after the service was stopped, or one no put will claim, is deleted at shutdown
+
+    def _discard(self, req: _Request, mf: Optional[MappedFile]) -> Optional[MappedFile]:
+        """After a failure: delete the file unless a put already took it (then it stays in use, unwarmed)."""
+        if mf is None:
+            return None
+        with self._cond:  # `taken` is set under the same lock
+            if req.taken:
+                return mf
+            req.mf = None
+        mf.destroy(0)
+        return None
 
     def _warm(self, mf: MappedFile) -> None:
         from localmq._native import ADV_WILLNEED

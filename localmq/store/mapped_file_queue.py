@@ -97,6 +97,15 @@ class MappedFileQueue:
                 if size == 0 and i == len(names) - 1 and fix_empty_tail:
                     log.warning("segment %s is empty (interrupted creation); sizing it to %d bytes",
                                 path, self.file_size)
+                elif (0 < size < self.file_size and i == len(names) - 1 and i > 0 and fix_empty_tail):
+                    # The last segment was cut short (a truncated copy, a file system that lost its tail) while
+                    # every earlier one has the configured size, so the size setting is right: give it back its
+                    # size (zeros) and let recovery cut the torn record and report it. A lone short file is
+                    # refused below: it more likely means the wrong segment size was configured.
+                    log.error("segment %s is %d bytes, shorter than %d: its tail is lost; extending it with "
+                              "zeros so that recovery keeps every whole record before the cut", path, size,
+                              self.file_size)
+                    os.truncate(path, self.file_size)
                 elif size != self.file_size:
                     raise CorruptStoreError(
                         f"segment {path} is {size} bytes but the configured size is {self.file_size}; "

@@ -95,6 +95,9 @@ def _walk(mfq, first_index: int, check_crc: bool, report: RecoveryReport,
         report.records_checked += n
         if progress is not None:
             progress(i - first_index + 1, total_files - first_index)
+        if total_files - first_index > 3:
+            log.info("recovery: segment %d of %d checked (%s, %d records so far)", i - first_index + 1,
+                     total_files - first_index, os.path.basename(mf.path), report.records_checked)
         if status == "blank":
             # the segment ends with its blank record: it is complete
             process = mf.file_from_offset + size
