@@ -743,6 +743,28 @@ cdef class RecordColumns:
         return offs[:n + 1], data[:total]
 
 
+cdef inline void fill_row(RecordColumns cols, Py_ssize_t row, RecordView *v, const uint8_t *base,
+                          int64_t phys) noexcept nogil:
+    # one decoded record into row `row` of the columns (positions are relative to `base`)
+    cols.c_phys[row] = phys
+    cols.c_size[row] = v.total_size
+    cols.c_qid[row] = v.queue_id
+    cols.c_qoff[row] = v.queue_offset
+    cols.c_sts[row] = v.store_timestamp
+    cols.c_bts[row] = v.born_timestamp
+    cols.c_sysflag[row] = v.sys_flag
+    cols.c_flag[row] = v.flag
+    cols.c_recon[row] = v.reconsume_times
+    cols.c_crc[row] = v.body_crc
+    cols.c_tags[row] = tags_code_of(v)
+    cols.c_bpos[row] = v.body - base
+    cols.c_blen[row] = v.body_len
+    cols.c_tpos[row] = v.topic - base
+    cols.c_tlen[row] = v.topic_len
+    cols.c_ppos[row] = v.props - base
+    cols.c_plen[row] = v.props_len
+
+
 def decode_range(data, RecordColumns cols, Py_ssize_t start=0, Py_ssize_t end=-1, long long base_offset=0,
                  bint check_crc=False, bint append=False):
     """Decode consecutive records of ``data[start:end]`` into ``cols`` (from row 0, or after its rows with ``append``).
@@ -775,23 +797,7 @@ def decode_range(data, RecordColumns cols, Py_ssize_t start=0, Py_ssize_t end=-1
             rc = parse_record(base + pos, end - pos, &v, check_crc)
             if rc != REC_OK:
                 break
-            cols.c_phys[row] = base_offset + pos
-            cols.c_size[row] = v.total_size
-            cols.c_qid[row] = v.queue_id
-            cols.c_qoff[row] = v.queue_offset
-            cols.c_sts[row] = v.store_timestamp
-            cols.c_bts[row] = v.born_timestamp
-            cols.c_sysflag[row] = v.sys_flag
-            cols.c_flag[row] = v.flag
-            cols.c_recon[row] = v.reconsume_times
-            cols.c_crc[row] = v.body_crc
-            cols.c_tags[row] = tags_code_of(&v)
-            cols.c_bpos[row] = v.body - base
-            cols.c_blen[row] = v.body_len
-            cols.c_tpos[row] = v.topic - base
-            cols.c_tlen[row] = v.topic_len
-            cols.c_ppos[row] = v.props - base
-            cols.c_plen[row] = v.props_len
+            fill_row(cols, row, &v, base, base_offset + pos)
             row += 1
             pos += v.total_size
             rc = REC_END
@@ -915,23 +921,7 @@ def decode_positions(data, RecordColumns cols, positions, sizes=None, long long 
             if sp != NULL and sp[i] != v.total_size:
                 rc = REC_BAD_LENGTH
                 break
-            cols.c_phys[row] = base_offset + pos
-            cols.c_size[row] = v.total_size
-            cols.c_qid[row] = v.queue_id
-            cols.c_qoff[row] = v.queue_offset
-            cols.c_sts[row] = v.store_timestamp
-            cols.c_bts[row] = v.born_timestamp
-            cols.c_sysflag[row] = v.sys_flag
-            cols.c_flag[row] = v.flag
-            cols.c_recon[row] = v.reconsume_times
-            cols.c_crc[row] = v.body_crc
-            cols.c_tags[row] = tags_code_of(&v)
-            cols.c_bpos[row] = v.body - base
-            cols.c_blen[row] = v.body_len
-            cols.c_tpos[row] = v.topic - base
-            cols.c_tlen[row] = v.topic_len
-            cols.c_ppos[row] = v.props - base
-            cols.c_plen[row] = v.props_len
+            fill_row(cols, row, &v, base, base_offset + pos)
             row += 1
             i += 1
             rc = REC_END

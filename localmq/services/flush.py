@@ -18,6 +18,21 @@ def _monotonic_ms() -> float:
     return time.monotonic() * 1000.0
 
 
+class _Thorough:
+    """RocketMQ's "least pages, but everything every N ms" rule shared by the flush and commit services."""
+
+    def __init__(self, interval_ms: int):
+        self.interval_ms = interval_ms
+        self.last = _monotonic_ms()
+
+    def least_pages(self, least: int) -> int:
+        now = _monotonic_ms()
+        if now >= self.last + self.interval_ms:
+            self.last = now
+            return 0
+        return least
+
+
 class FlushRealTimeService(ServiceThread):
     """ASYNC_FLUSH: every ``flush_interval_commit_log`` ms, msync the CommitLog when at least
     ``flush_commit_log_least_pages`` pages are dirty, and everything every ``flush_commit_log_thorough_interval``
@@ -33,7 +48,7 @@ class FlushRealTimeService(ServiceThread):
         self.config = config
         self.checkpoint = checkpoint
         self.flushes = 0
-        self._last_thorough = _monotonic_ms()
+        self._thorough = _Thorough(config.flush_commit_log_thorough_interval)
 
     def run(self) -> None:
         c = self.config
@@ -44,12 +59,7 @@ class FlushRealTimeService(ServiceThread):
                 self.wait_for_running(c.flush_interval_commit_log)
             if self.stopped:
                 break
-            least = c.flush_commit_log_least_pages
-            now = _monotonic_ms()
-            if now >= self._last_thorough + c.flush_commit_log_thorough_interval:
-                self._last_thorough = now
-                least = 0
-            self.flush_once(least)
+            self.flush_once(self._thorough.least_pages(c.flush_commit_log_least_pages))
         # RocketMQ retries the final flush: a full segment and the next one may both hold unflushed bytes
         for _ in range(SHUTDOWN_FLUSH_RETRIES):
             if self.mfq.flush(0):
@@ -164,7 +174,7 @@ class CommitRealTimeService(ServiceThread):
         self.config = config
         self.on_committed = on_committed
         self.commits = 0
-        self._last_thorough = _monotonic_ms()
+        self._thorough = _Thorough(config.commit_commit_log_thorough_interval)
 
     def run(self) -> None:
         c = self.config
@@ -172,12 +182,7 @@ class CommitRealTimeService(ServiceThread):
             self.wait_for_running(c.commit_interval_commit_log)
             if self.stopped:
                 break
-            least = c.commit_commit_log_least_pages
-            now = _monotonic_ms()
-            if now >= self._last_thorough + c.commit_commit_log_thorough_interval:
-                self._last_thorough = now
-                least = 0
-            self.commit_once(least)
+            self.commit_once(self._thorough.least_pages(c.commit_commit_log_least_pages))
         for _ in range(SHUTDOWN_FLUSH_RETRIES):
             if self.mfq.commit(0):
                 break
@@ -214,7 +219,7 @@ class FlushConsumeQueueService(ServiceThread):
         self.checkpoint = checkpoint
         self.flush_checkpoint = flush_checkpoint
         self.flushes = 0
-        self._last_thorough = _monotonic_ms()
+        self._thorough = _Thorough(config.flush_consume_queue_thorough_interval)
 
     def run(self) -> None:
         c = self.config
@@ -222,12 +227,7 @@ class FlushConsumeQueueService(ServiceThread):
             self.wait_for_running(c.flush_interval_consume_queue)
             if self.stopped:
                 break
-            least = c.flush_consume_queue_least_pages
-            now = _monotonic_ms()
-            if now >= self._last_thorough + c.flush_consume_queue_thorough_interval:
-                self._last_thorough = now
-                least = 0
-            self.flush_once(least)
+            self.flush_once(self._thorough.least_pages(c.flush_consume_queue_least_pages))
 
     def flush_once(self, least_pages: int) -> None:
         logics_ts = 0
