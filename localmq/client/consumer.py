@@ -429,6 +429,8 @@ class Consumer:
                 self._cursors.clear()
                 self._order.clear()
                 self._state.unregister(self)
+        if not self._mq.closed:
+            self._mq.wake_waiters()  # a poll waiting in another thread returns now
 
     def __enter__(self) -> "Consumer":
         return self

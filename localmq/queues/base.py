@@ -54,7 +54,11 @@ class MessageStore(Protocol):
         """A number that grows whenever messages become readable (read it before pulling, then wait on it)."""
 
     def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
-        """Block until ``progress`` passes ``since`` (default: its value now) or ``timeout`` s pass; returns it."""
+        """Block until ``progress`` passes ``since`` (default: its value now), ``timeout`` s pass or
+        ``wake_waiters`` is called; returns ``progress``."""
+
+    def wake_waiters(self) -> None:
+        """Make every ``wait_for_new_messages`` caller return now."""
 
     @property
     def offset_store_path(self) -> Optional[str]:

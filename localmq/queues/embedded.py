@@ -280,6 +280,7 @@ class EmbeddedMessageQueue(QueueClientsMixin):
         self._cond = threading.Condition(threading.Lock())
         self._waiters = 0
         self._progress = 0
+        self._wakes = 0
         self._props_cache: Dict[Any, bytes] = {}
         self._files = _ReadFiles(max_open_read_files)
         os.makedirs(self.root, exist_ok=True)
@@ -553,6 +554,12 @@ class EmbeddedMessageQueue(QueueClientsMixin):
 
     # -- long polling ---------------------------------------------------------------------------------------
 
+    def wake_waiters(self) -> None:
+        """Make every thread in ``wait_for_new_messages`` return now."""
+        with self._cond:
+            self._wakes += 1
+            self._cond.notify_all()
+
     @property
     def progress(self) -> int:
         """Messages put since the queue was opened (grows with every put)."""
@@ -560,7 +567,8 @@ class EmbeddedMessageQueue(QueueClientsMixin):
 
     def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
         """Block until a message is put after ``since`` (a ``progress`` value; default now) or ``timeout`` s
-        pass. Returns ``progress``. Raises StoreClosedError when the queue is (or gets) closed."""
+        pass (or ``wake_waiters`` is called). Returns ``progress``. Raises StoreClosedError when the queue is (or gets)
+        closed."""
         self._check_open()
         if since is None:
             since = self._progress
@@ -569,8 +577,9 @@ class EmbeddedMessageQueue(QueueClientsMixin):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._waiters += 1
+            wakes = self._wakes
             try:
-                while self._progress == since:
+                while self._progress == since and self._wakes == wakes:
                     if self._closed:
                         raise StoreClosedError("the queue was closed while waiting")
                     wait = 0.5

@@ -47,6 +47,7 @@ class MemoryMessageQueue(QueueClientsMixin):
         self._cond = threading.Condition(threading.Lock())
         self._waiters = 0
         self._progress = 0
+        self._wakes = 0
         self._closed = False
 
     def _consumer_offset_flush_interval_ms(self) -> int:
@@ -209,6 +210,12 @@ class MemoryMessageQueue(QueueClientsMixin):
 
     # -- long polling ---------------------------------------------------------------------------------------
 
+    def wake_waiters(self) -> None:
+        """Make every thread in ``wait_for_new_messages`` return now."""
+        with self._cond:
+            self._wakes += 1
+            self._cond.notify_all()
+
     @property
     def progress(self) -> int:
         """Messages put so far (grows with every put)."""
@@ -216,7 +223,8 @@ class MemoryMessageQueue(QueueClientsMixin):
 
     def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
         """Block until a message is put after ``since`` (a ``progress`` value; default now) or ``timeout`` s
-        pass. Returns ``progress``. Raises StoreClosedError when the queue is (or gets) closed."""
+        pass (or ``wake_waiters`` is called). Returns ``progress``. Raises StoreClosedError when the queue is (or gets)
+        closed."""
         self._check_open()
         if since is None:
             since = self._progress
@@ -225,8 +233,9 @@ class MemoryMessageQueue(QueueClientsMixin):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._waiters += 1
+            wakes = self._wakes
             try:
-                while self._progress == since:
+                while self._progress == since and self._wakes == wakes:
                     if self._closed:
                         raise StoreClosedError("the queue was closed while waiting")
                     wait = 0.5

@@ -466,7 +466,7 @@ class LocalMessageQueue(QueueClientsMixin):
 
     def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
         """Long polling: block until the dispatcher has made messages readable past ``since`` (a ``progress``
-        value; default its value now) or ``timeout`` seconds pass. Returns ``progress``.
+        value; default its value now), ``timeout`` seconds pass or ``wake_waiters`` is called. Returns ``progress``.
 
         Wakes on the dispatcher's notification (ReputCore ``cond``, notified after progress while ``waiters`` > 0),
         so a message put while a consumer waits reaches it within milliseconds. Raises StoreClosedError when the
@@ -483,10 +483,11 @@ class LocalMessageQueue(QueueClientsMixin):
         cond = core.cond
         with cond:
             core.waiters += 1
+            wakes = self._wakes
             try:
                 while True:
                     cur = core.reput_offset
-                    if cur > since:
+                    if cur > since or self._wakes != wakes:
                         break
                     if core.error is not None:
                         raise DispatchError("the dispatch service stopped") from core.error
@@ -503,6 +504,16 @@ class LocalMessageQueue(QueueClientsMixin):
             finally:
                 core.waiters -= 1
         return cur
+
+    _wakes = 0  # generation of wake_waiters() calls (guarded by the dispatcher's cond)
+
+    def wake_waiters(self) -> None:
+        """Make every thread in ``wait_for_new_messages`` return now (a consumer closed from another thread uses
+        it to end its poll at once)."""
+        core = self._reput
+        with core.cond:
+            self._wakes = self._wakes + 1
+            core.cond.notify_all()
 
     @property
     def offset_store_path(self) -> str:
