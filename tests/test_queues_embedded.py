@@ -149,3 +149,26 @@ def test_many_buckets_keep_their_own_files(tmp_path):
     assert sorted(os.listdir(path / "buckets")) == sorted(f"T{t}" for t in range(20))
     with open_q(path) as mq:
         assert all(mq.max_offset(f"T{t}", q) == 1 for t in range(20) for q in range(2))
+
+
+def test_a_partition_that_cannot_be_created_is_a_status_and_writes_nothing(tmp_path, monkeypatch):
+    import errno
+
+    from localmq.queues import embedded
+
+    with open_q(tmp_path / "q") as mq:
+        mq.put_batch("T", [b"a" * 1000] * 6)          # most of the first 8 KiB partition
+        real = embedded.MappedFile
+
+        def no_space(*a, **kw):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(embedded, "MappedFile", no_space)
+        r = mq.put_batch("T", [b"b" * 1000] * 3)       # needs the next partition
+        assert r.status is localmq.PutStatus.CREATE_MAPPED_FILE_FAILED and not r.ok
+        assert mq.put("T", b"c" * 3000).status is localmq.PutStatus.CREATE_MAPPED_FILE_FAILED
+        assert mq.max_offset("T", 0) == 6
+        monkeypatch.setattr(embedded, "MappedFile", real)
+        assert mq.put_batch("T", [b"b" * 1000] * 3).queue_offset == 6
+        assert [len(m.body) for m in mq.get_message("T", 0, 0, 32).messages] == [1000] * 6
+        assert [m.queue_offset for m in mq.get_message("T", 0, 6, 32).messages] == [6, 7, 8]

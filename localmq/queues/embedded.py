@@ -28,6 +28,7 @@ from localmq.store.store import GetResult, _StoreLock
 log = logging.getLogger("localmq.queues.embedded")
 
 _PUT_OK = PutStatus.PUT_OK
+_CREATE_FAILED = PutStatus.CREATE_MAPPED_FILE_FAILED
 _SCAN_FRAMES = 1024            # frames one filtered get_message looks at, at most
 _READ_CAP = 1024 * 1024        # bytes one get_message reads, at most (at least one frame)
 _OS_PAGE = 4096
@@ -378,20 +379,30 @@ class EmbeddedMessageQueue(QueueClientsMixin):
             with self._cond:
                 self._cond.notify_all()
 
-    def _append(self, b: _Bucket, body, props: bytes, ts: int, now: int, flag: int) -> Tuple[int, int]:
-        """Write one frame (caller holds b.lock); returns (bucket byte offset, frame size)."""
+    def _roll(self, b: _Bucket) -> MappedFile:
+        """Next partition of ``b`` (caller holds b.lock); the full one goes to the flush service to be unmapped."""
+        mf, old = b.roll()
+        if old is not None:
+            with self._full_lock:
+                self._full.append(old)
+            if self._service is not None:
+                self._service.wakeup()
+        return mf
+
+    def _room(self, b: _Bucket, need: int) -> None:
+        """Roll first unless ``need`` bytes fit the active partition (so a batch never spans two partitions and
+        a failed creation writes nothing)."""
         mf = b.active
-        if mf is None:
-            mf, _ = b.roll()
+        if mf is None or mf.wrote_position + need > self.partition_size:
+            self._roll(b)
+
+    def _append(self, b: _Bucket, body, props: bytes, ts: int, now: int, flag: int) -> Tuple[int, int]:
+        """Write one frame (caller holds b.lock and made room); returns (bucket byte offset, frame size)."""
+        mf = b.active
         pos = mf.wrote_position
         end = write_frame(mf, pos, body, props, ts, now, flag)
         if end < 0:
-            mf, old = b.roll()
-            if old is not None:
-                with self._full_lock:
-                    self._full.append(old)
-                if self._service is not None:
-                    self._service.wakeup()
+            mf = self._roll(b)
             pos = 0
             end = write_frame(mf, 0, body, props, ts, now, flag)
         start = mf.file_from_offset + pos
@@ -404,8 +415,9 @@ class EmbeddedMessageQueue(QueueClientsMixin):
         """Append one message to its bucket. Returns PutResult (``physical_offset`` is the bucket byte offset,
         ``msg_id`` None).
 
+        Status CREATE_MAPPED_FILE_FAILED (nothing written) when a partition cannot be created (ENOSPC...).
         Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError, InvalidPropertyError,
-        PropertiesSizeError, StoreClosedError, OSError (a partition cannot be created: ENOSPC...).
+        PropertiesSizeError, StoreClosedError.
         """
         if self._closed:
             raise StoreClosedError("the queue is closed")
@@ -417,6 +429,11 @@ class EmbeddedMessageQueue(QueueClientsMixin):
         with b.lock:
             if b.closed:
                 raise StoreClosedError("the queue is closed")
+            try:
+                self._room(b, frame_size(n, len(props)))
+            except OSError as e:
+                log.error("bucket %s-%d: cannot create a partition: %s", topic, queue_id, e)
+                return make_put_result(_CREATE_FAILED, -1, -1, 0, 0, 0)
             ts = b.last_ts = now if now > b.last_ts else b.last_ts
             start, size = self._append(b, body, props, ts, now, flag)
             off = b.count
@@ -435,13 +452,21 @@ class EmbeddedMessageQueue(QueueClientsMixin):
         if not bodies:
             raise ValueError("put_batch needs at least one body")
         total = 0
+        need = 0
         for body in bodies:
             n = len(body) if type(body) is bytes else memoryview(body).nbytes
             self._check_size(n, len(props))
+            need += frame_size(n, len(props))
         now = int(time.time() * 1000)
         with b.lock:
             if b.closed:
                 raise StoreClosedError("the queue is closed")
+            try:
+                # a batch that fits one partition is never split (larger ones roll between frames)
+                self._room(b, need if need <= self.partition_size else frame_size(0, 0))
+            except OSError as e:
+                log.error("bucket %s-%d: cannot create a partition: %s", topic, queue_id, e)
+                return make_put_result(_CREATE_FAILED, -1, -1, 0, 0, 0)
             ts = b.last_ts = now if now > b.last_ts else b.last_ts
             first_off = b.count
             first_start = -1
