@@ -8,30 +8,39 @@ from localmq.config import AppendMessageStatus, FlushDiskType, GetStatus, PutSta
 from localmq.errors import (
     ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, InvalidPropertyError, InvalidQueueIdError,
     InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError, PropertiesSizeError, StoreClosedError,
-    StoreLockedError,
+    QueueReassignedError, StoreLockedError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
 from localmq.store.readers import read_commitlog, read_consume_queue, read_consume_queue_ext
 from localmq.store.store import GetResult, LocalMessageQueue
+from localmq.queues.base import MessageStore
+from localmq.queues.memory import MemoryMessageQueue
+from localmq.queues.embedded import EmbeddedMessageQueue
+from localmq.client import ConsumerOffsetManager, ConsumerScheduler, Consumer, Producer
 
 __version__ = "0.1.0"
 
 
-def open(path, kind: str = "local", **config) -> LocalMessageQueue:  # noqa: A001 - the library's entry point
-    """Open (creating if needed) the store at ``path`` and recover it.
+def open(path, kind: str = "local", **config):  # noqa: A001 - the library's entry point
+    """Open (creating if needed) the queue stored at ``path`` and recover it.
 
-    ``kind``: "local" (default) is the RocketMQ-compatible LocalMessageQueue. ``config``: StoreConfig fields.
+    ``kind``: "local" (default), the RocketMQ-compatible LocalMessageQueue (``config``: StoreConfig fields), or
+    "embedded", the EmbeddedMessageQueue of per-(topic, queue) partition files (``config``: its keyword
+    arguments). The in-memory queue has no path: ``localmq.MemoryMessageQueue()``.
     Raises StoreLockedError when another writer holds the store, CorruptStoreError when its files cannot be
-    used as they are, ConfigError for bad settings.
+    used as they are, ConfigError for bad settings or an unknown kind.
     """
-    if kind != "local":
-        raise ConfigError(f"unknown queue kind {kind!r} (available: 'local')")
-    return LocalMessageQueue(path, **config)
+    if kind == "local":
+        return LocalMessageQueue(path, **config)
+    if kind == "embedded":
+        return EmbeddedMessageQueue(path, **config)
+    raise ConfigError(f"unknown queue kind {kind!r} (available: 'local', 'embedded')")
 
 
 __all__ = [
-    "open", "LocalMessageQueue", "StoreConfig", "FlushDiskType", "PutStatus", "GetStatus", "AppendMessageStatus",
+    "open", "LocalMessageQueue", "MemoryMessageQueue", "EmbeddedMessageQueue", "MessageStore", "Producer",
+    "Consumer", "ConsumerScheduler", "ConsumerOffsetManager", "QueueReassignedError", "StoreConfig", "FlushDiskType", "PutStatus", "GetStatus", "AppendMessageStatus",
     "PutResult", "GetResult", "Message", "RecordColumns", "decode_range", "decode_message", "encode_message",
     "encode_blank", "decode_message_id", "java_hash", "tags_hash", "parse_properties", "properties_to_bytes",
     "read_commitlog", "read_consume_queue", "read_consume_queue_ext", "read_checkpoint", "StoreCheckpoint",

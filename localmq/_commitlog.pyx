@@ -661,3 +661,16 @@ cdef class CommitLog:
         self.closed = True
         self.cur = None
         PyThread_release_lock(self.lock)
+
+
+def make_put_result(status, long long physical_offset, long long queue_offset, long long wrote_bytes,
+                    long long store_timestamp, int msg_num=1):
+    """A PutResult for queues other than the CommitLog (Memory, Embedded): no store host, so ``msg_id`` is None."""
+    cdef PutResult r = PutResult.__new__(PutResult)
+    r.status = status
+    r.physical_offset = physical_offset
+    r.queue_offset = queue_offset
+    r.wrote_bytes = wrote_bytes
+    r.store_timestamp = store_timestamp
+    r.msg_num = msg_num
+    return r

@@ -120,6 +120,7 @@ class StoreConfig:
     store_host: str = "127.0.0.1:10911"
     born_host: str = "127.0.0.1:0"
     dispatch_idle_wait_us: int = 1000
+    flush_consumer_offset_interval: int = 5000  # RocketMQ BrokerConfig: consumerOffset.json written every 5 s
 
     def __post_init__(self) -> None:
         if isinstance(self.flush_disk_type, str):

@@ -77,8 +77,20 @@ class DispatchError(LocalMQError, RuntimeError):
     """The dispatch service failed; the error it raised is the ``__cause__``."""
 
 
+class QueueReassignedError(LocalMQError, RuntimeError):
+    """A consumer lost queues to another consumer of its group (it did not poll for ``consumer_retention_ms``).
+
+    ``queues`` lists the (topic, queue id) pairs it lost. Messages it had delivered from them but not committed
+    are delivered again to the new owner (at-least-once); it never delivers them again itself.
+    """
+
+    def __init__(self, message, queues=()):
+        super().__init__(message)
+        self.queues = list(queues)
+
+
 __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
-    "NotAStoreError", "ConfigError", "DispatchError",
+    "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError",
 ]

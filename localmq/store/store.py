@@ -27,6 +27,7 @@ from localmq.services.flush import (
 )
 from localmq.services.clean import CleanService
 from localmq.services.reput import ReputMessageService
+from localmq.queues.base import QueueClientsMixin
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.checkpoint import StoreCheckpoint
 from localmq.store.mapped_file_queue import MappedFileQueue
@@ -109,13 +110,16 @@ class _StoreLock:
                 self.fd = -1
 
 
-class LocalMessageQueue:
+class LocalMessageQueue(QueueClientsMixin):
     """The default localmq store: every topic appends to one CommitLog; a dispatch thread builds a ConsumeQueue
     per (topic, queue id); consumers pull by queue offset. Files are RocketMQ 4.x compatible.
 
     Thread-safety: ``put``/``put_batch`` may be called from any number of threads (one put lock);
     ``get_message`` and the offset queries from any thread concurrently with puts. ``close`` must not race
     with calls still in progress on other threads (they get StoreClosedError once it has started).
+
+    Producers and consumers: ``create_producer()``, ``create_consumer(group, topics)``, ``consumer_lag(group)``
+    (localmq.client; committed offsets in ``config/consumerOffset.json``).
 
     Use ``localmq.open(path, **config)``; see StoreConfig for the settings. Keyword-only ``clock`` (() -> ms
     since the epoch) and ``disk_usage`` (path -> used ratio 0..1) replace the wall clock and statvfs for
@@ -453,6 +457,69 @@ class LocalMessageQueue:
                 core.waiters -= 1
         return True
 
+    # -- long polling (the clients' MessageStore interface) -------------------------------------------------------
+
+    @property
+    def progress(self) -> int:
+        """The dispatched commit log offset: it grows whenever messages become readable in their ConsumeQueues."""
+        return self._reput.reput_offset
+
+    def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
+        """Long polling: block until the dispatcher has made messages readable past ``since`` (a ``progress``
+        value; default its value now), ``timeout`` seconds pass or ``wake_waiters`` is called. Returns ``progress``.
+
+        Wakes on the dispatcher's notification (ReputCore ``cond``, notified after progress while ``waiters`` > 0),
+        so a message put while a consumer waits reaches it within milliseconds. Raises StoreClosedError when the
+        store is (or gets) closed, DispatchError when the dispatcher stopped on an error.
+        """
+        self._check_open()
+        core = self._reput
+        if since is None:
+            since = core.reput_offset
+        cur = core.reput_offset
+        if cur > since:
+            return cur
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cond = core.cond
+        with cond:
+            core.waiters += 1
+            wakes = self._wakes
+            try:
+                while True:
+                    cur = core.reput_offset
+                    if cur > since or self._wakes != wakes:
+                        break
+                    if core.error is not None:
+                        raise DispatchError("the dispatch service stopped") from core.error
+                    if self._closed:
+                        raise StoreClosedError("the store was closed while waiting")
+                    # bounded slices: the loop re-checks even if a notification raced with the waiter count
+                    wait = 0.05
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        wait = min(wait, left)
+                    cond.wait(wait)
+            finally:
+                core.waiters -= 1
+        return cur
+
+    _wakes = 0  # generation of wake_waiters() calls (guarded by the dispatcher's cond)
+
+    def wake_waiters(self) -> None:
+        """Make every thread in ``wait_for_new_messages`` return now (a consumer closed from another thread uses
+        it to end its poll at once)."""
+        core = self._reput
+        with core.cond:
+            self._wakes = self._wakes + 1
+            core.cond.notify_all()
+
+    @property
+    def offset_store_path(self) -> str:
+        """``<root>/config/consumerOffset.json``: committed consumer offsets (RocketMQ's format; retention reads it)."""
+        return os.path.join(self.root, "config", "consumerOffset.json")
+
     @property
     def dispatch_behind_bytes(self) -> int:
         return max(0, self._cl_mfq.max_offset() - self._reput.reput_offset)
@@ -660,6 +727,7 @@ class LocalMessageQueue:
         """
         if self._closed:
             return
+        self._close_clients()  # consumers commit and offsets persist while the store still reads
         self._stop_clean_service()  # no file is deleted while the store flushes and unmaps
         self.commit_log.close()  # no put can start from here on; one in progress has finished writing
         clean = True
