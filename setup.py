@@ -37,6 +37,7 @@ extensions = [
     ext("localmq._cq"),
     ext("localmq._commitlog"),
     ext("localmq._dispatch"),
+    ext("localmq._index"),
 ]
 
 setup(

@@ -6,8 +6,8 @@ from localmq._codec import (
 from localmq._commitlog import PutResult
 from localmq.config import AppendMessageStatus, FlushDiskType, GetStatus, PutStatus, StoreConfig
 from localmq.errors import (
-    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, InvalidPropertyError, InvalidQueueIdError,
-    InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError, PropertiesSizeError, StoreClosedError,
+    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError,
+    InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError, PropertiesSizeError, StoreClosedError,
     StoreLockedError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
@@ -38,5 +38,5 @@ __all__ = [
     "read_config_json", "write_config_json",
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
-    "NotAStoreError", "ConfigError", "DispatchError",
+    "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError",
 ]

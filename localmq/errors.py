@@ -77,8 +77,16 @@ class DispatchError(LocalMQError, RuntimeError):
     """The dispatch service failed; the error it raised is the ``__cause__``."""
 
 
+class InvalidMessageIdError(LocalMQError, ValueError):
+    """A message id that is not 32 or 56 hex digits (an offset message id or a client UNIQ_KEY)."""
+
+
+class IndexDisabledError(LocalMQError, RuntimeError):
+    """A query by key on a store opened with ``message_index_enable=False``."""
+
+
 __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
-    "NotAStoreError", "ConfigError", "DispatchError",
+    "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError",
 ]
