@@ -38,6 +38,7 @@ extensions = [
     ext("localmq._commitlog"),
     ext("localmq._dispatch"),
     ext("localmq._frame"),
+    ext("localmq._index"),
 ]
 
 setup(

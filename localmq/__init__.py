@@ -6,9 +6,9 @@ from localmq._codec import (
 from localmq._commitlog import PutResult
 from localmq.config import AppendMessageStatus, FlushDiskType, GetStatus, PutStatus, StoreConfig
 from localmq.errors import (
-    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, InvalidPropertyError, InvalidQueueIdError,
-    InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError, PropertiesSizeError, StoreClosedError,
-    QueueReassignedError, StoreLockedError,
+    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError,
+    InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
+    PropertiesSizeError, QueueReassignedError, StoreClosedError, StoreLockedError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
@@ -47,5 +47,5 @@ __all__ = [
     "read_config_json", "write_config_json",
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
-    "NotAStoreError", "ConfigError", "DispatchError",
+    "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError",
 ]

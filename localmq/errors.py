@@ -89,8 +89,17 @@ class QueueReassignedError(LocalMQError, RuntimeError):
         self.queues = list(queues)
 
 
+class InvalidMessageIdError(LocalMQError, ValueError):
+    """A message id that is not 32 or 56 hex digits (an offset message id or a client UNIQ_KEY)."""
+
+
+class IndexDisabledError(LocalMQError, RuntimeError):
+    """A query by key on a store opened with ``message_index_enable=False``."""
+
+
 __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
-    "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError",
+    "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError", "InvalidMessageIdError",
+    "IndexDisabledError",
 ]

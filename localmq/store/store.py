@@ -5,11 +5,12 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from localmq._codec import java_hash
+from localmq._codec import decode_message_id, java_hash
 from localmq._commitlog import CommitLog, PutResult
 from localmq._cq import (
     SCAN_FOUND, SCAN_NO_MATCHED, SCAN_NULL, SCAN_REMOVING, ConsumeQueue, read_record, record_store_timestamp,
@@ -19,7 +20,8 @@ from localmq._native import fsync_dir
 from localmq._commitlog import GroupCommit
 from localmq.config import MAX_QUEUE_ID, TOPIC_RE, FlushDiskType, GetStatus, StoreConfig, check_topic
 from localmq.errors import (
-    CorruptStoreError, DispatchError, InvalidQueueIdError, StoreClosedError, StoreLockedError,
+    CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
+    InvalidQueueIdError, StoreClosedError, StoreLockedError,
 )
 from localmq.services.allocate import AllocateMappedFileService
 from localmq.services.flush import (
@@ -28,12 +30,17 @@ from localmq.services.flush import (
 from localmq.services.clean import CleanService
 from localmq.services.reput import ReputMessageService
 from localmq.queues.base import QueueClientsMixin
+from localmq.services.index import IndexDispatchService
+from localmq.store.index import IndexService
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.checkpoint import StoreCheckpoint
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.recovery import RecoveryReport, recover_commit_log
 
 log = logging.getLogger("localmq.store")
+
+_MAX_TS = (1 << 63) - 1
+_HEX_RE = re.compile(r"[0-9A-Fa-f]+")
 
 _S_FOUND = GetStatus.FOUND
 _STATUS_OF_SCAN = {
@@ -150,6 +157,8 @@ class LocalMessageQueue(QueueClientsMixin):
         self._clock = clock
         self._disk_usage = disk_usage
         self.clean_service: Optional[CleanService] = None
+        self.index_service: Optional[IndexService] = None  # None when message_index_enable is False
+        self._index_dispatch: Optional[IndexDispatchService] = None
         os.makedirs(self.root, exist_ok=True)
         self._lock = _StoreLock(self.root)
         try:
@@ -242,6 +251,7 @@ class LocalMessageQueue(QueueClientsMixin):
         self._reput_service.start()
         self._services.append(self._reput_service)
         self._start_services()
+        self._start_index_service(last_exit_ok)
         self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
         self._disk_threshold = _total_ram() * c.access_message_in_memory_max_ratio // 100
         self._opened_at = time.time()
@@ -346,6 +356,8 @@ class LocalMessageQueue(QueueClientsMixin):
                 mfq.close()
         for cq in getattr(self, "_cqs", {}).values():
             cq.close()
+        if self.index_service is not None:
+            self.index_service.close()
         cp = getattr(self, "checkpoint", None)
         if cp is not None:
             cp.close()
@@ -361,7 +373,7 @@ class LocalMessageQueue(QueueClientsMixin):
         self.clean_service = CleanService(
             self.config, self._cl_mfq, self.commit_log, lambda: self._reput.reput_offset, lambda: self._cqs,
             self.root, clock=self._clock, disk_usage=self._disk_usage)
-        # IndexService (a later issue) plugs in with: self.clean_service.index_service = <it>
+        self.clean_service.index_service = self.index_service
         self.clean_service.start()
 
     def _stop_clean_service(self) -> None:
@@ -372,6 +384,153 @@ class LocalMessageQueue(QueueClientsMixin):
                 svc.shutdown()
             except Exception:  # noqa: BLE001 - closing goes on; the error is in the log
                 log.exception("stopping the clean service")
+
+    # -- index (IndexService: query by key, look up by message id) ---------------------------------------------
+
+    def _start_index_service(self, last_exit_ok: bool) -> None:
+        """Load the index files (dropping those an unclean exit may have torn) and start the thread that
+        indexes KEYS and UNIQ_KEY from where the index ends (see localmq.store.index)."""
+        c = self.config
+        if not c.message_index_enable:
+            return
+        svc = IndexService(self.root, c.max_hash_slot_num, c.max_index_num, self.checkpoint)
+        svc.load(last_exit_ok, self._cl_mfq.max_offset())
+        self.index_service = svc
+        self._index_dispatch = IndexDispatchService(svc, self._cl_mfq, svc.resume_offset(self._cl_mfq.min_offset()))
+        self._index_dispatch.start()
+        self._services.append(self._index_dispatch)
+
+    def _close_index(self) -> bool:
+        """Let the index catch up with the log (60 s at most), stop its thread, flush and unmap the files.
+
+        Returns False only when a flush failed (``abort`` then stays, so the next open drops the file being
+        written). A lag is not unclean: the next open resumes indexing where the files end."""
+        svc = self.index_service
+        if svc is None:
+            return True
+        d = self._index_dispatch
+        ok = True
+        if d is not None:
+            if d.alive and d.error is None and d.blocked is None:
+                d.wait_for(self._cl_mfq.max_offset(), 60.0)
+            self._stop_service(d)
+        try:
+            svc.flush()
+        except OSError:
+            log.exception("flushing the index files of %s", self.root)
+            ok = False
+        svc.close()
+        return ok
+
+    def _index_stats(self) -> Optional[Dict[str, Any]]:
+        if self.index_service is None:
+            return None
+        out = self.index_service.stats()
+        d = self._index_dispatch
+        if d is not None:
+            out.update(d.stats())
+            out["behind_bytes"] = max(0, self._cl_mfq.max_offset() - d.indexed_offset) if not self._closed else 0
+        return out
+
+    def _require_index(self) -> IndexService:
+        self._check_open()
+        if self.index_service is None:
+            raise IndexDisabledError("the message index is disabled (message_index_enable=False)")
+        return self.index_service
+
+    def wait_for_index(self, timeout: Optional[float] = None) -> bool:
+        """Block until every message put before this call is indexed (its keys can be queried).
+
+        Returns True, or False when ``timeout`` seconds passed first. Raises IndexDisabledError,
+        DispatchError when the index thread stopped on an error, StoreClosedError.
+        """
+        self._require_index()
+        d = self._index_dispatch
+        if self._pool is not None:
+            self._cl_mfq.commit_all()  # write-buffered records reach readers when committed
+        if d.wait_for(self._cl_mfq.max_offset(), timeout):
+            return True
+        if d.error is not None:
+            raise DispatchError("the index service stopped") from d.error
+        if not d.alive:
+            raise DispatchError("the index service is not running")
+        return False
+
+    def query_message(self, topic: str, key: str, max_num: Optional[int] = None, begin_ms: int = 0,
+                      end_ms: Optional[int] = None) -> List[Any]:
+        """Messages of ``topic`` whose KEYS (space-separated) hold ``key`` or whose UNIQ_KEY is ``key``, stored
+        within [begin_ms, end_ms] (ms; ``end_ms`` None: no upper bound).
+
+        The index finds candidates by hash (RocketMQ's walk, newest first); each is read from the log and kept
+        only on an exact match of topic, key and store time, so hash collisions never show. Returns at most
+        ``max_num`` (default ``default_query_max_num``, 32) Messages, the newest matches, in log order. Messages
+        put since the index last caught up are missing until it does (``wait_for_index``).
+        Raises InvalidTopicError, InvalidPropertyError (an empty key, or one with a space), ValueError
+        (max_num < 1, begin after end), IndexDisabledError, StoreClosedError.
+        """
+        self._require_index()
+        check_topic(topic)
+        if not isinstance(key, str) or not key or any(ch in key for ch in " \x01\x02"):
+            raise InvalidPropertyError(f"a key is a non-empty str without spaces or 0x01/0x02, not {key!r}")
+        if max_num is None:
+            max_num = self.config.default_query_max_num
+        end = _MAX_TS if end_ms is None else int(end_ms)
+        if max_num < 1:
+            raise ValueError("max_num must be at least 1")
+        if begin_ms > end:
+            raise ValueError("begin_ms is after end_ms")
+        return self._query_index(topic, key, max_num, int(begin_ms), end, False)
+
+    def _query_index(self, topic: str, key: str, max_num: int, begin: int, end: int, uniq_only: bool) -> List[Any]:
+        svc = self.index_service
+        mfq = self._cl_mfq
+        cap = max_num + 16
+        while True:
+            offsets = svc.query_offsets(topic, key, cap, begin, end)
+            found = []
+            files, size = mfq.files, mfq.file_size
+            for off in offsets:
+                m = read_record(files, size, off, True)
+                if (m is None or m.physical_offset != off or m.topic != topic
+                        or not begin <= m.store_timestamp <= end):
+                    continue  # a hash collision, or a record retention removed
+                if m.uniq_key == key or (not uniq_only and key in m.keys):
+                    found.append(m)
+                    if len(found) >= max_num:
+                        break
+            if len(found) >= max_num or len(offsets) < cap:
+                break
+            cap *= 4  # collisions took places: walk further
+        found.sort(key=lambda m: m.physical_offset)
+        return found
+
+    def look_message_by_id(self, msg_id: str, topic: Optional[str] = None):
+        """The message with this id, or None.
+
+        ``msg_id``: an offset message id (``PutResult.msg_id``, ``Message.msg_id``: store host + physical offset,
+        32 or 56 hex digits), read at its offset and checked against the record; otherwise it is taken as a
+        client UNIQ_KEY and looked up in the index, in ``topic`` or, when None, in every topic.
+        Raises InvalidMessageIdError (not 32 or 56 hex digits), InvalidTopicError, StoreClosedError.
+        """
+        self._check_open()
+        if not isinstance(msg_id, str) or len(msg_id) not in (32, 56) or _HEX_RE.fullmatch(msg_id) is None:
+            raise InvalidMessageIdError(f"a message id is 32 or 56 hex digits, not {msg_id!r}")
+        if topic is not None:
+            check_topic(topic)
+        mid = msg_id.upper()
+        _, off = decode_message_id(mid)
+        if 0 <= off:
+            m = self.look_message_by_offset(off)
+            if m is not None and m.physical_offset == off and m.msg_id == mid and (topic is None or m.topic == topic):
+                return m
+        if self.index_service is None:
+            return None
+        for t in ([topic] if topic is not None else list(self.topics())):
+            for k in dict.fromkeys((msg_id, mid)):
+                found = self._query_index(t, k, 1, 0, _MAX_TS, True)
+                if found:
+                    return found[0]
+        return None
 
     # -- context manager ----------------------------------------------------------------------------------------
 
@@ -693,6 +852,7 @@ class LocalMessageQueue(QueueClientsMixin):
             "transient_store_pool": ({"available": self._pool.available, "borrow_failures": self._pool.borrow_failures}
                                      if self._pool is not None else None),
             "recovery": self.recovery.as_dict(),
+            "index": self._index_stats(),
             "skipped_directories": list(self._skipped_dirs),
         }
 
@@ -751,6 +911,8 @@ class LocalMessageQueue(QueueClientsMixin):
             if not isinstance(self._flush_service, GroupCommitService):
                 self._stop_service(self._flush_service)
         if self._reput.error is not None or self.dispatch_behind_bytes > 0:
+            clean = False
+        if not self._close_index():
             clean = False
         try:
             self._flush_all()

@@ -1,0 +1,506 @@
+"""IndexFile and IndexService: RocketMQ's hash index of message keys by "topic#key" and time (spec section 3).
+
+Files: ``<root>/index/<yyyyMMddHHmmssSSS>`` (creation time, local time zone, as RocketMQ names them; a name is
+bumped by 1 ms when two files would be created in the same millisecond), each a MappedFile of
+``40 + max_hash_slot_num*4 + max_index_num*20`` bytes (420,000,040 with the defaults), blocks reserved at
+creation (fallocate) so that indexing never SIGBUSes on a full disk. Layout, hashing and the insert and query
+rules are RocketMQ 4.x's byte for byte (see localmq._index): a broker with the same ``maxHashSlotNum`` /
+``maxIndexNum`` reads these files, and localmq reads the broker's.
+
+Geometry of a file that is loaded: RocketMQ takes it from its config for every file. localmq uses the config
+when the file has the configured size; otherwise it infers it from the size, assuming RocketMQ's ratio of 4
+items per slot (the defaults, 5M/20M, and IndexFileTest's 100/400 both have it): ``slots = (size - 40) / 84``.
+A size that fits neither raises CorruptStoreError; ``IndexFile.open`` also takes an explicit geometry.
+
+Design choices:
+- One writer thread (the index dispatch service, localmq.services.index) inserts keys with a C loop over
+  decoded records (``localmq._index.index_rows``) without the GIL; queries run in any thread concurrently.
+  The list of files is replaced whole under ``lock`` (roll, retention, recovery); a query takes a snapshot and
+  reads each file through a buffer export, so retention can never unmap a file under it.
+- Rolling: a file is full when indexCount reaches max_index_num; the next file starts with the previous one's
+  end offset and time, the full file is flushed and ``checkpoint.index_msg_timestamp`` is set to its end
+  time, then the checkpoint is flushed (RocketMQ's IndexService.flush). A record's keys may span two files.
+- Recovery (``load``): after a clean exit every file is kept. After an unclean exit (``abort`` present), as
+  RocketMQ's ``IndexService.load(lastExitOK=false)``, files whose endTimestamp is past the checkpoint's index
+  timestamp are deleted, and so is a file that is not full (the one being written: its counts may be torn;
+  this also covers a file whose end time equals the checkpoint's). Files whose entries point at or past the
+  commit log's end (a log cut back by recovery) are deleted too. Unlike RocketMQ, the index is then rebuilt
+  from the log: indexing resumes at the last kept file's endPhyOffset (``resume_offset``), so what was
+  deleted is indexed again (``message_index_safe`` is therefore not needed for a complete index).
+- Retention: ``delete_expired_file(min_offset)`` deletes files (never the last) whose endPhyOffset is below the
+  commit log's min offset, oldest first, as RocketMQ's IndexService.deleteExpiredFile (destroy, 3 s forcibly).
+- Queries: RocketMQ's queryOffset walk (files newest first, those whose time range meets [begin, end], stop
+  after a file that begins before ``begin``), returning candidate offsets newest first. Item times have
+  second precision (begin + whole seconds, never later than the real store time), so callers that filter by
+  the record's real store time widen ``begin`` by one second (``query_offsets`` does).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from localmq import _index
+from localmq._mapped_file import MappedFile
+from localmq._native import fsync_dir
+from localmq.errors import ConfigError, CorruptStoreError, StoreClosedError
+
+log = logging.getLogger("localmq.index")
+
+__all__ = ["IndexHeader", "IndexFile", "IndexService", "index_file_size", "infer_geometry", "INDEX_DIR"]
+
+INDEX_DIR = "index"
+HEADER_SIZE = _index.HEADER_SIZE
+SLOT_SIZE = _index.SLOT_SIZE
+ITEM_SIZE = _index.ITEM_SIZE
+# RocketMQ's ratio of items to slots (defaults 20M / 5M; IndexFileTest 400 / 100), used to infer a geometry
+ITEMS_PER_SLOT = 4
+# IndexService.deleteExpiredFile destroys with a 3 s forcible interval
+DESTROY_FORCIBLY_MS = 3000
+_HEADER = struct.Struct(">qqqqii")
+_NAME_DIGITS = 17
+_MAX_FILE_SIZE = (1 << 31) - 1  # RocketMQ computes positions in an int
+
+
+def index_file_size(hash_slot_num: int, index_num: int) -> int:
+    """Bytes of an index file: 40 + slots * 4 + items * 20."""
+    return HEADER_SIZE + hash_slot_num * SLOT_SIZE + index_num * ITEM_SIZE
+
+
+def check_geometry(hash_slot_num: int, index_num: int) -> None:
+    """Raise ConfigError unless slots >= 1, items >= 2 and the file fits RocketMQ's int32 positions."""
+    if hash_slot_num < 1 or index_num < 2:
+        raise ConfigError("max_hash_slot_num must be >= 1 and max_index_num >= 2 (item 0 is never used)")
+    if index_file_size(hash_slot_num, index_num) > _MAX_FILE_SIZE:
+        raise ConfigError("an index file must stay below 2 GiB (40 + slots*4 + items*20): RocketMQ uses int "
+                          "positions")
+
+
+def infer_geometry(size: int, hash_slot_num: Optional[int] = None, index_num: Optional[int] = None):
+    """(slots, items) of an index file of ``size`` bytes.
+
+    With both given they must match the size. Otherwise: the given one fixes the other; with neither,
+    RocketMQ's ratio of 4 items per slot is assumed (``slots = (size - 40) / 84``).
+    Raises CorruptStoreError when no whole geometry fits.
+    """
+    body = size - HEADER_SIZE
+    if hash_slot_num is not None and index_num is not None:
+        if index_file_size(hash_slot_num, index_num) != size:
+            raise CorruptStoreError(f"an index file of {size} bytes does not have {hash_slot_num} slots and "
+                                    f"{index_num} items")
+        return hash_slot_num, index_num
+    if hash_slot_num is not None:
+        rest = body - hash_slot_num * SLOT_SIZE
+        if rest >= 2 * ITEM_SIZE and rest % ITEM_SIZE == 0:
+            return hash_slot_num, rest // ITEM_SIZE
+    elif index_num is not None:
+        rest = body - index_num * ITEM_SIZE
+        if rest >= SLOT_SIZE and rest % SLOT_SIZE == 0:
+            return rest // SLOT_SIZE, index_num
+    else:
+        per = SLOT_SIZE + ITEMS_PER_SLOT * ITEM_SIZE
+        if body >= per and body % per == 0:
+            return body // per, ITEMS_PER_SLOT * (body // per)
+    raise CorruptStoreError(f"cannot infer the geometry of an index file of {size} bytes: pass hash_slot_num "
+                            f"and index_num")
+
+
+@dataclass(frozen=True)
+class IndexHeader:
+    """The 40-byte header: times in ms, physical offsets, slots ever used, next item number (>= 1)."""
+
+    begin_timestamp: int
+    end_timestamp: int
+    begin_phy_offset: int
+    end_phy_offset: int
+    hash_slot_count: int
+    index_count: int
+
+
+def _file_name(ms: int) -> str:
+    t = time.localtime(ms / 1000.0)
+    return time.strftime("%Y%m%d%H%M%S", t) + "%03d" % (ms % 1000)
+
+
+def _name_ms(name: str) -> int:
+    """Inverse of _file_name (local time)."""
+    t = time.strptime(name[:14], "%Y%m%d%H%M%S")
+    return int(time.mktime(t)) * 1000 + int(name[14:17])
+
+
+class IndexFile:
+    """One index file: a MappedFile with the header, the slot table and the items.
+
+    Use ``IndexFile.create`` (a new file) or ``IndexFile.open`` (an existing one, geometry inferred or given).
+    One thread writes; ``select_phy_offsets`` may run in any thread at the same time.
+    """
+
+    def __init__(self, mapped_file: MappedFile, hash_slot_num: int, index_num: int):
+        self.mapped_file = mapped_file
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+
+    @classmethod
+    def create(cls, path: str, hash_slot_num: int, index_num: int, end_phy_offset: int = 0,
+               end_timestamp: int = 0) -> "IndexFile":
+        """Create (reserve blocks, map) a new file whose begin and end values start from the previous file's
+        end (RocketMQ's IndexFile constructor), with indexCount 1 in its header.
+
+        Raises ConfigError for a bad geometry, OSError (ENOSPC...) when the file cannot be created.
+        """
+        check_geometry(hash_slot_num, index_num)
+        if os.path.exists(path):
+            raise FileExistsError(17, "index file exists", path)
+        mf = MappedFile(path, index_file_size(hash_slot_num, index_num), 0, create=True, reserve=True)
+        f = cls(mf, hash_slot_num, index_num)
+        begin_phy = end_phy_offset if end_phy_offset > 0 else 0
+        begin_ts = end_timestamp if end_timestamp > 0 else 0
+        mf.write_at(0, _HEADER.pack(begin_ts, begin_ts, begin_phy, begin_phy, 0, 1))
+        return f
+
+    @classmethod
+    def open(cls, path: str, hash_slot_num: Optional[int] = None, index_num: Optional[int] = None, *,
+             writable: bool = True) -> "IndexFile":
+        """Map an existing file. The geometry is checked against, or inferred from, the file size
+        (``infer_geometry``). ``writable=False`` maps it read-only (a copy of a broker's store).
+
+        Raises CorruptStoreError when no geometry fits the size, OSError when it cannot be opened.
+        """
+        size = os.path.getsize(path)
+        slots, items = infer_geometry(size, hash_slot_num, index_num)
+        mf = MappedFile(path, size, 0, create=False, reserve=False, writable=writable)
+        f = cls(mf, slots, items)
+        if f.header.index_count > items:
+            mf.close()
+            raise CorruptStoreError(f"index file {path}: indexCount {f.header.index_count} exceeds its "
+                                    f"{items} items")
+        return f
+
+    @property
+    def path(self) -> str:
+        return self.mapped_file.path
+
+    @property
+    def file_name(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def header(self) -> IndexHeader:
+        """The header as stored now (indexCount 0, a file never flushed by RocketMQ, reads as 1)."""
+        v = list(_HEADER.unpack(self.mapped_file.read(0, HEADER_SIZE)))
+        if v[5] <= 0:
+            v[5] = 1
+        return IndexHeader(*v)
+
+    @property
+    def begin_timestamp(self) -> int:
+        return self.header.begin_timestamp
+
+    @property
+    def end_timestamp(self) -> int:
+        return self.header.end_timestamp
+
+    @property
+    def end_phy_offset(self) -> int:
+        return self.header.end_phy_offset
+
+    @property
+    def index_count(self) -> int:
+        return self.header.index_count
+
+    def is_write_full(self) -> bool:
+        """indexCount >= index_num: no item left."""
+        return self.header.index_count >= self.index_num
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """RocketMQ's IndexFile.isTimeMatched: the file's [begin, end] times meet the range."""
+        h = self.header
+        return ((begin < h.begin_timestamp and end > h.end_timestamp)
+                or h.begin_timestamp <= begin <= h.end_timestamp
+                or h.begin_timestamp <= end <= h.end_timestamp)
+
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """Insert the full index key ``key`` (``"<topic>#<key>"`` in a store). False when the file is full."""
+        return _index.put_key(self.mapped_file, self.hash_slot_num, self.index_num, _index.key_hash(key),
+                              phy_offset, store_timestamp)
+
+    def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> List[int]:
+        """Offsets of items of the full index key ``key`` in [begin, end], newest first (hash matches: the
+        caller checks the records). Empty when the file is being destroyed."""
+        return self._select(_index.key_hash(key), max_num, begin, end).tolist()
+
+    def _select(self, h: int, max_num: int, begin: int, end: int) -> np.ndarray:
+        try:
+            return _index.select_offsets(self.mapped_file, self.hash_slot_num, h, begin, end, max_num)
+        except ValueError:
+            if self.mapped_file.closed:  # destroyed by retention after the caller's snapshot
+                return np.empty(0, np.int64)
+            raise
+
+    def flush(self) -> None:
+        """msync every written byte (items, slots and header) of the file."""
+        mf = self.mapped_file
+        # slots anywhere may be dirty: msync the whole mapping (only dirty pages are written)
+        mf.flushed_position = 0
+        mf.wrote_position = mf.file_size
+        mf.flush(0)
+
+    def close(self) -> None:
+        self.mapped_file.close()
+
+    def destroy(self, interval_forcibly_ms: int = DESTROY_FORCIBLY_MS) -> bool:
+        """Delete the file (deferred while a query reads it). True when it is gone from the directory."""
+        return self.mapped_file.destroy(interval_forcibly_ms)
+
+    def __repr__(self) -> str:
+        return f"IndexFile({self.path!r}, slots={self.hash_slot_num}, items={self.index_num})"
+
+
+class IndexService:
+    """The index files of a store: load and recovery, the writer's current file and roll, queries, retention.
+
+    :param root: the store directory (files in ``<root>/index``).
+    :param hash_slot_num, index_num: geometry of new files (StoreConfig max_hash_slot_num / max_index_num).
+    :param checkpoint: the StoreCheckpoint (``index_msg_timestamp`` is set after a full file is flushed).
+    :param clock: () -> ms since the epoch, for file names; default the wall clock.
+    Raises ConfigError for a bad geometry.
+    """
+
+    def __init__(self, root: str, hash_slot_num: int, index_num: int, checkpoint,
+                 clock: Optional[Callable[[], int]] = None):
+        check_geometry(hash_slot_num, index_num)
+        self.directory = os.path.join(os.fspath(root), INDEX_DIR)
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.checkpoint = checkpoint
+        self._clock = clock or (lambda: time.time_ns() // 1_000_000)
+        # Guards changes of ``files`` (roll by the writer, retention, close); a reader only takes a snapshot.
+        # Never held while flushing.
+        self.lock = threading.Lock()
+        self.files: List[IndexFile] = []
+        self.deleted_on_load: List[str] = []
+        self.rolls = 0
+        self.deleted_files = 0
+        self._last_name_ms = 0
+
+    # -- load / recovery ------------------------------------------------------------------------------------
+
+    def load(self, last_exit_ok: bool, commit_log_max_offset: int) -> None:
+        """Map the files of ``<root>/index`` (sorted by name). After an unclean exit, delete those past the
+        checkpoint's index time or not full; always delete those whose entries reach ``commit_log_max_offset``
+        (see the module docstring). Names that are not 17 digits are ignored with a warning.
+
+        Raises CorruptStoreError for a file whose size fits no geometry, OSError when one cannot be mapped.
+        """
+        if not os.path.isdir(self.directory):
+            return
+        names = sorted(os.listdir(self.directory))
+        files: List[IndexFile] = []
+        try:
+            for name in names:
+                path = os.path.join(self.directory, name)
+                if len(name) != _NAME_DIGITS or not name.isdigit() or not os.path.isfile(path):
+                    log.warning("ignoring %s in the index directory: not an index file name", path)
+                    continue
+                if os.path.getsize(path) == 0:
+                    log.warning("removing the empty index file %s (interrupted creation)", path)
+                    os.unlink(path)
+                    self.deleted_on_load.append(path)
+                    continue
+                hs = self.hash_slot_num
+                n = self.index_num
+                if os.path.getsize(path) != index_file_size(hs, n):
+                    hs = n = None
+                files.append(IndexFile.open(path, hs, n))
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
+        index_ts = self.checkpoint.index_msg_timestamp
+        keep = len(files)
+        for i, f in enumerate(files):
+            h = f.header
+            if not last_exit_ok and (h.end_timestamp > index_ts or h.index_count < f.index_num):
+                keep = i
+                break
+            if h.index_count > 1 and h.end_phy_offset >= commit_log_max_offset:
+                keep = i
+                break
+        for f in files[keep:]:
+            log.warning("deleting index file %s (%s); its keys are indexed again from the commit log", f.path,
+                        "unclean exit" if not last_exit_ok else "it points past the commit log end")
+            self.deleted_on_load.append(f.path)
+            f.destroy(0)
+        if keep < len(files):
+            fsync_dir(self.directory)
+        self.files = files[:keep]
+        if self.files:
+            try:
+                self._last_name_ms = _name_ms(self.files[-1].file_name)
+            except (ValueError, OverflowError):
+                self._last_name_ms = 0  # not a date: new names follow the clock
+
+    def resume_offset(self, commit_log_min_offset: int) -> int:
+        """Where indexing resumes: the last file's endPhyOffset (its record is checked key by key, so nothing is
+        added twice), or the commit log's min offset when there is no file."""
+        if self.files:
+            h = self.files[-1].header
+            if h.end_phy_offset > 0 or h.index_count > 1:
+                return max(h.end_phy_offset, commit_log_min_offset)
+        return commit_log_min_offset
+
+    # -- writing ----------------------------------------------------------------------------------------------
+
+    def last_file(self) -> Optional[IndexFile]:
+        files = self.files
+        return files[-1] if files else None
+
+    def roll(self) -> IndexFile:
+        """The writer's file after the current one is full (or when there is none): create the next file, then
+        flush the full one and record its end time in the checkpoint.
+
+        Raises OSError when the file cannot be created (the caller retries).
+        """
+        prev = self.last_file()
+        if prev is not None and not prev.is_write_full():
+            return prev
+        end_phy = end_ts = 0
+        if prev is not None:
+            h = prev.header
+            end_phy, end_ts = h.end_phy_offset, h.end_timestamp
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory, exist_ok=True)
+            fsync_dir(os.path.dirname(self.directory))
+        ms = max(self._clock(), self._last_name_ms + 1)
+        path = os.path.join(self.directory, _file_name(ms))
+        while os.path.exists(path):
+            ms += 1
+            path = os.path.join(self.directory, _file_name(ms))
+        f = IndexFile.create(path, self.hash_slot_num, self.index_num, end_phy, end_ts)
+        fsync_dir(self.directory)
+        self._last_name_ms = ms
+        with self.lock:
+            self.files = self.files + [f]
+        self.rolls += 1
+        if prev is not None:
+            # IndexService.flush(prev): the full file on disk, then its end time as the checkpoint's index time
+            prev.flush()
+            ts = prev.end_timestamp
+            if ts > 0:
+                self.checkpoint.index_msg_timestamp = ts
+                self.checkpoint.flush()
+        return f
+
+    def build(self, data, cols) -> int:
+        """Index every row of ``cols`` (RecordColumns decoded from ``data``). Returns keys added.
+
+        Raises OSError when a new file cannot be created (rows before it are indexed; call again).
+        """
+        row = key = 0
+        added = 0
+        n = cols.count
+        phys = cols["physical_offset"]
+        sts = cols["store_timestamp"]
+        sysf = cols["sys_flag"]
+        tpos = cols["topic_pos"]
+        tlen = cols["topic_len"]
+        ppos = cols["props_pos"]
+        plen = cols["props_len"]
+        while True:
+            f = self.last_file()
+            mf = f.mapped_file if f is not None else None
+            slots = f.hash_slot_num if f is not None else 1
+            items = f.index_num if f is not None else 2
+            outcome, row, key, k = _index.index_rows(mf, slots, items, data, phys, sts, sysf, tpos, tlen, ppos,
+                                                     plen, row, key, n)
+            added += k
+            if outcome == _index.ROWS_DONE:
+                return added
+            self.roll()
+
+    # -- queries ----------------------------------------------------------------------------------------------
+
+    def query_offsets(self, topic: str, key: str, max_num: int, begin: int, end: int) -> List[int]:
+        """Candidate physical offsets for ``key`` of ``topic`` stored in [begin, end] (ms), newest first,
+        distinct, at most ``max_num``: RocketMQ's queryOffset walk with ``begin`` widened by one second (item
+        times are whole seconds after the file's begin). Hash collisions are included: check each record.
+        """
+        h = _index.key_hash(f"{topic}#{key}")
+        wbegin = begin - 1000 if begin > -(1 << 62) else begin
+        out: List[int] = []
+        seen = set()
+        for f in reversed(self.files):
+            try:
+                hdr = f.header
+                matched = f.is_time_matched(wbegin, end)
+                found = f._select(h, max_num - len(out), wbegin, end).tolist() if matched else []
+            except StoreClosedError:
+                continue  # deleted by retention after the snapshot
+            if found:
+                for off in found:
+                    if off not in seen:
+                        seen.add(off)
+                        out.append(off)
+                        if len(out) >= max_num:
+                            return out
+            if hdr.begin_timestamp < wbegin:
+                break
+        return out
+
+    # -- retention / shutdown -------------------------------------------------------------------------------
+
+    def delete_expired_file(self, min_offset: int) -> int:
+        """Delete files (never the last) whose endPhyOffset < ``min_offset``, oldest first; stop at the first
+        that is kept or whose deletion a reader defers. Returns how many left the list."""
+        files = self.files
+        victims = []
+        for f in files[:-1]:
+            if f.end_phy_offset < min_offset:
+                victims.append(f)
+            else:
+                break
+        if not victims:
+            return 0
+        gone = 0
+        for f in victims:
+            with self.lock:
+                self.files = [x for x in self.files if x is not f]
+            gone += 1
+            if not f.destroy(DESTROY_FORCIBLY_MS):
+                log.info("index file %s is still read; it is deleted when released", f.path)
+                break
+        fsync_dir(self.directory)
+        self.deleted_files += gone
+        return gone
+
+    def flush(self) -> None:
+        """msync every file (the last one is written in place; full ones were flushed when they rolled)."""
+        for f in list(self.files):
+            if not f.mapped_file.closed:
+                f.flush()
+
+    def close(self) -> None:
+        """Unmap every file (no flush: call ``flush`` first)."""
+        with self.lock:
+            files, self.files = self.files, []
+        for f in files:
+            f.close()
+
+    def stats(self) -> dict:
+        files = self.files
+        last = files[-1].header if files else None
+        return {
+            "files": len(files),
+            "rolls": self.rolls,
+            "deleted_files": self.deleted_files,
+            "deleted_on_load": list(self.deleted_on_load),
+            "last_file_index_count": last.index_count if last else 0,
+            "end_phy_offset": last.end_phy_offset if last else 0,
+            "end_timestamp": last.end_timestamp if last else 0,
+        }
