@@ -394,15 +394,25 @@ void lmq_gc_publish(lmq_gc *gc, int64_t flushed) {
     pthread_mutex_unlock(&gc->mu);
 }
 
-void lmq_gc_close(lmq_gc *gc) {
+int lmq_gc_close(lmq_gc *gc, int64_t timeout_us) {
+    struct timespec deadline;
+    int rc = 0;
+    deadline_after(&deadline, timeout_us);
     pthread_mutex_lock(&gc->mu);
     gc->closed = 1;
     pthread_cond_broadcast(&gc->done);
     pthread_cond_broadcast(&gc->req);
-    /* a leader may be inside fdatasync on the segment's descriptor: the caller closes files after this */
-    while (gc->flushing) pthread_cond_wait(&gc->done, &gc->mu);
+    /* a leader may be inside fdatasync on the segment's descriptor: the caller closes files after this.
+     * Bounded, so that a flush stuck in the kernel (or a claim never given back) cannot hang close() */
+    while (gc->flushing) {
+        if (pthread_cond_timedwait(&gc->done, &gc->mu, &deadline) == ETIMEDOUT) {
+            rc = gc->flushing ? ETIMEDOUT : 0;
+            break;
+        }
+    }
     gc->fd = -1;
     pthread_mutex_unlock(&gc->mu);
+    return rc;
 }
 
 int64_t lmq_gc_flushed(lmq_gc *gc) {

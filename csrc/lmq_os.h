@@ -84,9 +84,9 @@ void lmq_gc_pause(lmq_gc *gc);
 void lmq_gc_done(lmq_gc *gc, int64_t flushed);
 /* Publish a new flushed offset (no claim involved) and wake every waiter it covers. */
 void lmq_gc_publish(lmq_gc *gc, int64_t flushed);
-/* Wake everyone for good: waiters not covered get ESHUTDOWN, the flusher gets -1. Returns once no flush is
- * in progress, so the caller may then close the segment files. */
-void lmq_gc_close(lmq_gc *gc);
+/* Wake everyone for good: waiters not covered get ESHUTDOWN, the flusher gets -1. Returns 0 once no flush is
+ * in progress (the caller may then close the segment files), or ETIMEDOUT if one still runs after timeout_us. */
+int lmq_gc_close(lmq_gc *gc, int64_t timeout_us);
 int64_t lmq_gc_flushed(lmq_gc *gc);
 /* Anonymous private memory (transient store pool buffers): 0 or -1 + errno (ENOMEM). */
 int lmq_map_anon(size_t len, void **out);

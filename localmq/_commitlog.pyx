@@ -123,8 +123,9 @@ cdef class GroupCommit:
             raise MemoryError()
 
     def __dealloc__(self):
+        # No wait here: nothing can still be flushing through an object nobody references (the service and
+        # every waiting put hold references), and waiting with the GIL held could only deadlock.
         if self.gc != NULL:
-            lmq_gc_close(self.gc)
             lmq_gc_free(self.gc)
             self.gc = NULL
 
@@ -165,6 +166,7 @@ cdef class GroupCommit:
         cdef int status = 0, rc = 0, err = 0
         cdef long long rounds = 0
         if mf.addr == NULL:
+            lmq_gc_done(self.gc, lmq_gc_flushed(self.gc))  # give the caller's claim back
             raise StoreClosedError(f"mapped file {mf.path} is closed")
         mf.exports += 1  # keeps the mapping alive through the nogil loop (close() defers its unmap)
         try:
@@ -219,10 +221,14 @@ cdef class GroupCommit:
         """The writer moved to ``mf``: waiting puts may flush its descriptor themselves."""
         lmq_gc_set_file(self.gc, mf.fd, mf.file_from_offset, mf.file_from_offset + mf.file_size)
 
-    def close(self):
-        """Release every waiter for good; returns once no flush is running (then files may be closed)."""
+    def close(self, double timeout_s=10.0):
+        """Release every waiter for good; returns True once no flush is running (then files may be closed),
+        False if one still runs after ``timeout_s``."""
+        cdef int rc
+        cdef int64_t us = <int64_t>(timeout_s * 1e6)
         with nogil:  # may wait for a leader's fdatasync
-            lmq_gc_close(self.gc)
+            rc = lmq_gc_close(self.gc, us)
+        return rc == 0
 
     @property
     def flushed(self):

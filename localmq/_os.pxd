@@ -37,7 +37,7 @@ cdef extern from "lmq_os.h" nogil:
     void lmq_gc_done(lmq_gc *gc, int64_t flushed)
     void lmq_gc_pause(lmq_gc *gc)
     void lmq_gc_set_file(lmq_gc *gc, int fd, int64_t base, int64_t end)
-    void lmq_gc_close(lmq_gc *gc)
+    int lmq_gc_close(lmq_gc *gc, int64_t timeout_us)
     int64_t lmq_gc_flushed(lmq_gc *gc)
     int lmq_map_anon(size_t length, void **out)
 

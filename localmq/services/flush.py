@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Callable, Iterable
 
+from localmq.errors import StoreClosedError
 from localmq.services.service_thread import ServiceThread
 
 log = logging.getLogger("localmq.flush")
@@ -129,6 +130,8 @@ class GroupCommitService(ServiceThread):
                 log.error("%s: flushing the commit log failed: %s (waiting puts will time out)", self.name, e)
                 self._stopped.wait(0.01)
                 continue
+            except StoreClosedError:
+                break  # the segment was closed under us: the store is closing (serve gave the claim back)
             finally:
                 if not released:
                     gc.done(gc.flushed)
@@ -158,7 +161,9 @@ class GroupCommitService(ServiceThread):
 
     def on_shutdown(self) -> None:
         # the store flushes and publishes before it stops this service; close() releases any waiter left
-        self.gc.close()
+        if not self.gc.close():
+            self.errors += 1
+            log.error("%s: a flush was still running 10 s after close began", self.name)
 
 
 class CommitRealTimeService(ServiceThread):
