@@ -1,7 +1,7 @@
 """Producer: sends messages to a queue (Memory, Embedded or Local), one queue id per producer by default."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import Callable, Dict, Iterable, List, Optional, Union
 
 from localmq._codec import Message
 from localmq.errors import StoreClosedError

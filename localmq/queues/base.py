@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Dict, Iterable, List, Optional, Protocol, Tuple, runtime_checkable
 
 from localmq._codec import properties_to_bytes
 from localmq.config import MAX_QUEUE_ID
-from localmq.errors import InvalidPropertyError, InvalidQueueIdError
+from localmq.errors import InvalidPropertyError, InvalidQueueIdError, StoreClosedError
 
 log = logging.getLogger("localmq.queues")
 
@@ -158,3 +159,50 @@ class QueueClientsMixin:
                 st.close()
             except Exception:  # noqa: BLE001 - see the docstring
                 log.exception("closing the clients of %r", self)
+
+
+class ProgressWaiterMixin:
+    """Long polling for the in-process queues: puts bump ``_progress`` and notify ``_cond``.
+
+    The class using it sets ``_cond`` (a Condition), ``_progress``, ``_wakes``, ``_waiters`` and ``_closed`` and
+    has ``_check_open()``.
+    """
+
+    def wake_waiters(self) -> None:
+        """Make every thread in ``wait_for_new_messages`` return now."""
+        with self._cond:
+            self._wakes += 1
+            self._cond.notify_all()
+
+    @property
+    def progress(self) -> int:
+        """Messages put since the queue was opened (grows with every put)."""
+        return self._progress
+
+    def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
+        """Block until a message is put after ``since`` (a ``progress`` value; default now) or ``timeout`` s
+        pass (or ``wake_waiters`` is called). Returns ``progress``. Raises StoreClosedError when the queue is (or gets)
+        closed."""
+        self._check_open()
+        if since is None:
+            since = self._progress
+        if self._progress != since:
+            return self._progress
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._waiters += 1
+            wakes = self._wakes
+            try:
+                while self._progress == since and self._wakes == wakes:
+                    if self._closed:
+                        raise StoreClosedError("the queue was closed while waiting")
+                    wait = 0.5
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        wait = min(wait, left)
+                    self._cond.wait(wait)
+            finally:
+                self._waiters -= 1
+        return self._progress

@@ -19,7 +19,7 @@ from localmq.config import MAX_QUEUE_ID, TOPIC_RE, GetStatus, PutStatus, check_t
 from localmq.errors import (
     ConfigError, CorruptStoreError, InvalidQueueIdError, MessageSizeError, StoreClosedError,
 )
-from localmq.queues.base import QueueClientsMixin, build_properties, check_queue_id
+from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id
 from localmq.queues.memory import _tag_names
 from localmq.services.service_thread import ServiceThread
 from localmq.store.mapped_file_queue import _makedirs_durable
@@ -240,7 +240,7 @@ class EmbeddedFlushService(ServiceThread):
                 continue  # closed by close() meanwhile
 
 
-class EmbeddedMessageQueue(QueueClientsMixin):
+class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
     """One file queue per (topic, queue id) ("bucket"), each a directory of fixed-size memory-mapped partitions
     holding the simple frame (TOTALSIZE, MAGIC, BODY, HEADERS, PROPERTIES; see localmq._frame).
 
@@ -577,46 +577,6 @@ class EmbeddedMessageQueue(QueueClientsMixin):
                 out.setdefault(t, []).append(q)
         return {t: sorted(qs) for t, qs in sorted(out.items())}
 
-    # -- long polling ---------------------------------------------------------------------------------------
-
-    def wake_waiters(self) -> None:
-        """Make every thread in ``wait_for_new_messages`` return now."""
-        with self._cond:
-            self._wakes += 1
-            self._cond.notify_all()
-
-    @property
-    def progress(self) -> int:
-        """Messages put since the queue was opened (grows with every put)."""
-        return self._progress
-
-    def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
-        """Block until a message is put after ``since`` (a ``progress`` value; default now) or ``timeout`` s
-        pass (or ``wake_waiters`` is called). Returns ``progress``. Raises StoreClosedError when the queue is (or gets)
-        closed."""
-        self._check_open()
-        if since is None:
-            since = self._progress
-        if self._progress != since:
-            return self._progress
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            self._waiters += 1
-            wakes = self._wakes
-            try:
-                while self._progress == since and self._wakes == wakes:
-                    if self._closed:
-                        raise StoreClosedError("the queue was closed while waiting")
-                    wait = 0.5
-                    if deadline is not None:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            break
-                        wait = min(wait, left)
-                    self._cond.wait(wait)
-            finally:
-                self._waiters -= 1
-        return self._progress
 
     # -- flush / close --------------------------------------------------------------------------------------
 

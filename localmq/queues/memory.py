@@ -9,7 +9,7 @@ from localmq._commitlog import make_put_result
 from localmq._frame import stored_message
 from localmq.config import MAX_QUEUE_ID, GetStatus, PutStatus, check_topic
 from localmq.errors import InvalidQueueIdError, MessageSizeError, StoreClosedError
-from localmq.queues.base import QueueClientsMixin, build_properties, check_queue_id
+from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id
 from localmq.store.store import GetResult
 
 _PUT_OK = PutStatus.PUT_OK
@@ -28,7 +28,7 @@ class _Bucket:
         self.last_ts = 0
 
 
-class MemoryMessageQueue(QueueClientsMixin):
+class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
     """Messages in a dict of (topic, queue id) -> list, offsets per consumer group in memory; nothing persists.
 
     The same interface as the Local and Embedded queues (put / put_batch / get_message / offsets / long polling /
@@ -208,46 +208,6 @@ class MemoryMessageQueue(QueueClientsMixin):
             out.setdefault(t, []).append(q)
         return {t: sorted(qs) for t, qs in sorted(out.items())}
 
-    # -- long polling ---------------------------------------------------------------------------------------
-
-    def wake_waiters(self) -> None:
-        """Make every thread in ``wait_for_new_messages`` return now."""
-        with self._cond:
-            self._wakes += 1
-            self._cond.notify_all()
-
-    @property
-    def progress(self) -> int:
-        """Messages put so far (grows with every put)."""
-        return self._progress
-
-    def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
-        """Block until a message is put after ``since`` (a ``progress`` value; default now) or ``timeout`` s
-        pass (or ``wake_waiters`` is called). Returns ``progress``. Raises StoreClosedError when the queue is (or gets)
-        closed."""
-        self._check_open()
-        if since is None:
-            since = self._progress
-        if self._progress != since:
-            return self._progress
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            self._waiters += 1
-            wakes = self._wakes
-            try:
-                while self._progress == since and self._wakes == wakes:
-                    if self._closed:
-                        raise StoreClosedError("the queue was closed while waiting")
-                    wait = 0.5
-                    if deadline is not None:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            break
-                        wait = min(wait, left)
-                    self._cond.wait(wait)
-            finally:
-                self._waiters -= 1
-        return self._progress
 
     # -- close ----------------------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from localmq._native import fsync_dir
 from localmq._commitlog import GroupCommit
 from localmq.config import MAX_QUEUE_ID, TOPIC_RE, FlushDiskType, GetStatus, StoreConfig, check_topic
 from localmq.errors import (
-    CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
+    DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
     InvalidQueueIdError, StoreClosedError, StoreLockedError,
 )
 from localmq.services.allocate import AllocateMappedFileService
@@ -35,7 +35,7 @@ from localmq.store.index import IndexService
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.checkpoint import StoreCheckpoint
 from localmq.store.mapped_file_queue import MappedFileQueue
-from localmq.store.recovery import RecoveryReport, recover_commit_log
+from localmq.store.recovery import recover_commit_log
 
 log = logging.getLogger("localmq.store")
 
@@ -827,7 +827,6 @@ class LocalMessageQueue(QueueClientsMixin):
     def stats(self) -> Dict[str, Any]:
         """Counters of the store and its services."""
         core = self._reput
-        svc = self._reput_service
         return {
             "puts": self.commit_log.puts,
             "put_failures": self.commit_log.put_failures,
