@@ -10,6 +10,18 @@ import localmq
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "rocketmq"
 
 
+@pytest.fixture(autouse=True)
+def _host_disk_does_not_trigger_retention(request, monkeypatch):
+    """Stores opened in this process see a 10 %-full disk unless a test injects its own ``disk_usage``: how full
+    the host's disk happens to be must not make retention delete segments or refuse puts in unrelated tests
+    (seen on a 84 %-full development disk). Retention's own tests inject a fake disk."""
+    import localmq.services.clean as clean
+
+    if request.module.__name__.endswith("test_store_retention"):
+        return  # those tests inject their disk, and one checks the real statvfs reading
+    monkeypatch.setattr(clean, "disk_used_ratio", lambda path: 0.10)
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir():
     d = Path(os.environ.get("LOCALMQ_FIXTURES", FIXTURES))
