@@ -40,6 +40,7 @@ log = logging.getLogger("localmq.store")
 
 _MAX_TS = (1 << 63) - 1
 _HEX_RE = re.compile(r"[0-9A-Fa-f]+")
+_BAD_KEY_RE = re.compile("[ \x01\x02]")
 
 _S_FOUND = GetStatus.FOUND
 _STATUS_OF_SCAN = {
@@ -466,7 +467,7 @@ class LocalMessageQueue:
         """
         self._require_index()
         check_topic(topic)
-        if not isinstance(key, str) or not key or any(ch in key for ch in " \x01\x02"):
+        if not isinstance(key, str) or not key or _BAD_KEY_RE.search(key) is not None:
             raise InvalidPropertyError(f"a key is a non-empty str without spaces or 0x01/0x02, not {key!r}")
         if max_num is None:
             max_num = self.config.default_query_max_num
@@ -490,7 +491,7 @@ class LocalMessageQueue:
                 if (m is None or m.physical_offset != off or m.topic != topic
                         or not begin <= m.store_timestamp <= end):
                     continue  # a hash collision, or a record retention removed
-                if m.uniq_key == key or (not uniq_only and key in m.keys):
+                if (not uniq_only and key in m.keys) or m.uniq_key == key:
                     found.append(m)
                     if len(found) >= max_num:
                         break
