@@ -51,10 +51,13 @@ def query_keys():
 def localmq_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("index_bench") / "store"
     t0 = time.perf_counter()
-    st = localmq.open(path)
+    # the disk is shared with other jobs: retention's disk-full guard (which refuses puts past 90 % used) must
+    # not flip during the build; a put that fails for a real reason (no space for a segment) still fails below
+    st = localmq.open(path, disk_usage=lambda _path: 0.0)
     put = st.put
     for i in range(MESSAGES):
-        put(TOPIC, BODY, queue_id=i & 7, keys=key_of(i))
+        if not put(TOPIC, BODY, queue_id=i & 7, keys=key_of(i)).ok:
+            pytest.fail(f"put {i} failed: {put(TOPIC, BODY, keys=key_of(i))!r}")
     t1 = time.perf_counter()
     assert st.wait_for_index(3600) and st.wait_for_dispatch(3600)
     t2 = time.perf_counter()

@@ -522,7 +522,10 @@ class LocalMessageQueue:
                 return m
         if self.index_service is None:
             return None
-        for t in ([topic] if topic is not None else list(self.topics())):
+        # every topic written (the put path's table, filled from the ConsumeQueues at open), not only those the
+        # ConsumeQueue dispatcher has reached yet
+        topics = [topic] if topic is not None else sorted({t for t, _ in self.commit_log.topic_table()})
+        for t in topics:
             for k in dict.fromkeys((msg_id, mid)):
                 found = self._query_index(t, k, 1, 0, _MAX_TS, True)
                 if found:
