@@ -183,15 +183,16 @@ def select_offsets(const uint8_t[::1] buf, long long slot_num, int key_hash, lon
     is the file's begin time plus whole seconds), newest first, at most ``max_num``. An int64 numpy array."""
     if slot_num <= 0 or buf.shape[0] < INDEX_HEADER_SIZE + slot_num * HASH_SLOT_SIZE:
         raise ValueError("buffer smaller than the slot table")
-    if max_num <= 0:
-        return np.empty(0, np.int64)
+    cdef int64_t items = (buf.shape[0] - INDEX_HEADER_SIZE - slot_num * HASH_SLOT_SIZE) // INDEX_SIZE
+    cdef const uint8_t *base = &buf[0]
+    cdef int32_t count = index_count_of(base)
+    if max_num <= 0 or count > items:
+        return np.empty(0, np.int64)  # (a header that does not fit this geometry: nothing can be read safely)
+    if max_num > count:
+        max_num = count  # a chain holds fewer items than the file
     out = np.empty(max_num, np.int64)
     cdef int64_t *op = <int64_t *>cnp.PyArray_DATA(out)
     cdef Py_ssize_t n
-    cdef int64_t items = (buf.shape[0] - INDEX_HEADER_SIZE - slot_num * HASH_SLOT_SIZE) // INDEX_SIZE
-    cdef const uint8_t *base = &buf[0]
-    if index_count_of(base) > items:
-        return out[:0]  # a header that does not fit this geometry: nothing can be read safely
     with nogil:  # a chain may run through a large file
         n = select_c(base, slot_num, key_hash, begin, end, op, max_num)
     return out[:n]

@@ -36,9 +36,10 @@ What is deleted, and when (RocketMQ 4.x DefaultMessageStore, see the spec 5.7 an
   last) whose units all point below it, with ``delete_consume_queue_files_interval`` ms after each queue that
   deleted something. RocketMQ destroys CQ files with a fixed 60 s forcible interval; this uses
   ``destroy_mapped_file_interval_forcibly`` for both.
-- Index files: IndexFile does not exist yet. The hook is ``CleanService.index_service``: when set to an
-  object with ``delete_expired_file(min_offset)``, it is called after the ConsumeQueues (as RocketMQ's
-  ``indexService.deleteExpiredFile``); an int it returns is counted as deleted index files.
+- Index files (localmq.store.index): the hook is ``CleanService.index_service``, set by the store to its
+  IndexService (None when the index is disabled); its ``delete_expired_file(min_offset)`` is called after the
+  ConsumeQueues (as RocketMQ's ``indexService.deleteExpiredFile``); the int it returns is counted as deleted
+  index files.
 
 Time goes through an injectable clock (ms since the epoch; mtimes are compared with it and the
 ``delete_when`` hour is its local hour) and disk usage through an injectable callable, so tests use a fake

@@ -64,6 +64,7 @@ ITEMS_PER_SLOT = 4
 # IndexService.deleteExpiredFile destroys with a 3 s forcible interval
 DESTROY_FORCIBLY_MS = 3000
 _HEADER = struct.Struct(">qqqqii")
+_TIMES = struct.Struct(">qq")
 _NAME_DIGITS = 17
 _MAX_FILE_SIZE = (1 << 31) - 1  # RocketMQ computes positions in an int
 
@@ -121,6 +122,11 @@ class IndexHeader:
     end_phy_offset: int
     hash_slot_count: int
     index_count: int
+
+
+def _time_matched(times, begin: int, end: int) -> bool:
+    b, e = times
+    return (begin < b and end > e) or b <= begin <= e or b <= end <= e
 
 
 def _file_name(ms: int) -> str:
@@ -198,6 +204,10 @@ class IndexFile:
             v[5] = 1
         return IndexHeader(*v)
 
+    def _times(self):
+        """(beginTimestamp, endTimestamp) straight from the mapping (the query path)."""
+        return _TIMES.unpack(self.mapped_file.read(0, 16))
+
     @property
     def begin_timestamp(self) -> int:
         return self.header.begin_timestamp
@@ -220,10 +230,7 @@ class IndexFile:
 
     def is_time_matched(self, begin: int, end: int) -> bool:
         """RocketMQ's IndexFile.isTimeMatched: the file's [begin, end] times meet the range."""
-        h = self.header
-        return ((begin < h.begin_timestamp and end > h.end_timestamp)
-                or h.begin_timestamp <= begin <= h.end_timestamp
-                or h.begin_timestamp <= end <= h.end_timestamp)
+        return _time_matched(self._times(), begin, end)
 
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
         """Insert the full index key ``key`` (``"<topic>#<key>"`` in a store). False when the file is full."""
@@ -437,9 +444,9 @@ class IndexService:
         seen = set()
         for f in reversed(self.files):
             try:
-                hdr = f.header
-                matched = f.is_time_matched(wbegin, end)
-                found = f._select(h, max_num - len(out), wbegin, end).tolist() if matched else []
+                times = f._times()
+                found = f._select(h, max_num - len(out), wbegin, end).tolist() \
+                    if _time_matched(times, wbegin, end) else ()
             except StoreClosedError:
                 continue  # deleted by retention after the snapshot
             if found:
@@ -449,7 +456,7 @@ class IndexService:
                         out.append(off)
                         if len(out) >= max_num:
                             return out
-            if hdr.begin_timestamp < wbegin:
+            if times[0] < wbegin:
                 break
         return out
 

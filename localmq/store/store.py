@@ -41,6 +41,7 @@ log = logging.getLogger("localmq.store")
 
 _MAX_TS = (1 << 63) - 1
 _HEX_RE = re.compile(r"[0-9A-Fa-f]+")
+_BAD_KEY_RE = re.compile("[ \x01\x02]")
 
 _S_FOUND = GetStatus.FOUND
 _STATUS_OF_SCAN = {
@@ -470,7 +471,7 @@ class LocalMessageQueue(QueueClientsMixin):
         """
         self._require_index()
         check_topic(topic)
-        if not isinstance(key, str) or not key or any(ch in key for ch in " \x01\x02"):
+        if not isinstance(key, str) or not key or _BAD_KEY_RE.search(key) is not None:
             raise InvalidPropertyError(f"a key is a non-empty str without spaces or 0x01/0x02, not {key!r}")
         if max_num is None:
             max_num = self.config.default_query_max_num
@@ -494,7 +495,7 @@ class LocalMessageQueue(QueueClientsMixin):
                 if (m is None or m.physical_offset != off or m.topic != topic
                         or not begin <= m.store_timestamp <= end):
                     continue  # a hash collision, or a record retention removed
-                if m.uniq_key == key or (not uniq_only and key in m.keys):
+                if (not uniq_only and key in m.keys) or m.uniq_key == key:
                     found.append(m)
                     if len(found) >= max_num:
                         break
@@ -525,7 +526,10 @@ class LocalMessageQueue(QueueClientsMixin):
                 return m
         if self.index_service is None:
             return None
-        for t in ([topic] if topic is not None else list(self.topics())):
+        # every topic written (the put path's table, filled from the ConsumeQueues at open), not only those the
+        # ConsumeQueue dispatcher has reached yet
+        topics = [topic] if topic is not None else sorted({t for t, _ in self.commit_log.topic_table()})
+        for t in topics:
             for k in dict.fromkeys((msg_id, mid)):
                 found = self._query_index(t, k, 1, 0, _MAX_TS, True)
                 if found:
