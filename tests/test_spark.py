@@ -89,8 +89,8 @@ def test_bounds_topics_and_schema_subset(spark, store):
     path, sent = store
     df = (spark.read.format("localmq").schema("topic string, partition int, offset long")
           .option("mapped_file_size_commit_log", SEG).option("topics", "orders")
-          .option("startingOffsets", '{"orders": {"0": 10, "1": -2}}')
-          .option("endingOffsets", '{"orders": {"0": 20, "2": 5}}').load(path))
+          .option("startingOffsets", '{"orders": {"0": 10, "1": -2, "2": -2, "3": -2}}')
+          .option("endingOffsets", '{"orders": {"0": 20, "1": -1, "2": 5, "3": -1}}').load(path))
     got = sorted(tuple(r) for r in df.collect())
     full = {q: sum(1 for s in sent if s[:2] == ("orders", q)) for q in range(QUEUES)}
     want = [("orders", 0, o) for o in range(10, 20)] + [("orders", 1, o) for o in range(full[1])] + \
@@ -205,3 +205,62 @@ def test_streaming_starts_at_latest_by_default(spark, tmp_path):
         st.wait_for_dispatch()
         assert sum(run_stream(spark, path, out, ck)) == 50
     assert {r.value for r in spark.read.parquet(out).collect()} == {b"new"}
+
+
+def cut_dispatch(path, phys):
+    """Zero the ConsumeQueue units of records at or past ``phys``: a dispatcher that stopped there."""
+    import numpy as np
+
+    dtype = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+    for d, _, files in os.walk(os.path.join(path, "consumequeue")):
+        for name in files:
+            units = np.fromfile(os.path.join(d, name), dtype)
+            units[units["offset"] >= phys] = 0
+            units.tofile(os.path.join(d, name))
+
+
+def test_streaming_reads_undispatched_records_of_a_stopped_store(spark, tmp_path):
+    """A store closed with 400 of its 1000 records indexed: the stream reads all 1000 from the log; after a
+    writer reopens it (its recovery indexes the rest) and adds 100, the stream goes on with those 100 only."""
+    path = str(tmp_path / "store")
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
+        rs = [st.put("a" if i < 900 else "z", b"%06d" % i, queue_id=i % 2) for i in range(1000)]
+        st.wait_for_dispatch()
+    cut_dispatch(path, rs[400].physical_offset)
+    assert sum(run_stream(spark, path, out, ck, startingOffsets="earliest", maxOffsetsPerTrigger=300)) == 1000
+    with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
+        st.wait_for_dispatch()
+        for i in range(1000, 1100):
+            st.put("a", b"%06d" % i, queue_id=i % 2)
+        st.wait_for_dispatch()
+    assert sum(run_stream(spark, path, out, ck)) == 100
+    rows = spark.read.parquet(out).collect()
+    assert sorted(int(r.value) for r in rows) == list(range(1100))
+    per_queue = {}
+    for r in rows:
+        per_queue.setdefault((r.topic, r.partition), []).append(r.offset)
+    assert all(sorted(v) == list(range(len(v))) for v in per_queue.values())
+
+
+def test_streaming_fail_on_data_loss(spark, tmp_path):
+    """Retention removes records a stream has not read yet: failOnDataLoss (default) stops the query with the
+    offsets lost; false skips to the earliest offset left, with a warning, and reads the rest."""
+    path = str(tmp_path / "store")
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
+        st.put_batch("a", [b"%06d" % i for i in range(100)], queue_id=0)
+        st.wait_for_dispatch()
+        assert sum(run_stream(spark, path, out, ck, startingOffsets="earliest")) == 100
+        for i in range(100, 3000, 100):
+            st.put_batch("a", [b"%06d" % j for j in range(i, i + 100)], queue_id=0)
+        st.wait_for_dispatch()
+    os.unlink(os.path.join(path, "commitlog", "%020d" % 0))  # what retention does to the oldest segment
+    with pytest.raises(Exception, match="removed by retention.*failOnDataLoss"):
+        run_stream(spark, path, out, ck)
+    lost_to = min(m.queue_offset for m in localmq.read_commitlog(os.path.join(path, "commitlog"),
+                                                                 mapped_file_size=SEG))
+    assert lost_to > 100
+    assert sum(run_stream(spark, path, out, ck, failOnDataLoss="false")) == 3000 - lost_to
+    values = sorted(int(r.value) for r in spark.read.parquet(out).collect())
+    assert values == list(range(100)) + list(range(lost_to, 3000))

@@ -178,8 +178,11 @@ def test_segment_partitions_start_at_record_boundaries(written):
 @pytest.mark.parametrize("mode", ["segment", "queue"])
 def test_offsets_topics_and_bounds(written, mode):
     path, sent = written
-    starting = '{"orders": {"0": 5, "2": -2}, "clicks": {"1": 30}}'
-    ending = '{"orders": {"0": 50, "3": 7}, "clicks": {"1": -1}}'
+    # Kafka's rule: JSON offsets name every queue of the topics read (-2 earliest, -1 latest)
+    starting = ('{"orders": {"0": 5, "1": -2, "2": -2, "3": -2}, '
+                '"clicks": {"0": -2, "1": 30, "2": -2, "3": -2}}')
+    ending = ('{"orders": {"0": 50, "1": -1, "2": -1, "3": 7}, '
+              '"clicks": {"0": -1, "1": -1, "2": -1, "3": -1}}')
     t = table(path, topics="orders,clicks", startingOffsets=starting, endingOffsets=ending, partitioning=mode)
     n = {(tp, q): sum(1 for s in sent if s[:2] == (tp, q)) for tp in TOPICS for q in range(QUEUES)}
     bounds = {("orders", 0): (5, 50), ("orders", 3): (0, 7), ("clicks", 1): (30, n[("clicks", 1)])}
@@ -243,6 +246,24 @@ def test_corrupt_record_inside_the_range_raises(written):
         assert e.value.offset == at and e.value.path == seg
 
 
+ALL_ORDERS_FROM_0 = '{"orders": {"0": 0, "1": -2, "2": -2, "3": -2}}'
+
+
+def test_offsets_json_must_name_every_queue(written):
+    """Kafka's rule: a queue left out of JSON offsets is an error, not a silent earliest/latest; without a topics
+    option the JSON's topics are the ones read."""
+    path, sent = written
+    with pytest.raises(ConfigError, match="every queue.*missing: orders/1, orders/2, orders/3"):
+        plan(path, startingOffsets='{"orders": {"0": 0}}', **OPTS)
+    with pytest.raises(ConfigError, match="endingOffsets.*missing: clicks/0"):
+        plan(path, topics="orders,clicks", endingOffsets='{"orders": {"0": 1, "1": 1, "2": 1, "3": 1}}', **OPTS)
+    with pytest.raises(ConfigError, match="does not have.*orders/9"):
+        plan(path, startingOffsets='{"orders": {"0": 0, "1": 0, "2": 0, "3": 0, "9": 0}}', **OPTS)
+    p = plan(path, startingOffsets='{"orders": {"0": 3, "1": -2, "2": -2, "3": -2}}', **OPTS)
+    assert {t for t, _ in p.offsets} == {"orders"}
+    assert p.offsets[("orders", 0)][0] == 3
+
+
 def test_retention_and_fail_on_data_loss(written, caplog):
     path, sent = written
     os.unlink(os.path.join(path, "commitlog", "%020d" % 0))  # what retention does to the oldest segment
@@ -250,9 +271,9 @@ def test_retention_and_fail_on_data_loss(written, caplog):
     lo = p.offsets[("orders", 0)][0]
     assert lo > 0
     with pytest.raises(planmod.OffsetRangeError, match="failOnDataLoss"):
-        plan(path, startingOffsets='{"orders": {"0": 0}}', **OPTS)
+        plan(path, startingOffsets=ALL_ORDERS_FROM_0, **OPTS)
     with caplog.at_level(logging.WARNING, logger="localmq.spark"):
-        t = table(path, startingOffsets='{"orders": {"0": 0}}', failOnDataLoss="false", topics="orders")
+        t = table(path, startingOffsets=ALL_ORDERS_FROM_0, failOnDataLoss="false", topics="orders")
     assert "removed by retention" in caplog.text
     offs = [o for tp, q, o, _ in rows_of(t) if q == 0]
     assert min(offs) == lo
@@ -271,15 +292,114 @@ def test_rocketmq_fixture_bare_commitlog(fixtures_dir, tmp_path):
     assert t.column("msg_id").to_pylist()[1] == "C0A8470100001FBB" + "%016X" % 172  # store host 192.168.71.1:8123
 
 
+def spec_walk(commitlog):
+    """(queue offset, physical offset) of every record of a RocketMQ commit log, walked as the spec's section 1
+    lays records out: TOTALSIZE, MAGICCODE (0xDAA320A7; blank 0xCBD43194 ends a file), QUEUEOFFSET at 20,
+    PHYSICALOFFSET at 28; a zero size ends the data."""
+    out = []
+    for name in sorted(os.listdir(commitlog)):
+        data = (commitlog / name).read_bytes()
+        pos = 0
+        while pos + 8 <= len(data):
+            size, magic = struct.unpack_from(">iI", data, pos)
+            if size == 0 or magic == 0xCBD43194:
+                break
+            assert magic == 0xDAA320A7
+            out.append(struct.unpack_from(">qq", data, pos + 20))
+            pos += size
+    return out
+
+
 def test_rocketmq_fixture_with_consume_queues(fixtures_dir, tmp_path):
+    """A store whose ConsumeQueue stops at unit 56 while its commit log holds 179 records (never dispatched):
+    with no writer holding it, a batch read gives every record; includeUndispatched=false gives what is indexed."""
     src = fixtures_dir / "EricPanGopher-rocketmq-9835cd5f" / "store" / "unit_test_store"
     store = shutil.copytree(src, tmp_path / "store")
     units = localmq.read_consume_queue(str(store / "consumequeue" / "abc" / "0"))
+    records = spec_walk(store / "commitlog")
+    assert len(records) == 179 and len(units) == 56
     for mode in ("segment", "queue"):
         t = table(str(store), mapped_file_size_commit_log=8192, partitioning=mode)
-        # what the ConsumeQueue indexes (records past its last unit were never dispatched)
+        got = sorted(zip(t.column("offset").to_pylist(), t.column("physical_offset").to_pylist()))
+        assert got == sorted(records)
+        t = table(str(store), mapped_file_size_commit_log=8192, partitioning=mode, includeUndispatched="false")
         assert t.column("offset").to_pylist() == list(range(len(units)))
         assert t.column("physical_offset").to_pylist() == units["offset"].tolist()
+    # offsets and times reach into the undispatched records
+    t = table(str(store), mapped_file_size_commit_log=8192, startingOffsets='{"abc": {"0": 50}}',
+              endingOffsets='{"abc": {"0": 100}}')
+    assert sorted(t.column("offset").to_pylist()) == list(range(50, 100))
+    p = plan(str(store), mapped_file_size_commit_log=8192)
+    assert p.offsets == {("abc", 0): (0, 179)}
+
+
+def cut_dispatch(path, phys):
+    """Zero every ConsumeQueue unit of records at or past commit-log offset ``phys``: the files a dispatcher that
+    stopped there leaves behind."""
+    dtype = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+    for d, _, files in os.walk(os.path.join(path, "consumequeue")):
+        for name in files:
+            f = os.path.join(d, name)
+            units = np.fromfile(f, dtype)
+            units[units["offset"] >= phys] = 0
+            units.tofile(f)
+
+
+@pytest.fixture
+def undispatched(tmp_path):
+    """A closed store whose dispatcher "stopped" at message 200 of 350: orders 0..299 then topic ``late``
+    50 (only in the log); returns (path, sent rows, store time of the first message after the pause)."""
+    path = tmp_path / "store"
+    sent = []
+    with localmq.open(path, mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=200) as st:
+        for i in range(350):
+            if i == 250:
+                time.sleep(0.02)
+            r = st.put("orders" if i < 300 else "late", b"body-%06d" % i, queue_id=i % 2)
+            if i == 200:
+                cut = r.physical_offset
+            if i == 250:
+                t250 = r.store_timestamp
+            sent.append(("orders" if i < 300 else "late", i % 2, r.queue_offset, i))
+        st.wait_for_dispatch()
+    cut_dispatch(str(path), cut)
+    return str(path), sent, t250
+
+
+def test_undispatched_records_are_read_from_a_stopped_store(undispatched):
+    path, sent, t250 = undispatched
+    assert planmod.writer_active(path) is False
+    want = {(t, q, o, b"body-%06d" % i) for t, q, o, i in sent}
+    for mode in ("segment", "queue"):
+        t = table(path, partitioning=mode)
+        assert sorted(rows_of(t)) == sorted(want)
+        t = table(path, partitioning=mode, includeUndispatched="false")
+        assert sorted(rows_of(t)) == sorted(r for r in want if int(r[3][5:]) < 200)
+    p = plan(path, **OPTS)
+    assert p.offsets == {("orders", 0): (0, 150), ("orders", 1): (0, 150), ("late", 0): (0, 25),
+                         ("late", 1): (0, 25)}
+    # offsets and store times that fall past the ConsumeQueues
+    t = table(path, topics="orders", startingOffsets='{"orders": {"0": 90, "1": 140}}')
+    assert sorted(rows_of(t)) == sorted(r for r in want if r[0] == "orders" and r[2] >= (90, 140)[r[1]])
+    t = table(path, startingTimestamp=t250)
+    assert sorted(rows_of(t)) == sorted(r for r in want if int(r[3][5:]) >= 250)
+    t = table(path, endingTimestamp=t250, topics="late")
+    assert t.num_rows == 0
+
+
+def test_undispatched_records_wait_while_a_writer_holds_the_store(tmp_path):
+    """With a live writer, records past the ConsumeQueues may still be written: auto leaves them for later."""
+    path = tmp_path / "store"
+    with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
+        rs = [st.put("t", b"m%d" % i) for i in range(100)]
+        st.wait_for_dispatch()
+        assert planmod.writer_active(str(path)) is True
+        cut_dispatch(str(path), rs[60].physical_offset)
+        assert table(str(path)).num_rows == 60
+        assert table(str(path), includeUndispatched="true").num_rows == 100
+    assert planmod.writer_active(str(path)) is False
+    with pytest.raises(ConfigError, match="includeUndispatched"):
+        plan(str(path), includeUndispatched="maybe")
 
 
 def test_topics_without_queues_read_nothing(written):

@@ -1,5 +1,6 @@
 """The ``localmq`` PySpark Python Data Source (Spark 4): batch and streaming reads of a store, Arrow batches."""
 
+import dataclasses
 import math
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -8,8 +9,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 from localmq.errors import ConfigError
 from localmq.spark.decode import COLUMN_TYPES, read_partition, spark_ddl
 from localmq.spark.plan import (
-    DEFAULT_SEGMENT, LATEST, OffsetRangeError, ReadOptions, StoreFiles, log, plan_batch, queue_partitions,
-    queue_state,
+    DEFAULT_SEGMENT, LATEST, OffsetRangeError, ReadOptions, StoreFiles, check_offsets_json, log, offset_for_time,
+    plan_batch, queue_partitions, split_ranges, store_state, tail_partitions,
 )
 
 __all__ = ["LocalMQDataSource", "LocalMQReader", "LocalMQStreamReader"]
@@ -100,30 +101,35 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.columns = _columns(schema)
         self._target = None
 
-    def _state(self):
+    def _state(self, force_tail=False):
         store = StoreFiles(self.opts.path, self.opts.segment_size)
-        state, _ = queue_state(store, self.opts.topics)
-        return store, state
+        opts = self.opts
+        if force_tail and opts.include_undispatched is not False:
+            opts = dataclasses.replace(opts, include_undispatched=True)
+        state, _, tail = store_state(store, opts)
+        return store, state, tail
 
     def initialOffset(self):
-        store, state = self._state()
+        store, state, tail = self._state()
         opts = self.opts
         starting = opts.starting
+        if isinstance(starting, dict):
+            check_offsets_json(starting, state, "startingOffsets")
         out = {}
         for key, (cq, lo, hi) in state.items():
             if opts.starting_timestamp is not None:
-                out[key] = cq.offset_for_time(store, opts.starting_timestamp, lo, hi)
+                out[key] = offset_for_time(store, state, tail, key, opts.starting_timestamp)
             elif starting == "earliest":
                 out[key] = lo
             elif starting == "latest":
                 out[key] = hi
             else:
-                s = starting.get(key, LATEST)
+                s = starting[key]
                 out[key] = lo if s == -2 else hi if s == LATEST else s
         return _to_json(out)
 
     def _latest(self):
-        _, state = self._state()
+        _, state, _ = self._state()
         return {k: (lo, hi) for k, (_, lo, hi) in state.items()}
 
     def getDefaultReadLimit(self):
@@ -163,8 +169,11 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _to_json(end)
 
     def partitions(self, start, end):
-        store, state = self._state()
         begin, stop = _from_json(start), _from_json(end)
+        store, state, tail = self._state()
+        if any(key not in state or e > state[key][2] for key, e in stop.items()):
+            # planned from records a dispatcher had not indexed, and still has not: read them from the log
+            store, state, tail = self._state(force_tail=True)
         offsets = {}
         for key, e in stop.items():
             if key not in state:
@@ -174,7 +183,13 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         raise OffsetRangeError(msg + "; set failOnDataLoss=false to skip them")
                     log.warning("%s; skipping them", msg)
                 continue
-            _, lo, _ = state[key]
+            _, lo, hi = state[key]
+            if e > hi:
+                msg = f"{key[0]} queue {key[1]}: offsets {hi}..{e} planned for this batch are gone from the log"
+                if self.opts.fail_on_data_loss:
+                    raise OffsetRangeError(msg + "; set failOnDataLoss=false to skip them")
+                log.warning("%s; skipping them", msg)
+                e = hi
             s = begin.get(key, lo)
             if s < lo:
                 msg = f"{key[0]} queue {key[1]}: offsets {s}..{lo} were removed by retention (the earliest is {lo})"
@@ -184,7 +199,9 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 s = lo
             if e > s:
                 offsets[key] = (s, e)
-        parts = queue_partitions(store, state, offsets, self.opts, self.opts.target_partitions)
+        covered, beyond = split_ranges(state, tail, offsets)
+        parts = queue_partitions(store, state, covered, self.opts, self.opts.target_partitions)
+        parts += tail_partitions(store, tail, beyond, self.opts, 1)
         return [InputPartition(p) for p in parts]
 
     def read(self, partition):

@@ -131,11 +131,19 @@ def record_batch(cols, rows, columns, schema):
 
 
 def _segment_rows(cols, part):
-    """Indices of the rows ``part``'s filters keep, or None for all of them."""
+    """Indices of the rows ``part``'s filters keep, or None for all of them.
+
+    PREPARED and ROLLBACK transactional records are never rows: a dispatcher does not index them, so they have
+    no queue offset of their own (RocketMQ writes 0) and consumers never see them.
+    """
+    txn = cols["sys_flag"] & 0xC
+    hidden = (txn == 0x4) | (txn == 0xC)
     if part.topics is None and part.bounds is None and part.min_ts is None and part.max_ts is None:
-        return None
+        if not hidden.any():
+            return None
+        return np.flatnonzero(~hidden)
     n = cols.count
-    keep = np.ones(n, bool)
+    keep = ~hidden
     if part.topics is not None or part.bounds is not None:
         codes, names = _codec.topic_codes(cols)
         if part.topics is not None:

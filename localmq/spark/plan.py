@@ -15,7 +15,8 @@ from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, No
 
 __all__ = [
     "StoreFiles", "ConsumeQueueFiles", "ReadOptions", "SegmentRange", "QueueRange", "OffsetRangeError",
-    "plan_batch", "resolve_offsets", "queue_partitions", "queue_state",
+    "plan_batch", "resolve_offsets", "queue_partitions", "queue_state", "store_state", "writer_active", "Tail",
+    "offset_for_time", "split_ranges", "tail_partitions", "check_offsets_json",
 ]
 
 log = logging.getLogger("localmq.spark")
@@ -94,6 +95,7 @@ class ReadOptions:
     min_partitions: int = None
     partitioning: str = "auto"          # "auto" | "segment" | "queue"
     check_crc: bool = False
+    include_undispatched: object = "auto"   # "auto" | True | False: records past the ConsumeQueues (see Tail)
 
     @classmethod
     def parse(cls, options, *, streaming=False):
@@ -142,8 +144,16 @@ class ReadOptions:
             out.partitioning = str(opts["partitioning"]).strip().lower()
             if out.partitioning not in ("auto", "segment", "queue"):
                 raise ConfigError("option partitioning must be auto, segment or queue")
+        if out.topics is None:
+            # offsets JSON without a topics option: the JSON's topics are the ones read (as Kafka's "assign")
+            named = {t for spec in (out.starting, out.ending) if isinstance(spec, dict) for t, _ in spec}
+            if named:
+                out.topics = tuple(sorted(named))
         if "checkcrc" in opts:
             out.check_crc = _bool(opts["checkcrc"], "checkCRC")
+        if "includeundispatched" in opts:
+            value = str(opts["includeundispatched"]).strip().lower()
+            out.include_undispatched = "auto" if value == "auto" else _bool(value, "includeUndispatched")
         return out
 
     @property
@@ -495,20 +505,179 @@ def queue_state(store, topics):
     return state, bound
 
 
-def resolve_offsets(store, opts, state, starting=None, ending=None):
-    """Per-queue [start, end) offsets for ``opts`` (earliest / latest / JSON / timestamps), checking data loss."""
+def writer_active(root):
+    """Whether a process on this host holds the store's ``lock`` file (a localmq writer or a RocketMQ broker).
+
+    Read from /proc/locks, so the lock file is never opened: closing a descriptor of it would drop this process's
+    own POSIX lock if it is the writer. Returns None when that cannot be told (no /proc/locks); a writer on
+    another host of a shared filesystem is not seen.
+    """
+    try:
+        st = os.stat(os.path.join(root, "lock"))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    ident = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    try:
+        with open("/proc/locks") as f:
+            return any(ident in line.split() for line in f)
+    except OSError:
+        return None
+
+
+@dataclass
+class Tail:
+    """Records the commit log holds past the furthest record the ConsumeQueues index: never dispatched (a
+    broker or writer that stopped before its dispatcher caught up). Their queue offsets are in their headers.
+
+    ``queues``: {(topic, qid): (first offset, end offset)}; ``times``: {(topic, qid): (offsets, store times)}
+    as numpy arrays, for offset-by-time.
+    """
+
+    start: int
+    end: int
+    queues: dict = field(default_factory=dict)
+    times: dict = field(default_factory=dict)
+
+
+def scan_tail(store, start):
+    """Walk and decode the records from ``start`` to the end of the complete records (Tail)."""
+    import numpy as np
+
+    from localmq._codec import RecordColumns, decode_range, topic_codes
+
+    start = max(start, store.min_offset)
+    end = store.walk_end(start)
+    tail = Tail(start, max(start, end))
+    found = {}
+    for base, fpath in store.segments:
+        s, e = max(start, base), min(end, base + store.segment_size)
+        if s >= e:
+            continue
+        mf = MappedFile(fpath, store.segment_size, base, create=False, writable=False)
+        try:
+            pos = s - base
+            while pos < e - base:
+                cols = RecordColumns(65536)
+                n, pos, reason = decode_range(mf, cols, pos, e - base, base, False)
+                if n:
+                    codes, names = topic_codes(cols)
+                    keep = np.flatnonzero(_dispatched(cols["sys_flag"]))
+                    key = (codes.astype(np.int64) << 32 | cols["queue_id"].astype(np.int64))[keep]
+                    qoff, ts = cols["queue_offset"][keep], cols["store_timestamp"][keep]
+                    for k in np.unique(key).tolist():
+                        m = key == k
+                        found.setdefault((names[k >> 32], k & 0xFFFFFFFF), []).append((qoff[m], ts[m]))
+                if reason != "full":
+                    break  # blank (end of this segment) or the end walked to above
+        finally:
+            mf.close()
+    for k, parts in found.items():
+        qoff = np.concatenate([a for a, _ in parts])
+        ts = np.concatenate([b for _, b in parts])
+        tail.queues[k] = (int(qoff.min()), int(qoff.max()) + 1)
+        tail.times[k] = (qoff, ts)
+    return tail
+
+
+def _dispatched(sys_flag):
+    """Rows a dispatcher indexes: all but PREPARED and ROLLBACK transactional records (RocketMQ's rule)."""
+    txn = sys_flag & 0xC
+    return (txn != 0x4) & (txn != 0xC)
+
+
+def store_state(store, opts):
+    """(state, bound, tail): ``queue_state`` plus, when ``opts.include_undispatched`` allows (auto: no writer holds
+    the store), the records past the ConsumeQueues, whose queues' ends are moved past them; a queue that only
+    the tail has gets state (None, first, end). ``tail`` is None when not read.
+    """
+    state, bound = queue_state(store, opts.topics)
+    want = opts.include_undispatched
+    if want == "auto":
+        want = writer_active(store.root) is False
+    if not want or not store.segments:
+        return state, bound, None
+    tail = scan_tail(store, bound)
+    if not tail.queues:
+        return state, bound, None
+    for key, (first, stop) in tail.queues.items():
+        if opts.topics is not None and key[0] not in opts.topics:
+            continue
+        cq, lo, hi = state.get(key, (None, first, first))
+        state[key] = (cq, lo, max(hi, stop))
+    return state, bound, tail
+
+
+def _cq_end(state, tail, key):
+    """The end of what ``key``'s ConsumeQueue covers (where its tail part begins)."""
+    cq, lo, hi = state[key]
+    if tail is not None and key in tail.queues:
+        return max(lo, min(hi, tail.queues[key][0])) if cq is not None else lo
+    return hi
+
+
+def offset_for_time(store, state, tail, key, ts):
+    """The first offset of ``key`` whose store time is >= ``ts`` (its end when none): ConsumeQueue, then tail."""
+    import numpy as np
+
+    cq, lo, hi = state[key]
+    cq_hi = _cq_end(state, tail, key)
+    if cq is not None and lo < cq_hi:
+        o = cq.offset_for_time(store, ts, lo, cq_hi)
+        if o < cq_hi:
+            return o
+    if tail is not None and key in tail.times:
+        qoff, times = tail.times[key]
+        hit = np.flatnonzero((times >= ts) & (qoff >= cq_hi))
+        if len(hit):
+            return int(qoff[hit].min())
+    return hi
+
+
+def split_ranges(state, tail, offsets):
+    """Split per-queue [start, end) into the part the ConsumeQueues cover and the part only the tail has."""
+    covered, beyond = {}, {}
+    for key, (s, e) in offsets.items():
+        cq_hi = _cq_end(state, tail, key)
+        if state[key][0] is not None and s < min(e, cq_hi):
+            covered[key] = (s, min(e, cq_hi))
+        if e > max(s, cq_hi):
+            beyond[key] = (max(s, cq_hi), e)
+    return covered, beyond
+
+
+def tail_partitions(store, tail, beyond, opts, parts_wanted):
+    """SegmentRange partitions over the tail keeping only the rows in ``beyond``'s per-queue ranges."""
+    if not beyond:
+        return []
+    bounds = {key: beyond.get(key, (0, 0)) for key in tail.queues}
+    bounds.update(beyond)
+    return segment_partitions(store, tail.start, tail.end, opts, parts_wanted, (), bounds)
+
+
+def resolve_offsets(store, opts, state, starting=None, ending=None, tail=None):
+    """Per-queue [start, end) offsets for ``opts`` (earliest / latest / JSON / timestamps), checking data loss.
+
+    A JSON ``startingOffsets`` / ``endingOffsets`` must name every queue of the topics read (Kafka's rule), so
+    that a queue left out is an error rather than a silent default; -2 / -1 stand for earliest / latest.
+    """
+    for spec, name in ((starting if starting is not None else opts.starting, "startingOffsets"),
+                       (ending if ending is not None else opts.ending, "endingOffsets")):
+        if isinstance(spec, dict):
+            check_offsets_json(spec, state, name)
     starting = opts.starting if starting is None else starting
     ending = opts.ending if ending is None else ending
     out = {}
     for key, (cq, lo, hi) in state.items():
-        s = lo if starting == "earliest" else hi if starting == "latest" else starting.get(key, EARLIEST)
-        e = hi if ending == "latest" else ending.get(key, LATEST)
+        s = lo if starting == "earliest" else hi if starting == "latest" else starting[key]
+        e = hi if ending == "latest" else ending[key]
         s = lo if s == EARLIEST else hi if s == LATEST else s
         e = hi if e == LATEST else e
         if opts.starting_timestamp is not None:
-            s = cq.offset_for_time(store, opts.starting_timestamp, lo, hi)
+            s = offset_for_time(store, state, tail, key, opts.starting_timestamp)
         if opts.ending_timestamp is not None:
-            e = cq.offset_for_time(store, opts.ending_timestamp, lo, hi)
+            e = offset_for_time(store, state, tail, key, opts.ending_timestamp)
         if s < lo:
             msg = (f"{key[0]} queue {key[1]}: offsets {s}..{lo} were removed by retention (the earliest is {lo})")
             if opts.fail_on_data_loss:
@@ -520,11 +689,21 @@ def resolve_offsets(store, opts, state, starting=None, ending=None):
         if e < s:
             raise OffsetRangeError(f"{key[0]} queue {key[1]}: ending offset {e} is before starting offset {s}")
         out[key] = (s, e)
-    if isinstance(starting, dict):
-        missing = [k for k in starting if k not in state]
-        if missing:
-            raise ConfigError(f"startingOffsets names queues that have no ConsumeQueue: {missing}")
     return out
+
+
+def check_offsets_json(spec, state, name):
+    """A JSON offsets spec names exactly the queues being read (Kafka: "you must specify all TopicPartitions")."""
+    def show(keys):
+        return ", ".join(f"{t}/{q}" for t, q in sorted(keys))
+
+    missing = [k for k in state if k not in spec]
+    unknown = [k for k in spec if k not in state]
+    if missing:
+        raise ConfigError(f"{name} JSON must give every queue of the topics read (-2 earliest, -1 latest); "
+                          f"missing: {show(missing)}")
+    if unknown:
+        raise ConfigError(f"{name} names queues the store does not have (or topics not read): {show(unknown)}")
 
 
 def queue_partitions(store, state, offsets, opts, parts_wanted):
@@ -577,18 +756,17 @@ def plan_batch(opts):
     """Plan a batch read of ``opts.path``: a consistent prefix of the store as it is now.
 
     With ConsumeQueues, per-queue offsets come from them and the commit log is read up to the furthest record
-    they index; without, the last segment is walked to the end of its complete records and offsets come from
-    the records. Raises NotAStoreError, CorruptStoreError (wrong segment size, gaps), CorruptFrameError,
-    OffsetRangeError or ConfigError.
+    they index; records past it (never dispatched) are read too when no writer holds the store (see
+    ``store_state``). Without ConsumeQueues, the last segment is walked to the end of its complete records and
+    offsets come from the records. Raises NotAStoreError, CorruptStoreError (wrong segment size, gaps),
+    CorruptFrameError, OffsetRangeError or ConfigError.
     """
     store = StoreFiles(opts.path, opts.segment_size)
     parts_wanted = opts.target_partitions
-    state, bound = queue_state(store, opts.topics)
     if not store.segments:
         return Plan([], {}, "segment", 0)
-    if not state and opts.topics is not None and store.queues():
-        return Plan([], {}, "queue", bound)  # the store indexes its topics, none of those asked for
-    if not state:
+    state, bound, tail = store_state(store, opts)
+    if not state and not store.queues():
         # no ConsumeQueues (a bare commit log): scan it, with offsets and times as row filters
         if isinstance(opts.starting, dict) or isinstance(opts.ending, dict):
             bounds = {}
@@ -601,26 +779,33 @@ def plan_batch(opts):
         end = store.walk_end()
         parts = segment_partitions(store, store.min_offset, end, opts, parts_wanted, (), bounds, with_ts=True)
         return Plan(parts, {}, "segment", end)
-    offsets = resolve_offsets(store, opts, state)
-    selected = sum(e - s for s, e in offsets.values())
-    whole = sum(hi - lo for _, lo, hi in state.values())
+    if not state:
+        return Plan([], {}, "queue", bound)  # the store indexes its topics, none of those asked for
+    offsets = resolve_offsets(store, opts, state, tail=tail)
+    covered, beyond = split_ranges(state, tail, offsets)
+    selected = sum(e - s for s, e in covered.values())
+    whole = sum(_cq_end(state, tail, k) - lo for k, (cq, lo, _) in state.items() if cq is not None)
+    rest = sum(e - s for s, e in beyond.values())
+    tail_parts = max(1, round(parts_wanted * rest / max(1, selected + rest))) if rest else 0
+    parts = tail_partitions(store, tail, beyond, opts, tail_parts) if rest else []
+    parts_wanted = max(1, parts_wanted - tail_parts)
     mode = opts.partitioning
     if mode == "auto":
         mode = "segment" if selected * 2 >= whole else "queue"
     if mode == "queue":
-        return Plan(queue_partitions(store, state, offsets, opts, parts_wanted), offsets, "queue", bound)
-    exact = all(offsets[k] == (lo, hi) for k, (_, lo, hi) in state.items())
+        return Plan(queue_partitions(store, state, covered, opts, parts_wanted) + parts, offsets, "queue", bound)
+    exact = all(covered.get(k) == (lo, _cq_end(state, tail, k)) for k, (cq, lo, _) in state.items()
+                if cq is not None and lo < _cq_end(state, tail, k))
     lo_phys, hi_phys = None, 0
-    for key, (s, e) in offsets.items():
-        if e > s:
-            cq = state[key][0]
-            u = cq.unit(s)
-            lo_phys = u[0] if lo_phys is None else min(lo_phys, u[0])
-            hi_phys = max(hi_phys, cq.end_phys(e))
+    for key, (s, e) in covered.items():
+        cq = state[key][0]
+        u = cq.unit(s)
+        lo_phys = u[0] if lo_phys is None else min(lo_phys, u[0])
+        hi_phys = max(hi_phys, cq.end_phys(e))
     if lo_phys is None:
-        return Plan([], offsets, "segment", bound)
+        return Plan(parts, offsets, "segment", bound)
     # every queue read whole up to the bound: no row filter; else each row is checked against its queue's range
-    bounds = None if exact else dict(offsets)
-    queues = [cq for cq, _, _ in state.values()]
-    parts = segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues, bounds)
-    return Plan(parts, offsets, "segment", bound)
+    bounds = None if exact else dict(covered)
+    queues = [cq for cq, _, _ in state.values() if cq is not None]
+    return Plan(segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues, bounds) + parts, offsets,
+                "segment", bound)
