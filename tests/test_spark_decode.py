@@ -406,3 +406,20 @@ def test_topics_without_queues_read_nothing(written):
     path, _ = written
     p = plan(path, topics="nothing-here", **OPTS)
     assert p.partitions == [] and p.offsets == {}
+
+
+def test_transactional_half_and_rollback_records_are_not_rows(tmp_path):
+    """A dispatcher skips PREPARED (sysflag 0x4) and ROLLBACK (0xC) records (spec 1.3, dispatch): a read of the
+    log does too, COMMIT (0x8) and plain records are rows."""
+    seg = 4096
+    flags = [0x0, 0x4, 0x8, 0xC, 0x0]
+    data, pos = b"", 0
+    for i, f in enumerate(flags):
+        r = localmq.encode_message("tx", b"m%d" % i, queue_offset=i, physical_offset=pos, sys_flag=f)
+        data += r
+        pos += len(r)
+    (tmp_path / "commitlog").mkdir()
+    (tmp_path / "commitlog" / ("%020d" % 0)).write_bytes(data + bytes(seg - len(data)))
+    t = table(str(tmp_path), mapped_file_size_commit_log=seg)
+    assert t.column("value").to_pylist() == [b"m0", b"m2", b"m4"]
+    assert t.column("sys_flag").to_pylist() == [0x0, 0x8, 0x0]
