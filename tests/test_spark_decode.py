@@ -4,6 +4,8 @@ import logging
 import os
 import shutil
 import struct
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -423,3 +425,20 @@ def test_transactional_half_and_rollback_records_are_not_rows(tmp_path):
     t = table(str(tmp_path), mapped_file_size_commit_log=seg)
     assert t.column("value").to_pylist() == [b"m0", b"m2", b"m4"]
     assert t.column("sys_flag").to_pylist() == [0x0, 0x8, 0x0]
+
+
+def test_spark_finds_the_data_source_without_registering(tmp_path):
+    """What Spark 4's lookup_data_sources does in a fresh worker (pkgutil.iter_modules for ``pyspark_*`` modules
+    with a DefaultSource), run with no PYTHONPATH from another directory: the install must expose the module."""
+    pytest.importorskip("pyspark")
+    code = ("import pkgutil, importlib\n"
+            "found = [m.name for m in pkgutil.iter_modules() if m.name == 'pyspark_localmq']\n"
+            "src = importlib.import_module(found[0]).DefaultSource if found else None\n"
+            "print(src.name() if src else 'missing', src.__module__ if src else '')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["localmq", "localmq.spark.datasource"], (
+        "pyspark_localmq is not visible to pkgutil: install with pip install --config-settings "
+        "editable_mode=compat -e . (or a regular install), as the README says")
