@@ -264,3 +264,22 @@ def test_streaming_fail_on_data_loss(spark, tmp_path):
     assert sum(run_stream(spark, path, out, ck, failOnDataLoss="false")) == 3000 - lost_to
     values = sorted(int(r.value) for r in spark.read.parquet(out).collect())
     assert values == list(range(100)) + list(range(lost_to, 3000))
+
+
+def test_filter_pushdown_prunes_and_stays_exact(spark, store):
+    """With spark.sql.python.filterPushdown.enabled and option pushFilters, topic / partition / offset filters
+    reach the reader, which plans only the matching queue ranges; the rows equal those without pushdown."""
+    path, sent = store
+    query = "topic = 'orders' AND partition IN (1, 2) AND offset >= 5 AND offset < 60 AND value LIKE 'body-%'"
+    want = sorted(tuple(r) for r in load(spark, path).where(query).select("topic", "partition", "offset").collect())
+    assert want == sorted(("orders", q, o) for q in (1, 2) for o in range(5, 60))
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    try:
+        df = load(spark, path, pushFilters="true").where(query).select("topic", "partition", "offset")
+        got = sorted(tuple(r) for r in df.collect())
+        scan = df._jdf.queryExecution().executedPlan().collectLeaves().head()
+        scanned = scan.metrics().apply("numOutputRows").value()
+    finally:
+        spark.conf.unset("spark.sql.python.filterPushdown.enabled")
+    assert got == want
+    assert scanned == len(want)  # the scan produced only the rows of the pruned ranges, not all N

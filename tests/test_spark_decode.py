@@ -442,3 +442,32 @@ def test_spark_finds_the_data_source_without_registering(tmp_path):
     assert out.stdout.split() == ["localmq", "localmq.spark.datasource"], (
         "pyspark_localmq is not visible to pkgutil: install with pip install --config-settings "
         "editable_mode=compat -e . (or a regular install), as the README says")
+
+
+def test_pushed_filters_narrow_the_plan(written):
+    """pushFilters (Spark 4.1+) prunes topics, queues and offsets, and hands every filter back to Spark."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, IsNotNull, LessThan, StringStartsWith
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    from localmq.spark.datasource import LocalMQFilteringReader as LocalMQReader
+
+    schema = StructType([StructField("topic", StringType()), StructField("partition", IntegerType()),
+                         StructField("offset", LongType())])
+
+    path, sent = written
+    reader = LocalMQReader(dict(OPTS, path=path), schema)
+    filters = [EqualTo(("topic",), "orders"), In(("partition",), (1, 3)), GreaterThanOrEqual(("offset",), 10),
+               LessThan(("offset",), 40), StringStartsWith(("topic",), "ord"), IsNotNull(("offset",))]
+    assert list(reader.pushFilters(filters)) == filters
+    p = planmod.plan_batch(reader.opts)
+    assert p.offsets == {("orders", 1): (10, 40), ("orders", 3): (10, 40)}
+    rows = [r for part in p.partitions for b in decode.read_partition(part, ["topic", "partition", "offset"])
+            for r in zip(*(b.column(i).to_pylist() for i in range(3)))]
+    kept = [r for r in rows if r[0] == "orders" and r[1] in (1, 3) and 10 <= r[2] < 40]
+    assert sorted(kept) == sorted(("orders", q, o) for q in (1, 3) for o in range(10, 40))
+    # a JSON offsets option naming more topics than the filters leave is not an error
+    reader = LocalMQReader(dict(OPTS, path=path, startingOffsets='{"orders": {"0": 1, "1": 2, "2": 3, "3": 4}, '
+                                '"clicks": {"0": 0, "1": 0, "2": 0, "3": 0}}'), schema)
+    list(reader.pushFilters([EqualTo(("topic",), "orders"), EqualTo(("partition",), 2)]))
+    assert planmod.plan_batch(reader.opts).offsets == {("orders", 2): (3, 100)}

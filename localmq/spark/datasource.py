@@ -13,7 +13,7 @@ from localmq.spark.plan import (
     plan_batch, queue_partitions, split_ranges, store_state, tail_partitions,
 )
 
-__all__ = ["LocalMQDataSource", "LocalMQReader", "LocalMQStreamReader"]
+__all__ = ["LocalMQDataSource", "LocalMQReader", "LocalMQFilteringReader", "LocalMQStreamReader"]
 
 
 def _columns(schema):
@@ -55,6 +55,9 @@ class LocalMQDataSource(DataSource):
         return spark_ddl()
 
     def reader(self, schema):
+        opts = {str(k).lower(): v for k, v in dict(self.options).items()}
+        if str(opts.get("pushfilters", "false")).strip().lower() in ("true", "1", "yes"):
+            return LocalMQFilteringReader(self.options, schema)
         return LocalMQReader(self.options, schema)
 
     def streamReader(self, schema):
@@ -75,6 +78,43 @@ class LocalMQReader(DataSourceReader):
         if partition.value is None:
             return iter(())
         return read_partition(partition.value, self.columns, self.opts.batch_size)
+
+
+class LocalMQFilteringReader(LocalMQReader):
+    """The batch reader with filter pushdown, chosen by option ``pushFilters=true``. Spark calls ``pushFilters``
+    only when ``spark.sql.python.filterPushdown.enabled`` is true and refuses a reader that has the method while
+    it is false, which is why the plain reader does not have it."""
+
+    def pushFilters(self, filters):
+        """Prune by ``topic``, ``partition`` and ``offset`` comparisons. Every filter is also returned, so Spark
+        still applies it to the rows: pruning only skips what cannot match, so the result stays exact."""
+        from pyspark.sql.datasource import (
+            EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual,
+        )
+
+        opts = self.opts
+        for f in filters:
+            col = f.attribute[0] if len(f.attribute) == 1 else None
+            if col == "topic" and isinstance(f, (EqualTo, In)):
+                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
+                wanted = {t for t in wanted if isinstance(t, str)}
+                opts.topics = tuple(sorted(wanted if opts.topics is None else wanted & set(opts.topics)))
+                opts.pushed = True
+            elif col == "partition" and isinstance(f, (EqualTo, In)):
+                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
+                wanted = frozenset(q for q in wanted if isinstance(q, int))
+                opts.queue_ids = wanted if opts.queue_ids is None else opts.queue_ids & wanted
+                opts.pushed = True
+            elif (col == "offset" and isinstance(f, (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan,
+                                                     LessThanOrEqual))
+                  and isinstance(f.value, int) and not isinstance(f.value, bool)):
+                v = f.value
+                lo, hi = {EqualTo: (v, v + 1), GreaterThan: (v + 1, None), GreaterThanOrEqual: (v, None),
+                          LessThan: (0, v), LessThanOrEqual: (0, v + 1)}.get(type(f), (0, None))
+                opts.offset_lo = max(opts.offset_lo, lo)
+                if hi is not None:
+                    opts.offset_hi = hi if opts.offset_hi is None else min(opts.offset_hi, hi)
+            yield f
 
 
 def _to_json(offsets):

@@ -96,6 +96,11 @@ class ReadOptions:
     partitioning: str = "auto"          # "auto" | "segment" | "queue"
     check_crc: bool = False
     include_undispatched: object = "auto"   # "auto" | True | False: records past the ConsumeQueues (see Tail)
+    # pushed-down filters (batch, spark.sql.python.filterPushdown.enabled): queue ids, offsets [lo, hi)
+    queue_ids: frozenset = None
+    offset_lo: int = 0
+    offset_hi: int = None
+    pushed: bool = False                    # filters narrowed the topics or queues read
 
     @classmethod
     def parse(cls, options, *, streaming=False):
@@ -149,6 +154,8 @@ class ReadOptions:
             named = {t for spec in (out.starting, out.ending) if isinstance(spec, dict) for t, _ in spec}
             if named:
                 out.topics = tuple(sorted(named))
+        if "pushfilters" in opts:
+            _bool(opts["pushfilters"], "pushFilters")  # used by LocalMQDataSource.reader; checked here
         if "checkcrc" in opts:
             out.check_crc = _bool(opts["checkcrc"], "checkCRC")
         if "includeundispatched" in opts:
@@ -593,6 +600,7 @@ def store_state(store, opts):
     the tail has gets state (None, first, end). ``tail`` is None when not read.
     """
     state, bound = queue_state(store, opts.topics)
+    state = _pushed_queues(state, opts)
     want = opts.include_undispatched
     if want == "auto":
         want = writer_active(store.root) is False
@@ -604,9 +612,18 @@ def store_state(store, opts):
     for key, (first, stop) in tail.queues.items():
         if opts.topics is not None and key[0] not in opts.topics:
             continue
+        if opts.queue_ids is not None and key[1] not in opts.queue_ids:
+            continue
         cq, lo, hi = state.get(key, (None, first, first))
         state[key] = (cq, lo, max(hi, stop))
     return state, bound, tail
+
+
+def _pushed_queues(state, opts):
+    if opts.queue_ids is not None:
+        for key in [k for k in state if k[1] not in opts.queue_ids]:
+            del state[key]
+    return state
 
 
 def _cq_end(state, tail, key):
@@ -665,7 +682,7 @@ def resolve_offsets(store, opts, state, starting=None, ending=None, tail=None):
     for spec, name in ((starting if starting is not None else opts.starting, "startingOffsets"),
                        (ending if ending is not None else opts.ending, "endingOffsets")):
         if isinstance(spec, dict):
-            check_offsets_json(spec, state, name)
+            check_offsets_json(spec, state, name, narrowed=opts.pushed)
     starting = opts.starting if starting is None else starting
     ending = opts.ending if ending is None else ending
     out = {}
@@ -688,17 +705,20 @@ def resolve_offsets(store, opts, state, starting=None, ending=None, tail=None):
             e = hi  # an end past the data: everything there is
         if e < s:
             raise OffsetRangeError(f"{key[0]} queue {key[1]}: ending offset {e} is before starting offset {s}")
+        # pushed-down offset filters narrow the range (Spark still applies them to the rows)
+        s = max(s, opts.offset_lo)
+        e = max(s, e if opts.offset_hi is None else min(e, opts.offset_hi))
         out[key] = (s, e)
     return out
 
 
-def check_offsets_json(spec, state, name):
+def check_offsets_json(spec, state, name, narrowed=False):
     """A JSON offsets spec names exactly the queues being read (Kafka: "you must specify all TopicPartitions")."""
     def show(keys):
         return ", ".join(f"{t}/{q}" for t, q in sorted(keys))
 
     missing = [k for k in state if k not in spec]
-    unknown = [k for k in spec if k not in state]
+    unknown = [] if narrowed else [k for k in spec if k not in state]
     if missing:
         raise ConfigError(f"{name} JSON must give every queue of the topics read (-2 earliest, -1 latest); "
                           f"missing: {show(missing)}")
