@@ -9,6 +9,7 @@ import time
 import pytest
 
 import localmq
+from conftest import cut_dispatch
 
 pytest.importorskip("pyspark")
 from pyspark.sql import functions as F  # noqa: E402
@@ -205,18 +206,6 @@ def test_streaming_starts_at_latest_by_default(spark, tmp_path):
         st.wait_for_dispatch()
         assert sum(run_stream(spark, path, out, ck)) == 50
     assert {r.value for r in spark.read.parquet(out).collect()} == {b"new"}
-
-
-def cut_dispatch(path, phys):
-    """Zero the ConsumeQueue units of records at or past ``phys``: a dispatcher that stopped there."""
-    import numpy as np
-
-    dtype = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
-    for d, _, files in os.walk(os.path.join(path, "consumequeue")):
-        for name in files:
-            units = np.fromfile(os.path.join(d, name), dtype)
-            units[units["offset"] >= phys] = 0
-            units.tofile(os.path.join(d, name))
 
 
 def test_streaming_reads_undispatched_records_of_a_stopped_store(spark, tmp_path):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import localmq
+from conftest import cut_dispatch
 from localmq import _codec
 from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
 
@@ -333,18 +334,6 @@ def test_rocketmq_fixture_with_consume_queues(fixtures_dir, tmp_path):
     assert sorted(t.column("offset").to_pylist()) == list(range(50, 100))
     p = plan(str(store), mapped_file_size_commit_log=8192)
     assert p.offsets == {("abc", 0): (0, 179)}
-
-
-def cut_dispatch(path, phys):
-    """Zero every ConsumeQueue unit of records at or past commit-log offset ``phys``: the files a dispatcher that
-    stopped there leaves behind."""
-    dtype = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
-    for d, _, files in os.walk(os.path.join(path, "consumequeue")):
-        for name in files:
-            f = os.path.join(d, name)
-            units = np.fromfile(f, dtype)
-            units[units["offset"] >= phys] = 0
-            units.tofile(f)
 
 
 @pytest.fixture
