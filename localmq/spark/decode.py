@@ -161,10 +161,107 @@ def _segment_rows(cols, part):
     return np.flatnonzero(keep)
 
 
+def _range_done(part, reason, nxt):
+    """Whether a walk of ``part`` that stopped at ``nxt`` for ``reason`` read it all; raises for damage in it."""
+    if reason == "blank" or (reason == "end" and nxt >= part.end):
+        return True
+    if reason in ("full", "fallback"):
+        return False
+    what = "zero bytes" if reason == "end" else f"a {reason} record"
+    raise CorruptFrameError(f"{what} at offset {part.base + nxt} of the commit log, inside the range "
+                            f"planned to read ({part.path})", offset=part.base + nxt, path=part.path)
+
+
+# Columns the single-pass scan (_codec.scan_range) fills, with the codec field each comes from.
+_SCAN_FIELDS = {
+    "value": "body", "topic": "topic", "partition": "queue_id", "offset": "queue_offset",
+    "timestamp": "store_timestamp", "timestampType": None, "physical_offset": "physical_offset",
+    "born_timestamp": "born_timestamp", "reconsume_times": "reconsume_times", "sys_flag": "sys_flag",
+}
+
+
+def _utf8(topic):
+    """``topic`` as the bytes a record holds, or None when a raw-bytes comparison could disagree with the numpy
+    filter, which compares topics decoded with errors="replace" (a name holding U+FFFD, or not encodable)."""
+    if "\ufffd" in topic:
+        return None
+    try:
+        return topic.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
+def _scan_setup(part, columns):
+    """(codec fields, RowFilter) for scanning ``part`` in one pass, or None when only the general path can."""
+    if not all(c in _SCAN_FIELDS for c in columns):
+        return None
+    topics = bounds = None
+    if part.topics is not None:
+        topics = [_utf8(t) for t in part.topics]
+        if None in topics:
+            return None
+    if part.bounds:
+        bounds = {}
+        for (t, q), v in part.bounds.items():
+            raw = _utf8(t)
+            if raw is None:
+                return None
+            bounds[(raw, q)] = v
+    try:
+        flt = _codec.RowFilter(topics, bounds, part.min_ts, part.max_ts)
+    except (ValueError, OverflowError):
+        return None  # a negative queue id or a bound beyond int64: the numpy filter's own rules apply
+    fields = tuple(dict.fromkeys(_SCAN_FIELDS[c] for c in columns if _SCAN_FIELDS[c] is not None))
+    return fields, flt
+
+
+def _scan_batch(n, out, columns, schema):
+    """One RecordBatch of ``n`` rows from the arrays ``_codec.scan_range`` returned, columns as named."""
+    import pyarrow as pa
+
+    arrays = []
+    for name in columns:
+        t = schema.field(name).type
+        field = _SCAN_FIELDS[name]
+        if field in ("body", "topic"):
+            arrays.append(_binary(t, n, *out[field]))
+        elif name == "timestampType":
+            arrays.append(_fixed(t, np.full(n, TIMESTAMP_TYPE_LOG_APPEND, np.int32)))
+        elif name in ("timestamp", "born_timestamp"):
+            arrays.append(_fixed(t, out[field] * 1000))
+        else:
+            arrays.append(_fixed(t, out[field]))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _scan_segment(mf, part, columns, schema, batch_size, fields, flt):
+    """Yield ``part``'s batches from single-pass scans; returns where the general path must go on, or None."""
+    pos, hint = part.start, 0
+    while True:
+        n, nxt, reason, out = _codec.scan_range(mf, pos, part.end, part.base, part.check_crc, batch_size, fields,
+                                                flt, hint)
+        if n:
+            if "body" in out:
+                # the next batch's data buffer: this one's bytes per row (no regrowth for even bodies)
+                hint = len(out["body"][1]) * batch_size // n + 4096
+            yield _scan_batch(n, out, columns, schema)
+        if _range_done(part, reason, nxt):
+            return None
+        pos = nxt
+        if reason == "fallback":
+            return pos
+
+
 def _read_segment(part, columns, schema, batch_size):
+    """Batches of a SegmentRange: single-pass scans when its columns and filters allow, else decode_range."""
     mf = MappedFile(part.path, part.size, part.base, create=False, writable=False)
     try:
         pos = part.start
+        scan = _scan_setup(part, columns)
+        if scan is not None:
+            pos = yield from _scan_segment(mf, part, columns, schema, batch_size, *scan)
+            if pos is None:
+                return
         while pos < part.end:
             cols = _codec.RecordColumns(batch_size)
             n, nxt, reason = _codec.decode_range(mf, cols, pos, part.end, part.base, part.check_crc)
@@ -172,14 +269,9 @@ def _read_segment(part, columns, schema, batch_size):
                 rows = _segment_rows(cols, part)
                 if rows is None or len(rows):
                     yield record_batch(cols, rows, columns, schema)
-            if reason == "full":
-                pos = nxt
-                continue
-            if reason == "blank" or (reason == "end" and nxt >= part.end):
+            if _range_done(part, reason, nxt):
                 return
-            what = "zero bytes" if reason == "end" else f"a {reason} record"
-            raise CorruptFrameError(f"{what} at offset {part.base + nxt} of the commit log, inside the range "
-                                    f"planned to read ({part.path})", offset=part.base + nxt, path=part.path)
+            pos = nxt
     finally:
         mf.close()
 
