@@ -1413,18 +1413,50 @@ cdef struct ScanOut:
     int32_t *sys_flag
 
 
+cdef inline int write_row(ScanOut *o, const RecordView *v, int64_t phys) noexcept nogil:
+    """Append the record ``v`` (at absolute offset ``phys``) as row ``o.rows``; SCAN_NEED_ROOM or REC_OK."""
+    cdef Py_ssize_t row = o.rows
+    cdef int fields = o.fields
+    if fields & SCAN_BODY:
+        if o.body_used + v.body_len > o.body_cap:
+            o.body_need = o.body_used + v.body_len
+            return SCAN_NEED_ROOM
+        memcpy(o.body_data + o.body_used, v.body, v.body_len)
+        o.body_used += v.body_len
+        o.body_offs[row + 1] = <int32_t>o.body_used
+    if fields & SCAN_TOPIC:
+        memcpy(o.topic_data + o.topic_used, v.topic, v.topic_len)
+        o.topic_used += v.topic_len
+        o.topic_offs[row + 1] = <int32_t>o.topic_used
+    if fields & SCAN_QUEUE_ID:
+        o.queue_id[row] = v.queue_id
+    if fields & SCAN_QUEUE_OFFSET:
+        o.queue_offset[row] = v.queue_offset
+    if fields & SCAN_STORE_TIMESTAMP:
+        o.store_timestamp[row] = v.store_timestamp
+    if fields & SCAN_BORN_TIMESTAMP:
+        o.born_timestamp[row] = v.born_timestamp
+    if fields & SCAN_PHYSICAL_OFFSET:
+        o.physical_offset[row] = phys
+    if fields & SCAN_RECONSUME_TIMES:
+        o.reconsume_times[row] = v.reconsume_times
+    if fields & SCAN_SYS_FLAG:
+        o.sys_flag[row] = v.sys_flag
+    o.rows = row + 1
+    return REC_OK
+
+
 cdef int scan_walk(const uint8_t *base, Py_ssize_t *pos_io, Py_ssize_t end, int64_t base_offset, bint check_crc,
                    const ScanFilter *flt, ScanOut *o) noexcept nogil:
     """Walk records from ``pos_io[0]`` to ``end`` writing kept rows after ``o.rows``; returns a REC_* / SCAN_* code.
 
     ``pos_io[0]`` is left at the first record not consumed (the one that stopped the walk).
     """
-    cdef Py_ssize_t pos = pos_io[0], row = o.rows, last = -1
+    cdef Py_ssize_t pos = pos_io[0], last = -1
     cdef int rc = REC_END, keep
-    cdef int fields = o.fields
     cdef RecordView v
     while pos < end:
-        if row >= o.capacity:
+        if o.rows >= o.capacity:
             rc = SCAN_FULL
             break
         rc = parse_record(base + pos, end - pos, &v, check_crc)
@@ -1439,44 +1471,133 @@ cdef int scan_walk(const uint8_t *base, Py_ssize_t *pos_io, Py_ssize_t end, int6
                 pos += v.total_size
                 rc = REC_END
                 continue
-        if fields & SCAN_BODY:
-            if o.body_used + v.body_len > o.body_cap:
-                o.body_need = o.body_used + v.body_len
-                rc = SCAN_NEED_ROOM
-                break
-            memcpy(o.body_data + o.body_used, v.body, v.body_len)
-            o.body_used += v.body_len
-            o.body_offs[row + 1] = <int32_t>o.body_used
-        if fields & SCAN_TOPIC:
-            memcpy(o.topic_data + o.topic_used, v.topic, v.topic_len)
-            o.topic_used += v.topic_len
-            o.topic_offs[row + 1] = <int32_t>o.topic_used
-        if fields & SCAN_QUEUE_ID:
-            o.queue_id[row] = v.queue_id
-        if fields & SCAN_QUEUE_OFFSET:
-            o.queue_offset[row] = v.queue_offset
-        if fields & SCAN_STORE_TIMESTAMP:
-            o.store_timestamp[row] = v.store_timestamp
-        if fields & SCAN_BORN_TIMESTAMP:
-            o.born_timestamp[row] = v.born_timestamp
-        if fields & SCAN_PHYSICAL_OFFSET:
-            o.physical_offset[row] = base_offset + pos
-        if fields & SCAN_RECONSUME_TIMES:
-            o.reconsume_times[row] = v.reconsume_times
-        if fields & SCAN_SYS_FLAG:
-            o.sys_flag[row] = v.sys_flag
-        row += 1
+        rc = write_row(o, &v, base_offset + pos)
+        if rc != REC_OK:
+            break
         pos += v.total_size
         rc = REC_END
-    o.rows = row
     pos_io[0] = pos
     return rc
 
 
-cdef void *_out_ptr(dict out, str name, object arr) except? NULL:
-    # keep ``arr`` in ``out`` (it owns the memory the walk writes) and hand back its data
-    out[name] = arr
-    return cnp.PyArray_DATA(arr)
+cdef int scan_units(const uint8_t *base, Py_ssize_t n, const int64_t *positions, const int32_t *sizes,
+                    Py_ssize_t count, Py_ssize_t *i_io, int64_t base_offset, bint check_crc,
+                    ScanOut *o) noexcept nogil:
+    """Write the records at ``positions[i_io[0]:count]`` (each ``sizes[i]`` bytes) as rows; a REC_* / SCAN_* code.
+
+    ``i_io[0]`` is left at the first unit not written. The checks are decode_positions' ones.
+    """
+    cdef Py_ssize_t i = i_io[0]
+    cdef int64_t pos
+    cdef int rc = REC_END
+    cdef RecordView v
+    while i < count:
+        pos = positions[i]
+        if pos < 0 or pos >= n:
+            rc = REC_TORN
+            break
+        rc = parse_record(base + pos, n - pos, &v, check_crc)
+        if rc != REC_OK:
+            break
+        if v.total_size != sizes[i]:
+            rc = REC_BAD_LENGTH
+            break
+        rc = write_row(o, &v, base_offset + pos)
+        if rc != REC_OK:
+            break
+        i += 1
+        rc = REC_END
+    i_io[0] = i
+    return rc
+
+
+cdef class _ScanBuffers:
+    """The arrays a scan writes (owned here while the GIL is released) and their ScanOut view."""
+
+    cdef ScanOut o
+    cdef dict arrays
+    cdef int64_t bound          # bytes the kept bodies (or topics) cannot exceed: the span walked
+
+    def __cinit__(self, fields, Py_ssize_t capacity, int64_t bound, Py_ssize_t body_hint):
+        cdef int bits = 0
+        for name in fields:
+            bits |= SCAN_FIELDS[name]
+        memset(&self.o, 0, sizeof(ScanOut))
+        self.o.fields = bits
+        self.o.capacity = capacity
+        self.bound = bound
+        self.arrays = {}
+        if bits & SCAN_BODY:
+            self.o.body_offs = <int32_t *>self._new("body_offsets", capacity + 1, np.int32)
+            self.o.body_offs[0] = 0
+            self.o.body_cap = min(max(body_hint, 4096), bound, ARROW_MAX_BYTES)
+            self.o.body_data = <uint8_t *>self._new("body_data", self.o.body_cap, np.uint8)
+        if bits & SCAN_TOPIC:
+            self.o.topic_offs = <int32_t *>self._new("topic_offsets", capacity + 1, np.int32)
+            self.o.topic_offs[0] = 0
+            # never short; pages past what is written are never faulted in
+            self.o.topic_data = <uint8_t *>self._new("topic_data", min(capacity * MAX_TOPIC_BYTES, bound), np.uint8)
+        if bits & SCAN_QUEUE_ID:
+            self.o.queue_id = <int32_t *>self._new("queue_id", capacity, np.int32)
+        if bits & SCAN_QUEUE_OFFSET:
+            self.o.queue_offset = <int64_t *>self._new("queue_offset", capacity, np.int64)
+        if bits & SCAN_STORE_TIMESTAMP:
+            self.o.store_timestamp = <int64_t *>self._new("store_timestamp", capacity, np.int64)
+        if bits & SCAN_BORN_TIMESTAMP:
+            self.o.born_timestamp = <int64_t *>self._new("born_timestamp", capacity, np.int64)
+        if bits & SCAN_PHYSICAL_OFFSET:
+            self.o.physical_offset = <int64_t *>self._new("physical_offset", capacity, np.int64)
+        if bits & SCAN_RECONSUME_TIMES:
+            self.o.reconsume_times = <int32_t *>self._new("reconsume_times", capacity, np.int32)
+        if bits & SCAN_SYS_FLAG:
+            self.o.sys_flag = <int32_t *>self._new("sys_flag", capacity, np.int32)
+
+    cdef void *_new(self, str name, Py_ssize_t n, dtype) except NULL:
+        arr = np.empty(max(n, 1), dtype)
+        self.arrays[name] = arr
+        return cnp.PyArray_DATA(arr)
+
+    cdef int grow(self) except -1:
+        """Make room for ``o.body_need`` body bytes; 0, or 1 when a batch may not hold that much (end it)."""
+        cdef int64_t size
+        if self.o.body_need > ARROW_MAX_BYTES:
+            return 1  # rows were written before (one body is below 2 GiB): the batch ends here
+        size = min(max(self.o.body_cap * 2, self.o.body_need), self.bound, ARROW_MAX_BYTES)
+        bigger = np.empty(size, np.uint8)
+        memcpy(cnp.PyArray_DATA(bigger), self.o.body_data, self.o.body_used)
+        self.arrays["body_data"] = bigger
+        self.o.body_data = <uint8_t *>cnp.PyArray_DATA(bigger)
+        self.o.body_cap = size
+        return 0
+
+    cdef dict result(self):
+        """The written rows: binary fields as (offsets, data), the others as arrays (views of the buffers)."""
+        cdef Py_ssize_t rows = self.o.rows
+        a = self.arrays
+        out = {}
+        for name in ("queue_id", "queue_offset", "store_timestamp", "born_timestamp", "physical_offset",
+                     "reconsume_times", "sys_flag"):
+            if name in a:
+                out[name] = a[name][:rows]
+        if "body_data" in a:
+            out["body"] = (a["body_offsets"][:rows + 1], a["body_data"][:self.o.body_used])
+        if "topic_data" in a:
+            out["topic"] = (a["topic_offsets"][:rows + 1], a["topic_data"][:self.o.topic_used])
+        return out
+
+
+cdef str _scan_reason(int rc):
+    if rc == SCAN_FULL:
+        return STOP_FULL
+    if rc == REC_END:
+        return STOP_END
+    if rc == REC_BLANK:
+        return STOP_BLANK
+    if rc == REC_TORN:
+        return STOP_TORN
+    if rc == SCAN_UNFILTERABLE:
+        return STOP_FALLBACK
+    return STOP_CORRUPT
 
 
 def scan_range(data, Py_ssize_t start, Py_ssize_t end, long long base_offset=0, bint check_crc=False,
@@ -1501,81 +1622,57 @@ def scan_range(data, Py_ssize_t start, Py_ssize_t end, long long base_offset=0, 
         raise IndexError("start out of range")
     if capacity <= 0:
         raise ValueError("capacity must be positive")
-    cdef ScanOut o
     cdef ScanFilter nofilter
     nofilter.active = False
     cdef const ScanFilter *flt = &row_filter.f if row_filter is not None else &nofilter
-    cdef int bits = 0
-    for name in fields:
-        bits |= SCAN_FIELDS[name]
-    memset(&o, 0, sizeof(o))
-    o.fields = bits
-    o.capacity = capacity
-    out = {}
-    body = None
-    if bits & SCAN_BODY:
-        o.body_offs = <int32_t *>_out_ptr(out, "body_offsets", np.empty(capacity + 1, np.int32))
-        o.body_offs[0] = 0
-        o.body_cap = min(max(body_hint, 4096), end - start, ARROW_MAX_BYTES)
-        body = np.empty(o.body_cap, np.uint8)
-        o.body_data = <uint8_t *>cnp.PyArray_DATA(body)
-    if bits & SCAN_TOPIC:
-        o.topic_offs = <int32_t *>_out_ptr(out, "topic_offsets", np.empty(capacity + 1, np.int32))
-        o.topic_offs[0] = 0
-        # untouched pages of this bound are never faulted in
-        o.topic_data = <uint8_t *>_out_ptr(out, "topic_data", np.empty(
-            min(capacity * MAX_TOPIC_BYTES, end - start), np.uint8))
-    if bits & SCAN_QUEUE_ID:
-        o.queue_id = <int32_t *>_out_ptr(out, "queue_id", np.empty(capacity, np.int32))
-    if bits & SCAN_QUEUE_OFFSET:
-        o.queue_offset = <int64_t *>_out_ptr(out, "queue_offset", np.empty(capacity, np.int64))
-    if bits & SCAN_STORE_TIMESTAMP:
-        o.store_timestamp = <int64_t *>_out_ptr(out, "store_timestamp", np.empty(capacity, np.int64))
-    if bits & SCAN_BORN_TIMESTAMP:
-        o.born_timestamp = <int64_t *>_out_ptr(out, "born_timestamp", np.empty(capacity, np.int64))
-    if bits & SCAN_PHYSICAL_OFFSET:
-        o.physical_offset = <int64_t *>_out_ptr(out, "physical_offset", np.empty(capacity, np.int64))
-    if bits & SCAN_RECONSUME_TIMES:
-        o.reconsume_times = <int32_t *>_out_ptr(out, "reconsume_times", np.empty(capacity, np.int32))
-    if bits & SCAN_SYS_FLAG:
-        o.sys_flag = <int32_t *>_out_ptr(out, "sys_flag", np.empty(capacity, np.int32))
+    cdef _ScanBuffers buf = _ScanBuffers(fields, capacity, end - start, body_hint)
     cdef const uint8_t *base = &mv[0] if n else NULL
     cdef Py_ssize_t pos = start
     cdef int rc
-    cdef int64_t grown
     while True:
         with nogil:  # a range may hold millions of records; the walk copies every kept body
-            rc = scan_walk(base, &pos, end, base_offset, check_crc, flt, &o)
+            rc = scan_walk(base, &pos, end, base_offset, check_crc, flt, &buf.o)
         if rc != SCAN_NEED_ROOM:
             break
-        if o.body_need > ARROW_MAX_BYTES:
-            rc = SCAN_FULL  # rows > 0 here: one body is below 2 GiB
+        if buf.grow():
+            rc = SCAN_FULL
             break
-        grown = min(max(o.body_cap * 2, o.body_need), end - start, ARROW_MAX_BYTES)
-        bigger = np.empty(grown, np.uint8)
-        memcpy(cnp.PyArray_DATA(bigger), o.body_data, o.body_used)
-        body = bigger
-        o.body_data = <uint8_t *>cnp.PyArray_DATA(body)
-        o.body_cap = grown
-    rows = o.rows
-    for name in ("queue_id", "queue_offset", "store_timestamp", "born_timestamp", "physical_offset",
-                 "reconsume_times", "sys_flag"):
-        if name in out:
-            out[name] = out[name][:rows]
-    if bits & SCAN_BODY:
-        out["body"] = (out.pop("body_offsets")[:rows + 1], body[:o.body_used])
-    if bits & SCAN_TOPIC:
-        out["topic"] = (out.pop("topic_offsets")[:rows + 1], out.pop("topic_data")[:o.topic_used])
-    if rc == SCAN_FULL:
-        reason = STOP_FULL
-    elif rc == REC_END:
-        reason = STOP_END
-    elif rc == REC_BLANK:
-        reason = STOP_BLANK
-    elif rc == REC_TORN:
-        reason = STOP_TORN
-    elif rc == SCAN_UNFILTERABLE:
-        reason = STOP_FALLBACK
-    else:
-        reason = STOP_CORRUPT
-    return rows, pos, reason, out
+    return buf.o.rows, pos, _scan_reason(rc), buf.result()
+
+
+def scan_positions(data, positions, sizes, long long base_offset=0, bint check_crc=False, fields=("body",),
+                   Py_ssize_t body_hint=0):
+    """``scan_range`` for the records at ``positions`` of ``data`` (ConsumeQueue units), in the order given.
+
+    ``positions``: int64 positions relative to ``data[0]``; ``sizes``: the int32 size each record must have.
+    Checked as ``decode_positions`` checks them. Returns (rows, index of the first unit not written, stop
+    reason, {field: array(s)}): "end" (all written), "full" (2 GiB of bodies), "torn" (a position outside
+    ``data`` or a record past its end), "corrupt" (bad magic, lengths or CRC, zeros, a size that disagrees).
+    The GIL is released while walking.
+    """
+    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    cdef Py_ssize_t n = mv.shape[0]
+    pos_arr = np.ascontiguousarray(positions, dtype=np.int64)
+    size_arr = np.ascontiguousarray(sizes, dtype=np.int32)
+    cdef Py_ssize_t count = pos_arr.shape[0]
+    if size_arr.shape[0] != count:
+        raise ValueError("sizes and positions differ in length")
+    # the kept bodies lie inside the records: their sizes bound the data buffer
+    cdef _ScanBuffers buf = _ScanBuffers(fields, max(count, 1), int(size_arr.sum(dtype=np.int64)), body_hint)
+    cdef const int64_t *pp = <const int64_t *>cnp.PyArray_DATA(pos_arr)
+    cdef const int32_t *sp = <const int32_t *>cnp.PyArray_DATA(size_arr)
+    cdef const uint8_t *base = &mv[0] if n else NULL
+    cdef Py_ssize_t i = 0
+    cdef int rc
+    while True:
+        with nogil:  # a partition may hold millions of units; the walk copies every body
+            rc = scan_units(base, n, pp, sp, count, &i, base_offset, check_crc, &buf.o)
+        if rc != SCAN_NEED_ROOM:
+            break
+        if buf.grow():
+            rc = SCAN_FULL
+            break
+    reason = _scan_reason(rc)
+    if reason in (STOP_END, STOP_BLANK) and i < count:
+        reason = STOP_CORRUPT  # zeros or a blank record where a unit says a record is
+    return buf.o.rows, i, reason, buf.result()

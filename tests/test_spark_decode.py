@@ -297,23 +297,21 @@ SCAN_COLUMNS = [c for c in decode._SCAN_FIELDS]
 
 @pytest.fixture
 def general_path(monkeypatch):
-    """Call to make the reader use decode_range + gathers only (what every column set used before the scan)."""
+    """Call to make the reader use decode_range / decode_positions + gathers only (what every read used before)."""
     def force():
-        monkeypatch.setattr(decode, "_scan_setup", lambda part, columns: None)
+        monkeypatch.setattr(decode, "_scan_fields", lambda columns, *always: None)
     return force
 
 
 @pytest.fixture
 def scans(monkeypatch):
-    """Counts the partitions read by the single-pass scan."""
+    """Counts the single-pass scans (segment ranges and ConsumeQueue units) the reader makes."""
     seen = []
-    real = decode._scan_segment
-
-    def spy(*args):
-        seen.append(args[1])
-        return (yield from real(*args))
-
-    monkeypatch.setattr(decode, "_scan_segment", spy)
+    for name in ("scan_range", "scan_positions"):
+        def spy(*args, _real=getattr(_codec, name), **kw):
+            seen.append(args[1:3])
+            return _real(*args, **kw)
+        monkeypatch.setattr(decode._codec, name, spy)
     return seen
 
 
@@ -352,10 +350,11 @@ def test_written_store_spans_segments_with_blank_ends(written):
 
 @pytest.mark.parametrize("columns", ["value", "partition,value,offset", ",".join(SCAN_COLUMNS)])
 @pytest.mark.parametrize("batch", [65536, 97, 1])
-def test_scan_matches_general_path_whole_store(written, general_path, scans, columns, batch):
+@pytest.mark.parametrize("mode", ["segment", "queue"])
+def test_scan_matches_general_path_whole_store(written, general_path, scans, columns, batch, mode):
     path, sent = written
     fast, general = both_paths(general_path, scans, lambda: batches(path, columns=columns, batchSize=batch,
-                                                                    partitioning="segment", minPartitions=3))
+                                                                    partitioning=mode, minPartitions=3))
     assert_same(fast, general)
     # no row filter: the same batches too
     assert [b.num_rows for b in fast] == [b.num_rows for b in general]
@@ -370,11 +369,12 @@ def test_scan_matches_general_path_whole_store(written, general_path, scans, col
      "endingOffsets": '{"orders": {"0": 50, "3": 7}, "clicks": {"1": -1}}'},
     {"checkCRC": "true"},
 ])
-def test_scan_matches_general_path_with_row_filters(written, general_path, scans, options):
+@pytest.mark.parametrize("mode", ["segment", "queue"])
+def test_scan_matches_general_path_with_row_filters(written, general_path, scans, options, mode):
     path, _ = written
     columns = "topic,partition,offset,value,physical_offset"
     fast, general = both_paths(general_path, scans, lambda: batches(path, columns=columns, batchSize=50,
-                                                                    partitioning="segment", **options))
+                                                                    partitioning=mode, **options))
     assert_same(fast, general)
     assert sum(b.num_rows for b in fast) > 0
 
@@ -412,8 +412,9 @@ def test_scan_matches_general_path_on_the_rocketmq_fixture(fixtures_dir, tmp_pat
 
 def test_columns_the_scan_cannot_fill_use_the_general_path(written, scans):
     path, sent = written
-    t = table(path, columns="value,tags")
-    assert not scans and t.num_rows == len(sent)
+    for mode in ("segment", "queue"):
+        t = table(path, columns="value,tags", partitioning=mode)
+        assert not scans and t.num_rows == len(sent)
     part = plan(path, **OPTS).partitions[0]
     assert decode._scan_setup(part, ["value", "key"]) is None
     assert decode._scan_setup(part, ["value", "msg_id"]) is None
@@ -523,3 +524,68 @@ def test_scan_body_buffer_grows_past_its_hint():
         assert (n, nxt, reason) == (12, len(data), "end")
         offs, body = _codec.gather_binary(cols, "body")
         assert np.array_equal(out["body"][0], offs) and out["body"][1].tobytes() == body.tobytes()
+
+
+@pytest.mark.parametrize("damage", ["magic", "crc", "unit size", "unit offset"])
+def test_queue_scan_raises_what_the_general_path_raises(written, general_path, scans, damage):
+    path, _ = written
+    cq = os.path.join(path, "consumequeue", "orders", "1")
+    first = os.path.join(cq, sorted(os.listdir(cq))[0])
+    with open(first, "r+b") as f:
+        units = f.read(20 * 8)
+        j = 5
+        phys, size = struct.unpack_from(">qi", units, 20 * j)
+        seg = os.path.join(path, "commitlog", "%020d" % (phys // SEG * SEG))
+        if damage == "unit size":
+            f.seek(20 * j + 8)
+            f.write(struct.pack(">i", size + 1))
+        elif damage == "unit offset":  # the next unit's record: a valid record, of the same queue, wrong offset
+            f.seek(20 * j)
+            f.write(units[20 * (j + 1):20 * (j + 2)])
+    if damage in ("magic", "crc"):
+        with open(seg, "r+b") as f:
+            at = phys % SEG + (4 if damage == "magic" else 90)  # the magic, or a body byte (IPv4 hosts: at 88)
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0x5A]))
+    errors = []
+    for _ in range(2):
+        rows = []
+        with pytest.raises((CorruptFrameError, CorruptStoreError)) as e:
+            for b in arrow_batches(path, partitioning="queue", columns="offset,value", topics="orders",
+                                   checkCRC="true", batchSize=4, **OPTS):
+                rows.extend(b.column("offset").to_pylist())
+        errors.append((type(e.value), str(e.value), getattr(e.value, "offset", None), rows))
+        assert scans or errors[1:]
+        general_path()
+    assert errors[0] == errors[1]
+    assert errors[0][0] is (CorruptStoreError if damage == "unit offset" else CorruptFrameError)
+
+
+def test_scan_positions_checks_what_decode_positions_checks():
+    data = records()
+    cols = _codec.RecordColumns(16)
+    _codec.decode_range(data, cols)
+    pos, sizes = cols["physical_offset"].copy(), cols["store_size"].copy()
+    fields = tuple(_codec.SCAN_FIELDS)
+    n, i, reason, out = _codec.scan_positions(data, pos[::-1], sizes[::-1], 0, True, fields)
+    assert (n, i, reason) == (6, 6, "end")
+    ref = _codec.RecordColumns(16)
+    _codec.decode_positions(data, ref, pos[::-1], sizes[::-1])
+    for f in fields:
+        if f in ("body", "topic"):
+            assert all(np.array_equal(a, b) for a, b in zip(out[f], _codec.gather_binary(ref, f)))
+        else:
+            assert np.array_equal(out[f], ref[f]), f
+    for args in ((pos[:2], sizes[:2] + 1), ([pos[1] + 1], [sizes[1]]), ([len(data) - 8], [sizes[0]]),
+                 ([len(data) + 5], [sizes[0]]), ([-1], [sizes[0]])):
+        got = _codec.scan_positions(data, *args, 0, False, ("body",))[:3]
+        want = _codec.decode_positions(data, _codec.RecordColumns(4), *args)
+        assert got == want[:3], args
+    good = records(n=2)[:-64]
+    blank = good + localmq.encode_blank(64) + bytes(56)
+    assert _codec.scan_positions(blank, [len(good)], [64], 0, False, ("body",))[:3] == (0, 0, "corrupt") == \
+        _codec.decode_positions(blank, _codec.RecordColumns(1), [len(good)], [64])
+    with pytest.raises(ValueError):
+        _codec.scan_positions(data, pos, sizes[:2])

@@ -191,9 +191,17 @@ def _utf8(topic):
         return None
 
 
+def _scan_fields(columns, *always):
+    """The codec fields a single-pass scan fills for ``columns`` (and ``always``), or None when it cannot."""
+    if not all(c in _SCAN_FIELDS for c in columns):
+        return None
+    return tuple(dict.fromkeys([_SCAN_FIELDS[c] for c in columns if _SCAN_FIELDS[c] is not None] + list(always)))
+
+
 def _scan_setup(part, columns):
     """(codec fields, RowFilter) for scanning ``part`` in one pass, or None when only the general path can."""
-    if not all(c in _SCAN_FIELDS for c in columns):
+    fields = _scan_fields(columns)
+    if fields is None:
         return None
     topics = bounds = None
     if part.topics is not None:
@@ -211,7 +219,6 @@ def _scan_setup(part, columns):
         flt = _codec.RowFilter(topics, bounds, part.min_ts, part.max_ts)
     except (ValueError, OverflowError):
         return None  # a negative queue id or a bound beyond int64: the numpy filter's own rules apply
-    fields = tuple(dict.fromkeys(_SCAN_FIELDS[c] for c in columns if _SCAN_FIELDS[c] is not None))
     return fields, flt
 
 
@@ -313,9 +320,12 @@ def _lost(part, first, stop, why):
 
 
 def _read_queue(part, columns, schema, batch_size):
+    """Batches of a QueueRange: its units' records, each checked against its unit (size, queue id, offset)."""
     qoffs, phys, sizes = _queue_units(part)
     if not len(phys):
         return
+    # one walk per batch when the columns allow; queue id and offset are read to check records against units
+    fields, hint = _scan_fields(columns, "queue_id", "queue_offset"), 0
     seg = part.segment_size
     seg_base = (phys // seg) * seg
     # runs of units in one segment (a queue's units grow with the log, so a run is one stretch of it)
@@ -333,19 +343,31 @@ def _read_queue(part, columns, schema, batch_size):
         try:
             while a < b:
                 stop = min(b, a + batch_size)
-                cols = _codec.RecordColumns(stop - a)
-                n, done, reason = _codec.decode_positions(mf, cols, phys[a:stop] - base, sizes[a:stop], base,
-                                                          part.check_crc)
+                if fields is not None:
+                    n, done, reason, out = _codec.scan_positions(mf, phys[a:stop] - base, sizes[a:stop], base,
+                                                                 part.check_crc, fields, hint)
+                    if reason == "full":  # 2 GiB of bodies: this batch ends early, the next starts there
+                        stop, reason = a + n, "end"
+                    got_offsets, got_ids = out["queue_offset"], out["queue_id"]
+                else:
+                    cols = _codec.RecordColumns(stop - a)
+                    n, done, reason = _codec.decode_positions(mf, cols, phys[a:stop] - base, sizes[a:stop], base,
+                                                              part.check_crc)
+                    got_offsets, got_ids = cols["queue_offset"], cols["queue_id"]
                 if reason != "end":
                     at = int(phys[a + done])
                     raise CorruptFrameError(f"consume queue {part.cq_path} unit {int(qoffs[a + done])} points at "
                                             f"offset {at}, where there is no record of its size ({reason})",
                                             offset=at, path=path)
-                if not (np.array_equal(cols["queue_offset"], qoffs[a:stop])
-                        and (cols["queue_id"] == part.queue_id).all()):
+                if not (np.array_equal(got_offsets, qoffs[a:stop]) and (got_ids == part.queue_id).all()):
                     raise CorruptStoreError(f"consume queue {part.cq_path}: units {int(qoffs[a])}.."
                                             f"{int(qoffs[stop - 1])} point at records of another queue or offset")
-                yield record_batch(cols, None, columns, schema)
+                if fields is not None:
+                    if "body" in out:
+                        hint = len(out["body"][1]) * batch_size // n + 4096
+                    yield _scan_batch(n, out, columns, schema)
+                else:
+                    yield record_batch(cols, None, columns, schema)
                 a = stop
         finally:
             mf.close()
