@@ -40,8 +40,12 @@ def spark():
         os.pathsep) if p])
     from pyspark.sql import SparkSession
 
+    # Python workers talk to the JVM over Unix domain sockets instead of loopback TCP: +12 % (localmq), +21 %
+    # (read_commitlog), +23 % (the floor) rows/s at 8M in 20 alternating rounds each, Parquet unchanged (no
+    # Python worker); every scenario runs under it alike
     s = (SparkSession.builder.master("local[*]").appName("localmq-bench").config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+         .config("spark.python.unix.domain.socket.enabled", "true")
          .config("spark.driver.memory", "4g").getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
     from spark_floor import FloorDataSource
