@@ -44,7 +44,8 @@ def format_table(rows):
         r["mb_s"] = r["body_bytes"] / r["seconds"] / 1e6
         if r["implementation"] == REFERENCE:
             ref[(r["scenario"], r["body_size"])] = r["msgs_s"]
-    rows = sorted(rows, key=lambda r: (order.get(r["scenario"], 99), r["body_size"],
+    # scenarios outside SCENARIOS (Spark's, the index's) stay grouped by name, localmq first in each group
+    rows = sorted(rows, key=lambda r: (order.get(r["scenario"], 99), r["scenario"], r["body_size"],
                                        r["implementation"] != REFERENCE, -r["msgs_s"]))
     head = ("scenario", "body", "implementation", "msgs/round", "msgs/s", "MB/s", "localmq/peer")
     table = [head]

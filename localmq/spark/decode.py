@@ -169,10 +169,114 @@ def _segment_rows(cols, part):
     return np.flatnonzero(keep)
 
 
+def _range_done(part, reason, nxt):
+    """Whether a walk of ``part`` that stopped at ``nxt`` for ``reason`` read it all; raises for damage in it."""
+    if reason == "blank" or (reason == "end" and nxt >= part.end):
+        return True
+    if reason in ("full", "fallback"):
+        return False
+    what = "zero bytes" if reason == "end" else f"a {reason} record"
+    raise CorruptFrameError(f"{what} at offset {part.base + nxt} of the commit log, inside the range "
+                            f"planned to read ({part.path})", offset=part.base + nxt, path=part.path)
+
+
+# Columns the single-pass scan (_codec.scan_range) fills, with the codec field each comes from.
+_SCAN_FIELDS = {
+    "value": "body", "topic": "topic", "partition": "queue_id", "offset": "queue_offset",
+    "timestamp": "store_timestamp", "timestampType": None, "physical_offset": "physical_offset",
+    "born_timestamp": "born_timestamp", "reconsume_times": "reconsume_times", "sys_flag": "sys_flag",
+}
+
+
+def _utf8(topic):
+    """``topic`` as the bytes a record holds, or None when a raw-bytes comparison could disagree with the numpy
+    filter, which compares topics decoded with errors="replace" (a name holding U+FFFD, or not encodable)."""
+    if "\ufffd" in topic:
+        return None
+    try:
+        return topic.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
+def _scan_fields(columns, *always):
+    """The codec fields a single-pass scan fills for ``columns`` (and ``always``), or None when it cannot."""
+    if not all(c in _SCAN_FIELDS for c in columns):
+        return None
+    return tuple(dict.fromkeys([_SCAN_FIELDS[c] for c in columns if _SCAN_FIELDS[c] is not None] + list(always)))
+
+
+def _scan_setup(part, columns):
+    """(codec fields, RowFilter) for scanning ``part`` in one pass, or None when only the general path can."""
+    fields = _scan_fields(columns)
+    if fields is None:
+        return None
+    topics = bounds = None
+    if part.topics is not None:
+        topics = [_utf8(t) for t in part.topics]
+        if None in topics:
+            return None
+    if part.bounds:
+        bounds = {}
+        for (t, q), v in part.bounds.items():
+            raw = _utf8(t)
+            if raw is None:
+                return None
+            bounds[(raw, q)] = v
+    try:
+        flt = _codec.RowFilter(topics, bounds, part.min_ts, part.max_ts)
+    except (ValueError, OverflowError):
+        return None  # a negative queue id or a bound beyond int64: the numpy filter's own rules apply
+    return fields, flt
+
+
+def _scan_batch(n, out, columns, schema):
+    """One RecordBatch of ``n`` rows from the arrays ``_codec.scan_range`` returned, columns as named."""
+    import pyarrow as pa
+
+    arrays = []
+    for name in columns:
+        t = schema.field(name).type
+        field = _SCAN_FIELDS[name]
+        if field in ("body", "topic"):
+            arrays.append(_binary(t, n, *out[field]))
+        elif name == "timestampType":
+            arrays.append(_fixed(t, np.full(n, TIMESTAMP_TYPE_LOG_APPEND, np.int32)))
+        elif name in ("timestamp", "born_timestamp"):
+            arrays.append(_fixed(t, out[field] * 1000))
+        else:
+            arrays.append(_fixed(t, out[field]))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _scan_segment(mf, part, columns, schema, batch_size, fields, flt):
+    """Yield ``part``'s batches from single-pass scans; returns where the general path must go on, or None."""
+    pos, hint = part.start, 0
+    while True:
+        n, nxt, reason, out = _codec.scan_range(mf, pos, part.end, part.base, part.check_crc, batch_size, fields,
+                                                flt, hint)
+        if n:
+            if "body" in out:
+                # the next batch's data buffer: this one's bytes per row (no regrowth for even bodies)
+                hint = len(out["body"][1]) * batch_size // n + 4096
+            yield _scan_batch(n, out, columns, schema)
+        if _range_done(part, reason, nxt):
+            return None
+        pos = nxt
+        if reason == "fallback":
+            return pos
+
+
 def _read_segment(part, columns, schema, batch_size):
+    """Batches of a SegmentRange: single-pass scans when its columns and filters allow, else decode_range."""
     mf = MappedFile(part.path, part.size, part.base, create=False, writable=False)
     try:
         pos = part.start
+        scan = _scan_setup(part, columns)
+        if scan is not None:
+            pos = yield from _scan_segment(mf, part, columns, schema, batch_size, *scan)
+            if pos is None:
+                return
         while pos < part.end:
             cols = _codec.RecordColumns(batch_size)
             n, nxt, reason = _codec.decode_range(mf, cols, pos, part.end, part.base, part.check_crc)
@@ -180,14 +284,9 @@ def _read_segment(part, columns, schema, batch_size):
                 rows = _segment_rows(cols, part)
                 if rows is None or len(rows):
                     yield record_batch(cols, rows, columns, schema)
-            if reason == "full":
-                pos = nxt
-                continue
-            if reason == "blank" or (reason == "end" and nxt >= part.end):
+            if _range_done(part, reason, nxt):
                 return
-            what = "zero bytes" if reason == "end" else f"a {reason} record"
-            raise CorruptFrameError(f"{what} at offset {part.base + nxt} of the commit log, inside the range "
-                                    f"planned to read ({part.path})", offset=part.base + nxt, path=part.path)
+            pos = nxt
     finally:
         mf.close()
 
@@ -229,9 +328,12 @@ def _lost(part, first, stop, why):
 
 
 def _read_queue(part, columns, schema, batch_size):
+    """Batches of a QueueRange: its units' records, each checked against its unit (size, queue id, offset)."""
     qoffs, phys, sizes = _queue_units(part)
     if not len(phys):
         return
+    # one walk per batch when the columns allow; queue id and offset are read to check records against units
+    fields, hint = _scan_fields(columns, "queue_id", "queue_offset"), 0
     seg = part.segment_size
     seg_base = (phys // seg) * seg
     # runs of units in one segment (a queue's units grow with the log, so a run is one stretch of it)
@@ -249,19 +351,31 @@ def _read_queue(part, columns, schema, batch_size):
         try:
             while a < b:
                 stop = min(b, a + batch_size)
-                cols = _codec.RecordColumns(stop - a)
-                n, done, reason = _codec.decode_positions(mf, cols, phys[a:stop] - base, sizes[a:stop], base,
-                                                          part.check_crc)
+                if fields is not None:
+                    n, done, reason, out = _codec.scan_positions(mf, phys[a:stop] - base, sizes[a:stop], base,
+                                                                 part.check_crc, fields, hint)
+                    if reason == "full":  # 2 GiB of bodies: this batch ends early, the next starts there
+                        stop, reason = a + n, "end"
+                    got_offsets, got_ids = out["queue_offset"], out["queue_id"]
+                else:
+                    cols = _codec.RecordColumns(stop - a)
+                    n, done, reason = _codec.decode_positions(mf, cols, phys[a:stop] - base, sizes[a:stop], base,
+                                                              part.check_crc)
+                    got_offsets, got_ids = cols["queue_offset"], cols["queue_id"]
                 if reason != "end":
                     at = int(phys[a + done])
                     raise CorruptFrameError(f"consume queue {part.cq_path} unit {int(qoffs[a + done])} points at "
                                             f"offset {at}, where there is no record of its size ({reason})",
                                             offset=at, path=path)
-                if not (np.array_equal(cols["queue_offset"], qoffs[a:stop])
-                        and (cols["queue_id"] == part.queue_id).all()):
+                if not (np.array_equal(got_offsets, qoffs[a:stop]) and (got_ids == part.queue_id).all()):
                     raise CorruptStoreError(f"consume queue {part.cq_path}: units {int(qoffs[a])}.."
                                             f"{int(qoffs[stop - 1])} point at records of another queue or offset")
-                yield record_batch(cols, None, columns, schema)
+                if fields is not None:
+                    if "body" in out:
+                        hint = len(out["body"][1]) * batch_size // n + 4096
+                    yield _scan_batch(n, out, columns, schema)
+                else:
+                    yield record_batch(cols, None, columns, schema)
                 a = stop
         finally:
             mf.close()

@@ -548,8 +548,9 @@ class Tail:
     times: dict = field(default_factory=dict)
 
 
-def scan_tail(store, start):
-    """Walk and decode the records from ``start`` to the end of the complete records (Tail)."""
+def scan_tail(store, start, with_times=False):
+    """Walk and decode the records from ``start`` to the end of the complete records (Tail); ``times`` is only
+    filled ``with_times`` (16 bytes a record, for offset-by-time)."""
     import numpy as np
 
     from localmq._codec import RecordColumns, decode_range, topic_codes
@@ -575,16 +576,17 @@ def scan_tail(store, start):
                     qoff, ts = cols["queue_offset"][keep], cols["store_timestamp"][keep]
                     for k in np.unique(key).tolist():
                         m = key == k
-                        found.setdefault((names[k >> 32], k & 0xFFFFFFFF), []).append((qoff[m], ts[m]))
+                        q = qoff[m]
+                        found.setdefault((names[k >> 32], k & 0xFFFFFFFF), []).append(
+                            (int(q.min()), int(q.max()) + 1, (q, ts[m]) if with_times else None))
                 if reason != "full":
                     break  # blank (end of this segment) or the end walked to above
         finally:
             mf.close()
     for k, parts in found.items():
-        qoff = np.concatenate([a for a, _ in parts])
-        ts = np.concatenate([b for _, b in parts])
-        tail.queues[k] = (int(qoff.min()), int(qoff.max()) + 1)
-        tail.times[k] = (qoff, ts)
+        tail.queues[k] = (min(a for a, _, _ in parts), max(b for _, b, _ in parts))
+        if with_times:
+            tail.times[k] = (np.concatenate([t[0] for _, _, t in parts]), np.concatenate([t[1] for _, _, t in parts]))
     return tail
 
 
@@ -604,9 +606,10 @@ def store_state(store, opts):
     want = opts.include_undispatched
     if want == "auto":
         want = writer_active(store.root) is False
-    if not want or not store.segments:
-        return state, bound, None
-    tail = scan_tail(store, bound)
+    if not want or not store.segments or not store.queues():
+        return state, bound, None  # (a bare commit log, without ConsumeQueues, is read with row filters instead)
+    with_times = opts.starting_timestamp is not None or opts.ending_timestamp is not None
+    tail = scan_tail(store, bound, with_times)
     if not tail.queues:
         return state, bound, None
     for key, (first, stop) in tail.queues.items():
