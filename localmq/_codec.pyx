@@ -1247,10 +1247,11 @@ def gather_msg_ids(RecordColumns cols, rows=None):
 
 
 # ---------------------------------------------------------------------------------------------- single-pass scan
-# ``scan_range`` is the Spark reader's path for the cheap columns (body, topic and fixed-width header fields):
-# one walk that validates each record exactly as ``decode_range`` does, applies the row filters and writes the
-# kept rows straight into Arrow-layout buffers, where ``decode_range`` + the gathers fill seventeen columns (and
-# hash every record's tags) and then copy the bodies in a second pass.
+# ``scan_range`` (a segment range) and ``scan_positions`` (ConsumeQueue units) are the Spark reader's path for the
+# cheap columns (body, topic and fixed-width header fields): one walk that validates each record exactly as
+# ``decode_range`` / ``decode_positions`` do, applies the row filters and writes the kept rows straight into
+# Arrow-layout buffers, where ``decode_range`` + the gathers fill seventeen columns (and hash every record's
+# tags) and then copy the bodies in a second pass.
 
 cdef enum:
     SCAN_BODY = 1

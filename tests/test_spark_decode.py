@@ -167,15 +167,29 @@ def test_whole_store_in_both_partitionings(written, mode):
     assert len(got) == len(sent) and set(got) == expected_rows(sent)
 
 
-def test_segment_partitions_start_at_record_boundaries(written):
+def ranges_of(part):
+    return part.ranges if isinstance(part, planmod.SegmentRanges) else (part,)
+
+
+@pytest.mark.parametrize("wanted", [1, 2, 3, 7])
+def test_segment_partitions_start_at_record_boundaries(written, wanted):
     path, _ = written
-    p = plan(path, partitioning="segment", minPartitions=7, **OPTS)
+    p = plan(path, partitioning="segment", minPartitions=wanted, **OPTS)
     for part in p.partitions:
-        mf = localmq._mapped_file.MappedFile(part.path, SEG, part.base, create=False, writable=False)
-        try:
-            assert _codec.scan_record(mf, part.start)[0] == "ok"
-        finally:
-            mf.close()
+        for r in ranges_of(part):
+            mf = localmq._mapped_file.MappedFile(r.path, SEG, r.base, create=False, writable=False)
+            try:
+                assert _codec.scan_record(mf, r.start)[0] in ("ok", "blank")
+            finally:
+                mf.close()
+    # the ranges tile the log in order; shares are a multiple of the wanted count, none over a segment, even
+    flat = [r for part in p.partitions for r in ranges_of(part)]
+    assert all(a.base + a.end == b.base + b.start or (b.start == 0 and b.base == a.base + SEG)
+               for a, b in zip(flat, flat[1:]))
+    shares = [sum(r.end - r.start for r in ranges_of(part)) for part in p.partitions]
+    assert len(shares) % wanted == 0 and max(shares) <= SEG
+    assert max(shares) - min(shares) < 1024  # within a record or so (records here are under 300 bytes)
+    assert any(isinstance(part, planmod.SegmentRanges) for part in p.partitions) or wanted == 7
 
 
 @pytest.mark.parametrize("mode", ["segment", "queue"])
@@ -594,7 +608,7 @@ def test_columns_the_scan_cannot_fill_use_the_general_path(written, scans):
     for mode in ("segment", "queue"):
         t = table(path, columns="value,tags", partitioning=mode)
         assert not scans and t.num_rows == len(sent)
-    part = plan(path, **OPTS).partitions[0]
+    part = ranges_of(plan(path, **OPTS).partitions[0])[0]
     assert decode._scan_setup(part, ["value", "key"]) is None
     assert decode._scan_setup(part, ["value", "msg_id"]) is None
     assert decode._scan_setup(part, ["value"]) is not None

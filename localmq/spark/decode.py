@@ -1,5 +1,6 @@
 """Decode planned partitions of a store into pyarrow RecordBatches whose buffers the Cython codec fills."""
 
+import itertools
 import logging
 import os
 
@@ -8,7 +9,9 @@ import numpy as np
 from localmq import _codec
 from localmq._mapped_file import MappedFile
 from localmq.errors import CorruptFrameError, CorruptStoreError
-from localmq.spark.plan import CQ_BLANK_SIZE, CQ_UNIT, ConsumeQueueFiles, OffsetRangeError, QueueRange, SegmentRange
+from localmq.spark.plan import (
+    CQ_BLANK_SIZE, CQ_UNIT, ConsumeQueueFiles, OffsetRangeError, QueueRange, SegmentRange, SegmentRanges,
+)
 
 __all__ = ["COLUMNS", "TIMESTAMP_TYPE_LOG_APPEND", "arrow_schema", "spark_ddl", "read_partition"]
 
@@ -382,7 +385,7 @@ def _read_queue(part, columns, schema, batch_size):
 
 
 def read_partition(part, columns=None, batch_size=65536):
-    """Decode one planned partition (SegmentRange or QueueRange) into pyarrow RecordBatches.
+    """Decode one planned partition (SegmentRange, SegmentRanges or QueueRange) into pyarrow RecordBatches.
 
     :param columns: the column names to produce (default all of ``COLUMNS``, in that order).
     :param batch_size: rows per batch at most.
@@ -394,6 +397,8 @@ def read_partition(part, columns=None, batch_size=65536):
     schema = arrow_schema(names)
     if isinstance(part, SegmentRange):
         return _read_segment(part, names, schema, batch_size)
+    if isinstance(part, SegmentRanges):
+        return itertools.chain.from_iterable(_read_segment(r, names, schema, batch_size) for r in part.ranges)
     if isinstance(part, QueueRange):
         return _read_queue(part, names, schema, batch_size)
     raise TypeError(f"not a localmq partition: {part!r}")
