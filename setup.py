@@ -1,8 +1,13 @@
 """Build the Cython extensions and the C helpers in csrc/ (everything else lives in pyproject.toml)."""
+import importlib.util
+import os
+
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class BuildExtWithCsrc(build_ext):
@@ -11,6 +16,20 @@ class BuildExtWithCsrc(build_ext):
     def run(self):
         self.run_command("build_clib")
         super().run()
+
+
+def write_layout_pxd():
+    """Generate localmq/_layout.pxd from localmq/layout.py, the one place the on-disk constants are written."""
+    spec = importlib.util.spec_from_file_location("_localmq_layout", os.path.join(HERE, "localmq", "layout.py"))
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    path = os.path.join(HERE, "localmq", "_layout.pxd")
+    text = layout.pxd_source()
+    old = open(path).read() if os.path.exists(path) else None
+    if old != text:  # rewrite only on change, so Cython's dependency tracking does not rebuild everything
+        with open(path, "w") as f:
+            f.write(text)
+
 
 # csrc/ is plain C built once as a static library with strict warnings; the Cython-generated C is not held to -Werror.
 CSRC_LIB = ("lmq_os", {"sources": ["csrc/lmq_os.c"], "cflags": ["-O3", "-fPIC", "-Wall", "-Wextra", "-Werror"]})
@@ -30,17 +49,21 @@ def ext(name):
     )
 
 
+# native (one concern each), then the compiled parts of the store engine
 extensions = [
     ext("localmq._native"),
-    ext("localmq._codec"),
+    ext("localmq._record"),
+    ext("localmq._columns"),
     ext("localmq._mapped_file"),
-    ext("localmq._cq"),
-    ext("localmq._commitlog"),
-    ext("localmq._dispatch"),
     ext("localmq._frame"),
     ext("localmq._index"),
+    ext("localmq.store.consume_queue"),
+    ext("localmq.store.get"),
+    ext("localmq.store.commit_log"),
+    ext("localmq.store.dispatch"),
 ]
 
+write_layout_pxd()
 setup(
     cmdclass={"build_ext": BuildExtWithCsrc},
     libraries=[CSRC_LIB],

@@ -1,10 +1,11 @@
 """localmq: an embedded, persistent message queue on RocketMQ-compatible CommitLog / ConsumeQueue files."""
-from localmq._codec import (
-    Message, RecordColumns, decode_message, decode_message_id, decode_range, encode_blank, encode_message,
-    java_hash, parse_properties, properties_to_bytes, tags_hash,
+from localmq._record import (
+    decode_message, decode_message_id, encode_blank, encode_message, java_hash, Message, parse_properties, properties_to_bytes, tags_hash,
 )
-from localmq._commitlog import PutResult
-from localmq.config import AppendMessageStatus, FlushDiskType, GetStatus, PutStatus, StoreConfig
+from localmq._columns import decode_range, RecordColumns
+from localmq.store.commit_log import PutResult
+from localmq.status import AppendMessageStatus, GetResult, GetStatus, PutStatus
+from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
     ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
@@ -13,8 +14,8 @@ from localmq.errors import (
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
 from localmq.store.readers import read_commitlog, read_consume_queue, read_consume_queue_ext
-from localmq.store.store import GetResult, LocalMessageQueue
-from localmq.queues.base import MessageStore
+from localmq.queues.local import LocalMessageQueue
+from localmq.interface import MessageStore
 from localmq.queues.memory import MemoryMessageQueue
 from localmq.queues.embedded import EmbeddedMessageQueue
 from localmq.client import ConsumerOffsetManager, ConsumerScheduler, Consumer, Producer

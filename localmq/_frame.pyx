@@ -16,11 +16,12 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from localmq._codec cimport Message
+from localmq._record cimport Message
+from localmq._layout cimport FRAME_HEADERS_SIZE, FRAME_MAGIC, FRAME_OVERHEAD
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport crc32, lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64, lmq_store_rel
 
-from localmq._codec import parse_properties
+from localmq._record import parse_properties
 
 cdef extern from *:
     """
@@ -29,12 +30,6 @@ cdef extern from *:
     void lmq_frame_fence() noexcept nogil
 from localmq.errors import CorruptFrameError, StoreClosedError
 
-FRAME_MAGIC = 0x4C4D5146          # "LMQF"
-HEADERS_SIZE = 24
-FRAME_OVERHEAD = 4 + 4 + 4 + 2 + HEADERS_SIZE + 2
-cdef int32_t C_MAGIC = 0x4C4D5146
-cdef int C_HEADERS = 24
-cdef int C_OVERHEAD = 4 + 4 + 4 + 2 + 24 + 2
 
 # walk outcomes
 WALK_END = 0       # a zero TOTALSIZE (or the end of the range) after the last whole frame
@@ -43,7 +38,7 @@ WALK_TORN = 1      # bytes that are not a whole valid frame (torn write, corrupt
 
 def frame_size(Py_ssize_t body_len, Py_ssize_t props_len):
     """Bytes a frame with these body and properties lengths takes."""
-    return C_OVERHEAD + body_len + props_len
+    return FRAME_OVERHEAD + body_len + props_len
 
 
 cdef inline uint32_t frame_crc(const uint8_t *body, int64_t body_len, const uint8_t *props, int64_t props_len) noexcept nogil:
@@ -74,17 +69,17 @@ def write_frame(MappedFile mf, long long pos, body, bytes props, long long store
     PyObject_GetBuffer(body, &bv, PyBUF_SIMPLE)
     try:
         body_len = bv.len
-        total = C_OVERHEAD + body_len + props_len
+        total = FRAME_OVERHEAD + body_len + props_len
         if total > 0x7FFFFFFF or pos < 0 or pos + total > mf.file_size:
             return -1
         p = mf.addr + pos
         crc = frame_crc(<const uint8_t *>bv.buf, body_len, <const uint8_t *>PyBytes_AS_STRING(props), props_len)
-        lmq_put32(p + 4, <uint32_t>C_MAGIC)
+        lmq_put32(p + 4, <uint32_t>FRAME_MAGIC)
         lmq_put32(p + 8, <uint32_t>body_len)
         if body_len:
             memcpy(p + 12, bv.buf, body_len)
         p += 12 + body_len
-        lmq_put16(p, <uint16_t>C_HEADERS)
+        lmq_put16(p, <uint16_t>FRAME_HEADERS_SIZE)
         lmq_put64(p + 2, <uint64_t>store_ts)
         lmq_put64(p + 10, <uint64_t>born_ts)
         lmq_put32(p + 18, <uint32_t>flag)
@@ -112,15 +107,15 @@ cdef inline int check_frame(const uint8_t *p, int64_t avail, bint check_crc, int
     total = <int32_t>lmq_be32(p)
     if total == 0:
         return 1
-    if total < C_OVERHEAD or total > avail:
+    if total < FRAME_OVERHEAD or total > avail:
         return 2
-    if <int32_t>lmq_be32(p + 4) != C_MAGIC:
+    if <int32_t>lmq_be32(p + 4) != <int32_t>FRAME_MAGIC:
         return 2
     body_len = <int32_t>lmq_be32(p + 8)
     if body_len < 0 or 12 + body_len + 2 > total:
         return 2
     hdr_len = <int16_t>lmq_be16(p + 12 + body_len)
-    if hdr_len != C_HEADERS or 12 + body_len + 2 + hdr_len + 2 > total:
+    if hdr_len != FRAME_HEADERS_SIZE or 12 + body_len + 2 + hdr_len + 2 > total:
         return 2
     props_len = <int16_t>lmq_be16(p + 12 + body_len + 2 + hdr_len)
     if props_len < 0 or 12 + body_len + 2 + hdr_len + 2 + props_len != total:
@@ -202,7 +197,7 @@ def read_frames(data, str topic, int queue_id, long long first_index, long long 
                     break
                 raise CorruptFrameError(f"no valid frame at bucket offset {base_offset + pos}", offset=base_offset + pos)
             body_len = <int32_t>lmq_be32(p + pos + 8)
-            props_len = total - (C_OVERHEAD + body_len)
+            props_len = total - (FRAME_OVERHEAD + body_len)
             props = PyBytes_FromStringAndSize(<const char *>(p + pos + total - props_len), props_len)
             if tag_names is not None:
                 if parse_properties(props).get("TAGS") not in tag_names:

@@ -20,29 +20,17 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from localmq._codec cimport SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_ROLLBACK, find_property, java_hash_utf8
+from localmq._layout cimport (
+    INDEX_H_BEGIN_PHY, INDEX_H_BEGIN_TS, INDEX_H_END_PHY, INDEX_H_END_TS, INDEX_H_INDEX_COUNT, INDEX_H_SLOT_COUNT,
+    INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_MAX_KEY_BYTES, INDEX_SLOT_SIZE, SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+)
+from localmq._record cimport find_property, java_hash_utf8
 from localmq._os cimport lmq_be32, lmq_be64, lmq_put32, lmq_put64
 
 import numpy as np
 
 cnp.import_array()
-
-cdef enum:
-    INDEX_HEADER_SIZE = 40
-    HASH_SLOT_SIZE = 4
-    INDEX_SIZE = 20
-    H_BEGIN_TS = 0
-    H_END_TS = 8
-    H_BEGIN_PHY = 16
-    H_END_PHY = 24
-    H_SLOT_COUNT = 32
-    H_INDEX_COUNT = 36
-    # "<topic>#<key>": topic <= 127 bytes, a property value < 32768 bytes
-    MAX_KEY_BYTES = 128 + 1 + 32768
-
-HEADER_SIZE = INDEX_HEADER_SIZE
-SLOT_SIZE = HASH_SLOT_SIZE
-ITEM_SIZE = INDEX_SIZE
 
 # index_rows outcomes
 cdef enum:
@@ -62,7 +50,7 @@ cdef inline int32_t positive_hash(int32_t h) noexcept nogil:
 
 cdef inline int32_t index_count_of(const uint8_t *base) noexcept nogil:
     # IndexHeader.load: a count of 0 (a file never flushed since its creation) means 1: item 0 is never used
-    cdef int32_t c = <int32_t>lmq_be32(base + H_INDEX_COUNT)
+    cdef int32_t c = <int32_t>lmq_be32(base + INDEX_H_INDEX_COUNT)
     return 1 if c <= 0 else c
 
 
@@ -77,11 +65,11 @@ cdef int put_key_c(uint8_t *base, int64_t slot_num, int64_t index_num, int32_t k
     if count >= index_num:
         return 0
     slot_pos = key_hash % slot_num
-    slot = base + INDEX_HEADER_SIZE + slot_pos * HASH_SLOT_SIZE
+    slot = base + INDEX_HEADER_SIZE + slot_pos * INDEX_SLOT_SIZE
     slot_value = <int32_t>lmq_be32(slot)
     if slot_value <= 0 or slot_value > count:
         slot_value = 0
-    begin_ts = <int64_t>lmq_be64(base + H_BEGIN_TS)
+    begin_ts = <int64_t>lmq_be64(base + INDEX_H_BEGIN_TS)
     if begin_ts <= 0:
         diff = 0
     else:
@@ -90,7 +78,7 @@ cdef int put_key_c(uint8_t *base, int64_t slot_num, int64_t index_num, int32_t k
             diff = INT32_MAX
         elif diff < 0:
             diff = 0
-    item = base + INDEX_HEADER_SIZE + slot_num * HASH_SLOT_SIZE + <int64_t>count * INDEX_SIZE
+    item = base + INDEX_HEADER_SIZE + slot_num * INDEX_SLOT_SIZE + <int64_t>count * INDEX_ITEM_SIZE
     lmq_put32(item, <uint32_t>key_hash)
     lmq_put64(item + 4, <uint64_t>phy)
     lmq_put32(item + 12, <uint32_t>diff)
@@ -98,13 +86,13 @@ cdef int put_key_c(uint8_t *base, int64_t slot_num, int64_t index_num, int32_t k
     lmq_put32(slot, <uint32_t>count)
     if count <= 1:
         # the first item of a file sets its begin values (after its timeDiff was computed, as RocketMQ does)
-        lmq_put64(base + H_BEGIN_PHY, <uint64_t>phy)
-        lmq_put64(base + H_BEGIN_TS, <uint64_t>ts)
+        lmq_put64(base + INDEX_H_BEGIN_PHY, <uint64_t>phy)
+        lmq_put64(base + INDEX_H_BEGIN_TS, <uint64_t>ts)
     if slot_value == 0:
-        lmq_put32(base + H_SLOT_COUNT, lmq_be32(base + H_SLOT_COUNT) + 1)
-    lmq_put32(base + H_INDEX_COUNT, <uint32_t>(count + 1))
-    lmq_put64(base + H_END_PHY, <uint64_t>phy)
-    lmq_put64(base + H_END_TS, <uint64_t>ts)
+        lmq_put32(base + INDEX_H_SLOT_COUNT, lmq_be32(base + INDEX_H_SLOT_COUNT) + 1)
+    lmq_put32(base + INDEX_H_INDEX_COUNT, <uint32_t>(count + 1))
+    lmq_put64(base + INDEX_H_END_PHY, <uint64_t>phy)
+    lmq_put64(base + INDEX_H_END_TS, <uint64_t>ts)
     return 1
 
 
@@ -112,12 +100,12 @@ cdef bint has_item_c(const uint8_t *base, int64_t slot_num, int32_t key_hash, in
     """True when the newest items of the key's slot already hold (key_hash, phy) (items of older records end
     the look: phy is the file's endPhyOffset, so it only ever meets the record being indexed)."""
     cdef int32_t count = index_count_of(base)
-    cdef int32_t cur = <int32_t>lmq_be32(base + INDEX_HEADER_SIZE + (key_hash % slot_num) * HASH_SLOT_SIZE)
+    cdef int32_t cur = <int32_t>lmq_be32(base + INDEX_HEADER_SIZE + (key_hash % slot_num) * INDEX_SLOT_SIZE)
     cdef int32_t steps = 0
     cdef const uint8_t *item
     cdef int64_t item_phy
     while 0 < cur < count and steps < count:
-        item = base + INDEX_HEADER_SIZE + slot_num * HASH_SLOT_SIZE + <int64_t>cur * INDEX_SIZE
+        item = base + INDEX_HEADER_SIZE + slot_num * INDEX_SLOT_SIZE + <int64_t>cur * INDEX_ITEM_SIZE
         item_phy = <int64_t>lmq_be64(item + 4)
         if item_phy < phy:
             return False
@@ -138,12 +126,12 @@ cdef Py_ssize_t select_c(const uint8_t *base, int64_t slot_num, int32_t key_hash
     cdef const uint8_t *item
     if count <= 1:
         return 0
-    nxt = <int32_t>lmq_be32(base + INDEX_HEADER_SIZE + (key_hash % slot_num) * HASH_SLOT_SIZE)
+    nxt = <int32_t>lmq_be32(base + INDEX_HEADER_SIZE + (key_hash % slot_num) * INDEX_SLOT_SIZE)
     if nxt <= 0 or nxt > count:
         return 0
-    begin_ts = <int64_t>lmq_be64(base + H_BEGIN_TS)
+    begin_ts = <int64_t>lmq_be64(base + INDEX_H_BEGIN_TS)
     while n < max_out and steps <= count:
-        item = base + INDEX_HEADER_SIZE + slot_num * HASH_SLOT_SIZE + <int64_t>nxt * INDEX_SIZE
+        item = base + INDEX_HEADER_SIZE + slot_num * INDEX_SLOT_SIZE + <int64_t>nxt * INDEX_ITEM_SIZE
         h = <int32_t>lmq_be32(item)
         phy = <int64_t>lmq_be64(item + 4)
         diff = <int32_t>lmq_be32(item + 12)
@@ -181,9 +169,9 @@ def select_offsets(const uint8_t[::1] buf, long long slot_num, int key_hash, lon
                    Py_ssize_t max_num):
     """Physical offsets of the items of ``key_hash`` stored within [begin, end] (second precision: an item's time
     is the file's begin time plus whole seconds), newest first, at most ``max_num``. An int64 numpy array."""
-    if slot_num <= 0 or buf.shape[0] < INDEX_HEADER_SIZE + slot_num * HASH_SLOT_SIZE:
+    if slot_num <= 0 or buf.shape[0] < INDEX_HEADER_SIZE + slot_num * INDEX_SLOT_SIZE:
         raise ValueError("buffer smaller than the slot table")
-    cdef int64_t items = (buf.shape[0] - INDEX_HEADER_SIZE - slot_num * HASH_SLOT_SIZE) // INDEX_SIZE
+    cdef int64_t items = (buf.shape[0] - INDEX_HEADER_SIZE - slot_num * INDEX_SLOT_SIZE) // INDEX_ITEM_SIZE
     cdef const uint8_t *base = &buf[0]
     cdef int32_t count = index_count_of(base)
     if max_num <= 0 or count > items:
@@ -201,7 +189,7 @@ def select_offsets(const uint8_t[::1] buf, long long slot_num, int key_hash, lon
 cdef int _check_geometry(Py_ssize_t size, long long slot_num, long long index_num) except -1:
     if slot_num <= 0 or index_num <= 1:
         raise ValueError("slot_num must be >= 1 and index_num >= 2")
-    if size != INDEX_HEADER_SIZE + slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE:
+    if size != INDEX_HEADER_SIZE + slot_num * INDEX_SLOT_SIZE + index_num * INDEX_ITEM_SIZE:
         raise ValueError("buffer size does not match the geometry")
     return 0
 
@@ -227,7 +215,7 @@ def index_rows(uint8_t[::1] buf, long long slot_num, long long index_num, const 
         _check_geometry(buf.shape[0], slot_num, index_num)
         base = &buf[0]
     cdef const uint8_t *d = &data[0] if data.shape[0] else NULL
-    cdef uint8_t *scratch = <uint8_t *>PyMem_Malloc(MAX_KEY_BYTES)
+    cdef uint8_t *scratch = <uint8_t *>PyMem_Malloc(INDEX_MAX_KEY_BYTES)
     if scratch == NULL:
         raise MemoryError()
     cdef Py_ssize_t r = row, k = key, done = key, added = 0
@@ -240,7 +228,7 @@ def index_rows(uint8_t[::1] buf, long long slot_num, long long index_num, const 
         with nogil:  # a batch of thousands of records and their keys
             while r < n:
                 ph = phys[r]
-                end_phy = <int64_t>lmq_be64(base + H_END_PHY) if base != NULL else -1
+                end_phy = <int64_t>lmq_be64(base + INDEX_H_END_PHY) if base != NULL else -1
                 if (sys_flag[r] & SYSFLAG_TRANSACTION_MASK) == SYSFLAG_TRANSACTION_ROLLBACK or ph < end_phy:
                     r += 1
                     k = 0

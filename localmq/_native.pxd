@@ -1,6 +1,13 @@
 # Checked wrappers over csrc/: each drops the GIL around its syscall and raises OSError(errno, strerror, path) after.
 from libc.stdint cimport int64_t
 
+from localmq._os cimport lmq_event
+
+
+cdef class Event:
+    cdef lmq_event *ev
+
+
 cdef int c_map(int fd, size_t length, bint writable, void **out, object path) except -1
 cdef int c_unmap(void *addr, size_t length, object path) except -1
 cdef int c_msync(void *addr, size_t off, size_t length, bint sync, object path) except -1

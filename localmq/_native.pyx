@@ -8,7 +8,8 @@ from libc.string cimport strerror
 from localmq._os cimport (
     LMQ_ADV_DONTNEED, LMQ_ADV_NORMAL, LMQ_ADV_RANDOM, LMQ_ADV_SEQUENTIAL, LMQ_ADV_WILLNEED,
     lmq_fallocate, lmq_fdatasync, lmq_ftruncate, lmq_madvise, lmq_map, lmq_mincore, lmq_mlock, lmq_msync,
-    lmq_munlock, lmq_now_ms, lmq_page_size, lmq_populate_write, lmq_pretouch, lmq_unmap,
+    lmq_munlock, lmq_now_ms, lmq_page_size, lmq_populate_write, lmq_pretouch, lmq_unmap, lmq_event_free,
+    lmq_event_new,
 )
 
 ADV_NORMAL = LMQ_ADV_NORMAL
@@ -17,6 +18,21 @@ ADV_SEQUENTIAL = LMQ_ADV_SEQUENTIAL
 ADV_WILLNEED = LMQ_ADV_WILLNEED
 ADV_DONTNEED = LMQ_ADV_DONTNEED
 PAGE_SIZE = lmq_page_size()
+
+
+
+cdef class Event:
+    """A wake-up event in C (mutex + condition variable) that threads signal and wait on without the GIL: puts
+    signal the dispatcher's. Passed between the compiled modules as this object, never as an address."""
+
+    def __cinit__(self):
+        self.ev = lmq_event_new()
+        if self.ev == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.ev != NULL:
+            lmq_event_free(self.ev)
 
 
 cdef object raise_errno(int err, object path):

@@ -9,7 +9,7 @@ import tempfile
 import time
 
 import localmq
-from localmq.config import GetStatus
+from localmq.status import GetStatus
 
 
 def _demo(args) -> int:

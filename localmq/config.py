@@ -1,4 +1,4 @@
-"""StoreConfig (RocketMQ's MessageStoreConfig in snake_case) and the status and mode enums."""
+"""StoreConfig (RocketMQ's MessageStoreConfig in snake_case), the flush mode, and name checks."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +6,8 @@ import enum
 import re
 from typing import Any, Mapping
 
-from localmq.errors import ConfigError
+from localmq.errors import ConfigError, InvalidQueueIdError, InvalidTopicError
+from localmq.layout import CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE
 
 
 class FlushDiskType(enum.Enum):
@@ -14,52 +15,6 @@ class FlushDiskType(enum.Enum):
 
     ASYNC_FLUSH = "ASYNC_FLUSH"
     SYNC_FLUSH = "SYNC_FLUSH"
-
-
-class PutStatus(enum.IntEnum):
-    """RocketMQ's PutMessageStatus (5.x spelling; the 4.x spellings are aliases)."""
-
-    PUT_OK = 0
-    FLUSH_DISK_TIMEOUT = 1
-    FLUSH_SLAVE_TIMEOUT = 2
-    SLAVE_NOT_AVAILABLE = 3
-    SERVICE_NOT_AVAILABLE = 4
-    CREATE_MAPPED_FILE_FAILED = 5
-    MESSAGE_ILLEGAL = 6
-    PROPERTIES_SIZE_EXCEEDED = 7
-    OS_PAGE_CACHE_BUSY = 8
-    UNKNOWN_ERROR = 9
-    CREATE_MAPEDFILE_FAILED = 5  # 4.x name
-    OS_PAGECACHE_BUSY = 8  # 4.x name
-
-
-class AppendMessageStatus(enum.IntEnum):
-    """Outcome of appending one record (or batch) to one MappedFile."""
-
-    PUT_OK = 0
-    END_OF_FILE = 1
-    MESSAGE_SIZE_EXCEEDED = 2
-    PROPERTIES_SIZE_EXCEEDED = 3
-    UNKNOWN_ERROR = 4
-
-
-class GetStatus(enum.IntEnum):
-    """RocketMQ's GetMessageStatus (4.x)."""
-
-    FOUND = 0
-    NO_MATCHED_MESSAGE = 1
-    MESSAGE_WAS_REMOVING = 2
-    OFFSET_FOUND_NULL = 3
-    OFFSET_OVERFLOW_BADLY = 4
-    OFFSET_OVERFLOW_ONE = 5
-    OFFSET_TOO_SMALL = 6
-    NO_MATCHED_LOGIC_QUEUE = 7
-    NO_MESSAGE_IN_QUEUE = 8
-
-
-CQ_UNIT_SIZE = 20
-MAX_QUEUE_ID = 65535
-TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,127}\Z")
 
 
 @dataclasses.dataclass
@@ -224,7 +179,11 @@ def parse_host(text: str) -> tuple[bytes, int]:
 
 def check_topic(topic: str) -> None:
     """Raise InvalidTopicError unless ``topic`` matches ``[%|a-zA-Z0-9_-]{1,127}``."""
-    from localmq.errors import InvalidTopicError
-
     if not isinstance(topic, str) or TOPIC_RE.match(topic) is None:
         raise InvalidTopicError(f"invalid topic name {topic!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")
+
+
+def check_queue_id(queue_id: int) -> None:
+    """Raise InvalidQueueIdError unless ``queue_id`` is an int in 0..MAX_QUEUE_ID."""
+    if type(queue_id) is not int or not 0 <= queue_id <= MAX_QUEUE_ID:
+        raise InvalidQueueIdError(f"queue id {queue_id!r} outside 0..{MAX_QUEUE_ID}")

@@ -27,7 +27,7 @@ class MessageSizeError(LocalMQError, ValueError):
     def __init__(self, message, status=None):
         super().__init__(message)
         if status is None:
-            from localmq.config import PutStatus
+            from localmq.status import PutStatus
 
             status = PutStatus.MESSAGE_ILLEGAL
         self.status = status
@@ -39,7 +39,7 @@ class PropertiesSizeError(LocalMQError, ValueError):
     def __init__(self, message, status=None):
         super().__init__(message)
         if status is None:
-            from localmq.config import PutStatus
+            from localmq.status import PutStatus
 
             status = PutStatus.PROPERTIES_SIZE_EXCEEDED
         self.status = status

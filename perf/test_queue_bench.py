@@ -116,10 +116,10 @@ def _localmq_decoder(caveats):
     try:
         return localmq.RecordColumns, localmq.decode_range
     except AttributeError as e:
-        from localmq import _codec
+        from localmq import _columns
 
         caveats.add(f"from localmq._codec ({e})")
-        return _codec.RecordColumns, _codec.decode_range
+        return _columns.RecordColumns, _columns.decode_range
 
 
 def test_decode_range_localmq(need_localmq, body_size, bench):

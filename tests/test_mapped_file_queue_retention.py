@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from localmq._cq import ConsumeQueue
+from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import DELETE_FILES_BATCH_MAX, MappedFileQueue
 
 SIZE = 4096

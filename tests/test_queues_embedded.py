@@ -7,7 +7,7 @@ import zlib
 import pytest
 
 import localmq
-from localmq._frame import FRAME_MAGIC, FRAME_OVERHEAD
+from localmq.layout import FRAME_MAGIC, FRAME_OVERHEAD
 from localmq.errors import CorruptStoreError, MessageSizeError, StoreLockedError
 
 SIZE = 8192

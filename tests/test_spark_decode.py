@@ -13,7 +13,7 @@ import pytest
 
 import localmq
 from conftest import cut_dispatch
-from localmq import _codec
+from localmq import _record, _columns
 from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
 
 pa = pytest.importorskip("pyarrow")
@@ -81,8 +81,8 @@ def test_arrow_schema_is_what_spark_expects():
 
 def test_batch_columns_match_the_record_decoder():
     data = records()
-    cols = _codec.RecordColumns(16)
-    n, _, reason = _codec.decode_range(data, cols)
+    cols = _columns.RecordColumns(16)
+    n, _, reason = _columns.decode_range(data, cols)
     assert (n, reason) == (6, "end")
     rows = decode.record_batch(cols, None, [c for c, _ in decode.COLUMNS], decode.arrow_schema()).to_pylist()
     pos = 0
@@ -106,21 +106,21 @@ def test_batch_columns_match_the_record_decoder():
 
 def test_row_selection_and_topic_codes():
     data = records()
-    cols = _codec.RecordColumns(16)
-    _codec.decode_range(data, cols)
-    codes, names = _codec.topic_codes(cols)
+    cols = _columns.RecordColumns(16)
+    _columns.decode_range(data, cols)
+    codes, names = _columns.topic_codes(cols)
     assert names == ["top0", "top1"] and codes.tolist() == [0, 1, 0, 1, 0, 1]
     sel = np.array([5, 0, 2])
     b = decode.record_batch(cols, sel, ["value", "offset", "tags"], decode.arrow_schema(["value", "offset", "tags"]))
     assert b.to_pydict() == {"value": [b"v" * 5, b"", b"vv"], "offset": [15, 10, 12], "tags": [None, "tag0", "tag2"]}
     with pytest.raises(IndexError):
-        _codec.gather_binary(cols, "body", np.array([6]))
+        _columns.gather_binary(cols, "body", np.array([6]))
 
 
 def test_properties_follow_rocketmq_parsing_rules():
     raw = b"A\x01x\x02\x01bad\x02short\x02E\x01\x02K\x01v1\x01v2\x02KEYS\x01 one  two \x02TAGS\x01t\x02"
-    cols = _codec.RecordColumns(4)
-    _codec.decode_range(localmq.encode_message("t", b"b", properties=raw), cols)
+    cols = _columns.RecordColumns(4)
+    _columns.decode_range(localmq.encode_message("t", b"b", properties=raw), cols)
     row = decode.record_batch(cols, None, ["properties", "keys", "key", "tags"],
                               decode.arrow_schema(["properties", "keys", "key", "tags"])).to_pylist()[0]
     assert dict(row["properties"]) == localmq.parse_properties(raw)
@@ -129,16 +129,16 @@ def test_properties_follow_rocketmq_parsing_rules():
 
 def test_decode_positions_checks_sizes_and_records():
     data = records()
-    cols = _codec.RecordColumns(16)
-    _codec.decode_range(data, cols)
+    cols = _columns.RecordColumns(16)
+    _columns.decode_range(data, cols)
     pos, sizes = cols["physical_offset"].copy(), cols["store_size"].copy()
-    out = _codec.RecordColumns(16)
-    assert _codec.decode_positions(data, out, pos[::-1], sizes[::-1]) == (6, 6, "end")
+    out = _columns.RecordColumns(16)
+    assert _columns.decode_positions(data, out, pos[::-1], sizes[::-1]) == (6, 6, "end")
     assert out["queue_id"].tolist() == [5, 4, 3, 2, 1, 0]
-    assert _codec.decode_positions(data, out, pos[:2], sizes[:2] + 1)[2] == "corrupt"
-    assert _codec.decode_positions(data, out, [pos[1] + 1])[2] == "corrupt"
-    assert _codec.decode_positions(data, out, [len(data) - 8])[2] == "corrupt"  # zero bytes, not a record
-    assert _codec.decode_positions(data, _codec.RecordColumns(2), pos)[:3] == (2, 2, "full")
+    assert _columns.decode_positions(data, out, pos[:2], sizes[:2] + 1)[2] == "corrupt"
+    assert _columns.decode_positions(data, out, [pos[1] + 1])[2] == "corrupt"
+    assert _columns.decode_positions(data, out, [len(data) - 8])[2] == "corrupt"  # zero bytes, not a record
+    assert _columns.decode_positions(data, _columns.RecordColumns(2), pos)[:3] == (2, 2, "full")
 
 
 def expected_rows(sent, topics=TOPICS, bounds=None):
@@ -179,7 +179,7 @@ def test_segment_partitions_start_at_record_boundaries(written, wanted):
         for r in ranges_of(part):
             mf = localmq._mapped_file.MappedFile(r.path, SEG, r.base, create=False, writable=False)
             try:
-                assert _codec.scan_record(mf, r.start)[0] in ("ok", "blank")
+                assert _record.scan_record(mf, r.start)[0] in ("ok", "blank")
             finally:
                 mf.close()
     # the ranges tile the log in order; shares are a multiple of the wanted count, none over a segment, even
@@ -250,8 +250,8 @@ def test_corrupt_record_inside_the_range_raises(written):
     seg = os.path.join(path, "commitlog", "%020d" % 0)
     with open(seg, "rb") as f:
         data = f.read()
-    cols = _codec.RecordColumns(1024)
-    _codec.decode_range(data, cols)
+    cols = _columns.RecordColumns(1024)
+    _columns.decode_range(data, cols)
     # break the magic of the first record that starts after position 1000: a damaged record with data after it
     at = int(cols["physical_offset"][np.searchsorted(cols["physical_offset"], 1000)])
     with open(seg, "r+b") as f:
@@ -480,7 +480,7 @@ def test_pushed_filters_narrow_the_plan(written):
 
 
 # ---------------------------------------------------------------------------------------------- single-pass scan
-# The cheap columns are read by one walk (_codec.scan_range) instead of decode_range + gathers; what it yields
+# The cheap columns are read by one walk (_columns.scan_range) instead of decode_range + gathers; what it yields
 # must be the general path's output, byte for byte, errors included.
 
 SCAN_COLUMNS = [c for c in decode._SCAN_FIELDS]
@@ -499,10 +499,10 @@ def scans(monkeypatch):
     """Counts the single-pass scans (segment ranges and ConsumeQueue units) the reader makes."""
     seen = []
     for name in ("scan_range", "scan_positions"):
-        def spy(*args, _real=getattr(_codec, name), **kw):
+        def spy(*args, _real=getattr(_columns, name), **kw):
             seen.append(args[1:3])
             return _real(*args, **kw)
-        monkeypatch.setattr(decode._codec, name, spy)
+        monkeypatch.setattr(decode._columns, name, spy)
     return seen
 
 
@@ -535,7 +535,7 @@ def test_written_store_spans_segments_with_blank_ends(written):
     assert len(segs) >= 3
     with open(os.path.join(path, "commitlog", segs[0]), "rb") as f:
         data = f.read()
-    pos, outcome, _, _, _ = _codec.walk_records(data, 0, -1, True)
+    pos, outcome, _, _, _ = _record.walk_records(data, 0, -1, True)
     assert outcome == "blank" and pos < SEG
 
 
@@ -581,10 +581,10 @@ def test_scan_matches_general_path_on_a_bare_commitlog_by_time(tmp_path, general
             st.wait_for_dispatch()
             time.sleep(0.01)
     shutil.rmtree(path / "consumequeue")
-    cols = _codec.RecordColumns(4096)
+    cols = _columns.RecordColumns(4096)
     seg = os.path.join(path, "commitlog", "%020d" % 0)
     with open(seg, "rb") as f:
-        _codec.decode_range(f.read(), cols)
+        _columns.decode_range(f.read(), cols)
     times = np.unique(cols["store_timestamp"])
     assert len(times) >= 3
     options = {"startingTimestamp": int(times[1]), "endingTimestamp": int(times[-1]),
@@ -642,10 +642,10 @@ def test_a_negative_queue_id_under_bounds_falls_back_to_the_general_path(tmp_pat
     got = pa.Table.from_batches(fast).to_pydict()
     # queue 0 is bounded to [2, 8); the record of queue -1 and those after it went through the general path
     assert (got["partition"], got["offset"]) == ([1, 0, 1, 0, 1, -1, 1, 1], [1, 2, 3, 4, 5, 6, 7, 9])
-    flt = _codec.RowFilter(None, {(b"t", 0): (2, 8)})
+    flt = _columns.RowFilter(None, {(b"t", 0): (2, 8)})
     with open(path, "rb") as f:
         data = f.read()
-    n, nxt, reason, _ = _codec.scan_range(data, 0, end, 0, False, 100, ("queue_offset",), flt)
+    n, nxt, reason, _ = _columns.scan_range(data, 0, end, 0, False, 100, ("queue_offset",), flt)
     assert (n, nxt, reason) == (5, sum(len(r) for r in recs[:6]), "fallback")
 
 
@@ -682,40 +682,40 @@ def test_scan_range_against_decode_range(general_path):
     """Hand-made records (IPv6 hosts, properties, empty bodies), a body buffer that must grow, capacity."""
     good = records(n=9)[:-64]
     data = good + localmq.encode_blank(64) + bytes(56)
-    cols = _codec.RecordColumns(64)
-    n, nxt, reason = _codec.decode_range(data, cols)
-    fields = tuple(_codec.SCAN_FIELDS)
-    got = _codec.scan_range(data, 0, len(data), 0, True, 64, fields, None, 1)
+    cols = _columns.RecordColumns(64)
+    n, nxt, reason = _columns.decode_range(data, cols)
+    fields = tuple(_columns.SCAN_FIELDS)
+    got = _columns.scan_range(data, 0, len(data), 0, True, 64, fields, None, 1)
     assert got[:3] == (n, nxt, reason) == (9, len(good), "blank")
     out = got[3]
     for f in ("body", "topic"):
-        assert all(np.array_equal(a, b) for a, b in zip(out[f], _codec.gather_binary(cols, f)))
+        assert all(np.array_equal(a, b) for a, b in zip(out[f], _columns.gather_binary(cols, f)))
     for f in fields:
         if f not in ("body", "topic"):
             assert np.array_equal(out[f], cols[f]), f
     # capacity: the same records, three at a time
     pos, seen = 0, []
     while True:
-        k, pos, reason, out = _codec.scan_range(data, pos, len(data), 0, False, 3, ("queue_offset",))
+        k, pos, reason, out = _columns.scan_range(data, pos, len(data), 0, False, 3, ("queue_offset",))
         seen.extend(out["queue_offset"].tolist())
         if reason != "full":
             break
     assert seen == cols["queue_offset"].tolist() and (pos, reason) == (len(good), "blank")
-    assert _codec.scan_range(data + bytes(8), 0, len(good) + 5, 0, False, 64, ("body",))[:3] == (9, len(good), "torn")
-    assert _codec.scan_range(good + bytes(64), 0, -1, 0, False, 64, ("body",))[:3] == (9, len(good), "end")
-    flt = _codec.RowFilter([b"top1"], None, 1002, 1006)
-    k, _, _, out = _codec.scan_range(data, 0, len(data), 0, False, 64, ("queue_offset",), flt)
+    assert _columns.scan_range(data + bytes(8), 0, len(good) + 5, 0, False, 64, ("body",))[:3] == (9, len(good), "torn")
+    assert _columns.scan_range(good + bytes(64), 0, -1, 0, False, 64, ("body",))[:3] == (9, len(good), "end")
+    flt = _columns.RowFilter([b"top1"], None, 1002, 1006)
+    k, _, _, out = _columns.scan_range(data, 0, len(data), 0, False, 64, ("queue_offset",), flt)
     assert out["queue_offset"].tolist() == [13, 15]  # top1 is every odd record; store times 1000 + i
 
 
 def test_scan_body_buffer_grows_past_its_hint():
     data = b"".join(localmq.encode_message("t", bytes([i]) * (2500 * i), queue_offset=i) for i in range(12))
-    cols = _codec.RecordColumns(16)
-    _codec.decode_range(data, cols)
+    cols = _columns.RecordColumns(16)
+    _columns.decode_range(data, cols)
     for hint in (0, 100, 10**6):
-        n, nxt, reason, out = _codec.scan_range(data, 0, len(data), 0, False, 16, ("body",), None, hint)
+        n, nxt, reason, out = _columns.scan_range(data, 0, len(data), 0, False, 16, ("body",), None, hint)
         assert (n, nxt, reason) == (12, len(data), "end")
-        offs, body = _codec.gather_binary(cols, "body")
+        offs, body = _columns.gather_binary(cols, "body")
         assert np.array_equal(out["body"][0], offs) and out["body"][1].tobytes() == body.tobytes()
 
 
@@ -758,27 +758,27 @@ def test_queue_scan_raises_what_the_general_path_raises(written, general_path, s
 
 def test_scan_positions_checks_what_decode_positions_checks():
     data = records()
-    cols = _codec.RecordColumns(16)
-    _codec.decode_range(data, cols)
+    cols = _columns.RecordColumns(16)
+    _columns.decode_range(data, cols)
     pos, sizes = cols["physical_offset"].copy(), cols["store_size"].copy()
-    fields = tuple(_codec.SCAN_FIELDS)
-    n, i, reason, out = _codec.scan_positions(data, pos[::-1], sizes[::-1], 0, True, fields)
+    fields = tuple(_columns.SCAN_FIELDS)
+    n, i, reason, out = _columns.scan_positions(data, pos[::-1], sizes[::-1], 0, True, fields)
     assert (n, i, reason) == (6, 6, "end")
-    ref = _codec.RecordColumns(16)
-    _codec.decode_positions(data, ref, pos[::-1], sizes[::-1])
+    ref = _columns.RecordColumns(16)
+    _columns.decode_positions(data, ref, pos[::-1], sizes[::-1])
     for f in fields:
         if f in ("body", "topic"):
-            assert all(np.array_equal(a, b) for a, b in zip(out[f], _codec.gather_binary(ref, f)))
+            assert all(np.array_equal(a, b) for a, b in zip(out[f], _columns.gather_binary(ref, f)))
         else:
             assert np.array_equal(out[f], ref[f]), f
     for args in ((pos[:2], sizes[:2] + 1), ([pos[1] + 1], [sizes[1]]), ([len(data) - 8], [sizes[0]]),
                  ([len(data) + 5], [sizes[0]]), ([-1], [sizes[0]])):
-        got = _codec.scan_positions(data, *args, 0, False, ("body",))[:3]
-        want = _codec.decode_positions(data, _codec.RecordColumns(4), *args)
+        got = _columns.scan_positions(data, *args, 0, False, ("body",))[:3]
+        want = _columns.decode_positions(data, _columns.RecordColumns(4), *args)
         assert got == want[:3], args
     good = records(n=2)[:-64]
     blank = good + localmq.encode_blank(64) + bytes(56)
-    assert _codec.scan_positions(blank, [len(good)], [64], 0, False, ("body",))[:3] == (0, 0, "corrupt") == \
-        _codec.decode_positions(blank, _codec.RecordColumns(1), [len(good)], [64])
+    assert _columns.scan_positions(blank, [len(good)], [64], 0, False, ("body",))[:3] == (0, 0, "corrupt") == \
+        _columns.decode_positions(blank, _columns.RecordColumns(1), [len(good)], [64])
     with pytest.raises(ValueError):
-        _codec.scan_positions(data, pos, sizes[:2])
+        _columns.scan_positions(data, pos, sizes[:2])

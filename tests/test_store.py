@@ -87,8 +87,13 @@ def test_consume_queue_units_match_spec_layout(store_factory, tmp_path):
         assert int.from_bytes(u[8:12], "big") == rs[i].wrote_bytes
         assert int.from_bytes(u[12:], "big", signed=True) == 2567159
     units = st.consume_queue("abc", 0).units()
-    assert units.dtype.names == ("offset", "size", "tags")
+    # one dtype for every reader: RocketMQ's name tagsCode, with "tags" (this API's earlier name) as its title
+    assert units.dtype.names == ("offset", "size", "tags_code")
+    assert units.dtype.itemsize == 20 and units.dtype.isbuiltin == 0
     np.testing.assert_array_equal(units["offset"], [r.physical_offset for r in rs])
+    np.testing.assert_array_equal(units["size"], [r.wrote_bytes for r in rs])
+    np.testing.assert_array_equal(units["tags"], [2567159] * 12)
+    np.testing.assert_array_equal(units["tags_code"], units["tags"])
 
 
 def test_blank_record_at_segment_end(store_factory, tmp_path):

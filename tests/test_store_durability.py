@@ -10,7 +10,7 @@ import pytest
 
 import localmq
 from localmq import PutStatus
-from localmq._commitlog import GroupCommit
+from localmq.store.commit_log import GroupCommit
 from localmq.store.checkpoint import read_checkpoint
 
 SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=2000)

@@ -7,8 +7,10 @@ import threading
 import time
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from localmq._codec import Message
-from localmq.config import TOPIC_RE, GetStatus, check_topic
+from localmq._record import Message
+from localmq.layout import TOPIC_RE
+from localmq.status import GetStatus
+from localmq.config import check_topic
 from localmq.errors import QueueReassignedError, StoreClosedError
 
 log = logging.getLogger("localmq.client.consumer")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional, Union
 
-from localmq._codec import Message
+from localmq._record import Message
 from localmq.errors import StoreClosedError
-from localmq.queues.base import check_queue_id
+from localmq.config import check_queue_id
 
 QueueSelector = Callable[[Message, int], int]
 

@@ -1,78 +1,22 @@
-"""The one storage interface the clients need (MessageStore) and the client factories every queue shares."""
+"""What the three queues share: the client factories (QueueClientsMixin), long polling, property building."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Dict, Optional, Tuple
 
-from localmq._codec import properties_to_bytes
-from localmq.config import MAX_QUEUE_ID
-from localmq.errors import InvalidPropertyError, InvalidQueueIdError, StoreClosedError
+from localmq._record import properties_to_bytes
+from localmq.client.consumer import Consumer
+from localmq.client.producer import Producer
+from localmq.client.state import ClientState
+from localmq.config import check_queue_id
+from localmq.errors import InvalidPropertyError, StoreClosedError
+from localmq.interface import MessageStore
 
 log = logging.getLogger("localmq.queues")
 
-__all__ = ["MessageStore", "QueueClientsMixin", "build_properties", "check_queue_id"]
-
-
-@runtime_checkable
-class MessageStore(Protocol):
-    """What producers and consumers use of a queue; MemoryMessageQueue, EmbeddedMessageQueue and
-    LocalMessageQueue implement it, so the clients (localmq.client) are written once.
-
-    Offsets are logical: the n-th message of (topic, queue id) has queue offset n. Statuses are GetStatus /
-    PutStatus; results are PutResult / GetResult.
-    """
-
-    closed: bool
-
-    def put(self, topic: str, body: Any, *, queue_id: int = 0, tags: Optional[str] = None, keys: Any = None,
-            properties: Optional[Dict[str, str]] = None, flag: int = 0) -> Any:
-        """Append one message; returns PutResult."""
-
-    def put_batch(self, topic: str, bodies: Iterable, *, queue_id: int = 0, tags: Optional[str] = None,
-                  keys: Any = None, properties: Optional[Dict[str, str]] = None, flag: int = 0) -> Any:
-        """Append several messages to one queue with consecutive queue offsets; returns one PutResult."""
-
-    def get_message(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
-                    tags: Optional[str] = None) -> Any:
-        """Pull up to ``max_messages`` from ``offset``; returns GetResult (status, messages, next_begin_offset)."""
-
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        """One past the last readable message (0 for an unknown queue)."""
-
-    def min_offset(self, topic: str, queue_id: int) -> int:
-        """The first readable offset (0 for an unknown queue)."""
-
-    def offset_by_time(self, topic: str, queue_id: int, ts_ms: int) -> int:
-        """Offset of the first message stored at or after ``ts_ms``."""
-
-    def topics(self) -> Dict[str, List[int]]:
-        """{topic: sorted queue ids}."""
-
-    @property
-    def progress(self) -> int:
-        """A number that grows whenever messages become readable (read it before pulling, then wait on it)."""
-
-    def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
-        """Block until ``progress`` passes ``since`` (default: its value now), ``timeout`` s pass or
-        ``wake_waiters`` is called; returns ``progress``."""
-
-    def wake_waiters(self) -> None:
-        """Make every ``wait_for_new_messages`` caller return now."""
-
-    @property
-    def offset_store_path(self) -> Optional[str]:
-        """Where committed consumer offsets persist (``<root>/config/consumerOffset.json``), None in memory."""
-
-    def close(self) -> None:
-        """Close the queue (consumers and producers created from it first)."""
-
-
-def check_queue_id(queue_id: int) -> None:
-    """Raise InvalidQueueIdError unless ``queue_id`` is an int in 0..MAX_QUEUE_ID."""
-    if type(queue_id) is not int or not 0 <= queue_id <= MAX_QUEUE_ID:
-        raise InvalidQueueIdError(f"queue id {queue_id!r} outside 0..{MAX_QUEUE_ID}")
+__all__ = ["MessageStore", "QueueClientsMixin", "ProgressWaiterMixin", "build_properties", "check_queue_id", "tag_names"]
 
 
 def build_properties(tags: Optional[str], keys: Any, properties: Optional[Dict[str, str]]) -> Dict[str, str]:
@@ -97,10 +41,27 @@ def build_properties(tags: Optional[str], keys: Any, properties: Optional[Dict[s
     return d
 
 
+_TAG_CACHE: Dict[str, Optional[frozenset]] = {}
+
+
+def tag_names(tags: Optional[str]) -> Optional[frozenset]:
+    """None for "every tag" (None, "*", or an expression naming "*"), else the set of tags of "a || b"."""
+    if tags is None:
+        return None
+    f = _TAG_CACHE.get(tags, False)
+    if f is False:
+        names = [t.strip() for t in tags.split("||")]
+        names = [t for t in names if t]
+        f = None if not names or "*" in names else frozenset(names)
+        if len(_TAG_CACHE) < 1024:
+            _TAG_CACHE[tags] = f
+    return f
+
+
 class QueueClientsMixin:
     """``create_producer``, ``create_consumer`` and ``consumer_lag`` for a MessageStore.
 
-    The client classes live one layer up (localmq.client) and are imported when first used; the state they share
+    The client classes (localmq.client, the layer below) are written against localmq.interface; the state they share
     per queue object (ConsumerOffsetManager, ConsumerScheduler, producer numbering) is created on first use and
     closed by the queue's ``close()``. Thread-safe.
     """
@@ -117,8 +78,6 @@ class QueueClientsMixin:
                 st = self._clients
                 if st is None:
                     self._check_open()
-                    from localmq.client.state import ClientState  # the client layer sits above the queues
-
                     st = self._clients = ClientState(self, self._consumer_offset_flush_interval_ms())
         return st
 
@@ -129,14 +88,10 @@ class QueueClientsMixin:
     def create_producer(self, *, queue_id: Optional[int] = None, queue_selector=None,
                         queue_nums: Optional[int] = None):
         """A Producer (see localmq.client.producer.Producer for the parameters)."""
-        from localmq.client.producer import Producer
-
         return Producer(self, queue_id=queue_id, queue_selector=queue_selector, queue_nums=queue_nums)
 
     def create_consumer(self, group: str, topics, *, tags: Optional[str] = None, broadcast: bool = False, **options):
         """A pull Consumer of ``group`` on ``topics`` (see localmq.client.consumer.Consumer for ``options``)."""
-        from localmq.client.consumer import Consumer
-
         return Consumer(self, group, topics, tags=tags, broadcast=broadcast, **options)
 
     def consumer_lag(self, group: str) -> Dict[Tuple[str, int], Optional[int]]:

@@ -11,19 +11,22 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from localmq._commitlog import make_put_result
-from localmq._frame import FRAME_OVERHEAD, WALK_TORN, frame_size, read_frames, walk_frames, write_frame
+from localmq.store.commit_log import make_put_result
+from localmq.layout import FRAME_OVERHEAD
+from localmq._frame import WALK_TORN, frame_size, read_frames, walk_frames, write_frame
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
-from localmq.config import MAX_QUEUE_ID, TOPIC_RE, GetStatus, PutStatus, check_topic
+from localmq.layout import MAX_QUEUE_ID, TOPIC_RE
+from localmq.status import GetStatus, PutStatus
+from localmq.config import check_topic
 from localmq.errors import (
     ConfigError, CorruptStoreError, InvalidQueueIdError, MessageSizeError, StoreClosedError,
 )
-from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id
-from localmq.queues.memory import _tag_names
+from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
 from localmq.services.service_thread import ServiceThread
-from localmq.store.mapped_file_queue import _makedirs_durable
-from localmq.store.store import GetResult, _StoreLock
+from localmq.store.mapped_file_queue import makedirs_durable
+from localmq.status import GetResult
+from localmq.store.lock import StoreLock
 
 log = logging.getLogger("localmq.queues.embedded")
 
@@ -136,7 +139,7 @@ class _Bucket:
         old = self.active
         base = self.partitions[-1].base + self.partition_size if self.partitions else 0
         if not os.path.isdir(self.directory):
-            _makedirs_durable(self.directory)
+            makedirs_durable(self.directory)
         path = os.path.join(self.directory, offset_to_file_name(base))
         mf = MappedFile(path, self.partition_size, base, create=True, reserve=True)
         fsync_dir(self.directory)
@@ -285,12 +288,12 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         self._props_cache: Dict[Any, bytes] = {}
         self._files = _ReadFiles(max_open_read_files)
         os.makedirs(self.root, exist_ok=True)
-        self._store_lock = _StoreLock(self.root)
+        self._store_lock = StoreLock(self.root)
         self._service: Optional[EmbeddedFlushService] = None
         try:
             self._bucket_root = os.path.join(self.root, "buckets")
             if not os.path.isdir(self._bucket_root):
-                _makedirs_durable(self._bucket_root)
+                makedirs_durable(self._bucket_root)
             self._load()
             self._service = EmbeddedFlushService(self)
             self._service.start()
@@ -359,7 +362,7 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
             if p is not None:
                 return p
         d = build_properties(tags, keys, properties)
-        from localmq._codec import properties_to_bytes
+        from localmq._record import properties_to_bytes
 
         p = properties_to_bytes(d)
         if ck is not None and len(self._props_cache) < 1024:
@@ -514,7 +517,7 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
             return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, 0, mx)
         if offset > mx:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], mx, 0, mx)
-        names = _tag_names(tags)
+        names = tag_names(tags)
         firsts = b.firsts
         p = bisect.bisect_right(firsts, offset) - 1
         part = b.partitions[p]

@@ -5,12 +5,14 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from localmq._commitlog import make_put_result
+from localmq.store.commit_log import make_put_result
 from localmq._frame import stored_message
-from localmq.config import MAX_QUEUE_ID, GetStatus, PutStatus, check_topic
+from localmq.layout import MAX_QUEUE_ID
+from localmq.status import GetStatus, PutStatus
+from localmq.config import check_topic
 from localmq.errors import InvalidQueueIdError, MessageSizeError, StoreClosedError
-from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id
-from localmq.store.store import GetResult
+from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
+from localmq.status import GetResult
 
 _PUT_OK = PutStatus.PUT_OK
 # how many messages one get_message looks at when a tag filter skips them (as the ConsumeQueue scan's bound)
@@ -162,7 +164,7 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
             return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, 0, mx)
         if offset > mx:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], mx, 0, mx)
-        names = _tag_names(tags)
+        names = tag_names(tags)
         if names is None:
             out = msgs[offset:offset + max_messages]
             return GetResult(GetStatus.FOUND, out, offset + len(out), 0, mx)
@@ -232,20 +234,3 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
 
     def __repr__(self) -> str:
         return f"<MemoryMessageQueue queues={len(self._buckets)} {'closed' if self._closed else 'open'}>"
-
-
-_TAG_CACHE: Dict[str, Optional[frozenset]] = {}
-
-
-def _tag_names(tags: Optional[str]) -> Optional[frozenset]:
-    """None for "every tag", else the set of tags of a "a || b" subscription."""
-    if tags is None:
-        return None
-    f = _TAG_CACHE.get(tags, False)
-    if f is False:
-        names = [t.strip() for t in tags.split("||")]
-        names = [t for t in names if t]
-        f = None if not names or "*" in names else frozenset(names)
-        if len(_TAG_CACHE) < 1024:
-            _TAG_CACHE[tags] = f
-    return f

@@ -55,7 +55,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from localmq.config import PutStatus, StoreConfig
+from localmq.status import PutStatus
+from localmq.config import StoreConfig
 from localmq.errors import CorruptStoreError
 from localmq.services.service_thread import ServiceThread
 from localmq.store.config_json import read_config_json

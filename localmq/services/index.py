@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Optional
 
-from localmq._codec import RecordColumns, decode_range
+from localmq._columns import decode_range, RecordColumns
 from localmq.errors import CorruptFrameError, StoreClosedError
 from localmq.services.service_thread import ServiceThread
 

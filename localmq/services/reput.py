@@ -1,7 +1,7 @@
 """ReputMessageService: the dispatch thread that builds ConsumeQueues from new CommitLog records."""
 from __future__ import annotations
 
-from localmq._dispatch import ReputCore
+from localmq.store.dispatch import ReputCore
 from localmq.services.service_thread import ServiceThread
 
 

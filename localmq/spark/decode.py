@@ -6,9 +6,10 @@ import os
 
 import numpy as np
 
-from localmq import _codec
+from localmq import _columns
 from localmq._mapped_file import MappedFile
 from localmq.errors import CorruptFrameError, CorruptStoreError
+from localmq.layout import CQ_DTYPE
 from localmq.spark.plan import (
     CQ_BLANK_SIZE, CQ_UNIT, ConsumeQueueFiles, OffsetRangeError, QueueRange, SegmentRange, SegmentRanges,
 )
@@ -29,7 +30,6 @@ COLUMN_TYPES = dict(COLUMNS)
 # Kafka's timestampType: 0 CreateTime, 1 LogAppendTime. ``timestamp`` is the store time the broker (or localmq)
 # set when it appended the record, so it is LogAppendTime; the producer's time is ``born_timestamp``.
 TIMESTAMP_TYPE_LOG_APPEND = 1
-_CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 _I64_MAX = np.iinfo(np.int64).max
 
 
@@ -93,11 +93,11 @@ def record_batch(cols, rows, columns, schema):
     for name in columns:
         t = schema.field(name).type
         if name == "value":
-            out.append(_binary(t, n, *_codec.gather_binary(cols, "body", rows)))
+            out.append(_binary(t, n, *_columns.gather_binary(cols, "body", rows)))
         elif name == "topic":
-            out.append(_binary(t, n, *_codec.gather_binary(cols, "topic", rows)))
+            out.append(_binary(t, n, *_columns.gather_binary(cols, "topic", rows)))
         elif name in ("key", "tags"):
-            valid, nulls, offs, data = _codec.gather_property(cols, "KEYS" if name == "key" else "TAGS", rows)
+            valid, nulls, offs, data = _columns.gather_property(cols, "KEYS" if name == "key" else "TAGS", rows)
             out.append(_binary(t, n, offs, data, valid, nulls))
         elif name == "partition":
             out.append(_fixed(t, col("queue_id")))
@@ -110,11 +110,11 @@ def record_batch(cols, rows, columns, schema):
         elif name == "timestampType":
             out.append(_fixed(t, np.full(n, TIMESTAMP_TYPE_LOG_APPEND, np.int32)))
         elif name == "keys":
-            loffs, coffs, data = _codec.gather_keys(cols, rows)
+            loffs, coffs, data = _columns.gather_keys(cols, rows)
             child = _binary(pa.string(), len(coffs) - 1, coffs, data)
             out.append(pa.Array.from_buffers(t, n, [None, _buf(loffs)], null_count=0, children=[child]))
         elif name == "properties":
-            moffs, koffs, kdata, voffs, vdata = _codec.gather_properties(cols, rows)
+            moffs, koffs, kdata, voffs, vdata = _columns.gather_properties(cols, rows)
             k = len(koffs) - 1
             entries = pa.StructArray.from_arrays(
                 [_binary(pa.string(), k, koffs, kdata), _binary(pa.string(), k, voffs, vdata)],
@@ -127,7 +127,7 @@ def record_batch(cols, rows, columns, schema):
         elif name == "sys_flag":
             out.append(_fixed(t, col("sys_flag")))
         elif name == "msg_id":
-            out.append(_binary(t, n, *_codec.gather_msg_ids(cols, rows)))
+            out.append(_binary(t, n, *_columns.gather_msg_ids(cols, rows)))
         else:
             raise KeyError(name)
     return pa.RecordBatch.from_arrays(out, schema=schema)
@@ -148,7 +148,7 @@ def _segment_rows(cols, part):
     n = cols.count
     keep = ~hidden
     if part.topics is not None or part.bounds is not None:
-        codes, names = _codec.topic_codes(cols)
+        codes, names = _columns.topic_codes(cols)
         if part.topics is not None:
             wanted = set(part.topics)
             keep &= np.array([nm in wanted for nm in names], bool)[codes]
@@ -183,7 +183,7 @@ def _range_done(part, reason, nxt):
                             f"planned to read ({part.path})", offset=part.base + nxt, path=part.path)
 
 
-# Columns the single-pass scan (_codec.scan_range) fills, with the codec field each comes from.
+# Columns the single-pass scan (_columns.scan_range) fills, with the codec field each comes from.
 _SCAN_FIELDS = {
     "value": "body", "topic": "topic", "partition": "queue_id", "offset": "queue_offset",
     "timestamp": "store_timestamp", "timestampType": None, "physical_offset": "physical_offset",
@@ -227,14 +227,14 @@ def _scan_setup(part, columns):
                 return None
             bounds[(raw, q)] = v
     try:
-        flt = _codec.RowFilter(topics, bounds, part.min_ts, part.max_ts)
+        flt = _columns.RowFilter(topics, bounds, part.min_ts, part.max_ts)
     except (ValueError, OverflowError):
         return None  # a negative queue id or a bound beyond int64: the numpy filter's own rules apply
     return fields, flt
 
 
 def _scan_batch(n, out, columns, schema):
-    """One RecordBatch of ``n`` rows from the arrays ``_codec.scan_range`` returned, columns as named."""
+    """One RecordBatch of ``n`` rows from the arrays ``_columns.scan_range`` returned, columns as named."""
     import pyarrow as pa
 
     arrays = []
@@ -256,7 +256,7 @@ def _scan_segment(mf, part, columns, schema, batch_size, fields, flt):
     """Yield ``part``'s batches from single-pass scans; returns where the general path must go on, or None."""
     pos, hint = part.start, 0
     while True:
-        n, nxt, reason, out = _codec.scan_range(mf, pos, part.end, part.base, part.check_crc, batch_size, fields,
+        n, nxt, reason, out = _columns.scan_range(mf, pos, part.end, part.base, part.check_crc, batch_size, fields,
                                                 flt, hint)
         if n:
             if "body" in out:
@@ -281,8 +281,8 @@ def _read_segment(part, columns, schema, batch_size):
             if pos is None:
                 return
         while pos < part.end:
-            cols = _codec.RecordColumns(batch_size)
-            n, nxt, reason = _codec.decode_range(mf, cols, pos, part.end, part.base, part.check_crc)
+            cols = _columns.RecordColumns(batch_size)
+            n, nxt, reason = _columns.decode_range(mf, cols, pos, part.end, part.base, part.check_crc)
             if n:
                 rows = _segment_rows(cols, part)
                 if rows is None or len(rows):
@@ -310,7 +310,7 @@ def _queue_units(part):
         stop = min(part.end, (base + cq.file_size) // CQ_UNIT)
         with open(path, "rb") as fh:
             raw = os.pread(fh.fileno(), (stop - i) * CQ_UNIT, i * CQ_UNIT - base)
-        units = np.frombuffer(raw, _CQ_DTYPE, count=len(raw) // CQ_UNIT)
+        units = np.frombuffer(raw, CQ_DTYPE, count=len(raw) // CQ_UNIT)
         if len(units) < stop - i or (units["size"] <= 0).any() or (units["size"] == CQ_BLANK_SIZE).any():
             raise CorruptStoreError(f"consume queue {part.cq_path}: units {i}..{stop} planned to be read are "
                                     f"missing or invalid")
@@ -355,14 +355,14 @@ def _read_queue(part, columns, schema, batch_size):
             while a < b:
                 stop = min(b, a + batch_size)
                 if fields is not None:
-                    n, done, reason, out = _codec.scan_positions(mf, phys[a:stop] - base, sizes[a:stop], base,
+                    n, done, reason, out = _columns.scan_positions(mf, phys[a:stop] - base, sizes[a:stop], base,
                                                                  part.check_crc, fields, hint)
                     if reason == "full":  # 2 GiB of bodies: this batch ends early, the next starts there
                         stop, reason = a + n, "end"
                     got_offsets, got_ids = out["queue_offset"], out["queue_id"]
                 else:
-                    cols = _codec.RecordColumns(stop - a)
-                    n, done, reason = _codec.decode_positions(mf, cols, phys[a:stop] - base, sizes[a:stop], base,
+                    cols = _columns.RecordColumns(stop - a)
+                    n, done, reason = _columns.decode_positions(mf, cols, phys[a:stop] - base, sizes[a:stop], base,
                                                               part.check_crc)
                     got_offsets, got_ids = cols["queue_offset"], cols["queue_id"]
                 if reason != "end":

@@ -10,7 +10,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from localmq._codec import scan_record, walk_records
+from localmq._record import scan_record, walk_records
 from localmq._mapped_file import MappedFile
 from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
 
@@ -561,7 +561,7 @@ def scan_tail(store, start, with_times=False):
     filled ``with_times`` (16 bytes a record, for offset-by-time)."""
     import numpy as np
 
-    from localmq._codec import RecordColumns, decode_range, topic_codes
+    from localmq._columns import decode_range, RecordColumns, topic_codes
 
     start = max(start, store.min_offset)
     end = store.walk_end(start)

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import CorruptStoreError, NotAStoreError, StoreClosedError
+from localmq.layout import CHECKPOINT, CHECKPOINT_FILE_SIZE
 
 __all__ = ["CHECKPOINT_FILE_SIZE", "Checkpoint", "StoreCheckpoint", "read_checkpoint"]
 
-CHECKPOINT_FILE_SIZE = 4096  # RocketMQ maps one OS page
 # Slack RocketMQ subtracts from the physic / logics times before using them as a recovery bound.
 RECOVERY_SLACK_MS = 3000
-_LAYOUT = struct.Struct(">5q")  # physic, logics, index, master flushed offset, confirm phy offset
 
 
 def _min_timestamp(physic, logics):
@@ -43,9 +42,9 @@ class Checkpoint:
 
 
 def _unpack(data, path):
-    if len(data) < _LAYOUT.size:
-        raise CorruptStoreError(f"checkpoint {path} holds {len(data)} bytes, fewer than {_LAYOUT.size}")
-    return _LAYOUT.unpack_from(data, 0)
+    if len(data) < CHECKPOINT.size:
+        raise CorruptStoreError(f"checkpoint {path} holds {len(data)} bytes, fewer than {CHECKPOINT.size}")
+    return CHECKPOINT.unpack_from(data, 0)
 
 
 def read_checkpoint(path):
@@ -60,7 +59,7 @@ def read_checkpoint(path):
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
-            data = f.read(_LAYOUT.size)
+            data = f.read(CHECKPOINT.size)
     except FileNotFoundError:
         raise NotAStoreError(errno.ENOENT, "no checkpoint file", path) from None
     return Checkpoint(*_unpack(data, path))
@@ -91,14 +90,14 @@ class StoreCheckpoint:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
-            if 0 < size < _LAYOUT.size:
-                raise CorruptStoreError(f"checkpoint {self.path} holds {size} bytes, fewer than {_LAYOUT.size}")
+            if 0 < size < CHECKPOINT.size:
+                raise CorruptStoreError(f"checkpoint {self.path} holds {size} bytes, fewer than {CHECKPOINT.size}")
             if size < CHECKPOINT_FILE_SIZE:
                 os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
                 fdatasync(fd, path=self.path)
                 if size == 0:  # new, or created by a run that crashed before this sync
                     fsync_dir(parent)
-            values = _unpack(os.pread(fd, _LAYOUT.size, 0), self.path)
+            values = _unpack(os.pread(fd, CHECKPOINT.size, 0), self.path)
         except BaseException:
             os.close(fd)
             raise
@@ -135,7 +134,7 @@ class StoreCheckpoint:
         with self._lock:
             if self._fd < 0:
                 raise StoreClosedError(f"checkpoint {self.path} is closed")
-            data = _LAYOUT.pack(self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
+            data = CHECKPOINT.pack(self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
                                 self.master_flushed_offset, self.confirm_phy_offset)
             n = os.pwrite(self._fd, data, 0)
             if n != len(data):

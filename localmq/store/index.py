@@ -50,35 +50,30 @@ from localmq import _index
 from localmq._mapped_file import MappedFile
 from localmq._native import fsync_dir
 from localmq.errors import ConfigError, CorruptStoreError, StoreClosedError
+from localmq.layout import (
+    INDEX_DIR, INDEX_HEADER, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_ITEMS_PER_SLOT, INDEX_MAX_FILE_SIZE, INDEX_NAME_DIGITS,
+    INDEX_SLOT_SIZE,
+)
 
 log = logging.getLogger("localmq.index")
 
 __all__ = ["IndexHeader", "IndexFile", "IndexService", "index_file_size", "infer_geometry", "INDEX_DIR"]
 
-INDEX_DIR = "index"
-HEADER_SIZE = _index.HEADER_SIZE
-SLOT_SIZE = _index.SLOT_SIZE
-ITEM_SIZE = _index.ITEM_SIZE
-# RocketMQ's ratio of items to slots (defaults 20M / 5M; IndexFileTest 400 / 100), used to infer a geometry
-ITEMS_PER_SLOT = 4
 # IndexService.deleteExpiredFile destroys with a 3 s forcible interval
 DESTROY_FORCIBLY_MS = 3000
-_HEADER = struct.Struct(">qqqqii")
-_TIMES = struct.Struct(">qq")
-_NAME_DIGITS = 17
-_MAX_FILE_SIZE = (1 << 31) - 1  # RocketMQ computes positions in an int
+_TIMES = struct.Struct(">qq")  # the header's first two fields (begin and end store time)
 
 
 def index_file_size(hash_slot_num: int, index_num: int) -> int:
     """Bytes of an index file: 40 + slots * 4 + items * 20."""
-    return HEADER_SIZE + hash_slot_num * SLOT_SIZE + index_num * ITEM_SIZE
+    return INDEX_HEADER_SIZE + hash_slot_num * INDEX_SLOT_SIZE + index_num * INDEX_ITEM_SIZE
 
 
 def check_geometry(hash_slot_num: int, index_num: int) -> None:
     """Raise ConfigError unless slots >= 1, items >= 2 and the file fits RocketMQ's int32 positions."""
     if hash_slot_num < 1 or index_num < 2:
         raise ConfigError("max_hash_slot_num must be >= 1 and max_index_num >= 2 (item 0 is never used)")
-    if index_file_size(hash_slot_num, index_num) > _MAX_FILE_SIZE:
+    if index_file_size(hash_slot_num, index_num) > INDEX_MAX_FILE_SIZE:
         raise ConfigError("an index file must stay below 2 GiB (40 + slots*4 + items*20): RocketMQ uses int "
                           "positions")
 
@@ -90,24 +85,24 @@ def infer_geometry(size: int, hash_slot_num: Optional[int] = None, index_num: Op
     RocketMQ's ratio of 4 items per slot is assumed (``slots = (size - 40) / 84``).
     Raises CorruptStoreError when no whole geometry fits.
     """
-    body = size - HEADER_SIZE
+    body = size - INDEX_HEADER_SIZE
     if hash_slot_num is not None and index_num is not None:
         if index_file_size(hash_slot_num, index_num) != size:
             raise CorruptStoreError(f"an index file of {size} bytes does not have {hash_slot_num} slots and "
                                     f"{index_num} items")
         return hash_slot_num, index_num
     if hash_slot_num is not None:
-        rest = body - hash_slot_num * SLOT_SIZE
-        if rest >= 2 * ITEM_SIZE and rest % ITEM_SIZE == 0:
-            return hash_slot_num, rest // ITEM_SIZE
+        rest = body - hash_slot_num * INDEX_SLOT_SIZE
+        if rest >= 2 * INDEX_ITEM_SIZE and rest % INDEX_ITEM_SIZE == 0:
+            return hash_slot_num, rest // INDEX_ITEM_SIZE
     elif index_num is not None:
-        rest = body - index_num * ITEM_SIZE
-        if rest >= SLOT_SIZE and rest % SLOT_SIZE == 0:
-            return rest // SLOT_SIZE, index_num
+        rest = body - index_num * INDEX_ITEM_SIZE
+        if rest >= INDEX_SLOT_SIZE and rest % INDEX_SLOT_SIZE == 0:
+            return rest // INDEX_SLOT_SIZE, index_num
     else:
-        per = SLOT_SIZE + ITEMS_PER_SLOT * ITEM_SIZE
+        per = INDEX_SLOT_SIZE + INDEX_ITEMS_PER_SLOT * INDEX_ITEM_SIZE
         if body >= per and body % per == 0:
-            return body // per, ITEMS_PER_SLOT * (body // per)
+            return body // per, INDEX_ITEMS_PER_SLOT * (body // per)
     raise CorruptStoreError(f"cannot infer the geometry of an index file of {size} bytes: pass hash_slot_num "
                             f"and index_num")
 
@@ -167,7 +162,7 @@ class IndexFile:
         f = cls(mf, hash_slot_num, index_num)
         begin_phy = end_phy_offset if end_phy_offset > 0 else 0
         begin_ts = end_timestamp if end_timestamp > 0 else 0
-        mf.write_at(0, _HEADER.pack(begin_ts, begin_ts, begin_phy, begin_phy, 0, 1))
+        mf.write_at(0, INDEX_HEADER.pack(begin_ts, begin_ts, begin_phy, begin_phy, 0, 1))
         return f
 
     @classmethod
@@ -199,7 +194,7 @@ class IndexFile:
     @property
     def header(self) -> IndexHeader:
         """The header as stored now (indexCount 0, a file never flushed by RocketMQ, reads as 1)."""
-        v = list(_HEADER.unpack(self.mapped_file.read(0, HEADER_SIZE)))
+        v = list(INDEX_HEADER.unpack(self.mapped_file.read(0, INDEX_HEADER_SIZE)))
         if v[5] <= 0:
             v[5] = 1
         return IndexHeader(*v)
@@ -312,7 +307,7 @@ class IndexService:
         try:
             for name in names:
                 path = os.path.join(self.directory, name)
-                if len(name) != _NAME_DIGITS or not name.isdigit() or not os.path.isfile(path):
+                if len(name) != INDEX_NAME_DIGITS or not name.isdigit() or not os.path.isfile(path):
                     log.warning("ignoring %s in the index directory: not an index file name", path)
                     continue
                 if os.path.getsize(path) == 0:

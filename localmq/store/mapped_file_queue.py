@@ -34,7 +34,7 @@ class DeleteResult:
     stopped: bool = False
 
 
-def _makedirs_durable(directory: str) -> None:
+def makedirs_durable(directory: str) -> None:
     """makedirs, then fsync the parent of every directory created so the new entries survive a power loss."""
     missing = []
     d = directory
@@ -171,7 +171,7 @@ class MappedFileQueue:
                 raise CorruptStoreError(f"new segment at {start_offset} does not follow {last.path}")
             path = os.path.join(self.directory, offset_to_file_name(start_offset))
             if not os.path.isdir(self.directory):
-                _makedirs_durable(self.directory)
+                makedirs_durable(self.directory)
             if self.allocator is not None:
                 mf = self.allocator(path, self.file_size, start_offset)
             else:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localmq import _codec
+from localmq import _record
 from localmq.errors import CorruptFrameError, CorruptStoreError, NotAStoreError
+from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_UNIT_SIZE, SEGMENT_NAME_RE
 
 __all__ = [
     "CQ_DTYPE", "CQ_UNIT_SIZE", "EXT_ADDRESS_MAX", "CommitLogReader", "ConsumeQueueUnits", "CqExtUnit",
@@ -22,14 +23,10 @@ __all__ = [
 
 log = logging.getLogger("localmq.readers")
 
-SEGMENT_NAME = re.compile(r"\d{20}")
-CQ_UNIT_SIZE = 20
-CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
-# CQ tagsCode values at or below this are ConsumeQueueExt addresses (real offset + Long.MIN_VALUE); no int32 tag
-# hash can reach it.
-EXT_ADDRESS_MAX = -2147483649
+SEGMENT_NAME = SEGMENT_NAME_RE
+EXT_ADDRESS_MAX = CQ_EXT_ADDRESS_MAX
 _SIGN_BIT = 1 << 63
-_EXT_HEAD = struct.Struct(">hqqh")  # size, tagsCode, msgStoreTime, bitMapSize
+_EXT_HEAD = CQ_EXT_HEAD
 _EXT_MIN_UNIT = _EXT_HEAD.size
 _SCAN_CHUNK = 64 << 20
 
@@ -230,7 +227,7 @@ class CommitLogReader:
                 pos = 0
                 while pos < n:
                     try:
-                        msg = _codec.decode_message(seg.mm, pos, check_crc=self.check_crc, base_offset=base,
+                        msg = _record.decode_message(seg.mm, pos, check_crc=self.check_crc, base_offset=base,
                                                     copy=self.copy)
                     except CorruptFrameError:
                         break  # classified below
@@ -246,7 +243,7 @@ class CommitLogReader:
                 if pos == n:  # the records fill the file exactly: roll to the next one as after a blank
                     continue
                 # Why did the walk stop at pos? Torn and corrupt records are told apart by what follows them.
-                status, size = _codec.scan_record(seg.mm, pos, self.check_crc)
+                status, size = _record.scan_record(seg.mm, pos, self.check_crc)
                 if status == "blank":
                     self.stop_offset = base + n
                     continue
@@ -298,7 +295,7 @@ def read_commitlog(path, *, mapped_file_size=None, check_crc=True, copy=True, on
     :param copy: copy bodies to bytes; with False bodies are memoryviews of the read-only mapping, which stays
         mapped while any of them lives.
     :param on_corrupt: "raise" (default) or "stop" at a corrupt record that has more data after it.
-    :returns: a ``CommitLogReader`` yielding ``localmq._codec.Message`` objects whose ``physical_offset`` is the
+    :returns: a ``CommitLogReader`` yielding ``localmq._record.Message`` objects whose ``physical_offset`` is the
         segment base plus the record position. A blank record moves to the next segment. Zero bytes end the
         walk ("end"); a torn or damaged record with only zeros after it ends it too ("torn", logged as a
         warning on the "localmq.readers" logger). Telling these apart reads the bytes after the stop point

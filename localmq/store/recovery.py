@@ -5,10 +5,15 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
-from localmq._codec import MAGIC_CODE, decode_message, scan_record, walk_records
+from localmq._record import decode_message, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
+from localmq.layout import MESSAGE_MAGIC_CODE
+
+if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
+    from localmq.store.consume_queue_table import ConsumeQueueTable
+    from localmq.store.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger("localmq.recovery")
 
@@ -136,7 +141,7 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
         for i in range(len(files) - 1, -1, -1):
             head = files[i].read(0, 8)
             magic = int.from_bytes(head[4:8], "big", signed=True)
-            if magic != MAGIC_CODE:
+            if magic != MESSAGE_MAGIC_CODE:
                 continue
             try:
                 m = decode_message(files[i], 0, check_crc=False)
@@ -162,3 +167,40 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
     report.seconds = time.monotonic() - t0
     return report
 
+
+
+def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", *, abnormal: bool,
+                  check_crc: bool, checkpoint_min_ts: int,
+                  progress: Optional[Callable[[int, int], None]] = None) -> RecoveryReport:
+    """Recover the commit log and bring every ConsumeQueue in line with it (RocketMQ's DefaultMessageStore.recover).
+
+    Each queue is checked (``ConsumeQueue.recover``), the commit log is recovered (``recover_commit_log``), units
+    past its end are cut, and ``reput_from`` in the report says where the dispatcher must start so that every
+    record after it reaches its queue: where the queues end, at the latest the recovery start after an unclean
+    exit, and no later than the end of a queue that was cut short by damage. With no commit log at all every queue
+    is deleted (they could only point nowhere), as RocketMQ does.
+    """
+    damaged = [key for key, cq in queues.queues.items() if cq.recover()]
+    report = recover_commit_log(root, commit_log, abnormal=abnormal, check_crc=check_crc,
+                                checkpoint_min_ts=checkpoint_min_ts, progress=progress)
+    end = report.end_offset
+    cl_min = commit_log.min_offset()
+    if not commit_log.files:
+        queues.destroy_all()
+    for key, cq in queues.queues.items():
+        if cq.max_physic_offset >= end or cq.max_offset > 0 and cq.max_physic_offset < 0:
+            n = cq.truncate_dirty(end)
+            if n:
+                report.cq_units_truncated[f"{key[0]}-{key[1]}"] = n
+    reput_from = max((cq.max_physic_offset for cq in queues.queues.values()), default=cl_min)
+    reput_from = max(reput_from, cl_min)
+    if abnormal:
+        reput_from = min(reput_from, report.start_offset)
+    for key in damaged:
+        # a queue cut short by damage in its middle is rebuilt from the log from where it now ends
+        cq = queues.queues.get(key)
+        report.cq_damaged.append(f"{key[0]}-{key[1]}")
+        if cq is not None:
+            reput_from = min(reput_from, max(cl_min, cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min))
+    report.reput_from = reput_from
+    return report

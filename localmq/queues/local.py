@@ -1,85 +1,52 @@
-"""LocalMessageQueue: the RocketMQ-compatible store (CommitLog + ConsumeQueues + dispatch + recovery)."""
+"""LocalMessageQueue: the RocketMQ-compatible store (CommitLog + ConsumeQueues + dispatch + recovery) as a queue.
+
+This module wires the store engine (localmq.store) to its background services (localmq.services) and to the
+clients (QueueClientsMixin); the format, the put and get paths and recovery live in the store modules it calls.
+"""
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import re
-import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from localmq._codec import decode_message_id, java_hash
-from localmq._commitlog import CommitLog, PutResult
-from localmq._cq import (
-    SCAN_FOUND, SCAN_NO_MATCHED, SCAN_NULL, SCAN_REMOVING, ConsumeQueue, read_record, record_store_timestamp,
-)
-from localmq._dispatch import ReputCore
 from localmq._native import fsync_dir
-from localmq._commitlog import GroupCommit
-from localmq.config import MAX_QUEUE_ID, TOPIC_RE, FlushDiskType, GetStatus, StoreConfig, check_topic
+from localmq._record import decode_message_id, java_hash
+from localmq.config import FlushDiskType, StoreConfig, check_topic
 from localmq.errors import (
-    DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
-    InvalidQueueIdError, StoreClosedError, StoreLockedError,
+    DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError, InvalidQueueIdError,
+    StoreClosedError,
 )
+from localmq.layout import (
+    ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, MAX_QUEUE_ID,
+)
+from localmq.queues.base import QueueClientsMixin, tag_names
 from localmq.services.allocate import AllocateMappedFileService
+from localmq.services.clean import CleanService
 from localmq.services.flush import (
     CommitRealTimeService, FlushConsumeQueueService, FlushRealTimeService, GroupCommitService,
 )
-from localmq.services.clean import CleanService
-from localmq.services.reput import ReputMessageService
-from localmq.queues.base import QueueClientsMixin
 from localmq.services.index import IndexDispatchService
-from localmq.store.index import IndexService
-from localmq.store.transient_store_pool import TransientStorePool
+from localmq.services.reput import ReputMessageService
+from localmq.status import GetResult, GetStatus
+from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
+from localmq.store.commit_log import CommitLog, GroupCommit, PutResult
+from localmq.store.consume_queue import ConsumeQueue
+from localmq.store.consume_queue_table import ConsumeQueueTable
+from localmq.store.dispatch import ReputCore
+from localmq.store.index import IndexService
+from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
-from localmq.store.recovery import recover_commit_log
+from localmq.store.recovery import recover_store
+from localmq.store.transient_store_pool import TransientStorePool
 
 log = logging.getLogger("localmq.store")
 
 _MAX_TS = (1 << 63) - 1
 _HEX_RE = re.compile(r"[0-9A-Fa-f]+")
 _BAD_KEY_RE = re.compile("[ \x01\x02]")
-
-_S_FOUND = GetStatus.FOUND
-_STATUS_OF_SCAN = {
-    SCAN_FOUND: GetStatus.FOUND,
-    SCAN_NO_MATCHED: GetStatus.NO_MATCHED_MESSAGE,
-    SCAN_REMOVING: GetStatus.MESSAGE_WAS_REMOVING,
-    SCAN_NULL: GetStatus.OFFSET_FOUND_NULL,
-}
-
-
-class GetResult:
-    """Result of ``get_message``: ``status`` (GetStatus), ``messages`` (list of Message), ``next_begin_offset``
-    (where the next pull should start), ``min_offset`` / ``max_offset`` of the queue, and
-    ``suggest_pulling_from_slave`` (RocketMQ's hint; always False here)."""
-
-    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset")
-
-    def __init__(self, status, messages, next_begin_offset, min_offset, max_offset):
-        self.status = status
-        self.messages = messages
-        self.next_begin_offset = next_begin_offset
-        self.min_offset = min_offset
-        self.max_offset = max_offset
-
-    @property
-    def found(self) -> bool:
-        return self.status is _S_FOUND
-
-    def __len__(self) -> int:
-        return len(self.messages)
-
-    def __iter__(self):
-        return iter(self.messages)
-
-    def __repr__(self) -> str:
-        return (f"GetResult(status={self.status.name}, messages={len(self.messages)}, "
-                f"next_begin_offset={self.next_begin_offset}, min_offset={self.min_offset}, "
-                f"max_offset={self.max_offset})")
 
 
 def _total_ram() -> int:
@@ -89,33 +56,21 @@ def _total_ram() -> int:
         return 24 * 1024 ** 3
 
 
-class _StoreLock:
-    """The ``lock`` file: flock (other localmq stores, this process included) + a POSIX record lock on byte 0
-    (what RocketMQ's FileChannel.tryLock takes, so a broker on the same directory is refused as well)."""
+class _Forward:
+    """Class attribute ``name = _Forward("commit_log", "put")``: ``obj.name`` is ``obj.commit_log.put``, the compiled
+    method itself, so a put pays no Python frame (a forwarding method costs ~15% of a 100-byte put). The wiring is
+    declared here, in the class body, and documented on the attribute."""
 
-    def __init__(self, root: str):
-        self.path = os.path.join(root, "lock")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise StoreLockedError(errno.EAGAIN, f"store {root} is already open by another writer",
-                                       self.path) from None
-            raise
-        os.pwrite(fd, b"lock", 0)
-        self.fd = fd
+    def __init__(self, owner: str, method: str, doc: str) -> None:
+        self.owner, self.method, self.__doc__ = owner, method, doc
 
-    def release(self) -> None:
-        if self.fd >= 0:
-            try:
-                fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self.fd)
-                self.fd = -1
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is None:
+            return self
+        target = obj.__dict__.get(self.owner)
+        if target is None:
+            raise StoreClosedError("the store is not open")
+        return getattr(target, self.method)
 
 
 class LocalMessageQueue(QueueClientsMixin):
@@ -161,7 +116,7 @@ class LocalMessageQueue(QueueClientsMixin):
         self.index_service: Optional[IndexService] = None  # None when message_index_enable is False
         self._index_dispatch: Optional[IndexDispatchService] = None
         os.makedirs(self.root, exist_ok=True)
-        self._lock = _StoreLock(self.root)
+        self._lock = StoreLock(self.root)
         try:
             self._open(progress)
         except BaseException:
@@ -174,58 +129,26 @@ class LocalMessageQueue(QueueClientsMixin):
     def _open(self, progress) -> None:
         c = self.config
         t0 = time.monotonic()
-        self._abort_path = os.path.join(self.root, "abort")
+        self._abort_path = os.path.join(self.root, ABORT_FILE)
         last_exit_ok = not os.path.exists(self._abort_path)
-        self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
-        self._cq_root = os.path.join(self.root, "consumequeue")
-        self._cl_mfq = MappedFileQueue(os.path.join(self.root, "commitlog"), c.mapped_file_size_commit_log)
+        self.checkpoint = StoreCheckpoint(os.path.join(self.root, CHECKPOINT_FILE))
+        self._cq_root = os.path.join(self.root, CONSUMEQUEUE_DIR)
+        self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log)
         for d in (self._cl_mfq.directory, self._cq_root):
             if not os.path.isdir(d):
                 os.makedirs(d)
                 fsync_dir(os.path.dirname(d))
         self._cl_mfq.load()
-        self._cqs: Dict[Tuple[str, int], ConsumeQueue] = {}
-        self._cq_lock = threading.Lock()
-        self._skipped_dirs: List[str] = []
-        self._load_consume_queues()
-        damaged = []
-        for key, cq in self._cqs.items():
-            if cq.recover():
-                damaged.append(key)
-        report = recover_commit_log(self.root, self._cl_mfq, abnormal=not last_exit_ok,
-                                    check_crc=c.check_crc_on_recover,
-                                    checkpoint_min_ts=self.checkpoint.min_timestamp, progress=progress)
-        end = report.end_offset
+        self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue)
+        self._cqs = self._cq_table.queues   # (topic, queue id) -> ConsumeQueue; read without a lock
+        self._cq_table.load()
+        report = recover_store(self.root, self._cl_mfq, self._cq_table, abnormal=not last_exit_ok,
+                               check_crc=c.check_crc_on_recover, checkpoint_min_ts=self.checkpoint.min_timestamp,
+                               progress=progress)
         cl_min = self._cl_mfq.min_offset()
-        if not self._cl_mfq.files:
-            # no commit log at all: queues cannot point anywhere (RocketMQ destroys them too)
-            for cq in self._cqs.values():
-                cq.destroy()
-            self._cqs.clear()
-        for key, cq in self._cqs.items():
-            if cq.max_physic_offset >= end or cq.max_offset > 0 and cq.max_physic_offset < 0:
-                n = cq.truncate_dirty(end)
-                if n:
-                    report.cq_units_truncated[f"{key[0]}-{key[1]}"] = n
-        # the dispatcher resumes where the queues end; after an unclean exit from the recovery start at the latest
-        if self._cqs:
-            reput_from = max(cq.max_physic_offset for cq in self._cqs.values())
-        else:
-            reput_from = cl_min
-        if reput_from < cl_min:
-            reput_from = cl_min
-        if not last_exit_ok:
-            reput_from = min(reput_from, report.start_offset)
-        for key in damaged:
-            # a queue cut short by damage in its middle is rebuilt from the log from where it now ends
-            cq = self._cqs.get(key)
-            report.cq_damaged.append(f"{key[0]}-{key[1]}")
-            if cq is not None:
-                reput_from = min(reput_from, max(cl_min, cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min))
-        report.reput_from = reput_from
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)
-        self._reput = ReputCore(self._cl_mfq, self._consume_queue_for_dispatch, reput_from,
+        self._reput = ReputCore(self._cl_mfq, self._cq_table.find_or_create, report.reput_from,
                                 c.dispatch_idle_wait_us)
         for cq in self._cqs.values():
             self._reput.register(cq)
@@ -238,23 +161,23 @@ class LocalMessageQueue(QueueClientsMixin):
         if report.dropped_at is not None or report.cq_units_truncated or report.deleted_segments:
             log.warning("recovery of %s: %s", self.root, report)
         else:
-            log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds, end)
+            log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,
+                     report.end_offset)
         # abort marks "running": present at the next open unless close() completes
         with open(self._abort_path, "wb") as f:
             f.flush()
         fsync_dir(self.root)
-        self.commit_log.set_dispatch_event(self._reput)
-        # The put path is the CommitLog's Cython methods bound straight onto the instance (same signature as
-        # the methods below, which document them): a Python forwarding frame costs ~15% of a 100-byte put.
-        self.put = self.commit_log.put
-        self.put_batch = self.commit_log.put_batch
+        self.commit_log.set_dispatch_event(self._reput.wake_event)
         self._reput_service = ReputMessageService(self._reput)
         self._reput_service.start()
         self._services.append(self._reput_service)
         self._start_services()
         self._start_index_service(last_exit_ok)
         self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
-        self._disk_threshold = _total_ram() * c.access_message_in_memory_max_ratio // 100
+        self._get_limits = get.GetLimits(
+            c.max_transfer_count_on_message_in_memory, c.max_transfer_bytes_on_message_in_memory,
+            c.max_transfer_count_on_message_in_disk, c.max_transfer_bytes_on_message_in_disk,
+            _total_ram() * c.access_message_in_memory_max_ratio // 100)
         self._opened_at = time.time()
         self._start_clean_service()
 
@@ -309,40 +232,6 @@ class LocalMessageQueue(QueueClientsMixin):
             svc.errors += 1
             log.exception("stopping %s", svc.name)
 
-    def _load_consume_queues(self) -> None:
-        root = self._cq_root
-        if not os.path.isdir(root):
-            return
-        for topic in sorted(os.listdir(root)):
-            tdir = os.path.join(root, topic)
-            if not os.path.isdir(tdir):
-                continue
-            if TOPIC_RE.match(topic) is None:
-                self._skipped_dirs.append(tdir)
-                log.warning("ignoring consume queue directory %s: not a valid topic name", tdir)
-                continue
-            for q in sorted(os.listdir(tdir)):
-                if not q.isdigit() or int(q) > MAX_QUEUE_ID:
-                    self._skipped_dirs.append(os.path.join(tdir, q))
-                    log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
-                    continue
-                cq = ConsumeQueue(topic, int(q), root, self.config.mapped_file_size_consume_queue)
-                cq.load()
-                self._cqs[(topic, int(q))] = cq
-
-    def _consume_queue_for_dispatch(self, topic: str, queue_id: int) -> ConsumeQueue:
-        """Find or create the ConsumeQueue of (topic, queue) (called by the dispatcher)."""
-        key = (topic, queue_id)
-        cq = self._cqs.get(key)
-        if cq is None:
-            with self._cq_lock:
-                cq = self._cqs.get(key)
-                if cq is None:
-                    check_topic(topic)
-                    cq = ConsumeQueue(topic, queue_id, self._cq_root, self.config.mapped_file_size_consume_queue)
-                    self._cqs[key] = cq
-        return cq
-
     def _abandon(self) -> None:
         """Undo a failed open: stop what started, unmap, release the lock (files stay as they were)."""
         self._stop_clean_service()
@@ -355,8 +244,9 @@ class LocalMessageQueue(QueueClientsMixin):
             mfq = getattr(self, name, None)
             if mfq is not None:
                 mfq.close()
-        for cq in getattr(self, "_cqs", {}).values():
-            cq.close()
+        table = getattr(self, "_cq_table", None)
+        if table is not None:
+            table.close()
         if self.index_service is not None:
             self.index_service.close()
         cp = getattr(self, "checkpoint", None)
@@ -491,7 +381,7 @@ class LocalMessageQueue(QueueClientsMixin):
             found = []
             files, size = mfq.files, mfq.file_size
             for off in offsets:
-                m = read_record(files, size, off, True)
+                m = get.read_record(files, size, off, True)
                 if (m is None or m.physical_offset != off or m.topic != topic
                         or not begin <= m.store_timestamp <= end):
                     continue  # a hash collision, or a record retention removed
@@ -554,28 +444,25 @@ class LocalMessageQueue(QueueClientsMixin):
 
     # -- put ----------------------------------------------------------------------------------------------------
 
-    def put(self, topic: str, body, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
-            properties: Optional[Dict[str, str]] = None, flag: int = 0) -> PutResult:
-        """Append one message to ``topic``/``queue_id``.
+    put = _Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None, keys=None, properties=None, flag=0)
+        -> PutResult
+
+        Append one message to ``topic``/``queue_id`` (CommitLog.put, called directly).
 
         Params: ``body`` bytes-like; ``tags`` a string (hashed into the ConsumeQueue); ``keys`` a string or
         iterable of strings (no spaces); ``properties`` extra str -> str; ``flag`` an opaque int32.
         Returns PutResult (status PUT_OK, or CREATE_MAPPED_FILE_FAILED when no segment could be created).
         Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError,
         InvalidPropertyError, StoreClosedError.
-        """
-        return self.commit_log.put(topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=properties,
-                                   flag=flag)
+        """)
 
-    def put_batch(self, topic: str, bodies: Iterable, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
-                  properties: Optional[Dict[str, str]] = None, flag: int = 0) -> PutResult:
-        """Append several messages to one queue under one lock (consecutive queue offsets, one store time).
+    put_batch = _Forward("commit_log", "put_batch", """put_batch(topic, bodies, *, queue_id=0, tags=None, keys=None,
+        properties=None, flag=0) -> PutResult
 
-        Returns one PutResult describing the first message, the total bytes and ``msg_num``.
-        Raises as ``put`` (every body is checked before anything is written).
-        """
-        return self.commit_log.put_batch(topic, bodies, queue_id=queue_id, tags=tags, keys=keys,
-                                         properties=properties, flag=flag)
+        Append several messages to one queue under one lock (consecutive queue offsets, one store time;
+        CommitLog.put_batch, called directly). Returns one PutResult describing the first message, the total bytes
+        and ``msg_num``. Raises as ``put`` (every body is checked before anything is written).
+        """)
 
     # -- dispatch -----------------------------------------------------------------------------------------------
 
@@ -681,7 +568,7 @@ class LocalMessageQueue(QueueClientsMixin):
     @property
     def offset_store_path(self) -> str:
         """``<root>/config/consumerOffset.json``: committed consumer offsets (RocketMQ's format; retention reads it)."""
-        return os.path.join(self.root, "config", "consumerOffset.json")
+        return os.path.join(self.root, CONFIG_DIR, "consumerOffset.json")
 
     @property
     def dispatch_behind_bytes(self) -> int:
@@ -690,18 +577,18 @@ class LocalMessageQueue(QueueClientsMixin):
     # -- get ----------------------------------------------------------------------------------------------------
 
     def _tag_filter(self, tags: Optional[str]):
+        """(tag hash codes, exact names) of a subscription, cached; None for no expression, ((), {}) for all."""
         if tags is None:
             return None
         f = self._tag_filters.get(tags)
         if f is None:
-            names = [t.strip() for t in tags.split("||")]
-            names = [t for t in names if t]
-            if not names or "*" in names:
+            names = tag_names(tags)
+            if names is None:
                 f = ((), frozenset())
             else:
                 if len(names) > 64:
                     raise ValueError("at most 64 tags in a subscription")
-                f = (tuple(sorted({java_hash(t) for t in names})), frozenset(names))
+                f = (tuple(sorted({java_hash(t) for t in names})), names)
             if len(self._tag_filters) < 1024:
                 self._tag_filters[tags] = f
         return f
@@ -735,19 +622,11 @@ class LocalMessageQueue(QueueClientsMixin):
             return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, mn, mx)
         if offset > mx:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], mx, mn, mx)
-        c = self.config
         f = self._tag_filter(tags)
         hashes, names = f if f is not None else ((), None)
         mfq = self._cl_mfq
-        outcome, msgs, nxt, _ = cq.read_messages(
-            mfq.files, mfq.file_size, offset, max_messages, hashes, names,
-            c.max_transfer_count_on_message_in_memory, c.max_transfer_bytes_on_message_in_memory,
-            c.max_transfer_count_on_message_in_disk, c.max_transfer_bytes_on_message_in_disk,
-            self._disk_threshold, mfq.max_offset(), not zero_copy)
-        if outcome == SCAN_NULL:
-            units_per_file = cq.file_size // 20
-            nxt = (offset // units_per_file + 1) * units_per_file
-        return GetResult(_STATUS_OF_SCAN[outcome], msgs, nxt, mn, mx)
+        return get.get_message(cq, mfq.files, mfq.file_size, offset, max_messages, hashes, names, self._get_limits,
+                               mfq.max_offset(), not zero_copy, mn, mx)
 
     # -- offsets & lookups -------------------------------------------------------------------------------------
 
@@ -780,8 +659,8 @@ class LocalMessageQueue(QueueClientsMixin):
             mid = (lo + hi) // 2
             u = cq.unit(mid)
             ts = -1
-            if u is not None and u[1] != 0x7FFFFFFF:
-                ts = record_store_timestamp(files, size, u[0])
+            if u is not None and u[1] != CQ_BLANK_UNIT_SIZE:
+                ts = get.record_store_timestamp(files, size, u[0])
             if ts < 0 or ts < ts_ms:
                 lo = mid + 1
             else:
@@ -793,7 +672,7 @@ class LocalMessageQueue(QueueClientsMixin):
         self._check_open()
         if physical_offset < 0 or physical_offset >= self._cl_mfq.max_offset():
             return None
-        return read_record(self._cl_mfq.files, self._cl_mfq.file_size, physical_offset, not zero_copy)
+        return get.read_record(self._cl_mfq.files, self._cl_mfq.file_size, physical_offset, not zero_copy)
 
     def consume_queue(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
         """The ConsumeQueue of (topic, queue) (numpy scans via ``units()``), or None."""
@@ -856,7 +735,7 @@ class LocalMessageQueue(QueueClientsMixin):
                                      if self._pool is not None else None),
             "recovery": self.recovery.as_dict(),
             "index": self._index_stats(),
-            "skipped_directories": list(self._skipped_dirs),
+            "skipped_directories": list(self._cq_table.skipped_dirs),
         }
 
     # -- flush / close ------------------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ cdef class CommitLog:
     cdef int32_t host_sys_flag
     cdef readonly int64_t max_message_size
     cdef int64_t last_store_ts
-    cdef lmq_event *dispatch_event
+    cdef lmq_event *dispatch_event           # dispatch_event_owner.ev
+    cdef object dispatch_event_owner
     cdef readonly bint closed
     cdef GroupCommit group_commit     # SYNC_FLUSH: puts wait on it for their bytes to be flushed (else None)
     cdef int64_t sync_flush_timeout_us

@@ -1,7 +1,5 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""Encode and decode RocketMQ 4.x CommitLog records (V1) into caller buffers, one record or a whole range."""
-import ipaddress
-
+"""Columnar decode of CommitLog ranges into numpy and Arrow buffers: the one path numpy users and Spark read by."""
 cimport cython
 cimport numpy as cnp
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
@@ -9,617 +7,19 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
+from localmq._layout cimport (
+    HOST_V4_SIZE, HOST_V6_SIZE, MAX_TOPIC_BYTES, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+)
 from localmq._os cimport crc32, lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64
+from localmq._record cimport *
 
 import numpy as np
 
-from localmq.errors import CorruptFrameError, InvalidPropertyError, PropertiesSizeError
+from localmq._record import parse_properties
+from localmq.status import Stop
 
 cnp.import_array()
-
-MAGIC_CODE = MESSAGE_MAGIC_CODE
-BLANK_MAGIC = BLANK_MAGIC_CODE
-MAGIC_CODE_V2 = -626843477
-MIN_BLANK = END_FILE_MIN_BLANK_LENGTH
-MAX_PROPERTIES_SIZE = 32767
-MAX_TOPIC_BYTES = 127
-
-REC_STATUS_NAMES = {
-    REC_OK: "ok", REC_BLANK: "blank", REC_END: "end", REC_TORN: "torn", REC_BAD_MAGIC: "bad magic",
-    REC_BAD_LENGTH: "bad length", REC_BAD_CRC: "bad crc",
-}
-
-# RocketMQ's default messageDelayLevel, in ms (SCHEDULE_TOPIC_XXXX tagsCode = store time + delay of the level).
-cdef int64_t DELAY_LEVELS_MS[18]
-_levels = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
-for _i, _s in enumerate(_levels):
-    DELAY_LEVELS_MS[_i] = _s * 1000
-
-
-cdef int64_t calc_msg_length(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len) noexcept nogil:
-    cdef int64_t born = 8 if (sys_flag & SYSFLAG_BORNHOST_V6) == 0 else 20
-    cdef int64_t store = 8 if (sys_flag & SYSFLAG_STOREHOST_V6) == 0 else 20
-    if body_len < 0:
-        body_len = 0
-    if props_len < 0:
-        props_len = 0
-    return 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born + 8 + store + 4 + 8 + 4 + body_len + 1 + topic_len + 2 + props_len
-
-
-cdef uint32_t body_crc32(const uint8_t *p, int64_t n) noexcept nogil:
-    cdef uint64_t c = 0
-    cdef int64_t chunk
-    # zlib takes an unsigned int length; walk larger bodies in 1 GiB steps.
-    while n > 0:
-        chunk = n if n < (1 << 30) else (1 << 30)
-        c = crc32(c, p, <unsigned int>chunk)
-        p += chunk
-        n -= chunk
-    return <uint32_t>(c & 0x7FFFFFFF)
-
-
-cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check_crc) noexcept nogil:
-    """Parse the record at p with `avail` readable bytes. Fills v; returns a REC_* outcome (never reads past avail)."""
-    cdef int64_t pos, need
-    cdef int32_t total, magic
-    if avail < 8:
-        if avail <= 0:
-            return REC_END
-        for pos in range(avail):
-            if p[pos] != 0:
-                return REC_TORN
-        return REC_END
-    total = <int32_t>lmq_be32(p)
-    magic = <int32_t>lmq_be32(p + 4)
-    v.total_size = total
-    v.magic = magic
-    if magic == BLANK_MAGIC_CODE:
-        return REC_BLANK
-    if magic != MESSAGE_MAGIC_CODE:
-        if total == 0 and magic == 0:
-            return REC_END
-        return REC_BAD_MAGIC
-    if total < 91:
-        return REC_BAD_LENGTH
-    if total > avail:
-        return REC_TORN
-    v.body_crc = lmq_be32(p + 8)
-    v.queue_id = <int32_t>lmq_be32(p + 12)
-    v.flag = <int32_t>lmq_be32(p + 16)
-    v.queue_offset = <int64_t>lmq_be64(p + 20)
-    v.physical_offset = <int64_t>lmq_be64(p + 28)
-    v.sys_flag = <int32_t>lmq_be32(p + 36)
-    v.born_timestamp = <int64_t>lmq_be64(p + 40)
-    pos = 48
-    v.born_host = p + pos
-    v.born_host_len = 8 if (v.sys_flag & SYSFLAG_BORNHOST_V6) == 0 else 20
-    pos += v.born_host_len
-    v.store_timestamp = <int64_t>lmq_be64(p + pos)
-    pos += 8
-    v.store_host = p + pos
-    v.store_host_len = 8 if (v.sys_flag & SYSFLAG_STOREHOST_V6) == 0 else 20
-    pos += v.store_host_len
-    # fixed part left: reconsume 4, prepared 8, body length 4, topic length 1
-    if pos + 17 > total:
-        return REC_BAD_LENGTH
-    v.reconsume_times = <int32_t>lmq_be32(p + pos)
-    v.prepared_transaction_offset = <int64_t>lmq_be64(p + pos + 4)
-    v.body_len = <int32_t>lmq_be32(p + pos + 12)
-    pos += 16
-    if v.body_len < 0 or pos + v.body_len + 3 > total:
-        return REC_BAD_LENGTH
-    v.body = p + pos
-    pos += v.body_len
-    v.topic_len = <int32_t>(<signed char>p[pos])
-    pos += 1
-    if v.topic_len < 0 or pos + v.topic_len + 2 > total:
-        return REC_BAD_LENGTH
-    v.topic = p + pos
-    pos += v.topic_len
-    v.props_len = <int32_t>(<int16_t>lmq_be16(p + pos))
-    pos += 2
-    if v.props_len < 0 or pos + v.props_len != total:
-        return REC_BAD_LENGTH
-    v.props = p + pos
-    need = calc_msg_length(v.sys_flag, v.body_len, v.topic_len, v.props_len)
-    if need != total:
-        return REC_BAD_LENGTH
-    if check_crc and body_crc32(v.body, v.body_len) != v.body_crc:
-        return REC_BAD_CRC
-    return REC_OK
-
-
-
-cdef int32_t java_hash_utf8(const uint8_t *s, int64_t n) noexcept nogil:
-    """Java String.hashCode over the UTF-16 code units of UTF-8 text (malformed bytes count as U+FFFD)."""
-    cdef uint32_t h = 0
-    cdef int64_t i = 0
-    cdef uint32_t c, cp
-    cdef int extra, k
-    cdef bint ok
-    while i < n:
-        c = s[i]
-        if c < 0x80:
-            h = 31 * h + c
-            i += 1
-            continue
-        if c >= 0xF0 and c < 0xF5:
-            extra = 3
-            cp = c & 0x07
-        elif c >= 0xE0 and c < 0xF0:
-            extra = 2
-            cp = c & 0x0F
-        elif c >= 0xC2 and c < 0xE0:
-            extra = 1
-            cp = c & 0x1F
-        else:
-            h = 31 * h + 0xFFFD
-            i += 1
-            continue
-        if i + extra >= n:
-            h = 31 * h + 0xFFFD
-            i += 1
-            continue
-        ok = True
-        for k in range(1, extra + 1):
-            if (s[i + k] & 0xC0) != 0x80:
-                ok = False
-                break
-            cp = (cp << 6) | (s[i + k] & 0x3F)
-        if not ok or (extra == 2 and cp < 0x800) or (extra == 3 and (cp < 0x10000 or cp > 0x10FFFF)):
-            h = 31 * h + 0xFFFD
-            i += 1
-            continue
-        i += extra + 1
-        if cp >= 0x10000:
-            cp -= 0x10000
-            h = 31 * h + (0xD800 + (cp >> 10))
-            h = 31 * h + (0xDC00 + (cp & 0x3FF))
-        else:
-            h = 31 * h + cp
-    return <int32_t>h
-
-
-cdef bint find_property(const uint8_t *props, int32_t n, const char *key, int32_t keylen,
-                        const uint8_t **val, int32_t *vlen) noexcept nogil:
-    """Find `key` in a 0x01/0x02 properties string by RocketMQ's parsing rules; sets val/vlen when found."""
-    cdef int32_t start = 0, end, sep, j
-    while start < n:
-        end = start
-        while end < n and props[end] != 2:
-            end += 1
-        # segment [start, end): skip those shorter than 3 chars or with an empty key / value
-        if end - start >= 3:
-            sep = start
-            while sep < end and props[sep] != 1:
-                sep += 1
-            if sep > start and sep < end - 1 and sep - start == keylen:
-                j = 0
-                while j < keylen and props[start + j] == <uint8_t>key[j]:
-                    j += 1
-                if j == keylen:
-                    val[0] = props + sep + 1
-                    vlen[0] = end - sep - 1
-                    return True
-        start = end + 1
-    return False
-
-
-cdef int64_t tags_code_of(const RecordView *v) noexcept nogil:
-    """The ConsumeQueue tagsCode of a record: hash of TAGS, or the delivery time for SCHEDULE_TOPIC_XXXX."""
-    cdef const uint8_t *val
-    cdef int32_t vlen, i
-    cdef int64_t level
-    if v.topic_len == 19 and memcmp(v.topic, b"SCHEDULE_TOPIC_XXXX", 19) == 0:
-        if find_property(v.props, v.props_len, "DELAY", 5, &val, &vlen):
-            level = 0
-            for i in range(vlen):
-                if val[i] < 48 or val[i] > 57:
-                    level = -1
-                    break
-                level = level * 10 + (val[i] - 48)
-            if level > 0:
-                if level > 18:
-                    level = 18
-                return v.store_timestamp + DELAY_LEVELS_MS[level - 1]
-    if find_property(v.props, v.props_len, "TAGS", 4, &val, &vlen):
-        return <int64_t>java_hash_utf8(val, vlen)
-    return 0
-
-
-cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t flag, int64_t queue_offset,
-                       int64_t physical_offset, int32_t sys_flag, int64_t born_timestamp,
-                       const uint8_t *born_host, int32_t born_host_len, int64_t store_timestamp,
-                       const uint8_t *store_host, int32_t store_host_len, int32_t reconsume_times,
-                       int64_t prepared_transaction_offset, const uint8_t *body, int32_t body_len,
-                       const uint8_t *topic, int32_t topic_len, const uint8_t *props, int32_t props_len) noexcept nogil:
-    """Write one complete V1 record at dst (total bytes, already computed by calc_msg_length)."""
-    cdef uint8_t *p = dst
-    lmq_put32(p, <uint32_t>total)
-    lmq_put32(p + 4, <uint32_t>MESSAGE_MAGIC_CODE)
-    lmq_put32(p + 8, body_crc32(body, body_len))
-    lmq_put32(p + 12, <uint32_t>queue_id)
-    lmq_put32(p + 16, <uint32_t>flag)
-    lmq_put64(p + 20, <uint64_t>queue_offset)
-    lmq_put64(p + 28, <uint64_t>physical_offset)
-    lmq_put32(p + 36, <uint32_t>sys_flag)
-    lmq_put64(p + 40, <uint64_t>born_timestamp)
-    memcpy(p + 48, born_host, born_host_len)
-    p += 48 + born_host_len
-    lmq_put64(p, <uint64_t>store_timestamp)
-    memcpy(p + 8, store_host, store_host_len)
-    p += 8 + store_host_len
-    lmq_put32(p, <uint32_t>reconsume_times)
-    lmq_put64(p + 4, <uint64_t>prepared_transaction_offset)
-    lmq_put32(p + 12, <uint32_t>body_len)
-    p += 16
-    if body_len > 0:
-        memcpy(p, body, body_len)
-        p += body_len
-    p[0] = <uint8_t>topic_len
-    memcpy(p + 1, topic, topic_len)
-    p += 1 + topic_len
-    lmq_put16(p, <uint16_t>props_len)
-    if props_len > 0:
-        memcpy(p + 2, props, props_len)
-
-
-cdef void write_blank(uint8_t *dst, int32_t size) noexcept nogil:
-    lmq_put32(dst, <uint32_t>size)
-    lmq_put32(dst + 4, <uint32_t>BLANK_MAGIC_CODE)
-
-
-# ---------------------------------------------------------------------------------------------- host helpers
-
-def pack_host(text):
-    """``"ip:port"`` / ``"[ipv6]:port"`` -> the stored bytes (address, then int32 big-endian port)."""
-    if text.startswith("["):
-        host, _, port = text[1:].partition("]:")
-    else:
-        host, _, port = text.rpartition(":")
-    return ipaddress.ip_address(host).packed + int(port).to_bytes(4, "big", signed=True)
-
-
-cdef str host_text(const uint8_t *p, int n):
-    cdef int32_t port = <int32_t>lmq_be32(p + n - 4)
-    addr = ipaddress.ip_address(PyBytes_FromStringAndSize(<const char *>p, n - 4))
-    if n == 20:
-        return f"[{addr}]:{port}"
-    return f"{addr}:{port}"
-
-
-cdef str HEX = "0123456789ABCDEF"
-
-
-cdef str msg_id_of_c(const uint8_t *host, int host_len, int64_t offset):
-    return msg_id_of(host, host_len, offset)
-
-
-cdef str msg_id_of(const uint8_t *host, int host_len, int64_t offset):
-    """Offset message id: store host address, port and physical offset as uppercase hex (32 or 56 chars)."""
-    cdef uint8_t raw[28]
-    cdef char out[56]
-    cdef int i, n = host_len + 8
-    memcpy(raw, host, host_len)
-    lmq_put64(raw + host_len, <uint64_t>offset)
-    for i in range(n):
-        out[2 * i] = b"0123456789ABCDEF"[raw[i] >> 4]
-        out[2 * i + 1] = b"0123456789ABCDEF"[raw[i] & 15]
-    return (<bytes>PyBytes_FromStringAndSize(out, 2 * n)).decode("ascii")
-
-
-def create_message_id(store_host, long long offset):
-    """Offset message id for ``store_host`` ("ip:port" or packed bytes) and a physical offset."""
-    cdef bytes h = store_host if isinstance(store_host, bytes) else pack_host(store_host)
-    if len(h) not in (8, 20):
-        raise ValueError("store host must pack to 8 or 20 bytes")
-    return msg_id_of(<const uint8_t *>PyBytes_AS_STRING(h), len(h), offset)
-
-
-def decode_message_id(str msg_id):
-    """Split an offset message id into ("ip:port", physical offset). Raises ValueError on a malformed id."""
-    if len(msg_id) not in (32, 56):
-        raise ValueError(f"not an offset message id: {msg_id!r}")
-    raw = bytes.fromhex(msg_id)
-    n = len(raw) - 8
-    host = host_text(<const uint8_t *>PyBytes_AS_STRING(raw), n)
-    return host, int.from_bytes(raw[n:], "big", signed=True)
-
-
-# ---------------------------------------------------------------------------------------------- properties
-
-def properties_to_bytes(props):
-    """Serialise a mapping as RocketMQ's properties string (``k\\x01v\\x02...``, no trailing 0x02), UTF-8.
-
-    Raises InvalidPropertyError for empty names/values or ones containing 0x01/0x02, and
-    PropertiesSizeError when the result exceeds 32767 bytes.
-    """
-    if not props:
-        return b""
-    parts = []
-    for k, v in props.items():
-        if v is None:
-            continue
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise InvalidPropertyError(f"property names and values must be str: {k!r}={v!r}")
-        if not k or not v or "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
-            raise InvalidPropertyError(f"property {k!r}={v!r} is empty or contains a 0x01/0x02 separator")
-        parts.append(f"{k}\x01{v}")
-    out = "\x02".join(parts).encode("utf-8")
-    if len(out) > MAX_PROPERTIES_SIZE:
-        raise PropertiesSizeError(f"properties encode to {len(out)} bytes, more than {MAX_PROPERTIES_SIZE}")
-    return out
-
-
-def parse_properties(raw):
-    """Parse a properties string (bytes or str) by RocketMQ's rules: split on 0x02, keep ``k\\x01v`` with both non-empty."""
-    if isinstance(raw, (bytes, bytearray, memoryview)):
-        raw = bytes(raw).decode("utf-8", "replace")
-    out = {}
-    for seg in raw.split("\x02"):
-        if len(seg) < 3:
-            continue
-        i = seg.find("\x01")
-        if 0 < i < len(seg) - 1:
-            out[seg[:i]] = seg[i + 1:]
-    return out
-
-
-def java_hash(text):
-    """Java ``String.hashCode()`` of ``text`` (int32, UTF-16 code units)."""
-    b = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
-    return java_hash_utf8(<const uint8_t *>PyBytes_AS_STRING(b), len(b))
-
-
-def tags_hash(tags):
-    """ConsumeQueue tagsCode of a tag string (0 for None or empty)."""
-    if not tags:
-        return 0
-    return java_hash(tags)
-
-
-def body_crc(data):
-    """``zlib.crc32(body) & 0x7FFFFFFF``: the BODYCRC field."""
-    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    if mv.shape[0] == 0:
-        return 0
-    return body_crc32(&mv[0], mv.shape[0])
-
-
-# ---------------------------------------------------------------------------------------------- Message
-
-@cython.freelist(512)
-cdef class Message:
-    """One stored message (read back from a CommitLog), or one to send.
-
-    Numeric fields are filled when decoded; ``tags``, ``keys``, ``properties`` and ``msg_id`` are computed on
-    first access. Immutable once created. Safe to share between threads.
-    """
-
-    def __init__(self, topic, body, *, tags=None, keys=None, properties=None, flag=0, queue_id=0):
-        self.topic = topic
-        self.body = body
-        self.flag = flag
-        self.queue_id = queue_id
-        d = dict(properties) if properties else {}
-        if tags is not None:
-            d["TAGS"] = tags
-        if keys is not None:
-            d["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
-        self._props = d
-        self._props_raw = None
-        self.queue_offset = -1
-        self.physical_offset = -1
-        self.store_size = 0
-
-    @property
-    def properties(self):
-        """All properties as a dict (a copy)."""
-        if self._props is None:
-            self._props = parse_properties(self._props_raw) if self._props_raw else {}
-        return dict(self._props)
-
-    @property
-    def tags(self):
-        """The TAGS property, or None."""
-        if self._props is None:
-            self._props = parse_properties(self._props_raw) if self._props_raw else {}
-        return self._props.get("TAGS")
-
-    @property
-    def keys(self):
-        """The KEYS property split on spaces (a tuple, empty when absent)."""
-        if self._props is None:
-            self._props = parse_properties(self._props_raw) if self._props_raw else {}
-        k = self._props.get("KEYS")
-        if not k:
-            return ()
-        return tuple(x for x in k.split(" ") if x)
-
-    @property
-    def raw_properties(self):
-        """The stored properties bytes."""
-        return self._props_raw if self._props_raw is not None else properties_to_bytes(self._props)
-
-    @property
-    def msg_id(self):
-        """Offset message id (store host + physical offset), or None for a message not read from a store."""
-        if self._store_host_len == 0:
-            return None
-        return msg_id_of(self._store_host, self._store_host_len, self.physical_offset)
-
-    @property
-    def store_host(self):
-        return host_text(self._store_host, self._store_host_len) if self._store_host_len else None
-
-    @property
-    def born_host(self):
-        return host_text(self._born_host, self._born_host_len) if self._born_host_len else None
-
-    @property
-    def uniq_key(self):
-        return self.properties.get("UNIQ_KEY")
-
-    def __repr__(self):
-        b = self.body
-        shown = bytes(b[:32]) if b is not None else None
-        return (f"Message(topic={self.topic!r}, queue_id={self.queue_id}, queue_offset={self.queue_offset}, "
-                f"physical_offset={self.physical_offset}, tags={self.tags!r}, body={shown!r}"
-                f"{'...' if b is not None and len(b) > 32 else ''})")
-
-    def __reduce__(self):
-        return (_rebuild_message, (self.topic, bytes(self.body) if self.body is not None else None,
-                                   self.raw_properties, self.queue_id, self.queue_offset, self.physical_offset,
-                                   self.store_timestamp, self.born_timestamp, self.prepared_transaction_offset,
-                                   self.flag, self.sys_flag, self.reconsume_times, self.store_size, self.body_crc,
-                                   PyBytes_FromStringAndSize(<char *>self._store_host, self._store_host_len),
-                                   PyBytes_FromStringAndSize(<char *>self._born_host, self._born_host_len)))
-
-
-def _rebuild_message(topic, body, props_raw, queue_id, queue_offset, physical_offset, store_timestamp,
-                     born_timestamp, prepared, flag, sys_flag, reconsume, store_size, body_crc_v, store_host, born_host):
-    cdef Message m = Message.__new__(Message)
-    m.topic = topic
-    m.body = body
-    m._props_raw = props_raw
-    m.queue_id = queue_id
-    m.queue_offset = queue_offset
-    m.physical_offset = physical_offset
-    m.store_timestamp = store_timestamp
-    m.born_timestamp = born_timestamp
-    m.prepared_transaction_offset = prepared
-    m.flag = flag
-    m.sys_flag = sys_flag
-    m.reconsume_times = reconsume
-    m.store_size = store_size
-    m.body_crc = body_crc_v
-    m._store_host_len = len(store_host)
-    memcpy(m._store_host, PyBytes_AS_STRING(store_host), len(store_host))
-    m._born_host_len = len(born_host)
-    memcpy(m._born_host, PyBytes_AS_STRING(born_host), len(born_host))
-    return m
-
-
-cdef Message message_from_view(const RecordView *v, str topic, bint copy_body, object owner):
-    """Build a Message from a parsed record. `topic` may be passed to reuse an interned str; the body is
-    copied to bytes, or (copy_body False) a memoryview slice of `owner`, which keeps the mapping alive."""
-    cdef Message m = Message.__new__(Message)
-    cdef Py_ssize_t start
-    if topic is None:
-        topic = PyBytes_FromStringAndSize(<const char *>v.topic, v.topic_len).decode("utf-8", "replace")
-    m.topic = topic
-    m.queue_id = v.queue_id
-    m.queue_offset = v.queue_offset
-    m.physical_offset = v.physical_offset
-    m.store_timestamp = v.store_timestamp
-    m.born_timestamp = v.born_timestamp
-    m.prepared_transaction_offset = v.prepared_transaction_offset
-    m.flag = v.flag
-    m.sys_flag = v.sys_flag
-    m.reconsume_times = v.reconsume_times
-    m.store_size = v.total_size
-    m.body_crc = v.body_crc
-    if copy_body or owner is None:
-        m.body = PyBytes_FromStringAndSize(<const char *>v.body, v.body_len)
-    else:
-        start = <Py_ssize_t>(<const char *>v.body - <const char *>(<const uint8_t *>_buffer_address(owner)))
-        m.body = memoryview(owner)[start:start + v.body_len]
-    if v.props_len > 0:
-        m._props_raw = PyBytes_FromStringAndSize(<const char *>v.props, v.props_len)
-    else:
-        m._props_raw = b""
-    m._store_host_len = v.store_host_len
-    memcpy(m._store_host, v.store_host, v.store_host_len)
-    m._born_host_len = v.born_host_len
-    memcpy(m._born_host, v.born_host, v.born_host_len)
-    return m
-
-
-cdef const void *_buffer_address(object obj) except NULL:
-    cdef Py_buffer view
-    cdef const void *addr
-    PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE)
-    addr = view.buf
-    PyBuffer_Release(&view)
-    return addr
-
-
-# ---------------------------------------------------------------------------------------------- Python-level codec
-
-def encode_message(topic, body, *, int queue_id=0, int flag=0, long long queue_offset=0,
-                   long long physical_offset=0, int sys_flag=0, long long born_timestamp=0,
-                   born_host="127.0.0.1:0", long long store_timestamp=0, store_host="127.0.0.1:10911",
-                   int reconsume_times=0, long long prepared_transaction_offset=0, properties=None):
-    """Encode one V1 record to bytes (the IPv6 sysflag bits follow the hosts). ``properties`` is a mapping or bytes.
-
-    Raises InvalidTopicError-like ValueError for a topic over 127 bytes, PropertiesSizeError for properties over 32767 bytes.
-    """
-    tb = topic.encode("utf-8") if isinstance(topic, str) else bytes(topic)
-    if not 0 < len(tb) <= MAX_TOPIC_BYTES:
-        raise ValueError(f"topic must be 1..127 bytes, got {len(tb)}")
-    pb = properties if isinstance(properties, bytes) else properties_to_bytes(properties)
-    if len(pb) > MAX_PROPERTIES_SIZE:
-        raise PropertiesSizeError(f"properties are {len(pb)} bytes, more than {MAX_PROPERTIES_SIZE}")
-    bb = bytes(body) if body is not None else b""
-    bh = born_host if isinstance(born_host, bytes) else pack_host(born_host)
-    sh = store_host if isinstance(store_host, bytes) else pack_host(store_host)
-    sys_flag &= ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
-    if len(bh) == 20:
-        sys_flag |= SYSFLAG_BORNHOST_V6
-    if len(sh) == 20:
-        sys_flag |= SYSFLAG_STOREHOST_V6
-    total = calc_msg_length(sys_flag, len(bb), len(tb), len(pb))
-    out = bytearray(total)
-    cdef uint8_t[::1] o = out
-    write_record(&o[0], <int32_t>total, queue_id, flag, queue_offset, physical_offset, sys_flag, born_timestamp,
-                 <const uint8_t *>PyBytes_AS_STRING(bh), len(bh), store_timestamp,
-                 <const uint8_t *>PyBytes_AS_STRING(sh), len(sh), reconsume_times, prepared_transaction_offset,
-                 <const uint8_t *>PyBytes_AS_STRING(bb), len(bb), <const uint8_t *>PyBytes_AS_STRING(tb), len(tb),
-                 <const uint8_t *>PyBytes_AS_STRING(pb), len(pb))
-    return bytes(out)
-
-
-def encode_blank(int size):
-    """The 8-byte end-of-file blank record announcing ``size`` bytes to the end of the segment."""
-    cdef uint8_t b[8]
-    write_blank(b, size)
-    return PyBytes_FromStringAndSize(<char *>b, 8)
-
-
-def decode_message(data, Py_ssize_t pos=0, *, bint check_crc=True, long long base_offset=-1, bint copy=True):
-    """Decode the record at ``data[pos:]``.
-
-    Returns a Message, or None for a blank (end-of-file) record. Raises CorruptFrameError for a torn,
-    malformed or (with ``check_crc``) corrupted record. ``base_offset`` (the file's base) only feeds error reports.
-    """
-    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    cdef RecordView v
-    cdef Py_ssize_t n = mv.shape[0]
-    if pos < 0 or pos > n:
-        raise IndexError("position out of range")
-    rc = parse_record(&mv[0] + pos if n else NULL, n - pos, &v, check_crc)
-    if rc == REC_BLANK:
-        return None
-    if rc != REC_OK:
-        where = base_offset + pos if base_offset >= 0 else pos
-        raise CorruptFrameError(f"{REC_STATUS_NAMES[rc]} record at offset {where}", offset=where)
-    return message_from_view(&v, None, copy, data)
-
-
-def scan_record(data, Py_ssize_t pos=0, bint check_crc=False):
-    """Check the record at ``data[pos:]`` without building a Message.
-
-    Returns (status name, size): ("ok", TOTALSIZE), ("blank", TOTALSIZE), ("end", 0), ("torn", 0),
-    ("bad magic", 0), ("bad length", TOTALSIZE) or ("bad crc", TOTALSIZE).
-    """
-    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    cdef RecordView v
-    cdef Py_ssize_t n = mv.shape[0]
-    v.total_size = 0
-    rc = parse_record(&mv[0] + pos if n else NULL, n - pos, &v, check_crc)
-    size = v.total_size if rc in (REC_OK, REC_BLANK, REC_BAD_LENGTH, REC_BAD_CRC) else 0
-    return REC_STATUS_NAMES[rc], size
-
 
 # ---------------------------------------------------------------------------------------------- range decode
 
@@ -631,11 +31,6 @@ COLUMN_DTYPES = (
     ("props_pos", np.int64), ("props_len", np.int32),
 )
 
-STOP_END = "end"
-STOP_BLANK = "blank"
-STOP_FULL = "full"
-STOP_TORN = "torn"
-STOP_CORRUPT = "corrupt"
 
 
 cdef class RecordColumns:
@@ -803,47 +198,16 @@ def decode_range(data, RecordColumns cols, Py_ssize_t start=0, Py_ssize_t end=-1
             rc = REC_END
     cols.count = row
     if rc == -1:
-        reason = STOP_FULL
+        reason = Stop.FULL
     elif rc == REC_END:
-        reason = STOP_END
+        reason = Stop.END
     elif rc == REC_BLANK:
-        reason = STOP_BLANK
+        reason = Stop.BLANK
     elif rc == REC_TORN:
-        reason = STOP_TORN
+        reason = Stop.TORN
     else:
-        reason = STOP_CORRUPT
+        reason = Stop.CORRUPT
     return row - first, pos, reason
-
-
-def walk_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint check_crc=True):
-    """Walk consecutive records of ``data[start:end]`` without building anything (recovery).
-
-    Returns (next position, outcome name, records walked, last store timestamp, size reported by the
-    failing record or 0). Outcomes: "end", "blank" (blank record at next position), "torn", "bad magic",
-    "bad length", "bad crc". With ``check_crc`` every body's CRC is verified. The GIL is released.
-    """
-    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    cdef Py_ssize_t n = mv.shape[0]
-    if end < 0 or end > n:
-        end = n
-    cdef const uint8_t *base = &mv[0] if n else NULL
-    cdef Py_ssize_t pos = start
-    cdef long long count = 0
-    cdef int64_t last_ts = 0
-    cdef int rc = REC_END
-    cdef RecordView v
-    v.total_size = 0
-    with nogil:  # recovery walks whole segments, CRC included
-        while pos < end:
-            rc = parse_record(base + pos, end - pos, &v, check_crc)
-            if rc != REC_OK:
-                break
-            last_ts = v.store_timestamp
-            pos += v.total_size
-            count += 1
-            rc = REC_END
-    reported = v.total_size if rc in (REC_BLANK, REC_BAD_LENGTH, REC_BAD_CRC) else 0
-    return pos, REC_STATUS_NAMES[rc], count, last_ts, reported
 
 
 # ---------------------------------------------------------------------------------------------- Arrow layout
@@ -927,13 +291,13 @@ def decode_positions(data, RecordColumns cols, positions, sizes=None, long long 
             rc = REC_END
     cols.count = row
     if rc == -1:
-        reason = STOP_FULL
+        reason = Stop.FULL
     elif rc == REC_END and i == npos:
-        reason = STOP_END
+        reason = Stop.END
     elif rc == REC_TORN:
-        reason = STOP_TORN
+        reason = Stop.TORN
     else:
-        reason = STOP_CORRUPT
+        reason = Stop.CORRUPT
     return row - first, i, reason
 
 
@@ -1232,7 +596,7 @@ def gather_msg_ids(RecordColumns cols, rows=None):
         o[0] = 0
         for i in range(n):
             r = _row(rp, i)
-            hl = 20 if cols.c_sysflag[r] & SYSFLAG_STOREHOST_V6 else 8
+            hl = HOST_V6_SIZE if cols.c_sysflag[r] & SYSFLAG_STOREHOST_V6 else HOST_V4_SIZE
             # the store host ends 16 bytes (reconsume 4, prepared offset 8, body length 4) before the body
             host = base + cols.c_bpos[r] - 16 - hl
             memcpy(raw, host, hl)
@@ -1275,7 +639,6 @@ SCAN_FIELDS = {
     "store_timestamp": SCAN_STORE_TIMESTAMP, "born_timestamp": SCAN_BORN_TIMESTAMP,
     "physical_offset": SCAN_PHYSICAL_OFFSET, "reconsume_times": SCAN_RECONSUME_TIMES, "sys_flag": SCAN_SYS_FLAG,
 }
-STOP_FALLBACK = "fallback"
 cdef int64_t I64_MAX = 0x7FFFFFFFFFFFFFFF
 cdef int64_t ARROW_MAX_BYTES = 0x7FFFFFFF   # int32 Arrow offsets
 
@@ -1594,18 +957,18 @@ cdef class _ScanBuffers:
         return out
 
 
-cdef str _scan_reason(int rc):
+cdef object _scan_reason(int rc):
     if rc == SCAN_FULL:
-        return STOP_FULL
+        return Stop.FULL
     if rc == REC_END:
-        return STOP_END
+        return Stop.END
     if rc == REC_BLANK:
-        return STOP_BLANK
+        return Stop.BLANK
     if rc == REC_TORN:
-        return STOP_TORN
+        return Stop.TORN
     if rc == SCAN_UNFILTERABLE:
-        return STOP_FALLBACK
-    return STOP_CORRUPT
+        return Stop.FALLBACK
+    return Stop.CORRUPT
 
 
 def scan_range(data, Py_ssize_t start, Py_ssize_t end, long long base_offset=0, bint check_crc=False,
@@ -1681,6 +1044,6 @@ def scan_positions(data, positions, sizes, long long base_offset=0, bint check_c
             rc = SCAN_FULL
             break
     reason = _scan_reason(rc)
-    if reason in (STOP_END, STOP_BLANK) and i < count:
-        reason = STOP_CORRUPT  # zeros or a blank record where a unit says a record is
+    if reason in (Stop.END, Stop.BLANK) and i < count:
+        reason = Stop.CORRUPT  # zeros or a blank record where a unit says a record is
     return buf.o.rows, i, reason, buf.result()

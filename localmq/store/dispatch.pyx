@@ -7,19 +7,22 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
-from localmq._codec cimport (
-    REC_BAD_CRC, REC_BAD_LENGTH, REC_BLANK, REC_END, REC_OK, REC_TORN, RecordView, SYSFLAG_TRANSACTION_MASK,
-    SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK, parse_record, tags_code_of,
+from localmq._layout cimport (
+    CQ_UNIT_SIZE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
-from localmq._cq cimport ConsumeQueue, CQState
+from localmq._record cimport (
+    REC_BAD_CRC, REC_BAD_LENGTH, REC_BLANK, REC_END, REC_OK, REC_TORN, RecordView, parse_record, tags_code_of,
+)
+from localmq.store.consume_queue cimport ConsumeQueue, CQState
 from localmq._mapped_file cimport MappedFile
+from localmq._native cimport Event
 from localmq._os cimport (
     lmq_event, lmq_event_free, lmq_event_new, lmq_event_signal, lmq_event_wait, lmq_load_acq, lmq_put32,
     lmq_put64, lmq_sleep_us, lmq_store_rel,
 )
 
-from localmq._codec import REC_STATUS_NAMES
 from localmq.errors import CorruptFrameError
+from localmq.status import RecordStatus
 
 log = logging.getLogger("localmq.dispatch")
 
@@ -68,7 +71,8 @@ cdef class ReputCore:
     cdef int64_t seg_size
     cdef int64_t *seg_wrote
     cdef int64_t reput_from
-    cdef lmq_event *event
+    cdef lmq_event *event                  # wake_event.ev
+    cdef readonly Event wake_event         # puts signal it (CommitLog.set_dispatch_event)
     cdef public int waiters
     cdef bint stop_flag
     cdef readonly object cond
@@ -101,19 +105,13 @@ cdef class ReputCore:
         self.seg_size = commit_log_mfq.file_size
         self.cq_factory = cq_factory
         self.reput_from = reput_from
-        self.event = lmq_event_new()
-        if self.event == NULL:
-            raise MemoryError()
+        self.wake_event = Event()
+        self.event = self.wake_event.ev
         self.cond = threading.Condition(threading.Lock())
         self.idle_wait_us = idle_wait_us
 
     def __dealloc__(self):
         PyMem_Free(self.table)
-        if self.event != NULL:
-            lmq_event_free(self.event)
-
-    def _event_ptr(self):
-        return <Py_ssize_t>self.event
 
     @property
     def reput_offset(self):
@@ -252,8 +250,8 @@ cdef class ReputCore:
             if qo > st.max_offset:
                 self.pending = v
                 return R_GAP
-            r = qo * 20 - st.file_from
-            if st.addr == NULL or r < 0 or r + 20 > st.file_size:
+            r = qo * CQ_UNIT_SIZE - st.file_from
+            if st.addr == NULL or r < 0 or r + CQ_UNIT_SIZE > st.file_size:
                 self.pending = v
                 return R_NEED_CQ_FILE
             u = st.addr + r
@@ -335,7 +333,7 @@ cdef class ReputCore:
     cdef int _bad_record(self) except -1:
         cdef long long off = lmq_load_acq(&self.reput_from)
         self.bad_records += 1
-        name = REC_STATUS_NAMES.get(self.pending_rc, str(self.pending_rc))
+        name = RecordStatus.of(self.pending_rc)
         raise CorruptFrameError(f"dispatch found a {name} record at commit log offset {off}", offset=off,
                                 path=self.seg.path if self.seg is not None else None)
 

@@ -12,19 +12,21 @@ from libc.errno cimport errno
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memset
 
-from localmq._codec cimport (
-    BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, calc_msg_length,
-    msg_id_of_c, write_blank, write_record,
+from localmq._layout cimport (
+    BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID, SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
 )
+from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_record
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
     lmq_event, lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_pause, lmq_gc_flushed, lmq_gc_free, lmq_gc_new,
     lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_load_acq, lmq_now_ms, lmq_store_rel,
 )
-from localmq._native cimport raise_errno
+from localmq._native cimport Event, raise_errno
 
-from localmq._codec import pack_host, properties_to_bytes
-from localmq.config import MAX_QUEUE_ID, PutStatus, check_topic
+from localmq._record import pack_host, properties_to_bytes
+from localmq.config import check_topic
+from localmq.status import PutStatus
 from localmq.errors import (
     InvalidPropertyError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError, StoreClosedError,
 )
@@ -40,7 +42,6 @@ cdef extern from "pythread.h":
 cdef object PUT_OK = PutStatus.PUT_OK
 cdef object CREATE_FAILED = PutStatus.CREATE_MAPPED_FILE_FAILED
 cdef object FLUSH_TIMEOUT = PutStatus.FLUSH_DISK_TIMEOUT
-cdef int MAX_PROPS = 32767
 
 
 cdef inline void lock_acquire(PyThread_type_lock lk):
@@ -293,8 +294,8 @@ cdef class CommitLog:
         self.max_message_size = max_message_size
         self.store_host = pack_host(store_host)
         self.born_host = pack_host(born_host)
-        self.host_sys_flag = (SYSFLAG_BORNHOST_V6 if len(self.born_host) == 20 else 0) | \
-                             (SYSFLAG_STOREHOST_V6 if len(self.store_host) == 20 else 0)
+        self.host_sys_flag = (SYSFLAG_BORNHOST_V6 if len(self.born_host) == HOST_V6_SIZE else 0) | \
+                             (SYSFLAG_STOREHOST_V6 if len(self.store_host) == HOST_V6_SIZE else 0)
         self.cur = None
         self.dispatch_event = NULL
         self.group_commit = None
@@ -310,9 +311,11 @@ cdef class CommitLog:
         self.group_commit = gc
         self.sync_flush_timeout_us = timeout_ms * 1000
 
-    def set_dispatch_event(self, object capsule_owner):
-        """Let puts wake the dispatcher (an object exposing ``_event_ptr()`` as int)."""
-        self.dispatch_event = <lmq_event *><Py_ssize_t>capsule_owner._event_ptr()
+    def set_dispatch_event(self, Event event):
+        """Let puts wake the dispatcher: each put signals ``event`` (the dispatcher's ``wake_event``) when the
+        dispatcher waits on it. None stops the signals."""
+        self.dispatch_event_owner = event
+        self.dispatch_event = event.ev if event is not None else NULL
 
     # -- topic / queue-offset table ---------------------------------------------------------------------------
 
@@ -376,8 +379,8 @@ cdef class CommitLog:
             if ks:
                 d["KEYS"] = " ".join(ks)
         out = properties_to_bytes(d)
-        if len(out) > MAX_PROPS:
-            raise PropertiesSizeError(f"properties encode to {len(out)} bytes, more than {MAX_PROPS}",
+        if len(out) > MAX_PROPERTIES_SIZE:
+            raise PropertiesSizeError(f"properties encode to {len(out)} bytes, more than {MAX_PROPERTIES_SIZE}",
                                       PutStatus.PROPERTIES_SIZE_EXCEEDED)
         if properties is None and ck is not None and len(self.props_cache) < 4096:
             self.props_cache[ck] = out

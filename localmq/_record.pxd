@@ -1,20 +1,8 @@
-# Frame codec of RocketMQ 4.x CommitLog records (V1), shared with the put path, the dispatcher and the readers.
+# RocketMQ 4.x CommitLog records (V1): the one decoder (parse_record) and encoder (write_record) of a record, shared
+# by the put path, the dispatcher, the get path, recovery, the readers and the columnar decoder. Layout constants: _layout.pxd.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
-cdef enum:
-    MESSAGE_MAGIC_CODE = -626843481      # 0xDAA320A7
-    BLANK_MAGIC_CODE = -875286124        # 0xCBD43194
-    END_FILE_MIN_BLANK_LENGTH = 8
-    SYSFLAG_COMPRESSED = 0x1
-    SYSFLAG_MULTI_TAGS = 0x2
-    SYSFLAG_TRANSACTION_MASK = 0xC
-    SYSFLAG_TRANSACTION_PREPARED = 0x4
-    SYSFLAG_TRANSACTION_COMMIT = 0x8
-    SYSFLAG_TRANSACTION_ROLLBACK = 0xC
-    SYSFLAG_BORNHOST_V6 = 0x10
-    SYSFLAG_STOREHOST_V6 = 0x20
-
-# parse_record outcomes
+# parse_record outcomes (localmq.status.RecordStatus.of maps them to names)
 cdef enum:
     REC_OK = 0
     REC_BLANK = 1        # end-of-file blank record: move to the next segment

@@ -1,40 +1,25 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""ConsumeQueue: 20-byte big-endian units per (topic, queue); numpy views over the mapping, and the read path."""
+"""ConsumeQueue: the 20-byte units of one (topic, queue): recovery, the dispatcher's appends and numpy views over the
+mapping. Reading messages through a queue is localmq.store.get."""
 import logging
 import os
 
 cimport numpy as cnp
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
-from localmq._codec cimport (
-    REC_OK, RecordView, find_property, message_from_view, parse_record,
-)
+from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_put32, lmq_put64, lmq_store_rel
 
 import numpy as np
 
-from localmq.errors import CorruptFrameError, CorruptStoreError
+from localmq.errors import CorruptStoreError
+from localmq.layout import CQ_DTYPE
 from localmq.store.mapped_file_queue import MappedFileQueue
 
 cnp.import_array()
 
 log = logging.getLogger("localmq.consume_queue")
-
-CQ_UNIT_SIZE = 20
-cdef enum:
-    UNIT = 20
-UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
-BLANK_UNIT_SIZE = 0x7FFFFFFF
-EXT_ADDRESS_MAX = -2147483649   # tagsCode <= this is a ConsumeQueueExt address
-cdef int64_t C_EXT_MAX = -2147483649
-
-# outcomes of ConsumeQueue.read_messages
-SCAN_FOUND = 0
-SCAN_NO_MATCHED = 1
-SCAN_REMOVING = 2
-SCAN_NULL = 3
 
 
 cdef class ConsumeQueue:
@@ -96,7 +81,7 @@ cdef class ConsumeQueue:
         queue, e.g. a zeroed page): those units are cut too and the caller rebuilds the queue from the log."""
         mfq = self.mapped_file_queue
         files = mfq.files
-        cdef int64_t unit_per_file = self.st.file_size // UNIT
+        cdef int64_t unit_per_file = self.st.file_size // CQ_UNIT_SIZE
         if not files:
             self._reset_state(0)
             return False
@@ -106,16 +91,16 @@ cdef class ConsumeQueue:
         damaged = False
         for i in range(start, len(files)):
             mf = files[i]
-            arr = np.frombuffer(mf, dtype=UNIT_DTYPE)
+            arr = np.frombuffer(mf, dtype=CQ_DTYPE)
             try:
                 valid = (arr["offset"] >= 0) & (arr["size"] > 0)
                 n_valid = unit_per_file if bool(valid.all()) else int(np.argmin(valid))
-                if n_valid > 0 and int(arr["size"][n_valid - 1]) != BLANK_UNIT_SIZE:
+                if n_valid > 0 and int(arr["size"][n_valid - 1]) != CQ_BLANK_UNIT_SIZE:
                     max_phys = int(arr["offset"][n_valid - 1]) + int(arr["size"][n_valid - 1])
-                end_offset = mf.file_from_offset + n_valid * UNIT
+                end_offset = mf.file_from_offset + n_valid * CQ_UNIT_SIZE
                 if n_valid < unit_per_file:
                     raw = np.frombuffer(mf, dtype=np.uint8)
-                    damaged = bool(raw[n_valid * UNIT:].any()) or any(
+                    damaged = bool(raw[n_valid * CQ_UNIT_SIZE:].any()) or any(
                         bool(np.frombuffer(later, dtype=np.uint8).any()) for later in files[i + 1:])
                     del raw
             finally:
@@ -131,8 +116,8 @@ cdef class ConsumeQueue:
                         self.queue_id, end_offset, dropped)
         # the blank padding units at the start don't carry a physical offset; look back for a real one
         if max_phys < 0 and end_offset > 0:
-            max_phys = self._last_physic_end(end_offset // UNIT)
-        self._reset_state(end_offset // UNIT)
+            max_phys = self._last_physic_end(end_offset // CQ_UNIT_SIZE)
+        self._reset_state(end_offset // CQ_UNIT_SIZE)
         self.st.max_physic_offset = max_phys
         return damaged
 
@@ -140,7 +125,7 @@ cdef class ConsumeQueue:
         """offset+size of the last real unit before unit index `upto` (-1 if none)."""
         found = -1
         for base, arr in self._views(self._first_index(), upto):
-            real = np.nonzero(arr["size"] != BLANK_UNIT_SIZE)[0]
+            real = np.nonzero(arr["size"] != CQ_BLANK_UNIT_SIZE)[0]
             if len(real):
                 j = int(real[-1])
                 found = int(arr["offset"][j]) + int(arr["size"][j])
@@ -149,22 +134,22 @@ cdef class ConsumeQueue:
 
     def _first_index(self):
         first = self.mapped_file_queue.first()
-        return first.file_from_offset // UNIT if first is not None else 0
+        return first.file_from_offset // CQ_UNIT_SIZE if first is not None else 0
 
     def _reset_state(self, long long max_offset):
         mfq = self.mapped_file_queue
         last = mfq.last()
         self.cur = None
         self.st.addr = NULL
-        if last is not None and max_offset * UNIT < last.file_from_offset + self.st.file_size:
+        if last is not None and max_offset * CQ_UNIT_SIZE < last.file_from_offset + self.st.file_size:
             self.cur = last
             self.st.addr = (<MappedFile>last).addr
             self.st.file_from = last.file_from_offset
         lmq_store_rel(&self.st.max_offset, max_offset)
         first = mfq.first()
         if first is not None:
-            if self.st.min_offset * UNIT < first.file_from_offset or self.st.min_offset > max_offset:
-                self.st.min_offset = first.file_from_offset // UNIT
+            if self.st.min_offset * CQ_UNIT_SIZE < first.file_from_offset or self.st.min_offset > max_offset:
+                self.st.min_offset = first.file_from_offset // CQ_UNIT_SIZE
         else:
             self.st.min_offset = max_offset
 
@@ -178,37 +163,37 @@ cdef class ConsumeQueue:
         cdef int64_t new_end = -1
         while mfq.files:
             mf = mfq.last()
-            arr = np.frombuffer(mf, dtype=UNIT_DTYPE)
+            arr = np.frombuffer(mf, dtype=CQ_DTYPE)
             try:
-                limit = min(len(arr), max(0, (before * UNIT - mf.file_from_offset) // UNIT))
+                limit = min(len(arr), max(0, (before * CQ_UNIT_SIZE - mf.file_from_offset) // CQ_UNIT_SIZE))
                 arr = arr[:limit]
                 valid = (arr["offset"] >= 0) & (arr["size"] > 0)
                 n_valid = len(arr) if bool(valid.all()) else int(np.argmin(valid))
                 offs = arr["offset"][:n_valid]
                 sizes = arr["size"][:n_valid]
-                keep = (offs < phy_offset) | (sizes == BLANK_UNIT_SIZE)
+                keep = (offs < phy_offset) | (sizes == CQ_BLANK_UNIT_SIZE)
                 n_keep = n_valid if bool(keep.all()) else int(np.argmin(keep))
             finally:
                 del arr
             if n_keep == 0 and mf.file_from_offset > 0 and len(mfq.files) > 1:
                 mfq.delete_last()
                 continue
-            new_end = mf.file_from_offset + n_keep * UNIT
+            new_end = mf.file_from_offset + n_keep * CQ_UNIT_SIZE
             mfq.truncate_dirty_files(new_end)
             break
         if new_end < 0:
             new_end = 0
-        self._reset_state(new_end // UNIT)
-        if new_end // UNIT < before:
-            self.st.max_physic_offset = self._last_physic_end(new_end // UNIT)
-        return before - new_end // UNIT
+        self._reset_state(new_end // CQ_UNIT_SIZE)
+        if new_end // CQ_UNIT_SIZE < before:
+            self.st.max_physic_offset = self._last_physic_end(new_end // CQ_UNIT_SIZE)
+        return before - new_end // CQ_UNIT_SIZE
 
     def correct_min_offset(self, long long min_commit_log_offset):
         """Set min_offset to the first unit whose record is still in the commit log (>= the log's min offset)."""
         mx = lmq_load_acq(&self.st.max_offset)
         for base, arr in self._views(self._first_index(), mx):
             offs = arr["offset"]
-            idx = np.nonzero((offs >= min_commit_log_offset) & (arr["size"] != BLANK_UNIT_SIZE))[0]
+            idx = np.nonzero((offs >= min_commit_log_offset) & (arr["size"] != CQ_BLANK_UNIT_SIZE))[0]
             if len(idx):
                 self.st.min_offset = base + int(idx[0])
                 return self.st.min_offset
@@ -237,10 +222,10 @@ cdef class ConsumeQueue:
         doomed = []
         files = mfq.files
         for mf in files[:len(files) - 1]:
-            arr = np.frombuffer(mf, dtype=UNIT_DTYPE)
+            arr = np.frombuffer(mf, dtype=CQ_DTYPE)
             try:
                 sizes = arr["size"]
-                real = arr["offset"][(sizes > 0) & (sizes != BLANK_UNIT_SIZE)]
+                real = arr["offset"][(sizes > 0) & (sizes != CQ_BLANK_UNIT_SIZE)]
                 last = int(real.max()) if len(real) else -1
             finally:
                 del arr, sizes
@@ -257,20 +242,20 @@ cdef class ConsumeQueue:
         """Yield (first unit index, structured array view) covering units [start, end), one per file."""
         mfq = self.mapped_file_queue
         cdef int64_t fs = self.st.file_size
-        cdef int64_t upf = fs // UNIT
+        cdef int64_t upf = fs // CQ_UNIT_SIZE
         pos = start
         while pos < end:
-            mf = mfq.find(pos * UNIT)
+            mf = mfq.find(pos * CQ_UNIT_SIZE)
             if mf is None:
                 return
-            base = mf.file_from_offset // UNIT
+            base = mf.file_from_offset // CQ_UNIT_SIZE
             hi = min(end, base + upf)
-            arr = np.frombuffer(mf, dtype=UNIT_DTYPE, count=hi - base)[pos - base:]
+            arr = np.frombuffer(mf, dtype=CQ_DTYPE, count=hi - base)[pos - base:]
             yield pos, arr
             pos = hi
 
     def units(self, long long start=-1, long long end=-1):
-        """Units [start, end) as one structured array (dtype offset >i8, size >i4, tags >i8).
+        """Units [start, end) as one structured array (layout.CQ_DTYPE: offset >i8, size >i4, tags_code >i8, also named tags).
 
         Zero-copy when the range lies in one file, a copy otherwise. Defaults to [min_offset, max_offset).
         """
@@ -280,7 +265,7 @@ cdef class ConsumeQueue:
         if end < 0 or end > mx:
             end = mx
         if start >= end:
-            return np.empty(0, dtype=UNIT_DTYPE)
+            return np.empty(0, dtype=CQ_DTYPE)
         parts = [arr for _, arr in self._views(start, end)]
         if len(parts) == 1:
             return parts[0]
@@ -290,11 +275,11 @@ cdef class ConsumeQueue:
         """(offset, size, tags_code) of one unit, or None when out of range / file gone."""
         if index < self.st.min_offset or index >= lmq_load_acq(&self.st.max_offset):
             return None
-        mf = self.mapped_file_queue.find(index * UNIT)
+        mf = self.mapped_file_queue.find(index * CQ_UNIT_SIZE)
         if mf is None:
             return None
         cdef MappedFile mfc = mf
-        cdef int64_t rel = index * UNIT - mfc.file_from_offset
+        cdef int64_t rel = index * CQ_UNIT_SIZE - mfc.file_from_offset
         if mfc.addr == NULL:
             return None  # retention deleted it after the lookup
         cdef const uint8_t *p = mfc.addr + rel
@@ -307,7 +292,7 @@ cdef class ConsumeQueue:
         mid-file with blank units, as RocketMQ's fillPreBlank). Raises OSError when the file cannot be created."""
         mfq = self.mapped_file_queue
         cdef int64_t fs = self.st.file_size
-        cdef int64_t logical = queue_offset * UNIT
+        cdef int64_t logical = queue_offset * CQ_UNIT_SIZE
         mf = mfq.find(logical)
         if mf is None:
             last = mfq.last()
@@ -325,11 +310,11 @@ cdef class ConsumeQueue:
         self.st.file_from = mf.file_from_offset
 
     def _fill_pre_blank(self, mf, long long upto):
-        cdef bytes blank = (0).to_bytes(8, "big") + BLANK_UNIT_SIZE.to_bytes(4, "big") + (0).to_bytes(8, "big")
+        cdef bytes blank = (0).to_bytes(8, "big") + (<object>CQ_BLANK_UNIT_SIZE).to_bytes(4, "big") + (0).to_bytes(8, "big")
         cdef int64_t p = 0
         while p < upto:
             mf.write_at(p, blank)
-            p += UNIT
+            p += CQ_UNIT_SIZE
         mf.wrote_position = upto
 
     def put_unit(self, long long queue_offset, long long phys, int size, long long tags_code, long long store_ts=0):
@@ -346,7 +331,7 @@ cdef class ConsumeQueue:
                       self.topic, self.queue_id, queue_offset, queue_offset - mx)
             self.gap_units += queue_offset - mx
             for q in range(mx, queue_offset):
-                self._write(q, 0, BLANK_UNIT_SIZE, 0)
+                self._write(q, 0, CQ_BLANK_UNIT_SIZE, 0)
         self._write(queue_offset, phys, size, tags_code)
         self.st.max_physic_offset = phys + size
         if store_ts:
@@ -355,21 +340,21 @@ cdef class ConsumeQueue:
         return True
 
     def _write(self, long long q, long long phys, int size, long long tags):
-        cdef int64_t rel = q * UNIT - self.st.file_from
-        if self.st.addr == NULL or rel < 0 or rel + UNIT > self.st.file_size:
+        cdef int64_t rel = q * CQ_UNIT_SIZE - self.st.file_from
+        if self.st.addr == NULL or rel < 0 or rel + CQ_UNIT_SIZE > self.st.file_size:
             self.prepare_write(q)
-            rel = q * UNIT - self.st.file_from
+            rel = q * CQ_UNIT_SIZE - self.st.file_from
         cdef uint8_t *p = self.st.addr + rel
         lmq_put64(p, <uint64_t>phys)
         lmq_put32(p + 8, <uint32_t>size)
         lmq_put64(p + 12, <uint64_t>tags)
-        self.cur.wrote_position = rel + UNIT
+        self.cur.wrote_position = rel + CQ_UNIT_SIZE
 
     def sync_write_position(self):
         """Copy the published max offset into the current file's wrote position (before a flush)."""
         cur = self.cur
         if cur is not None:
-            rel = lmq_load_acq(&self.st.max_offset) * UNIT - cur.file_from_offset
+            rel = lmq_load_acq(&self.st.max_offset) * CQ_UNIT_SIZE - cur.file_from_offset
             if 0 <= rel <= self.st.file_size and rel > cur.wrote_position:
                 cur.wrote_position = rel
 
@@ -391,160 +376,5 @@ cdef class ConsumeQueue:
         self.st.min_offset = 0
         self.st.max_physic_offset = -1
 
-    # -- the read path -----------------------------------------------------------------------------------------
-
-    def read_messages(self, commit_log_files, long long seg_size, long long offset, int max_messages,
-                      tuple tag_hashes, object tag_names, int max_count_mem, long long max_bytes_mem,
-                      int max_count_disk, long long max_bytes_disk, long long disk_threshold,
-                      long long commit_log_max, bint copy_body):
-        """Scan units from ``offset`` (caller checked min <= offset < max) and collect messages.
-
-        Returns (outcome, messages, next offset, last scanned commit log offset). ``tag_hashes`` is () for
-        no filter; ``tag_names`` the exact tag strings for the second check.
-        """
-        cdef int64_t mx = lmq_load_acq(&self.st.max_offset)
-        cdef int64_t scan_units = max(800, max_messages)
-        cdef int64_t end = offset + scan_units
-        cdef int64_t i = offset, phys, tags, rel, seg_idx, first_base, fs = self.st.file_size, bytes_total = 0
-        cdef int32_t size, h
-        cdef int nh = len(tag_hashes), k, count = 0
-        cdef int64_t hashes[64]
-        cdef bint matched, in_disk, removing = False
-        cdef list files = commit_log_files
-        cdef Py_ssize_t nfiles = PyList_GET_SIZE(files)
-        cdef MappedFile cqf = None
-        cdef MappedFile seg
-        cdef int64_t cq_base = -1, cq_end = -1
-        cdef const uint8_t *u
-        cdef RecordView v
-        cdef const uint8_t *tv
-        cdef int32_t tvlen
-        cdef int64_t last_phys = -1
-        cdef list out = []
-        cdef str topic = self.topic
-        if nh > 64:
-            raise ValueError("at most 64 tags in a subscription")
-        for k in range(nh):
-            hashes[k] = tag_hashes[k]
-        if end > mx:
-            end = mx
-        first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset if nfiles > 0 else 0
-        while i < end:
-            # re-checked per unit: building a message may run a finalizer that lets retention unmap the file
-            if i * UNIT >= cq_end or cqf is None or cqf.addr == NULL:
-                cqf = self.mapped_file_queue.find(i * UNIT)
-                if cqf is None or cqf.addr == NULL:
-                    if count == 0:
-                        return SCAN_NULL, out, i, last_phys
-                    break
-                cq_base = cqf.file_from_offset
-                cq_end = cq_base + fs
-            u = cqf.addr + (i * UNIT - cq_base)
-            phys = <int64_t>lmq_be64(u)
-            size = <int32_t>lmq_be32(u + 8)
-            tags = <int64_t>lmq_be64(u + 12)
-            if size == 0x7FFFFFFF or size <= 0 or phys < 0:
-                i += 1  # blank padding unit
-                continue
-            in_disk = (commit_log_max - phys) > disk_threshold
-            if count > 0:
-                if count >= max_messages:
-                    break
-                if in_disk:
-                    if bytes_total + size > max_bytes_disk or count >= max_count_disk:
-                        break
-                else:
-                    if bytes_total + size > max_bytes_mem or count >= max_count_mem:
-                        break
-            last_phys = phys
-            if nh > 0 and tags > C_EXT_MAX:
-                h = <int32_t>tags
-                matched = False
-                for k in range(nh):
-                    if <int32_t>hashes[k] == h:
-                        matched = True
-                        break
-                if not matched:
-                    i += 1
-                    continue
-            seg_idx = phys // seg_size - first_base // seg_size
-            if seg_idx < 0 or seg_idx >= nfiles:
-                removing = True
-                i += 1
-                continue
-            seg = <MappedFile>PyList_GET_ITEM(files, seg_idx)
-            rel = phys - seg.file_from_offset
-            if seg.addr == NULL or rel < 0 or rel + size > seg.read_position():
-                removing = True
-                i += 1
-                continue
-            rc = parse_record(seg.addr + rel, size, &v, False)
-            if rc != REC_OK or v.total_size != size:
-                raise CorruptFrameError(
-                    f"consume queue {topic}-{self.queue_id} unit {i} points at an invalid record at offset {phys}",
-                    offset=phys, path=seg.path)
-            if nh > 0:
-                if not find_property(v.props, v.props_len, "TAGS", 4, &tv, &tvlen):
-                    i += 1
-                    continue
-                if (<bytes>tv[:tvlen]).decode("utf-8", "replace") not in tag_names:
-                    i += 1
-                    continue
-            out.append(message_from_view(&v, topic, copy_body, seg))
-            count += 1
-            bytes_total += size
-            i += 1
-        if count > 0:
-            return SCAN_FOUND, out, i, last_phys
-        if removing:
-            return SCAN_REMOVING, out, i, last_phys
-        return SCAN_NO_MATCHED, out, i, last_phys
-
     def __repr__(self):
         return f"ConsumeQueue({self.topic!r}, {self.queue_id}, min={self.st.min_offset}, max={self.st.max_offset})"
-
-
-def read_record(commit_log_files, long long seg_size, long long phys, bint copy_body=True):
-    """Decode the record at commit log offset ``phys``; None when its segment is gone or it is not a record."""
-    cdef list files = commit_log_files
-    cdef Py_ssize_t nfiles = PyList_GET_SIZE(files)
-    cdef MappedFile seg
-    cdef RecordView v
-    cdef int64_t rel, avail
-    if nfiles == 0:
-        return None
-    first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset
-    idx = phys // seg_size - first_base // seg_size
-    if idx < 0 or idx >= nfiles:
-        return None
-    seg = <MappedFile>PyList_GET_ITEM(files, idx)
-    rel = phys - seg.file_from_offset
-    avail = seg.read_position() - rel
-    if seg.addr == NULL or rel < 0 or avail <= 0:
-        return None
-    if parse_record(seg.addr + rel, avail, &v, False) != REC_OK:
-        return None
-    return message_from_view(&v, None, copy_body, seg)
-
-
-def record_store_timestamp(commit_log_files, long long seg_size, long long phys):
-    """Store timestamp of the record at ``phys`` (-1 when unavailable)."""
-    cdef list files = commit_log_files
-    cdef Py_ssize_t nfiles = PyList_GET_SIZE(files)
-    cdef MappedFile seg
-    cdef RecordView v
-    cdef int64_t rel, avail
-    if nfiles == 0:
-        return -1
-    first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset
-    idx = phys // seg_size - first_base // seg_size
-    if idx < 0 or idx >= nfiles:
-        return -1
-    seg = <MappedFile>PyList_GET_ITEM(files, idx)
-    rel = phys - seg.file_from_offset
-    avail = seg.read_position() - rel
-    if seg.addr == NULL or rel < 0 or avail <= 0:
-        return -1
-    if parse_record(seg.addr + rel, avail, &v, False) != REC_OK:
-        return -1
-    return v.store_timestamp

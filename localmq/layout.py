@@ -1,0 +1,167 @@
+"""Every on-disk constant of the store, written down once (RocketMQ 4.x layouts; ../shared/spec/rocketmq-store.md).
+
+Pure Python, importing nothing of localmq. The compiled modules read the same values from ``_layout.pxd``, which
+setup.py generates from this file (``pxd_source``); tests/test_layers.py checks that the two agree. No other module
+repeats a number below: it imports the name.
+"""
+from __future__ import annotations
+
+import re
+import struct
+
+import numpy as np
+
+# -- CommitLog record (V1): fixed header fields and their byte offsets ---------------------------------------------
+
+MESSAGE_MAGIC_CODE = -626843481          # 0xDAA320A7: a V1 message record
+MESSAGE_MAGIC_CODE_V2 = -626843477       # 0xDAA320AB: RocketMQ 5.x V2 record (int16 topic length); not written
+BLANK_MAGIC_CODE = -875286124            # 0xCBD43194: the blank record that ends a segment
+END_FILE_MIN_BLANK_LENGTH = 8            # TOTALSIZE + MAGIC of the blank record
+
+REC_TOTAL_SIZE = 0                       # int32
+REC_MAGIC = 4                            # int32
+REC_BODY_CRC = 8                         # int32: zlib CRC-32 of the body & BODY_CRC_MASK
+REC_QUEUE_ID = 12                        # int32
+REC_FLAG = 16                            # int32
+REC_QUEUE_OFFSET = 20                    # int64
+REC_PHYSICAL_OFFSET = 28                 # int64
+REC_SYS_FLAG = 36                        # int32
+REC_BORN_TIMESTAMP = 40                  # int64
+REC_BORN_HOST = 48                       # 4-byte IPv4 or 16-byte IPv6 address, then an int32 port
+# after the born host: STORETIMESTAMP i64, STOREHOST (8 or 20), RECONSUMETIMES i32, PREPARED TX OFFSET i64,
+# BODY i32 + bytes, TOPIC i8 + bytes, PROPERTIES i16 + bytes
+HOST_V4_SIZE = 8
+HOST_V6_SIZE = 20
+REC_MIN_SIZE = 91                        # a V1 record with IPv4 hosts and empty body, topic and properties
+BODY_CRC_MASK = 0x7FFFFFFF
+
+MAX_TOPIC_BYTES = 127                    # int8 TOPIC length
+MAX_PROPERTIES_SIZE = 32767              # int16 PROPERTIES length
+PROPERTY_NAME_SEP = 0x01                 # name \x01 value \x02 name \x01 value \x02
+PROPERTY_SEP = 0x02
+
+# sysflag bits (MessageSysFlag)
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+SYSFLAG_TRANSACTION_MASK = 0xC
+SYSFLAG_TRANSACTION_NOT_TYPE = 0x0
+SYSFLAG_TRANSACTION_PREPARED = 0x4
+SYSFLAG_TRANSACTION_COMMIT = 0x8
+SYSFLAG_TRANSACTION_ROLLBACK = 0xC
+SYSFLAG_BORNHOST_V6 = 0x10
+SYSFLAG_STOREHOST_V6 = 0x20
+
+# -- ConsumeQueue: 20-byte big-endian units ----------------------------------------------------------------------
+
+CQ_UNIT_SIZE = 20                        # commit log offset i64, size i32, tags code i64
+CQ_BLANK_UNIT_SIZE = 0x7FFFFFFF          # a padding unit (offset 0, size MAX, tags 0) a queue may start with
+# tags codes at or below this are ConsumeQueueExt addresses (ext offset + Long.MIN_VALUE); no int32 hash reaches it
+CQ_EXT_ADDRESS_MAX = -2147483649
+# The unit as numpy sees it. ``tags_code`` is RocketMQ's name; the title ``tags`` keeps the ConsumeQueue.units()
+# field name of earlier releases working (arr["tags"] and arr["tags_code"] are the same column).
+CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), (("tags", "tags_code"), ">i8")])
+CQ_EXT_HEAD = struct.Struct(">hqqh")     # ConsumeQueueExt unit: size, tagsCode, msgStoreTime, bitMapSize
+CQ_EXT_END_BLANK_DATA_LENGTH = 4
+
+# -- IndexFile: header, hash slots, linked items -----------------------------------------------------------------
+
+INDEX_HEADER_SIZE = 40
+INDEX_HEADER = struct.Struct(">qqqqii")  # begin ts, end ts, begin phy, end phy, hash slot count, index count
+INDEX_H_BEGIN_TS = 0
+INDEX_H_END_TS = 8
+INDEX_H_BEGIN_PHY = 16
+INDEX_H_END_PHY = 24
+INDEX_H_SLOT_COUNT = 32
+INDEX_H_INDEX_COUNT = 36
+INDEX_SLOT_SIZE = 4                      # int32: number of the newest item of the slot
+INDEX_ITEM_SIZE = 20                     # key hash i32, physical offset i64, time diff i32 (s), prev item i32
+INDEX_ITEMS_PER_SLOT = 4                 # RocketMQ's ratio (defaults 20M / 5M; IndexFileTest 400 / 100)
+INDEX_NAME_DIGITS = 17                   # yyyyMMddHHmmssSSS
+INDEX_MAX_FILE_SIZE = (1 << 31) - 1      # RocketMQ computes positions in an int
+INDEX_MAX_KEY_BYTES = MAX_TOPIC_BYTES + 1 + 1 + MAX_PROPERTIES_SIZE + 1   # "<topic>#<key>"
+
+# -- checkpoint ----------------------------------------------------------------------------------------------------
+
+CHECKPOINT_FILE_SIZE = 4096              # RocketMQ maps one OS page
+CHECKPOINT = struct.Struct(">5q")        # physic, logics, index, master flushed offset, confirm phy offset
+CHECKPOINT_MIN_SIZE = CHECKPOINT.size    # 40
+
+# -- files and names -----------------------------------------------------------------------------------------------
+
+OS_PAGE_SIZE = 4096
+FILE_NAME_DIGITS = 20                    # segments and ConsumeQueue files: 20-digit zero-padded base offset
+SEGMENT_NAME_RE = re.compile(r"\d{20}")
+COMMITLOG_DIR = "commitlog"
+CONSUMEQUEUE_DIR = "consumequeue"
+CONSUMEQUEUE_EXT_DIR = "consumequeue_ext"
+INDEX_DIR = "index"
+CONFIG_DIR = "config"
+CHECKPOINT_FILE = "checkpoint"
+ABORT_FILE = "abort"
+LOCK_FILE = "lock"
+
+MAX_QUEUE_ID = 65535
+TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,127}\Z")
+
+# -- the embedded queue's simple frame (localmq's own, not RocketMQ's) --------------------------------------------
+
+FRAME_MAGIC = 0x4C4D5146                 # "LMQF"
+FRAME_HEADERS_SIZE = 24                  # store ts i64, born ts i64, flag i32, crc u32
+FRAME_OVERHEAD = 4 + 4 + 4 + 2 + FRAME_HEADERS_SIZE + 2   # TOTALSIZE, MAGIC, BODY len, HEADERS len, PROPERTIES len
+
+
+def file_name(offset: int) -> str:
+    """The 20-digit zero-padded decimal name of a segment or ConsumeQueue file starting at ``offset``."""
+    return f"{offset:0{FILE_NAME_DIGITS}d}"
+
+
+def host_size(sys_flag: int, bit: int) -> int:
+    """Bytes of a born or store host field (address + port) given the record's sysflag and the host's V6 bit."""
+    return HOST_V6_SIZE if sys_flag & bit else HOST_V4_SIZE
+
+
+def record_size(sys_flag: int, body_len: int, topic_len: int, props_len: int) -> int:
+    """TOTALSIZE of a V1 record (RocketMQ's CommitLog.calMsgLength)."""
+    return (4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + host_size(sys_flag, SYSFLAG_BORNHOST_V6) + 8
+            + host_size(sys_flag, SYSFLAG_STOREHOST_V6) + 4 + 8 + 4 + body_len + 1 + topic_len + 2 + props_len)
+
+
+# -- the C mirror ---------------------------------------------------------------------------------------------------
+
+# names the compiled modules use, in the order _layout.pxd declares them
+PXD_NAMES = (
+    "MESSAGE_MAGIC_CODE", "MESSAGE_MAGIC_CODE_V2", "BLANK_MAGIC_CODE", "END_FILE_MIN_BLANK_LENGTH",
+    "REC_TOTAL_SIZE", "REC_MAGIC", "REC_BODY_CRC", "REC_QUEUE_ID", "REC_FLAG", "REC_QUEUE_OFFSET",
+    "REC_PHYSICAL_OFFSET", "REC_SYS_FLAG", "REC_BORN_TIMESTAMP", "REC_BORN_HOST", "HOST_V4_SIZE", "HOST_V6_SIZE",
+    "REC_MIN_SIZE", "BODY_CRC_MASK", "MAX_TOPIC_BYTES", "MAX_PROPERTIES_SIZE", "PROPERTY_NAME_SEP", "PROPERTY_SEP",
+    "SYSFLAG_COMPRESSED", "SYSFLAG_MULTI_TAGS", "SYSFLAG_TRANSACTION_MASK", "SYSFLAG_TRANSACTION_NOT_TYPE",
+    "SYSFLAG_TRANSACTION_PREPARED", "SYSFLAG_TRANSACTION_COMMIT", "SYSFLAG_TRANSACTION_ROLLBACK",
+    "SYSFLAG_BORNHOST_V6", "SYSFLAG_STOREHOST_V6",
+    "CQ_UNIT_SIZE", "CQ_BLANK_UNIT_SIZE", "CQ_EXT_ADDRESS_MAX",
+    "INDEX_HEADER_SIZE", "INDEX_H_BEGIN_TS", "INDEX_H_END_TS", "INDEX_H_BEGIN_PHY", "INDEX_H_END_PHY",
+    "INDEX_H_SLOT_COUNT", "INDEX_H_INDEX_COUNT", "INDEX_SLOT_SIZE", "INDEX_ITEM_SIZE", "INDEX_MAX_KEY_BYTES",
+    "OS_PAGE_SIZE", "FILE_NAME_DIGITS", "MAX_QUEUE_ID",
+    "FRAME_MAGIC", "FRAME_HEADERS_SIZE", "FRAME_OVERHEAD",
+)
+
+
+def pxd_source() -> str:
+    """The text of ``localmq/_layout.pxd``: every PXD_NAMES value as a C constant (int64 where int32 is too small)."""
+    lines = [
+        "# Generated by setup.py from localmq/layout.py (layout.pxd_source): do not edit; edit layout.py.",
+        "from libc.stdint cimport int64_t",
+        "",
+        "cdef extern from *:",
+        '    """',
+    ]
+    decl = []
+    for name in PXD_NAMES:
+        value = globals()[name]
+        if -(1 << 31) <= value < (1 << 31):
+            lines.append(f"    #define LMQ_L_{name} ({value})")
+            decl.append(f'    enum: {name} "LMQ_L_{name}"')
+        else:
+            lines.append(f"    #define LMQ_L_{name} ((int64_t){value}LL)")
+            decl.append(f'    const int64_t {name} "LMQ_L_{name}"')
+    lines.append('    """')
+    return "\n".join(lines + decl) + "\n"

@@ -1,0 +1,126 @@
+"""Every outcome localmq reports as a value rather than an exception: status enums and the result types.
+
+Pure Python, importing nothing of localmq. The string-valued enums (RecordStatus, Stop) compare equal to their
+values ("end", "torn", ...), so code and users that compared against those strings keep working.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Iterator, List
+
+
+class PutStatus(enum.IntEnum):
+    """RocketMQ's PutMessageStatus (5.x spelling; the 4.x spellings are aliases)."""
+
+    PUT_OK = 0
+    FLUSH_DISK_TIMEOUT = 1
+    FLUSH_SLAVE_TIMEOUT = 2
+    SLAVE_NOT_AVAILABLE = 3
+    SERVICE_NOT_AVAILABLE = 4
+    CREATE_MAPPED_FILE_FAILED = 5
+    MESSAGE_ILLEGAL = 6
+    PROPERTIES_SIZE_EXCEEDED = 7
+    OS_PAGE_CACHE_BUSY = 8
+    UNKNOWN_ERROR = 9
+    CREATE_MAPEDFILE_FAILED = 5  # 4.x name
+    OS_PAGECACHE_BUSY = 8  # 4.x name
+
+
+class AppendMessageStatus(enum.IntEnum):
+    """Outcome of appending one record (or batch) to one MappedFile."""
+
+    PUT_OK = 0
+    END_OF_FILE = 1
+    MESSAGE_SIZE_EXCEEDED = 2
+    PROPERTIES_SIZE_EXCEEDED = 3
+    UNKNOWN_ERROR = 4
+
+
+class GetStatus(enum.IntEnum):
+    """RocketMQ's GetMessageStatus (4.x)."""
+
+    FOUND = 0
+    NO_MATCHED_MESSAGE = 1
+    MESSAGE_WAS_REMOVING = 2
+    OFFSET_FOUND_NULL = 3
+    OFFSET_OVERFLOW_BADLY = 4
+    OFFSET_OVERFLOW_ONE = 5
+    OFFSET_TOO_SMALL = 6
+    NO_MATCHED_LOGIC_QUEUE = 7
+    NO_MESSAGE_IN_QUEUE = 8
+
+
+class RecordStatus(str, enum.Enum):
+    """What lies at a position of a CommitLog segment (``scan_record``, recovery, the dispatcher's errors).
+
+    The integer codes are the compiled decoder's (``_record.parse_record``); ``of(code)`` maps them.
+    """
+
+    OK = "ok"
+    BLANK = "blank"              # the end-of-segment blank record: go on in the next segment
+    END = "end"                  # zero bytes where a record would start: the end of written data
+    TORN = "torn"                # a record that runs past the readable bytes
+    BAD_MAGIC = "bad magic"
+    BAD_LENGTH = "bad length"    # TOTALSIZE disagrees with the fields
+    BAD_CRC = "bad crc"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, code: int) -> "RecordStatus":
+        """The status of a compiled decoder's REC_* code (0..6)."""
+        return _RECORD_CODES[code]
+
+
+_RECORD_CODES = list(RecordStatus)
+
+
+class Stop(str, enum.Enum):
+    """Why a walk over a range of records (decode_range, scan_range, readers, the index thread) stopped."""
+
+    END = "end"                  # zero bytes or the end of the range after the last whole record
+    BLANK = "blank"              # the segment's blank record
+    FULL = "full"                # the output buffers are full: call again from where it stopped
+    TORN = "torn"                # a record cut short by the end of the readable bytes
+    CORRUPT = "corrupt"          # a record that is not valid (magic, length or CRC)
+    FALLBACK = "fallback"        # the single-pass scan cannot fill this range: take the general path
+    INVALID = "invalid"          # ConsumeQueue readers: a unit that cannot be valid
+    PARTIAL = "partial"          # ConsumeQueue readers: a file length that is not a multiple of the unit
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class GetResult:
+    """Result of ``get_message``: ``status`` (GetStatus), ``messages`` (list of Message), ``next_begin_offset``
+    (where the next pull should start), ``min_offset`` / ``max_offset`` of the queue."""
+
+    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset")
+
+    def __init__(self, status: GetStatus, messages: List[Any], next_begin_offset: int, min_offset: int,
+                 max_offset: int) -> None:
+        self.status = status
+        self.messages = messages
+        self.next_begin_offset = next_begin_offset
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+
+    @property
+    def found(self) -> bool:
+        """True when ``status`` is FOUND."""
+        return self.status is GetStatus.FOUND
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.messages)
+
+    def __repr__(self) -> str:
+        return (f"GetResult(status={self.status.name}, messages={len(self.messages)}, "
+                f"next_begin_offset={self.next_begin_offset}, min_offset={self.min_offset}, "
+                f"max_offset={self.max_offset})")
+
+
+__all__ = ["PutStatus", "AppendMessageStatus", "GetStatus", "RecordStatus", "Stop", "GetResult"]

@@ -1,0 +1,75 @@
+"""ConsumeQueueTable: every ConsumeQueue of a store, loaded from ``consumequeue/`` and created on first dispatch."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Dict, List, Tuple
+
+from localmq.config import check_topic
+from localmq.layout import MAX_QUEUE_ID, TOPIC_RE
+from localmq.store.consume_queue import ConsumeQueue
+
+log = logging.getLogger("localmq.store")
+
+
+class ConsumeQueueTable:
+    """RocketMQ's consumeQueueTable: ``queues`` maps (topic, queue id) to its ConsumeQueue.
+
+    The dispatcher creates queues (``find_or_create``, under a lock); readers look them up in ``queues`` without
+    one (a dict read is atomic). Directories that are not a valid topic or queue id are skipped and listed in
+    ``skipped_dirs``.
+    """
+
+    def __init__(self, root: str, file_size: int) -> None:
+        self.root = root
+        self.file_size = file_size
+        self.queues: Dict[Tuple[str, int], ConsumeQueue] = {}
+        self.skipped_dirs: List[str] = []
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Map every queue found under ``root`` (files as they are; ``ConsumeQueue.recover`` checks them)."""
+        root = self.root
+        if not os.path.isdir(root):
+            return
+        for topic in sorted(os.listdir(root)):
+            tdir = os.path.join(root, topic)
+            if not os.path.isdir(tdir):
+                continue
+            if TOPIC_RE.match(topic) is None:
+                self.skipped_dirs.append(tdir)
+                log.warning("ignoring consume queue directory %s: not a valid topic name", tdir)
+                continue
+            for q in sorted(os.listdir(tdir)):
+                if not q.isdigit() or int(q) > MAX_QUEUE_ID:
+                    self.skipped_dirs.append(os.path.join(tdir, q))
+                    log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
+                    continue
+                cq = ConsumeQueue(topic, int(q), root, self.file_size)
+                cq.load()
+                self.queues[(topic, int(q))] = cq
+
+    def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The ConsumeQueue of (topic, queue), created (no file yet) when missing. Raises InvalidTopicError."""
+        key = (topic, queue_id)
+        cq = self.queues.get(key)
+        if cq is None:
+            with self._lock:
+                cq = self.queues.get(key)
+                if cq is None:
+                    check_topic(topic)
+                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size)
+                    self.queues[key] = cq
+        return cq
+
+    def destroy_all(self) -> None:
+        """Delete every queue's files (a store whose commit log is gone: the units could point nowhere)."""
+        for cq in self.queues.values():
+            cq.destroy()
+        self.queues.clear()
+
+    def close(self) -> None:
+        """Unmap every queue's files."""
+        for cq in self.queues.values():
+            cq.close()

@@ -1,0 +1,217 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""The get path (RocketMQ's DefaultMessageStore.getMessage): ConsumeQueue units -> CommitLog records -> Messages.
+
+Each unit's record is checked against the unit (a valid record of the unit's size) before it becomes a Message. Cold
+record pages are faulted in with the GIL released (a read-ahead window of READ_AHEAD bytes), so a get that reads
+from disk does not stall the other threads of the process.
+"""
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from libc.stdint cimport int32_t, int64_t, uint8_t
+
+from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_EXT_ADDRESS_MAX, CQ_UNIT_SIZE
+from localmq._mapped_file cimport MappedFile
+from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_pretouch
+from localmq._record cimport REC_OK, RecordView, find_property, message_from_view, parse_record
+from localmq.store.consume_queue cimport ConsumeQueue
+
+from localmq.errors import CorruptFrameError
+from localmq.status import GetResult, GetStatus
+
+cdef enum:
+    READ_AHEAD = 64 * 1024     # bytes of a segment faulted in (GIL released) ahead of the record being read
+    MIN_SCAN_UNITS = 800       # units one get looks at, at least (RocketMQ: 16000 bytes of units)
+
+cdef object FOUND = GetStatus.FOUND
+cdef object NO_MATCHED = GetStatus.NO_MATCHED_MESSAGE
+cdef object REMOVING = GetStatus.MESSAGE_WAS_REMOVING
+cdef object FOUND_NULL = GetStatus.OFFSET_FOUND_NULL
+
+
+cdef class GetLimits:
+    """RocketMQ's transfer limits of one get: counts and bytes for records in memory and on disk, and where "on disk"
+    begins (bytes behind the log's end; ``access_message_in_memory_max_ratio`` of RAM)."""
+
+    cdef readonly int max_count_mem
+    cdef readonly long long max_bytes_mem
+    cdef readonly int max_count_disk
+    cdef readonly long long max_bytes_disk
+    cdef readonly long long disk_threshold
+
+    def __cinit__(self, int max_count_mem, long long max_bytes_mem, int max_count_disk, long long max_bytes_disk,
+                  long long disk_threshold):
+        self.max_count_mem = max_count_mem
+        self.max_bytes_mem = max_bytes_mem
+        self.max_count_disk = max_count_disk
+        self.max_bytes_disk = max_bytes_disk
+        self.disk_threshold = disk_threshold
+
+
+cdef inline MappedFile segment_of(list files, int64_t seg_size, int64_t phys):
+    """The commit log segment holding ``phys`` (files are consecutive, sorted by base), or None."""
+    cdef Py_ssize_t nfiles = PyList_GET_SIZE(files)
+    if nfiles == 0:
+        return None
+    cdef int64_t first_base = (<MappedFile>PyList_GET_ITEM(files, 0)).file_from_offset
+    cdef int64_t idx = phys // seg_size - first_base // seg_size
+    if idx < 0 or idx >= nfiles:
+        return None
+    return <MappedFile>PyList_GET_ITEM(files, idx)
+
+
+cdef int64_t fault_in(MappedFile seg, int64_t rel, int64_t upto) noexcept:
+    """Touch the pages of ``seg`` from ``rel`` to ``rel + READ_AHEAD`` (at most ``upto``) without the GIL; returns
+    where the touched window ends."""
+    cdef int64_t end = rel + READ_AHEAD
+    if end > upto:
+        end = upto
+    if end <= rel or not seg.hold_c():
+        return rel
+    with nogil:  # page faults of a cold segment; the hold keeps retention from unmapping it meanwhile
+        lmq_pretouch(seg.addr, <size_t>rel, <size_t>(end - rel), 0)
+    seg.release_c()
+    return end
+
+
+def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long long offset, int max_messages,
+                tuple tag_hashes, object tag_names, GetLimits limits not None, long long commit_log_max,
+                bint copy_body, long long min_offset, long long max_offset):
+    """Read up to ``max_messages`` messages of ``cq`` from queue offset ``offset`` (the caller checked
+    min_offset <= offset < max_offset, the queue's bounds it read; the result reports them).
+
+    ``commit_log_files``: the commit log's MappedFiles (consecutive, ``seg_size`` bytes each). ``tag_hashes`` is ()
+    for no filter, else at most 64 tag hash codes; ``tag_names`` the exact tag strings of the second check.
+    Returns GetResult (status FOUND, NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING or OFFSET_FOUND_NULL). Raises
+    CorruptFrameError when a unit points at bytes that are not a record of its size, ValueError for > 64 tags.
+    """
+    cdef int64_t mx = lmq_load_acq(&cq.st.max_offset)
+    cdef int64_t scan_units = max(MIN_SCAN_UNITS, max_messages)
+    cdef int64_t end = offset + scan_units
+    cdef int64_t i = offset, phys, tags, rel, fs = cq.st.file_size, bytes_total = 0
+    cdef int32_t size, h
+    cdef int nh = len(tag_hashes), k, count = 0
+    cdef int64_t hashes[64]
+    cdef bint matched, in_disk, removing = False
+    cdef MappedFile cqf = None
+    cdef MappedFile seg
+    cdef MappedFile touched_seg = None
+    cdef int64_t touched_end = 0
+    cdef int64_t cq_base = -1, cq_end = -1
+    cdef const uint8_t *u
+    cdef RecordView v
+    cdef const uint8_t *tv
+    cdef int32_t tvlen
+    cdef list out = []
+    cdef str topic = cq.topic
+    cdef object mfq = cq.mapped_file_queue
+    if nh > 64:
+        raise ValueError("at most 64 tags in a subscription")
+    for k in range(nh):
+        hashes[k] = tag_hashes[k]
+    if end > mx:
+        end = mx
+    while i < end:
+        # re-checked per unit: building a message may run a finalizer that lets retention unmap the file
+        if i * CQ_UNIT_SIZE >= cq_end or cqf is None or cqf.addr == NULL:
+            cqf = mfq.find(i * CQ_UNIT_SIZE)
+            if cqf is None or cqf.addr == NULL:
+                if count == 0:
+                    # the unit's file is gone: the next pull starts at the next file
+                    units_per_file = fs // CQ_UNIT_SIZE
+                    return GetResult(FOUND_NULL, out, (offset // units_per_file + 1) * units_per_file,
+                                     min_offset, max_offset)
+                break
+            cq_base = cqf.file_from_offset
+            cq_end = cq_base + fs
+        u = cqf.addr + (i * CQ_UNIT_SIZE - cq_base)
+        phys = <int64_t>lmq_be64(u)
+        size = <int32_t>lmq_be32(u + 8)
+        tags = <int64_t>lmq_be64(u + 12)
+        if size == CQ_BLANK_UNIT_SIZE or size <= 0 or phys < 0:
+            i += 1  # blank padding unit
+            continue
+        in_disk = (commit_log_max - phys) > limits.disk_threshold
+        if count > 0:
+            if count >= max_messages:
+                break
+            if in_disk:
+                if bytes_total + size > limits.max_bytes_disk or count >= limits.max_count_disk:
+                    break
+            else:
+                if bytes_total + size > limits.max_bytes_mem or count >= limits.max_count_mem:
+                    break
+        if nh > 0 and tags > CQ_EXT_ADDRESS_MAX:
+            h = <int32_t>tags
+            matched = False
+            for k in range(nh):
+                if <int32_t>hashes[k] == h:
+                    matched = True
+                    break
+            if not matched:
+                i += 1
+                continue
+        seg = segment_of(commit_log_files, seg_size, phys)
+        if seg is None:
+            removing = True
+            i += 1
+            continue
+        rel = phys - seg.file_from_offset
+        if seg.addr == NULL or rel < 0 or rel + size > seg.read_position():
+            removing = True
+            i += 1
+            continue
+        if seg is not touched_seg or rel + size > touched_end or rel < touched_end - READ_AHEAD:
+            touched_end = fault_in(seg, rel, seg.read_position())
+            touched_seg = seg
+        rc = parse_record(seg.addr + rel, size, &v, False)
+        if rc != REC_OK or v.total_size != size:
+            raise CorruptFrameError(
+                f"consume queue {topic}-{cq.queue_id} unit {i} points at an invalid record at offset {phys}",
+                offset=phys, path=seg.path)
+        if nh > 0:
+            if not find_property(v.props, v.props_len, "TAGS", 4, &tv, &tvlen):
+                i += 1
+                continue
+            if (<bytes>tv[:tvlen]).decode("utf-8", "replace") not in tag_names:
+                i += 1
+                continue
+        out.append(message_from_view(&v, topic, copy_body, seg))
+        count += 1
+        bytes_total += size
+        i += 1
+    if count > 0:
+        return GetResult(FOUND, out, i, min_offset, max_offset)
+    if removing:
+        return GetResult(REMOVING, out, i, min_offset, max_offset)
+    return GetResult(NO_MATCHED, out, i, min_offset, max_offset)
+
+
+def read_record(list commit_log_files, long long seg_size, long long phys, bint copy_body=True):
+    """Decode the record at commit log offset ``phys``; None when its segment is gone or it is not a record."""
+    cdef RecordView v
+    cdef int64_t rel, avail
+    cdef MappedFile seg = segment_of(commit_log_files, seg_size, phys)
+    if seg is None:
+        return None
+    rel = phys - seg.file_from_offset
+    avail = seg.read_position() - rel
+    if seg.addr == NULL or rel < 0 or avail <= 0:
+        return None
+    if parse_record(seg.addr + rel, avail, &v, False) != REC_OK:
+        return None
+    return message_from_view(&v, None, copy_body, seg)
+
+
+def record_store_timestamp(list commit_log_files, long long seg_size, long long phys):
+    """Store timestamp of the record at ``phys`` (-1 when unavailable)."""
+    cdef RecordView v
+    cdef int64_t rel, avail
+    cdef MappedFile seg = segment_of(commit_log_files, seg_size, phys)
+    if seg is None:
+        return -1
+    rel = phys - seg.file_from_offset
+    avail = seg.read_position() - rel
+    if seg.addr == NULL or rel < 0 or avail <= 0:
+        return -1
+    if parse_record(seg.addr + rel, avail, &v, False) != REC_OK:
+        return -1
+    return v.store_timestamp

@@ -1,0 +1,171 @@
+"""The package's layers, read from the source: no import cycle, no upward import, the format written down once."""
+import ast
+import importlib.util
+import os
+import re
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "localmq")
+
+# Layers from the bottom up (ARCHITECTURE.md). A module may import its own layer and any layer below it.
+LAYERS = [
+    ("bottom", ("localmq.status", "localmq.errors", "localmq.layout", "localmq.config", "localmq.interface")),
+    ("native", ("localmq._",)),
+    ("store", ("localmq.store",)),
+    ("services", ("localmq.services",)),
+    ("client", ("localmq.client",)),
+    ("queues", ("localmq.queues",)),
+    ("top", ("localmq.spark", "localmq.cli", "localmq.__main__", "localmq.aio", "localmq")),
+]
+
+CIMPORT_RE = re.compile(r"^\s*(?:from\s+([\w.]+)\s+cimport|cimport\s+([\w.]+))", re.M)
+PYX_IMPORT_RE = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\s|import\s+([\w.]+))", re.M)
+
+
+def layer_of(module):
+    """Index of the layer ``module`` belongs to (the most specific prefix wins)."""
+    best, best_len = None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p if p.endswith("_") else p + ".")) and len(p) > best_len:
+                best, best_len = i, len(p)
+    assert best is not None, module
+    return best
+
+
+def module_files():
+    """{module name: [source files]} of every .py, .pyx and .pxd under localmq/."""
+    out = {}
+    for dirpath, _, files in os.walk(ROOT):
+        for f in files:
+            if not f.endswith((".py", ".pyx", ".pxd", ".pyi")) or f.endswith(".pyi"):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, f), os.path.dirname(ROOT))
+            name = rel.rsplit(".", 1)[0].replace(os.sep, ".")
+            if name.endswith(".__init__"):
+                name = name[: -len(".__init__")]
+            out.setdefault(name, []).append(os.path.join(dirpath, f))
+    return out
+
+
+def resolve(target, modules):
+    """The localmq module an import names (``from localmq import x`` may name the submodule ``localmq.x``)."""
+    return target if target in modules else None
+
+
+def imports_of(path, name, modules):
+    """localmq modules imported by one source file: every import statement, also inside functions and
+    ``if TYPE_CHECKING`` blocks (those are edges of the design too)."""
+    with open(path) as f:
+        text = f.read()
+    found = set()
+    if path.endswith(".py"):
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.rsplit(".", node.level - (0 if path.endswith("__init__.py") else 0))[0]
+                    mod = base + ("." + node.module if node.module else "")
+                else:
+                    mod = node.module
+                subs = {f"{mod}.{a.name}" for a in node.names}
+                named = {s for s in subs if s in modules}
+                found.update(named)
+                if len(named) < len(subs):  # some names are attributes of ``mod`` itself
+                    found.add(mod)
+    else:
+        for m in CIMPORT_RE.finditer(text):
+            found.add(m.group(1) or m.group(2))
+        for m in PYX_IMPORT_RE.finditer(text):
+            found.add(m.group(1) or m.group(2))
+    out = set()
+    for t in found:
+        if t and t.startswith("localmq"):
+            r = resolve(t, modules)
+            if r is not None and r != name:
+                out.add(r)
+    return out
+
+
+def graph():
+    modules = module_files()
+    return {name: set().union(*(imports_of(p, name, modules) for p in paths)) for name, paths in modules.items()}
+
+
+def test_every_module_has_a_layer():
+    for name in graph():
+        layer_of(name)
+
+
+def test_no_upward_import():
+    bad = []
+    for name, deps in sorted(graph().items()):
+        if name == "localmq":
+            continue  # the package's __init__ re-exports from every layer
+        for d in sorted(deps):
+            if d == "localmq" and layer_of(name) < len(LAYERS) - 1:
+                bad.append(f"{name} -> localmq (the package __init__ sits on top)")
+            elif layer_of(d) > layer_of(name):
+                bad.append(f"{name} ({LAYERS[layer_of(name)][0]}) -> {d} ({LAYERS[layer_of(d)][0]})")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle():
+    g = {k: {d for d in v if d != "localmq"} for k, v in graph().items() if k != "localmq"}
+    state, stack, cycles = {}, [], []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(g.get(n, ())):
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(g):
+        if n not in state:
+            visit(n)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_bottom_layer_imports_nothing_native():
+    # pure Python: importable before the extensions are built (setup.py reads layout.py this way)
+    for name, deps in graph().items():
+        if layer_of(name) == 0:
+            assert all(layer_of(d) == 0 for d in deps), (name, deps)
+
+
+def test_layout_pxd_is_generated_from_layout_py():
+    spec = importlib.util.spec_from_file_location("_layout_check", os.path.join(ROOT, "layout.py"))
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    with open(os.path.join(ROOT, "_layout.pxd")) as f:
+        assert f.read() == layout.pxd_source(), "localmq/_layout.pxd is stale: rebuild (setup.py writes it)"
+
+
+# Numbers that are layout constants: outside layout.py (and the generated _layout.pxd) they must appear by name.
+LAYOUT_LITERALS = [
+    r"-626843481", r"-875286124", r"0xDAA320A7", r"0xCBD43194", r"\b0x4C4D5146\b",
+    r">qqqqii", r"\(\"offset\", \">i8\"\)", r">hqqh", r">5q",
+]
+
+
+@pytest.mark.parametrize("pattern", LAYOUT_LITERALS)
+def test_layout_constants_are_written_once(pattern):
+    hits = []
+    for name, paths in module_files().items():
+        for p in paths:
+            if os.path.basename(p) in ("layout.py", "_layout.pxd"):
+                continue
+            with open(p) as f:
+                lines = f.readlines()
+            for i, line in enumerate(lines, 1):
+                code = line.split("#", 1)[0]
+                if re.search(pattern, code) and not code.strip().startswith(('"', "'")):
+                    hits.append(f"{os.path.relpath(p, ROOT)}:{i}: {line.strip()}")
+    assert not hits, "\n".join(hits)
