@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import localmq
+from helpers import java_hash_reference
 from localmq import _columns, _record
 
 MAGIC = bytes.fromhex("daa320a7")
@@ -88,15 +89,6 @@ def test_crc_mismatch_and_bad_lengths_raise():
         localmq.decode_message(bytes(rec))
     with pytest.raises(localmq.CorruptFrameError, match="bad magic"):
         localmq.decode_message(b"\x00\x00\x00\x80" + b"\x01\x02\x03\x04" + bytes(120))
-
-
-def java_hash_reference(text):
-    """String.hashCode from its definition: s[0]*31^(n-1) + ... over UTF-16 code units, int32 wrap-around."""
-    raw = text.encode("utf-16-be", "surrogatepass")
-    h = 0
-    for i in range(0, len(raw), 2):
-        h = (31 * h + int.from_bytes(raw[i:i + 2], "big")) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
 
 
 @pytest.mark.parametrize("text,expected", [

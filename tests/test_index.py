@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from helpers import java_hash_reference, kill_when_ready
+
 import localmq
 from localmq import (
     IndexDisabledError, InvalidMessageIdError, InvalidPropertyError, InvalidTopicError, StoreClosedError,
@@ -27,13 +29,7 @@ ITEM = struct.Struct(">iqii")
 TS0 = 1_700_000_000_123
 
 
-def jhash(s):
-    """Java String.hashCode (int32 over UTF-16 code units)."""
-    b = s.encode("utf-16-be", "surrogatepass")
-    h = 0
-    for i in range(0, len(b), 2):
-        h = (31 * h + int.from_bytes(b[i:i + 2], "big")) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
+jhash = java_hash_reference  # Java's String.hashCode, from its definition (tests/helpers.py)
 
 
 def rmq_hash(key):
@@ -398,13 +394,7 @@ def test_sigkill_writer_every_acknowledged_key_is_found(tmp_path):
         acked_path = root / "acked"
         if acked_path.exists():
             acked_path.unlink()
-        proc = subprocess.Popen([sys.executable, str(script), str(root), str(session)], stdout=subprocess.PIPE,
-                                env=env)
-        assert proc.stdout.readline().strip() == b"ready"
-        time.sleep(rng.uniform(0.3, 0.8))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-        proc.stdout.close()
+        kill_when_ready([script, root, session], env, rng.uniform(0.3, 0.8))
         with localmq.open(root, **cfg) as st:
             assert st.recovery.mode == "abnormal"
             assert st.wait_for_index(30)

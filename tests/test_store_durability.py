@@ -8,21 +8,14 @@ import time
 
 import pytest
 
+from helpers import wait_until
+
 import localmq
 from localmq import PutStatus
 from localmq.store.commit_log import GroupCommit
 from localmq.store.checkpoint import read_checkpoint
 
 SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=2000)
-
-
-def _poll(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return cond()
 
 
 def _local_threads():
@@ -50,7 +43,7 @@ def test_group_commit_releases_many_waiters_with_one_publish():
             gc.done(0)
         return t == max(targets)
 
-    assert _poll(claimed_all)
+    assert wait_until(claimed_all)
     assert not results  # nobody returns before a flush covers it
     gc.done(max(targets))  # one flush for all eight
     for t in threads:
@@ -74,7 +67,7 @@ def test_group_commit_wait_times_out_and_close_releases():
             gc.done(50)
         return t == 500
 
-    assert _poll(claimed_500)
+    assert wait_until(claimed_500)
     gc.done(0)  # the flush failed: nothing published, the claim given back
     gc.close()
     t.join(5)
@@ -143,14 +136,14 @@ def test_async_flush_service_flushes_and_moves_the_checkpoint(tmp_path):
     try:
         results = [st.put("a", os.urandom(200)) for _ in range(500)]
         last_ts = results[-1].store_timestamp
-        assert _poll(lambda: st.stats()["flushed_offset"] == st.commit_log_max_offset)
+        assert wait_until(lambda: st.stats()["flushed_offset"] == st.commit_log_max_offset)
         # the CQ service's thorough pass records the logical time and syncs the checkpoint file itself
         # (the two services set their fields independently: wait until a synced checkpoint holds both)
         def synced():
             cp = read_checkpoint(root / "checkpoint")
             return (cp.physic_msg_timestamp, cp.logics_msg_timestamp) == (last_ts, last_ts)
 
-        assert _poll(synced)
+        assert wait_until(synced)
         assert st.stats()["flushes"] > 0 and st.stats()["service_errors"]["FlushRealTimeService"] == 0
     finally:
         st.close()
@@ -169,7 +162,7 @@ def test_service_errors_are_logged_and_counted(store_factory, caplog):
     real = svc.queues
     with caplog.at_level(logging.ERROR, logger="localmq.flush"):
         svc.queues = lambda: [BrokenQueue()]
-        assert _poll(lambda: st.stats()["service_errors"]["FlushConsumeQueueService"] >= 2)
+        assert wait_until(lambda: st.stats()["service_errors"]["FlushConsumeQueueService"] >= 2)
         svc.queues = real
     assert any("FlushConsumeQueueService" in r.getMessage() and "Input/output error" in r.getMessage()
                for r in caplog.records)
@@ -225,10 +218,10 @@ def test_segments_are_created_ahead_and_unclaimed_ones_removed_at_close(tmp_path
     try:
         st.put("t", b"x")
         # the first segment was created on demand; the next two are created ahead of need
-        assert _poll(lambda: _segments(root) == ["%020d" % (i * seg) for i in range(3)])
+        assert wait_until(lambda: _segments(root) == ["%020d" % (i * seg) for i in range(3)])
         while st.commit_log_max_offset < seg + 100:
             st.put("t", bytes(1000))
-        assert _poll(lambda: _segments(root) == ["%020d" % (i * seg) for i in range(4)])
+        assert wait_until(lambda: _segments(root) == ["%020d" % (i * seg) for i in range(4)])
         assert st.stats()["allocate"]["served_ready"] >= 1
         for name in _segments(root):
             assert os.path.getsize(root / "commitlog" / name) == seg  # full size, blocks reserved
@@ -265,7 +258,7 @@ def test_warm_segments_are_resident_and_locked(store_factory, tmp_path):
     st = store_factory(warm_mapped_file_enable=True, **SMALL)
     st.put("w", b"x")
     svc = st._allocate_service
-    assert _poll(lambda: svc.created_ahead >= 2)
+    assert wait_until(lambda: svc.created_ahead >= 2)
     reqs = [r for r in svc._requests.values() if r.mf is not None]
     assert reqs
     for r in reqs:

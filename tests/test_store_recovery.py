@@ -11,6 +11,8 @@ import zlib
 
 import pytest
 
+from helpers import kill_when_ready
+
 import localmq
 from localmq import GetStatus
 
@@ -214,13 +216,7 @@ def test_sigkill_writer_loses_no_acknowledged_message(tmp_path, mode):
             p = root / f"acked-{k}"
             if p.exists():
                 p.unlink()
-        proc = subprocess.Popen([sys.executable, str(script), str(root), mode, str(n_threads), str(kill)],
-                                stdout=subprocess.PIPE, env=env)
-        assert proc.stdout.readline().strip() == b"ready"
-        time.sleep(rng.uniform(0.05, 0.4))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-        proc.stdout.close()
+        kill_when_ready([script, root, mode, n_threads, kill], env, rng.uniform(0.05, 0.4))
         with localmq.open(root, mapped_file_size_commit_log=256 * 1024,
                           mapped_file_size_consume_queue=2000) as st:
             assert st.recovery.mode == "abnormal"

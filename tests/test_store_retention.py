@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from helpers import wait_until
+
 import localmq
 from localmq import GetStatus, PutStatus, write_config_json
 
@@ -492,15 +494,6 @@ def test_undispatched_segments_are_never_deleted(make_store, tmp_path):
 # -- the thread -------------------------------------------------------------------------------------------------
 
 
-def wait_until(pred, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
-
-
 def clean_threads():
     return [t for t in threading.enumerate() if t.name == "localmq-CleanService"]
 
@@ -512,8 +505,8 @@ def test_the_service_thread_deletes_and_close_leaves_no_thread(make_store, tmp_p
     assert st.clean_service.alive and len(clean_threads()) == 1
     fill(st, 65)
     set_ages(root, clock, [100])
-    assert wait_until(lambda: segments(root) == [6 * SEG] and st.min_offset(TOPIC, 0) == 60)
-    assert wait_until(lambda: cq_files(root) == [6 * CQ_FILE])
+    assert wait_until(timeout=30.0, pred=lambda: segments(root) == [6 * SEG] and st.min_offset(TOPIC, 0) == 60)
+    assert wait_until(timeout=30.0, pred=lambda: cq_files(root) == [6 * CQ_FILE])
     st.close()
     assert not st.clean_service.alive and clean_threads() == []
     assert st.stats()["service_errors"]["CleanService"] == 0
@@ -529,7 +522,7 @@ def test_service_errors_are_counted_and_the_loop_goes_on(make_store, tmp_path, c
     clock = FakeClock(local_ms(10))
     with caplog.at_level(logging.ERROR, logger="localmq.clean"):
         st = make_store(clock, flaky, clean_resource_interval=5)
-        assert wait_until(lambda: st.stats()["service_errors"]["CleanService"] >= 3)
+        assert wait_until(timeout=30.0, pred=lambda: st.stats()["service_errors"]["CleanService"] >= 3)
         assert st.clean_service.alive
         st.close()
     assert any("CleanService" in rec.getMessage() for rec in caplog.records)

@@ -373,27 +373,8 @@ class LocalMessageQueue(QueueClientsMixin):
         return self._query_index(topic, key, max_num, int(begin_ms), end, False)
 
     def _query_index(self, topic: str, key: str, max_num: int, begin: int, end: int, uniq_only: bool) -> List[Any]:
-        svc = self.index_service
         mfq = self._cl_mfq
-        cap = max_num + 16
-        while True:
-            offsets = svc.query_offsets(topic, key, cap, begin, end)
-            found = []
-            files, size = mfq.files, mfq.file_size
-            for off in offsets:
-                m = get.read_record(files, size, off, True)
-                if (m is None or m.physical_offset != off or m.topic != topic
-                        or not begin <= m.store_timestamp <= end):
-                    continue  # a hash collision, or a record retention removed
-                if (not uniq_only and key in m.keys) or m.uniq_key == key:
-                    found.append(m)
-                    if len(found) >= max_num:
-                        break
-            if len(found) >= max_num or len(offsets) < cap:
-                break
-            cap *= 4  # collisions took places: walk further
-        found.sort(key=lambda m: m.physical_offset)
-        return found
+        return self.index_service.query_messages(mfq.files, mfq.file_size, topic, key, max_num, begin, end, uniq_only)
 
     def look_message_by_id(self, msg_id: str, topic: Optional[str] = None):
         """The message with this id, or None.

@@ -58,6 +58,7 @@ import numpy as np
 from localmq.status import PutStatus
 from localmq.config import StoreConfig
 from localmq.errors import CorruptStoreError
+from localmq.layout import CQ_BLANK_UNIT_SIZE
 from localmq.services.service_thread import ServiceThread
 from localmq.store.config_json import read_config_json
 from localmq.store.mapped_file_queue import DELETE_FILES_BATCH_MAX, MappedFileQueue
@@ -67,7 +68,6 @@ log = logging.getLogger("localmq.clean")
 # RocketMQ 4.x system properties rocketmq.broker.diskSpaceCleanForciblyRatio / diskSpaceWarningLevelRatio
 DISK_SPACE_CLEAN_FORCIBLY_RATIO = 0.85
 DISK_SPACE_WARNING_LEVEL_RATIO = 0.90
-_BLANK_UNIT_SIZE = 0x7FFFFFFF
 _HOUR_MS = 3_600_000
 
 
@@ -105,7 +105,7 @@ def is_delete_hour(delete_when: str, now_ms: int) -> bool:
 def _first_unit_physical_offset(cq, start: int, end: int) -> Optional[int]:
     """Commit log offset of the first real unit (not blank padding) of ``cq`` in [start, end), or None."""
     u = cq.unit(start)
-    if u is not None and 0 < u[1] != _BLANK_UNIT_SIZE:
+    if u is not None and 0 < u[1] != CQ_BLANK_UNIT_SIZE:
         return u[0]
     i = start
     while i < end:
@@ -115,7 +115,7 @@ def _first_unit_physical_offset(cq, start: int, end: int) -> Optional[int]:
             if n == 0:
                 return None
             sizes = arr["size"]
-            idx = np.nonzero((sizes > 0) & (sizes != _BLANK_UNIT_SIZE))[0]
+            idx = np.nonzero((sizes > 0) & (sizes != CQ_BLANK_UNIT_SIZE))[0]
             if len(idx):
                 return int(arr["offset"][idx[0]])
         finally:

@@ -50,6 +50,7 @@ from localmq import _index
 from localmq._mapped_file import MappedFile
 from localmq._native import fsync_dir
 from localmq.errors import ConfigError, CorruptStoreError, StoreClosedError
+from localmq.store.get import read_record
 from localmq.layout import (
     INDEX_DIR, INDEX_HEADER, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_ITEMS_PER_SLOT, INDEX_MAX_FILE_SIZE, INDEX_NAME_DIGITS,
     INDEX_SLOT_SIZE,
@@ -427,6 +428,31 @@ class IndexService:
             self.roll()
 
     # -- queries ----------------------------------------------------------------------------------------------
+
+    def query_messages(self, commit_log_files: list, seg_size: int, topic: str, key: str, max_num: int, begin: int,
+                       end: int, uniq_only: bool) -> list:
+        """Messages of ``topic`` whose KEYS hold ``key`` (unless ``uniq_only``) or whose UNIQ_KEY is ``key``, stored
+        within [begin, end] ms: candidates from ``query_offsets``, each read from the commit log (its MappedFiles,
+        ``seg_size`` bytes each) and kept only on an exact match, so hash collisions never show. At most
+        ``max_num``, the newest matches, returned in log order."""
+        cap = max_num + 16
+        while True:
+            offsets = self.query_offsets(topic, key, cap, begin, end)
+            found = []
+            for off in offsets:
+                m = read_record(commit_log_files, seg_size, off, True)
+                if (m is None or m.physical_offset != off or m.topic != topic
+                        or not begin <= m.store_timestamp <= end):
+                    continue  # a hash collision, or a record retention removed
+                if (not uniq_only and key in m.keys) or m.uniq_key == key:
+                    found.append(m)
+                    if len(found) >= max_num:
+                        break
+            if len(found) >= max_num or len(offsets) < cap:
+                break
+            cap *= 4  # collisions took places: walk further
+        found.sort(key=lambda m: m.physical_offset)
+        return found
 
     def query_offsets(self, topic: str, key: str, max_num: int, begin: int, end: int) -> List[int]:
         """Candidate physical offsets for ``key`` of ``topic`` stored in [begin, end] (ms), newest first,

@@ -1,0 +1,42 @@
+"""What several test modules share: reference implementations written from the spec, waiting, killing a writer."""
+import signal
+import subprocess
+import sys
+import time
+
+
+def java_hash_reference(text):
+    """Java's String.hashCode from its definition: s[0]*31^(n-1) + ... over UTF-16 code units, int32 wrap-around
+    (written here from the Java spec, never from localmq's implementation)."""
+    raw = text.encode("utf-16-be", "surrogatepass")
+    h = 0
+    for i in range(0, len(raw), 2):
+        h = (31 * h + int.from_bytes(raw[i:i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def wait_until(pred, timeout=10.0, step=0.005):
+    """Poll ``pred`` until it is true or ``timeout`` s pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def kill_when_ready(args, env, delay):
+    """Run ``python args...`` (a writer script that prints "ready" once it writes), SIGKILL it ``delay`` s after
+    that line, and wait for it to die."""
+    proc = subprocess.Popen([sys.executable, *map(str, args)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.stdout.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    return proc
