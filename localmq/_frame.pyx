@@ -29,11 +29,10 @@ cdef extern from *:
     """
     void lmq_frame_fence() noexcept nogil
 from localmq.errors import CorruptFrameError, StoreClosedError
+from localmq.status import Stop
 
 
 # walk outcomes
-WALK_END = 0       # a zero TOTALSIZE (or the end of the range) after the last whole frame
-WALK_TORN = 1      # bytes that are not a whole valid frame (torn write, corruption): cut there
 
 
 def frame_size(Py_ssize_t body_len, Py_ssize_t props_len):
@@ -131,7 +130,8 @@ def walk_frames(data, long long start=0, long long end=-1, bint check_crc=True):
     """Walk whole valid frames of ``data`` (a buffer: a mapping or bytes) from ``start`` to ``end``.
 
     Returns (positions, stop, outcome): the start position of every valid frame (a list of ints), where the walk
-    stopped (the end of the last valid frame), and WALK_END or WALK_TORN.
+    stopped (the end of the last valid frame), and Stop.END (zero TOTALSIZE or the end of the range after the last
+    whole frame) or Stop.TORN (bytes that are not a whole valid frame: torn write or corruption; cut there).
     """
     cdef Py_buffer bv
     cdef int64_t pos = start, total = 0, stop
@@ -153,7 +153,7 @@ def walk_frames(data, long long start=0, long long end=-1, bint check_crc=True):
             rc = 1
     finally:
         PyBuffer_Release(&bv)
-    return out, pos, WALK_END if rc == 1 else WALK_TORN
+    return out, pos, Stop.END if rc == 1 else Stop.TORN
 
 
 cdef Message _new_message(str topic, object body, int queue_id, long long queue_offset, long long physical_offset,

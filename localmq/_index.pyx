@@ -30,6 +30,8 @@ from localmq._os cimport lmq_be32, lmq_be64, lmq_put32, lmq_put64
 
 import numpy as np
 
+from localmq.status import Stop
+
 cnp.import_array()
 
 # index_rows outcomes
@@ -37,8 +39,6 @@ cdef enum:
     R_DONE = 0
     R_FULL = 1   # the file is full (or there is none): roll, then call again from (row, key)
 
-ROWS_DONE = R_DONE
-ROWS_FULL = R_FULL
 
 
 cdef inline int32_t positive_hash(int32_t h) noexcept nogil:
@@ -204,7 +204,7 @@ def index_rows(uint8_t[::1] buf, long long slot_num, long long index_num, const 
     file's endPhyOffset are skipped. A key of the record at endPhyOffset that the file already holds is not
     added twice (the resumed record after a restart). ``key`` is the number of keys of ``row`` already indexed.
 
-    Returns (outcome, row, key, keys added): ROWS_DONE, or ROWS_FULL when the file is full or absent; call again
+    Returns (outcome, row, key, keys added): Stop.END, or Stop.FULL when the file is full or absent; call again
     with the returned row and key after rolling. The GIL is released.
     """
     cdef Py_ssize_t n = count
@@ -280,4 +280,4 @@ def index_rows(uint8_t[::1] buf, long long slot_num, long long index_num, const 
                 k = done
     finally:
         PyMem_Free(scratch)
-    return outcome, r, k, added
+    return (Stop.FULL if outcome == R_FULL else Stop.END), r, k, added

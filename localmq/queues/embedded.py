@@ -13,11 +13,11 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from localmq.store.commit_log import make_put_result
 from localmq.layout import FRAME_OVERHEAD
-from localmq._frame import WALK_TORN, frame_size, read_frames, walk_frames, write_frame
+from localmq._frame import frame_size, read_frames, walk_frames, write_frame
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
 from localmq.layout import MAX_QUEUE_ID, TOPIC_RE
-from localmq.status import GetStatus, PutStatus
+from localmq.status import GetResult, GetStatus, PutStatus, Stop
 from localmq.config import check_topic
 from localmq.errors import (
     ConfigError, CorruptStoreError, InvalidQueueIdError, MessageSizeError, StoreClosedError,
@@ -25,7 +25,6 @@ from localmq.errors import (
 from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
 from localmq.services.service_thread import ServiceThread
 from localmq.store.mapped_file_queue import makedirs_durable
-from localmq.status import GetResult
 from localmq.store.lock import StoreLock
 
 log = logging.getLogger("localmq.queues.embedded")
@@ -102,7 +101,7 @@ class _Bucket:
             except BaseException:
                 mf.close()
                 raise
-            if outcome == WALK_TORN:
+            if outcome is Stop.TORN:
                 later = names[i + 1:]
                 if any(self._has_frames(os.path.join(self.directory, n)) for n in later):
                     mf.close()

@@ -50,6 +50,7 @@ from localmq import _index
 from localmq._mapped_file import MappedFile
 from localmq._native import fsync_dir
 from localmq.errors import ConfigError, CorruptStoreError, StoreClosedError
+from localmq.status import Stop
 from localmq.store.get import read_record
 from localmq.layout import (
     INDEX_DIR, INDEX_HEADER, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_ITEMS_PER_SLOT, INDEX_MAX_FILE_SIZE, INDEX_NAME_DIGITS,
@@ -423,7 +424,7 @@ class IndexService:
             outcome, row, key, k = _index.index_rows(mf, slots, items, data, phys, sts, sysf, tpos, tlen, ppos,
                                                      plen, row, key, n)
             added += k
-            if outcome == _index.ROWS_DONE:
+            if outcome is Stop.END:
                 return added
             self.roll()
 
