@@ -16,6 +16,7 @@ LATEST = -1
 
 
 def _bool(value, name):
+    """An option's true / false (also 1 / 0, yes / no); ConfigError otherwise."""
     text = str(value).strip().lower()
     if text in ("true", "1", "yes"):
         return True
@@ -25,6 +26,7 @@ def _bool(value, name):
 
 
 def _int(value, name, minimum=None):
+    """An option's integer, at least ``minimum`` when given; ConfigError otherwise."""
     try:
         out = int(str(value).strip())
     except ValueError:
@@ -142,4 +144,5 @@ class ReadOptions:
 
     @property
     def target_partitions(self):
+        """Partitions a read aims at: ``minPartitions``, else the CPU count (at least 2)."""
         return self.min_partitions or max(2, os.cpu_count() or 2)
