@@ -8,10 +8,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 
 from localmq.errors import ConfigError
 from localmq.spark.decode import COLUMN_TYPES, read_partition, spark_ddl
+from localmq.spark.options import DEFAULT_SEGMENT, LATEST, ReadOptions
 from localmq.spark.plan import (
-    DEFAULT_SEGMENT, LATEST, OffsetRangeError, ReadOptions, StoreFiles, check_offsets_json, log, offset_for_time,
-    plan_batch, queue_partitions, split_ranges, store_state, tail_partitions,
+    OffsetRangeError, check_offsets_json, log, offset_for_time, plan_batch, queue_partitions, split_ranges,
+    store_state, tail_partitions,
 )
+from localmq.store.files import StoreFiles
 
 __all__ = ["LocalMQDataSource", "LocalMQReader", "LocalMQFilteringReader", "LocalMQStreamReader"]
 
@@ -37,7 +39,7 @@ class LocalMQDataSource(DataSource):
     timestamp = store time, timestampType = 1 LogAppendTime), then tags, keys, properties, physical_offset,
     born_timestamp, reconsume_times, sys_flag, msg_id. A schema given with ``.schema(...)`` may name any subset
     of them, which is all that is decoded. The store is read through read-only mappings, without its lock, so a
-    live writer may keep appending. Options: see ``localmq.spark.plan.ReadOptions``.
+    live writer may keep appending. Options: see ``localmq.spark.options.ReadOptions``.
     """
 
     @classmethod

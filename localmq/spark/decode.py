@@ -7,12 +7,10 @@ import os
 import numpy as np
 
 from localmq import _columns
-from localmq._mapped_file import MappedFile
 from localmq.errors import CorruptFrameError, CorruptStoreError
-from localmq.layout import CQ_DTYPE
-from localmq.spark.plan import (
-    CQ_BLANK_SIZE, CQ_UNIT, ConsumeQueueFiles, OffsetRangeError, QueueRange, SegmentRange, SegmentRanges,
-)
+from localmq.layout import file_name
+from localmq.spark.plan import OffsetRangeError, QueueRange, SegmentRange, SegmentRanges, dispatched
+from localmq.store.files import ConsumeQueueFiles, map_segment, points_at_records
 
 __all__ = ["COLUMNS", "TIMESTAMP_TYPE_LOG_APPEND", "arrow_schema", "spark_ddl", "read_partition"]
 
@@ -139,8 +137,7 @@ def _segment_rows(cols, part):
     PREPARED and ROLLBACK transactional records are never rows: a dispatcher does not index them, so they have
     no queue offset of their own (RocketMQ writes 0) and consumers never see them.
     """
-    txn = cols["sys_flag"] & 0xC
-    hidden = (txn == 0x4) | (txn == 0xC)
+    hidden = ~dispatched(cols["sys_flag"])
     if part.topics is None and part.bounds is None and part.min_ts is None and part.max_ts is None:
         if not hidden.any():
             return None
@@ -272,7 +269,7 @@ def _scan_segment(mf, part, columns, schema, batch_size, fields, flt):
 
 def _read_segment(part, columns, schema, batch_size):
     """Batches of a SegmentRange: single-pass scans when its columns and filters allow, else decode_range."""
-    mf = MappedFile(part.path, part.size, part.base, create=False, writable=False)
+    mf = map_segment(part.path, part.size, part.base)
     try:
         pos = part.start
         scan = _scan_setup(part, columns)
@@ -298,26 +295,16 @@ def _queue_units(part):
     """(queue offsets, physical offsets, sizes) of ``part``'s units, native int arrays; lost ranges handled."""
     cq = ConsumeQueueFiles(part.topic, part.queue_id, part.cq_path)
     offs, phys, sizes = [], [], []
-    i = part.start
-    while i < part.end:
-        f = cq._file_of(i)
-        if f is None:
-            nxt = next((b // CQ_UNIT for b, _ in cq.files if b // CQ_UNIT > i), part.end)
-            _lost(part, i, min(nxt, part.end), "its ConsumeQueue file is gone")
-            i = min(nxt, part.end)
+    for i, stop, units in cq.unit_runs(part.start, part.end):
+        if units is None:
+            _lost(part, i, stop, "its ConsumeQueue file is gone")
             continue
-        base, path = f
-        stop = min(part.end, (base + cq.file_size) // CQ_UNIT)
-        with open(path, "rb") as fh:
-            raw = os.pread(fh.fileno(), (stop - i) * CQ_UNIT, i * CQ_UNIT - base)
-        units = np.frombuffer(raw, CQ_DTYPE, count=len(raw) // CQ_UNIT)
-        if len(units) < stop - i or (units["size"] <= 0).any() or (units["size"] == CQ_BLANK_SIZE).any():
+        if len(units) < stop - i or not points_at_records(units):
             raise CorruptStoreError(f"consume queue {part.cq_path}: units {i}..{stop} planned to be read are "
                                     f"missing or invalid")
         offs.append(np.arange(i, stop, dtype=np.int64))
         phys.append(units["offset"].astype(np.int64))
         sizes.append(units["size"].astype(np.int32))
-        i = stop
     if not offs:
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32)
     return np.concatenate(offs), np.concatenate(phys), np.concatenate(sizes)
@@ -345,9 +332,9 @@ def _read_queue(part, columns, schema, batch_size):
     stops = np.concatenate([cuts, [len(phys)]])
     for a, b in zip(starts.tolist(), stops.tolist()):
         base = int(seg_base[a])
-        path = os.path.join(part.commitlog, "%020d" % base)
+        path = os.path.join(part.commitlog, file_name(base))
         try:
-            mf = MappedFile(path, seg, base, create=False, writable=False)
+            mf = map_segment(path, seg, base)
         except FileNotFoundError:
             _lost(part, int(qoffs[a]), int(qoffs[b - 1]) + 1, f"commit log segment {path} is gone")
             continue

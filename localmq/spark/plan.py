@@ -1,446 +1,30 @@
-"""Read-only planning over a store's files: segments, ConsumeQueue offsets, option parsing and partitions."""
+"""Read-only planning of a read over a store's files (store.files): per-queue offsets and partitions."""
 
 import bisect
-import errno
-import json
 import logging
 import math
 import os
-import re
-import struct
 from dataclasses import dataclass, field
 
-from localmq._record import scan_record, walk_records
-from localmq._mapped_file import MappedFile
-from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
+from localmq.errors import ConfigError, CorruptStoreError
+from localmq.layout import (
+    LOCK_FILE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
+)
+from localmq.spark.options import DEFAULT_SEGMENT, EARLIEST, LATEST, ReadOptions
+from localmq.store.files import ConsumeQueueFiles, StoreFiles
 
 __all__ = [
     "StoreFiles", "ConsumeQueueFiles", "ReadOptions", "SegmentRange", "SegmentRanges", "QueueRange",
     "OffsetRangeError", "plan_batch", "resolve_offsets", "queue_partitions", "queue_state", "store_state",
     "writer_active", "Tail", "offset_for_time", "split_ranges", "tail_partitions", "check_offsets_json",
+    "dispatched", "DEFAULT_SEGMENT", "EARLIEST", "LATEST",
 ]
 
 log = logging.getLogger("localmq.spark")
 
-NAME = re.compile(r"\d{20}")
-CQ_UNIT = 20
-CQ_BLANK_SIZE = 0x7FFFFFFF          # a padding unit (offset 0, size MAX) that a queue may start with
-DEFAULT_SEGMENT = 1024 * 1024 * 1024
-EARLIEST = -2
-LATEST = -1
-_UNIT = struct.Struct(">qi")
-_REC_HEAD = 76                      # enough bytes of a record header to reach the store timestamp (IPv6 born host)
-
 
 class OffsetRangeError(CorruptStoreError):
     """Requested offsets that retention already removed (``failOnDataLoss`` true), or an ending before a start."""
-
-
-# ---------------------------------------------------------------------------------------------- options
-
-
-def _bool(value, name):
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise ConfigError(f"option {name} must be true or false, not {value!r}")
-
-
-def _int(value, name, minimum=None):
-    try:
-        out = int(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"option {name} must be an integer, not {value!r}") from None
-    if minimum is not None and out < minimum:
-        raise ConfigError(f"option {name} must be >= {minimum}, not {out}")
-    return out
-
-
-def _offsets_spec(value, name):
-    """"earliest", "latest" or a JSON {"topic": {"queueId": offset}} (-2 earliest, -1 latest)."""
-    if value is None:
-        return None
-    text = str(value).strip()
-    if text.lower() in ("earliest", "latest"):
-        return text.lower()
-    try:
-        spec = json.loads(text)
-    except ValueError:
-        raise ConfigError(f"option {name} must be 'earliest', 'latest' or JSON like "
-                          f'{{"topic":{{"0":23}}}}, not {value!r}') from None
-    if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
-        raise ConfigError(f'option {name}: JSON must map topics to {{"queueId": offset}} objects, not {value!r}')
-    out = {}
-    for topic, queues in spec.items():
-        for qid, off in queues.items():
-            out[(str(topic), _int(qid, f"{name} queue id of {topic}", 0))] = _int(off, f"{name} offset", -2)
-    return out
-
-
-@dataclass
-class ReadOptions:
-    """Parsed reader options (names as Spark's Kafka source where one exists; case-insensitive)."""
-
-    path: str
-    topics: tuple = None
-    starting: object = "earliest"       # "earliest" | "latest" | {(topic, qid): offset}
-    ending: object = "latest"
-    starting_timestamp: int = None
-    ending_timestamp: int = None
-    max_offsets_per_trigger: int = None
-    fail_on_data_loss: bool = True
-    segment_size: int = DEFAULT_SEGMENT
-    batch_size: int = 65536
-    min_partitions: int = None
-    partitioning: str = "auto"          # "auto" | "segment" | "queue"
-    check_crc: bool = False
-    include_undispatched: object = "auto"   # "auto" | True | False: records past the ConsumeQueues (see Tail)
-    # pushed-down filters (batch, spark.sql.python.filterPushdown.enabled): queue ids, offsets [lo, hi)
-    queue_ids: frozenset = None
-    offset_lo: int = 0
-    offset_hi: int = None
-    pushed: bool = False                    # filters narrowed the topics or queues read
-
-    @classmethod
-    def parse(cls, options, *, streaming=False):
-        """Build from a Spark options mapping. Raises ConfigError for unknown values, NotAStoreError without a path."""
-        opts = {str(k).lower(): v for k, v in dict(options or {}).items()}
-        path = opts.get("path")
-        if not path:
-            raise NotAStoreError(errno.ENOENT, "no path given: use .load(path) or .option('path', ...)", "")
-        topics = None
-        if opts.get("topics"):
-            topics = tuple(t.strip() for t in str(opts["topics"]).split(",") if t.strip())
-        for kafka_only in ("subscribe", "subscribepattern", "assign"):
-            if kafka_only in opts:
-                raise ConfigError(f"option {kafka_only} is Kafka's; localmq takes 'topics' (a comma list)")
-        out = cls(path=os.fspath(path), topics=topics)
-        out.starting = _offsets_spec(opts.get("startingoffsets"), "startingOffsets") or (
-            "latest" if streaming else "earliest")
-        out.ending = _offsets_spec(opts.get("endingoffsets"), "endingOffsets") or "latest"
-        if streaming and "endingoffsets" in opts:
-            raise ConfigError("endingOffsets is for batch reads only")
-        if out.ending == "earliest":
-            raise ConfigError("endingOffsets cannot be 'earliest'")
-        if isinstance(out.ending, dict) and any(v == EARLIEST for v in out.ending.values()):
-            raise ConfigError("endingOffsets cannot use -2 (earliest)")
-        if isinstance(out.starting, dict) and any(v == LATEST for v in out.starting.values()) and not streaming:
-            raise ConfigError("startingOffsets of a batch read cannot use -1 (latest)")
-        if out.starting == "latest" and not streaming:
-            raise ConfigError("startingOffsets of a batch read cannot be 'latest'")
-        if "startingtimestamp" in opts:
-            out.starting_timestamp = _int(opts["startingtimestamp"], "startingTimestamp", 0)
-        if "endingtimestamp" in opts:
-            if streaming:
-                raise ConfigError("endingTimestamp is for batch reads only")
-            out.ending_timestamp = _int(opts["endingtimestamp"], "endingTimestamp", 0)
-        if "maxoffsetspertrigger" in opts:
-            out.max_offsets_per_trigger = _int(opts["maxoffsetspertrigger"], "maxOffsetsPerTrigger", 1)
-        if "failondataloss" in opts:
-            out.fail_on_data_loss = _bool(opts["failondataloss"], "failOnDataLoss")
-        if "mapped_file_size_commit_log" in opts:
-            out.segment_size = _int(opts["mapped_file_size_commit_log"], "mapped_file_size_commit_log", 4096)
-        if "batchsize" in opts:
-            out.batch_size = _int(opts["batchsize"], "batchSize", 1)
-        if "minpartitions" in opts:
-            out.min_partitions = _int(opts["minpartitions"], "minPartitions", 1)
-        if "partitioning" in opts:
-            out.partitioning = str(opts["partitioning"]).strip().lower()
-            if out.partitioning not in ("auto", "segment", "queue"):
-                raise ConfigError("option partitioning must be auto, segment or queue")
-        if out.topics is None:
-            # offsets JSON without a topics option: the JSON's topics are the ones read (as Kafka's "assign")
-            named = {t for spec in (out.starting, out.ending) if isinstance(spec, dict) for t, _ in spec}
-            if named:
-                out.topics = tuple(sorted(named))
-        if "pushfilters" in opts:
-            _bool(opts["pushfilters"], "pushFilters")  # used by LocalMQDataSource.reader; checked here
-        if "checkcrc" in opts:
-            out.check_crc = _bool(opts["checkcrc"], "checkCRC")
-        if "includeundispatched" in opts:
-            value = str(opts["includeundispatched"]).strip().lower()
-            out.include_undispatched = "auto" if value == "auto" else _bool(value, "includeUndispatched")
-        return out
-
-    @property
-    def target_partitions(self):
-        return self.min_partitions or max(2, os.cpu_count() or 2)
-
-
-# ---------------------------------------------------------------------------------------------- files
-
-
-def _numbered_files(directory):
-    """(base, path, size) of the 20-digit files of a directory, sorted; [] when it has none."""
-    out = []
-    try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                if NAME.fullmatch(entry.name) and entry.is_file():
-                    out.append((int(entry.name), entry.path, entry.stat().st_size))
-    except FileNotFoundError:
-        return []
-    out.sort()
-    return out
-
-
-class StoreFiles:
-    """The commit log segments of a store, checked against the configured segment size (read-only, no lock)."""
-
-    def __init__(self, path, segment_size=DEFAULT_SEGMENT):
-        path = os.fspath(path)
-        if not os.path.isdir(path):
-            raise NotAStoreError(errno.ENOENT, "not a localmq / RocketMQ store: no such directory", path)
-        self.root = path
-        self.commitlog = os.path.join(path, "commitlog")
-        if not os.path.isdir(self.commitlog):
-            raise NotAStoreError(errno.ENOENT, "not a localmq / RocketMQ store: it has no commitlog directory",
-                                 path)
-        self.consumequeue = os.path.join(path, "consumequeue")
-        self.segment_size = int(segment_size)
-        files = _numbered_files(self.commitlog)
-        segments = []
-        for i, (base, fpath, size) in enumerate(files):
-            if size == 0 and i == len(files) - 1:
-                continue  # a segment whose creation was interrupted or is under way: no data yet
-            if size != self.segment_size:
-                raise CorruptStoreError(
-                    f"commit log segment {fpath} is {size} bytes, not the configured {self.segment_size}: "
-                    f"pass option mapped_file_size_commit_log={size} if the store was written with that size")
-            if base % self.segment_size:
-                raise CorruptStoreError(f"commit log segment {fpath}: name is not a multiple of the segment size "
-                                        f"{self.segment_size}")
-            if segments and base != segments[-1][0] + self.segment_size:
-                raise CorruptStoreError(f"commit log gap: {fpath} follows {segments[-1][1]}")
-            segments.append((base, fpath))
-        self.segments = segments
-
-    @property
-    def min_offset(self):
-        return self.segments[0][0] if self.segments else 0
-
-    def segment_of(self, phys):
-        """(base, path) of the segment holding physical offset ``phys``, or None when it is gone."""
-        if not self.segments:
-            return None
-        i = (phys - self.segments[0][0]) // self.segment_size
-        if 0 <= i < len(self.segments):
-            return self.segments[i]
-        return None
-
-    def store_timestamp(self, phys):
-        """Store time (ms) of the record at ``phys``; None when its segment is gone."""
-        seg = self.segment_of(phys)
-        if seg is None:
-            return None
-        with open(seg[1], "rb") as f:
-            head = os.pread(f.fileno(), _REC_HEAD, phys - seg[0])
-        if len(head) < 64:
-            raise CorruptFrameError(f"record at offset {phys} is cut short", offset=phys, path=seg[1])
-        sys_flag = struct.unpack_from(">i", head, 36)[0]
-        at = 68 if sys_flag & 0x10 else 56
-        return struct.unpack_from(">q", head, at)[0]
-
-    def walk_end(self, start=None):
-        """Physical offset just after the last complete record (walking from ``start``, default the last segment).
-
-        Zero bytes or a torn record at the end of the data stop the walk; a damaged record with data after it
-        raises CorruptFrameError.
-        """
-        if not self.segments:
-            return 0
-        first = len(self.segments) - 1 if start is None else max(0, (start - self.min_offset) // self.segment_size)
-        end = self.segments[first][0]
-        for base, fpath in self.segments[first:]:
-            pos = (start - base) if start is not None and start > base else 0
-            mf = MappedFile(fpath, self.segment_size, base, create=False, writable=False)
-            try:
-                pos, outcome, _, _, _ = walk_records(mf, pos, -1, False)
-                if outcome == "blank":
-                    end = base + self.segment_size
-                    continue
-                if outcome in ("end", "torn"):
-                    return base + pos
-                raise CorruptFrameError(f"{outcome} record at offset {base + pos} of the commit log ({fpath})",
-                                        offset=base + pos, path=fpath)
-            finally:
-                mf.close()
-        return end
-
-    def boundary_at(self, target, queues=()):
-        """The first record boundary at or after physical offset ``target`` (from ConsumeQueues, else a walk)."""
-        best = None
-        for q in queues:
-            u = q.first_unit_at_or_after(target)
-            if u is not None and (best is None or u < best):
-                best = u
-        if queues:
-            return best
-        seg = self.segment_of(target)
-        if seg is None:
-            return None
-        base, fpath = seg
-        mf = MappedFile(fpath, self.segment_size, base, create=False, writable=False)
-        try:
-            pos, outcome, _, _, _ = walk_records(mf, 0, target - base, False)
-            if outcome == "torn":  # only cut short by ``target``: the boundary is after this record
-                status, size = scan_record(mf, pos, False)
-                if status == "ok":
-                    pos, outcome = pos + size, "end"
-        finally:
-            mf.close()
-        if outcome not in ("end", "blank"):
-            raise CorruptFrameError(f"{outcome} record at offset {base + pos} of the commit log ({fpath})",
-                                    offset=base + pos, path=fpath)
-        return base + pos
-
-    def queues(self, topics=None):
-        """ConsumeQueueFiles of every (topic, queue id) directory, optionally only ``topics``."""
-        out = []
-        try:
-            topic_names = sorted(os.listdir(self.consumequeue))
-        except FileNotFoundError:
-            return out
-        for topic in topic_names:
-            if topics is not None and topic not in topics:
-                continue
-            tdir = os.path.join(self.consumequeue, topic)
-            if not os.path.isdir(tdir):
-                continue
-            for q in sorted(os.listdir(tdir)):
-                if q.isdigit():
-                    cq = ConsumeQueueFiles(topic, int(q), os.path.join(tdir, q))
-                    if cq.files:
-                        out.append(cq)
-        return out
-
-
-class ConsumeQueueFiles:
-    """One ConsumeQueue read with pread (no mapping, no lock): offsets, binary searches, unit ranges."""
-
-    def __init__(self, topic, queue_id, path):
-        self.topic = topic
-        self.queue_id = queue_id
-        self.path = path
-        files = _numbered_files(path)
-        self.file_size = max((s for _, _, s in files), default=0)
-        self.files = [(b, p) for b, p, s in files if s > 0]
-        for b, p in self.files:
-            if b % CQ_UNIT:
-                raise CorruptStoreError(f"consume queue file {p}: name is not a multiple of {CQ_UNIT}")
-
-    def _file_of(self, index):
-        if not self.files or self.file_size <= 0:
-            return None
-        logical = index * CQ_UNIT
-        i = (logical - self.files[0][0]) // self.file_size
-        if 0 <= i < len(self.files):
-            base, p = self.files[i]
-            if base <= logical < base + self.file_size:
-                return base, p
-        for base, p in self.files:  # names that do not follow the file size: search them
-            if base <= logical < base + self.file_size:
-                return base, p
-        return None
-
-    def unit(self, index):
-        """(physical offset, size) of unit ``index``; None when its file is gone or it is past the end."""
-        f = self._file_of(index)
-        if f is None:
-            return None
-        with open(f[1], "rb") as fh:
-            raw = os.pread(fh.fileno(), 12, index * CQ_UNIT - f[0])
-        if len(raw) < 12:
-            return None
-        return _UNIT.unpack(raw)
-
-    def _count_valid(self, base, fpath):
-        """Units written in one file: a valid prefix (offset >= 0, size > 0) followed by zeros."""
-        n = self.file_size // CQ_UNIT
-        lo, hi = 0, n
-        with open(fpath, "rb") as fh:
-            fd = fh.fileno()
-            while lo < hi:
-                mid = (lo + hi) // 2
-                raw = os.pread(fd, 12, mid * CQ_UNIT)
-                if len(raw) == 12:
-                    off, size = _UNIT.unpack(raw)
-                    ok = off >= 0 and size > 0
-                else:
-                    ok = False
-                if ok:
-                    lo = mid + 1
-                else:
-                    hi = mid
-        return lo
-
-    def max_offset(self):
-        """The queue offset after the last written unit."""
-        for base, fpath in reversed(self.files):
-            n = self._count_valid(base, fpath)
-            if n:
-                return base // CQ_UNIT + n
-        return self.files[0][0] // CQ_UNIT if self.files else 0
-
-    def min_offset(self, commitlog_min, max_offset=None):
-        """The first queue offset whose record is still in the commit log (and not a padding unit)."""
-        if not self.files:
-            return 0
-        hi = self.max_offset() if max_offset is None else max_offset
-        lo = self.files[0][0] // CQ_UNIT
-        while lo < hi:
-            mid = (lo + hi) // 2
-            u = self.unit(mid)
-            if u is None or u[1] == CQ_BLANK_SIZE or u[0] < commitlog_min:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-    def offset_before(self, phys_bound, max_offset):
-        """The queue offset after the last unit whose record ends at or below ``phys_bound``."""
-        lo, hi = self.files[0][0] // CQ_UNIT if self.files else 0, max_offset
-        while lo < hi:
-            mid = (lo + hi) // 2
-            u = self.unit(mid)
-            if u is not None and u[1] != CQ_BLANK_SIZE and u[0] + u[1] > phys_bound:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-    def first_unit_at_or_after(self, phys):
-        """Physical offset of the first unit at or after ``phys``, or None."""
-        hi = self.max_offset()
-        lo = self.files[0][0] // CQ_UNIT if self.files else 0
-        while lo < hi:
-            mid = (lo + hi) // 2
-            u = self.unit(mid)
-            if u is None or u[1] == CQ_BLANK_SIZE or u[0] < phys:
-                lo = mid + 1
-            else:
-                hi = mid
-        u = self.unit(lo) if lo < self.max_offset() else None
-        return None if u is None else u[0]
-
-    def offset_for_time(self, store, ts, lo, hi):
-        """The first queue offset in [lo, hi) whose record's store time is >= ``ts`` (``hi`` when none)."""
-        while lo < hi:
-            mid = (lo + hi) // 2
-            u = self.unit(mid)
-            t = None if u is None else store.store_timestamp(u[0])
-            if t is None or t < ts:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-    def end_phys(self, offset):
-        """Physical offset just after the record of unit ``offset - 1`` (0 for an empty range)."""
-        u = self.unit(offset - 1) if offset > 0 else None
-        return 0 if u is None else u[0] + u[1]
 
 
 # ---------------------------------------------------------------------------------------------- partitions
@@ -528,7 +112,7 @@ def writer_active(root):
     another host of a shared filesystem is not seen.
     """
     try:
-        st = os.stat(os.path.join(root, "lock"))
+        st = os.stat(os.path.join(root, LOCK_FILE))
     except FileNotFoundError:
         return False
     except OSError:
@@ -571,7 +155,7 @@ def scan_tail(store, start, with_times=False):
         s, e = max(start, base), min(end, base + store.segment_size)
         if s >= e:
             continue
-        mf = MappedFile(fpath, store.segment_size, base, create=False, writable=False)
+        mf = store.map_segment(base, fpath)
         try:
             pos = s - base
             while pos < e - base:
@@ -579,7 +163,7 @@ def scan_tail(store, start, with_times=False):
                 n, pos, reason = decode_range(mf, cols, pos, e - base, base, False)
                 if n:
                     codes, names = topic_codes(cols)
-                    keep = np.flatnonzero(_dispatched(cols["sys_flag"]))
+                    keep = np.flatnonzero(dispatched(cols["sys_flag"]))
                     key = (codes.astype(np.int64) << 32 | cols["queue_id"].astype(np.int64))[keep]
                     qoff, ts = cols["queue_offset"][keep], cols["store_timestamp"][keep]
                     for k in np.unique(key).tolist():
@@ -598,10 +182,11 @@ def scan_tail(store, start, with_times=False):
     return tail
 
 
-def _dispatched(sys_flag):
-    """Rows a dispatcher indexes: all but PREPARED and ROLLBACK transactional records (RocketMQ's rule)."""
-    txn = sys_flag & 0xC
-    return (txn != 0x4) & (txn != 0xC)
+def dispatched(sys_flag):
+    """Rows a dispatcher indexes (a bool array of a sys_flag array): all but PREPARED and ROLLBACK transactional
+    records (RocketMQ's rule)."""
+    txn = sys_flag & SYSFLAG_TRANSACTION_MASK
+    return (txn != SYSFLAG_TRANSACTION_PREPARED) & (txn != SYSFLAG_TRANSACTION_ROLLBACK)
 
 
 def store_state(store, opts):

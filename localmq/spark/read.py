@@ -3,7 +3,8 @@
 import pickle
 
 from localmq.spark.decode import read_partition, spark_ddl
-from localmq.spark.plan import ReadOptions, plan_batch
+from localmq.spark.options import ReadOptions
+from localmq.spark.plan import plan_batch
 
 __all__ = ["read_commitlog", "arrow_batches", "plan"]
 

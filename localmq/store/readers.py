@@ -4,7 +4,6 @@ import errno
 import logging
 import mmap
 import os
-import re
 import struct
 from collections import namedtuple
 from dataclasses import dataclass
@@ -12,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from localmq import _record
-from localmq.errors import CorruptFrameError, CorruptStoreError, NotAStoreError
-from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_UNIT_SIZE, SEGMENT_NAME_RE
+from localmq.errors import CorruptFrameError, CorruptStoreError
+from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_UNIT_SIZE
+from localmq.store.files import list_segments
 
 __all__ = [
     "CQ_DTYPE", "CQ_UNIT_SIZE", "EXT_ADDRESS_MAX", "CommitLogReader", "ConsumeQueueUnits", "CqExtUnit",
@@ -23,7 +23,6 @@ __all__ = [
 
 log = logging.getLogger("localmq.readers")
 
-SEGMENT_NAME = SEGMENT_NAME_RE
 EXT_ADDRESS_MAX = CQ_EXT_ADDRESS_MAX
 _SIGN_BIT = 1 << 63
 _EXT_HEAD = CQ_EXT_HEAD
@@ -35,33 +34,6 @@ CqExtUnit.__doc__ = "One ConsumeQueueExt unit: absolute ext address, tagsCode, s
 
 
 # ---------------------------------------------------------------------------------------------- segment files
-
-
-@dataclass(frozen=True)
-class _SegmentFile:
-    base: int
-    path: str
-    size: int
-
-
-def _list_segments(path, what):
-    """Segment files of a directory (20-digit names, sorted by base) or the one file ``path``."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        out = []
-        with os.scandir(path) as it:
-            for entry in it:
-                if SEGMENT_NAME.fullmatch(entry.name) and entry.is_file():
-                    out.append(_SegmentFile(int(entry.name), entry.path, entry.stat().st_size))
-        if not out:
-            raise NotAStoreError(errno.ENOENT, f"no {what} files (20-digit names)", path)
-        out.sort(key=lambda s: s.base)
-        return out
-    if os.path.isfile(path):
-        name = os.path.basename(path)
-        base = int(name) if SEGMENT_NAME.fullmatch(name) else 0
-        return [_SegmentFile(base, path, os.stat(path).st_size)]
-    raise NotAStoreError(errno.ENOENT, f"no {what} here", path)
 
 
 def _find_gaps(segments, file_size, what):
@@ -168,7 +140,7 @@ class CommitLogReader:
         if on_corrupt not in ("raise", "stop"):
             raise ValueError(f"on_corrupt must be 'raise' or 'stop', not {on_corrupt!r}")
         self.path = os.fspath(path)
-        self._segments = _list_segments(self.path, "commit log segment")
+        self._segments = list_segments(self.path, "commit log segment")
         sizes = [s.size for s in self._segments]
         self.mapped_file_size = int(mapped_file_size) if mapped_file_size else max(sizes)
         self.check_crc = bool(check_crc)
@@ -352,7 +324,7 @@ def load_consume_queue(path):
     :raises NotAStoreError: when the path is missing or holds no CQ files.
     :raises CorruptStoreError: when a file name is not a multiple of 20.
     """
-    segments = _list_segments(path, "consume queue")
+    segments = list_segments(path, "consume queue")
     arrays = []
     files = []
     reason = "end"
@@ -449,7 +421,7 @@ def read_consume_queue_ext(path):
     :raises CorruptFrameError: for a unit whose size or bitmap size is impossible (with offset and path).
     """
     out = []
-    segments = _list_segments(path, "consume queue ext")
+    segments = list_segments(path, "consume queue ext")
     for index, seg in enumerate(segments):
         with open(seg.path, "rb") as f:
             data = f.read()

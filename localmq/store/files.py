@@ -1,0 +1,412 @@
+"""One read-only view of a store directory: segments, ConsumeQueue files, index files, checkpoint and config paths."""
+
+import errno
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from localmq._mapped_file import MappedFile
+from localmq._record import decode_message, scan_record, walk_records
+from localmq.config import StoreConfig
+from localmq.errors import CorruptFrameError, CorruptStoreError, NotAStoreError
+from localmq.layout import (
+    ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, CQ_BLANK_UNIT_SIZE,
+    CQ_DTYPE, CQ_UNIT_SIZE, INDEX_DIR, INDEX_NAME_DIGITS, LOCK_FILE, SEGMENT_NAME_RE, file_name,
+)
+from localmq.status import RecordStatus
+
+__all__ = [
+    "DEFAULT_SEGMENT_SIZE", "SegmentFile", "numbered_files", "list_segments", "StoreFiles", "ConsumeQueueFiles",
+    "points_at_records", "map_segment",
+]
+
+DEFAULT_SEGMENT_SIZE = StoreConfig.mapped_file_size_commit_log
+# the part of a unit binary searches read: its commit log offset and size (the tags code is not needed)
+_UNIT_HEAD_SIZE = CQ_DTYPE.fields["tags_code"][1]
+_UNIT_HEAD = np.dtype({"names": ["offset", "size"], "formats": [CQ_DTYPE["offset"], CQ_DTYPE["size"]],
+                       "offsets": [CQ_DTYPE.fields["offset"][1], CQ_DTYPE.fields["size"][1]],
+                       "itemsize": _UNIT_HEAD_SIZE})
+
+
+@dataclass(frozen=True)
+class SegmentFile:
+    """One file named by its 20-digit base offset: ``base``, ``path``, ``size`` (bytes on disk)."""
+
+    base: int
+    path: str
+    size: int
+
+
+def numbered_files(directory):
+    """SegmentFiles of the 20-digit files of ``directory``, sorted by base; [] when it has none or is missing."""
+    out = []
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if SEGMENT_NAME_RE.fullmatch(entry.name) and entry.is_file():
+                    out.append(SegmentFile(int(entry.name), entry.path, entry.stat().st_size))
+    except FileNotFoundError:
+        return []
+    out.sort(key=lambda s: s.base)
+    return out
+
+
+def list_segments(path, what):
+    """SegmentFiles of a directory of 20-digit files, or the one file ``path`` (base: its name when 20 digits,
+    else 0). Raises NotAStoreError when the path is missing or the directory holds no such files."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        out = numbered_files(path)
+        if not out:
+            raise NotAStoreError(errno.ENOENT, f"no {what} files (20-digit names)", path)
+        return out
+    if os.path.isfile(path):
+        name = os.path.basename(path)
+        base = int(name) if SEGMENT_NAME_RE.fullmatch(name) else 0
+        return [SegmentFile(base, path, os.stat(path).st_size)]
+    raise NotAStoreError(errno.ENOENT, f"no {what} here", path)
+
+
+def map_segment(path, segment_size, base):
+    """A read-only MappedFile of the commit log segment at ``path`` (no creation, no lock); close it after use.
+    FileNotFoundError when it is gone."""
+    return MappedFile(path, segment_size, base, create=False, writable=False)
+
+
+def points_at_records(units):
+    """Whether every unit of a CQ_DTYPE array points at a record (size > 0, not a padding unit)."""
+    sizes = units["size"]
+    return not ((sizes <= 0).any() or (sizes == CQ_BLANK_UNIT_SIZE).any())
+
+
+class StoreFiles:
+    """The files of a store directory, read-only and without a lock: commit log segments (checked against the
+    segment size, given or inferred from the files), ConsumeQueues, index files, checkpoint and config paths.
+
+    ``segments`` holds (base, path) of the commit log segments in order; an empty last segment (a creation
+    interrupted or under way) is left out. Raises NotAStoreError without a directory or its ``commitlog``,
+    CorruptStoreError for segments of another size, misnamed or with gaps.
+    """
+
+    def __init__(self, path, segment_size=None):
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise NotAStoreError(errno.ENOENT, "not a localmq / RocketMQ store: no such directory", path)
+        self.root = path
+        self.commitlog = os.path.join(path, COMMITLOG_DIR)
+        if not os.path.isdir(self.commitlog):
+            raise NotAStoreError(errno.ENOENT, "not a localmq / RocketMQ store: it has no commitlog directory",
+                                 path)
+        self.consumequeue = os.path.join(path, CONSUMEQUEUE_DIR)
+        self.consumequeue_ext = os.path.join(path, CONSUMEQUEUE_EXT_DIR)
+        self.index = os.path.join(path, INDEX_DIR)
+        self.config = os.path.join(path, CONFIG_DIR)
+        self.checkpoint = os.path.join(path, CHECKPOINT_FILE)
+        self.abort = os.path.join(path, ABORT_FILE)
+        self.lock = os.path.join(path, LOCK_FILE)
+        files = numbered_files(self.commitlog)
+        if segment_size is None:
+            segment_size = max((f.size for f in files), default=0) or DEFAULT_SEGMENT_SIZE
+        self.segment_size = int(segment_size)
+        segments = []
+        for i, (base, fpath, size) in enumerate((f.base, f.path, f.size) for f in files):
+            if size == 0 and i == len(files) - 1:
+                continue  # a segment whose creation was interrupted or is under way: no data yet
+            if size != self.segment_size:
+                raise CorruptStoreError(
+                    f"commit log segment {fpath} is {size} bytes, not the configured {self.segment_size}: "
+                    f"pass option mapped_file_size_commit_log={size} if the store was written with that size")
+            if base % self.segment_size:
+                raise CorruptStoreError(f"commit log segment {fpath}: name is not a multiple of the segment size "
+                                        f"{self.segment_size}")
+            if segments and base != segments[-1][0] + self.segment_size:
+                raise CorruptStoreError(f"commit log gap: {fpath} follows {segments[-1][1]}")
+            segments.append((base, fpath))
+        self.segments = segments
+
+    # -- paths ----------------------------------------------------------------------------------------------------
+
+    def config_path(self, name):
+        """The path of a config file, e.g. ``config_path("consumerOffset.json")``."""
+        return os.path.join(self.config, name)
+
+    def segment_path(self, base):
+        """The path of the commit log segment starting at ``base`` (whether or not it exists)."""
+        return os.path.join(self.commitlog, file_name(base))
+
+    def index_files(self):
+        """SegmentFiles of the index files (17-digit creation-time names; ``base`` is that number), by name."""
+        out = []
+        try:
+            names = sorted(os.listdir(self.index))
+        except FileNotFoundError:
+            return out
+        for name in names:
+            p = os.path.join(self.index, name)
+            if len(name) == INDEX_NAME_DIGITS and name.isdigit() and os.path.isfile(p):
+                out.append(SegmentFile(int(name), p, os.path.getsize(p)))
+        return out
+
+    # -- commit log -----------------------------------------------------------------------------------------------
+
+    @property
+    def min_offset(self):
+        """Base of the first segment (0 without segments)."""
+        return self.segments[0][0] if self.segments else 0
+
+    def segment_of(self, phys):
+        """(base, path) of the segment holding physical offset ``phys``, or None when it is gone."""
+        if not self.segments:
+            return None
+        i = (phys - self.segments[0][0]) // self.segment_size
+        if 0 <= i < len(self.segments):
+            return self.segments[i]
+        return None
+
+    def map_segment(self, base, fpath):
+        """A read-only MappedFile of the segment (base, path); close it after use."""
+        return map_segment(fpath, self.segment_size, base)
+
+    def store_timestamp(self, phys):
+        """Store time (ms) of the record at ``phys``; None when its segment is gone. CorruptFrameError when no
+        whole record is there."""
+        seg = self.segment_of(phys)
+        if seg is None:
+            return None
+        mf = self.map_segment(*seg)
+        try:
+            msg = decode_message(mf, phys - seg[0], check_crc=False, base_offset=seg[0])
+        except CorruptFrameError as exc:
+            raise CorruptFrameError(f"no whole record at offset {phys} ({exc})", offset=phys, path=seg[1]) from None
+        finally:
+            mf.close()
+        if msg is None:
+            raise CorruptFrameError(f"blank record at offset {phys}, not a message", offset=phys, path=seg[1])
+        return msg.store_timestamp
+
+    def walk_end(self, start=None):
+        """Physical offset just after the last complete record (walking from ``start``, default the last segment).
+
+        Zero bytes or a torn record at the end of the data stop the walk; a damaged record with data after it
+        raises CorruptFrameError.
+        """
+        if not self.segments:
+            return 0
+        first = len(self.segments) - 1 if start is None else max(0, (start - self.min_offset) // self.segment_size)
+        end = self.segments[first][0]
+        for base, fpath in self.segments[first:]:
+            pos = (start - base) if start is not None and start > base else 0
+            mf = self.map_segment(base, fpath)
+            try:
+                pos, outcome, _, _, _ = walk_records(mf, pos, -1, False)
+                if outcome == RecordStatus.BLANK:
+                    end = base + self.segment_size
+                    continue
+                if outcome in (RecordStatus.END, RecordStatus.TORN):
+                    return base + pos
+                raise CorruptFrameError(f"{outcome} record at offset {base + pos} of the commit log ({fpath})",
+                                        offset=base + pos, path=fpath)
+            finally:
+                mf.close()
+        return end
+
+    def boundary_at(self, target, queues=()):
+        """The first record boundary at or after physical offset ``target`` (from ConsumeQueues, else a walk)."""
+        best = None
+        for q in queues:
+            u = q.first_unit_at_or_after(target)
+            if u is not None and (best is None or u < best):
+                best = u
+        if queues:
+            return best
+        seg = self.segment_of(target)
+        if seg is None:
+            return None
+        base, fpath = seg
+        mf = self.map_segment(base, fpath)
+        try:
+            pos, outcome, _, _, _ = walk_records(mf, 0, target - base, False)
+            if outcome == RecordStatus.TORN:  # only cut short by ``target``: the boundary is after this record
+                status, size = scan_record(mf, pos, False)
+                if status == RecordStatus.OK:
+                    pos, outcome = pos + size, RecordStatus.END
+        finally:
+            mf.close()
+        if outcome not in (RecordStatus.END, RecordStatus.BLANK):
+            raise CorruptFrameError(f"{outcome} record at offset {base + pos} of the commit log ({fpath})",
+                                    offset=base + pos, path=fpath)
+        return base + pos
+
+    # -- consume queues -------------------------------------------------------------------------------------------
+
+    def queues(self, topics=None):
+        """ConsumeQueueFiles of every (topic, queue id) directory that holds files, optionally only ``topics``."""
+        out = []
+        try:
+            topic_names = sorted(os.listdir(self.consumequeue))
+        except FileNotFoundError:
+            return out
+        for topic in topic_names:
+            if topics is not None and topic not in topics:
+                continue
+            tdir = os.path.join(self.consumequeue, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for q in sorted(os.listdir(tdir)):
+                if q.isdigit():
+                    cq = ConsumeQueueFiles(topic, int(q), os.path.join(tdir, q))
+                    if cq.files:
+                        out.append(cq)
+        return out
+
+
+class ConsumeQueueFiles:
+    """One ConsumeQueue read with pread (no mapping, no lock): offsets, binary searches, unit ranges.
+
+    ``files``: (base, path) of its non-empty files; ``file_size``: the largest file's size.
+    """
+
+    def __init__(self, topic, queue_id, path):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.path = path
+        files = numbered_files(path)
+        self.file_size = max((f.size for f in files), default=0)
+        self.files = [(f.base, f.path) for f in files if f.size > 0]
+        for b, p in self.files:
+            if b % CQ_UNIT_SIZE:
+                raise CorruptStoreError(f"consume queue file {p}: name is not a multiple of {CQ_UNIT_SIZE}")
+
+    def _file_of(self, index):
+        if not self.files or self.file_size <= 0:
+            return None
+        logical = index * CQ_UNIT_SIZE
+        i = (logical - self.files[0][0]) // self.file_size
+        if 0 <= i < len(self.files):
+            base, p = self.files[i]
+            if base <= logical < base + self.file_size:
+                return base, p
+        for base, p in self.files:  # names that do not follow the file size: search them
+            if base <= logical < base + self.file_size:
+                return base, p
+        return None
+
+    @property
+    def first_index(self):
+        """The queue offset of the first file's first unit (0 without files)."""
+        return self.files[0][0] // CQ_UNIT_SIZE if self.files else 0
+
+    @staticmethod
+    def _head(fd, at):
+        raw = os.pread(fd, _UNIT_HEAD_SIZE, at)
+        if len(raw) < _UNIT_HEAD_SIZE:
+            return None
+        return np.frombuffer(raw, _UNIT_HEAD)[0].item()
+
+    def unit(self, index):
+        """(physical offset, size) of unit ``index``; None when its file is gone or it is past the end."""
+        f = self._file_of(index)
+        if f is None:
+            return None
+        with open(f[1], "rb") as fh:
+            return self._head(fh.fileno(), index * CQ_UNIT_SIZE - f[0])
+
+    def unit_runs(self, start, end):
+        """Yield (first, stop, units) covering queue offsets [start, end) file by file: ``units`` a CQ_DTYPE array
+        of the units read (fewer than stop - first when the file is short), or None when the file is gone."""
+        i = start
+        while i < end:
+            f = self._file_of(i)
+            if f is None:
+                nxt = next((b // CQ_UNIT_SIZE for b, _ in self.files if b // CQ_UNIT_SIZE > i), end)
+                stop = min(nxt, end)
+                yield i, stop, None
+                i = stop
+                continue
+            base, path = f
+            stop = min(end, (base + self.file_size) // CQ_UNIT_SIZE)
+            with open(path, "rb") as fh:
+                raw = os.pread(fh.fileno(), (stop - i) * CQ_UNIT_SIZE, i * CQ_UNIT_SIZE - base)
+            yield i, stop, np.frombuffer(raw, CQ_DTYPE, count=len(raw) // CQ_UNIT_SIZE)
+            i = stop
+
+    def _count_valid(self, base, fpath):
+        """Units written in one file: a valid prefix (offset >= 0, size > 0) followed by zeros."""
+        lo, hi = 0, self.file_size // CQ_UNIT_SIZE
+        with open(fpath, "rb") as fh:
+            fd = fh.fileno()
+            while lo < hi:
+                mid = (lo + hi) // 2
+                u = self._head(fd, mid * CQ_UNIT_SIZE)
+                if u is not None and u[0] >= 0 and u[1] > 0:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        return lo
+
+    def max_offset(self):
+        """The queue offset after the last written unit."""
+        for base, fpath in reversed(self.files):
+            n = self._count_valid(base, fpath)
+            if n:
+                return base // CQ_UNIT_SIZE + n
+        return self.first_index
+
+    def min_offset(self, commitlog_min, max_offset=None):
+        """The first queue offset whose record is still in the commit log (and not a padding unit)."""
+        if not self.files:
+            return 0
+        hi = self.max_offset() if max_offset is None else max_offset
+        lo = self.first_index
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = self.unit(mid)
+            if u is None or u[1] == CQ_BLANK_UNIT_SIZE or u[0] < commitlog_min:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def offset_before(self, phys_bound, max_offset):
+        """The queue offset after the last unit whose record ends at or below ``phys_bound``."""
+        lo, hi = self.first_index, max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = self.unit(mid)
+            if u is not None and u[1] != CQ_BLANK_UNIT_SIZE and u[0] + u[1] > phys_bound:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def first_unit_at_or_after(self, phys):
+        """Physical offset of the first unit at or after ``phys``, or None."""
+        hi = self.max_offset()
+        lo = self.first_index
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = self.unit(mid)
+            if u is None or u[1] == CQ_BLANK_UNIT_SIZE or u[0] < phys:
+                lo = mid + 1
+            else:
+                hi = mid
+        u = self.unit(lo) if lo < self.max_offset() else None
+        return None if u is None else u[0]
+
+    def offset_for_time(self, store, ts, lo, hi):
+        """The first queue offset in [lo, hi) whose record's store time is >= ``ts`` (``hi`` when none)."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = self.unit(mid)
+            t = None if u is None else store.store_timestamp(u[0])
+            if t is None or t < ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def end_phys(self, offset):
+        """Physical offset just after the record of unit ``offset - 1`` (0 for an empty range)."""
+        u = self.unit(offset - 1) if offset > 0 else None
+        return 0 if u is None else u[0] + u[1]
