@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 
 import localmq
+from helpers import require, require_java
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "rocketmq"
+# Real RocketMQ files (tests/fixtures/rocketmq/PROVENANCE.md says where each comes from; SHA256SUMS checks them).
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "rocketmq"
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +28,7 @@ def _host_disk_does_not_trigger_retention(request, monkeypatch):
 def fixtures_dir():
     d = Path(os.environ.get("LOCALMQ_FIXTURES", FIXTURES))
     if not d.is_dir():
-        pytest.skip(f"RocketMQ fixtures not found at {d} (set LOCALMQ_FIXTURES)")
+        pytest.fail(f"RocketMQ fixtures not found at {d} (LOCALMQ_FIXTURES names another copy)", pytrace=False)
     return d
 
 
@@ -80,10 +82,9 @@ def spark():
     Workers must import this checkout's localmq and its ``pyspark_localmq`` entry, so the repository root goes
     first on their PYTHONPATH.
     """
-    pytest.importorskip("pyspark")
-    pytest.importorskip("pyarrow")
-    if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java runtime for Spark")
+    require("pyspark")
+    require("pyarrow")
+    require_java()
     import sys
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"

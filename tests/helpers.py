@@ -1,8 +1,28 @@
 """What several test modules share: reference implementations written from the spec, waiting, killing a writer."""
+import importlib
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
+
+
+def require(module):
+    """Import ``module`` or fail the test saying what to install: a missing dependency is never a silent skip."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        pytest.fail(f"{module} is needed for this test ({e}): python -m pip install -e '.[test]'", pytrace=False)
+
+
+def require_java():
+    """Fail (never skip) when no Java runtime is there for Spark."""
+    if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
+        pytest.fail("Spark needs a Java runtime (JDK 17): apt-get install openjdk-17-jre-headless, or set JAVA_HOME",
+                    pytrace=False)
 
 
 def java_hash_reference(text):

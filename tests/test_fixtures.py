@@ -39,12 +39,9 @@ INDEX = "apache-rocketmq-65a086a2/store/100"
 
 
 @pytest.fixture(scope="module")
-def fixtures():
-    """The shared fixture directory, next to the repository root (../shared/fixtures/rocketmq)."""
-    path = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "rocketmq"
-    if not path.is_dir():
-        pytest.skip(f"RocketMQ fixture files not found at {path} (they live in ../shared next to the repo)")
-    return path
+def fixtures(fixtures_dir):
+    """The RocketMQ fixture directory (tests/fixtures/rocketmq, or LOCALMQ_FIXTURES)."""
+    return fixtures_dir
 
 
 def java_hash(text):
@@ -569,3 +566,16 @@ def test_fixture_lock_and_abort_files(fixtures):
     for store in (ERIC, SHAOXUBAO):
         assert (fixtures / store / "abort").stat().st_size == 0
     assert os.listdir(fixtures / APACHE / "config") == ["delayOffset.json"]
+
+
+def test_fixture_files_are_the_ones_rocketmq_wrote(fixtures_dir):
+    """Every file listed in SHA256SUMS (copied byte for byte from RocketMQ's repositories) is unchanged."""
+    import hashlib
+
+    lines = (fixtures_dir / "SHA256SUMS").read_text().split("\n")
+    checked = 0
+    for line in filter(None, lines):
+        digest, name = line.split(None, 1)
+        assert hashlib.sha256((fixtures_dir / name.lstrip("*")).read_bytes()).hexdigest() == digest, name
+        checked += 1
+    assert checked >= 20

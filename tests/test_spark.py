@@ -10,8 +10,9 @@ import pytest
 
 import localmq
 from conftest import cut_dispatch
+from helpers import require
 
-pytest.importorskip("pyspark")
+require("pyspark")
 from pyspark.sql import functions as F  # noqa: E402
 
 SEG = 64 * 1024

@@ -16,9 +16,10 @@ import time
 import pytest
 
 import localmq
+from helpers import require, require_java
 
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
+require("pyspark")
+require("pyarrow")
 
 DRIVER = r"""
 import json, sys
@@ -60,8 +61,7 @@ def _spark_class(spark_home, env, log, *args):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """spark://127.0.0.1:<port> of a standalone master with one 2-core worker; both stopped at teardown."""
-    if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java for Spark")
+    require_java()
     import pyspark
 
     home = os.path.dirname(pyspark.__file__)

@@ -13,10 +13,11 @@ import pytest
 
 import localmq
 from conftest import cut_dispatch
+from helpers import require
 from localmq import _record, _columns
 from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
 
-pa = pytest.importorskip("pyarrow")
+pa = require("pyarrow")
 
 from localmq.spark import decode, plan as planmod  # noqa: E402
 from localmq.spark.read import arrow_batches, plan  # noqa: E402
@@ -64,7 +65,7 @@ def records(props=None, n=6):
 
 
 def test_arrow_schema_is_what_spark_expects():
-    pytest.importorskip("pyspark")
+    require("pyspark")
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import (
         ArrayType, BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
@@ -436,7 +437,7 @@ def test_transactional_half_and_rollback_records_are_not_rows(tmp_path):
 def test_spark_finds_the_data_source_without_registering(tmp_path):
     """What Spark 4's lookup_data_sources does in a fresh worker (pkgutil.iter_modules for ``pyspark_*`` modules
     with a DefaultSource), run with no PYTHONPATH from another directory: the install must expose the module."""
-    pytest.importorskip("pyspark")
+    require("pyspark")
     code = ("import pkgutil, importlib\n"
             "found = [m.name for m in pkgutil.iter_modules() if m.name == 'pyspark_localmq']\n"
             "src = importlib.import_module(found[0]).DefaultSource if found else None\n"
@@ -452,7 +453,7 @@ def test_spark_finds_the_data_source_without_registering(tmp_path):
 
 def test_pushed_filters_narrow_the_plan(written):
     """pushFilters (Spark 4.1+) prunes topics, queues and offsets, and hands every filter back to Spark."""
-    pytest.importorskip("pyspark")
+    require("pyspark")
     from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, IsNotNull, LessThan, StringStartsWith
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
