@@ -275,6 +275,37 @@ cdef class TopicEntry:
         return [q for q in range(self.n_queues) if self.next_offsets[q] > 0]
 
 
+cdef class Forward:
+    """Class attribute ``name = Forward("owner", "method", doc)``: ``obj.name`` is ``obj.owner.method``, the compiled
+    method itself (LocalMessageQueue.put is CommitLog.put). A compiled descriptor: its ``__get__`` is a C slot, so
+    neither the attribute access nor the call pays a Python frame. The wiring stays declared in the class body.
+    When ``obj.owner`` is missing or None (the store is not open), the access raises StoreClosedError."""
+
+    cdef readonly str owner
+    cdef readonly str method
+    cdef readonly object doc
+
+    def __cinit__(self, str owner not None, str method not None, doc=None):
+        self.owner = owner
+        self.method = method
+        self.doc = doc
+
+    @property
+    def __doc__(self):
+        return self.doc
+
+    def __get__(self, obj, objtype):
+        if obj is None:
+            return self
+        target = getattr(obj, self.owner, None)
+        if target is None:
+            raise StoreClosedError("the store is not open")
+        return getattr(target, self.method)
+
+    def __repr__(self):
+        return f"Forward({self.owner!r}, {self.method!r})"
+
+
 cdef class CommitLog:
     """All topics' records in one log of fixed-size segments (RocketMQ's CommitLog).
 
