@@ -32,7 +32,7 @@ from localmq.services.reput import ReputMessageService
 from localmq.status import GetResult, GetStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
-from localmq.store.commit_log import CommitLog, GroupCommit, PutResult
+from localmq.store.commit_log import CommitLog, Forward, GroupCommit, PutResult
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
@@ -54,23 +54,6 @@ def _total_ram() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 24 * 1024 ** 3
-
-
-class _Forward:
-    """Class attribute ``name = _Forward("commit_log", "put")``: ``obj.name`` is ``obj.commit_log.put``, the compiled
-    method itself, so a put pays no Python frame (a forwarding method costs ~15% of a 100-byte put). The wiring is
-    declared here, in the class body, and documented on the attribute."""
-
-    def __init__(self, owner: str, method: str, doc: str) -> None:
-        self.owner, self.method, self.__doc__ = owner, method, doc
-
-    def __get__(self, obj: Any, cls: Any = None) -> Any:
-        if obj is None:
-            return self
-        target = obj.__dict__.get(self.owner)
-        if target is None:
-            raise StoreClosedError("the store is not open")
-        return getattr(target, self.method)
 
 
 class LocalMessageQueue(QueueClientsMixin):
@@ -425,7 +408,7 @@ class LocalMessageQueue(QueueClientsMixin):
 
     # -- put ----------------------------------------------------------------------------------------------------
 
-    put = _Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None, keys=None, properties=None, flag=0)
+    put = Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None, keys=None, properties=None, flag=0)
         -> PutResult
 
         Append one message to ``topic``/``queue_id`` (CommitLog.put, called directly).
@@ -437,7 +420,7 @@ class LocalMessageQueue(QueueClientsMixin):
         InvalidPropertyError, StoreClosedError.
         """)
 
-    put_batch = _Forward("commit_log", "put_batch", """put_batch(topic, bodies, *, queue_id=0, tags=None, keys=None,
+    put_batch = Forward("commit_log", "put_batch", """put_batch(topic, bodies, *, queue_id=0, tags=None, keys=None,
         properties=None, flag=0) -> PutResult
 
         Append several messages to one queue under one lock (consecutive queue offsets, one store time;

@@ -23,6 +23,8 @@ cdef class CommitLog:
     cdef MappedFile cur
     cdef PyThread_type_lock lock
     cdef dict topics
+    cdef str last_topic               # the topic of the last _topic() call (identity), and its entry
+    cdef TopicEntry last_te
     cdef dict props_cache
     cdef bytes store_host
     cdef bytes born_host

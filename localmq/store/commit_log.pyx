@@ -4,10 +4,14 @@ import logging
 
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.ref cimport PyObject
+from cpython.dict cimport PyDict_GetItem
+
+cdef extern from "Python.h":
+    object PyObject_GenericGetDict(object o, void *context)
 from libc.errno cimport errno
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memset
@@ -81,7 +85,7 @@ cdef class PutResult:
     cdef readonly long long store_timestamp
     cdef readonly int msg_num
     cdef bytes _host
-    cdef object _offsets   # list of physical offsets for a batch, None for one message
+    cdef bytes _offsets    # a batch's physical offsets (native int64 each), None for one message or > 4096
 
     @property
     def msg_id(self):
@@ -91,7 +95,9 @@ cdef class PutResult:
         cdef int n = PyBytes_GET_SIZE(self._host)
         if self._offsets is None:
             return msg_id_of_c(h, n, self.physical_offset)
-        return ",".join([msg_id_of_c(h, n, o) for o in self._offsets])
+        cdef const int64_t *offs = <const int64_t *>PyBytes_AS_STRING(self._offsets)
+        cdef Py_ssize_t i
+        return ",".join([msg_id_of_c(h, n, offs[i]) for i in range(PyBytes_GET_SIZE(self._offsets) // sizeof(int64_t))])
 
     @property
     def ok(self):
@@ -275,6 +281,39 @@ cdef class TopicEntry:
         return [q for q in range(self.n_queues) if self.next_offsets[q] > 0]
 
 
+cdef class Forward:
+    """Class attribute ``name = Forward("owner", "method", doc)``: ``obj.name`` is ``obj.owner.method``, the compiled
+    method itself (LocalMessageQueue.put is CommitLog.put). A compiled descriptor: its ``__get__`` is a C slot, so
+    neither the attribute access nor the call pays a Python frame. The wiring stays declared in the class body.
+    When ``obj.owner`` is missing or None (the store is not open), the access raises StoreClosedError."""
+
+    cdef readonly str owner
+    cdef readonly str method
+    cdef readonly object doc
+
+    def __cinit__(self, str owner not None, str method not None, doc=None):
+        self.owner = owner
+        self.method = method
+        self.doc = doc
+
+    @property
+    def __doc__(self):
+        return self.doc
+
+    def __get__(self, obj, objtype):
+        if obj is None:
+            return self
+        # obj.__dict__.get(owner): the instance's own attribute, read without a Python call
+        cdef object d = PyObject_GenericGetDict(obj, NULL)
+        cdef PyObject *target = PyDict_GetItem(d, self.owner)
+        if target == NULL or <object>target is None:
+            raise StoreClosedError("the store is not open")
+        return getattr(<object>target, self.method)
+
+    def __repr__(self):
+        return f"Forward({self.owner!r}, {self.method!r})"
+
+
 cdef class CommitLog:
     """All topics' records in one log of fixed-size segments (RocketMQ's CommitLog).
 
@@ -320,13 +359,17 @@ cdef class CommitLog:
     # -- topic / queue-offset table ---------------------------------------------------------------------------
 
     cdef TopicEntry _topic(self, str topic):
+        # a producer mostly repeats one topic object: compare identities before hashing
+        if topic is self.last_topic:
+            return self.last_te
         cdef object e = self.topics.get(topic)
-        if e is not None:
-            return <TopicEntry>e
-        check_topic(topic)
-        te = TopicEntry(topic)
-        self.topics[topic] = te
-        return te
+        if e is None:
+            check_topic(topic)
+            e = TopicEntry(topic)
+            self.topics[topic] = e
+        self.last_topic = topic
+        self.last_te = <TopicEntry>e
+        return <TopicEntry>e
 
     def set_queue_offset(self, str topic, int queue_id, long long next_offset):
         """Set the next queue offset of (topic, queue) (recovery rebuilds the table from the ConsumeQueues)."""
@@ -541,6 +584,10 @@ cdef class CommitLog:
         cdef const uint8_t *sh
         cdef int32_t bhl, shl
         cdef Py_buffer view
+        cdef bint have_view
+        cdef const uint8_t *bp
+        cdef object offsets = None      # bytes: the physical offset (int64) of each message written, for msg_id
+        cdef int64_t *offs = NULL
         if self.closed:
             raise StoreClosedError("the store is closed")
         if self.refuse_status is not None:
@@ -578,7 +625,9 @@ cdef class CommitLog:
         bhl = PyBytes_GET_SIZE(self.born_host)
         sh = <const uint8_t *>PyBytes_AS_STRING(self.store_host)
         shl = PyBytes_GET_SIZE(self.store_host)
-        offsets = [] if n <= 4096 else None
+        if n <= 4096:
+            offsets = PyBytes_FromStringAndSize(NULL, n * sizeof(int64_t))
+            offs = <int64_t *>PyBytes_AS_STRING(offsets)
         lock_acquire(self.lock)
         try:
             if self.closed:
@@ -591,9 +640,16 @@ cdef class CommitLog:
             qoff = te.next_offsets[queue_id]
             for i in range(n):
                 b = <object>PyList_GET_ITEM(blist, i)
-                PyObject_GetBuffer(b, &view, PyBUF_SIMPLE)
-                try:
+                if type(b) is bytes:
+                    have_view = False
+                    bp = <const uint8_t *>PyBytes_AS_STRING(b)
+                    blen = PyBytes_GET_SIZE(b)
+                else:
+                    PyObject_GetBuffer(b, &view, PyBUF_SIMPLE)
+                    have_view = True
+                    bp = <const uint8_t *>view.buf
                     blen = view.len
+                try:
                     total = calc_msg_length(self.host_sys_flag, blen, tlen, plen)
                     while True:
                         if mf is None:
@@ -618,19 +674,20 @@ cdef class CommitLog:
                         break
                     write_record(write_base(mf) + pos, <int32_t>total, queue_id, flag, qoff, mf.file_from_offset + pos,
                                  self.host_sys_flag, ts, bh, bhl, ts, sh, shl, 0, 0,
-                                 <const uint8_t *>view.buf, <int32_t>blen, tp, <int32_t>tlen, pp, <int32_t>plen)
+                                 bp, <int32_t>blen, tp, <int32_t>tlen, pp, <int32_t>plen)
                     if first_phys < 0:
                         first_phys = mf.file_from_offset + pos
                         first_qoff = qoff
-                    if offsets is not None:
-                        offsets.append(mf.file_from_offset + pos)
+                    if offs != NULL:
+                        offs[i] = mf.file_from_offset + pos
                     mf.store_timestamp = ts
                     publish(mf, pos + total)
                     end_off = mf.file_from_offset + pos + total
                     qoff += 1
                     wrote += total
                 finally:
-                    PyBuffer_Release(&view)
+                    if have_view:
+                        PyBuffer_Release(&view)
             te.next_offsets[queue_id] = qoff
             self.puts += qoff - (first_qoff if first_qoff >= 0 else qoff)
         finally:
@@ -644,6 +701,8 @@ cdef class CommitLog:
         r.store_timestamp = ts
         r.msg_num = <int>(qoff - first_qoff) if first_qoff >= 0 else 0
         r._host = self.store_host
+        if offsets is not None and r.msg_num < n:
+            offsets = offsets[:r.msg_num * sizeof(int64_t)]  # a segment could not be created part-way
         r._offsets = offsets
         if mf is None:
             # a segment could not be created part-way: what was written stays (and is reported), the rest is not
