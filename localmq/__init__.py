@@ -7,7 +7,8 @@ from localmq.store.commit_log import PutResult
 from localmq.status import AppendMessageStatus, GetResult, GetStatus, PutStatus
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
-    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError,
+    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, ForkedStoreError, IndexDisabledError,
+    InvalidMessageIdError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreClosedError, StoreLockedError,
 )
@@ -48,5 +49,5 @@ __all__ = [
     "read_config_json", "write_config_json",
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
-    "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError",
+    "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
 ]

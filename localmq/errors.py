@@ -89,6 +89,14 @@ class QueueReassignedError(LocalMQError, RuntimeError):
         self.queues = list(queues)
 
 
+class ForkedStoreError(LocalMQError, RuntimeError):
+    """A store (or embedded queue) used in a process forked after it was opened: os.fork, multiprocessing's fork
+    start method, gunicorn --preload. The child shares the parent's files but not its put lock, dispatcher or
+    offsets, so a put there could overwrite the parent's messages; every use raises this instead. Open the store
+    in the child (after the parent closed it: one process holds a store at a time), or open it only after forking.
+    """
+
+
 class InvalidMessageIdError(LocalMQError, ValueError):
     """A message id that is not 32 or 56 hex digits (an offset message id or a client UNIQ_KEY)."""
 
@@ -100,6 +108,6 @@ class IndexDisabledError(LocalMQError, RuntimeError):
 __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
-    "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError", "InvalidMessageIdError",
+    "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError", "InvalidMessageIdError", "ForkedStoreError",
     "IndexDisabledError",
 ]

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from typing import Any, Dict, Optional, Tuple
 
 from localmq._record import properties_to_bytes
@@ -11,10 +13,52 @@ from localmq.client.consumer import Consumer
 from localmq.client.producer import Producer
 from localmq.client.state import ClientState
 from localmq.config import check_queue_id
-from localmq.errors import InvalidPropertyError, StoreClosedError
+from localmq.errors import ForkedStoreError, InvalidPropertyError, StoreClosedError
 from localmq.interface import MessageStore
 
 log = logging.getLogger("localmq.queues")
+
+# Queues whose files belong to the process that opened them (LocalMessageQueue, EmbeddedMessageQueue).
+_PROCESS_BOUND: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The child inherits the parent's open queues: the same mappings and files, but none of its threads (dispatch,
+    # flush) and a put lock and queue offsets that no longer agree with the parent's. A put here would take queue
+    # offsets the parent takes too and overwrite its messages, so every inherited queue refuses all use
+    # (ForkedStoreError). Nothing is written or unlocked in the child: its close() leaves the parent's files and
+    # locks alone (a flock is shared with the parent; unlocking it would unlock the parent).
+    for q in list(_PROCESS_BOUND):
+        q._forked = True
+        q._closed = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class ProcessBoundMixin:
+    """For a queue whose files one process owns: refused in a forked child, never pickled to another process."""
+
+    _forked = False
+
+    def _bind_to_process(self) -> None:
+        """Call once the queue is open: a fork from now on leaves the child's copy refusing every use."""
+        _PROCESS_BOUND.add(self)
+
+    def _closed_error(self) -> Exception:
+        """The error for a use after close, or in a forked child."""
+        if self._forked:
+            return ForkedStoreError(
+                f"{type(self).__name__} {getattr(self, 'root', '')!r} was opened by process that forked this one "
+                f"(pid {os.getpid()}): open the store in this process instead (one process holds a store at a time), "
+                f"or open it only after forking")
+        return StoreClosedError("the store is closed")
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"a {type(self).__name__} cannot be pickled or sent to another process: pass its path and "
+                        f"open it there (localmq.open(path)), once this process has closed it")
+
 
 __all__ = ["MessageStore", "QueueClientsMixin", "ProgressWaiterMixin", "build_properties", "check_queue_id", "tag_names"]
 

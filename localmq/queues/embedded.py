@@ -22,7 +22,7 @@ from localmq.config import check_topic
 from localmq.errors import (
     ConfigError, CorruptStoreError, InvalidQueueIdError, MessageSizeError, StoreClosedError,
 )
-from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
+from localmq.queues.base import ProcessBoundMixin, ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
 from localmq.services.service_thread import ServiceThread
 from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.lock import StoreLock
@@ -242,7 +242,7 @@ class EmbeddedFlushService(ServiceThread):
                 continue  # closed by close() meanwhile
 
 
-class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
+class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsMixin):
     """One file queue per (topic, queue id) ("bucket"), each a directory of fixed-size memory-mapped partitions
     holding the simple frame (TOTALSIZE, MAGIC, BODY, HEADERS, PROPERTIES; see localmq._frame).
 
@@ -302,6 +302,7 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
             self._store_lock.release()
             raise
         self._closed = False
+        self._bind_to_process()
 
     def _consumer_offset_flush_interval_ms(self) -> int:
         return self.flush_consumer_offset_interval
@@ -332,7 +333,7 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosedError("the queue is closed")
+            raise self._closed_error()
 
     @property
     def offset_store_path(self) -> str:
@@ -422,7 +423,7 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         PropertiesSizeError, StoreClosedError.
         """
         if self._closed:
-            raise StoreClosedError("the queue is closed")
+            raise self._closed_error()
         b = self._bucket(topic, queue_id)
         props = self._props(tags, keys, properties)
         n = len(body) if type(body) is bytes else memoryview(body).nbytes
@@ -430,7 +431,7 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         now = int(time.time() * 1000)
         with b.lock:
             if b.closed:
-                raise StoreClosedError("the queue is closed")
+                raise self._closed_error()
             try:
                 self._room(b, frame_size(n, len(props)))
             except OSError as e:
@@ -447,7 +448,7 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
                   properties: Optional[Dict[str, str]] = None, flag: int = 0):
         """Append several messages to one bucket under one lock (consecutive offsets, one store time)."""
         if self._closed:
-            raise StoreClosedError("the queue is closed")
+            raise self._closed_error()
         b = self._bucket(topic, queue_id)
         props = self._props(tags, keys, properties)
         bodies = bodies if isinstance(bodies, list) else list(bodies)
@@ -462,7 +463,7 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         now = int(time.time() * 1000)
         with b.lock:
             if b.closed:
-                raise StoreClosedError("the queue is closed")
+                raise self._closed_error()
             try:
                 # a batch that fits one partition is never split (larger ones roll between frames)
                 self._room(b, need if need <= self.partition_size else frame_size(0, 0))
@@ -499,7 +500,7 @@ class EmbeddedMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1), CorruptFrameError.
         """
         if self._closed:
-            raise StoreClosedError("the queue is closed")
+            raise self._closed_error()
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
         b = self._buckets.get((topic, queue_id))

@@ -21,7 +21,7 @@ from localmq.errors import (
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, MAX_QUEUE_ID,
 )
-from localmq.queues.base import QueueClientsMixin, tag_names
+from localmq.queues.base import ProcessBoundMixin, QueueClientsMixin, tag_names
 from localmq.services.allocate import AllocateMappedFileService
 from localmq.services.clean import CleanService
 from localmq.services.flush import (
@@ -56,7 +56,7 @@ def _total_ram() -> int:
         return 24 * 1024 ** 3
 
 
-class LocalMessageQueue(QueueClientsMixin):
+class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
     """The default localmq store: every topic appends to one CommitLog; a dispatch thread builds a ConsumeQueue
     per (topic, queue id); consumers pull by queue offset. Files are RocketMQ 4.x compatible.
 
@@ -106,6 +106,7 @@ class LocalMessageQueue(QueueClientsMixin):
             self._abandon()
             raise
         self._closed = False
+        self._bind_to_process()
 
     # -- open / recover -------------------------------------------------------------------------------------------
 
@@ -404,7 +405,7 @@ class LocalMessageQueue(QueueClientsMixin):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosedError("the store is closed")
+            raise self._closed_error()
 
     # -- put ----------------------------------------------------------------------------------------------------
 
@@ -568,7 +569,7 @@ class LocalMessageQueue(QueueClientsMixin):
         Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1).
         """
         if self._closed:
-            raise StoreClosedError("the store is closed")
+            raise self._closed_error()
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
         cq = self._cqs.get((topic, queue_id))
