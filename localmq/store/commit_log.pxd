@@ -34,6 +34,8 @@ cdef class CommitLog:
     cdef lmq_event *dispatch_event           # dispatch_event_owner.ev
     cdef object dispatch_event_owner
     cdef readonly bint closed
+    cdef readonly bint forked        # set in a forked child: every put raises ForkedStoreError
+    cdef object __weakref__
     cdef GroupCommit group_commit     # SYNC_FLUSH: puts wait on it for their bytes to be flushed (else None)
     cdef int64_t sync_flush_timeout_us
     cdef public object create_failed_hook
@@ -45,3 +47,4 @@ cdef class CommitLog:
     cdef bytes _properties(self, object tags, object keys, object properties)
     cdef MappedFile _roll(self, int64_t start)
     cdef _await_flush(self, object r, int64_t end)
+    cdef object _closed_error(self)

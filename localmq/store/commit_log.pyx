@@ -1,6 +1,8 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """The CommitLog put path: encode records straight into the current segment under one put lock."""
 import logging
+import os
+import weakref
 
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -32,8 +34,24 @@ from localmq._record import pack_host, properties_to_bytes
 from localmq.config import check_topic
 from localmq.status import PutStatus
 from localmq.errors import (
-    InvalidPropertyError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError, StoreClosedError,
+    ForkedStoreError, InvalidPropertyError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError,
+    StoreClosedError,
 )
+
+# Every CommitLog of this process. A forked child inherits them with their mappings but without the parent's put lock
+# holder, dispatcher or later queue offsets: a put there would reuse the parent's offsets and overwrite its records,
+# so after a fork every inherited CommitLog refuses puts (ForkedStoreError). The put path already tests ``closed``;
+# the fork sets it too, so the check costs nothing extra.
+_live_logs = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for cl in list(_live_logs):
+        (<CommitLog>cl).forked = True
+        (<CommitLog>cl).closed = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 log = logging.getLogger("localmq.commitlog")
 
@@ -323,6 +341,7 @@ cdef class CommitLog:
     """
 
     def __cinit__(self, mapped_file_queue, *, long long max_message_size, str store_host, str born_host):
+        _live_logs.add(self)
         self.mapped_file_queue = mapped_file_queue
         self.file_size = mapped_file_queue.file_size
         self.lock = PyThread_allocate_lock()
@@ -473,7 +492,7 @@ cdef class CommitLog:
         cdef bint have_view = False
         cdef PutResult r
         if self.closed:
-            raise StoreClosedError("the store is closed")
+            raise self._closed_error()
         if self.refuse_status is not None:
             self.put_failures += 1
             return failed_result(self.refuse_status)
@@ -504,7 +523,7 @@ cdef class CommitLog:
             lock_acquire(self.lock)
             try:
                 if self.closed:
-                    raise StoreClosedError("the store is closed")
+                    raise self._closed_error()
                 ts = lmq_now_ms()
                 if ts < self.last_store_ts:
                     ts = self.last_store_ts  # store times never go backwards within the log
@@ -589,7 +608,7 @@ cdef class CommitLog:
         cdef object offsets = None      # bytes: the physical offset (int64) of each message written, for msg_id
         cdef int64_t *offs = NULL
         if self.closed:
-            raise StoreClosedError("the store is closed")
+            raise self._closed_error()
         if self.refuse_status is not None:
             self.put_failures += 1
             return failed_result(self.refuse_status)
@@ -631,7 +650,7 @@ cdef class CommitLog:
         lock_acquire(self.lock)
         try:
             if self.closed:
-                raise StoreClosedError("the store is closed")
+                raise self._closed_error()
             ts = lmq_now_ms()
             if ts < self.last_store_ts:
                 ts = self.last_store_ts
@@ -722,6 +741,13 @@ cdef class CommitLog:
         if rc != 0:
             # the message is in the log but not known to be on disk: RocketMQ's FLUSH_DISK_TIMEOUT
             (<PutResult>r).status = FLUSH_TIMEOUT
+
+    cdef object _closed_error(self):
+        if self.forked:
+            return ForkedStoreError("this store was opened by the process that forked this one "
+                                    f"(pid {os.getpid()} is the child): open the store in this process instead "
+                                    "(one process holds a store at a time), or open it only after forking")
+        return StoreClosedError("the store is closed")
 
     def close(self):
         """Refuse further puts (waits for a put in progress to finish)."""
