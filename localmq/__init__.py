@@ -7,7 +7,7 @@ from localmq.store.commit_log import PutResult
 from localmq.status import AppendMessageStatus, GetResult, GetStatus, PutStatus
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
-    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError,
+    ArgumentOverflowError, ArgumentRangeError, PositionOutOfRangeError, ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreClosedError, StoreLockedError,
 )
@@ -49,4 +49,5 @@ __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError",
+    "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
 ]
