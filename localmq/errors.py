@@ -121,11 +121,11 @@ class ArgumentOverflowError(ArgumentRangeError, OverflowError):
 
 
 def check_int_range(value, argument, low, high, error=ArgumentOverflowError):
-    """Raise ``error`` naming ``argument`` unless ``low <= value <= high`` (``value`` any integer, bool excluded).
+    """Raise ``error`` naming ``argument`` unless ``low <= value <= high`` (``value`` any integer).
 
-    A non-integer raises TypeError, as the C conversion did. Returns ``value``.
+    A non-integer raises TypeError, as the C conversion did. Returns ``value`` as an int.
     """
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
+    if not hasattr(value, "__index__"):
         raise TypeError(f"{argument} must be an integer, not {type(value).__name__}")
     value = value.__index__()
     if not low <= value <= high:
