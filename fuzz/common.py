@@ -5,9 +5,11 @@ A target module defines ``TestOneInput(data: bytes)`` and ``seeds()`` (a list of
 ``main(TestOneInput, seeds)``. Run alone it fuzzes with atheris (libFuzzer, coverage-guided) when atheris is
 installed, else with the plain driver; ``fuzz/run.py`` runs every target for a bounded time.
 """
+import atexit
 import logging
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -86,9 +88,11 @@ class Input:
 
 
 def temp_file(data, name="f"):
-    """Write ``data`` to a fresh file in a per-process temporary directory; returns its path."""
+    """Write ``data`` to a fresh file in a per-process temporary directory (removed at exit); returns its path."""
     d = os.path.join(tempfile.gettempdir(), f"localmq-fuzz-{os.getpid()}")
-    os.makedirs(d, exist_ok=True)
+    if not os.path.isdir(d):
+        os.makedirs(d)
+        atexit.register(shutil.rmtree, d, True)
     p = os.path.join(d, name)
     with open(p, "wb") as f:
         f.write(data)
@@ -145,7 +149,9 @@ def plain_fuzz(test, seeds, seconds=None, runs=None, seed=None, report=True):
         try:
             test(data)
         except BaseException:
-            crash = temp_file(data, "crash-input")
+            crash = os.path.abspath(f"crash-plain-{os.getpid()}")
+            with open(crash, "wb") as f:
+                f.write(data)
             sys.stderr.write(f"input that failed written to {crash}\n")
             raise
         n += 1
@@ -181,9 +187,12 @@ def main(test, seeds):
     corpus_dirs = [a for a in argv if not a.startswith("-")]
     if not corpus_dirs:  # a fresh corpus directory seeded from the fixtures
         d = tempfile.mkdtemp(prefix="localmq-fuzz-corpus-")
+        argv.append(d)
+        corpus_dirs = [d]
+    d = corpus_dirs[0]
+    if os.path.isdir(d) and not os.listdir(d):  # an empty corpus directory starts from the seeds
         for i, s in enumerate(seeds()):
             with open(os.path.join(d, f"seed-{i}"), "wb") as f:
                 f.write(s)
-        argv.append(d)
     atheris.Setup([sys.argv[0], *argv], test)
     atheris.Fuzz()

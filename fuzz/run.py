@@ -7,7 +7,9 @@ import argparse
 import glob
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import sys
 import time
 
@@ -24,15 +26,21 @@ def have_atheris():
 
 
 def run_target(path, seconds, runs, plain):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    work = tempfile.mkdtemp(prefix="localmq-fuzz-run-")  # the target's files and corpus, removed after it
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TMPDIR=work)
     if plain:
         cmd = [sys.executable, path, "--plain"]
         cmd += ["--runs", str(runs)] if runs else ["--seconds", str(seconds)]
     else:
         cmd = [sys.executable, path, "-rss_limit_mb=4096", "-print_final_stats=1"]
         cmd += [f"-runs={runs}"] if runs else [f"-max_total_time={int(seconds)}"]
+        os.makedirs(os.path.join(work, "corpus"))
+        cmd.append(os.path.join(work, "corpus"))
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     out = proc.stdout + proc.stderr
     m = re.findall(r"Done (\d+) runs", out) or re.findall(r"stat::number_of_executed_units:\s*(\d+)", out)
     return proc.returncode, int(m[-1]) if m else None, time.monotonic() - t0, out
