@@ -7,8 +7,8 @@ from localmq.store.commit_log import PutResult
 from localmq.status import AppendMessageStatus, GetResult, GetStatus, PutStatus
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
-    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, ForkedStoreError, IndexDisabledError,
-    InvalidMessageIdError,
+    ArgumentOverflowError, ArgumentRangeError, ConfigError, CorruptFrameError, CorruptStoreError, DispatchError,
+    ForkedStoreError, IndexDisabledError, InvalidMessageIdError, PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreClosedError, StoreLockedError,
 )
@@ -50,4 +50,5 @@ __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
+    "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
 ]

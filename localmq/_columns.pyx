@@ -17,6 +17,7 @@ from localmq._record cimport *
 import numpy as np
 
 from localmq._record import parse_properties
+from localmq.errors import ArgumentRangeError, PositionOutOfRangeError
 from localmq.status import Stop
 
 cnp.import_array()
@@ -38,12 +39,18 @@ cdef class RecordColumns:
 
     ``body_pos`` / ``topic_pos`` / ``props_pos`` are positions in the decoded buffer, so bodies stay zero-copy
     (``body(i)`` slices the buffer, ``gather_bodies`` packs them Arrow-style). Not thread-safe.
+
+    The columns hold the decoded buffer (a buffer-protocol export, like a memoryview) until the next decode into
+    them with another buffer, ``release()`` or their end: a bytearray cannot be resized nor an mmap closed under
+    them (BufferError), so ``body``, ``topic_codes`` and the gathers never read memory the buffer gave back.
     """
 
     cdef readonly Py_ssize_t capacity
     cdef readonly Py_ssize_t count
     cdef readonly object buffer
     cdef readonly dict arrays
+    cdef object _held               # memoryview of ``buffer``: its export pins the bytes the rows point into
+    cdef Py_ssize_t _held_len
     cdef int64_t *c_phys
     cdef int32_t *c_size
     cdef int32_t *c_qid
@@ -64,7 +71,7 @@ cdef class RecordColumns:
 
     def __init__(self, Py_ssize_t capacity):
         if capacity <= 0:
-            raise ValueError("capacity must be positive")
+            raise ArgumentRangeError("capacity must be positive", "capacity")
         self.capacity = capacity
         self.count = 0
         self.buffer = None
@@ -88,6 +95,22 @@ cdef class RecordColumns:
         self.c_ppos = <int64_t *>cnp.PyArray_DATA(a["props_pos"])
         self.c_plen = <int32_t *>cnp.PyArray_DATA(a["props_len"])
 
+    def release(self):
+        """Forget the decoded rows and release the buffer they point into (it may be resized or closed again)."""
+        self.count = 0
+        self.buffer = None
+        self._held = None
+        self._held_len = 0
+
+    cdef int _hold(self, data, Py_ssize_t n) except -1:
+        # keep an export of ``data`` for as long as rows point into it (a new view on an existing memoryview
+        # shares its export, so the caller may still release its own view)
+        if self.buffer is not data or self._held is None:
+            self._held = memoryview(data)
+            self.buffer = data
+        self._held_len = n
+        return 0
+
     def __getitem__(self, name):
         """The first ``count`` rows of column ``name`` (a view)."""
         return self.arrays[name][:self.count]
@@ -96,20 +119,23 @@ cdef class RecordColumns:
         """Body of row i as a zero-copy memoryview of the decoded buffer."""
         if not 0 <= i < self.count:
             raise IndexError(i)
+        _check_span(self.c_bpos[i], self.c_blen[i], 0, self._held_len, i, "body")
         p = self.c_bpos[i]
-        return memoryview(self.buffer)[p:p + self.c_blen[i]]
+        return memoryview(self._held).cast("B")[p:p + self.c_blen[i]]
 
     def topic(self, Py_ssize_t i):
         if not 0 <= i < self.count:
             raise IndexError(i)
+        _check_span(self.c_tpos[i], self.c_tlen[i], 0, self._held_len, i, "topic")
         p = self.c_tpos[i]
-        return bytes(memoryview(self.buffer)[p:p + self.c_tlen[i]]).decode("utf-8", "replace")
+        return bytes(memoryview(self._held).cast("B")[p:p + self.c_tlen[i]]).decode("utf-8", "replace")
 
     def properties(self, Py_ssize_t i):
         if not 0 <= i < self.count:
             raise IndexError(i)
+        _check_span(self.c_ppos[i], self.c_plen[i], 0, self._held_len, i, "properties")
         p = self.c_ppos[i]
-        return parse_properties(bytes(memoryview(self.buffer)[p:p + self.c_plen[i]]))
+        return parse_properties(bytes(memoryview(self._held).cast("B")[p:p + self.c_plen[i]]))
 
     def gather_bodies(self, data_out=None, offsets_out=None):
         """Copy the bodies of the decoded rows into one contiguous buffer with int32 offsets (Arrow binary layout).
@@ -122,11 +148,12 @@ cdef class RecordColumns:
             total += self.c_blen[i]
         if total > 0x7FFFFFFF:
             raise OverflowError("bodies exceed 2 GiB: use a smaller batch")
+        cdef const uint8_t[::1] src = _bytes_view(self) if n else None
+        _check_spans(self, NULL, n, self.c_bpos, self.c_blen, 0, "body")
         offs = offsets_out if offsets_out is not None and len(offsets_out) >= n + 1 else np.empty(n + 1, np.int32)
         data = data_out if data_out is not None and len(data_out) >= total else np.empty(total, np.uint8)
         cdef int32_t[::1] o = offs
         cdef uint8_t[::1] d = data
-        cdef const uint8_t[::1] src = memoryview(self.buffer).cast("B")
         cdef int64_t pos = 0
         with nogil:  # a large copy
             o[0] = 0
@@ -174,12 +201,12 @@ def decode_range(data, RecordColumns cols, Py_ssize_t start=0, Py_ssize_t end=-1
     if end < 0 or end > n:
         end = n
     if start < 0 or start > end:
-        raise IndexError("start out of range")
+        raise PositionOutOfRangeError(f"start {start} outside 0..{end}", "start")
     if not append or cols.buffer is not data:
         if append and cols.count and cols.buffer is not data:
             raise ValueError("append needs the same buffer as the rows already decoded")
         cols.count = 0 if not append else cols.count
-    cols.buffer = data
+    cols._hold(data, n)
     cdef const uint8_t *base = &mv[0] if n else NULL
     cdef Py_ssize_t pos = start, row = cols.count, cap = cols.capacity, first = cols.count
     cdef RecordView v
@@ -222,9 +249,9 @@ def _rows_array(rows, Py_ssize_t count):
         return None
     arr = np.ascontiguousarray(rows, dtype=np.int64)
     if arr.ndim != 1:
-        raise ValueError("rows must be one-dimensional")
+        raise ArgumentRangeError("rows must be one-dimensional", "rows")
     if arr.shape[0] and (arr.min() < 0 or arr.max() >= count):
-        raise IndexError("row index out of range")
+        raise PositionOutOfRangeError(f"row index outside 0..{count - 1}", "rows")
     return arr
 
 
@@ -233,9 +260,40 @@ cdef inline Py_ssize_t _row(const int64_t *rows, Py_ssize_t i) noexcept nogil:
 
 
 cdef const uint8_t[::1] _bytes_view(RecordColumns cols):
-    if cols.buffer is None:
+    """The held decoded buffer as bytes (its length is the one decoded: the export keeps it from resizing)."""
+    if cols._held is None:
         raise ValueError("no rows decoded yet")
-    return memoryview(cols.buffer).cast("B") if not isinstance(cols.buffer, bytes) else cols.buffer
+    cdef const uint8_t[::1] view = memoryview(cols._held).cast("B")
+    if view.shape[0] != cols._held_len:
+        raise PositionOutOfRangeError("the decoded buffer changed size since the decode", "buffer")
+    return view
+
+
+cdef int _check_span(int64_t pos, int64_t length, int64_t lead, Py_ssize_t nbuf, Py_ssize_t row,
+                     str what) except -1:
+    # the bytes [pos - lead, pos + length) of a row must lie in the decoded buffer: the columns are writable
+    # numpy arrays, so a row changed after the decode must not send a gather outside the buffer
+    if pos - lead < 0 or length < 0 or pos > nbuf - length:
+        raise PositionOutOfRangeError(
+            f"row {row}: {what} at {pos} ({length} bytes) outside the decoded buffer of {nbuf} bytes "
+            f"(columns changed after the decode)", "rows")
+    return 0
+
+
+cdef int _check_spans(RecordColumns cols, const int64_t *rp, Py_ssize_t n, const int64_t *pos_col,
+                      const int32_t *len_col, int64_t lead, str what) except -1:
+    """Raise PositionOutOfRangeError unless every selected row's span lies in the held buffer."""
+    cdef Py_ssize_t i, r, bad = -1
+    cdef Py_ssize_t nbuf = cols._held_len
+    with nogil:
+        for i in range(n):
+            r = _row(rp, i)
+            if pos_col[r] - lead < 0 or len_col[r] < 0 or pos_col[r] > nbuf - len_col[r]:
+                bad = r
+                break
+    if bad >= 0:
+        _check_span(pos_col[bad], len_col[bad], lead, nbuf, bad, what)
+    return 0
 
 
 def decode_positions(data, RecordColumns cols, positions, sizes=None, long long base_offset=0,
@@ -264,7 +322,7 @@ def decode_positions(data, RecordColumns cols, positions, sizes=None, long long 
         raise ValueError("append needs the same buffer as the rows already decoded")
     if not append:
         cols.count = 0
-    cols.buffer = data
+    cols._hold(data, n)
     cdef const uint8_t *base = &mv[0] if n else NULL
     cdef Py_ssize_t i = 0, row = cols.count, cap = cols.capacity, first = cols.count
     cdef int64_t pos
@@ -311,6 +369,7 @@ def topic_codes(RecordColumns cols):
     if n == 0:
         return codes, []
     cdef const uint8_t[::1] buf = _bytes_view(cols)
+    _check_spans(cols, NULL, n, cols.c_tpos, cols.c_tlen, 0, "topic")
     cdef const uint8_t *base = &buf[0]
     cdef int32_t[::1] c = codes
     cdef list names = []
@@ -363,6 +422,7 @@ def gather_binary(RecordColumns cols, str field, rows=None):
     cdef const int64_t *rp = NULL if rows is None else <const int64_t *>cnp.PyArray_DATA(rows)
     n = cols.count if rows is None else len(rows)
     cdef const uint8_t[::1] buf = _bytes_view(cols) if n else None
+    _check_spans(cols, rp, n, pos_col, len_col, 0, field)
     cdef int64_t total = 0, at = 0
     for i in range(n):
         total += len_col[_row(rp, i)]
@@ -405,6 +465,7 @@ def gather_property(RecordColumns cols, str name, rows=None):
     cdef const int64_t *rp = NULL if rows is None else <const int64_t *>cnp.PyArray_DATA(rows)
     n = cols.count if rows is None else len(rows)
     cdef const uint8_t[::1] buf = _bytes_view(cols) if n else None
+    _check_spans(cols, rp, n, cols.c_ppos, cols.c_plen, 0, "properties")
     cdef int64_t total = _props_total(cols, rp, n), at = 0, nulls = 0
     if total > 0x7FFFFFFF:
         raise OverflowError("more than 2 GiB of properties in one batch: use smaller batches")
@@ -465,6 +526,7 @@ def gather_keys(RecordColumns cols, rows=None):
     cdef const int64_t *rp = NULL if rows is None else <const int64_t *>cnp.PyArray_DATA(rows)
     n = cols.count if rows is None else len(rows)
     cdef const uint8_t[::1] buf = _bytes_view(cols) if n else None
+    _check_spans(cols, rp, n, cols.c_ppos, cols.c_plen, 0, "properties")
     cdef const uint8_t *base = &buf[0] if n and buf.shape[0] else NULL
     cdef const uint8_t *val
     cdef int32_t vlen, j, s
@@ -523,6 +585,7 @@ def gather_properties(RecordColumns cols, rows=None):
     cdef const int64_t *rp = NULL if rows is None else <const int64_t *>cnp.PyArray_DATA(rows)
     n = cols.count if rows is None else len(rows)
     cdef const uint8_t[::1] buf = _bytes_view(cols) if n else None
+    _check_spans(cols, rp, n, cols.c_ppos, cols.c_plen, 0, "properties")
     cdef const uint8_t *base = &buf[0] if n and buf.shape[0] else NULL
     cdef const uint8_t *pr
     cdef int32_t plen, s, ks, kl, vs, vl
@@ -587,7 +650,11 @@ def gather_msg_ids(RecordColumns cols, rows=None):
     cdef const char *hexd = b"0123456789ABCDEF"
     cdef uint8_t raw[28]
     for i in range(n):
-        total += 56 if cols.c_sysflag[_row(rp, i)] & SYSFLAG_STOREHOST_V6 else 32
+        r = _row(rp, i)
+        total += 56 if cols.c_sysflag[r] & SYSFLAG_STOREHOST_V6 else 32
+        # the store host lies 16 + its size bytes before the body
+        _check_span(cols.c_bpos[r], 0, 16 + (HOST_V6_SIZE if cols.c_sysflag[r] & SYSFLAG_STOREHOST_V6 else HOST_V4_SIZE),
+                    cols._held_len, r, "store host")
     offs = np.empty(n + 1, np.int32)
     data = np.empty(total, np.uint8)
     cdef int32_t *o = <int32_t *>cnp.PyArray_DATA(offs)
@@ -990,9 +1057,9 @@ def scan_range(data, Py_ssize_t start, Py_ssize_t end, long long base_offset=0, 
     if end < 0 or end > n:
         end = n
     if start < 0 or start > end:
-        raise IndexError("start out of range")
+        raise PositionOutOfRangeError(f"start {start} outside 0..{end}", "start")
     if capacity <= 0:
-        raise ValueError("capacity must be positive")
+        raise ArgumentRangeError("capacity must be positive", "capacity")
     cdef ScanFilter nofilter
     nofilter.active = False
     cdef const ScanFilter *flt = &row_filter.f if row_filter is not None else &nofilter
@@ -1028,8 +1095,10 @@ def scan_positions(data, positions, sizes, long long base_offset=0, bint check_c
     cdef Py_ssize_t count = pos_arr.shape[0]
     if size_arr.shape[0] != count:
         raise ValueError("sizes and positions differ in length")
-    # the kept bodies lie inside the records: their sizes bound the data buffer
-    cdef _ScanBuffers buf = _ScanBuffers(fields, max(count, 1), int(size_arr.sum(dtype=np.int64)), body_hint)
+    # the kept bodies lie inside the records: their sizes bound the data buffer (a negative size, which no
+    # record matches, must not shrink that bound below the records written before it)
+    cdef _ScanBuffers buf = _ScanBuffers(fields, max(count, 1), int(np.maximum(size_arr, 0).sum(dtype=np.int64)),
+                                         body_hint)
     cdef const int64_t *pp = <const int64_t *>cnp.PyArray_DATA(pos_arr)
     cdef const int32_t *sp = <const int32_t *>cnp.PyArray_DATA(size_arr)
     cdef const uint8_t *base = &mv[0] if n else NULL

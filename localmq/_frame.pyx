@@ -28,7 +28,7 @@ cdef extern from *:
     #define lmq_frame_fence() __atomic_thread_fence(__ATOMIC_RELEASE)
     """
     void lmq_frame_fence() noexcept nogil
-from localmq.errors import CorruptFrameError, StoreClosedError
+from localmq.errors import CorruptFrameError, PositionOutOfRangeError, StoreClosedError
 from localmq.status import Stop
 
 
@@ -132,6 +132,7 @@ def walk_frames(data, long long start=0, long long end=-1, bint check_crc=True):
     Returns (positions, stop, outcome): the start position of every valid frame (a list of ints), where the walk
     stopped (the end of the last valid frame), and Stop.END (zero TOTALSIZE or the end of the range after the last
     whole frame) or Stop.TORN (bytes that are not a whole valid frame: torn write or corruption; cut there).
+    Raises PositionOutOfRangeError when ``start`` lies outside ``data`` (``end`` < 0 or past the data means its end).
     """
     cdef Py_buffer bv
     cdef int64_t pos = start, total = 0, stop
@@ -140,6 +141,8 @@ def walk_frames(data, long long start=0, long long end=-1, bint check_crc=True):
     out = []
     PyObject_GetBuffer(data, &bv, PyBUF_SIMPLE)
     try:
+        if start < 0 or start > bv.len:
+            raise PositionOutOfRangeError(f"start {start} outside the buffer (0..{bv.len})", "start")
         stop = bv.len if end < 0 or end > bv.len else end
         base = <const uint8_t *>bv.buf
         while pos < stop:

@@ -22,7 +22,8 @@ from libc.string cimport memcpy
 
 from localmq._layout cimport (
     INDEX_H_BEGIN_PHY, INDEX_H_BEGIN_TS, INDEX_H_END_PHY, INDEX_H_END_TS, INDEX_H_INDEX_COUNT, INDEX_H_SLOT_COUNT,
-    INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_MAX_KEY_BYTES, INDEX_SLOT_SIZE, SYSFLAG_TRANSACTION_MASK,
+    INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_MAX_KEY_BYTES, INDEX_SLOT_SIZE, MAX_PROPERTIES_SIZE, MAX_TOPIC_BYTES,
+    SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_ROLLBACK,
 )
 from localmq._record cimport find_property, java_hash_utf8
@@ -30,6 +31,7 @@ from localmq._os cimport lmq_be32, lmq_be64, lmq_put32, lmq_put64
 
 import numpy as np
 
+from localmq.errors import ArgumentRangeError, PositionOutOfRangeError
 from localmq.status import Stop
 
 cnp.import_array()
@@ -96,7 +98,8 @@ cdef int put_key_c(uint8_t *base, int64_t slot_num, int64_t index_num, int32_t k
     return 1
 
 
-cdef bint has_item_c(const uint8_t *base, int64_t slot_num, int32_t key_hash, int64_t phy) noexcept nogil:
+cdef bint has_item_c(const uint8_t *base, int64_t slot_num, int64_t index_num, int32_t key_hash,
+                     int64_t phy) noexcept nogil:
     """True when the newest items of the key's slot already hold (key_hash, phy) (items of older records end
     the look: phy is the file's endPhyOffset, so it only ever meets the record being indexed)."""
     cdef int32_t count = index_count_of(base)
@@ -104,7 +107,7 @@ cdef bint has_item_c(const uint8_t *base, int64_t slot_num, int32_t key_hash, in
     cdef int32_t steps = 0
     cdef const uint8_t *item
     cdef int64_t item_phy
-    while 0 < cur < count and steps < count:
+    while 0 < cur < count and cur < index_num and steps < count:  # (a damaged header may count past the file)
         item = base + INDEX_HEADER_SIZE + slot_num * INDEX_SLOT_SIZE + <int64_t>cur * INDEX_ITEM_SIZE
         item_phy = <int64_t>lmq_be64(item + 4)
         if item_phy < phy:
@@ -116,8 +119,8 @@ cdef bint has_item_c(const uint8_t *base, int64_t slot_num, int32_t key_hash, in
     return False
 
 
-cdef Py_ssize_t select_c(const uint8_t *base, int64_t slot_num, int32_t key_hash, int64_t begin, int64_t end,
-                         int64_t *out, Py_ssize_t max_out) noexcept nogil:
+cdef Py_ssize_t select_c(const uint8_t *base, int64_t slot_num, int64_t items, int32_t key_hash, int64_t begin,
+                         int64_t end, int64_t *out, Py_ssize_t max_out) noexcept nogil:
     """IndexFile.selectPhyOffset: offsets of items with ``key_hash`` whose time is in [begin, end], newest first."""
     cdef int32_t count = index_count_of(base)
     cdef int32_t nxt, prev, h, steps = 0
@@ -127,7 +130,7 @@ cdef Py_ssize_t select_c(const uint8_t *base, int64_t slot_num, int32_t key_hash
     if count <= 1:
         return 0
     nxt = <int32_t>lmq_be32(base + INDEX_HEADER_SIZE + (key_hash % slot_num) * INDEX_SLOT_SIZE)
-    if nxt <= 0 or nxt > count:
+    if nxt <= 0 or nxt > count or nxt >= items:  # (items: the file's item capacity, whatever the header says)
         return 0
     begin_ts = <int64_t>lmq_be64(base + INDEX_H_BEGIN_TS)
     while n < max_out and steps <= count:
@@ -142,7 +145,7 @@ cdef Py_ssize_t select_c(const uint8_t *base, int64_t slot_num, int32_t key_hash
         if h == key_hash and begin <= t <= end:
             out[n] = phy
             n += 1
-        if prev <= 0 or prev > count or prev == nxt or t < begin:
+        if prev <= 0 or prev > count or prev >= items or prev == nxt or t < begin:
             break
         nxt = prev
         steps += 1
@@ -161,7 +164,7 @@ def put_key(uint8_t[::1] buf, long long slot_num, long long index_num, int key_h
     """Insert one item (``key_hash`` from ``key_hash()``). Returns True, or False when the file is full."""
     _check_geometry(buf.shape[0], slot_num, index_num)
     if key_hash < 0:
-        raise ValueError("key_hash must be positive (use key_hash())")
+        raise ArgumentRangeError("key_hash must be positive (use key_hash())", "key_hash")
     return put_key_c(&buf[0], slot_num, index_num, key_hash, phy, ts) == 1
 
 
@@ -169,8 +172,11 @@ def select_offsets(const uint8_t[::1] buf, long long slot_num, int key_hash, lon
                    Py_ssize_t max_num):
     """Physical offsets of the items of ``key_hash`` stored within [begin, end] (second precision: an item's time
     is the file's begin time plus whole seconds), newest first, at most ``max_num``. An int64 numpy array."""
-    if slot_num <= 0 or buf.shape[0] < INDEX_HEADER_SIZE + slot_num * INDEX_SLOT_SIZE:
-        raise ValueError("buffer smaller than the slot table")
+    # (Python ints: a huge slot_num must not wrap around in C arithmetic)
+    if slot_num <= 0 or buf.shape[0] < INDEX_HEADER_SIZE + <object>slot_num * INDEX_SLOT_SIZE:
+        raise ArgumentRangeError("buffer smaller than the slot table", "slot_num")
+    if key_hash < 0:
+        raise ArgumentRangeError("key_hash must be positive (use key_hash())", "key_hash")
     cdef int64_t items = (buf.shape[0] - INDEX_HEADER_SIZE - slot_num * INDEX_SLOT_SIZE) // INDEX_ITEM_SIZE
     cdef const uint8_t *base = &buf[0]
     cdef int32_t count = index_count_of(base)
@@ -182,15 +188,38 @@ def select_offsets(const uint8_t[::1] buf, long long slot_num, int key_hash, lon
     cdef int64_t *op = <int64_t *>cnp.PyArray_DATA(out)
     cdef Py_ssize_t n
     with nogil:  # a chain may run through a large file
-        n = select_c(base, slot_num, key_hash, begin, end, op, max_num)
+        n = select_c(base, slot_num, items, key_hash, begin, end, op, max_num)
     return out[:n]
 
 
 cdef int _check_geometry(Py_ssize_t size, long long slot_num, long long index_num) except -1:
     if slot_num <= 0 or index_num <= 1:
-        raise ValueError("slot_num must be >= 1 and index_num >= 2")
-    if size != INDEX_HEADER_SIZE + slot_num * INDEX_SLOT_SIZE + index_num * INDEX_ITEM_SIZE:
-        raise ValueError("buffer size does not match the geometry")
+        raise ArgumentRangeError("slot_num must be >= 1 and index_num >= 2", "slot_num")
+    # (Python ints: huge counts must not wrap around in C arithmetic and match the size by accident)
+    if size != INDEX_HEADER_SIZE + <object>slot_num * INDEX_SLOT_SIZE + <object>index_num * INDEX_ITEM_SIZE:
+        raise ArgumentRangeError("buffer size does not match the geometry", "slot_num")
+    return 0
+
+
+cdef int _check_rows(Py_ssize_t nbuf, const int64_t[::1] phys, const int64_t[::1] store_ts,
+                    const int32_t[::1] sys_flag, const int64_t[::1] topic_pos, const int32_t[::1] topic_len,
+                    const int64_t[::1] props_pos, const int32_t[::1] props_len, Py_ssize_t row, Py_ssize_t key,
+                    Py_ssize_t count) except -1:
+    """index_rows' arguments: rows [row, count) inside every column, each topic and properties span inside
+    ``data`` and no longer than a record allows (the key scratch buffer is sized by them)."""
+    cdef Py_ssize_t r
+    if row < 0 or key < 0 or count < 0:
+        raise PositionOutOfRangeError(f"row {row}, key {key} and count {count} must not be negative", "row")
+    if count > min(phys.shape[0], store_ts.shape[0], sys_flag.shape[0], topic_pos.shape[0], topic_len.shape[0],
+                   props_pos.shape[0], props_len.shape[0]):
+        raise ArgumentRangeError("count exceeds the columns", "count")
+    for r in range(row, count):
+        if (topic_len[r] < 0 or topic_len[r] > MAX_TOPIC_BYTES or topic_pos[r] < 0
+                or topic_pos[r] > nbuf - topic_len[r]):
+            raise PositionOutOfRangeError(f"row {r}: topic span outside the data or too long", "topic_pos")
+        if (props_len[r] < 0 or props_len[r] > MAX_PROPERTIES_SIZE or props_pos[r] < 0
+                or props_pos[r] > nbuf - props_len[r]):
+            raise PositionOutOfRangeError(f"row {r}: properties span outside the data or too long", "props_pos")
     return 0
 
 
@@ -209,7 +238,8 @@ def index_rows(uint8_t[::1] buf, long long slot_num, long long index_num, const 
     """
     cdef Py_ssize_t n = count
     if n > phys.shape[0]:
-        raise ValueError("count exceeds the columns")
+        raise ArgumentRangeError("count exceeds the columns", "count")
+    _check_rows(data.shape[0], phys, store_ts, sys_flag, topic_pos, topic_len, props_pos, props_len, row, key, count)
     cdef uint8_t *base = NULL
     if buf is not None:
         _check_geometry(buf.shape[0], slot_num, index_num)
@@ -246,7 +276,7 @@ def index_rows(uint8_t[::1] buf, long long slot_num, long long index_num, const 
                             break
                         memcpy(scratch + tl + 1, val, vlen)
                         h = positive_hash(java_hash_utf8(scratch, tl + 1 + vlen))
-                        if not (ph == end_phy and has_item_c(base, slot_num, h, ph)):
+                        if not (ph == end_phy and has_item_c(base, slot_num, index_num, h, ph)):
                             if put_key_c(base, slot_num, index_num, h, ph, store_ts[r]) == 0:
                                 outcome = R_FULL
                                 break
@@ -265,7 +295,7 @@ def index_rows(uint8_t[::1] buf, long long slot_num, long long index_num, const 
                                     break
                                 memcpy(scratch + tl + 1, val + s, e - s)
                                 h = positive_hash(java_hash_utf8(scratch, tl + 1 + e - s))
-                                if not (ph == end_phy and has_item_c(base, slot_num, h, ph)):
+                                if not (ph == end_phy and has_item_c(base, slot_num, index_num, h, ph)):
                                     if put_key_c(base, slot_num, index_num, h, ph, store_ts[r]) == 0:
                                         outcome = R_FULL
                                         break

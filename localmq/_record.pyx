@@ -15,7 +15,7 @@ from localmq._layout cimport (
 )
 from localmq._os cimport crc32, lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64
 
-from localmq.errors import CorruptFrameError, InvalidPropertyError, PropertiesSizeError
+from localmq.errors import CorruptFrameError, InvalidPropertyError, PositionOutOfRangeError, PropertiesSizeError
 from localmq.status import RecordStatus
 
 # RocketMQ's default messageDelayLevel, in ms (SCHEDULE_TOPIC_XXXX tagsCode = store time + delay of the level).
@@ -579,6 +579,13 @@ def encode_blank(int size):
     return PyBytes_FromStringAndSize(<char *>b, 8)
 
 
+cdef int check_position(Py_ssize_t pos, Py_ssize_t n, str name) except -1:
+    """Raise PositionOutOfRangeError unless 0 <= pos <= n (a position in, or at the end of, n bytes)."""
+    if pos < 0 or pos > n:
+        raise PositionOutOfRangeError(f"{name} {pos} outside the buffer (0..{n})", name)
+    return 0
+
+
 def decode_message(data, Py_ssize_t pos=0, *, bint check_crc=True, long long base_offset=-1, bint copy=True):
     """Decode the record at ``data[pos:]``.
 
@@ -588,8 +595,7 @@ def decode_message(data, Py_ssize_t pos=0, *, bint check_crc=True, long long bas
     cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     cdef RecordView v
     cdef Py_ssize_t n = mv.shape[0]
-    if pos < 0 or pos > n:
-        raise IndexError("position out of range")
+    check_position(pos, n, "pos")
     rc = parse_record(&mv[0] + pos if n else NULL, n - pos, &v, check_crc)
     if rc == REC_BLANK:
         return None
@@ -608,6 +614,7 @@ def scan_record(data, Py_ssize_t pos=0, bint check_crc=False):
     cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     cdef RecordView v
     cdef Py_ssize_t n = mv.shape[0]
+    check_position(pos, n, "pos")
     v.total_size = 0
     rc = parse_record(&mv[0] + pos if n else NULL, n - pos, &v, check_crc)
     size = v.total_size if rc in (REC_OK, REC_BLANK, REC_BAD_LENGTH, REC_BAD_CRC) else 0
@@ -623,6 +630,7 @@ def walk_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint check_crc=Tru
     """
     cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     cdef Py_ssize_t n = mv.shape[0]
+    check_position(start, n, "start")
     if end < 0 or end > n:
         end = n
     cdef const uint8_t *base = &mv[0] if n else NULL

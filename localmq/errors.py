@@ -105,9 +105,46 @@ class IndexDisabledError(LocalMQError, RuntimeError):
     """A query by key on a store opened with ``message_index_enable=False``."""
 
 
+class ArgumentRangeError(LocalMQError, ValueError):
+    """An argument outside the range a call accepts: a negative or too large position, size, count or value.
+
+    ``argument`` names the argument (None when the message says it). A ValueError, as Python reports a bad value.
+    """
+
+    def __init__(self, message, argument=None):
+        super().__init__(message)
+        self.argument = argument
+
+
+class PositionOutOfRangeError(ArgumentRangeError, IndexError):
+    """A position, start, end or row index outside the buffer (or rows) it points into, or a negative one.
+
+    Also an IndexError, which the decoders raised for these before (and a ValueError, as every ArgumentRangeError).
+    """
+
+
+class ArgumentOverflowError(ArgumentRangeError, OverflowError):
+    """An integer too large (or too small) for the fixed-width field it goes into (a queue id of 2**70, a flag of
+    2**40, ``max_messages`` of 2**31). Also an OverflowError, which Python's int conversion raised for these before."""
+
+
+def check_int_range(value, argument, low, high, error=ArgumentOverflowError):
+    """Raise ``error`` naming ``argument`` unless ``low <= value <= high`` (``value`` any integer).
+
+    A non-integer raises TypeError, as the C conversion did. Returns ``value`` as an int.
+    """
+    if not hasattr(value, "__index__"):
+        raise TypeError(f"{argument} must be an integer, not {type(value).__name__}")
+    value = value.__index__()
+    if not low <= value <= high:
+        raise error(f"{argument} {value} outside {low}..{high}", argument)
+    return value
+
+
 __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
-    "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError", "InvalidMessageIdError", "ForkedStoreError",
-    "IndexDisabledError",
+    "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError", "InvalidMessageIdError",
+    "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
+    "check_int_range",
 ]

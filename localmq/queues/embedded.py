@@ -20,6 +20,7 @@ from localmq.layout import MAX_QUEUE_ID, TOPIC_RE
 from localmq.status import GetResult, GetStatus, PutStatus, Stop
 from localmq.config import check_topic
 from localmq.errors import (
+    check_int_range,
     ConfigError, CorruptStoreError, InvalidQueueIdError, MessageSizeError, StoreClosedError,
 )
 from localmq.queues.base import ProcessBoundMixin, ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
@@ -28,6 +29,8 @@ from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.lock import StoreLock
 
 log = logging.getLogger("localmq.queues.embedded")
+
+MAX_GET_MESSAGES = (1 << 31) - 1  # the largest max_messages of get_message (an int32 in the compiled get path)
 
 _PUT_OK = PutStatus.PUT_OK
 _CREATE_FAILED = PutStatus.CREATE_MAPPED_FILE_FAILED
@@ -497,12 +500,14 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         ``offset``; statuses and ``next_begin_offset`` as the Local queue's. ``tags`` "a || b" keeps messages
         whose tag is one of them (a filtered pull looks at most 1024 frames).
 
-        Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1), CorruptFrameError.
+        Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1), ArgumentOverflowError
+        (max_messages above MAX_GET_MESSAGES), CorruptFrameError.
         """
         if self._closed:
             raise self._closed_error()
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
+        check_int_range(max_messages, "max_messages", 1, MAX_GET_MESSAGES)  # a C int below (ArgumentOverflowError)
         b = self._buckets.get((topic, queue_id))
         if b is None:
             if not 0 <= queue_id <= MAX_QUEUE_ID:

@@ -15,6 +15,7 @@ from localmq._native import fsync_dir
 from localmq._record import decode_message_id, java_hash
 from localmq.config import FlushDiskType, StoreConfig, check_topic
 from localmq.errors import (
+    check_int_range,
     DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError, InvalidQueueIdError,
     StoreClosedError,
 )
@@ -43,6 +44,8 @@ from localmq.store.recovery import recover_store
 from localmq.store.transient_store_pool import TransientStorePool
 
 log = logging.getLogger("localmq.store")
+
+MAX_GET_MESSAGES = (1 << 31) - 1  # the largest max_messages of get_message (an int32 in the compiled get path)
 
 _MAX_TS = (1 << 63) - 1
 _HEX_RE = re.compile(r"[0-9A-Fa-f]+")
@@ -566,12 +569,14 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
         Batches also stop at RocketMQ's transfer limits (32 messages / 256 KiB in memory, 8 / 64 KiB on disk).
         ``zero_copy``: bodies are memoryviews of the mapping (they keep it alive) instead of bytes.
         Returns GetResult; its status is one of GetStatus (see the README for next_begin_offset rules).
-        Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1).
+        Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1), ArgumentOverflowError
+        (max_messages above MAX_GET_MESSAGES).
         """
         if self._closed:
             raise self._closed_error()
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
+        check_int_range(max_messages, "max_messages", 1, MAX_GET_MESSAGES)  # a C int below (ArgumentOverflowError)
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
             if not 0 <= queue_id <= MAX_QUEUE_ID:

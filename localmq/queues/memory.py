@@ -10,9 +10,11 @@ from localmq._frame import stored_message
 from localmq.layout import MAX_QUEUE_ID
 from localmq.status import GetStatus, PutStatus
 from localmq.config import check_topic
-from localmq.errors import InvalidQueueIdError, MessageSizeError, StoreClosedError
+from localmq.errors import  check_int_range,InvalidQueueIdError, MessageSizeError, StoreClosedError
 from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
 from localmq.status import GetResult
+
+MAX_GET_MESSAGES = (1 << 31) - 1  # the largest max_messages of get_message (an int32 in the compiled get path)
 
 _PUT_OK = PutStatus.PUT_OK
 # how many messages one get_message looks at when a tag filter skips them (as the ConsumeQueue scan's bound)
@@ -143,12 +145,14 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         """Pull up to ``max_messages`` from ``offset``; statuses and ``next_begin_offset`` as the Local queue's.
 
         ``tags`` "a || b" keeps messages whose tag is one of them (a scan looks at most 4096 messages).
-        Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1).
+        Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1), ArgumentOverflowError
+        (max_messages above MAX_GET_MESSAGES).
         """
         if self._closed:
             raise StoreClosedError("the queue is closed")
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
+        check_int_range(max_messages, "max_messages", 1, MAX_GET_MESSAGES)  # a C int below (ArgumentOverflowError)
         b = self._buckets.get((topic, queue_id))
         if b is None:
             if not 0 <= queue_id <= MAX_QUEUE_ID:
