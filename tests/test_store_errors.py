@@ -159,3 +159,25 @@ def test_native_errors_carry_errno_and_path(tmp_path):
         os.close(fd)
     with pytest.raises(OSError):
         _native.fsync_dir(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("call", ["put", "put_batch"])
+def test_put_arguments_out_of_range_raise_typed_errors(tmp_path, call):
+    with localmq.open(tmp_path / "s", mapped_file_size_commit_log=64 * 1024) as st:
+        def put(**kw):
+            return st.put("t", b"x", **kw) if call == "put" else st.put_batch("t", [b"x", b"y"], **kw)
+
+        with pytest.raises(localmq.InvalidQueueIdError):
+            put(queue_id=2 ** 70)
+        with pytest.raises(localmq.InvalidQueueIdError):
+            put(queue_id=65536)
+        with pytest.raises(localmq.ArgumentOverflowError) as e:
+            put(flag=2 ** 40)
+        assert e.value.argument == "flag" and isinstance(e.value, OverflowError)
+        with pytest.raises(TypeError):
+            put(queue_id="1")
+        # nothing was written by the refused calls; the next put is the queue's first message
+        r = put(queue_id=65535, flag=-(2 ** 31))
+        assert r.status is localmq.PutStatus.PUT_OK and r.queue_offset == 0
+        assert st.wait_for_dispatch(10)
+        assert [m.flag for m in st.get_message("t", 65535, 0).messages][0] == -(2 ** 31)

@@ -34,7 +34,7 @@ from localmq._record import pack_host, properties_to_bytes
 from localmq.config import check_topic
 from localmq.status import PutStatus
 from localmq.errors import (
-    ForkedStoreError, InvalidPropertyError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError,
+    ArgumentOverflowError, ForkedStoreError, InvalidPropertyError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError,
     StoreClosedError,
 )
 
@@ -299,6 +299,14 @@ cdef class TopicEntry:
         return [q for q in range(self.n_queues) if self.next_offsets[q] > 0]
 
 
+
+cdef object overflow_error(object queue_id, object flag):
+    """The typed error for a queue id or flag too large for a C int (the conversion raised OverflowError)."""
+    if not -(1 << 31) <= queue_id < (1 << 31):
+        return InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")
+    return ArgumentOverflowError(f"flag {flag} does not fit an int32", argument="flag")
+
+
 cdef class Forward:
     """Class attribute ``name = Forward("owner", "method", doc)``: ``obj.name`` is ``obj.owner.method``, the compiled
     method itself (LocalMessageQueue.put is CommitLog.put). A compiled descriptor: its ``__get__`` is a C slot, so
@@ -475,8 +483,8 @@ cdef class CommitLog:
 
     # -- put --------------------------------------------------------------------------------------------------
 
-    def put(self, str topic not None, object body, *, int queue_id=0, object tags=None, object keys=None,
-            object properties=None, int flag=0):
+    def put(self, str topic not None, object body, *, object queue_id=0, object tags=None, object keys=None,
+            object properties=None, object flag=0):
         """Append one message. Returns a PutResult (status PUT_OK, or CREATE_MAPPED_FILE_FAILED when a new
         segment could not be created, e.g. a full disk).
 
@@ -496,10 +504,16 @@ cdef class CommitLog:
         if self.refuse_status is not None:
             self.put_failures += 1
             return failed_result(self.refuse_status)
+        cdef int qid, fl
+        try:  # the C conversion; a Python int past a C int gets a typed error instead of a bare OverflowError
+            qid = queue_id
+            fl = flag
+        except OverflowError:
+            raise overflow_error(queue_id, flag) from None
         te = self._topic(topic)
-        if queue_id < 0 or queue_id > MAX_QUEUE_ID:
-            raise InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")
-        te.ensure(queue_id)
+        if qid < 0 or qid > MAX_QUEUE_ID:
+            raise InvalidQueueIdError(f"queue id {qid} outside 0..{MAX_QUEUE_ID}")
+        te.ensure(qid)
         if tags is None and keys is None and properties is None:
             props = b""
         else:
@@ -550,8 +564,8 @@ cdef class CommitLog:
                         continue
                     break
                 phys = mf.file_from_offset + pos
-                qoff = te.next_offsets[queue_id]
-                write_record(write_base(mf) + pos, <int32_t>total, queue_id, flag, qoff, phys,
+                qoff = te.next_offsets[qid]
+                write_record(write_base(mf) + pos, <int32_t>total, qid, fl, qoff, phys,
                              self.host_sys_flag, ts,
                              <const uint8_t *>PyBytes_AS_STRING(self.born_host), PyBytes_GET_SIZE(self.born_host),
                              ts, <const uint8_t *>PyBytes_AS_STRING(self.store_host),
@@ -560,7 +574,7 @@ cdef class CommitLog:
                              <const uint8_t *>PyBytes_AS_STRING(props), PyBytes_GET_SIZE(props))
                 mf.store_timestamp = ts
                 publish(mf, pos + total)
-                te.next_offsets[queue_id] = qoff + 1
+                te.next_offsets[qid] = qoff + 1
                 self.puts += 1
             finally:
                 PyThread_release_lock(self.lock)
@@ -581,8 +595,8 @@ cdef class CommitLog:
             self._await_flush(r, phys + total)
         return r
 
-    def put_batch(self, str topic not None, object bodies, *, int queue_id=0, object tags=None, object keys=None,
-                  object properties=None, int flag=0):
+    def put_batch(self, str topic not None, object bodies, *, object queue_id=0, object tags=None, object keys=None,
+                  object properties=None, object flag=0):
         """Append a batch to one queue under one lock: consecutive queue offsets, one store timestamp.
 
         Records roll into the next segment as needed (each record stays whole in one segment). Returns one
@@ -612,10 +626,16 @@ cdef class CommitLog:
         if self.refuse_status is not None:
             self.put_failures += 1
             return failed_result(self.refuse_status)
+        cdef int qid, fl
+        try:  # the C conversion; a Python int past a C int gets a typed error instead of a bare OverflowError
+            qid = queue_id
+            fl = flag
+        except OverflowError:
+            raise overflow_error(queue_id, flag) from None
         te = self._topic(topic)
-        if queue_id < 0 or queue_id > MAX_QUEUE_ID:
-            raise InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")
-        te.ensure(queue_id)
+        if qid < 0 or qid > MAX_QUEUE_ID:
+            raise InvalidQueueIdError(f"queue id {qid} outside 0..{MAX_QUEUE_ID}")
+        te.ensure(qid)
         if tags is None and keys is None and properties is None:
             props = b""
         else:
@@ -656,7 +676,7 @@ cdef class CommitLog:
                 ts = self.last_store_ts
             self.last_store_ts = ts
             mf = self.cur
-            qoff = te.next_offsets[queue_id]
+            qoff = te.next_offsets[qid]
             for i in range(n):
                 b = <object>PyList_GET_ITEM(blist, i)
                 if type(b) is bytes:
@@ -691,7 +711,7 @@ cdef class CommitLog:
                         break
                     if mf is None:
                         break
-                    write_record(write_base(mf) + pos, <int32_t>total, queue_id, flag, qoff, mf.file_from_offset + pos,
+                    write_record(write_base(mf) + pos, <int32_t>total, qid, fl, qoff, mf.file_from_offset + pos,
                                  self.host_sys_flag, ts, bh, bhl, ts, sh, shl, 0, 0,
                                  bp, <int32_t>blen, tp, <int32_t>tlen, pp, <int32_t>plen)
                     if first_phys < 0:
@@ -707,7 +727,7 @@ cdef class CommitLog:
                 finally:
                     if have_view:
                         PyBuffer_Release(&view)
-            te.next_offsets[queue_id] = qoff
+            te.next_offsets[qid] = qoff
             self.puts += qoff - (first_qoff if first_qoff >= 0 else qoff)
         finally:
             PyThread_release_lock(self.lock)
