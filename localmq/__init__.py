@@ -7,9 +7,9 @@ from localmq.store.commit_log import PutResult
 from localmq.status import AppendMessageStatus, GetResult, GetStatus, PutStatus
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
-    ConfigError, CorruptFrameError, CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError,
+    ConfigError, CorruptFrameError, CorruptMessageError, CorruptStoreError, DamagedLogError, DispatchError, IndexDisabledError, InvalidMessageIdError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
-    PropertiesSizeError, QueueReassignedError, StoreClosedError, StoreLockedError,
+    PropertiesSizeError, QueueReassignedError, StoreClosedError, StoreLockedError, UnsafePathError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
@@ -49,4 +49,5 @@ __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError",
+    "CorruptMessageError", "DamagedLogError", "UnsafePathError",
 ]

@@ -174,6 +174,7 @@ class LocalMessageQueue(QueueClientsMixin):
         self._start_services()
         self._start_index_service(last_exit_ok)
         self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
+        self._check_crc_on_read = bool(c.check_crc_on_read)
         self._get_limits = get.GetLimits(
             c.max_transfer_count_on_message_in_memory, c.max_transfer_bytes_on_message_in_memory,
             c.max_transfer_count_on_message_in_disk, c.max_transfer_bytes_on_message_in_disk,
@@ -582,7 +583,10 @@ class LocalMessageQueue(QueueClientsMixin):
         Batches also stop at RocketMQ's transfer limits (32 messages / 256 KiB in memory, 8 / 64 KiB on disk).
         ``zero_copy``: bodies are memoryviews of the mapping (they keep it alive) instead of bytes.
         Returns GetResult; its status is one of GetStatus (see the README for next_begin_offset rules).
-        Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1).
+        Each message is checked against its unit (topic, queue id, queue offset, size) and, with
+        ``check_crc_on_read`` (default), its body CRC: a batch ends before a bad unit, and the get that starts at it
+        raises CorruptMessageError (its ``next_offset`` skips it; a Consumer does so and counts it).
+        Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1), CorruptMessageError.
         """
         if self._closed:
             raise StoreClosedError("the store is closed")
@@ -607,7 +611,7 @@ class LocalMessageQueue(QueueClientsMixin):
         hashes, names = f if f is not None else ((), None)
         mfq = self._cl_mfq
         return get.get_message(cq, mfq.files, mfq.file_size, offset, max_messages, hashes, names, self._get_limits,
-                               mfq.max_offset(), not zero_copy, mn, mx)
+                               mfq.max_offset(), not zero_copy, mn, mx, self._check_crc_on_read)
 
     # -- offsets & lookups -------------------------------------------------------------------------------------
 
