@@ -178,3 +178,77 @@ def test_flipped_body_byte_in_an_older_segment_is_a_typed_error_not_a_wrong_body
     with localmq.open(root, check_crc_on_read=False, **SMALL) as st:
         got = read_queue(st, "a", 0)
         assert len(got) == len(written["a", 0]) and got[2] != written["a", 0][2]  # the setting turns it off
+
+
+# -- open: ConsumeQueues are verified against the log and rebuilt from it (items 3, 4, 5) ---------------------------
+
+
+def _queue_files(root, topic, qid):
+    d = root / "consumequeue" / topic / str(qid)
+    return sorted(d.iterdir())
+
+
+@pytest.mark.parametrize("which", ["only", "first", "middle", "last", "all"])
+def test_deleted_consume_queue_file_is_rebuilt(tmp_path, which):
+    root = tmp_path / "s"
+    cfg = dict(SMALL)
+    if which == "only":
+        cfg["mapped_file_size_consume_queue"] = 20 * 2000
+    with localmq.open(root, **cfg) as st:
+        written = fill(st, 600)
+    files = _queue_files(root, "a", 0)
+    assert len(files) == (1 if which == "only" else 8)
+    doomed = {"only": files, "first": files[:1], "middle": files[3:4], "last": files[-1:], "all": files}[which]
+    for f in doomed:
+        f.unlink()
+    with localmq.open(root, **cfg) as st:
+        assert "a-0" in st.recovery.cq_rebuilt or which == "last"
+        check_all(st, written)
+        # new puts continue the queue's offsets
+        r = st.put("a", b"new", queue_id=0)
+        assert r.queue_offset == len(written["a", 0])
+
+
+def test_truncated_consume_queue_file_is_rebuilt(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 600)
+    f = _queue_files(root, "b", 1)[2]
+    os.truncate(f, 130)
+    with localmq.open(root, **SMALL) as st:
+        assert "b-1" in st.recovery.cq_rebuilt
+        check_all(st, written)
+
+
+@pytest.mark.parametrize("abort", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_flipped_bits_in_a_consume_queue_are_rebuilt(tmp_path, seed, abort):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 600, seed=seed)
+    rng = random.Random(seed)
+    files = [f for t in ("a", "b") for q in (0, 1) for f in _queue_files(root, t, q)]
+    for _ in range(3):
+        f = rng.choice(files)
+        data = bytearray(f.read_bytes())
+        pos = rng.randrange(len(data))
+        data[pos] ^= 1 << rng.randrange(8)
+        f.write_bytes(bytes(data))
+    if abort:
+        (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        check_all(st, written)
+
+
+def test_unit_pointing_at_another_record_is_rebuilt_at_open(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st)
+    path, pos = cq_file(root, "a", 0, 5)
+    patch(path, pos, read_bytes(*cq_file(root, "a", 0, 7), UNIT))
+    with localmq.open(root, **SMALL) as st:
+        assert "unit 5" in st.recovery.cq_rebuilt["a-0"]
+        check_all(st, written)
+    with localmq.open(root, **SMALL) as st:
+        assert st.recovery.cq_rebuilt == {}  # the rebuilt queue is good
+        check_all(st, written)

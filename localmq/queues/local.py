@@ -144,7 +144,7 @@ class LocalMessageQueue(QueueClientsMixin):
         self._cq_table.load()
         report = recover_store(self.root, self._cl_mfq, self._cq_table, abnormal=not last_exit_ok,
                                check_crc=c.check_crc_on_recover, checkpoint_min_ts=self.checkpoint.min_timestamp,
-                               progress=progress)
+                               progress=progress, verify_queues=c.check_consume_queue_on_open)
         cl_min = self._cl_mfq.min_offset()
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)
@@ -158,7 +158,8 @@ class LocalMessageQueue(QueueClientsMixin):
             self.commit_log.set_queue_offset(topic, qid, cq.max_offset)
         report.seconds = time.monotonic() - t0
         self.recovery = report
-        if report.dropped_at is not None or report.cq_units_truncated or report.deleted_segments:
+        if (report.dropped_at is not None or report.cq_units_truncated or report.deleted_segments
+                or report.cq_rebuilt):
             log.warning("recovery of %s: %s", self.root, report)
         else:
             log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,

@@ -12,7 +12,7 @@ from libc.string cimport memcmp
 from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_EXT_ADDRESS_MAX, CQ_UNIT_SIZE
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_pretouch
-from localmq._record cimport REC_OK, RecordView, find_property, message_from_view, parse_record
+from localmq._record cimport REC_OK, RecordView, find_property, message_from_view, parse_record, tags_code_of
 from localmq.store.consume_queue cimport ConsumeQueue
 
 from localmq.errors import CorruptMessageError
@@ -276,3 +276,66 @@ def record_store_timestamp(list commit_log_files, long long seg_size, long long 
     if parse_record(seg.addr + rel, avail, &v, False) != REC_OK:
         return -1
     return v.store_timestamp
+
+
+def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, long long start, long long end,
+                   long long log_end):
+    """Verify units [start, end) of ``cq`` against the commit log; returns (index, reason) of the first unit that is
+    not the message it claims, or (-1, None).
+
+    A unit is good when it is a blank padding unit, or it points at or after the previous real unit's record and
+    within the log's written end, at a valid record of its size (CRC not checked) carrying the queue's topic,
+    queue id and the unit's index as queue offset. Units pointing below the log's first segment (retention) are
+    checked for order only. A missing unit file in the range is reported at its first unit.
+    """
+    cdef int64_t i = start, phys, rel, prev_end = -1, fs = cq.st.file_size, cq_base = -1, cq_end = -1
+    cdef int64_t log_min = -1, tags
+    cdef int32_t size
+    cdef int rc
+    cdef RecordView v
+    cdef MappedFile cqf = None
+    cdef MappedFile seg
+    cdef const uint8_t *u
+    cdef bytes topic_b = cq.topic.encode("utf-8")
+    cdef int qid = cq.queue_id
+    mfq = cq.mapped_file_queue
+    if PyList_GET_SIZE(commit_log_files) > 0:
+        log_min = (<MappedFile>PyList_GET_ITEM(commit_log_files, 0)).file_from_offset
+    while i < end:
+        if i * CQ_UNIT_SIZE >= cq_end or cqf is None:
+            cqf = mfq.find(i * CQ_UNIT_SIZE)
+            if cqf is None or cqf.addr == NULL:
+                return i, "no unit file"
+            cq_base = cqf.file_from_offset
+            cq_end = cq_base + fs
+        u = cqf.addr + (i * CQ_UNIT_SIZE - cq_base)
+        phys = <int64_t>lmq_be64(u)
+        size = <int32_t>lmq_be32(u + 8)
+        if size == CQ_BLANK_UNIT_SIZE:
+            i += 1
+            continue
+        if size <= 0 or phys < 0:
+            return i, f"invalid unit (offset {phys}, size {size})"
+        if phys < prev_end:
+            return i, f"offset {phys} is before the previous unit's record end {prev_end}"
+        if phys + size > log_end:
+            return i, f"offset {phys} + {size} runs past the log's end {log_end}"
+        prev_end = phys + size
+        if log_min < 0 or phys < log_min:
+            i += 1
+            continue
+        seg = segment_of(commit_log_files, seg_size, phys)
+        if seg is None or seg.addr == NULL:
+            return i, f"offset {phys} is in no segment"
+        rel = phys - seg.file_from_offset
+        if rel < 0 or rel + size > seg.file_size:
+            return i, f"offset {phys} + {size} crosses its segment's end"
+        rc = parse_record(seg.addr + rel, size, &v, False)
+        if (rc != REC_OK or v.total_size != size or v.queue_offset != i or v.queue_id != qid
+                or v.topic_len != len(topic_b) or memcmp(v.topic, <const char *>topic_b, v.topic_len) != 0):
+            return i, unit_mismatch(&v, rc, size, topic_b, qid, i)
+        tags = <int64_t>lmq_be64(u + 12)
+        if tags > CQ_EXT_ADDRESS_MAX and tags != tags_code_of(&v):
+            return i, f"tags code {tags} is not the record's {tags_code_of(&v)}"
+        i += 1
+    return -1, None
