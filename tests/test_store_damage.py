@@ -252,3 +252,131 @@ def test_unit_pointing_at_another_record_is_rebuilt_at_open(tmp_path):
     with localmq.open(root, **SMALL) as st:
         assert st.recovery.cq_rebuilt == {}  # the rebuilt queue is good
         check_all(st, written)
+
+
+# -- checkpoint and index are rebuilt (item 10) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("abort", [False, True])
+def test_short_checkpoint_is_rebuilt(tmp_path, abort):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st)
+    os.truncate(root / "checkpoint", 17)
+    if abort:
+        (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        assert st.recovery.rebuilt and "checkpoint" in st.recovery.rebuilt[0]
+        check_all(st, written)
+    assert os.path.getsize(root / "checkpoint") == 4096
+
+
+def test_truncated_index_file_is_rebuilt(tmp_path):
+    root = tmp_path / "s"
+    cfg = dict(SMALL, max_hash_slot_num=100, max_index_num=400)
+    with localmq.open(root, **cfg) as st:
+        for i in range(1000):
+            st.put("k", b"v%d" % i, keys="key%d" % i)
+        assert st.wait_for_index(10)
+    files = sorted((root / "index").iterdir())
+    assert len(files) >= 3
+    os.truncate(files[1], 1000)
+    with localmq.open(root, **cfg) as st:
+        assert st.wait_for_index(10)
+        for i in (0, 500, 999):
+            assert [m.body for m in st.query_message("k", "key%d" % i)] == [b"v%d" % i]
+
+
+# -- the log's segments: misnamed, missing (items 8, 11b) ---------------------------------------------------------
+
+
+def test_renamed_last_segment_is_refused_unless_salvage(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 1500)
+    segs = sorted((root / "commitlog").iterdir())
+    segs[-1].rename(root / "commitlog" / (segs[-1].name + ".bak"))
+    with pytest.raises(DamagedLogError) as e:
+        localmq.open(root, **SMALL)
+    assert segs[-1].name + ".bak" in e.value.names and segs[-1].name + ".bak" in str(e.value)
+    # the refusal changed nothing: renaming it back opens the store whole
+    (root / "commitlog" / (segs[-1].name + ".bak")).rename(segs[-1])
+    with localmq.open(root, **SMALL) as st:
+        check_all(st, written)
+
+
+def test_missing_segments_are_refused_and_named(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 1500)
+    segs = sorted((root / "commitlog").iterdir())
+    assert len(segs) >= 4
+    segs[1].unlink()
+    with pytest.raises(DamagedLogError) as e:
+        localmq.open(root, **SMALL)
+    assert e.value.names == [segs[1].name]
+    with localmq.open(root, salvage=True, **SMALL) as st:
+        assert st.recovery.salvaged
+        # what is left is exact: every message read is one that was written, in order, none twice
+        for (t, q), bodies in written.items():
+            got = read_queue(st, t, q)
+            assert got == bodies[:len(got)]
+    assert any((root / "recovery").iterdir())
+
+
+def test_missing_last_segment_is_refused(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        fill(st, 1500)
+    segs = sorted((root / "commitlog").iterdir())
+    last = [s for s in segs if s.stat().st_size and any(s.read_bytes()[:8])][-1]
+    last.unlink()
+    for s in segs:
+        if s.name > last.name:
+            s.unlink()
+    with pytest.raises(DamagedLogError) as e:
+        localmq.open(root, **SMALL)
+    assert e.value.names == [last.name]
+
+
+def test_every_segment_deleted_is_refused_unless_salvage(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        fill(st)
+    for s in (root / "commitlog").iterdir():
+        s.unlink()
+    with pytest.raises(DamagedLogError, match="no segment at all"):
+        localmq.open(root, **SMALL)
+    with localmq.open(root, salvage=True, **SMALL) as st:
+        assert st.topics() == {}
+
+
+# -- symlinks (item 9) -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["consumequeue file", "commitlog segment", "checkpoint", "queue directory"])
+def test_symlink_is_refused_and_the_outside_file_untouched(tmp_path, what):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        fill(st)
+    outside = tmp_path / "outside"
+    if what == "consumequeue file":
+        victim = _queue_files(root, "a", 0)[-1]
+    elif what == "commitlog segment":
+        victim = sorted((root / "commitlog").iterdir())[-1]
+    elif what == "checkpoint":
+        victim = root / "checkpoint"
+    else:
+        victim = root / "consumequeue" / "a" / "1"
+    if victim.is_dir():
+        shutil.copytree(victim, outside)
+        shutil.rmtree(victim)
+    else:
+        outside.write_bytes(b"precious" * 1000)
+        victim.unlink()
+    victim.symlink_to(outside)
+    before = {p: p.read_bytes() for p in ([outside] if outside.is_file() else list(outside.iterdir()))}
+    with pytest.raises(UnsafePathError) as e:
+        localmq.open(root, **SMALL)
+    assert str(victim) in str(e.value) and e.value.path == str(victim)
+    assert {p: p.read_bytes() for p in before} == before

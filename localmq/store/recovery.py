@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from localmq._record import decode_message, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
+from localmq.errors import DamagedLogError
 from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MESSAGE_MAGIC_CODE
 
 if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
@@ -36,6 +37,8 @@ class RecoveryReport:
     cq_units_truncated: Dict[str, int] = dataclasses.field(default_factory=dict)
     cq_damaged: List[str] = dataclasses.field(default_factory=list)
     cq_rebuilt: Dict[str, str] = dataclasses.field(default_factory=dict)  # queue -> what was wrong, what was done
+    rebuilt: List[str] = dataclasses.field(default_factory=list)   # other derived files rebuilt (checkpoint, index)
+    salvaged: List[str] = dataclasses.field(default_factory=list)  # log damage accepted with salvage=True
     reput_from: int = 0
     redispatched: int = 0
     seconds: float = 0.0
@@ -225,7 +228,7 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
 def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", *, abnormal: bool,
                   check_crc: bool, checkpoint_min_ts: int,
                   progress: Optional[Callable[[int, int], None]] = None,
-                  verify_queues: bool = True) -> RecoveryReport:
+                  verify_queues: bool = True, salvage: bool = False) -> RecoveryReport:
     """Recover the commit log and bring every ConsumeQueue in line with it (RocketMQ's DefaultMessageStore.recover).
 
     Each queue is checked (``ConsumeQueue.recover``), the commit log is recovered (``recover_commit_log``), units
@@ -235,9 +238,21 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
     says where the dispatcher must start so that every record after it reaches its queue: where the queues end,
     at the latest the recovery start after an unclean exit, and no later than the end of a queue that was cut
     short by damage. With no commit log at all every queue is deleted (they could only point nowhere), as
-    RocketMQ does (the caller refuses that unless salvaging).
+    RocketMQ does (the caller refuses that unless salvaging). Units pointing past the last segment (segments lost
+    at the end) raise DamagedLogError unless ``salvage``.
     """
     damaged = [key for key, cq in queues.queues.items() if cq.recover()]
+    log_end = commit_log.files[-1].file_from_offset + commit_log.file_size if commit_log.files else 0
+    beyond = {f"{k[0]}-{k[1]}": cq.max_physic_offset for k, cq in queues.queues.items()
+              if cq.max_physic_offset > log_end}
+    if beyond and commit_log.files:
+        first_missing = log_end // commit_log.file_size * commit_log.file_size
+        msg = (f"consume queues {sorted(beyond)} point past the last commit log segment (up to offset "
+               f"{max(beyond.values())}, the log ends at {log_end}): segment {first_missing:020d} and later are "
+               f"missing")
+        if not salvage:
+            raise DamagedLogError(msg + "; open with salvage=True to keep what is there", [f"{first_missing:020d}"])
+        log.error("salvage: %s; the queues are cut to the log", msg)
     report = recover_commit_log(root, commit_log, abnormal=abnormal, check_crc=check_crc,
                                 checkpoint_min_ts=checkpoint_min_ts, progress=progress)
     end = report.end_offset
