@@ -380,3 +380,83 @@ def test_symlink_is_refused_and_the_outside_file_untouched(tmp_path, what):
         localmq.open(root, **SMALL)
     assert str(victim) in str(e.value) and e.value.path == str(victim)
     assert {p: p.read_bytes() for p in before} == before
+
+
+# -- random damage (seeded) ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("damage") / "base"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 900, seed=7)
+    return root, written
+
+
+def _damage(root, rng, outside):
+    """One random damage to any file of the store; returns (kind, path, derived-only)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in ("lock",))
+    f = rng.choice(files)
+    derived = "commitlog" not in f.parts and f.name != "abort"
+    kind = rng.choice(["flip", "zero", "truncate", "delete", "rename", "symlink"])
+    size = f.stat().st_size
+    if kind == "flip" and size:
+        data = bytearray(f.read_bytes())
+        for _ in range(rng.randrange(1, 4)):
+            pos = rng.randrange(size)
+            data[pos] ^= 1 << rng.randrange(8)
+        f.write_bytes(bytes(data))
+    elif kind == "zero" and size:
+        pos = rng.randrange(size)
+        patch(f, pos, bytes(min(size - pos, rng.randrange(1, 8192))))
+    elif kind == "truncate":
+        os.truncate(f, rng.randrange(size + 1))
+    elif kind == "delete":
+        f.unlink()
+    elif kind == "rename":
+        f.rename(f.with_name(f.name + ".old"))
+    elif kind == "symlink":
+        outside.write_bytes(f.read_bytes())
+        f.unlink()
+        f.symlink_to(outside)
+    return kind, f, derived
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("LOCALMQ_DAMAGE_ROUNDS", "40"))))
+def test_random_damage_never_becomes_silent_loss_wrong_data_or_a_crash(base_store, tmp_path, seed):
+    base, written = base_store
+    root = tmp_path / "s"
+    shutil.copytree(base, root)
+    rng = random.Random(seed)
+    outside = tmp_path / "outside"
+    kind, path, derived = _damage(root, rng, outside)
+    if rng.random() < 0.3:
+        kind2, path2, derived2 = _damage(root, rng, tmp_path / "outside2")
+        derived = derived and derived2
+        kind = kind if kind2 == kind else kind + "+" + kind2
+    if rng.random() < 0.3:
+        (root / "abort").touch()
+    snapshot = outside.read_bytes() if outside.exists() else None
+    try:
+        st = localmq.open(root, **SMALL)
+    except localmq.LocalMQError as e:
+        # a typed refusal names the damage
+        assert isinstance(e, (DamagedLogError, UnsafePathError, localmq.CorruptStoreError,
+                              localmq.CorruptFrameError)), (kind, path, e)
+        return
+    finally:
+        if snapshot is not None:
+            assert outside.read_bytes() == snapshot  # nothing outside the store is ever written
+    with st:
+        for (t, q), bodies in written.items():
+            errors = []
+            got = read_queue(st, t, q, errors)
+            # exact bodies, in order, none twice: what is read is a subsequence of what was written
+            it = iter(bodies)
+            assert all(any(b == w for w in it) for b in got), (kind, path)
+            if derived:
+                assert got == bodies and not errors, (kind, path, st.recovery)
+            elif len(got) + len(errors) < len(bodies):
+                # messages lost from the log itself are reported: a cut tail, a typed error, or salvage
+                r = st.recovery
+                assert errors or r.dropped_at is not None or r.salvaged or r.deleted_segments, (kind, path, r)

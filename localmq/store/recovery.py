@@ -196,14 +196,6 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
                 starts.append(cl_min)
             continue
         first = mfq.files[0].file_from_offset // CQ_UNIT_SIZE
-        idx, why = first_bad_unit(cq, files, seg_size, first, cq.max_offset, end)
-        if idx >= 0:
-            n = cq.truncate_to(idx)
-            report.cq_rebuilt[name] = f"unit {idx}: {why}; {n} units cut and rebuilt from the commit log"
-            log.error("consume queue %s: unit %d does not match the commit log (%s); rebuilding it from there",
-                      name, idx, why)
-            starts.append(cq.max_physic_offset if cq.max_physic_offset >= cl_min else cl_min)
-            continue
         if first > 0 and files:
             units = cq.units(first, min(cq.max_offset, first + 64))
             real = units[units["size"] != CQ_BLANK_UNIT_SIZE]
@@ -217,6 +209,14 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
                                            f"before offset {head[0]}: rebuilt from the commit log")
                 starts.append(cl_min)
                 continue
+        idx, why = first_bad_unit(cq, files, seg_size, first, cq.max_offset, end)
+        if idx >= 0:
+            n = cq.truncate_to(idx)
+            report.cq_rebuilt[name] = f"unit {idx}: {why}; {n} units cut and rebuilt from the commit log"
+            log.error("consume queue %s: unit %d does not match the commit log (%s); rebuilding it from there",
+                      name, idx, why)
+            starts.append(cq.max_physic_offset if cq.max_physic_offset >= cl_min else cl_min)
+            continue
         last = mfq.files[-1]
         if cq.max_offset * CQ_UNIT_SIZE >= last.file_from_offset + mfq.file_size and cq.max_physic_offset >= 0:
             # the last file is full: a file after it may have been lost; dispatch again from its end (records
