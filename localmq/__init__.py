@@ -7,10 +7,11 @@ from localmq.store.commit_log import PutResult
 from localmq.status import AppendMessageStatus, GetResult, GetStatus, PutStatus
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
-    ArgumentOverflowError, ArgumentRangeError, ConfigError, CorruptFrameError, CorruptStoreError, DispatchError,
-    ForkedStoreError, IndexDisabledError, InvalidMessageIdError, PositionOutOfRangeError,
+    ArgumentOverflowError, ArgumentRangeError, ConfigError, CorruptFrameError, CorruptMessageError, CorruptStoreError,
+    DamagedLogError, DispatchError, ForkedStoreError, IndexDisabledError, InvalidMessageIdError,
+    PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
-    PropertiesSizeError, QueueReassignedError, StoreClosedError, StoreLockedError,
+    PropertiesSizeError, QueueReassignedError, StoreClosedError, StoreLockedError, UnsafePathError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
@@ -50,5 +51,6 @@ __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
-    "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
+    "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
+    "UnsafePathError",
 ]

@@ -44,6 +44,14 @@ class StoreConfig:
     sync_flush_timeout: int = 5000
     max_message_size: int = 4 * 1024 * 1024
     check_crc_on_recover: bool = True
+    # localmq: verify each body's CRC when a get reads it (CorruptMessageError on a mismatch); False skips it
+    check_crc_on_read: bool = True
+    # localmq: at open, verify every ConsumeQueue unit against its record (topic, queue id, queue offset, size) and
+    # rebuild a queue from the log where one does not match; False checks only what RocketMQ checks
+    check_consume_queue_on_open: bool = True
+    # localmq: open a store whose log has misnamed or missing segments (DamagedLogError otherwise), keeping what
+    # can be read; the ConsumeQueues are cut or rebuilt to the log that is there
+    salvage: bool = False
     warm_mapped_file_enable: bool = False
     preallocate_mapped_file: bool = True   # localmq: AllocateMappedFileService creates the next 2 segments ahead
     flush_least_pages_when_warm_mapped_file: int = 4096

@@ -61,8 +61,48 @@ class CorruptFrameError(LocalMQError, ValueError):
         self.path = path
 
 
+class CorruptMessageError(CorruptFrameError):
+    """A ConsumeQueue unit whose message cannot be delivered: the record it points at is not a valid record of
+    the unit's size, carries another topic, queue id or queue offset than the unit, or (``check_crc_on_read``)
+    its body does not match its CRC.
+
+    ``topic``, ``queue_id``, ``queue_offset`` name the unit, ``offset`` the commit log offset it points at,
+    ``reason`` what is wrong, ``next_offset`` the queue offset to read next to skip it (a Consumer does so and
+    counts it). Messages before it are returned by the get that reaches it; the get that starts at it raises.
+    """
+
+    def __init__(self, message, offset=None, path=None, *, topic=None, queue_id=None, queue_offset=None,
+                 reason=None):
+        super().__init__(message, offset=offset, path=path)
+        self.topic = topic
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.reason = reason
+        self.next_offset = None if queue_offset is None else queue_offset + 1
+
+
 class CorruptStoreError(LocalMQError, ValueError):
     """A store directory whose files cannot be used as they are (wrong segment sizes, gaps, unreadable files)."""
+
+
+class DamagedLogError(CorruptStoreError):
+    """The CommitLog's segments cannot be trusted as a whole: files in ``commitlog/`` that are not 20-digit
+    segment names, a segment missing before or after the others (units point into it), or no segment at all
+    while ConsumeQueues hold units. ``names`` lists what is wrong. Open with ``salvage=True`` to keep what can be
+    read (the ConsumeQueues are then cut to the log that is there)."""
+
+    def __init__(self, message, names=()):
+        super().__init__(message)
+        self.names = list(names)
+
+
+class UnsafePathError(LocalMQError, PermissionError):
+    """A file or directory of the store that is a symlink or resolves outside the store root: localmq never writes,
+    truncates or deletes through it. ``path`` is the offending entry."""
+
+    def __init__(self, message, path=None):
+        super().__init__(message)
+        self.path = path
 
 
 class NotAStoreError(LocalMQError, FileNotFoundError):
@@ -143,7 +183,8 @@ def check_int_range(value, argument, low, high, error=ArgumentOverflowError):
 
 __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
-    "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
+    "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptMessageError",
+    "CorruptStoreError", "DamagedLogError", "UnsafePathError",
     "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError", "InvalidMessageIdError",
     "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
     "check_int_range",

@@ -11,7 +11,7 @@ from localmq._record import Message
 from localmq.layout import TOPIC_RE
 from localmq.status import GetStatus
 from localmq.config import check_topic
-from localmq.errors import QueueReassignedError, StoreClosedError
+from localmq.errors import CorruptMessageError, QueueReassignedError, StoreClosedError
 
 log = logging.getLogger("localmq.client.consumer")
 
@@ -64,6 +64,9 @@ class Consumer:
     consumer of the group takes them, and this one's next ``poll`` raises QueueReassignedError (once) and never
     hands out what it had prefetched from them. ``from_offset``: "earliest" (default) or "latest", where a queue
     the group never committed starts. ``tags``: "a || b" filters on the tag (hash first on the Local queue).
+    ``skip_corrupt`` (default True): a message the store reports corrupt (CorruptMessageError: a damaged unit or
+    record, a body CRC mismatch) is skipped, logged and counted in ``skipped_corrupt`` (the errors in
+    ``corrupt_errors``) instead of failing every poll; False raises it from ``poll``.
 
     Group membership is per process and per queue object (the store has one writer process).
 
@@ -75,7 +78,7 @@ class Consumer:
     def __init__(self, mq, group: str, topics: Union[str, Iterable[str]], *, tags: Optional[str] = None,
                  broadcast: bool = False, auto_commit: bool = False, batch_size: int = 32,
                  consumer_retention_ms: int = 30_000, from_offset: str = "earliest", client_id: Optional[str] = None,
-                 rebalance_interval_ms: int = 100):
+                 rebalance_interval_ms: int = 100, skip_corrupt: bool = True):
         if not isinstance(group, str) or TOPIC_RE.match(group) is None:
             raise ValueError(f"invalid group name {group!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")
         topics = [topics] if isinstance(topics, str) else list(topics)
@@ -120,6 +123,10 @@ class Consumer:
         self._last_refresh = -1e18
         self.closed = False
         self.delivered = 0
+        # messages skipped because the store reported them corrupt (CorruptMessageError), and the last few errors
+        self.skip_corrupt = skip_corrupt
+        self.skipped_corrupt = 0
+        self.corrupt_errors: collections.deque = collections.deque(maxlen=16)
         self._cid = self._sched.join(group, self.topics, consumer_retention_ms) if not broadcast else 0
         try:
             self._state.register(self, consumer=True)
@@ -243,8 +250,15 @@ class Consumer:
                 while True:
                     token = mq.progress
                     out += self._deliver(max_n - len(out))
-                    if len(out) >= max_n or not self._fetch_round():
+                    if len(out) >= max_n:
                         break
+                    try:
+                        if not self._fetch_round():
+                            break
+                    except CorruptMessageError:
+                        if not out:
+                            raise
+                        break  # hand out what was taken; the next poll reaches the bad message again and raises
                 if out:
                     self.delivered += len(out)
                     return out
@@ -311,7 +325,19 @@ class Consumer:
             if cur.buffer:
                 continue
             topic, qid = cur.bucket
-            r = mq.get_message(topic, qid, cur.fetch_offset, self.batch_size, tags=tags)
+            try:
+                r = mq.get_message(topic, qid, cur.fetch_offset, self.batch_size, tags=tags)
+            except CorruptMessageError as e:
+                # the messages before it were delivered by earlier pulls; skip this one, count it, go on
+                if not self.skip_corrupt or e.next_offset is None or e.next_offset <= cur.fetch_offset:
+                    raise
+                log.error("group %s, %s queue %d: skipping corrupt message at queue offset %d: %s", self.group,
+                          topic, qid, cur.fetch_offset, e)
+                self.skipped_corrupt += 1
+                self.corrupt_errors.append(e)
+                cur.fetch_offset = e.next_offset
+                moved = True
+                continue
             st = r.status
             if st is _FOUND:
                 cur.buffer.extend(r.messages)

@@ -15,12 +15,13 @@ from localmq._native import fsync_dir
 from localmq._record import decode_message_id, java_hash
 from localmq.config import FlushDiskType, StoreConfig, check_topic
 from localmq.errors import (
-    check_int_range,
-    DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError, InvalidQueueIdError,
+    CorruptStoreError, DamagedLogError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
+    InvalidQueueIdError, UnsafePathError, check_int_range,
     StoreClosedError,
 )
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, MAX_QUEUE_ID,
+    SEGMENT_NAME_RE,
 )
 from localmq.queues.base import ProcessBoundMixin, QueueClientsMixin, tag_names
 from localmq.services.allocate import AllocateMappedFileService
@@ -37,6 +38,7 @@ from localmq.store.commit_log import CommitLog, Forward, GroupCommit, PutResult
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
+from localmq.store.files import numbered_units, unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
@@ -102,6 +104,10 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
         self.index_service: Optional[IndexService] = None  # None when message_index_enable is False
         self._index_dispatch: Optional[IndexDispatchService] = None
         os.makedirs(self.root, exist_ok=True)
+        unsafe = unsafe_entries(self.root)
+        if unsafe:
+            raise UnsafePathError(f"store {self.root} holds symlinks or entries outside it, which localmq never "
+                                  f"writes through: {unsafe[:5]}", path=unsafe[0])
         self._lock = StoreLock(self.root)
         try:
             self._open(progress)
@@ -118,20 +124,33 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
         t0 = time.monotonic()
         self._abort_path = os.path.join(self.root, ABORT_FILE)
         last_exit_ok = not os.path.exists(self._abort_path)
-        self.checkpoint = StoreCheckpoint(os.path.join(self.root, CHECKPOINT_FILE))
+        rebuilt: List[str] = []
+        cp_path = os.path.join(self.root, CHECKPOINT_FILE)
+        try:
+            self.checkpoint = StoreCheckpoint(cp_path)
+        except CorruptStoreError as e:
+            # derived data: a fresh (zero) checkpoint only makes recovery start earlier
+            log.error("%s; replacing it with a new one", e)
+            os.unlink(cp_path)
+            self.checkpoint = StoreCheckpoint(cp_path)
+            rebuilt.append(f"checkpoint: {e}")
         self._cq_root = os.path.join(self.root, CONSUMEQUEUE_DIR)
         self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log)
         for d in (self._cl_mfq.directory, self._cq_root):
             if not os.path.isdir(d):
                 os.makedirs(d)
                 fsync_dir(os.path.dirname(d))
+        salvaged = self._check_segments(c.salvage)
         self._cl_mfq.load()
         self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue)
         self._cqs = self._cq_table.queues   # (topic, queue id) -> ConsumeQueue; read without a lock
         self._cq_table.load()
         report = recover_store(self.root, self._cl_mfq, self._cq_table, abnormal=not last_exit_ok,
                                check_crc=c.check_crc_on_recover, checkpoint_min_ts=self.checkpoint.min_timestamp,
-                               progress=progress)
+                               progress=progress, verify_queues=c.check_consume_queue_on_open,
+                               salvage=c.salvage)
+        report.rebuilt += rebuilt
+        report.salvaged += salvaged
         cl_min = self._cl_mfq.min_offset()
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)
@@ -145,7 +164,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
             self.commit_log.set_queue_offset(topic, qid, cq.max_offset)
         report.seconds = time.monotonic() - t0
         self.recovery = report
-        if report.dropped_at is not None or report.cq_units_truncated or report.deleted_segments:
+        if (report.dropped_at is not None or report.cq_units_truncated or report.deleted_segments
+                or report.cq_rebuilt or report.rebuilt or report.salvaged):
             log.warning("recovery of %s: %s", self.root, report)
         else:
             log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,
@@ -161,12 +181,53 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
         self._start_services()
         self._start_index_service(last_exit_ok)
         self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
+        self._check_crc_on_read = bool(c.check_crc_on_read)
         self._get_limits = get.GetLimits(
             c.max_transfer_count_on_message_in_memory, c.max_transfer_bytes_on_message_in_memory,
             c.max_transfer_count_on_message_in_disk, c.max_transfer_bytes_on_message_in_disk,
             _total_ram() * c.access_message_in_memory_max_ratio // 100)
         self._opened_at = time.time()
         self._start_clean_service()
+
+    def _check_segments(self, salvage: bool) -> List[str]:
+        """Refuse (DamagedLogError) a log whose segments are misnamed (not 20 digits), missing between others, or
+        all gone while ConsumeQueues hold units. With ``salvage`` the store opens with what is there: misnamed
+        files are ignored, segments after a gap are moved to ``recovery/``; returns what was accepted."""
+        d = self._cl_mfq.directory
+        size = self._cl_mfq.file_size
+        names = sorted(os.listdir(d))
+        misnamed = [n for n in names if not SEGMENT_NAME_RE.fullmatch(n)]
+        segs = sorted(int(n) for n in names if SEGMENT_NAME_RE.fullmatch(n))
+        missing: List[str] = []
+        gap_at = None
+        for a, b in zip(segs, segs[1:]):
+            if b > a + size and b % size == 0 and a % size == 0:
+                missing += [f"{x:020d}" for x in range(a + size, min(b, a + 65 * size), size)]
+                gap_at = b if gap_at is None else gap_at
+        problems: List[str] = []
+        if misnamed:
+            problems.append(f"files that are not 20-digit segment names: {misnamed}")
+        if missing:
+            problems.append(f"missing segments between others: {missing}")
+        if not segs and numbered_units(self._cq_root):
+            problems.append("no segment at all while the consume queues hold units")
+            missing.append("(every segment)")
+        if not problems:
+            return []
+        msg = f"commit log {d}: " + "; ".join(problems)
+        if not salvage:
+            raise DamagedLogError(msg + "; open with salvage=True to keep what can be read", misnamed + missing)
+        log.error("salvage: %s", msg)
+        if gap_at is not None:
+            qdir = os.path.join(self.root, "recovery", f"segments-after-gap-{int(time.time() * 1000)}")
+            os.makedirs(qdir)
+            for b in segs:
+                if b >= gap_at:
+                    os.rename(os.path.join(d, f"{b:020d}"), os.path.join(qdir, f"{b:020d}"))
+            fsync_dir(qdir)
+            fsync_dir(d)
+            problems.append(f"segments from {gap_at:020d} on moved to {qdir}")
+        return problems
 
     def _start_services(self) -> None:
         """Allocation ahead, the flush mode's services and the ConsumeQueue flusher (see the README's table)."""
@@ -569,8 +630,11 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
         Batches also stop at RocketMQ's transfer limits (32 messages / 256 KiB in memory, 8 / 64 KiB on disk).
         ``zero_copy``: bodies are memoryviews of the mapping (they keep it alive) instead of bytes.
         Returns GetResult; its status is one of GetStatus (see the README for next_begin_offset rules).
+        Each message is checked against its unit (topic, queue id, queue offset, size) and, with
+        ``check_crc_on_read`` (default), its body CRC: a batch ends before a bad unit, and the get that starts at it
+        raises CorruptMessageError (its ``next_offset`` skips it; a Consumer does so and counts it).
         Raises StoreClosedError, InvalidQueueIdError, ValueError (max_messages < 1), ArgumentOverflowError
-        (max_messages above MAX_GET_MESSAGES).
+        (max_messages above MAX_GET_MESSAGES), CorruptMessageError.
         """
         if self._closed:
             raise self._closed_error()
@@ -596,7 +660,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
         hashes, names = f if f is not None else ((), None)
         mfq = self._cl_mfq
         return get.get_message(cq, mfq.files, mfq.file_size, offset, max_messages, hashes, names, self._get_limits,
-                               mfq.max_offset(), not zero_copy, mn, mx)
+                               mfq.max_offset(), not zero_copy, mn, mx, self._check_crc_on_read)
 
     # -- offsets & lookups -------------------------------------------------------------------------------------
 

@@ -188,6 +188,18 @@ cdef class ConsumeQueue:
             self.st.max_physic_offset = self._last_physic_end(new_end // CQ_UNIT_SIZE)
         return before - new_end // CQ_UNIT_SIZE
 
+    def truncate_to(self, long long index):
+        """Keep the units before ``index`` only (a unit there failed verification against the log): files after it
+        are deleted and the rest of its file zeroed; the dispatcher then rebuilds the queue from the log.
+        Returns the number of units removed."""
+        before = lmq_load_acq(&self.st.max_offset)
+        self.mapped_file_queue.truncate_dirty_files(index * CQ_UNIT_SIZE)
+        self._reset_state(index)
+        if self.st.min_offset > index:
+            self.st.min_offset = index
+        self.st.max_physic_offset = self._last_physic_end(index)
+        return max(0, before - index)
+
     def correct_min_offset(self, long long min_commit_log_offset):
         """Set min_offset to the first unit whose record is still in the commit log (>= the log's min offset)."""
         mx = lmq_load_acq(&self.st.max_offset)

@@ -6,7 +6,9 @@ import os
 import threading
 from typing import Dict, List, Tuple
 
+from localmq._native import fsync_dir
 from localmq.config import check_topic
+from localmq.errors import CorruptStoreError
 from localmq.layout import MAX_QUEUE_ID, TOPIC_RE
 from localmq.store.consume_queue import ConsumeQueue
 
@@ -26,6 +28,9 @@ class ConsumeQueueTable:
         self.file_size = file_size
         self.queues: Dict[Tuple[str, int], ConsumeQueue] = {}
         self.skipped_dirs: List[str] = []
+        # (topic, queue id) -> why its files could not be loaded (wrong size, a missing file between others):
+        # they were deleted, recovery rebuilds the queue from the commit log
+        self.damaged: Dict[Tuple[str, int], str] = {}
         self._lock = threading.Lock()
 
     def load(self) -> None:
@@ -47,7 +52,20 @@ class ConsumeQueueTable:
                     log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
                     continue
                 cq = ConsumeQueue(topic, int(q), root, self.file_size)
-                cq.load()
+                try:
+                    cq.load()
+                except CorruptStoreError as e:
+                    # derived data: drop the files (never following a link) and let recovery rebuild the queue
+                    log.error("consume queue %s-%s cannot be loaded (%s); deleting its files to rebuild it from "
+                              "the commit log", topic, q, e)
+                    qdir = os.path.join(tdir, q)
+                    for name in os.listdir(qdir):
+                        path = os.path.join(qdir, name)
+                        if len(name) == 20 and name.isdigit() and os.path.isfile(path) and not os.path.islink(path):
+                            os.unlink(path)
+                    fsync_dir(qdir)
+                    cq = ConsumeQueue(topic, int(q), root, self.file_size)
+                    self.damaged[(topic, int(q))] = str(e)
                 self.queues[(topic, int(q))] = cq
 
     def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:

@@ -18,7 +18,7 @@ from localmq.status import RecordStatus
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE", "SegmentFile", "numbered_files", "list_segments", "StoreFiles", "ConsumeQueueFiles",
-    "points_at_records", "map_segment",
+    "points_at_records", "map_segment", "unsafe_entries", "numbered_units",
 ]
 
 DEFAULT_SEGMENT_SIZE = StoreConfig.mapped_file_size_commit_log
@@ -50,6 +50,48 @@ def numbered_files(directory):
         return []
     out.sort(key=lambda s: s.base)
     return out
+
+
+def unsafe_entries(root):
+    """The store's own entries under ``root`` (commitlog/, consumequeue/ down to the unit files, the ext queues,
+    index/, config/, recovery/, checkpoint, abort, lock) that are symlinks or resolve outside ``root``: localmq must
+    never write, truncate or delete through them. Returns their paths (empty for a safe store)."""
+    root = os.path.realpath(os.fspath(root))
+    bad = []
+    for name in (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, INDEX_DIR, CONFIG_DIR, "recovery",
+                 CHECKPOINT_FILE, ABORT_FILE, LOCK_FILE):
+        top = os.path.join(root, name)
+        if not os.path.lexists(top):
+            continue
+        if os.path.islink(top) or not os.path.realpath(top).startswith(root + os.sep):
+            bad.append(top)
+            continue
+        if not os.path.isdir(top):
+            continue
+        for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+            for n in dirnames + filenames:
+                p = os.path.join(dirpath, n)
+                if os.path.islink(p):
+                    bad.append(p)
+            if len(bad) > 100:
+                return bad
+    return bad
+
+
+def numbered_units(cq_root):
+    """True when some ``<cq_root>/<topic>/<queue>/`` holds a non-empty 20-digit unit file."""
+    try:
+        topics = os.listdir(cq_root)
+    except FileNotFoundError:
+        return False
+    for t in topics:
+        tdir = os.path.join(cq_root, t)
+        if not os.path.isdir(tdir):
+            continue
+        for q in os.listdir(tdir):
+            if any(f.size > 0 for f in numbered_files(os.path.join(tdir, q))):
+                return True
+    return False
 
 
 def list_segments(path, what):

@@ -7,15 +7,16 @@ from disk does not stall the other threads of the process.
 """
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.string cimport memcmp
 
 from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_EXT_ADDRESS_MAX, CQ_UNIT_SIZE
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_pretouch
-from localmq._record cimport REC_OK, RecordView, find_property, message_from_view, parse_record
+from localmq._record cimport REC_OK, RecordView, find_property, message_from_view, parse_record, tags_code_of
 from localmq.store.consume_queue cimport ConsumeQueue
 
-from localmq.errors import CorruptFrameError
-from localmq.status import GetResult, GetStatus
+from localmq.errors import CorruptMessageError
+from localmq.status import GetResult, GetStatus, RecordStatus
 
 cdef enum:
     READ_AHEAD = 64 * 1024     # bytes of a segment faulted in (GIL released) ahead of the record being read
@@ -72,16 +73,55 @@ cdef int64_t fault_in(MappedFile seg, int64_t rel, int64_t upto) noexcept:
     return end
 
 
+cdef str unit_mismatch(const RecordView *v, int rc, int32_t size, bytes topic_b, int queue_id, int64_t index):
+    """Why the record ``v`` (parse outcome ``rc``) is not the message of unit ``index`` of (topic, queue_id), or
+    None when it is."""
+    if rc != REC_OK:
+        return f"{RecordStatus.of(rc)} record"
+    if v.total_size != size:
+        return f"record size {v.total_size} is not the unit's size {size}"
+    if (v.topic_len != len(topic_b) or memcmp(v.topic, <const char *>topic_b, v.topic_len) != 0
+            or v.queue_id != queue_id or v.queue_offset != index):
+        return (f"the record belongs to {(<bytes>v.topic[:v.topic_len]).decode('utf-8', 'replace')}-{v.queue_id} "
+                f"queue offset {v.queue_offset}")
+    return None
+
+
+def check_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, long long index, long long phys,
+               int size):
+    """None when the record at ``phys`` is the message of unit ``index`` of ``cq`` (a valid record of ``size``
+    bytes, same topic, queue id and queue offset; CRC not checked), else why not."""
+    cdef RecordView v
+    cdef MappedFile seg
+    cdef int64_t rel
+    if size <= 0 or phys < 0:
+        return f"invalid unit (offset {phys}, size {size})"
+    seg = segment_of(commit_log_files, seg_size, phys)
+    if seg is None or seg.addr == NULL:
+        return f"offset {phys} is outside the commit log"
+    rel = phys - seg.file_from_offset
+    if rel < 0 or rel + size > seg.read_position():
+        return f"offset {phys} + {size} runs past the written log"
+    rc = parse_record(seg.addr + rel, size, &v, False)
+    return unit_mismatch(&v, rc, size, cq.topic.encode("utf-8"), cq.queue_id, index)
+
+
 def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long long offset, int max_messages,
                 tuple tag_hashes, object tag_names, GetLimits limits not None, long long commit_log_max,
-                bint copy_body, long long min_offset, long long max_offset):
+                bint copy_body, long long min_offset, long long max_offset, bint check_crc=False):
     """Read up to ``max_messages`` messages of ``cq`` from queue offset ``offset`` (the caller checked
     min_offset <= offset < max_offset, the queue's bounds it read; the result reports them).
 
     ``commit_log_files``: the commit log's MappedFiles (consecutive, ``seg_size`` bytes each). ``tag_hashes`` is ()
     for no filter, else at most 64 tag hash codes; ``tag_names`` the exact tag strings of the second check.
+    ``check_crc``: verify each body's CRC.
+    Every unit is checked against its record: a valid record of the unit's size (and CRC) carrying the queue's
+    topic, queue id and the unit's queue offset. A unit that fails ends the batch before it: the messages read
+    so far are returned (FOUND, ``next_begin_offset`` the bad unit); a get that starts at the bad unit raises
+    CorruptMessageError (naming it; ``next_offset`` skips it). A unit pointing below the log's first segment is
+    a removed message (MESSAGE_WAS_REMOVING), as before.
     Returns GetResult (status FOUND, NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING or OFFSET_FOUND_NULL). Raises
-    CorruptFrameError when a unit points at bytes that are not a record of its size, ValueError for > 64 tags.
+    CorruptMessageError, ValueError for > 64 tags.
     """
     cdef int64_t mx = lmq_load_acq(&cq.st.max_offset)
     cdef int64_t scan_units = max(MIN_SCAN_UNITS, max_messages)
@@ -102,7 +142,14 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
     cdef int32_t tvlen
     cdef list out = []
     cdef str topic = cq.topic
+    cdef bytes topic_b = topic.encode("utf-8")
+    cdef int qid = cq.queue_id
+    cdef object bad = None
+    cdef object bad_path = None
+    cdef int64_t log_min = -1
     cdef object mfq = cq.mapped_file_queue
+    if PyList_GET_SIZE(commit_log_files) > 0:
+        log_min = (<MappedFile>PyList_GET_ITEM(commit_log_files, 0)).file_from_offset
     if nh > 64:
         raise ValueError("at most 64 tags in a subscription")
     for k in range(nh):
@@ -126,9 +173,12 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
         phys = <int64_t>lmq_be64(u)
         size = <int32_t>lmq_be32(u + 8)
         tags = <int64_t>lmq_be64(u + 12)
-        if size == CQ_BLANK_UNIT_SIZE or size <= 0 or phys < 0:
+        if size == CQ_BLANK_UNIT_SIZE:
             i += 1  # blank padding unit
             continue
+        if size <= 0 or phys < 0:
+            bad = f"invalid unit (offset {phys}, size {size})"
+            break
         in_disk = (commit_log_max - phys) > limits.disk_threshold
         if count > 0:
             if count >= max_messages:
@@ -151,22 +201,29 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
                 continue
         seg = segment_of(commit_log_files, seg_size, phys)
         if seg is None:
+            if phys >= log_min >= 0:
+                bad = f"offset {phys} is past the commit log"
+                break
             removing = True
             i += 1
             continue
         rel = phys - seg.file_from_offset
-        if seg.addr == NULL or rel < 0 or rel + size > seg.read_position():
+        if seg.addr == NULL:
             removing = True
             i += 1
             continue
+        if rel < 0 or rel + size > seg.read_position():
+            bad = f"offset {phys} + {size} runs past the written log"
+            break
         if seg is not touched_seg or rel + size > touched_end or rel < touched_end - READ_AHEAD:
             touched_end = fault_in(seg, rel, seg.read_position())
             touched_seg = seg
-        rc = parse_record(seg.addr + rel, size, &v, False)
-        if rc != REC_OK or v.total_size != size:
-            raise CorruptFrameError(
-                f"consume queue {topic}-{cq.queue_id} unit {i} points at an invalid record at offset {phys}",
-                offset=phys, path=seg.path)
+        rc = parse_record(seg.addr + rel, size, &v, check_crc)
+        if (rc != REC_OK or v.total_size != size or v.queue_offset != i or v.queue_id != qid
+                or v.topic_len != len(topic_b) or memcmp(v.topic, <const char *>topic_b, v.topic_len) != 0):
+            bad = unit_mismatch(&v, rc, size, topic_b, qid, i)
+            bad_path = seg.path
+            break
         if nh > 0:
             if not find_property(v.props, v.props_len, "TAGS", 4, &tv, &tvlen):
                 i += 1
@@ -180,6 +237,10 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
         i += 1
     if count > 0:
         return GetResult(FOUND, out, i, min_offset, max_offset)
+    if bad is not None:
+        raise CorruptMessageError(
+            f"consume queue {topic}-{qid} unit {i} (commit log offset {phys}, size {size}): {bad}",
+            offset=phys, path=bad_path, topic=topic, queue_id=qid, queue_offset=i, reason=bad)
     if removing:
         return GetResult(REMOVING, out, i, min_offset, max_offset)
     return GetResult(NO_MATCHED, out, i, min_offset, max_offset)
@@ -215,3 +276,66 @@ def record_store_timestamp(list commit_log_files, long long seg_size, long long 
     if parse_record(seg.addr + rel, avail, &v, False) != REC_OK:
         return -1
     return v.store_timestamp
+
+
+def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, long long start, long long end,
+                   long long log_end):
+    """Verify units [start, end) of ``cq`` against the commit log; returns (index, reason) of the first unit that is
+    not the message it claims, or (-1, None).
+
+    A unit is good when it is a blank padding unit, or it points at or after the previous real unit's record and
+    within the log's written end, at a valid record of its size (CRC not checked) carrying the queue's topic,
+    queue id and the unit's index as queue offset. Units pointing below the log's first segment (retention) are
+    checked for order only. A missing unit file in the range is reported at its first unit.
+    """
+    cdef int64_t i = start, phys, rel, prev_end = -1, fs = cq.st.file_size, cq_base = -1, cq_end = -1
+    cdef int64_t log_min = -1, tags
+    cdef int32_t size
+    cdef int rc
+    cdef RecordView v
+    cdef MappedFile cqf = None
+    cdef MappedFile seg
+    cdef const uint8_t *u
+    cdef bytes topic_b = cq.topic.encode("utf-8")
+    cdef int qid = cq.queue_id
+    mfq = cq.mapped_file_queue
+    if PyList_GET_SIZE(commit_log_files) > 0:
+        log_min = (<MappedFile>PyList_GET_ITEM(commit_log_files, 0)).file_from_offset
+    while i < end:
+        if i * CQ_UNIT_SIZE >= cq_end or cqf is None:
+            cqf = mfq.find(i * CQ_UNIT_SIZE)
+            if cqf is None or cqf.addr == NULL:
+                return i, "no unit file"
+            cq_base = cqf.file_from_offset
+            cq_end = cq_base + fs
+        u = cqf.addr + (i * CQ_UNIT_SIZE - cq_base)
+        phys = <int64_t>lmq_be64(u)
+        size = <int32_t>lmq_be32(u + 8)
+        if size == CQ_BLANK_UNIT_SIZE:
+            i += 1
+            continue
+        if size <= 0 or phys < 0:
+            return i, f"invalid unit (offset {phys}, size {size})"
+        if phys < prev_end:
+            return i, f"offset {phys} is before the previous unit's record end {prev_end}"
+        if phys + size > log_end:
+            return i, f"offset {phys} + {size} runs past the log's end {log_end}"
+        prev_end = phys + size
+        if log_min < 0 or phys < log_min:
+            i += 1
+            continue
+        seg = segment_of(commit_log_files, seg_size, phys)
+        if seg is None or seg.addr == NULL:
+            return i, f"offset {phys} is in no segment"
+        rel = phys - seg.file_from_offset
+        if rel < 0 or rel + size > seg.file_size:
+            return i, f"offset {phys} + {size} crosses its segment's end"
+        rc = parse_record(seg.addr + rel, size, &v, False)
+        if (rc != REC_OK or v.total_size != size or v.queue_offset != i or v.queue_id != qid
+                or v.topic_len != len(topic_b) or memcmp(v.topic, <const char *>topic_b, v.topic_len) != 0):
+            return i, unit_mismatch(&v, rc, size, topic_b, qid, i)
+        tags = <int64_t>lmq_be64(u + 12)
+        if tags > CQ_EXT_ADDRESS_MAX and tags != tags_code_of(&v):
+            return i, f"tags code {tags} is not the record's {tags_code_of(&v)}"
+        i += 1
+    return -1, None

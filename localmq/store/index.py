@@ -321,7 +321,20 @@ class IndexService:
                 n = self.index_num
                 if os.path.getsize(path) != index_file_size(hs, n):
                     hs = n = None
-                files.append(IndexFile.open(path, hs, n))
+                try:
+                    files.append(IndexFile.open(path, hs, n))
+                except CorruptStoreError as e:
+                    # derived data: this file and every later one are deleted and indexed again from the log
+                    later = [os.path.join(self.directory, m) for m in names[names.index(name):]
+                             if len(m) == INDEX_NAME_DIGITS and m.isdigit()]
+                    log.error("index file %s cannot be used (%s); deleting it and %d later file(s): their keys "
+                              "are indexed again from the commit log", path, e, len(later) - 1)
+                    for p in later:
+                        if os.path.isfile(p) and not os.path.islink(p):
+                            os.unlink(p)
+                            self.deleted_on_load.append(p)
+                    fsync_dir(self.directory)
+                    break
         except BaseException:
             for f in files:
                 f.close()

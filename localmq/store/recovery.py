@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from localmq._record import decode_message, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
-from localmq.layout import MESSAGE_MAGIC_CODE
+from localmq.errors import DamagedLogError
+from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MESSAGE_MAGIC_CODE
 
 if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
     from localmq.store.consume_queue_table import ConsumeQueueTable
@@ -35,6 +36,9 @@ class RecoveryReport:
     deleted_segments: List[str] = dataclasses.field(default_factory=list)
     cq_units_truncated: Dict[str, int] = dataclasses.field(default_factory=dict)
     cq_damaged: List[str] = dataclasses.field(default_factory=list)
+    cq_rebuilt: Dict[str, str] = dataclasses.field(default_factory=dict)  # queue -> what was wrong, what was done
+    rebuilt: List[str] = dataclasses.field(default_factory=list)   # other derived files rebuilt (checkpoint, index)
+    salvaged: List[str] = dataclasses.field(default_factory=list)  # log damage accepted with salvage=True
     reput_from: int = 0
     redispatched: int = 0
     seconds: float = 0.0
@@ -169,18 +173,86 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
 
 
 
+def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryReport) -> List[int]:
+    """Check every ConsumeQueue against the recovered log (derived data: the log is the truth) and cut each one
+    at its first unit that does not match its record; returns the commit log offsets the dispatcher must start
+    from (at the latest) so that the cut queues are rebuilt. Fills ``report.cq_rebuilt``."""
+    from localmq.store.get import first_bad_unit  # compiled, same layer
+
+    starts: List[int] = []
+    files, seg_size = commit_log.files, commit_log.file_size
+    for key, cq in queues.queues.items():
+        name = f"{key[0]}-{key[1]}"
+        mfq = cq.mapped_file_queue
+        why = queues.damaged.get(key)
+        if why is not None:
+            report.cq_rebuilt[name] = f"files not loadable ({why}): rebuilt from the commit log"
+            starts.append(cl_min)
+            continue
+        if not mfq.files:
+            if files and end > cl_min:
+                # a queue directory without units: its file was lost; everything it had is in the log
+                report.cq_rebuilt[name] = "no unit file: rebuilt from the commit log"
+                starts.append(cl_min)
+            continue
+        first = mfq.files[0].file_from_offset // CQ_UNIT_SIZE
+        if first > 0 and files:
+            units = cq.units(first, min(cq.max_offset, first + 64))
+            real = units[units["size"] != CQ_BLANK_UNIT_SIZE]
+            head = (int(real["offset"][0]),) if len(real) else None
+            del units, real
+            if head is not None and head[0] > cl_min:
+                # the queue's first file(s) are gone although the log still holds records before its first unit
+                # (retention deletes a queue file only once all its units point below the log's min offset)
+                cq.destroy()
+                report.cq_rebuilt[name] = (f"files before unit {first} missing while the log still holds records "
+                                           f"before offset {head[0]}: rebuilt from the commit log")
+                starts.append(cl_min)
+                continue
+        idx, why = first_bad_unit(cq, files, seg_size, first, cq.max_offset, end)
+        if idx >= 0:
+            n = cq.truncate_to(idx)
+            report.cq_rebuilt[name] = f"unit {idx}: {why}; {n} units cut and rebuilt from the commit log"
+            log.error("consume queue %s: unit %d does not match the commit log (%s); rebuilding it from there",
+                      name, idx, why)
+            starts.append(cq.max_physic_offset if cq.max_physic_offset >= cl_min else cl_min)
+            continue
+        last = mfq.files[-1]
+        if cq.max_offset * CQ_UNIT_SIZE >= last.file_from_offset + mfq.file_size and cq.max_physic_offset >= 0:
+            # the last file is full: a file after it may have been lost; dispatch again from its end (records
+            # already in a queue are skipped as duplicates)
+            starts.append(max(cl_min, cq.max_physic_offset))
+    return starts
+
+
 def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", *, abnormal: bool,
                   check_crc: bool, checkpoint_min_ts: int,
-                  progress: Optional[Callable[[int, int], None]] = None) -> RecoveryReport:
+                  progress: Optional[Callable[[int, int], None]] = None,
+                  verify_queues: bool = True, salvage: bool = False) -> RecoveryReport:
     """Recover the commit log and bring every ConsumeQueue in line with it (RocketMQ's DefaultMessageStore.recover).
 
     Each queue is checked (``ConsumeQueue.recover``), the commit log is recovered (``recover_commit_log``), units
-    past its end are cut, and ``reput_from`` in the report says where the dispatcher must start so that every
-    record after it reaches its queue: where the queues end, at the latest the recovery start after an unclean
-    exit, and no later than the end of a queue that was cut short by damage. With no commit log at all every queue
-    is deleted (they could only point nowhere), as RocketMQ does.
+    past its end are cut, every unit is verified against its record (``_verify_queues``: a queue that is missing,
+    whose files cannot be loaded, or whose unit does not carry its record's topic, queue id, queue offset and size
+    is cut there and rebuilt from the log; ``cq_rebuilt`` says which and why), and ``reput_from`` in the report
+    says where the dispatcher must start so that every record after it reaches its queue: where the queues end,
+    at the latest the recovery start after an unclean exit, and no later than the end of a queue that was cut
+    short by damage. With no commit log at all every queue is deleted (they could only point nowhere), as
+    RocketMQ does (the caller refuses that unless salvaging). Units pointing past the last segment (segments lost
+    at the end) raise DamagedLogError unless ``salvage``.
     """
     damaged = [key for key, cq in queues.queues.items() if cq.recover()]
+    log_end = commit_log.files[-1].file_from_offset + commit_log.file_size if commit_log.files else 0
+    beyond = {f"{k[0]}-{k[1]}": cq.max_physic_offset for k, cq in queues.queues.items()
+              if cq.max_physic_offset > log_end}
+    if beyond and commit_log.files:
+        first_missing = log_end // commit_log.file_size * commit_log.file_size
+        msg = (f"consume queues {sorted(beyond)} point past the last commit log segment (up to offset "
+               f"{max(beyond.values())}, the log ends at {log_end}): segment {first_missing:020d} and later are "
+               f"missing")
+        if not salvage:
+            raise DamagedLogError(msg + "; open with salvage=True to keep what is there", [f"{first_missing:020d}"])
+        log.error("salvage: %s; the queues are cut to the log", msg)
     report = recover_commit_log(root, commit_log, abnormal=abnormal, check_crc=check_crc,
                                 checkpoint_min_ts=checkpoint_min_ts, progress=progress)
     end = report.end_offset
@@ -192,6 +264,7 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
             n = cq.truncate_dirty(end)
             if n:
                 report.cq_units_truncated[f"{key[0]}-{key[1]}"] = n
+    starts = _verify_queues(commit_log, queues, end, cl_min, report) if verify_queues else []
     reput_from = max((cq.max_physic_offset for cq in queues.queues.values()), default=cl_min)
     reput_from = max(reput_from, cl_min)
     if abnormal:
@@ -202,5 +275,7 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         report.cq_damaged.append(f"{key[0]}-{key[1]}")
         if cq is not None:
             reput_from = min(reput_from, max(cl_min, cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min))
+    if starts:
+        reput_from = max(cl_min, min(reput_from, min(starts)))
     report.reput_from = reput_from
     return report

@@ -1,0 +1,462 @@
+"""Damage suite (issue 13): a store damaged on disk never turns into silent loss, wrong data or a crash.
+
+Each test damages a real store the way the adversarial probe did and checks every message against what was written:
+exact bodies, nothing missing, nothing duplicated, or a typed error that names the damage. The CommitLog is the
+truth; ConsumeQueues, the index and the checkpoint are derived from it and rebuilt when damaged.
+"""
+import os
+import random
+import shutil
+
+import pytest
+
+import localmq
+from localmq import GetStatus
+from localmq.errors import CorruptMessageError, DamagedLogError, UnsafePathError
+
+SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=400)  # 20 units a CQ file
+UNIT = 20
+
+
+def fill(st, n=600, topics=("a", "b"), queues=2, seed=1):
+    """Put ``n`` messages with unique bodies over topics x queues; returns {(topic, qid): [bodies]}."""
+    rng = random.Random(seed)
+    written = {}
+    for i in range(n):
+        t = topics[i % len(topics)]
+        q = (i // len(topics)) % queues
+        body = b"%s-%d-%d:" % (t.encode(), q, i) + bytes(rng.randrange(256) for _ in range(rng.randrange(10, 200)))
+        st.put(t, body, queue_id=q, tags="t%d" % (i % 3))
+        written.setdefault((t, q), []).append(body)
+    st.wait_for_dispatch(10)
+    return written
+
+
+def read_queue(st, topic, qid, errors=None):
+    """Every body of (topic, qid) from its min offset; a CorruptMessageError is recorded in ``errors`` (or raised
+    when None) and skipped."""
+    out = []
+    off = st.min_offset(topic, qid)
+    while True:
+        try:
+            g = st.get_message(topic, qid, off, 32)
+        except CorruptMessageError as e:
+            if errors is None:
+                raise
+            assert e.queue_offset == off and e.topic == topic and e.queue_id == qid
+            errors.append(e)
+            off = e.next_offset
+            continue
+        if g.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MATCHED_LOGIC_QUEUE,
+                        GetStatus.NO_MESSAGE_IN_QUEUE):
+            return out
+        assert g.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE), g
+        out.extend(m.body for m in g.messages)
+        off = g.next_begin_offset
+
+
+def check_all(st, written):
+    for (t, q), bodies in written.items():
+        assert read_queue(st, t, q) == bodies, (t, q)
+
+
+def cq_file(root, topic, qid, unit):
+    base = unit * UNIT // SMALL["mapped_file_size_consume_queue"] * SMALL["mapped_file_size_consume_queue"]
+    return root / "consumequeue" / topic / str(qid) / ("%020d" % base), unit * UNIT - base
+
+
+def patch(path, pos, data):
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        f.write(data)
+
+
+def read_bytes(path, pos, n):
+    with open(path, "rb") as f:
+        f.seek(pos)
+        return f.read(n)
+
+
+# -- the get path: a unit is checked against its record (items 5, 7, 6) --------------------------------------------
+
+
+def test_unit_pointing_at_another_valid_record_is_never_returned_in_its_place(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st)
+        path, pos = cq_file(root, "a", 0, 5)
+        other_path, other_pos = cq_file(root, "a", 0, 7)
+        patch(path, pos, read_bytes(other_path, other_pos, UNIT))  # the live mapping sees it (MAP_SHARED)
+        g = st.get_message("a", 0, 0, 32)
+        # the good messages before the bad unit come first; the batch ends there
+        assert g.status is GetStatus.FOUND and [m.body for m in g.messages] == written["a", 0][:5]
+        assert g.next_begin_offset == 5
+        with pytest.raises(CorruptMessageError) as e:
+            st.get_message("a", 0, 5, 32)
+        assert (e.value.topic, e.value.queue_id, e.value.queue_offset, e.value.next_offset) == ("a", 0, 5, 6)
+        assert "queue offset 7" in str(e.value) and e.value.offset == int.from_bytes(
+            read_bytes(path, pos, 8), "big")
+        errors = []
+        got = read_queue(st, "a", 0, errors)
+        assert got == written["a", 0][:5] + written["a", 0][6:]  # message 7 once, message 5 reported, not replaced
+        assert [e.queue_offset for e in errors] == [5]
+
+
+def test_unit_pointing_at_another_queue_or_garbage(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st)
+        path, pos = cq_file(root, "a", 1, 3)
+        patch(path, pos, read_bytes(*cq_file(root, "b", 1, 3), UNIT))   # a record of another topic
+        path2, pos2 = cq_file(root, "a", 1, 9)
+        patch(path2, pos2 + 8, (12345).to_bytes(4, "big"))            # a wrong size
+        path3, pos3 = cq_file(root, "a", 1, 12)
+        patch(path3, pos3, (10 ** 12).to_bytes(8, "big"))               # past the end of the log
+        errors = []
+        got = read_queue(st, "a", 1, errors)
+        assert [e.queue_offset for e in errors] == [3, 9, 12]
+        assert got == [b for i, b in enumerate(written["a", 1]) if i not in (3, 9, 12)]
+
+
+def test_consumer_delivers_the_good_messages_and_skips_a_bad_one(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 200, topics=("a",), queues=1)
+        path, pos = cq_file(root, "a", 0, 40)
+        patch(path, pos, read_bytes(*cq_file(root, "a", 0, 41), UNIT))
+        with st.create_consumer("g", "a") as c:
+            got = []
+            while len(got) < 199:
+                batch = c.poll_batch(32, timeout=2)
+                assert batch, "the consumer is stuck"
+                got.extend(m.body for m in batch)
+            assert got == written["a", 0][:40] + written["a", 0][41:]
+            assert c.skipped_corrupt == 1 and c.corrupt_errors[0].queue_offset == 40
+        with st.create_consumer("h", "a", skip_corrupt=False) as c:
+            got = []
+            with pytest.raises(CorruptMessageError):
+                for _ in range(20):
+                    got.extend(m.body for m in c.poll_batch(32, timeout=1))
+            assert got == written["a", 0][:40]
+
+
+def _flip_body_byte(root, st, topic, qid, index, salt=0x5A):
+    """Flip one body byte of message ``index`` of (topic, qid) in its segment; returns its commit log offset."""
+    m = st.get_message(topic, qid, index, 1).messages[0]
+    seg_size = SMALL["mapped_file_size_commit_log"]
+    phys = m.physical_offset
+    seg = root / "commitlog" / ("%020d" % (phys - phys % seg_size))
+    rec = read_bytes(seg, phys % seg_size, m.store_size)
+    body_at = phys % seg_size + rec.index(m.body)
+    old = read_bytes(seg, body_at + 3, 1)
+    patch(seg, body_at + 3, bytes([old[0] ^ salt]))
+    return phys
+
+
+def test_flipped_body_byte_in_an_older_segment_is_a_typed_error_not_a_wrong_body(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 1500)
+        assert len(os.listdir(root / "commitlog")) >= 5
+    with localmq.open(root, **SMALL) as st:
+        phys = _flip_body_byte(root, st, "a", 0, 2)
+    # a normal open checks CRCs of the last three segments only: the damage is in the first one
+    with localmq.open(root, **SMALL) as st:
+        errors = []
+        got = read_queue(st, "a", 0, errors)
+        assert got == written["a", 0][:2] + written["a", 0][3:]
+        assert len(errors) == 1 and errors[0].offset == phys and "crc" in errors[0].reason
+        with st.create_consumer("g", "a") as c:
+            n = 0
+            while True:
+                batch = c.poll_batch(32, timeout=0.5)
+                if not batch:
+                    break
+                n += len(batch)
+            assert n == sum(len(v) for (t, _), v in written.items() if t == "a") - 1
+            assert c.skipped_corrupt == 1
+    with localmq.open(root, check_crc_on_read=False, **SMALL) as st:
+        got = read_queue(st, "a", 0)
+        assert len(got) == len(written["a", 0]) and got[2] != written["a", 0][2]  # the setting turns it off
+
+
+# -- open: ConsumeQueues are verified against the log and rebuilt from it (items 3, 4, 5) ---------------------------
+
+
+def _queue_files(root, topic, qid):
+    d = root / "consumequeue" / topic / str(qid)
+    return sorted(d.iterdir())
+
+
+@pytest.mark.parametrize("which", ["only", "first", "middle", "last", "all"])
+def test_deleted_consume_queue_file_is_rebuilt(tmp_path, which):
+    root = tmp_path / "s"
+    cfg = dict(SMALL)
+    if which == "only":
+        cfg["mapped_file_size_consume_queue"] = 20 * 2000
+    with localmq.open(root, **cfg) as st:
+        written = fill(st, 600)
+    files = _queue_files(root, "a", 0)
+    assert len(files) == (1 if which == "only" else 8)
+    doomed = {"only": files, "first": files[:1], "middle": files[3:4], "last": files[-1:], "all": files}[which]
+    for f in doomed:
+        f.unlink()
+    with localmq.open(root, **cfg) as st:
+        assert "a-0" in st.recovery.cq_rebuilt or which == "last"
+        check_all(st, written)
+        # new puts continue the queue's offsets
+        r = st.put("a", b"new", queue_id=0)
+        assert r.queue_offset == len(written["a", 0])
+
+
+def test_truncated_consume_queue_file_is_rebuilt(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 600)
+    f = _queue_files(root, "b", 1)[2]
+    os.truncate(f, 130)
+    with localmq.open(root, **SMALL) as st:
+        assert "b-1" in st.recovery.cq_rebuilt
+        check_all(st, written)
+
+
+@pytest.mark.parametrize("abort", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_flipped_bits_in_a_consume_queue_are_rebuilt(tmp_path, seed, abort):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 600, seed=seed)
+    rng = random.Random(seed)
+    files = [f for t in ("a", "b") for q in (0, 1) for f in _queue_files(root, t, q)]
+    for _ in range(3):
+        f = rng.choice(files)
+        data = bytearray(f.read_bytes())
+        pos = rng.randrange(len(data))
+        data[pos] ^= 1 << rng.randrange(8)
+        f.write_bytes(bytes(data))
+    if abort:
+        (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        check_all(st, written)
+
+
+def test_unit_pointing_at_another_record_is_rebuilt_at_open(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st)
+    path, pos = cq_file(root, "a", 0, 5)
+    patch(path, pos, read_bytes(*cq_file(root, "a", 0, 7), UNIT))
+    with localmq.open(root, **SMALL) as st:
+        assert "unit 5" in st.recovery.cq_rebuilt["a-0"]
+        check_all(st, written)
+    with localmq.open(root, **SMALL) as st:
+        assert st.recovery.cq_rebuilt == {}  # the rebuilt queue is good
+        check_all(st, written)
+
+
+# -- checkpoint and index are rebuilt (item 10) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("abort", [False, True])
+def test_short_checkpoint_is_rebuilt(tmp_path, abort):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st)
+    os.truncate(root / "checkpoint", 17)
+    if abort:
+        (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        assert st.recovery.rebuilt and "checkpoint" in st.recovery.rebuilt[0]
+        check_all(st, written)
+    assert os.path.getsize(root / "checkpoint") == 4096
+
+
+def test_truncated_index_file_is_rebuilt(tmp_path):
+    root = tmp_path / "s"
+    cfg = dict(SMALL, max_hash_slot_num=100, max_index_num=400)
+    with localmq.open(root, **cfg) as st:
+        for i in range(1000):
+            st.put("k", b"v%d" % i, keys="key%d" % i)
+        assert st.wait_for_index(10)
+    files = sorted((root / "index").iterdir())
+    assert len(files) >= 3
+    os.truncate(files[1], 1000)
+    with localmq.open(root, **cfg) as st:
+        assert st.wait_for_index(10)
+        for i in (0, 500, 999):
+            assert [m.body for m in st.query_message("k", "key%d" % i)] == [b"v%d" % i]
+
+
+# -- the log's segments: misnamed, missing (items 8, 11b) ---------------------------------------------------------
+
+
+def test_renamed_last_segment_is_refused_unless_salvage(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 1500)
+    segs = sorted((root / "commitlog").iterdir())
+    segs[-1].rename(root / "commitlog" / (segs[-1].name + ".bak"))
+    with pytest.raises(DamagedLogError) as e:
+        localmq.open(root, **SMALL)
+    assert segs[-1].name + ".bak" in e.value.names and segs[-1].name + ".bak" in str(e.value)
+    # the refusal changed nothing: renaming it back opens the store whole
+    (root / "commitlog" / (segs[-1].name + ".bak")).rename(segs[-1])
+    with localmq.open(root, **SMALL) as st:
+        check_all(st, written)
+
+
+def test_missing_segments_are_refused_and_named(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 1500)
+    segs = sorted((root / "commitlog").iterdir())
+    assert len(segs) >= 4
+    segs[1].unlink()
+    with pytest.raises(DamagedLogError) as e:
+        localmq.open(root, **SMALL)
+    assert e.value.names == [segs[1].name]
+    with localmq.open(root, salvage=True, **SMALL) as st:
+        assert st.recovery.salvaged
+        # what is left is exact: every message read is one that was written, in order, none twice
+        for (t, q), bodies in written.items():
+            got = read_queue(st, t, q)
+            assert got == bodies[:len(got)]
+    assert any((root / "recovery").iterdir())
+
+
+def test_missing_last_segment_is_refused(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        fill(st, 1500)
+    segs = sorted((root / "commitlog").iterdir())
+    last = [s for s in segs if s.stat().st_size and any(s.read_bytes()[:8])][-1]
+    last.unlink()
+    for s in segs:
+        if s.name > last.name:
+            s.unlink()
+    with pytest.raises(DamagedLogError) as e:
+        localmq.open(root, **SMALL)
+    assert e.value.names == [last.name]
+
+
+def test_every_segment_deleted_is_refused_unless_salvage(tmp_path):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        fill(st)
+    for s in (root / "commitlog").iterdir():
+        s.unlink()
+    with pytest.raises(DamagedLogError, match="no segment at all"):
+        localmq.open(root, **SMALL)
+    with localmq.open(root, salvage=True, **SMALL) as st:
+        assert st.topics() == {}
+
+
+# -- symlinks (item 9) -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["consumequeue file", "commitlog segment", "checkpoint", "queue directory"])
+def test_symlink_is_refused_and_the_outside_file_untouched(tmp_path, what):
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        fill(st)
+    outside = tmp_path / "outside"
+    if what == "consumequeue file":
+        victim = _queue_files(root, "a", 0)[-1]
+    elif what == "commitlog segment":
+        victim = sorted((root / "commitlog").iterdir())[-1]
+    elif what == "checkpoint":
+        victim = root / "checkpoint"
+    else:
+        victim = root / "consumequeue" / "a" / "1"
+    if victim.is_dir():
+        shutil.copytree(victim, outside)
+        shutil.rmtree(victim)
+    else:
+        outside.write_bytes(b"precious" * 1000)
+        victim.unlink()
+    victim.symlink_to(outside)
+    before = {p: p.read_bytes() for p in ([outside] if outside.is_file() else list(outside.iterdir()))}
+    with pytest.raises(UnsafePathError) as e:
+        localmq.open(root, **SMALL)
+    assert str(victim) in str(e.value) and e.value.path == str(victim)
+    assert {p: p.read_bytes() for p in before} == before
+
+
+# -- random damage (seeded) ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("damage") / "base"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 900, seed=7)
+    return root, written
+
+
+def _damage(root, rng, outside):
+    """One random damage to any file of the store; returns (kind, path, derived-only)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in ("lock",))
+    f = rng.choice(files)
+    derived = "commitlog" not in f.parts and f.name != "abort"
+    kind = rng.choice(["flip", "zero", "truncate", "delete", "rename", "symlink"])
+    size = f.stat().st_size
+    if kind == "flip" and size:
+        data = bytearray(f.read_bytes())
+        for _ in range(rng.randrange(1, 4)):
+            pos = rng.randrange(size)
+            data[pos] ^= 1 << rng.randrange(8)
+        f.write_bytes(bytes(data))
+    elif kind == "zero" and size:
+        pos = rng.randrange(size)
+        patch(f, pos, bytes(min(size - pos, rng.randrange(1, 8192))))
+    elif kind == "truncate":
+        os.truncate(f, rng.randrange(size + 1))
+    elif kind == "delete":
+        f.unlink()
+    elif kind == "rename":
+        f.rename(f.with_name(f.name + ".old"))
+    elif kind == "symlink":
+        outside.write_bytes(f.read_bytes())
+        f.unlink()
+        f.symlink_to(outside)
+    return kind, f, derived
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("LOCALMQ_DAMAGE_ROUNDS", "40"))))
+def test_random_damage_never_becomes_silent_loss_wrong_data_or_a_crash(base_store, tmp_path, seed):
+    base, written = base_store
+    root = tmp_path / "s"
+    shutil.copytree(base, root)
+    rng = random.Random(seed)
+    outside = tmp_path / "outside"
+    kind, path, derived = _damage(root, rng, outside)
+    if rng.random() < 0.3:
+        kind2, path2, derived2 = _damage(root, rng, tmp_path / "outside2")
+        derived = derived and derived2
+        kind = kind if kind2 == kind else kind + "+" + kind2
+    if rng.random() < 0.3:
+        (root / "abort").touch()
+    snapshot = outside.read_bytes() if outside.exists() else None
+    try:
+        st = localmq.open(root, **SMALL)
+    except localmq.LocalMQError as e:
+        # a typed refusal names the damage
+        assert isinstance(e, (DamagedLogError, UnsafePathError, localmq.CorruptStoreError,
+                              localmq.CorruptFrameError)), (kind, path, e)
+        return
+    finally:
+        if snapshot is not None:
+            assert outside.read_bytes() == snapshot  # nothing outside the store is ever written
+    with st:
+        for (t, q), bodies in written.items():
+            errors = []
+            got = read_queue(st, t, q, errors)
+            # exact bodies, in order, none twice: what is read is a subsequence of what was written
+            it = iter(bodies)
+            assert all(any(b == w for w in it) for b in got), (kind, path)
+            if derived:
+                assert got == bodies and not errors, (kind, path, st.recovery)
+            elif len(got) + len(errors) < len(bodies):
+                # messages lost from the log itself are reported: a cut tail, a typed error, or salvage
+                r = st.recovery
+                assert errors or r.dropped_at is not None or r.salvaged or r.deleted_segments, (kind, path, r)
