@@ -1,6 +1,7 @@
 """localmq: an embedded, persistent message queue on RocketMQ-compatible CommitLog / ConsumeQueue files."""
 from localmq._record import (
-    decode_message, decode_message_id, encode_blank, encode_message, java_hash, Message, parse_properties, properties_to_bytes, tags_hash,
+    decode_message, decode_message_id, encode_blank, encode_message, java_hash, Message, parse_properties,
+    properties_to_bytes, tags_hash,
 )
 from localmq._columns import decode_range, RecordColumns
 from localmq.store.commit_log import PutResult
@@ -41,7 +42,8 @@ def open(path, kind: str = "local", **config):  # noqa: A001 - the library's ent
 
 __all__ = [
     "open", "LocalMessageQueue", "MemoryMessageQueue", "EmbeddedMessageQueue", "MessageStore", "Producer",
-    "Consumer", "ConsumerScheduler", "ConsumerOffsetManager", "QueueReassignedError", "StoreConfig", "FlushDiskType", "PutStatus", "GetStatus", "AppendMessageStatus",
+    "Consumer", "ConsumerScheduler", "ConsumerOffsetManager", "QueueReassignedError", "StoreConfig", "FlushDiskType",
+    "PutStatus", "GetStatus", "AppendMessageStatus",
     "PutResult", "GetResult", "Message", "RecordColumns", "decode_range", "decode_message", "encode_message",
     "encode_blank", "decode_message_id", "java_hash", "tags_hash", "parse_properties", "properties_to_bytes",
     "read_commitlog", "read_consume_queue", "read_consume_queue_ext", "read_checkpoint", "StoreCheckpoint",

@@ -34,7 +34,9 @@ class MessageSizeError(LocalMQError, ValueError):
 
 
 class PropertiesSizeError(LocalMQError, ValueError):
-    """Encoded properties longer than 32767 bytes (the record stores an int16 length). ``status`` is PROPERTIES_SIZE_EXCEEDED."""
+    """Encoded properties longer than 32767 bytes (the record stores an int16 length).
+
+    ``status`` is PROPERTIES_SIZE_EXCEEDED."""
 
     def __init__(self, message, status=None):
         super().__init__(message)

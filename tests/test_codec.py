@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import localmq
-from localmq import _columns, _record
 
 MAGIC = bytes.fromhex("daa320a7")
 BLANK = bytes.fromhex("cbd43194")

@@ -16,7 +16,8 @@ from localmq.interface import MessageStore
 
 log = logging.getLogger("localmq.queues")
 
-__all__ = ["MessageStore", "QueueClientsMixin", "ProgressWaiterMixin", "build_properties", "check_queue_id", "tag_names"]
+__all__ = ["MessageStore", "QueueClientsMixin", "ProgressWaiterMixin", "build_properties", "check_queue_id",
+           "tag_names"]
 
 
 def build_properties(tags: Optional[str], keys: Any, properties: Optional[Dict[str, str]]) -> Dict[str, str]:

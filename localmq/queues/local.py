@@ -32,7 +32,7 @@ from localmq.services.reput import ReputMessageService
 from localmq.status import GetResult, GetStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
-from localmq.store.commit_log import CommitLog, GroupCommit, PutResult
+from localmq.store.commit_log import CommitLog, GroupCommit
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
@@ -444,8 +444,8 @@ class LocalMessageQueue(QueueClientsMixin):
 
     # -- put ----------------------------------------------------------------------------------------------------
 
-    put = _Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None, keys=None, properties=None, flag=0)
-        -> PutResult
+    put = _Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None, keys=None, properties=None,
+        flag=0) -> PutResult
 
         Append one message to ``topic``/``queue_id`` (CommitLog.put, called directly).
 

@@ -4,7 +4,6 @@ import errno
 import logging
 import mmap
 import os
-import re
 import struct
 from collections import namedtuple
 from dataclasses import dataclass
