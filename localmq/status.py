@@ -6,7 +6,7 @@ values ("end", "torn", ...), so code and users that compared against those strin
 from __future__ import annotations
 
 import enum
-from typing import Any, Generic, Iterator, List, TypeVar
+from typing import Generic, Iterator, List, TypeVar
 
 _M = TypeVar("_M")  # the message type: localmq.Message (status.py imports nothing of localmq)
 
