@@ -1,4 +1,11 @@
 """The localmq exception tree: every error is a LocalMQError and also the builtin that matches its kind."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Iterable, Optional, Tuple, Union
+
+if TYPE_CHECKING:
+    from localmq.status import PutStatus
 
 
 class LocalMQError(Exception):
@@ -24,7 +31,7 @@ class InvalidQueueIdError(LocalMQError, ValueError):
 class MessageSizeError(LocalMQError, ValueError):
     """A body larger than ``max_message_size`` or a record that cannot fit a segment. ``status`` is MESSAGE_ILLEGAL."""
 
-    def __init__(self, message, status=None):
+    def __init__(self, message: str, status: Optional[PutStatus] = None) -> None:
         super().__init__(message)
         if status is None:
             from localmq.status import PutStatus
@@ -38,7 +45,7 @@ class PropertiesSizeError(LocalMQError, ValueError):
 
     ``status`` is PROPERTIES_SIZE_EXCEEDED."""
 
-    def __init__(self, message, status=None):
+    def __init__(self, message: str, status: Optional[PutStatus] = None) -> None:
         super().__init__(message)
         if status is None:
             from localmq.status import PutStatus
@@ -57,7 +64,8 @@ class CorruptFrameError(LocalMQError, ValueError):
     ``offset`` is the absolute offset of the bad frame when known, ``path`` the file.
     """
 
-    def __init__(self, message, offset=None, path=None):
+    def __init__(self, message: str, offset: Optional[int] = None,
+                 path: Union[str, os.PathLike[str], None] = None) -> None:
         super().__init__(message)
         self.offset = offset
         self.path = path
@@ -86,7 +94,7 @@ class QueueReassignedError(LocalMQError, RuntimeError):
     are delivered again to the new owner (at-least-once); it never delivers them again itself.
     """
 
-    def __init__(self, message, queues=()):
+    def __init__(self, message: str, queues: Iterable[Tuple[str, int]] = ()) -> None:
         super().__init__(message)
         self.queues = list(queues)
 

@@ -87,11 +87,12 @@ class QueueClientsMixin:
         return int(getattr(cfg, "flush_consumer_offset_interval", 5000))
 
     def create_producer(self, *, queue_id: Optional[int] = None, queue_selector=None,
-                        queue_nums: Optional[int] = None):
+                        queue_nums: Optional[int] = None) -> Producer:
         """A Producer (see localmq.client.producer.Producer for the parameters)."""
         return Producer(self, queue_id=queue_id, queue_selector=queue_selector, queue_nums=queue_nums)
 
-    def create_consumer(self, group: str, topics, *, tags: Optional[str] = None, broadcast: bool = False, **options):
+    def create_consumer(self, group: str, topics, *, tags: Optional[str] = None, broadcast: bool = False,
+                        **options: Any) -> Consumer:
         """A pull Consumer of ``group`` on ``topics`` (see localmq.client.consumer.Consumer for ``options``)."""
         return Consumer(self, group, topics, tags=tags, broadcast=broadcast, **options)
 

@@ -9,10 +9,10 @@ import logging
 import os
 import re
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar, overload
 
 from localmq._native import fsync_dir
-from localmq._record import decode_message_id, java_hash
+from localmq._record import Message, decode_message_id, java_hash
 from localmq.config import FlushDiskType, StoreConfig, check_topic
 from localmq.errors import (
     DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError, InvalidQueueIdError,
@@ -56,13 +56,24 @@ def _total_ram() -> int:
         return 24 * 1024 ** 3
 
 
-class _Forward:
+if TYPE_CHECKING:  # stub-only Protocols: the bound CommitLog methods' signatures (store/commit_log.pyi)
+    from localmq.store.commit_log import _PutBatchMethod, _PutMethod
+
+_F = TypeVar("_F")
+
+
+class _Forward(Generic[_F]):
     """Class attribute ``name = _Forward("commit_log", "put")``: ``obj.name`` is ``obj.commit_log.put``, the compiled
     method itself, so a put pays no Python frame (a forwarding method costs ~15% of a 100-byte put). The wiring is
     declared here, in the class body, and documented on the attribute."""
 
     def __init__(self, owner: str, method: str, doc: str) -> None:
         self.owner, self.method, self.__doc__ = owner, method, doc
+
+    @overload
+    def __get__(self, obj: None, cls: Any = None) -> _Forward[_F]: ...
+    @overload
+    def __get__(self, obj: object, cls: Any = None) -> _F: ...
 
     def __get__(self, obj: Any, cls: Any = None) -> Any:
         if obj is None:
@@ -444,8 +455,8 @@ class LocalMessageQueue(QueueClientsMixin):
 
     # -- put ----------------------------------------------------------------------------------------------------
 
-    put = _Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None, keys=None, properties=None,
-        flag=0) -> PutResult
+    put: _Forward[_PutMethod] = _Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None,
+        keys=None, properties=None, flag=0) -> PutResult
 
         Append one message to ``topic``/``queue_id`` (CommitLog.put, called directly).
 
@@ -456,8 +467,8 @@ class LocalMessageQueue(QueueClientsMixin):
         InvalidPropertyError, StoreClosedError.
         """)
 
-    put_batch = _Forward("commit_log", "put_batch", """put_batch(topic, bodies, *, queue_id=0, tags=None, keys=None,
-        properties=None, flag=0) -> PutResult
+    put_batch: _Forward[_PutBatchMethod] = _Forward("commit_log", "put_batch", """put_batch(topic, bodies, *,
+        queue_id=0, tags=None, keys=None, properties=None, flag=0) -> PutResult
 
         Append several messages to one queue under one lock (consecutive queue offsets, one store time;
         CommitLog.put_batch, called directly). Returns one PutResult describing the first message, the total bytes
@@ -594,7 +605,7 @@ class LocalMessageQueue(QueueClientsMixin):
         return f
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
-                    tags: Optional[str] = None, zero_copy: bool = False) -> GetResult:
+                    tags: Optional[str] = None, zero_copy: bool = False) -> GetResult[Message]:
         """Pull up to ``max_messages`` from (topic, queue) starting at queue offset ``offset``.
 
         ``tags``: "*" / None for all, or "a || b": units are filtered by tag hash, then by the exact tag.
