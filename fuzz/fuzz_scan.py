@@ -15,7 +15,8 @@ def TestOneInput(data):
     sizes = [inp.int(2) for _ in positions]
     buf = inp.rest()
     fields = FIELDS if mode & 1 else ("body", "topic")
-    flt = _columns.RowFilter(topics=[b"abc", b"TopicTest"], bounds={(b"abc", 0): (1, 5)}, min_ts=1) if mode & 2 else None
+    flt = (_columns.RowFilter(topics=[b"abc", b"TopicTest"], bounds={(b"abc", 0): (1, 5)}, min_ts=1)
+           if mode & 2 else None)
     check(_columns.scan_range, buf, start, end, 0, bool(mode & 4), 4, fields, flt, 0)
     check(_columns.scan_positions, buf, positions, sizes, 0, bool(mode & 4), fields)
 

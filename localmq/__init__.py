@@ -1,6 +1,12 @@
 """localmq: an embedded, persistent message queue on RocketMQ-compatible CommitLog / ConsumeQueue files."""
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, overload
+
 from localmq._record import (
-    decode_message, decode_message_id, encode_blank, encode_message, java_hash, Message, parse_properties, properties_to_bytes, tags_hash,
+    decode_message, decode_message_id, encode_blank, encode_message, java_hash, Message, parse_properties,
+    properties_to_bytes, tags_hash,
 )
 from localmq._columns import decode_range, RecordColumns
 from localmq.store.commit_log import PutResult
@@ -25,7 +31,16 @@ from localmq.client import ConsumerOffsetManager, ConsumerScheduler, Consumer, P
 __version__ = "0.1.0"
 
 
-def open(path, kind: str = "local", **config):  # noqa: A001 - the library's entry point
+@overload
+def open(path: str | os.PathLike[str], kind: Literal["local"] = "local", **config: Any) -> LocalMessageQueue: ...
+@overload
+def open(path: str | os.PathLike[str], kind: Literal["embedded"], **config: Any) -> EmbeddedMessageQueue: ...
+@overload
+def open(path: str | os.PathLike[str], kind: str, **config: Any) -> LocalMessageQueue | EmbeddedMessageQueue: ...
+
+
+def open(path: str | os.PathLike[str], kind: str = "local",  # noqa: A001 - the library's entry point
+         **config: Any) -> LocalMessageQueue | EmbeddedMessageQueue:
     """Open (creating if needed) the queue stored at ``path`` and recover it.
 
     ``kind``: "local" (default), the RocketMQ-compatible LocalMessageQueue (``config``: StoreConfig fields), or
@@ -43,7 +58,8 @@ def open(path, kind: str = "local", **config):  # noqa: A001 - the library's ent
 
 __all__ = [
     "open", "LocalMessageQueue", "MemoryMessageQueue", "EmbeddedMessageQueue", "MessageStore", "Producer",
-    "Consumer", "ConsumerScheduler", "ConsumerOffsetManager", "QueueReassignedError", "StoreConfig", "FlushDiskType", "PutStatus", "GetStatus", "AppendMessageStatus",
+    "Consumer", "ConsumerScheduler", "ConsumerOffsetManager", "QueueReassignedError", "StoreConfig", "FlushDiskType",
+    "PutStatus", "GetStatus", "AppendMessageStatus",
     "PutResult", "GetResult", "Message", "RecordColumns", "decode_range", "decode_message", "encode_message",
     "encode_blank", "decode_message_id", "java_hash", "tags_hash", "parse_properties", "properties_to_bytes",
     "read_commitlog", "read_consume_queue", "read_consume_queue_ext", "read_checkpoint", "StoreCheckpoint",

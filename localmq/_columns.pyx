@@ -1,17 +1,15 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """Columnar decode of CommitLog ranges into numpy and Arrow buffers: the one path numpy users and Spark read by."""
-cimport cython
 cimport numpy as cnp
-from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from localmq._layout cimport (
-    HOST_V4_SIZE, HOST_V6_SIZE, MAX_TOPIC_BYTES, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED,
-    SYSFLAG_TRANSACTION_ROLLBACK,
+    HOST_V4_SIZE, HOST_V6_SIZE, MAX_TOPIC_BYTES, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
-from localmq._os cimport crc32, lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64
+from localmq._os cimport lmq_put64
 from localmq._record cimport *
 
 import numpy as np
@@ -31,7 +29,6 @@ COLUMN_DTYPES = (
     ("body_pos", np.int64), ("body_len", np.int32), ("topic_pos", np.int64), ("topic_len", np.int32),
     ("props_pos", np.int64), ("props_len", np.int32),
 )
-
 
 
 cdef class RecordColumns:
@@ -408,7 +405,8 @@ def topic_codes(RecordColumns cols):
 
 
 def gather_binary(RecordColumns cols, str field, rows=None):
-    """Arrow binary layout of the ``field`` ("body" or "topic") of the selected rows: (int32 offsets[n+1], uint8 data)."""
+    """Arrow binary layout of the ``field`` ("body" or "topic") of the selected rows: (int32 offsets[n+1],
+    uint8 data)."""
     cdef int64_t *pos_col
     cdef int32_t *len_col
     if field == "body":
@@ -653,7 +651,8 @@ def gather_msg_ids(RecordColumns cols, rows=None):
         r = _row(rp, i)
         total += 56 if cols.c_sysflag[r] & SYSFLAG_STOREHOST_V6 else 32
         # the store host lies 16 + its size bytes before the body
-        _check_span(cols.c_bpos[r], 0, 16 + (HOST_V6_SIZE if cols.c_sysflag[r] & SYSFLAG_STOREHOST_V6 else HOST_V4_SIZE),
+        _check_span(cols.c_bpos[r], 0,
+                    16 + (HOST_V6_SIZE if cols.c_sysflag[r] & SYSFLAG_STOREHOST_V6 else HOST_V4_SIZE),
                     cols._held_len, r, "store host")
     offs = np.empty(n + 1, np.int32)
     data = np.empty(total, np.uint8)

@@ -10,7 +10,6 @@ HEADERS is 24 bytes here: store timestamp int64, born timestamp int64, flag int3
 last, so a writer killed mid-frame leaves TOTALSIZE 0 (the end of the data); the CRC catches a frame that
 reached the disk only in part (a power loss between flushes). A TOTALSIZE of 0 ends a partition's data.
 """
-cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
@@ -40,7 +39,8 @@ def frame_size(Py_ssize_t body_len, Py_ssize_t props_len):
     return FRAME_OVERHEAD + body_len + props_len
 
 
-cdef inline uint32_t frame_crc(const uint8_t *body, int64_t body_len, const uint8_t *props, int64_t props_len) noexcept nogil:
+cdef inline uint32_t frame_crc(const uint8_t *body, int64_t body_len,
+                               const uint8_t *props, int64_t props_len) noexcept nogil:
     cdef unsigned long c = crc32(0, NULL, 0)
     if body_len:
         c = crc32(c, body, <unsigned int>body_len)
@@ -198,7 +198,8 @@ def read_frames(data, str topic, int queue_id, long long first_index, long long 
             if rc != 0:
                 if rc == 1 and n > 0:
                     break
-                raise CorruptFrameError(f"no valid frame at bucket offset {base_offset + pos}", offset=base_offset + pos)
+                raise CorruptFrameError(f"no valid frame at bucket offset {base_offset + pos}",
+                                        offset=base_offset + pos)
             body_len = <int32_t>lmq_be32(p + pos + 8)
             props_len = total - (FRAME_OVERHEAD + body_len)
             props = PyBytes_FromStringAndSize(<const char *>(p + pos + total - props_len), props_len)

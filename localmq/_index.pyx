@@ -42,7 +42,6 @@ cdef enum:
     R_FULL = 1   # the file is full (or there is none): roll, then call again from (row, key)
 
 
-
 cdef inline int32_t positive_hash(int32_t h) noexcept nogil:
     # IndexFile.indexKeyHashMethod: Math.abs(hashCode), and abs(MIN_VALUE) (still negative in Java) becomes 0
     if h == INT32_MIN:
@@ -202,9 +201,9 @@ cdef int _check_geometry(Py_ssize_t size, long long slot_num, long long index_nu
 
 
 cdef int _check_rows(Py_ssize_t nbuf, const int64_t[::1] phys, const int64_t[::1] store_ts,
-                    const int32_t[::1] sys_flag, const int64_t[::1] topic_pos, const int32_t[::1] topic_len,
-                    const int64_t[::1] props_pos, const int32_t[::1] props_len, Py_ssize_t row, Py_ssize_t key,
-                    Py_ssize_t count) except -1:
+                     const int32_t[::1] sys_flag, const int64_t[::1] topic_pos, const int32_t[::1] topic_len,
+                     const int64_t[::1] props_pos, const int32_t[::1] props_len, Py_ssize_t row, Py_ssize_t key,
+                     Py_ssize_t count) except -1:
     """index_rows' arguments: rows [row, count) inside every column, each topic and properties span inside
     ``data`` and no longer than a record allows (the key scratch buffer is sized by them)."""
     cdef Py_ssize_t r

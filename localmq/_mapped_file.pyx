@@ -56,7 +56,6 @@ cdef class WriteBuffer:
             except OSError as e:
                 self.lock_error = e
 
-
     def __dealloc__(self):
         if self.addr != NULL:
             try:

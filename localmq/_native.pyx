@@ -1,4 +1,5 @@
-"""Checked, GIL-free wrappers over the C helpers in csrc/ (mmap, msync, fdatasync, fallocate, mlock, madvise, mincore)."""
+"""Checked, GIL-free wrappers over the C helpers in csrc/ (mmap, msync, fdatasync, fallocate, mlock, madvise,
+mincore)."""
 import os
 
 from libc.errno cimport errno
@@ -18,7 +19,6 @@ ADV_SEQUENTIAL = LMQ_ADV_SEQUENTIAL
 ADV_WILLNEED = LMQ_ADV_WILLNEED
 ADV_DONTNEED = LMQ_ADV_DONTNEED
 PAGE_SIZE = lmq_page_size()
-
 
 
 cdef class Event:

@@ -1,5 +1,6 @@
 # RocketMQ 4.x CommitLog records (V1): the one decoder (parse_record) and encoder (write_record) of a record, shared
-# by the put path, the dispatcher, the get path, recovery, the readers and the columnar decoder. Layout constants: _layout.pxd.
+# by the put path, the dispatcher, the get path, recovery, the readers and the columnar decoder. Layout constants:
+# _layout.pxd.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 # parse_record outcomes (localmq.status.RecordStatus.of maps them to names)

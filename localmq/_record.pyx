@@ -3,10 +3,10 @@
 import ipaddress
 
 cimport cython
-from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcmp, memcpy
 
 from localmq._layout cimport (
     BLANK_MAGIC_CODE, BODY_CRC_MASK, HOST_V4_SIZE, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_TOPIC_BYTES,
@@ -120,7 +120,6 @@ cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check
     if check_crc and body_crc32(v.body, v.body_len) != v.body_crc:
         return REC_BAD_CRC
     return REC_OK
-
 
 
 cdef int32_t java_hash_utf8(const uint8_t *s, int64_t n) noexcept nogil:
@@ -345,7 +344,8 @@ def properties_to_bytes(props):
 
 
 def parse_properties(raw):
-    """Parse a properties string (bytes or str) by RocketMQ's rules: split on 0x02, keep ``k\\x01v`` with both non-empty."""
+    """Parse a properties string (bytes or str) by RocketMQ's rules: split on 0x02, keep ``k\\x01v`` with both
+    non-empty."""
     if isinstance(raw, (bytes, bytearray, memoryview)):
         raw = bytes(raw).decode("utf-8", "replace")
     out = {}
@@ -470,7 +470,8 @@ cdef class Message:
 
 
 def _rebuild_message(topic, body, props_raw, queue_id, queue_offset, physical_offset, store_timestamp,
-                     born_timestamp, prepared, flag, sys_flag, reconsume, store_size, body_crc_v, store_host, born_host):
+                     born_timestamp, prepared, flag, sys_flag, reconsume, store_size, body_crc_v, store_host,
+                     born_host):
     cdef Message m = Message.__new__(Message)
     m.topic = topic
     m.body = body
@@ -545,7 +546,8 @@ def encode_message(topic, body, *, int queue_id=0, int flag=0, long long queue_o
                    int reconsume_times=0, long long prepared_transaction_offset=0, properties=None):
     """Encode one V1 record to bytes (the IPv6 sysflag bits follow the hosts). ``properties`` is a mapping or bytes.
 
-    Raises InvalidTopicError-like ValueError for a topic over 127 bytes, PropertiesSizeError for properties over 32767 bytes.
+    Raises InvalidTopicError-like ValueError for a topic over 127 bytes, PropertiesSizeError for properties over
+    32767 bytes.
     """
     tb = topic.encode("utf-8") if isinstance(topic, str) else bytes(topic)
     if not 0 < len(tb) <= MAX_TOPIC_BYTES:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from typing import Any, Mapping
 
 from localmq.errors import ConfigError, InvalidQueueIdError, InvalidTopicError
@@ -90,7 +89,8 @@ class StoreConfig:
             try:
                 self.flush_disk_type = FlushDiskType[self.flush_disk_type.upper()]
             except KeyError:
-                raise ConfigError(f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, not {self.flush_disk_type!r}") from None
+                raise ConfigError(
+                    f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, not {self.flush_disk_type!r}") from None
         if not isinstance(self.flush_disk_type, FlushDiskType):
             raise ConfigError(f"flush_disk_type must be a FlushDiskType, not {self.flush_disk_type!r}")
         for f in dataclasses.fields(self):

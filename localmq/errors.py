@@ -1,4 +1,11 @@
 """The localmq exception tree: every error is a LocalMQError and also the builtin that matches its kind."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Iterable, Optional, Tuple, Union
+
+if TYPE_CHECKING:
+    from localmq.status import PutStatus
 
 
 class LocalMQError(Exception):
@@ -24,7 +31,7 @@ class InvalidQueueIdError(LocalMQError, ValueError):
 class MessageSizeError(LocalMQError, ValueError):
     """A body larger than ``max_message_size`` or a record that cannot fit a segment. ``status`` is MESSAGE_ILLEGAL."""
 
-    def __init__(self, message, status=None):
+    def __init__(self, message: str, status: Optional[PutStatus] = None) -> None:
         super().__init__(message)
         if status is None:
             from localmq.status import PutStatus
@@ -34,9 +41,11 @@ class MessageSizeError(LocalMQError, ValueError):
 
 
 class PropertiesSizeError(LocalMQError, ValueError):
-    """Encoded properties longer than 32767 bytes (the record stores an int16 length). ``status`` is PROPERTIES_SIZE_EXCEEDED."""
+    """Encoded properties longer than 32767 bytes (the record stores an int16 length).
 
-    def __init__(self, message, status=None):
+    ``status`` is PROPERTIES_SIZE_EXCEEDED."""
+
+    def __init__(self, message: str, status: Optional[PutStatus] = None) -> None:
         super().__init__(message)
         if status is None:
             from localmq.status import PutStatus
@@ -55,7 +64,8 @@ class CorruptFrameError(LocalMQError, ValueError):
     ``offset`` is the absolute offset of the bad frame when known, ``path`` the file.
     """
 
-    def __init__(self, message, offset=None, path=None):
+    def __init__(self, message: str, offset: Optional[int] = None,
+                 path: Union[str, os.PathLike[str], None] = None) -> None:
         super().__init__(message)
         self.offset = offset
         self.path = path
@@ -71,8 +81,9 @@ class CorruptMessageError(CorruptFrameError):
     counts it). Messages before it are returned by the get that reaches it; the get that starts at it raises.
     """
 
-    def __init__(self, message, offset=None, path=None, *, topic=None, queue_id=None, queue_offset=None,
-                 reason=None):
+    def __init__(self, message: str, offset: Optional[int] = None, path: Optional[str] = None, *,
+                 topic: Optional[str] = None, queue_id: Optional[int] = None, queue_offset: Optional[int] = None,
+                 reason: Optional[str] = None) -> None:
         super().__init__(message, offset=offset, path=path)
         self.topic = topic
         self.queue_id = queue_id
@@ -91,7 +102,7 @@ class DamagedLogError(CorruptStoreError):
     while ConsumeQueues hold units. ``names`` lists what is wrong. Open with ``salvage=True`` to keep what can be
     read (the ConsumeQueues are then cut to the log that is there)."""
 
-    def __init__(self, message, names=()):
+    def __init__(self, message: str, names: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.names = list(names)
 
@@ -100,7 +111,7 @@ class UnsafePathError(LocalMQError, PermissionError):
     """A file or directory of the store that is a symlink or resolves outside the store root: localmq never writes,
     truncates or deletes through it. ``path`` is the offending entry."""
 
-    def __init__(self, message, path=None):
+    def __init__(self, message: str, path: Optional[str] = None) -> None:
         super().__init__(message)
         self.path = path
 
@@ -124,7 +135,7 @@ class QueueReassignedError(LocalMQError, RuntimeError):
     are delivered again to the new owner (at-least-once); it never delivers them again itself.
     """
 
-    def __init__(self, message, queues=()):
+    def __init__(self, message: str, queues: Iterable[Tuple[str, int]] = ()) -> None:
         super().__init__(message)
         self.queues = list(queues)
 
@@ -151,7 +162,7 @@ class ArgumentRangeError(LocalMQError, ValueError):
     ``argument`` names the argument (None when the message says it). A ValueError, as Python reports a bad value.
     """
 
-    def __init__(self, message, argument=None):
+    def __init__(self, message: str, argument: Optional[str] = None) -> None:
         super().__init__(message)
         self.argument = argument
 
@@ -168,17 +179,19 @@ class ArgumentOverflowError(ArgumentRangeError, OverflowError):
     2**40, ``max_messages`` of 2**31). Also an OverflowError, which Python's int conversion raised for these before."""
 
 
-def check_int_range(value, argument, low, high, error=ArgumentOverflowError):
+def check_int_range(value: object, argument: str, low: int, high: int,
+                    error: type[ArgumentRangeError] = ArgumentOverflowError) -> int:
     """Raise ``error`` naming ``argument`` unless ``low <= value <= high`` (``value`` any integer).
 
     A non-integer raises TypeError, as the C conversion did. Returns ``value`` as an int.
     """
-    if not hasattr(value, "__index__"):
+    index = getattr(value, "__index__", None)
+    if index is None:
         raise TypeError(f"{argument} must be an integer, not {type(value).__name__}")
-    value = value.__index__()
-    if not low <= value <= high:
-        raise error(f"{argument} {value} outside {low}..{high}", argument)
-    return value
+    number: int = index()
+    if not low <= number <= high:
+        raise error(f"{argument} {number} outside {low}..{high}", argument)
+    return number
 
 
 __all__ = [

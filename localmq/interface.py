@@ -22,7 +22,7 @@ class MessageStore(Protocol):
             properties: Optional[Dict[str, str]] = None, flag: int = 0) -> Any:
         """Append one message; returns PutResult."""
 
-    def put_batch(self, topic: str, bodies: Iterable, *, queue_id: int = 0, tags: Optional[str] = None,
+    def put_batch(self, topic: str, bodies: Iterable[Any], *, queue_id: int = 0, tags: Optional[str] = None,
                   keys: Any = None, properties: Optional[Dict[str, str]] = None, flag: int = 0) -> Any:
         """Append several messages to one queue with consecutive queue offsets; returns one PutResult."""
 

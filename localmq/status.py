@@ -6,7 +6,9 @@ values ("end", "torn", ...), so code and users that compared against those strin
 from __future__ import annotations
 
 import enum
-from typing import Any, Iterator, List
+from typing import Generic, Iterator, List, TypeVar
+
+_M = TypeVar("_M")  # the message type: localmq.Message (status.py imports nothing of localmq)
 
 
 class PutStatus(enum.IntEnum):
@@ -92,13 +94,13 @@ class Stop(str, enum.Enum):
         return self.value
 
 
-class GetResult:
+class GetResult(Generic[_M]):
     """Result of ``get_message``: ``status`` (GetStatus), ``messages`` (list of Message), ``next_begin_offset``
     (where the next pull should start), ``min_offset`` / ``max_offset`` of the queue."""
 
     __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset")
 
-    def __init__(self, status: GetStatus, messages: List[Any], next_begin_offset: int, min_offset: int,
+    def __init__(self, status: GetStatus, messages: List[_M], next_begin_offset: int, min_offset: int,
                  max_offset: int) -> None:
         self.status = status
         self.messages = messages
@@ -114,7 +116,7 @@ class GetResult:
     def __len__(self) -> int:
         return len(self.messages)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[_M]:
         return iter(self.messages)
 
     def __repr__(self) -> str:

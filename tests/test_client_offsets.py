@@ -78,7 +78,7 @@ def test_retention_reads_what_consumers_commit(tmp_path):
     # CleanService protects unconsumed messages by reading this file: the consumer's commit must be what it sees
     with localmq.open(tmp_path / "s", mapped_file_size_commit_log=1 << 20) as mq:
         p = mq.create_producer(queue_id=0)
-        for i in range(10):
+        for _ in range(10):
             p.send("T", b"x")
         c = mq.create_consumer("g", "T")
         for _ in range(4):

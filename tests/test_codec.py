@@ -7,7 +7,6 @@ import pytest
 
 import localmq
 from helpers import java_hash_reference
-from localmq import _columns, _record
 
 MAGIC = bytes.fromhex("daa320a7")
 BLANK = bytes.fromhex("cbd43194")

@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 import localmq
@@ -281,7 +280,7 @@ def test_queue_arguments_out_of_range_raise_typed_errors(tmp_path):
     for q in _queues(tmp_path):
         try:
             q.put("t", b"x", queue_id=0)
-            assert wait_until(lambda: q.max_offset("t", 0) == 1)  # the local queue dispatches in a thread
+            assert wait_until(lambda q=q: q.max_offset("t", 0) == 1)  # the local queue dispatches in a thread
             with pytest.raises(ArgumentOverflowError) as e:
                 q.get_message("t", 0, 0, 1 << 31)
             assert e.value.argument == "max_messages" and "max_messages" in str(e.value)

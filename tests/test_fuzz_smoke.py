@@ -18,7 +18,8 @@ def test_every_target_is_listed():
 @pytest.mark.parametrize("target", TARGETS)
 def test_fuzz_target_smoke(target):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "fuzz", f"fuzz_{target}.py"), "--plain", "--runs", "2000"],
+    script = os.path.join(ROOT, "fuzz", f"fuzz_{target}.py")
+    proc = subprocess.run([sys.executable, script, "--plain", "--runs", "2000"],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     assert "Done 2000 runs" in proc.stdout

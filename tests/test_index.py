@@ -6,9 +6,7 @@ Expectations come from the spec, not the code: ``jhash`` is Java's String.hashCo
 """
 import os
 import random
-import signal
 import struct
-import subprocess
 import sys
 import time
 
@@ -208,7 +206,7 @@ def test_hash_collisions_are_filtered_exactly(store_factory):
     assert [m.body for m in st.query_message("T", "BBBB")] == [b"bbbb"]
     assert [m.body for m in st.query_message("T", "AaBB", max_num=1)] == [b"aabb"]
     # many colliding newer entries do not hide an older exact match behind max_num
-    for i in range(100):
+    for _ in range(100):
         st.put("T", b"other", keys="BB")
     assert st.wait_for_index(10)
     assert [m.body for m in st.query_message("T", "Aa", max_num=1)] == [b"aa"]
@@ -284,7 +282,7 @@ def test_bad_input_and_disabled_index(store_factory, tmp_path):
 
 def test_records_without_keys_create_no_index_file(store_factory, tmp_path):
     st = store_factory()
-    for i in range(100):
+    for _ in range(100):
         st.put("T", b"x")
     assert st.wait_for_index(10)
     assert index_files(str(tmp_path / "store")) == []

@@ -158,7 +158,7 @@ LAYOUT_LITERALS = [
 @pytest.mark.parametrize("pattern", LAYOUT_LITERALS)
 def test_layout_constants_are_written_once(pattern):
     hits = []
-    for name, paths in module_files().items():
+    for paths in module_files().values():
         for p in paths:
             if os.path.basename(p) in ("layout.py", "_layout.pxd"):
                 continue

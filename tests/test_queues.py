@@ -223,7 +223,7 @@ def test_exactly_once_and_per_producer_order_with_concurrent_producers_and_consu
             by_queue.setdefault(q, []).append((off, body))
     for q, items in by_queue.items():
         seqs = {}
-        for off, body in sorted(items):
+        for _off, body in sorted(items):
             i, s = map(int, body.split(b":"))
             assert s > seqs.get(i, -1), f"producer {i} out of order in queue {q}"
             seqs[i] = s
@@ -274,7 +274,7 @@ def test_auto_commit_commits_what_earlier_polls_handed_out(harness):
 def test_consumer_lag_is_unknown_not_zero_and_never_negative(harness):
     mq = harness.mq
     p = mq.create_producer(queue_id=0)
-    for i in range(3):
+    for _ in range(3):
         p.send("T", b"x")
     mq.create_producer(queue_id=1).send("T", b"y")
     wait_dispatched(mq)

@@ -106,7 +106,7 @@ def test_a_frame_written_without_its_totalsize_is_the_end(tmp_path):
 def test_damage_before_later_data_is_refused(tmp_path):
     path = tmp_path / "q"
     with open_q(path) as mq:
-        for i in range(20):
+        for _ in range(20):
             mq.put("T", b"y" * 1000)
     first = partitions(path)[0]
     raw = bytearray(first.read_bytes())

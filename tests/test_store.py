@@ -218,7 +218,7 @@ def test_tags_filter_hash_then_exact(store_factory):
 
 def test_batch_transfer_limits(store_factory):
     st = store_factory()
-    for i in range(40):
+    for _ in range(40):
         st.put("big", os.urandom(100 * 1024))
     st.wait_for_dispatch()
     g = st.get_message("big", 0, 0, 32)

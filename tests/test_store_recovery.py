@@ -2,11 +2,8 @@
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import textwrap
-import time
 import zlib
 
 import pytest
@@ -210,7 +207,6 @@ def test_sigkill_writer_loses_no_acknowledged_message(tmp_path, mode):
     script.write_text(WRITER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     n_threads, kills, checked, lost = 3, 6, 0, 0
-    next_expected = {}
     for kill in range(kills):
         for k in range(n_threads):
             p = root / f"acked-{k}"

@@ -60,7 +60,8 @@ class ProcessBoundMixin:
                         f"open it there (localmq.open(path)), once this process has closed it")
 
 
-__all__ = ["MessageStore", "QueueClientsMixin", "ProgressWaiterMixin", "build_properties", "check_queue_id", "tag_names"]
+__all__ = ["MessageStore", "QueueClientsMixin", "ProgressWaiterMixin", "ProcessBoundMixin", "build_properties",
+           "check_queue_id", "tag_names"]
 
 
 def build_properties(tags: Optional[str], keys: Any, properties: Optional[Dict[str, str]]) -> Dict[str, str]:
@@ -130,11 +131,12 @@ class QueueClientsMixin:
         return int(getattr(cfg, "flush_consumer_offset_interval", 5000))
 
     def create_producer(self, *, queue_id: Optional[int] = None, queue_selector=None,
-                        queue_nums: Optional[int] = None):
+                        queue_nums: Optional[int] = None) -> Producer:
         """A Producer (see localmq.client.producer.Producer for the parameters)."""
         return Producer(self, queue_id=queue_id, queue_selector=queue_selector, queue_nums=queue_nums)
 
-    def create_consumer(self, group: str, topics, *, tags: Optional[str] = None, broadcast: bool = False, **options):
+    def create_consumer(self, group: str, topics, *, tags: Optional[str] = None, broadcast: bool = False,
+                        **options: Any) -> Consumer:
         """A pull Consumer of ``group`` on ``topics`` (see localmq.client.consumer.Consumer for ``options``)."""
         return Consumer(self, group, topics, tags=tags, broadcast=broadcast, **options)
 

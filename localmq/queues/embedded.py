@@ -23,7 +23,9 @@ from localmq.errors import (
     check_int_range,
     ConfigError, CorruptStoreError, InvalidQueueIdError, MessageSizeError, StoreClosedError,
 )
-from localmq.queues.base import ProcessBoundMixin, ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
+from localmq.queues.base import (
+    ProcessBoundMixin, ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names,
+)
 from localmq.services.service_thread import ServiceThread
 from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.lock import StoreLock

@@ -9,10 +9,10 @@ import logging
 import os
 import re
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from localmq._native import fsync_dir
-from localmq._record import decode_message_id, java_hash
+from localmq._record import Message, decode_message_id, java_hash
 from localmq.config import FlushDiskType, StoreConfig, check_topic
 from localmq.errors import (
     CorruptStoreError, DamagedLogError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
@@ -34,7 +34,7 @@ from localmq.services.reput import ReputMessageService
 from localmq.status import GetResult, GetStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
-from localmq.store.commit_log import CommitLog, Forward, GroupCommit, PutResult
+from localmq.store.commit_log import CommitLog, Forward, GroupCommit
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
@@ -59,6 +59,10 @@ def _total_ram() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 24 * 1024 ** 3
+
+
+if TYPE_CHECKING:  # stub-only Protocols: the bound CommitLog methods' signatures (store/commit_log.pyi)
+    from localmq.store.commit_log import _PutBatchMethod, _PutMethod
 
 
 class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
@@ -473,8 +477,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
 
     # -- put ----------------------------------------------------------------------------------------------------
 
-    put = Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None, keys=None, properties=None, flag=0)
-        -> PutResult
+    put: Forward[_PutMethod] = Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None, keys=None,
+        properties=None, flag=0) -> PutResult
 
         Append one message to ``topic``/``queue_id`` (CommitLog.put, called directly).
 
@@ -485,8 +489,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
         InvalidPropertyError, StoreClosedError.
         """)
 
-    put_batch = Forward("commit_log", "put_batch", """put_batch(topic, bodies, *, queue_id=0, tags=None, keys=None,
-        properties=None, flag=0) -> PutResult
+    put_batch: Forward[_PutBatchMethod] = Forward("commit_log", "put_batch", """put_batch(topic, bodies, *,
+        queue_id=0, tags=None, keys=None, properties=None, flag=0) -> PutResult
 
         Append several messages to one queue under one lock (consecutive queue offsets, one store time;
         CommitLog.put_batch, called directly). Returns one PutResult describing the first message, the total bytes
@@ -623,7 +627,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
         return f
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
-                    tags: Optional[str] = None, zero_copy: bool = False) -> GetResult:
+                    tags: Optional[str] = None, zero_copy: bool = False) -> GetResult[Message]:
         """Pull up to ``max_messages`` from (topic, queue) starting at queue offset ``offset``.
 
         ``tags``: "*" / None for all, or "a || b": units are filtered by tag hash, then by the exact tag.

@@ -85,7 +85,8 @@ class GroupCommitService(ServiceThread):
     byte is flushed. When no flush is running and all unflushed bytes are in the current segment, the first
     waiter flushes for everyone (leader/follower group commit, no thread hand-off); otherwise (a segment just
     rolled, or a leader's flush failed) this thread takes the highest requested offset, flushes every written
-    byte, publishes the new flushed offset and so wakes every covered put at once. A put whose flush does not finish within ``sync_flush_timeout`` ms answers
+    byte, publishes the new flushed offset and so wakes every covered put at once. A put whose flush does not finish
+    within ``sync_flush_timeout`` ms answers
     FLUSH_DISK_TIMEOUT (checked by the put itself).
     """
 

@@ -158,7 +158,7 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(starting, dict):
             check_offsets_json(starting, state, "startingOffsets")
         out = {}
-        for key, (cq, lo, hi) in state.items():
+        for key, (_cq, lo, hi) in state.items():
             if opts.starting_timestamp is not None:
                 out[key] = offset_for_time(store, state, tail, key, opts.starting_timestamp)
             elif starting == "earliest":

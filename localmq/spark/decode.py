@@ -142,7 +142,6 @@ def _segment_rows(cols, part):
         if not hidden.any():
             return None
         return np.flatnonzero(~hidden)
-    n = cols.count
     keep = ~hidden
     if part.topics is not None or part.bounds is not None:
         codes, names = _columns.topic_codes(cols)

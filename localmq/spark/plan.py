@@ -282,7 +282,7 @@ def resolve_offsets(store, opts, state, starting=None, ending=None, tail=None):
     starting = opts.starting if starting is None else starting
     ending = opts.ending if ending is None else ending
     out = {}
-    for key, (cq, lo, hi) in state.items():
+    for key, (_cq, lo, hi) in state.items():
         s = lo if starting == "earliest" else hi if starting == "latest" else starting[key]
         e = hi if ending == "latest" else ending[key]
         s = lo if s == EARLIEST else hi if s == LATEST else s

@@ -2,7 +2,6 @@
 
 import errno
 import os
-import struct
 import threading
 from dataclasses import dataclass
 

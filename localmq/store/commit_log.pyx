@@ -19,13 +19,13 @@ from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memset
 
 from localmq._layout cimport (
-    BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID, SYSFLAG_BORNHOST_V6,
+    END_FILE_MIN_BLANK_LENGTH, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID, SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
 )
 from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_record
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
-    lmq_event, lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_pause, lmq_gc_flushed, lmq_gc_free, lmq_gc_new,
+    lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_pause, lmq_gc_flushed, lmq_gc_free, lmq_gc_new,
     lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_load_acq, lmq_now_ms, lmq_store_rel,
 )
 from localmq._native cimport Event, raise_errno
@@ -34,8 +34,8 @@ from localmq._record import pack_host, properties_to_bytes
 from localmq.config import check_topic
 from localmq.status import PutStatus
 from localmq.errors import (
-    ArgumentOverflowError, ForkedStoreError, InvalidPropertyError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError,
-    StoreClosedError,
+    ArgumentOverflowError, ForkedStoreError, InvalidPropertyError, InvalidQueueIdError, MessageSizeError,
+    PropertiesSizeError, StoreClosedError,
 )
 
 # Every CommitLog of this process. A forked child inherits them with their mappings but without the parent's put lock
@@ -183,7 +183,8 @@ cdef class GroupCommit:
         once [flushed, wrote) is non-empty and publishes the new flushed offset, so the requests that
         arrived during one msync share the next. Returns (flushed absolute offset, status): status 0 when a
         request lies beyond ``mf`` (or ``mf`` is full and flushed: move to the next segment), 1 after ``idle_us``
-        without a request, -1 once closed; and the number of msyncs. The caller holds the queue's flush lock. Raises OSError when msync
+        without a request, -1 once closed; and the number of msyncs. The caller holds the queue's flush lock. Raises
+        OSError when msync
         fails (nothing is published for the failed range).
         """
         cdef int64_t base = mf.file_from_offset, size = mf.file_size
@@ -297,7 +298,6 @@ cdef class TopicEntry:
 
     def queue_ids(self):
         return [q for q in range(self.n_queues) if self.next_offsets[q] > 0]
-
 
 
 cdef object overflow_error(object queue_id, object flag):

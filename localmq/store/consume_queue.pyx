@@ -13,7 +13,6 @@ from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_put32, lmq_put64,
 
 import numpy as np
 
-from localmq.errors import CorruptStoreError
 from localmq.layout import CQ_DTYPE
 from localmq.store.mapped_file_queue import MappedFileQueue
 
@@ -124,7 +123,7 @@ cdef class ConsumeQueue:
     def _last_physic_end(self, long long upto):
         """offset+size of the last real unit before unit index `upto` (-1 if none)."""
         found = -1
-        for base, arr in self._views(self._first_index(), upto):
+        for _base, arr in self._views(self._first_index(), upto):
             real = np.nonzero(arr["size"] != CQ_BLANK_UNIT_SIZE)[0]
             if len(real):
                 j = int(real[-1])
@@ -267,7 +266,8 @@ cdef class ConsumeQueue:
             pos = hi
 
     def units(self, long long start=-1, long long end=-1):
-        """Units [start, end) as one structured array (layout.CQ_DTYPE: offset >i8, size >i4, tags_code >i8, also named tags).
+        """Units [start, end) as one structured array (layout.CQ_DTYPE: offset >i8, size >i4, tags_code >i8, also
+        named tags).
 
         Zero-copy when the range lies in one file, a copy otherwise. Defaults to [min_offset, max_offset).
         """
@@ -322,7 +322,8 @@ cdef class ConsumeQueue:
         self.st.file_from = mf.file_from_offset
 
     def _fill_pre_blank(self, mf, long long upto):
-        cdef bytes blank = (0).to_bytes(8, "big") + (<object>CQ_BLANK_UNIT_SIZE).to_bytes(4, "big") + (0).to_bytes(8, "big")
+        cdef bytes blank = ((0).to_bytes(8, "big") + (<object>CQ_BLANK_UNIT_SIZE).to_bytes(4, "big")
+                            + (0).to_bytes(8, "big"))
         cdef int64_t p = 0
         while p < upto:
             mf.write_at(p, blank)

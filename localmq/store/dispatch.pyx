@@ -11,13 +11,13 @@ from localmq._layout cimport (
     CQ_UNIT_SIZE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
 from localmq._record cimport (
-    REC_BAD_CRC, REC_BAD_LENGTH, REC_BLANK, REC_END, REC_OK, REC_TORN, RecordView, parse_record, tags_code_of,
+    REC_BLANK, REC_OK, RecordView, parse_record, tags_code_of,
 )
 from localmq.store.consume_queue cimport ConsumeQueue, CQState
 from localmq._mapped_file cimport MappedFile
 from localmq._native cimport Event
 from localmq._os cimport (
-    lmq_event, lmq_event_free, lmq_event_new, lmq_event_signal, lmq_event_wait, lmq_load_acq, lmq_put32,
+    lmq_event, lmq_event_signal, lmq_event_wait, lmq_load_acq, lmq_put32,
     lmq_put64, lmq_sleep_us, lmq_store_rel,
 )
 
@@ -342,10 +342,8 @@ cdef class ReputCore:
         re-raised for the service thread to log."""
         cdef int code
         cdef int64_t wait_us
-        cdef bint progressed
         try:
             while not self.stop_flag:
-                progressed = False
                 with nogil:  # walks the log, writes units and idles; never touches Python objects
                     code = self._run_nogil(4096 if self.waiters > 0 else (1 << 20), True)
                 self.rounds += 1

@@ -53,8 +53,8 @@ from localmq.errors import ConfigError, CorruptStoreError, StoreClosedError
 from localmq.status import Stop
 from localmq.store.get import read_record
 from localmq.layout import (
-    INDEX_DIR, INDEX_HEADER, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_ITEMS_PER_SLOT, INDEX_MAX_FILE_SIZE, INDEX_NAME_DIGITS,
-    INDEX_SLOT_SIZE,
+    INDEX_DIR, INDEX_HEADER, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_ITEMS_PER_SLOT, INDEX_MAX_FILE_SIZE,
+    INDEX_NAME_DIGITS, INDEX_SLOT_SIZE,
 )
 
 log = logging.getLogger("localmq.index")
