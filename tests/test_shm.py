@@ -14,7 +14,11 @@ import pytest
 from localmq import layout
 from localmq._shm import ACQUIRED, OWNER_DIED, ControlFile
 from localmq.errors import (
-    ControlFileError, CorruptStoreError, LocalMQError, LockNotRecoverableError, StoreBusyError,
+    ControlFileError,
+    CorruptStoreError,
+    LocalMQError,
+    LockNotRecoverableError,
+    StoreBusyError,
 )
 
 LIMIT = 10.0  # seconds any single exchange with a child may take before the test fails
@@ -34,7 +38,7 @@ class Child:
                 os.close(r_out)
                 fn(_End(r_cmd, w_out), *args)
                 code = 0
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - reported, then the exit code says it failed
                 traceback.print_exc()
             finally:
                 os._exit(code)
@@ -507,7 +511,7 @@ def test_forked_child_does_not_hold_its_parents_slot(ctl_path, spawn):
 
     with ControlFile(ctl_path) as ctl:
         p = spawn(parent, ctl_path)
-        mine, alive_mine, holder_mine, other, child_mine, gpid, other_alive_after = p.recv()
+        mine, alive_mine, holder_mine, other, child_mine, _gpid, other_alive_after = p.recv()
         assert alive_mine == "True" and int(holder_mine) == p.pid  # the child sees its parent's slot as held
         assert other != mine and child_mine == other                  # and had to claim another one
         assert other_alive_after == "0"                               # gone with the grandchild
