@@ -32,7 +32,8 @@ def write_layout_pxd():
 
 
 # csrc/ is plain C built once as a static library with strict warnings; the Cython-generated C is not held to -Werror.
-CSRC_LIB = ("lmq_os", {"sources": ["csrc/lmq_os.c"], "cflags": ["-O3", "-fPIC", "-Wall", "-Wextra", "-Werror"]})
+CSRC_LIB = ("lmq_os", {"sources": ["csrc/lmq_os.c", "csrc/lmq_shm.c"],
+                       "cflags": ["-O3", "-fPIC", "-Wall", "-Wextra", "-Werror"]})
 C_FLAGS = ["-O3", "-fno-strict-aliasing"]
 
 
@@ -52,6 +53,7 @@ def ext(name):
 # native (one concern each), then the compiled parts of the store engine
 extensions = [
     ext("localmq._native"),
+    ext("localmq._shm"),
     ext("localmq._record"),
     ext("localmq._columns"),
     ext("localmq._mapped_file"),

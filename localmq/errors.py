@@ -194,6 +194,33 @@ def check_int_range(value: object, argument: str, low: int, high: int,
     return number
 
 
+class StoreBusyError(LocalMQError, TimeoutError):
+    """A live process held the multi-process writer lock for the whole timeout (it may be stopped: SIGSTOP).
+
+    ``pid`` is the holder's pid as recorded in the control file (0 when unknown; for messages only, never a
+    liveness test), ``timeout`` the seconds waited. The lock is never taken from a live holder.
+    """
+
+    def __init__(self, message: str, pid: int = 0, timeout: Optional[float] = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.timeout = timeout
+
+
+class LockNotRecoverableError(LocalMQError, RuntimeError):
+    """The multi-process writer lock is unusable: a process took it over from a dead holder and released it
+    without marking it consistent. Every process must detach; the next first opener re-initialises it."""
+
+
+class SlotsFullError(LocalMQError, BlockingIOError):
+    """Every participant slot of the control file is held by a live process."""
+
+
+class ControlFileError(LocalMQError, RuntimeError):
+    """A misuse of the control file in this process: opened twice, used after close, closed while holding the
+    writer lock (which would keep its death from being detected)."""
+
+
 __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptMessageError",
@@ -201,4 +228,5 @@ __all__ = [
     "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError", "InvalidMessageIdError",
     "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
     "check_int_range",
+    "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError",
 ]

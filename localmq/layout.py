@@ -110,6 +110,37 @@ FRAME_HEADERS_SIZE = 24                  # store ts i64, born ts i64, flag i32, 
 FRAME_OVERHEAD = 4 + 4 + 4 + 2 + FRAME_HEADERS_SIZE + 2   # TOTALSIZE, MAGIC, BODY len, HEADERS len, PROPERTIES len
 
 
+# -- the multi-process control file <root>/mpctl (localmq's own; native-endian: it holds a pthread mutex) ---------
+# A fixed-size file mapped MAP_SHARED by every process attached to a store. A cache of shared state, not a durable
+# record: the first process to attach (an exclusive fcntl lock on CTL_LOCK_BYTE_OPEN) initialises it afresh.
+# Sections start on their own cache lines (128 B apart, so adjacent-line prefetch does not couple them).
+
+CTL_FILE = "mpctl"
+CTL_MAGIC = 0x4C4D5143                   # "LMQC", written last by the initialiser
+CTL_VERSION = 1
+CTL_FILE_SIZE = 20480                    # header + sections (4 KiB) + the slot table (16 KiB)
+CTL_H_MAGIC = 0                          # u32
+CTL_H_VERSION = 4                        # u32
+CTL_H_FILE_SIZE = 8                      # u32
+CTL_H_SLOT_COUNT = 12                    # u32
+CTL_H_GENERATION = 16                    # u64: random, new at every initialisation
+CTL_H_INIT_PID = 24                      # i32: the initialiser (messages only)
+CTL_H_INIT_TIME_MS = 32                  # i64: CLOCK_REALTIME of the initialisation
+CTL_LOCK_OFF = 128                       # the writer lock: robust process-shared mutex + owner pid (csrc/lmq_shm.h)
+CTL_LOCK_SIZE = 64                       # LMQ_SHM_LOCK_BYTES
+CTL_EVENT_OFF = 256                      # the eventcount word: u32, bit 0 = waiter, sequence in steps of 2
+CTL_EVENT_SIZE = 64                      # LMQ_SHM_EVENT_BYTES
+# 384 .. 4096 reserved for the store integration (wpos, intent record, queue table header)
+CTL_SLOTS_OFF = 4096                     # slot records: CTL_SLOT_COUNT x CTL_SLOT_SIZE
+CTL_SLOT_SIZE = 64
+CTL_SLOT_COUNT = 256
+CTL_SLOT_PID = 0                         # i32: the claimer's pid (messages only; liveness is the fcntl lock)
+CTL_SLOT_CLAIMED_MS = 8                  # i64: CLOCK_REALTIME of the claim
+# fcntl record-lock bytes (advisory, they may lie beyond the end of the file)
+CTL_LOCK_BYTE_OPEN = 0                   # write lock: initialising; read lock: attached
+CTL_SLOT_LOCK_BASE = CTL_FILE_SIZE       # slot k is held while byte CTL_SLOT_LOCK_BASE + k is write-locked
+
+
 def file_name(offset: int) -> str:
     """The 20-digit zero-padded decimal name of a segment or ConsumeQueue file starting at ``offset``."""
     return f"{offset:0{FILE_NAME_DIGITS}d}"
@@ -142,6 +173,10 @@ PXD_NAMES = (
     "INDEX_H_SLOT_COUNT", "INDEX_H_INDEX_COUNT", "INDEX_SLOT_SIZE", "INDEX_ITEM_SIZE", "INDEX_MAX_KEY_BYTES",
     "OS_PAGE_SIZE", "FILE_NAME_DIGITS", "MAX_QUEUE_ID",
     "FRAME_MAGIC", "FRAME_HEADERS_SIZE", "FRAME_OVERHEAD",
+    "CTL_MAGIC", "CTL_VERSION", "CTL_FILE_SIZE", "CTL_H_MAGIC", "CTL_H_VERSION", "CTL_H_FILE_SIZE",
+    "CTL_H_SLOT_COUNT", "CTL_H_GENERATION", "CTL_H_INIT_PID", "CTL_H_INIT_TIME_MS", "CTL_LOCK_OFF", "CTL_LOCK_SIZE",
+    "CTL_EVENT_OFF", "CTL_EVENT_SIZE", "CTL_SLOTS_OFF", "CTL_SLOT_SIZE", "CTL_SLOT_COUNT", "CTL_SLOT_PID",
+    "CTL_SLOT_CLAIMED_MS", "CTL_LOCK_BYTE_OPEN", "CTL_SLOT_LOCK_BASE",
 )
 
 

@@ -1,0 +1,520 @@
+"""The multi-process control file: a robust writer lock, an eventcount and liveness slots shared through one mapping."""
+import os
+import random
+
+from cpython.exc cimport PyErr_CheckSignals
+from libc.errno cimport EAGAIN, errno
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memset
+
+from localmq._layout cimport (
+    CTL_EVENT_OFF, CTL_EVENT_SIZE, CTL_FILE_SIZE, CTL_H_FILE_SIZE, CTL_H_GENERATION, CTL_H_INIT_PID,
+    CTL_H_INIT_TIME_MS, CTL_H_MAGIC, CTL_H_SLOT_COUNT, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_LOCK_OFF, CTL_LOCK_SIZE,
+    CTL_MAGIC, CTL_SLOT_CLAIMED_MS, CTL_SLOT_COUNT, CTL_SLOT_LOCK_BASE, CTL_SLOT_PID, CTL_SLOT_SIZE, CTL_SLOTS_OFF,
+    CTL_VERSION,
+)
+from localmq._native cimport c_fallocate, c_ftruncate, c_map, c_unmap, raise_errno
+from localmq._os cimport lmq_now_ms, lmq_sleep_us, lmq_unmap
+from localmq.errors import (
+    ControlFileError, CorruptStoreError, LockNotRecoverableError, SlotsFullError, StoreBusyError,
+)
+
+ACQUIRED = "acquired"
+OWNER_DIED = "owner_died"
+
+# Blocking waits run in slices of at most this long, so that Ctrl-C (a pending Python signal) ends them.
+cdef int64_t SLICE_US = 1000000
+cdef int RANGE_UNLOCK = 0
+cdef int RANGE_READ = 1
+cdef int RANGE_WRITE = 2
+
+if CTL_LOCK_SIZE != LMQ_SHM_LOCK_BYTES or CTL_EVENT_SIZE != LMQ_SHM_EVENT_BYTES:
+    raise ImportError("localmq.layout CTL_LOCK_SIZE / CTL_EVENT_SIZE disagree with csrc/lmq_shm.h")
+if lmq_shm_lock_size() > CTL_LOCK_SIZE:
+    raise ImportError(f"pthread mutex of {lmq_shm_lock_size()} bytes does not fit CTL_LOCK_SIZE")
+
+# (st_dev, st_ino) of every control file open in this process. POSIX record locks belong to the process and
+# closing ANY descriptor of the file drops them all, so a second open (and its close) would silently free this
+# process's slot. A forked child holds no record locks and starts with an empty registry.
+_open_files = set()
+
+
+def _forget_open_files():
+    _open_files.clear()
+
+
+os.register_at_fork(after_in_child=_forget_open_files)
+
+
+cdef inline int64_t timeout_us(object timeout) except? -2:
+    """Seconds (None = forever) as microseconds (-1 = forever)."""
+    if timeout is None:
+        return -1
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0 or None, not {timeout!r}")
+    return <int64_t>(timeout * 1e6)
+
+
+cdef inline uint32_t load_u32(const char *p) noexcept nogil:
+    return (<const uint32_t *>p)[0]
+
+
+cdef class ControlFile:
+    """The control file of a store directory (``<root>/mpctl``, layout.CTL_*), mapped MAP_SHARED.
+
+    Opening attaches this process: the first process to attach (nobody else holds the file's open byte)
+    initialises it afresh: header, writer lock, eventcount, empty slot table; it is a cache of shared state, never
+    read back after all processes left. Others wait (at most ``timeout`` seconds) for a running initialisation.
+    Open one ControlFile per file and process: closing a second descriptor of the file would drop this process's
+    fcntl locks (its slot and its attachment).
+
+    :param path: the control file; created when missing.
+    :param timeout: seconds to wait for another process's initialisation.
+    :raises ControlFileError: the file is already open in this process.
+    :raises StoreBusyError: an initialisation by another process did not end within ``timeout``.
+    :raises CorruptStoreError: the file is attached by live processes but has another magic or version.
+    :raises OSError: open, lock, resize or map failed.
+    """
+
+    def __cinit__(self):
+        self.fd = -1
+        self.addr = NULL
+
+    def __init__(self, path, *, timeout=10.0):
+        self.path = os.fspath(path)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        if key in _open_files:
+            os.close(fd)
+            raise ControlFileError(f"{self.path} is already open in this process (open it once per process)")
+        self.fd = fd
+        try:
+            self._open(timeout)
+        except BaseException:
+            if self.addr != NULL:
+                c_unmap(self.addr, CTL_FILE_SIZE, self.path)
+                self.addr = NULL
+            os.close(self.fd)  # drops this process's record locks on the file
+            self.fd = -1
+            raise
+        self.key = key
+        _open_files.add(key)
+        self.lock = WriteLock.__new__(WriteLock)
+        self.lock.ctl = self
+        self.lock.p = self.addr + CTL_LOCK_OFF
+        self.events = EventCount.__new__(EventCount)
+        self.events.ctl = self
+        self.events.p = self.addr + CTL_EVENT_OFF
+        self.slots = Slots.__new__(Slots)
+        self.slots.ctl = self
+        self.slots.mine_slot = -1
+
+    cdef int _open(self, double timeout) except -1:
+        cdef int rc, err = 0, fd = self.fd
+        cdef void *addr = NULL
+        cdef int64_t deadline = lmq_shm_monotonic_ns() + <int64_t>(timeout * 1e9)
+        while True:
+            with nogil:  # fcntl F_SETLK on the open byte: try to become the initialiser
+                rc = lmq_shm_range_lock(fd, CTL_LOCK_BYTE_OPEN, 1, RANGE_WRITE)
+                if rc < 0:
+                    err = errno
+            if rc < 0:
+                raise_errno(err, self.path)
+            if rc == 0:
+                self._initialise()
+                with nogil:  # downgrade to a shared attachment (atomic for POSIX record locks)
+                    rc = lmq_shm_range_lock(fd, CTL_LOCK_BYTE_OPEN, 1, RANGE_READ)
+                    if rc != 0:
+                        err = errno
+                if rc != 0:
+                    raise_errno(err, self.path)
+                self.initialised = True
+                return 0
+            with nogil:  # attach beside the live processes (refused while one initialises)
+                rc = lmq_shm_range_lock(fd, CTL_LOCK_BYTE_OPEN, 1, RANGE_READ)
+                if rc < 0:
+                    err = errno
+            if rc < 0:
+                raise_errno(err, self.path)
+            if rc == 0:
+                if os.fstat(fd).st_size >= CTL_FILE_SIZE:
+                    if self.addr == NULL:
+                        c_map(fd, CTL_FILE_SIZE, True, &addr, self.path)
+                        self.addr = <char *>addr
+                    # the initialiser stores the magic last, with release ordering
+                    if lmq_shm_load_u32_acq(self.addr + CTL_H_MAGIC) == CTL_MAGIC:
+                        version = load_u32(self.addr + CTL_H_VERSION)
+                        if version != CTL_VERSION or load_u32(self.addr + CTL_H_FILE_SIZE) != CTL_FILE_SIZE:
+                            raise CorruptStoreError(
+                                f"{self.path}: control file version {version}, this localmq reads {CTL_VERSION}")
+                        return 0
+                # An initialiser died between our two attempts: let go and try to initialise it ourselves.
+                with nogil:  # fcntl F_UNLCK
+                    lmq_shm_range_lock(fd, CTL_LOCK_BYTE_OPEN, 1, RANGE_UNLOCK)
+            if lmq_shm_monotonic_ns() >= deadline:
+                raise StoreBusyError(f"{self.path}: another process's initialisation of the control file did not "
+                                     f"end within {timeout} s", timeout=timeout)
+            with nogil:  # an initialisation takes microseconds; this wait is rare
+                lmq_sleep_us(1000)
+
+    cdef int _initialise(self) except -1:
+        cdef void *addr = NULL
+        cdef int err
+        cdef char *a
+        if os.fstat(self.fd).st_size < CTL_FILE_SIZE:
+            # never shrunk: no other process has it mapped now, but a larger file may come from a newer version
+            c_ftruncate(self.fd, CTL_FILE_SIZE, self.path)
+        # real blocks, so a full disk cannot SIGBUS a store through the mapping
+        c_fallocate(self.fd, 0, CTL_FILE_SIZE, self.path)
+        if self.addr == NULL:
+            c_map(self.fd, CTL_FILE_SIZE, True, &addr, self.path)
+            self.addr = <char *>addr
+        a = self.addr
+        # nobody else is attached (we hold the open byte exclusively): a fresh start, whatever was there
+        lmq_shm_store_u32_rel(a + CTL_H_MAGIC, 0)
+        memset(a, 0, CTL_FILE_SIZE)
+        (<uint32_t *>(a + CTL_H_VERSION))[0] = CTL_VERSION
+        (<uint32_t *>(a + CTL_H_FILE_SIZE))[0] = CTL_FILE_SIZE
+        (<uint32_t *>(a + CTL_H_SLOT_COUNT))[0] = CTL_SLOT_COUNT
+        (<uint64_t *>(a + CTL_H_GENERATION))[0] = random.getrandbits(64)
+        (<int32_t *>(a + CTL_H_INIT_PID))[0] = lmq_shm_pid()
+        (<int64_t *>(a + CTL_H_INIT_TIME_MS))[0] = lmq_now_ms()
+        if lmq_shm_lock_init(a + CTL_LOCK_OFF) != 0:
+            err = errno
+            raise_errno(err, self.path)
+        lmq_shm_event_init(a + CTL_EVENT_OFF)
+        lmq_shm_store_u32_rel(a + CTL_H_MAGIC, CTL_MAGIC)
+        return 0
+
+    cdef int _check(self) except -1:
+        if self.addr == NULL:
+            raise ControlFileError(f"{self.path}: control file closed")
+        return 0
+
+    @property
+    def generation(self):
+        """Random 64-bit number chosen at the last initialisation (a process that sees it change must re-attach)."""
+        self._check()
+        return (<uint64_t *>(self.addr + CTL_H_GENERATION))[0]
+
+    @property
+    def closed(self):
+        return self.addr == NULL
+
+    def close(self):
+        """Detach: release this process's slot, unmap, close the descriptor (which drops its fcntl locks).
+
+        :raises ControlFileError: this process holds the writer lock, or another thread waits in this file (after
+            an unmap a later death of this process could not be told apart from a clean exit).
+        """
+        if self.addr == NULL:
+            return
+        if self.lock.holds > 0:
+            raise ControlFileError(f"{self.path}: close() while this process holds the writer lock")
+        if self.busy > 0:
+            raise ControlFileError(f"{self.path}: close() while another thread waits on this control file")
+        if self.slots.mine() is not None:
+            self.slots.release()
+        addr, self.addr = self.addr, NULL
+        try:
+            c_unmap(addr, CTL_FILE_SIZE, self.path)
+        finally:
+            fd, self.fd = self.fd, -1
+            _open_files.discard(self.key)
+            os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __dealloc__(self):
+        # no close(): unmap quietly (a holder's death is still detected: the kernel walks robust lists by address
+        # only while mapped, which is why close() refuses while the lock is held)
+        if self.addr != NULL:
+            c_unmap_quiet(self.addr)
+            self.addr = NULL
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __repr__(self):
+        return f"<ControlFile {self.path!r}{' closed' if self.addr == NULL else ''}>"
+
+
+cdef void c_unmap_quiet(char *addr) noexcept:
+    with nogil:  # munmap; errors cannot be reported from __dealloc__
+        lmq_unmap(addr, CTL_FILE_SIZE)
+
+
+cdef class WriteLock:
+    """The writer lock of the control file: a robust, process-shared mutex (see csrc/lmq_shm.h).
+
+    A holder that dies (SIGKILL, crash, thread exit) hands it to the next acquirer with ``"owner_died"``: that
+    caller holds the lock, must repair the state it protects, call ``consistent()``, then ``release()``. A
+    stopped holder is alive: acquirers wait and time out with StoreBusyError; the lock is never taken from it.
+    One thread of a process holds it at a time; acquiring it twice from one thread is an error (EDEADLK).
+    """
+
+    def acquire(self, timeout=10.0):
+        """Take the lock.
+
+        :param timeout: seconds to wait; 0 tries once; None waits forever (Ctrl-C still ends the wait).
+        :returns: ``"acquired"``, or ``"owner_died"`` (held; repair, then ``consistent()``).
+        :raises StoreBusyError: a live process kept it for ``timeout`` seconds; ``.pid`` is the holder's pid.
+        :raises LockNotRecoverableError: a recoverer released it without ``consistent()``; every process must
+            detach so that the next first opener re-initialises the control file.
+        :raises OSError: EDEADLK when the calling thread holds it already.
+        """
+        cdef int rc, err = 0
+        cdef int64_t us = timeout_us(timeout), step, deadline = 0
+        cdef void *p = self.p
+        self.ctl._check()
+        rc = lmq_shm_lock_acquire(p, 0)  # uncontended: a trylock with the GIL held, no thread switch
+        if rc < 0:
+            err = errno
+        elif rc == LMQ_SHM_TIMED_OUT and us != 0:
+            if us > 0:
+                deadline = lmq_shm_monotonic_ns() + us * 1000
+            self.ctl.busy += 1
+            try:
+                while True:
+                    step = SLICE_US
+                    if us > 0:
+                        step = min(SLICE_US, max(0, (deadline - lmq_shm_monotonic_ns()) // 1000))
+                    with nogil:  # sleeps in the kernel (robust futex); the holder may be another thread of ours
+                        rc = lmq_shm_lock_acquire(p, step if step > 0 else 0)
+                        if rc < 0:
+                            err = errno
+                    if rc != LMQ_SHM_TIMED_OUT or (us > 0 and lmq_shm_monotonic_ns() >= deadline):
+                        break
+                    PyErr_CheckSignals()  # raises what a signal handler raised (KeyboardInterrupt)
+            finally:
+                self.ctl.busy -= 1
+        if rc == LMQ_SHM_ACQUIRED:
+            self.holds += 1
+            return ACQUIRED
+        if rc == LMQ_SHM_OWNER_DIED:
+            self.holds += 1
+            return OWNER_DIED
+        if rc == LMQ_SHM_TIMED_OUT:
+            pid = lmq_shm_lock_owner(p)
+            raise StoreBusyError(f"{self.ctl.path}: the writer lock is held by pid {pid} (alive, maybe stopped) "
+                                 f"for more than {timeout} s", pid=pid, timeout=timeout)
+        if rc == LMQ_SHM_NOT_RECOVERABLE:
+            raise LockNotRecoverableError(
+                f"{self.ctl.path}: the writer lock is not recoverable (a process took it over from a dead holder "
+                f"and released it without consistent()); detach every process to re-initialise it")
+        raise_errno(err, self.ctl.path)
+
+    def consistent(self):
+        """After ``"owner_died"``, once the protected state is repaired: make the lock usable again.
+
+        :raises OSError: EINVAL when the caller does not hold it after an owner death.
+        """
+        self.ctl._check()
+        cdef int err
+        if lmq_shm_lock_consistent(self.p) != 0:  # no system call: under the GIL
+            err = errno
+            raise_errno(err, self.ctl.path)
+
+    def release(self):
+        """Release the lock (releasing after ``"owner_died"`` without ``consistent()`` makes it unrecoverable).
+
+        :raises OSError: EPERM when the calling thread does not hold it.
+        """
+        self.ctl._check()
+        cdef int err
+        if lmq_shm_lock_release(self.p) != 0:  # FUTEX_WAKE at most: under the GIL
+            err = errno
+            raise_errno(err, self.ctl.path)
+        self.holds -= 1
+
+    @property
+    def owner(self):
+        """Pid recorded by the holder (or by the holder that died), 0 when free. For messages only."""
+        self.ctl._check()
+        return lmq_shm_lock_owner(self.p)
+
+    @property
+    def recoveries(self):
+        """Owner deaths repaired (``consistent()`` calls) since the control file was initialised."""
+        self.ctl._check()
+        return lmq_shm_lock_recoveries(self.p)
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+cdef class EventCount:
+    """A wake-up counter shared by every process attached to the control file.
+
+    Waiter: ``s = ev.seq()``; look for work; if none, ``ev.wait(s, timeout)``. Notifier: publish the work, then
+    ``ev.notify()``. A notify between ``seq()`` and ``wait()`` is never lost: ``wait`` returns at once. ``notify``
+    costs one atomic operation and enters the kernel only when a process sleeps in ``wait``.
+    """
+
+    def seq(self):
+        """The current sequence (an int to hand to ``wait``)."""
+        self.ctl._check()
+        return lmq_shm_event_seq(self.p)
+
+    @property
+    def has_waiters(self):
+        """True while some process sleeps in ``wait`` (announced, not yet notified)."""
+        self.ctl._check()
+        return lmq_shm_event_has_waiters(self.p) != 0
+
+    def notify(self):
+        """Advance the sequence and wake every waiter.
+
+        :returns: True when a waiter had announced itself (a FUTEX_WAKE was made), False when nobody waited.
+        """
+        self.ctl._check()
+        return lmq_shm_event_notify(self.p) != 0
+
+    def wait(self, seen, timeout=None):
+        """Sleep until the sequence differs from ``seen`` (a ``seq()`` result) or ``timeout`` seconds passed.
+
+        :param timeout: seconds, None = forever (Ctrl-C still ends it).
+        :returns: True when the sequence moved (maybe before the call), False on timeout.
+        :raises OSError: the futex call failed (EFAULT, ENOSYS).
+        """
+        cdef int rc, err = 0
+        cdef uint32_t s = seen
+        cdef int64_t us = timeout_us(timeout), step, deadline = 0
+        cdef void *p = self.p
+        self.ctl._check()
+        if lmq_shm_event_seq(p) != (s & ~1u):
+            return True
+        if us == 0:
+            return False
+        if us > 0:
+            deadline = lmq_shm_monotonic_ns() + us * 1000
+        self.ctl.busy += 1
+        try:
+            while True:
+                step = SLICE_US
+                if us > 0:
+                    step = min(SLICE_US, max(0, (deadline - lmq_shm_monotonic_ns()) // 1000))
+                with nogil:  # FUTEX_WAIT on the shared word until a notify from any process
+                    rc = lmq_shm_event_wait(p, s, step)
+                    if rc < 0:
+                        err = errno
+                if rc != 0 or (us > 0 and lmq_shm_monotonic_ns() >= deadline):
+                    break
+                PyErr_CheckSignals()  # raises what a signal handler raised (KeyboardInterrupt)
+        finally:
+            self.ctl.busy -= 1
+        if rc < 0:
+            raise_errno(err, self.ctl.path)
+        return rc == 1
+
+
+cdef class Slots:
+    """Participant slots: a process claims one and holds it (a classic POSIX fcntl lock on byte
+    ``CTL_SLOT_LOCK_BASE + slot``) until it releases it, closes the control file or dies. ``alive`` asks the kernel,
+    so a dead process's slot is free at once, a recycled pid never looks alive and a forked child holds nothing.
+    """
+
+    def claim(self):
+        """Claim a free slot for this process (once: a second call returns the same slot).
+
+        :returns: the slot number.
+        :raises SlotsFullError: every slot is held by a live process.
+        :raises OSError: fcntl failed.
+        """
+        cdef int rc, err = 0, fd
+        cdef char *rec
+        self.ctl._check()
+        if self.mine() is not None:
+            return self.mine_slot
+        fd = self.ctl.fd
+        with nogil:  # up to CTL_SLOT_COUNT fcntl calls
+            rc = lmq_shm_slot_claim(fd, CTL_SLOT_LOCK_BASE, CTL_SLOT_COUNT)
+            if rc < 0:
+                err = errno
+        if rc < 0:
+            if err == EAGAIN:
+                raise SlotsFullError(f"{self.ctl.path}: all {CTL_SLOT_COUNT} slots are held by live processes")
+            raise_errno(err, self.ctl.path)
+        rec = self.ctl.addr + CTL_SLOTS_OFF + rc * CTL_SLOT_SIZE
+        (<int32_t *>(rec + CTL_SLOT_PID))[0] = lmq_shm_pid()
+        (<int64_t *>(rec + CTL_SLOT_CLAIMED_MS))[0] = lmq_now_ms()
+        self.mine_slot = rc
+        self.mine_pid = lmq_shm_pid()
+        return rc
+
+    def mine(self):
+        """The slot this process holds, or None (also in a forked child of the claimer)."""
+        if self.mine_slot < 0 or self.mine_pid != lmq_shm_pid():
+            return None
+        return self.mine_slot
+
+    def release(self):
+        """Give this process's slot back (no-op when it holds none)."""
+        cdef int rc, err = 0, fd, slot
+        self.ctl._check()
+        if self.mine() is None:
+            self.mine_slot = -1
+            return
+        fd, slot = self.ctl.fd, self.mine_slot
+        with nogil:  # fcntl F_SETLK F_UNLCK
+            rc = lmq_shm_slot_release(fd, CTL_SLOT_LOCK_BASE, slot)
+            if rc != 0:
+                err = errno
+        if rc != 0:
+            raise_errno(err, self.ctl.path)
+        self.mine_slot = -1
+
+    def holder(self, slot):
+        """Pid of the process holding ``slot`` (this process's own pid for its slot), 0 when free.
+
+        The pid comes from the kernel's lock table at the time of the call (0 when the holder is in another pid
+        namespace); liveness needs no pid: see ``alive``.
+        """
+        cdef int rc, err = 0, fd, s = slot
+        cdef int32_t pid = 0
+        self.ctl._check()
+        if not 0 <= s < CTL_SLOT_COUNT:
+            raise ValueError(f"slot {slot} outside [0, {CTL_SLOT_COUNT})")
+        if self.mine() == s:
+            return lmq_shm_pid()
+        fd = self.ctl.fd
+        with nogil:  # fcntl F_GETLK
+            rc = lmq_shm_slot_held(fd, CTL_SLOT_LOCK_BASE, s, &pid)
+            if rc < 0:
+                err = errno
+        if rc < 0:
+            raise_errno(err, self.ctl.path)
+        return pid if rc == 1 else 0
+
+    def alive(self, slot):
+        """True while some live process (this one included) holds ``slot``."""
+        cdef int rc, err = 0, fd, s = slot
+        cdef int32_t pid = 0
+        self.ctl._check()
+        if not 0 <= s < CTL_SLOT_COUNT:
+            raise ValueError(f"slot {slot} outside [0, {CTL_SLOT_COUNT})")
+        if self.mine() == s:
+            return True  # POSIX locks never conflict with their own process: F_GETLK cannot see our own
+        fd = self.ctl.fd
+        with nogil:  # fcntl F_GETLK
+            rc = lmq_shm_slot_held(fd, CTL_SLOT_LOCK_BASE, s, &pid)
+            if rc < 0:
+                err = errno
+        if rc < 0:
+            raise_errno(err, self.ctl.path)
+        return rc == 1
+
+    def claimed_pid(self, slot):
+        """The pid the last claimer of ``slot`` wrote into its record (messages only: it stays after death)."""
+        self.ctl._check()
+        if not 0 <= slot < CTL_SLOT_COUNT:
+            raise ValueError(f"slot {slot} outside [0, {CTL_SLOT_COUNT})")
+        return (<int32_t *>(self.ctl.addr + CTL_SLOTS_OFF + <int>slot * CTL_SLOT_SIZE + CTL_SLOT_PID))[0]
