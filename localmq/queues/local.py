@@ -15,13 +15,12 @@ from localmq._native import fsync_dir
 from localmq._record import Message, decode_message_id, java_hash
 from localmq.config import FlushDiskType, StoreConfig, check_topic
 from localmq.errors import (
-    CorruptStoreError, DamagedLogError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
+    CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
     InvalidQueueIdError, UnsafePathError, check_int_range,
     StoreClosedError,
 )
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, MAX_QUEUE_ID,
-    SEGMENT_NAME_RE,
 )
 from localmq.queues.base import ProcessBoundMixin, QueueClientsMixin, tag_names
 from localmq.services.allocate import AllocateMappedFileService
@@ -38,11 +37,11 @@ from localmq.store.commit_log import CommitLog, Forward, GroupCommit
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
-from localmq.store.files import numbered_units, unsafe_entries
+from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
-from localmq.store.recovery import recover_store
+from localmq.store.recovery import check_segments, recover_store
 from localmq.store.transient_store_pool import TransientStorePool
 
 log = logging.getLogger("localmq.store")
@@ -144,7 +143,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
             if not os.path.isdir(d):
                 os.makedirs(d)
                 fsync_dir(os.path.dirname(d))
-        salvaged = self._check_segments(c.salvage)
+        salvaged = check_segments(self.root, self._cl_mfq.directory, self._cl_mfq.file_size, self._cq_root, c.salvage)
         self._cl_mfq.load()
         self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue)
         self._cqs = self._cq_table.queues   # (topic, queue id) -> ConsumeQueue; read without a lock
@@ -192,46 +191,6 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
             _total_ram() * c.access_message_in_memory_max_ratio // 100)
         self._opened_at = time.time()
         self._start_clean_service()
-
-    def _check_segments(self, salvage: bool) -> List[str]:
-        """Refuse (DamagedLogError) a log whose segments are misnamed (not 20 digits), missing between others, or
-        all gone while ConsumeQueues hold units. With ``salvage`` the store opens with what is there: misnamed
-        files are ignored, segments after a gap are moved to ``recovery/``; returns what was accepted."""
-        d = self._cl_mfq.directory
-        size = self._cl_mfq.file_size
-        names = sorted(os.listdir(d))
-        misnamed = [n for n in names if not SEGMENT_NAME_RE.fullmatch(n)]
-        segs = sorted(int(n) for n in names if SEGMENT_NAME_RE.fullmatch(n))
-        missing: List[str] = []
-        gap_at = None
-        for a, b in zip(segs, segs[1:]):
-            if b > a + size and b % size == 0 and a % size == 0:
-                missing += [f"{x:020d}" for x in range(a + size, min(b, a + 65 * size), size)]
-                gap_at = b if gap_at is None else gap_at
-        problems: List[str] = []
-        if misnamed:
-            problems.append(f"files that are not 20-digit segment names: {misnamed}")
-        if missing:
-            problems.append(f"missing segments between others: {missing}")
-        if not segs and numbered_units(self._cq_root):
-            problems.append("no segment at all while the consume queues hold units")
-            missing.append("(every segment)")
-        if not problems:
-            return []
-        msg = f"commit log {d}: " + "; ".join(problems)
-        if not salvage:
-            raise DamagedLogError(msg + "; open with salvage=True to keep what can be read", misnamed + missing)
-        log.error("salvage: %s", msg)
-        if gap_at is not None:
-            qdir = os.path.join(self.root, "recovery", f"segments-after-gap-{int(time.time() * 1000)}")
-            os.makedirs(qdir)
-            for b in segs:
-                if b >= gap_at:
-                    os.rename(os.path.join(d, f"{b:020d}"), os.path.join(qdir, f"{b:020d}"))
-            fsync_dir(qdir)
-            fsync_dir(d)
-            problems.append(f"segments from {gap_at:020d} on moved to {qdir}")
-        return problems
 
     def _start_services(self) -> None:
         """Allocation ahead, the flush mode's services and the ConsumeQueue flusher (see the README's table)."""

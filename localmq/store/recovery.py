@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 from localmq._record import decode_message, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import DamagedLogError
-from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MESSAGE_MAGIC_CODE
+from localmq.store.files import numbered_units
+from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MESSAGE_MAGIC_CODE, SEGMENT_NAME_RE
 
 if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
     from localmq.store.consume_queue_table import ConsumeQueueTable
@@ -279,3 +280,43 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         reput_from = max(cl_min, min(reput_from, min(starts)))
     report.reput_from = reput_from
     return report
+
+
+def check_segments(root: str, directory: str, size: int, cq_root: str, salvage: bool) -> List[str]:
+    """Refuse (DamagedLogError) a log whose segments are misnamed (not 20 digits), missing between others, or
+    all gone while ConsumeQueues hold units. With ``salvage`` the store opens with what is there: misnamed
+    files are ignored, segments after a gap are moved to ``recovery/``; returns what was accepted."""
+    d = directory
+    names = sorted(os.listdir(d))
+    misnamed = [n for n in names if not SEGMENT_NAME_RE.fullmatch(n)]
+    segs = sorted(int(n) for n in names if SEGMENT_NAME_RE.fullmatch(n))
+    missing: List[str] = []
+    gap_at = None
+    for a, b in zip(segs, segs[1:]):
+        if b > a + size and b % size == 0 and a % size == 0:
+            missing += [f"{x:020d}" for x in range(a + size, min(b, a + 65 * size), size)]
+            gap_at = b if gap_at is None else gap_at
+    problems: List[str] = []
+    if misnamed:
+        problems.append(f"files that are not 20-digit segment names: {misnamed}")
+    if missing:
+        problems.append(f"missing segments between others: {missing}")
+    if not segs and numbered_units(cq_root):
+        problems.append("no segment at all while the consume queues hold units")
+        missing.append("(every segment)")
+    if not problems:
+        return []
+    msg = f"commit log {d}: " + "; ".join(problems)
+    if not salvage:
+        raise DamagedLogError(msg + "; open with salvage=True to keep what can be read", misnamed + missing)
+    log.error("salvage: %s", msg)
+    if gap_at is not None:
+        qdir = os.path.join(root, "recovery", f"segments-after-gap-{int(time.time() * 1000)}")
+        os.makedirs(qdir)
+        for b in segs:
+            if b >= gap_at:
+                os.rename(os.path.join(d, f"{b:020d}"), os.path.join(qdir, f"{b:020d}"))
+        fsync_dir(qdir)
+        fsync_dir(d)
+        problems.append(f"segments from {gap_at:020d} on moved to {qdir}")
+    return problems
