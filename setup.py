@@ -32,7 +32,7 @@ def write_layout_pxd():
 
 
 # csrc/ is plain C built once as a static library with strict warnings; the Cython-generated C is not held to -Werror.
-CSRC_LIB = ("lmq_os", {"sources": ["csrc/lmq_os.c", "csrc/lmq_shm.c"],
+CSRC_LIB = ("lmq_os", {"sources": ["csrc/lmq_os.c", "csrc/lmq_shm.c", "csrc/lmq_crc.c"],
                        "cflags": ["-O3", "-fPIC", "-Wall", "-Wextra", "-Werror"]})
 C_FLAGS = ["-O3", "-fno-strict-aliasing"]
 

@@ -18,7 +18,7 @@ from libc.string cimport memcpy
 from localmq._record cimport Message
 from localmq._layout cimport FRAME_HEADERS_SIZE, FRAME_MAGIC, FRAME_OVERHEAD
 from localmq._mapped_file cimport MappedFile
-from localmq._os cimport crc32, lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64, lmq_store_rel
+from localmq._os cimport lmq_crc32, lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64, lmq_store_rel
 
 from localmq._record import parse_properties
 
@@ -41,12 +41,13 @@ def frame_size(Py_ssize_t body_len, Py_ssize_t props_len):
 
 cdef inline uint32_t frame_crc(const uint8_t *body, int64_t body_len,
                                const uint8_t *props, int64_t props_len) noexcept nogil:
-    cdef unsigned long c = crc32(0, NULL, 0)
-    if body_len:
-        c = crc32(c, body, <unsigned int>body_len)
-    if props_len:
-        c = crc32(c, props, <unsigned int>props_len)
-    return <uint32_t>(c & 0x7FFFFFFF)
+    # zlib's CRC-32 of body then properties (csrc/lmq_crc.c), masked to 31 bits
+    cdef uint32_t c = 0
+    if body_len > 0:
+        c = lmq_crc32(c, body, <size_t>body_len)
+    if props_len > 0:
+        c = lmq_crc32(c, props, <size_t>props_len)
+    return c & 0x7FFFFFFF
 
 
 def write_frame(MappedFile mf, long long pos, body, bytes props, long long store_ts, long long born_ts, int flag=0):

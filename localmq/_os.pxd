@@ -57,5 +57,11 @@ cdef extern from "lmq_os.h" nogil:
     int64_t lmq_load_acq(const int64_t *p)
     void lmq_store_rel(int64_t *p, int64_t v)
 
+cdef extern from "lmq_crc.h" nogil:
+    # zlib's CRC-32 (crc32_z semantics, chaining, any length); cannot fail. See csrc/lmq_crc.h.
+    uint32_t lmq_crc32(uint32_t crc, const void *buf, size_t length)
+    uint32_t lmq_crc32_portable(uint32_t crc, const void *buf, size_t length)
+    int lmq_crc32_accelerated()
+
 cdef extern from "zlib.h" nogil:
     unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int length)

@@ -13,7 +13,8 @@ from localmq._layout cimport (
     MESSAGE_MAGIC_CODE, REC_BODY_CRC, REC_BORN_HOST, REC_BORN_TIMESTAMP, REC_FLAG, REC_MIN_SIZE, REC_PHYSICAL_OFFSET,
     REC_QUEUE_ID, REC_QUEUE_OFFSET, REC_SYS_FLAG, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6,
 )
-from localmq._os cimport crc32, lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64
+from localmq._os cimport lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64
+from localmq._os cimport lmq_crc32, lmq_crc32_accelerated, lmq_crc32_portable
 
 from localmq.errors import CorruptFrameError, InvalidPropertyError, PositionOutOfRangeError, PropertiesSizeError
 from localmq.status import RecordStatus
@@ -40,15 +41,10 @@ cdef int64_t calc_msg_length(int32_t sys_flag, int64_t body_len, int64_t topic_l
 
 
 cdef uint32_t body_crc32(const uint8_t *p, int64_t n) noexcept nogil:
-    cdef uint64_t c = 0
-    cdef int64_t chunk
-    # zlib takes an unsigned int length; walk larger bodies in 1 GiB steps.
-    while n > 0:
-        chunk = n if n < (1 << 30) else (1 << 30)
-        c = crc32(c, p, <unsigned int>chunk)
-        p += chunk
-        n -= chunk
-    return <uint32_t>(c & BODY_CRC_MASK)
+    # zlib's CRC-32 (csrc/lmq_crc.c: PCLMULQDQ folding or slice-by-8), masked like RocketMQ's UtilAll.crc32
+    if n <= 0:
+        return 0
+    return lmq_crc32(0, p, <size_t>n) & BODY_CRC_MASK
 
 
 cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check_crc) noexcept nogil:
@@ -377,6 +373,24 @@ def body_crc(data):
     if mv.shape[0] == 0:
         return 0
     return body_crc32(&mv[0], mv.shape[0])
+
+
+def _crc32(data, unsigned int crc=0, bint portable=False):
+    """Unmasked ``zlib.crc32(data, crc)`` computed by csrc/lmq_crc.c (tests): the dispatched implementation, or
+    the portable slice-by-8 one with ``portable``."""
+    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    cdef const uint8_t *p = NULL
+    cdef size_t n = mv.shape[0]
+    if n:
+        p = &mv[0]
+    with nogil:
+        crc = lmq_crc32_portable(crc, p, n) if portable else lmq_crc32(crc, p, n)
+    return crc
+
+
+def _crc32_accelerated():
+    """True when the CRC runs on PCLMULQDQ (False on CPUs without it or with LOCALMQ_CRC=portable)."""
+    return lmq_crc32_accelerated() != 0
 
 
 # ---------------------------------------------------------------------------------------------- Message
