@@ -61,6 +61,7 @@ CQ_EXT_ADDRESS_MAX = -2147483649
 # field name of earlier releases working (arr["tags"] and arr["tags_code"] are the same column).
 CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), (("tags", "tags_code"), ">i8")])
 CQ_EXT_HEAD = struct.Struct(">hqqh")     # ConsumeQueueExt unit: size, tagsCode, msgStoreTime, bitMapSize
+CQ_EXT_SIZE = struct.Struct(">h")        # its leading size field alone (0: the end of the written units)
 CQ_EXT_END_BLANK_DATA_LENGTH = 4
 
 # -- IndexFile: header, hash slots, linked items -----------------------------------------------------------------
@@ -108,6 +109,15 @@ TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,127}\Z")
 FRAME_MAGIC = 0x4C4D5146                 # "LMQF"
 FRAME_HEADERS_SIZE = 24                  # store ts i64, born ts i64, flag i32, crc u32
 FRAME_OVERHEAD = 4 + 4 + 4 + 2 + FRAME_HEADERS_SIZE + 2   # TOTALSIZE, MAGIC, BODY len, HEADERS len, PROPERTIES len
+FRAME_BODY_LEN = struct.Struct(">i")     # the body length field, at FRAME_BODY_LEN_AT
+FRAME_BODY_LEN_AT = 8
+FRAME_BODY_AT = 12
+FRAME_STORE_TS = struct.Struct(">q")     # the first header field, after the body and the int16 HEADERS length
+
+
+def frame_store_ts_at(body_len: int) -> int:
+    """Position of the store timestamp in an embedded-queue frame whose body is ``body_len`` bytes."""
+    return FRAME_BODY_AT + body_len + 2
 
 
 # -- the multi-process control file <root>/mpctl (localmq's own; native-endian: it holds a pthread mutex) ---------

@@ -6,13 +6,14 @@ import bisect
 import collections
 import logging
 import os
-import struct
 import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from localmq.store.commit_log import make_put_result
-from localmq.layout import FRAME_OVERHEAD
+from localmq.layout import (
+    FRAME_BODY_AT, FRAME_BODY_LEN, FRAME_BODY_LEN_AT, FRAME_OVERHEAD, FRAME_STORE_TS, frame_store_ts_at,
+)
 from localmq._frame import frame_size, read_frames, walk_frames, write_frame
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
@@ -101,8 +102,8 @@ class _Bucket:
                     starts, stop, outcome = walk_frames(view, 0, size, True)
                     if starts:
                         hdr = view[starts[-1]:stop]
-                        body_len = struct.unpack_from(">i", hdr, 8)[0]
-                        self.last_ts = struct.unpack_from(">q", hdr, 12 + body_len + 2)[0]
+                        body_len = FRAME_BODY_LEN.unpack_from(hdr, FRAME_BODY_LEN_AT)[0]
+                        self.last_ts = FRAME_STORE_TS.unpack_from(hdr, frame_store_ts_at(body_len))[0]
             except BaseException:
                 mf.close()
                 raise
@@ -560,9 +561,10 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         p = bisect.bisect_right(b.firsts, idx) - 1
         part = b.partitions[p]
         start = b.positions[idx]
-        head = self._read(part, start, start + 12)
-        body_len = struct.unpack_from(">i", head, 8)[0]
-        return struct.unpack(">q", self._read(part, start + 12 + body_len + 2, start + 12 + body_len + 10))[0]
+        head = self._read(part, start, start + FRAME_BODY_AT)
+        body_len = FRAME_BODY_LEN.unpack_from(head, FRAME_BODY_LEN_AT)[0]
+        at = start + frame_store_ts_at(body_len)
+        return FRAME_STORE_TS.unpack(self._read(part, at, at + FRAME_STORE_TS.size))[0]
 
     def offset_by_time(self, topic: str, queue_id: int, ts_ms: int) -> int:
         """Offset of the first message stored at or after ``ts_ms`` (binary search over frame headers)."""

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -63,7 +62,6 @@ __all__ = ["IndexHeader", "IndexFile", "IndexService", "index_file_size", "infer
 
 # IndexService.deleteExpiredFile destroys with a 3 s forcible interval
 DESTROY_FORCIBLY_MS = 3000
-_TIMES = struct.Struct(">qq")  # the header's first two fields (begin and end store time)
 
 
 def index_file_size(hash_slot_num: int, index_num: int) -> int:
@@ -203,7 +201,7 @@ class IndexFile:
 
     def _times(self):
         """(beginTimestamp, endTimestamp) straight from the mapping (the query path)."""
-        return _TIMES.unpack(self.mapped_file.read(0, 16))
+        return INDEX_HEADER.unpack(self.mapped_file.read(0, INDEX_HEADER_SIZE))[:2]
 
     @property
     def begin_timestamp(self) -> int:

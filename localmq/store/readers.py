@@ -4,7 +4,6 @@ import errno
 import logging
 import mmap
 import os
-import struct
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -12,7 +11,7 @@ import numpy as np
 
 from localmq import _record
 from localmq.errors import CorruptFrameError, CorruptStoreError
-from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_UNIT_SIZE
+from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_EXT_SIZE, CQ_UNIT_SIZE
 from localmq.store.files import list_segments
 
 __all__ = [
@@ -428,7 +427,7 @@ def read_consume_queue_ext(path):
         pos, n = 0, len(data)
         size = None
         while pos + 2 <= n:
-            size = struct.unpack_from(">h", data, pos)[0]
+            size = CQ_EXT_SIZE.unpack_from(data, pos)[0]
             if size <= 0:
                 break
             where = seg.base + pos
