@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from localmq._native import fsync_dir
 from localmq._record import Message, decode_message_id, java_hash
@@ -33,7 +33,7 @@ from localmq.services.reput import ReputMessageService
 from localmq.status import GetResult, GetStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
-from localmq.store.commit_log import CommitLog, Forward, GroupCommit
+from localmq.store.commit_log import CommitLog, CommitLogFront, GroupCommit
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
@@ -60,11 +60,7 @@ def _total_ram() -> int:
         return 24 * 1024 ** 3
 
 
-if TYPE_CHECKING:  # stub-only Protocols: the bound CommitLog methods' signatures (store/commit_log.pyi)
-    from localmq.store.commit_log import _PutBatchMethod, _PutMethod
-
-
-class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
+class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
     """The default localmq store: every topic appends to one CommitLog; a dispatch thread builds a ConsumeQueue
     per (topic, queue id); consumers pull by queue offset. Files are RocketMQ 4.x compatible.
 
@@ -436,25 +432,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin):
 
     # -- put ----------------------------------------------------------------------------------------------------
 
-    put: Forward[_PutMethod] = Forward("commit_log", "put", """put(topic, body, *, queue_id=0, tags=None, keys=None,
-        properties=None, flag=0) -> PutResult
-
-        Append one message to ``topic``/``queue_id`` (CommitLog.put, called directly).
-
-        Params: ``body`` bytes-like; ``tags`` a string (hashed into the ConsumeQueue); ``keys`` a string or
-        iterable of strings (no spaces); ``properties`` extra str -> str; ``flag`` an opaque int32.
-        Returns PutResult (status PUT_OK, or CREATE_MAPPED_FILE_FAILED when no segment could be created).
-        Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError,
-        InvalidPropertyError, StoreClosedError.
-        """)
-
-    put_batch: Forward[_PutBatchMethod] = Forward("commit_log", "put_batch", """put_batch(topic, bodies, *,
-        queue_id=0, tags=None, keys=None, properties=None, flag=0) -> PutResult
-
-        Append several messages to one queue under one lock (consecutive queue offsets, one store time;
-        CommitLog.put_batch, called directly). Returns one PutResult describing the first message, the total bytes
-        and ``msg_num``. Raises as ``put`` (every body is checked before anything is written).
-        """)
+    # put and put_batch: CommitLogFront's compiled methods (store/commit_log.pyx), which hand their arguments to
+    # self.commit_log at C level
 
     # -- dispatch -----------------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Stub for the compiled localmq.store.commit_log: the CommitLog put path, PutResult and the group commit."""
 import logging
-from typing import Any, Callable, Generic, Iterable, Mapping, Optional, Protocol, Tuple, TypeVar, Union, overload
+from typing import Any, Callable, Iterable, Mapping, Optional, Tuple, Union
 
 from typing_extensions import Self, disjoint_base
 
@@ -62,24 +62,6 @@ class TopicEntry:
     def next_offset(self, queue_id: int) -> int: ...
     def queue_ids(self) -> list[int]: ...
 
-_F = TypeVar("_F")
-
-@disjoint_base
-class Forward(Generic[_F]):
-    """Class attribute forwarding to a compiled method of an attribute (LocalMessageQueue.put is CommitLog.put)."""
-
-    @property
-    def owner(self) -> str: ...
-    @property
-    def method(self) -> str: ...
-    @property
-    def doc(self) -> Optional[str]: ...
-    def __new__(cls, owner: str, method: str, doc: Optional[str] = None) -> Self: ...
-    @overload
-    def __get__(self, instance: None, owner: Any = None, /) -> Forward[_F]: ...
-    @overload
-    def __get__(self, instance: object, owner: Any = None, /) -> _F: ...
-
 @disjoint_base
 class CommitLog:
     """All topics' records in one log of fixed-size segments (RocketMQ's CommitLog)."""
@@ -119,13 +101,12 @@ class CommitLog:
 def make_put_result(status: PutStatus, physical_offset: int, queue_offset: int, wrote_bytes: int,
                     store_timestamp: int, msg_num: int = 1) -> PutResult: ...
 
-# The bound CommitLog.put / put_batch, as LocalMessageQueue hands them on (stub only: no runtime name).
-class _PutMethod(Protocol):
-    def __call__(self, topic: str, body: _Body, *, queue_id: int = 0, tags: Optional[str] = None,
-                 keys: _Keys = None, properties: Optional[Mapping[str, str]] = None,
-                 flag: int = 0) -> PutResult: ...
+@disjoint_base
+class CommitLogFront:
+    """Base class of LocalMessageQueue: put and put_batch hand their arguments to ``commit_log`` at C level."""
 
-class _PutBatchMethod(Protocol):
-    def __call__(self, topic: str, bodies: Iterable[_Body], *, queue_id: int = 0, tags: Optional[str] = None,
-                 keys: _Keys = None, properties: Optional[Mapping[str, str]] = None,
-                 flag: int = 0) -> PutResult: ...
+    commit_log: Optional[CommitLog]
+    def put(self, topic: str, body: _Body, *, queue_id: int = 0, tags: Optional[str] = None, keys: _Keys = None,
+            properties: Optional[Mapping[str, str]] = None, flag: int = 0) -> PutResult: ...
+    def put_batch(self, topic: str, bodies: Iterable[_Body], *, queue_id: int = 0, tags: Optional[str] = None,
+                  keys: _Keys = None, properties: Optional[Mapping[str, str]] = None, flag: int = 0) -> PutResult: ...

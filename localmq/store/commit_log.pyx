@@ -9,11 +9,6 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
-from cpython.ref cimport PyObject
-from cpython.dict cimport PyDict_GetItem
-
-cdef extern from "Python.h":
-    object PyObject_GenericGetDict(object o, void *context)
 from libc.errno cimport errno
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memset
@@ -307,39 +302,6 @@ cdef object overflow_error(object queue_id, object flag):
     return ArgumentOverflowError(f"flag {flag} does not fit an int32", argument="flag")
 
 
-cdef class Forward:
-    """Class attribute ``name = Forward("owner", "method", doc)``: ``obj.name`` is ``obj.owner.method``, the compiled
-    method itself (LocalMessageQueue.put is CommitLog.put). A compiled descriptor: its ``__get__`` is a C slot, so
-    neither the attribute access nor the call pays a Python frame. The wiring stays declared in the class body.
-    When ``obj.owner`` is missing or None (the store is not open), the access raises StoreClosedError."""
-
-    cdef readonly str owner
-    cdef readonly str method
-    cdef readonly object doc
-
-    def __cinit__(self, str owner not None, str method not None, doc=None):
-        self.owner = owner
-        self.method = method
-        self.doc = doc
-
-    @property
-    def __doc__(self):
-        return self.doc
-
-    def __get__(self, obj, objtype):
-        if obj is None:
-            return self
-        # obj.__dict__.get(owner): the instance's own attribute, read without a Python call
-        cdef object d = PyObject_GenericGetDict(obj, NULL)
-        cdef PyObject *target = PyDict_GetItem(d, self.owner)
-        if target == NULL or <object>target is None:
-            raise StoreClosedError("the store is not open")
-        return getattr(<object>target, self.method)
-
-    def __repr__(self):
-        return f"Forward({self.owner!r}, {self.method!r})"
-
-
 cdef class CommitLog:
     """All topics' records in one log of fixed-size segments (RocketMQ's CommitLog).
 
@@ -491,6 +453,11 @@ cdef class CommitLog:
         Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError (body over max_message_size),
         PropertiesSizeError, InvalidPropertyError, StoreClosedError, TypeError (body not bytes-like).
         """
+        return self._put(topic, body, queue_id, tags, keys, properties, flag)
+
+    cdef object _put(self, str topic, object body, object queue_id, object tags, object keys, object properties,
+                     object flag):
+        # put's body, called at C level by put and by CommitLogFront.put (one argument parse per call)
         cdef TopicEntry te
         cdef bytes props
         cdef Py_buffer view
@@ -603,6 +570,11 @@ cdef class CommitLog:
         PutResult (first offsets, total bytes, msg_num). Every body is validated before anything is written.
         Raises as ``put``; an empty batch raises ValueError.
         """
+        return self._put_batch(topic, bodies, queue_id, tags, keys, properties, flag)
+
+    cdef object _put_batch(self, str topic, object bodies, object queue_id, object tags, object keys,
+                           object properties, object flag):
+        # put_batch's body, called at C level by put_batch and by CommitLogFront.put_batch
         cdef TopicEntry te
         cdef bytes props
         cdef list blist
@@ -788,3 +760,38 @@ def make_put_result(status, long long physical_offset, long long queue_offset, l
     r.store_timestamp = store_timestamp
     r.msg_num = msg_num
     return r
+
+
+@cython.auto_pickle(False)
+cdef class CommitLogFront:
+    """Base class of LocalMessageQueue: ``put`` and ``put_batch`` are compiled methods that hand their arguments to
+    ``commit_log`` (a CommitLog) at C level, so a put through the queue pays one argument parse and no Python frame.
+    ``commit_log`` is None until the store is open (then a put raises StoreClosedError)."""
+
+    cdef public CommitLog commit_log
+
+    def put(self, str topic not None, object body, *, object queue_id=0, object tags=None, object keys=None,
+            object properties=None, object flag=0):
+        """Append one message to ``topic``/``queue_id`` (CommitLog.put).
+
+        Params: ``body`` bytes-like; ``tags`` a string (hashed into the ConsumeQueue); ``keys`` a string or
+        iterable of strings (no spaces); ``properties`` extra str -> str; ``flag`` an opaque int32.
+        Returns PutResult (status PUT_OK, or CREATE_MAPPED_FILE_FAILED when no segment could be created).
+        Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError, PropertiesSizeError,
+        InvalidPropertyError, StoreClosedError, ForkedStoreError (in a process forked after the open).
+        """
+        cdef CommitLog cl = self.commit_log
+        if cl is None:
+            raise StoreClosedError("the store is not open")
+        return cl._put(topic, body, queue_id, tags, keys, properties, flag)
+
+    def put_batch(self, str topic not None, object bodies, *, object queue_id=0, object tags=None, object keys=None,
+                  object properties=None, object flag=0):
+        """Append several messages to one queue under one lock (consecutive queue offsets, one store time;
+        CommitLog.put_batch). Returns one PutResult describing the first message, the total bytes and ``msg_num``.
+        Raises as ``put`` (every body is checked before anything is written); an empty batch raises ValueError.
+        """
+        cdef CommitLog cl = self.commit_log
+        if cl is None:
+            raise StoreClosedError("the store is not open")
+        return cl._put_batch(topic, bodies, queue_id, tags, keys, properties, flag)
