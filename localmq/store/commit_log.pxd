@@ -48,7 +48,6 @@ cdef class CommitLog:
     cdef MappedFile _roll(self, int64_t start)
     cdef _await_flush(self, object r, int64_t end)
     cdef object _closed_error(self)
-    cdef TopicEntry _begin(self, str topic, object queue_id, object flag, int *qid, int *fl)
     cdef object _put(self, str topic, object body, object queue_id, object tags, object keys, object properties,
                      object flag)
     cdef object _put_batch(self, str topic, object bodies, object queue_id, object tags, object keys,

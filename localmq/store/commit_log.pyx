@@ -455,25 +455,6 @@ cdef class CommitLog:
         """
         return self._put(topic, body, queue_id, tags, keys, properties, flag)
 
-    cdef TopicEntry _begin(self, str topic, object queue_id, object flag, int *qid, int *fl):
-        """What put and put_batch start with: the log is open, puts are not refused (None: the caller answers
-        ``refuse_status``), queue id and flag fit their C ints (typed errors otherwise), the topic's entry."""
-        if self.closed:
-            raise self._closed_error()
-        if self.refuse_status is not None:
-            self.put_failures += 1
-            return None
-        try:  # the C conversion; a Python int past a C int gets a typed error instead of a bare OverflowError
-            qid[0] = queue_id
-            fl[0] = flag
-        except OverflowError:
-            raise overflow_error(queue_id, flag) from None
-        cdef TopicEntry te = self._topic(topic)
-        if qid[0] < 0 or qid[0] > MAX_QUEUE_ID:
-            raise InvalidQueueIdError(f"queue id {qid[0]} outside 0..{MAX_QUEUE_ID}")
-        te.ensure(qid[0])
-        return te
-
     cdef object _put(self, str topic, object body, object queue_id, object tags, object keys, object properties,
                      object flag):
         # put's body, called at C level by put and by CommitLogFront.put (one argument parse per call)
@@ -486,7 +467,7 @@ cdef class CommitLog:
         cdef bint have_view = False
         cdef PutResult r
         cdef int qid = 0, fl = 0
-        te = self._begin(topic, queue_id, flag, &qid, &fl)
+        te = begin_put(self, topic, queue_id, flag, &qid, &fl)
         if te is None:  # refused (retention's disk-full flag): nothing is written
             return failed_result(self.refuse_status)
         if tags is None and keys is None and properties is None:
@@ -602,7 +583,7 @@ cdef class CommitLog:
         cdef object offsets = None      # bytes: the physical offset (int64) of each message written, for msg_id
         cdef int64_t *offs = NULL
         cdef int qid = 0, fl = 0
-        te = self._begin(topic, queue_id, flag, &qid, &fl)
+        te = begin_put(self, topic, queue_id, flag, &qid, &fl)
         if te is None:  # refused (retention's disk-full flag): nothing is written
             return failed_result(self.refuse_status)
         if tags is None and keys is None and properties is None:
@@ -757,6 +738,26 @@ def make_put_result(status, long long physical_offset, long long queue_offset, l
     r.store_timestamp = store_timestamp
     r.msg_num = msg_num
     return r
+
+
+cdef inline TopicEntry begin_put(CommitLog self, str topic, object queue_id, object flag, int *qid, int *fl):
+    """What put and put_batch start with: the log is open, puts are not refused (None: the caller answers
+    ``refuse_status``), queue id and flag fit their C ints (typed errors otherwise), the topic's entry."""
+    if self.closed:
+        raise self._closed_error()
+    if self.refuse_status is not None:
+        self.put_failures += 1
+        return None
+    try:  # the C conversion; a Python int past a C int gets a typed error instead of a bare OverflowError
+        qid[0] = queue_id
+        fl[0] = flag
+    except OverflowError:
+        raise overflow_error(queue_id, flag) from None
+    cdef TopicEntry te = self._topic(topic)
+    if qid[0] < 0 or qid[0] > MAX_QUEUE_ID:
+        raise InvalidQueueIdError(f"queue id {qid[0]} outside 0..{MAX_QUEUE_ID}")
+    te.ensure(qid[0])
+    return te
 
 
 @cython.auto_pickle(False)
