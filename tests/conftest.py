@@ -12,6 +12,28 @@ from helpers import require, require_java
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "rocketmq"
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    if rep.failed:
+        item.stash[_FAILED] = True
+    return rep
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _remove_tmp_path_of_passing_test(request):
+    """Stores made with the RocketMQ defaults reserve a 1 GiB segment each: a passing test's tmp_path is deleted as
+    soon as the test is done (after every other fixture closed its stores), so a run needs the disk of one test at
+    a time, not of all of them. A failing test's directory stays for inspection (pytest keeps the last 3 runs)."""
+    path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if path is not None and not request.node.stash.get(_FAILED, False):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _host_disk_does_not_trigger_retention(request, monkeypatch):
     """Stores opened in this process see a 10 %-full disk unless a test injects its own ``disk_usage``: how full
