@@ -100,6 +100,12 @@ static inline void lmq_put32(void *p, uint32_t v) { v = __builtin_bswap32(v); __
 static inline void lmq_put64(void *p, uint64_t v) { v = __builtin_bswap64(v); __builtin_memcpy(p, &v, 8); }
 static inline int64_t lmq_load_acq(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void lmq_store_rel(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+/* Raise *p to v when v is larger (CAS loop, release on success); concurrent raisers never move it back. */
+static inline void lmq_store_max(int64_t *p, int64_t v) {
+    int64_t cur = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
+    }
+}
 
 #ifdef __cplusplus
 }

@@ -17,12 +17,14 @@ from localmq.errors import (
     DamagedLogError, DispatchError, ForkedStoreError, IndexDisabledError, InvalidMessageIdError,
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
-    PropertiesSizeError, QueueReassignedError, StoreClosedError, StoreLockedError, UnsafePathError,
+    PropertiesSizeError, QueueReassignedError, StoreBusyError, StoreClosedError, StoreLockedError,
+    TopicTableFullError, UnsafePathError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
 from localmq.store.readers import read_commitlog, read_consume_queue, read_consume_queue_ext
 from localmq.queues.local import LocalMessageQueue
+from localmq.queues.shared import SharedMessageQueue
 from localmq.interface import MessageStore
 from localmq.queues.memory import MemoryMessageQueue
 from localmq.queues.embedded import EmbeddedMessageQueue
@@ -32,7 +34,8 @@ __version__ = "0.1.0"
 
 
 @overload
-def open(path: str | os.PathLike[str], kind: Literal["local"] = "local", **config: Any) -> LocalMessageQueue: ...
+def open(path: str | os.PathLike[str], kind: Literal["local"] = "local", *, shared: bool | None = None,
+         **config: Any) -> LocalMessageQueue: ...
 @overload
 def open(path: str | os.PathLike[str], kind: Literal["embedded"], **config: Any) -> EmbeddedMessageQueue: ...
 @overload
@@ -46,18 +49,32 @@ def open(path: str | os.PathLike[str], kind: str = "local",  # noqa: A001 - the 
     ``kind``: "local" (default), the RocketMQ-compatible LocalMessageQueue (``config``: StoreConfig fields), or
     "embedded", the EmbeddedMessageQueue of per-(topic, queue) partition files (``config``: its keyword
     arguments). The in-memory queue has no path: ``localmq.MemoryMessageQueue()``.
-    Raises StoreLockedError when another writer holds the store, CorruptStoreError when its files cannot be
-    used as they are, ConfigError for bad settings or an unknown kind.
+
+    ``shared`` (local only): True opens the store so that other processes can open it at the same time
+    (a SharedMessageQueue: gunicorn workers, multiprocessing pools, a CLI beside a service); False holds it for
+    this process alone; None (default) joins the processes sharing it when there are any, else holds it alone.
+
+    Raises StoreLockedError when another writer holds the store (for shared=None: one that holds it alone),
+    CorruptStoreError when its files cannot be used as they are, ConfigError for bad settings or an unknown kind.
     """
     if kind == "local":
-        return LocalMessageQueue(path, **config)
+        shared = config.pop("shared", None)
+        if shared:
+            return SharedMessageQueue(path, **config)
+        try:
+            return LocalMessageQueue(path, **config)
+        except StoreLockedError as e:
+            if shared is None and e.shared_holders:
+                return SharedMessageQueue(path, **config)
+            raise
     if kind == "embedded":
         return EmbeddedMessageQueue(path, **config)
     raise ConfigError(f"unknown queue kind {kind!r} (available: 'local', 'embedded')")
 
 
 __all__ = [
-    "open", "LocalMessageQueue", "MemoryMessageQueue", "EmbeddedMessageQueue", "MessageStore", "Producer",
+    "open", "LocalMessageQueue", "SharedMessageQueue", "MemoryMessageQueue", "EmbeddedMessageQueue", "MessageStore",
+    "Producer",
     "Consumer", "ConsumerScheduler", "ConsumerOffsetManager", "QueueReassignedError", "StoreConfig", "FlushDiskType",
     "PutStatus", "GetStatus", "AppendMessageStatus",
     "PutResult", "GetResult", "Message", "RecordColumns", "decode_range", "decode_message", "encode_message",
@@ -68,5 +85,5 @@ __all__ = [
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
     "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
-    "UnsafePathError",
+    "UnsafePathError", "StoreBusyError", "TopicTableFullError",
 ]

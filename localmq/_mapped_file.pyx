@@ -13,7 +13,7 @@ from localmq._native cimport (
     c_fallocate, c_fdatasync, c_ftruncate, c_madvise, c_map, c_mincore, c_mlock, c_msync, c_munlock,
     c_populate_write, c_pretouch, c_unmap, raise_errno,
 )
-from localmq._os cimport lmq_is_zero, lmq_load_acq, lmq_map_anon, lmq_pretouch, lmq_store_rel
+from localmq._os cimport lmq_is_zero, lmq_load_acq, lmq_map_anon, lmq_pretouch, lmq_store_max, lmq_store_rel
 
 from localmq.errors import CorruptStoreError, StoreClosedError
 
@@ -201,6 +201,34 @@ cdef class MappedFile:
         lmq_store_rel(&self.wrote_pos, pos)
         self.committed_pos = pos
         self.flushed_pos = pos
+
+    def advance_to(self, long long pos):
+        """Move the append, wrote and committed positions up to ``pos`` (never down; flushed stays): another
+        process committed bytes up to there (a store shared between processes)."""
+        if not 0 <= pos <= self.file_size:
+            raise ValueError("position out of range")
+        if self.wbuf != NULL:
+            raise ValueError("positions of a file with a write buffer move by commit()")
+        # CAS-max: a put of this process may publish a larger position at the same time
+        lmq_store_max(&self.append_pos, pos)
+        lmq_store_max(&self.committed_pos, pos)
+        lmq_store_max(&self.wrote_pos, pos)
+
+    def zero(self, long long start, long long end):
+        """Zero bytes [start, end) of the mapping (repairing a torn write) and set the positions back to ``start``
+        when they lie beyond it."""
+        self._check_open()
+        if not 0 <= start <= end <= self.file_size:
+            raise ValueError("range out of the file")
+        if self.wbuf != NULL:
+            raise ValueError("a file with a write buffer is repaired by commit()")
+        memset(self.addr + start, 0, end - start)
+        if self.append_pos > start:
+            lmq_store_rel(&self.append_pos, start)
+        if self.committed_pos > start:
+            self.committed_pos = start
+        if lmq_load_acq(&self.wrote_pos) > start:
+            lmq_store_rel(&self.wrote_pos, start)
 
     def is_full(self):
         return lmq_load_acq(&self.append_pos) >= self.file_size

@@ -56,6 +56,7 @@ cdef extern from "lmq_os.h" nogil:
     void lmq_put64(void *p, uint64_t v)
     int64_t lmq_load_acq(const int64_t *p)
     void lmq_store_rel(int64_t *p, int64_t v)
+    void lmq_store_max(int64_t *p, int64_t v)
 
 cdef extern from "lmq_crc.h" nogil:
     # zlib's CRC-32 (crc32_z semantics, chaining, any length); cannot fail. See csrc/lmq_crc.h.

@@ -37,6 +37,7 @@ cdef class ControlFile:
     cdef readonly bint initialised      # this process initialised the file (it was the first to attach)
     cdef readonly WriteLock lock
     cdef readonly EventCount events
+    cdef readonly EventCount dispatched_events
     cdef readonly Slots slots
     cdef char *addr
     cdef int fd
@@ -46,6 +47,10 @@ cdef class ControlFile:
     cdef int _check(self) except -1
     cdef int _open(self, double timeout) except -1
     cdef int _initialise(self) except -1
+
+
+cdef char *topic_row_c(char *base, bytes name) noexcept
+cdef char *topic_row_add(char *base, bytes name) noexcept
 
 
 cdef class WriteLock:

@@ -4,19 +4,20 @@ import random
 
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport EAGAIN, errno
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.string cimport memset
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
 
 from localmq._layout cimport (
-    CTL_EVENT_OFF, CTL_EVENT_SIZE, CTL_FILE_SIZE, CTL_H_FILE_SIZE, CTL_H_GENERATION, CTL_H_INIT_PID,
+    CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_EVENT_SIZE, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE, CTL_TOPIC_COUNT,
+    CTL_TOPIC_ROW, CTL_TOPICS_OFF, CTL_FILE_SIZE, CTL_H_FILE_SIZE, CTL_H_GENERATION, CTL_H_INIT_PID,
     CTL_H_INIT_TIME_MS, CTL_H_MAGIC, CTL_H_SLOT_COUNT, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_LOCK_OFF, CTL_LOCK_SIZE,
     CTL_MAGIC, CTL_SLOT_CLAIMED_MS, CTL_SLOT_COUNT, CTL_SLOT_LOCK_BASE, CTL_SLOT_PID, CTL_SLOT_SIZE, CTL_SLOTS_OFF,
     CTL_VERSION,
 )
 from localmq._native cimport c_fallocate, c_ftruncate, c_map, c_unmap, raise_errno
-from localmq._os cimport lmq_now_ms, lmq_sleep_us, lmq_unmap
+from localmq._os cimport lmq_load_acq, lmq_now_ms, lmq_sleep_us, lmq_store_rel, lmq_unmap
 from localmq.errors import (
-    ControlFileError, CorruptStoreError, LockNotRecoverableError, SlotsFullError, StoreBusyError,
+    ControlFileError, CorruptStoreError, LockNotRecoverableError, SlotsFullError, StoreBusyError, TopicTableFullError,
 )
 
 ACQUIRED = "acquired"
@@ -106,6 +107,9 @@ cdef class ControlFile:
         self.events = EventCount.__new__(EventCount)
         self.events.ctl = self
         self.events.p = self.addr + CTL_EVENT_OFF
+        self.dispatched_events = EventCount.__new__(EventCount)
+        self.dispatched_events.ctl = self
+        self.dispatched_events.p = self.addr + CTL_DISPATCH_EVENT_OFF
         self.slots = Slots.__new__(Slots)
         self.slots.ctl = self
         self.slots.mine_slot = -1
@@ -184,6 +188,7 @@ cdef class ControlFile:
             err = errno
             raise_errno(err, self.path)
         lmq_shm_event_init(a + CTL_EVENT_OFF)
+        lmq_shm_event_init(a + CTL_DISPATCH_EVENT_OFF)
         lmq_shm_store_u32_rel(a + CTL_H_MAGIC, CTL_MAGIC)
         return 0
 
@@ -201,6 +206,61 @@ cdef class ControlFile:
     @property
     def closed(self):
         return self.addr == NULL
+
+    # -- shared words and the topic table (the store's use of the reserved sections, layout.CTL_S_* / CTL_T_*) --
+
+    def load(self, long long off):
+        """The int64 at byte ``off`` (acquire load)."""
+        self._check()
+        check_word(off)
+        return lmq_load_acq(<int64_t *>(self.addr + off))
+
+    def store(self, long long off, long long value):
+        """Store ``value`` as the int64 at byte ``off`` (release store). Shared words are written under the writer
+        lock unless layout says otherwise."""
+        self._check()
+        check_word(off)
+        lmq_store_rel(<int64_t *>(self.addr + off), value)
+
+    def topic_row(self, str topic, bint create=False):
+        """Byte offset of ``topic``'s row in the topic table, or -1 when it has none (and ``create`` is false).
+
+        :param create: add the row when missing; the caller holds the writer lock.
+        :raises TopicTableFullError: ``create`` and all CTL_TOPIC_COUNT rows are taken.
+        """
+        self._check()
+        cdef bytes name = topic.encode("ascii")
+        cdef char *row = topic_row_c(self.addr, name)
+        if row != NULL:
+            return row - self.addr
+        if not create:
+            return -1
+        row = topic_row_add(self.addr, name)
+        if row == NULL:
+            raise TopicTableFullError(f"{self.path}: the shared topic table holds {CTL_TOPIC_COUNT} topics; a "
+                                      f"store shared between processes cannot hold more")
+        return row - self.addr
+
+    def range_lock(self, long long byte, int kind):
+        """Try once to take (kind 2 write, 1 read) or drop (0) this process's fcntl lock on ``byte`` of the file.
+
+        :returns: True when granted, False when another process holds a conflicting lock.
+        """
+        cdef int rc, err = 0, fd
+        self._check()
+        fd = self.fd
+        with nogil:  # fcntl F_SETLK
+            rc = lmq_shm_range_lock(fd, byte, 1, kind)
+            if rc < 0:
+                err = errno
+        if rc < 0:
+            raise_errno(err, self.path)
+        return rc == 0
+
+    def last_attached(self):
+        """True when no other process is attached (this one's attachment becomes exclusive; it stays so until
+        ``close``). The last process to leave a store closes it cleanly."""
+        return self.range_lock(CTL_LOCK_BYTE_OPEN, RANGE_WRITE)
 
     def close(self):
         """Detach: release this process's slot, unmap, close the descriptor (which drops its fcntl locks).
@@ -242,6 +302,58 @@ cdef class ControlFile:
 
     def __repr__(self):
         return f"<ControlFile {self.path!r}{' closed' if self.addr == NULL else ''}>"
+
+
+cdef inline int check_word(long long off) except -1:
+    if off < 0 or off + 8 > CTL_FILE_SIZE or off % 8 != 0:
+        raise ValueError(f"control file word offset {off} out of range or unaligned")
+    return 0
+
+
+cdef inline uint64_t name_hash(const char *p, Py_ssize_t n) noexcept nogil:
+    cdef uint64_t h = 1469598103934665603ULL
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = (h ^ <uint8_t>p[i]) * 1099511628211ULL
+    return h
+
+
+cdef char *topic_row_c(char *base, bytes name) noexcept:
+    """The complete row of ``name`` in the topic table, or NULL. Lock-free: a row is complete once its state
+    word reads 1 (release-stored after the name)."""
+    cdef const char *p = name
+    cdef Py_ssize_t n = len(name)
+    cdef uint64_t i = name_hash(p, n) % CTL_TOPIC_COUNT
+    cdef Py_ssize_t _probe
+    cdef char *row
+    for _probe in range(CTL_TOPIC_COUNT):
+        row = base + CTL_TOPICS_OFF + i * CTL_TOPIC_ROW
+        if lmq_shm_load_u32_acq(row + CTL_T_STATE) != 1:
+            return NULL  # rows are never removed: an empty row ends the probe sequence
+        if (<uint32_t *>(row + CTL_T_NAME_LEN))[0] == n and memcmp(row + CTL_T_NAME, p, n) == 0:
+            return row
+        i = (i + 1) % CTL_TOPIC_COUNT
+    return NULL
+
+
+cdef char *topic_row_add(char *base, bytes name) noexcept:
+    """Add ``name``'s row (the caller holds the writer lock and found none); NULL when the table is full. A row
+    torn by a writer that died before its state word was set is simply written again."""
+    cdef const char *p = name
+    cdef Py_ssize_t n = len(name)
+    cdef uint64_t i = name_hash(p, n) % CTL_TOPIC_COUNT
+    cdef Py_ssize_t _probe
+    cdef char *row
+    for _probe in range(CTL_TOPIC_COUNT):
+        row = base + CTL_TOPICS_OFF + i * CTL_TOPIC_ROW
+        if lmq_shm_load_u32_acq(row + CTL_T_STATE) != 1:
+            memset(row, 0, CTL_TOPIC_ROW)
+            (<uint32_t *>(row + CTL_T_NAME_LEN))[0] = <uint32_t>n
+            memcpy(row + CTL_T_NAME, p, n)
+            lmq_shm_store_u32_rel(row + CTL_T_STATE, 1)
+            return row
+        i = (i + 1) % CTL_TOPIC_COUNT
+    return NULL
 
 
 cdef void c_unmap_quiet(char *addr) noexcept:

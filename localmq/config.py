@@ -51,6 +51,9 @@ class StoreConfig:
     # localmq: open a store whose log has misnamed or missing segments (DamagedLogError otherwise), keeping what
     # can be read; the ConsumeQueues are cut or rebuilt to the log that is there
     salvage: bool = False
+    # localmq, a store shared between processes (shared=True): seconds a put waits for the writer lock held by
+    # another live process (a stopped one, say) before StoreBusyError; the lock is never taken from a live holder
+    shared_lock_timeout: float = 10.0
     warm_mapped_file_enable: bool = False
     preallocate_mapped_file: bool = True   # localmq: AllocateMappedFileService creates the next 2 segments ahead
     flush_least_pages_when_warm_mapped_file: int = 4096

@@ -17,7 +17,11 @@ class StoreClosedError(LocalMQError, ValueError):
 
 
 class StoreLockedError(LocalMQError, BlockingIOError):
-    """Another writer (this process or another one, localmq or a RocketMQ broker) holds the store's ``lock`` file."""
+    """Another writer (this process or another one, localmq or a RocketMQ broker) holds the store's ``lock`` file.
+
+    ``shared_holders`` is True when the holders are processes sharing the store (``shared=True`` joins them)."""
+
+    shared_holders = False
 
 
 class InvalidTopicError(LocalMQError, ValueError):
@@ -216,6 +220,10 @@ class SlotsFullError(LocalMQError, BlockingIOError):
     """Every participant slot of the control file is held by a live process."""
 
 
+class TopicTableFullError(LocalMQError, OverflowError):
+    """The shared topic table of a store opened by several processes is full (layout.CTL_TOPIC_COUNT topics)."""
+
+
 class ControlFileError(LocalMQError, RuntimeError):
     """A misuse of the control file in this process: opened twice, used after close, closed while holding the
     writer lock (which would keep its death from being detected)."""
@@ -228,5 +236,5 @@ __all__ = [
     "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError", "InvalidMessageIdError",
     "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
     "check_int_range",
-    "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError",
+    "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError", "TopicTableFullError",
 ]

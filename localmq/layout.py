@@ -127,8 +127,7 @@ def frame_store_ts_at(body_len: int) -> int:
 
 CTL_FILE = "mpctl"
 CTL_MAGIC = 0x4C4D5143                   # "LMQC", written last by the initialiser
-CTL_VERSION = 1
-CTL_FILE_SIZE = 20480                    # header + sections (4 KiB) + the slot table (16 KiB)
+CTL_VERSION = 2
 CTL_H_MAGIC = 0                          # u32
 CTL_H_VERSION = 4                        # u32
 CTL_H_FILE_SIZE = 8                      # u32
@@ -138,16 +137,47 @@ CTL_H_INIT_PID = 24                      # i32: the initialiser (messages only)
 CTL_H_INIT_TIME_MS = 32                  # i64: CLOCK_REALTIME of the initialisation
 CTL_LOCK_OFF = 128                       # the writer lock: robust process-shared mutex + owner pid (csrc/lmq_shm.h)
 CTL_LOCK_SIZE = 64                       # LMQ_SHM_LOCK_BYTES
-CTL_EVENT_OFF = 256                      # the eventcount word: u32, bit 0 = waiter, sequence in steps of 2
+CTL_EVENT_OFF = 256                      # eventcount "committed": every put notifies it (the dispatcher waits)
 CTL_EVENT_SIZE = 64                      # LMQ_SHM_EVENT_BYTES
-# 384 .. 4096 reserved for the store integration (wpos, intent record, queue table header)
+CTL_DISPATCH_EVENT_OFF = 384             # eventcount "dispatched": the dispatcher notifies it (consumers wait)
+# The store section (i64 each unless noted). Written under the writer lock unless noted; read by anyone.
+CTL_S_READY = 512                        # i64: 1 once a first opener recovered the store and filled this section
+CTL_S_WPOS = 520                         # committed end of the CommitLog (release store: THE commit point)
+CTL_S_LAST_TS = 528                      # store timestamp of the last put (store times never go backwards)
+CTL_S_SEG_SIZE = 536                     # CommitLog segment size (every attacher must use it)
+CTL_S_CQ_SIZE = 544                      # ConsumeQueue file size
+CTL_S_REPUT = 552                        # dispatched end of the CommitLog (the housekeeper, release store)
+CTL_S_HOUSEKEEPER = 560                  # pid of the housekeeper (messages only; liveness is its fcntl byte)
+CTL_S_REPAIRS = 568                      # torn puts repaired after their writer died
+CTL_S_PUTS = 576                         # committed put calls (put or put_batch), every process
+CTL_S_CQ_MIN = 584                       # min offset of the CommitLog the ConsumeQueues follow (housekeeper)
+# The intent record: what the writer-lock holder is doing, so a taker-over can repair a torn put.
+CTL_I_STATE = 640                        # 1 while a put is between its first byte and its commit
+CTL_I_POS = 648                          # wpos when the put began
+CTL_I_END = 656                          # highest end of bytes written so far (written before the bytes)
+CTL_I_CELL = 664                         # byte offset, in this file, of the queue's next-offset cell
+CTL_I_QOFF = 672                         # that cell's value before the put
+CTL_I_QEND = 680                         # its value after the put (written just before the commit)
 CTL_SLOTS_OFF = 4096                     # slot records: CTL_SLOT_COUNT x CTL_SLOT_SIZE
 CTL_SLOT_SIZE = 64
 CTL_SLOT_COUNT = 256
 CTL_SLOT_PID = 0                         # i32: the claimer's pid (messages only; liveness is the fcntl lock)
 CTL_SLOT_CLAIMED_MS = 8                  # i64: CLOCK_REALTIME of the claim
+# The topic table: open addressing by FNV-1a of the name, rows added (never removed) under the writer lock.
+CTL_TOPICS_OFF = 20480
+CTL_TOPIC_COUNT = 1024                   # topics one shared store can hold
+CTL_TOPIC_QUEUES = 64                    # queue ids 0..63 per topic in a shared store
+CTL_TOPIC_ROW = 1280
+CTL_T_STATE = 0                          # u32: 1 once the row is complete (release store, the last write)
+CTL_T_NAME_LEN = 4                       # u32
+CTL_T_NAME = 8                           # the topic, ASCII, at most 127 bytes
+CTL_T_NEXT = 256                         # i64 x CTL_TOPIC_QUEUES: next queue offset (the put path's cells)
+CTL_T_DISPATCHED = 768                   # i64 x CTL_TOPIC_QUEUES: units in the ConsumeQueue (the dispatcher)
+CTL_FILE_SIZE = CTL_TOPICS_OFF + CTL_TOPIC_COUNT * CTL_TOPIC_ROW
 # fcntl record-lock bytes (advisory, they may lie beyond the end of the file)
 CTL_LOCK_BYTE_OPEN = 0                   # write lock: initialising; read lock: attached
+CTL_LOCK_BYTE_STORE = 1                  # write lock: opening the store (recovery or attach), one process at a time
+CTL_LOCK_BYTE_HOUSEKEEPER = 2            # write lock: the housekeeper (dispatch, flush, index, retention)
 CTL_SLOT_LOCK_BASE = CTL_FILE_SIZE       # slot k is held while byte CTL_SLOT_LOCK_BASE + k is write-locked
 
 
@@ -183,11 +213,7 @@ PXD_NAMES = (
     "INDEX_H_SLOT_COUNT", "INDEX_H_INDEX_COUNT", "INDEX_SLOT_SIZE", "INDEX_ITEM_SIZE", "INDEX_MAX_KEY_BYTES",
     "OS_PAGE_SIZE", "FILE_NAME_DIGITS", "MAX_QUEUE_ID",
     "FRAME_MAGIC", "FRAME_HEADERS_SIZE", "FRAME_OVERHEAD",
-    "CTL_MAGIC", "CTL_VERSION", "CTL_FILE_SIZE", "CTL_H_MAGIC", "CTL_H_VERSION", "CTL_H_FILE_SIZE",
-    "CTL_H_SLOT_COUNT", "CTL_H_GENERATION", "CTL_H_INIT_PID", "CTL_H_INIT_TIME_MS", "CTL_LOCK_OFF", "CTL_LOCK_SIZE",
-    "CTL_EVENT_OFF", "CTL_EVENT_SIZE", "CTL_SLOTS_OFF", "CTL_SLOT_SIZE", "CTL_SLOT_COUNT", "CTL_SLOT_PID",
-    "CTL_SLOT_CLAIMED_MS", "CTL_LOCK_BYTE_OPEN", "CTL_SLOT_LOCK_BASE",
-)
+) + tuple(name for name, value in list(globals().items()) if name.startswith("CTL_") and isinstance(value, int))
 
 
 def pxd_source() -> str:

@@ -107,7 +107,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if unsafe:
             raise UnsafePathError(f"store {self.root} holds symlinks or entries outside it, which localmq never "
                                   f"writes through: {unsafe[:5]}", path=unsafe[0])
-        self._lock = StoreLock(self.root)
+        self._lock = self._make_lock()
         try:
             self._open(progress)
         except BaseException:
@@ -116,9 +116,18 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._closed = False
         self._bind_to_process()
 
+    def _make_lock(self) -> StoreLock:
+        return StoreLock(self.root)
+
+    def _cq_factory(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """(topic, queue id) -> its ConsumeQueue, created when missing (the dispatcher's factory)."""
+        return self._cq_table.find_or_create(topic, queue_id)
+
     # -- open / recover -------------------------------------------------------------------------------------------
 
-    def _open(self, progress) -> None:
+    def _recover(self, progress) -> bool:
+        """Load the files and recover them (today's single-process recovery); returns whether the last exit was
+        clean. Builds the CommitLog, the ReputCore and the queue offsets."""
         c = self.config
         t0 = time.monotonic()
         self._abort_path = os.path.join(self.root, ABORT_FILE)
@@ -153,7 +162,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         cl_min = self._cl_mfq.min_offset()
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)
-        self._reput = ReputCore(self._cl_mfq, self._cq_table.find_or_create, report.reput_from,
+        self._reput = ReputCore(self._cl_mfq, self._cq_factory, report.reput_from,
                                 c.dispatch_idle_wait_us)
         for cq in self._cqs.values():
             self._reput.register(cq)
@@ -169,16 +178,20 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         else:
             log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,
                      report.end_offset)
-        # abort marks "running": present at the next open unless close() completes
+        return last_exit_ok
+
+    def _open(self, progress) -> None:
+        last_exit_ok = self._recover(progress)
+        self._go_live(last_exit_ok)
+
+    def _mark_running(self) -> None:
+        """``abort`` marks "running": present at the next open unless close() completes."""
         with open(self._abort_path, "wb") as f:
             f.flush()
         fsync_dir(self.root)
-        self.commit_log.set_dispatch_event(self._reput.wake_event)
-        self._reput_service = ReputMessageService(self._reput)
-        self._reput_service.start()
-        self._services.append(self._reput_service)
-        self._start_services()
-        self._start_index_service(last_exit_ok)
+
+    def _setup_reads(self) -> None:
+        c = self.config
         self._tag_filters: Dict[str, Tuple[tuple, frozenset]] = {}
         self._check_crc_on_read = bool(c.check_crc_on_read)
         self._get_limits = get.GetLimits(
@@ -186,6 +199,17 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             c.max_transfer_count_on_message_in_disk, c.max_transfer_bytes_on_message_in_disk,
             _total_ram() * c.access_message_in_memory_max_ratio // 100)
         self._opened_at = time.time()
+
+    def _go_live(self, last_exit_ok: bool) -> None:
+        """Mark the store running (``abort``), start the dispatcher and the services, set up reads."""
+        self._mark_running()
+        self.commit_log.set_dispatch_event(self._reput.wake_event)
+        self._reput_service = ReputMessageService(self._reput)
+        self._reput_service.start()
+        self._services.append(self._reput_service)
+        self._start_services()
+        self._start_index_service(last_exit_ok)
+        self._setup_reads()
         self._start_clean_service()
 
     def _start_services(self) -> None:
@@ -583,7 +607,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
         check_int_range(max_messages, "max_messages", 1, MAX_GET_MESSAGES)  # a C int below (ArgumentOverflowError)
-        cq = self._cqs.get((topic, queue_id))
+        cq = self._cq(topic, queue_id)
         if cq is None:
             if not 0 <= queue_id <= MAX_QUEUE_ID:
                 raise InvalidQueueIdError(f"queue id {queue_id} outside 0..{MAX_QUEUE_ID}")

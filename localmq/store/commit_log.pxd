@@ -1,6 +1,7 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_event, lmq_gc
+from localmq._shm cimport ControlFile
 
 cdef extern from "pythread.h":
     ctypedef void *PyThread_type_lock
@@ -10,6 +11,7 @@ cdef class TopicEntry:
     cdef readonly bytes encoded
     cdef int64_t *next_offsets      # next queue offset per queue id (index = queue id)
     cdef int32_t n_queues
+    cdef bint shared                # next_offsets lies in the control file's topic table (not ours to free)
     cdef int ensure(self, int32_t queue_id) except -1
 
 cdef class GroupCommit:
@@ -42,6 +44,12 @@ cdef class CommitLog:
     # None, or the PutStatus every put answers without writing (retention's disk-full flag: SERVICE_NOT_AVAILABLE)
     cdef public object refuse_status
     cdef readonly long long puts
+    cdef readonly ControlFile ctl     # a store shared between processes: the control file, else None
+    cdef char *cb                     # ctl's mapping (NULL: this process alone writes the store)
+    cdef public double lock_timeout   # seconds a put waits for the writer lock before StoreBusyError
+    cdef readonly long long repairs
+    cdef int _bind_shared(self, TopicEntry te) except -1
+    cdef int _repair(self) except -1
     cdef readonly long long put_failures
     cdef TopicEntry _topic(self, str topic)
     cdef bytes _properties(self, object tags, object keys, object properties)

@@ -14,6 +14,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memset
 
 from localmq._layout cimport (
+    CTL_EVENT_OFF, CTL_FILE_SIZE, CTL_I_CELL, CTL_I_END, CTL_I_POS, CTL_I_QEND, CTL_I_QOFF, CTL_I_STATE,
+    CTL_S_LAST_TS, CTL_S_PUTS, CTL_S_REPAIRS, CTL_S_WPOS, CTL_T_NEXT, CTL_TOPIC_QUEUES, CTL_TOPICS_OFF,
     END_FILE_MIN_BLANK_LENGTH, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID, SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
 )
@@ -24,13 +26,18 @@ from localmq._os cimport (
     lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_load_acq, lmq_now_ms, lmq_store_rel,
 )
 from localmq._native cimport Event, raise_errno
+from localmq._shm cimport (
+    ControlFile, LMQ_SHM_ACQUIRED, LMQ_SHM_OWNER_DIED, WriteLock, lmq_shm_event_notify, lmq_shm_lock_acquire,
+    lmq_shm_lock_consistent, lmq_shm_lock_release, topic_row_add, topic_row_c,
+)
 
 from localmq._record import pack_host, properties_to_bytes
 from localmq.config import check_topic
 from localmq.status import PutStatus
+from localmq._shm import OWNER_DIED as _OWNER_DIED
 from localmq.errors import (
     ArgumentOverflowError, ForkedStoreError, InvalidPropertyError, InvalidQueueIdError, MessageSizeError,
-    PropertiesSizeError, StoreClosedError,
+    PropertiesSizeError, StoreClosedError, TopicTableFullError,
 )
 
 # Every CommitLog of this process. A forked child inherits them with their mappings but without the parent's put lock
@@ -84,6 +91,84 @@ cdef inline void publish(MappedFile mf, int64_t end) noexcept:
         lmq_store_rel(&mf.wrote_pos, end)
     else:
         lmq_store_rel(&mf.append_pos, end)
+
+
+cdef inline int ctl_enter(CommitLog self) except -1:
+    """Take the shared writer lock (the caller holds this process's put lock). Uncontended: one trylock with the
+    GIL held; else WriteLock.acquire waits without the GIL (StoreBusyError after lock_timeout)."""
+    cdef WriteLock wl = self.ctl.lock
+    cdef int rc = lmq_shm_lock_acquire(wl.p, 0)
+    if rc == LMQ_SHM_ACQUIRED:
+        wl.holds += 1
+        return 0
+    if rc == LMQ_SHM_OWNER_DIED:
+        wl.holds += 1
+        died = True
+    else:
+        died = wl.acquire(self.lock_timeout) == _OWNER_DIED
+    if died:
+        try:
+            self._repair()
+        finally:
+            lmq_shm_lock_consistent(wl.p)
+    return 0
+
+
+cdef inline void ctl_exit(CommitLog self) noexcept:
+    cdef WriteLock wl = self.ctl.lock
+    lmq_shm_lock_release(wl.p)
+    wl.holds -= 1
+
+
+cdef inline int64_t ctl_begin(CommitLog self, TopicEntry te, int qid) except -1:
+    """Under the writer lock: move this process's view to the committed end and record the intent of the put
+    that starts there. Returns the committed end."""
+    cdef char *cb = self.cb
+    cdef int64_t w = lmq_load_acq(<int64_t *>(cb + CTL_S_WPOS))
+    cdef MappedFile mf = self.cur
+    if mf is None or mf.file_from_offset + mf.append_pos != w:
+        mf = self.mapped_file_queue.sync_to(w)
+        self.cur = mf
+        if mf is not None and self.group_commit is not None:
+            self.group_commit.set_file(mf)
+    (<int64_t *>(cb + CTL_I_POS))[0] = w
+    (<int64_t *>(cb + CTL_I_END))[0] = w
+    (<int64_t *>(cb + CTL_I_CELL))[0] = <char *>&te.next_offsets[qid] - cb
+    (<int64_t *>(cb + CTL_I_QOFF))[0] = te.next_offsets[qid]
+    lmq_store_rel(<int64_t *>(cb + CTL_I_STATE), 1)
+    return w
+
+
+cdef inline void intent_end(char *cb, int64_t end) noexcept:
+    # before writing bytes up to `end`: a taker-over zeroes up to here when the put did not commit
+    if end > (<int64_t *>(cb + CTL_I_END))[0]:
+        lmq_store_rel(<int64_t *>(cb + CTL_I_END), end)
+
+
+cdef inline void ctl_commit(CommitLog self, TopicEntry te, int qid, int64_t end) noexcept:
+    """Publish every complete record up to ``end`` (the release store of the committed end is the commit point),
+    then clear the intent."""
+    cdef char *cb = self.cb
+    (<int64_t *>(cb + CTL_I_QEND))[0] = te.next_offsets[qid]
+    if end > lmq_load_acq(<int64_t *>(cb + CTL_S_WPOS)):
+        lmq_store_rel(<int64_t *>(cb + CTL_S_WPOS), end)
+        (<int64_t *>(cb + CTL_S_PUTS))[0] += 1
+    lmq_store_rel(<int64_t *>(cb + CTL_I_STATE), 0)
+
+
+cdef inline int64_t store_time(CommitLog self) noexcept:
+    # store times never go backwards within the log (across processes too when shared); under the put lock(s)
+    cdef int64_t ts = lmq_now_ms()
+    cdef int64_t *shared_ts
+    if ts < self.last_store_ts:
+        ts = self.last_store_ts
+    if self.cb != NULL:
+        shared_ts = <int64_t *>(self.cb + CTL_S_LAST_TS)
+        if ts < shared_ts[0]:
+            ts = shared_ts[0]
+        shared_ts[0] = ts
+    self.last_store_ts = ts
+    return ts
 
 
 @cython.freelist(256)
@@ -266,13 +351,17 @@ cdef class TopicEntry:
         self.n_queues = 0
 
     def __dealloc__(self):
-        PyMem_Free(self.next_offsets)
+        if not self.shared:
+            PyMem_Free(self.next_offsets)
 
     cdef int ensure(self, int32_t queue_id) except -1:
         cdef int32_t n
         cdef int64_t *p
         if queue_id < self.n_queues:
             return 0
+        if self.shared:
+            raise InvalidQueueIdError(f"queue id {queue_id}: a store shared between processes has queue ids "
+                                      f"0..{CTL_TOPIC_QUEUES - 1} per topic")
         n = queue_id + 1 if queue_id + 1 > self.n_queues * 2 else self.n_queues * 2
         if n < 8:
             n = 8
@@ -339,6 +428,79 @@ cdef class CommitLog:
         self.group_commit = gc
         self.sync_flush_timeout_us = timeout_ms * 1000
 
+    # -- a store shared between processes (the control file; see ARCHITECTURE.md "Many processes") -------------
+
+    def attach_control(self, ControlFile ctl not None, double lock_timeout=10.0):
+        """Share this log with the other processes attached to ``ctl``: every put takes the control file's robust
+        writer lock (after this process's put lock), writes at the committed end published there, records an
+        intent that lets a taker-over repair it if this process dies mid-put, and commits by a release store of
+        the new end. Queue offsets live in the control file's topic table. Call before the first put."""
+        self.ctl = ctl
+        self.cb = ctl.addr
+        self.lock_timeout = lock_timeout
+        self.topics = {}
+        self.last_topic = None
+        self.last_te = None
+        self.cur = None
+
+    cdef int _bind_shared(self, TopicEntry te) except -1:
+        """Point ``te``'s queue offsets at its row of the shared topic table (adding the row under the writer
+        lock when this is the store's first put to the topic)."""
+        cdef char *row = topic_row_c(self.cb, te.encoded)
+        cdef WriteLock wl
+        if row == NULL:
+            wl = self.ctl.lock
+            if wl.acquire(self.lock_timeout) == _OWNER_DIED:
+                try:
+                    self._repair()
+                finally:
+                    wl.consistent()
+            try:
+                row = topic_row_c(self.cb, te.encoded)
+                if row == NULL:
+                    row = topic_row_add(self.cb, te.encoded)
+            finally:
+                wl.release()
+            if row == NULL:
+                raise TopicTableFullError(f"the shared topic table of {self.ctl.path} is full: a store shared "
+                                          f"between processes holds at most {(CTL_FILE_SIZE - CTL_TOPICS_OFF)} "
+                                          f"bytes of topic rows")
+        te.next_offsets = <int64_t *>(row + CTL_T_NEXT)
+        te.n_queues = CTL_TOPIC_QUEUES
+        te.shared = True
+        return 0
+
+    cdef int _repair(self) except -1:
+        """With the writer lock just taken over from a process that died holding it: undo its uncommitted put
+        (zero the bytes it may have written, restore the queue's next offset) or finish its committed one."""
+        cdef char *cb = self.cb
+        cdef int64_t pos, end, cell, qoff, qend, w
+        self.cur = None  # the log's end may move: every writer re-syncs its view
+        if lmq_load_acq(<int64_t *>(cb + CTL_I_STATE)) != 1:
+            return 0
+        pos = lmq_load_acq(<int64_t *>(cb + CTL_I_POS))
+        end = lmq_load_acq(<int64_t *>(cb + CTL_I_END))
+        cell = lmq_load_acq(<int64_t *>(cb + CTL_I_CELL))
+        qoff = lmq_load_acq(<int64_t *>(cb + CTL_I_QOFF))
+        qend = lmq_load_acq(<int64_t *>(cb + CTL_I_QEND))
+        w = lmq_load_acq(<int64_t *>(cb + CTL_S_WPOS))
+        cell_ok = CTL_TOPICS_OFF <= cell <= CTL_FILE_SIZE - 8 and cell % 8 == 0
+        if w == pos:
+            if end > pos:
+                self.mapped_file_queue.zero_range(pos, end)
+            if cell_ok:
+                (<int64_t *>(cb + cell))[0] = qoff
+            log.warning("%s: a process died in the middle of a put; its uncommitted bytes [%d, %d) were zeroed and "
+                        "queue offset %d will be assigned again", self.ctl.path, pos, end, qoff)
+        elif cell_ok:
+            (<int64_t *>(cb + cell))[0] = qend
+            log.warning("%s: a process died right after committing a put ending at %d; finished it",
+                        self.ctl.path, w)
+        lmq_store_rel(<int64_t *>(cb + CTL_S_REPAIRS), lmq_load_acq(<int64_t *>(cb + CTL_S_REPAIRS)) + 1)
+        lmq_store_rel(<int64_t *>(cb + CTL_I_STATE), 0)
+        self.repairs += 1
+        return 0
+
     def set_dispatch_event(self, Event event):
         """Let puts wake the dispatcher: each put signals ``event`` (the dispatcher's ``wake_event``) when the
         dispatcher waits on it. None stops the signals."""
@@ -355,6 +517,8 @@ cdef class CommitLog:
         if e is None:
             check_topic(topic)
             e = TopicEntry(topic)
+            if self.cb != NULL:
+                self._bind_shared(<TopicEntry>e)
             self.topics[topic] = e
         self.last_topic = topic
         self.last_te = <TopicEntry>e
@@ -443,6 +607,18 @@ cdef class CommitLog:
     def max_offset(self):
         return self.mapped_file_queue.max_offset()
 
+    def sync_view(self):
+        """Shared store: move this process's view of the log (mapped segments, positions) to the committed end
+        published in the control file, without the writer lock (views only grow, by CAS). Returns that end;
+        in a store this process alone writes, its own end."""
+        cdef int64_t w
+        if self.cb == NULL:
+            return self.mapped_file_queue.max_offset()
+        w = lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS))
+        if self.mapped_file_queue.max_offset() < w:
+            self.mapped_file_queue.sync_to(w)
+        return w
+
     # -- put --------------------------------------------------------------------------------------------------
 
     def put(self, str topic not None, object body, *, object queue_id=0, object tags=None, object keys=None,
@@ -467,6 +643,9 @@ cdef class CommitLog:
         cdef bint have_view = False
         cdef PutResult r
         cdef int qid = 0, fl = 0
+        cdef char *cb = self.cb
+        cdef bint entered = False
+        cdef int64_t cend = 0
         te = begin_put(self, topic, queue_id, flag, &qid, &fl)
         if te is None:  # refused (retention's disk-full flag): nothing is written
             return failed_result(self.refuse_status)
@@ -494,10 +673,11 @@ cdef class CommitLog:
             try:
                 if self.closed:
                     raise self._closed_error()
-                ts = lmq_now_ms()
-                if ts < self.last_store_ts:
-                    ts = self.last_store_ts  # store times never go backwards within the log
-                self.last_store_ts = ts
+                if cb != NULL:
+                    ctl_enter(self)
+                    entered = True
+                    cend = ctl_begin(self, te, qid)
+                ts = store_time(self)
                 mf = self.cur
                 while True:
                     if mf is None:
@@ -512,8 +692,11 @@ cdef class CommitLog:
                         continue
                     if total + END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
                         # END_OF_FILE: leave the 8-byte blank announcing the rest of the file, then roll
+                        if cb != NULL:
+                            intent_end(cb, mf.file_from_offset + self.file_size)
                         write_blank(write_base(mf) + pos, <int32_t>(self.file_size - pos))
                         publish(mf, self.file_size)
+                        cend = mf.file_from_offset + self.file_size
                         mf = self._roll(mf.file_from_offset + self.file_size)
                         if mf is None:
                             return failed_result(CREATE_FAILED)
@@ -521,6 +704,8 @@ cdef class CommitLog:
                     break
                 phys = mf.file_from_offset + pos
                 qoff = te.next_offsets[qid]
+                if cb != NULL:
+                    intent_end(cb, phys + total)
                 write_record(write_base(mf) + pos, <int32_t>total, qid, fl, qoff, phys,
                              self.host_sys_flag, ts,
                              <const uint8_t *>PyBytes_AS_STRING(self.born_host), PyBytes_GET_SIZE(self.born_host),
@@ -531,12 +716,18 @@ cdef class CommitLog:
                 mf.store_timestamp = ts
                 publish(mf, pos + total)
                 te.next_offsets[qid] = qoff + 1
+                cend = phys + total
                 self.puts += 1
             finally:
+                if entered:
+                    ctl_commit(self, te, qid, cend)
+                    ctl_exit(self)
                 PyThread_release_lock(self.lock)
         finally:
             if have_view:
                 PyBuffer_Release(&view)
+        if cb != NULL:
+            lmq_shm_event_notify(cb + CTL_EVENT_OFF)
         if self.dispatch_event != NULL:
             lmq_event_signal_if_waiting(self.dispatch_event)
         r = PutResult.__new__(PutResult)
@@ -583,6 +774,9 @@ cdef class CommitLog:
         cdef object offsets = None      # bytes: the physical offset (int64) of each message written, for msg_id
         cdef int64_t *offs = NULL
         cdef int qid = 0, fl = 0
+        cdef char *cb = self.cb
+        cdef bint entered = False
+        cdef int64_t cend = 0
         te = begin_put(self, topic, queue_id, flag, &qid, &fl)
         if te is None:  # refused (retention's disk-full flag): nothing is written
             return failed_result(self.refuse_status)
@@ -621,10 +815,11 @@ cdef class CommitLog:
         try:
             if self.closed:
                 raise self._closed_error()
-            ts = lmq_now_ms()
-            if ts < self.last_store_ts:
-                ts = self.last_store_ts
-            self.last_store_ts = ts
+            if cb != NULL:
+                ctl_enter(self)
+                entered = True
+                cend = ctl_begin(self, te, qid)
+            ts = store_time(self)
             mf = self.cur
             qoff = te.next_offsets[qid]
             for i in range(n):
@@ -652,8 +847,11 @@ cdef class CommitLog:
                                 break
                             continue
                         if total + END_FILE_MIN_BLANK_LENGTH > self.file_size - pos:
+                            if cb != NULL:
+                                intent_end(cb, mf.file_from_offset + self.file_size)
                             write_blank(write_base(mf) + pos, <int32_t>(self.file_size - pos))
                             publish(mf, self.file_size)
+                            cend = mf.file_from_offset + self.file_size
                             mf = self._roll(mf.file_from_offset + self.file_size)
                             if mf is None:
                                 break
@@ -661,6 +859,8 @@ cdef class CommitLog:
                         break
                     if mf is None:
                         break
+                    if cb != NULL:
+                        intent_end(cb, mf.file_from_offset + pos + total)
                     write_record(write_base(mf) + pos, <int32_t>total, qid, fl, qoff, mf.file_from_offset + pos,
                                  self.host_sys_flag, ts, bh, bhl, ts, sh, shl, 0, 0,
                                  bp, <int32_t>blen, tp, <int32_t>tlen, pp, <int32_t>plen)
@@ -674,13 +874,22 @@ cdef class CommitLog:
                     end_off = mf.file_from_offset + pos + total
                     qoff += 1
                     wrote += total
+                    if cb != NULL:
+                        # each record is complete: the queue's cell and the commit move together in ctl_commit
+                        te.next_offsets[qid] = qoff
+                        cend = end_off
                 finally:
                     if have_view:
                         PyBuffer_Release(&view)
             te.next_offsets[qid] = qoff
             self.puts += qoff - (first_qoff if first_qoff >= 0 else qoff)
         finally:
+            if entered:
+                ctl_commit(self, te, qid, cend)
+                ctl_exit(self)
             PyThread_release_lock(self.lock)
+        if cb != NULL:
+            lmq_shm_event_notify(cb + CTL_EVENT_OFF)
         if self.dispatch_event != NULL:
             lmq_event_signal_if_waiting(self.dispatch_event)
         r = PutResult.__new__(PutResult)

@@ -9,6 +9,7 @@ cdef struct CQState:
     int64_t min_offset       # first readable unit index
     int64_t max_physic_offset  # commit log end (offset + size) of the last unit written
     int64_t last_store_ts
+    int64_t *shared_max      # a store shared between processes: the unit count in the control file, else NULL
 
 cdef class ConsumeQueue:
     cdef readonly str topic
@@ -18,4 +19,5 @@ cdef class ConsumeQueue:
     cdef CQState st
     cdef MappedFile cur
     cdef readonly long long gap_units
+    cdef object ctl                   # the ControlFile shared_max points into (kept mapped while bound)
     cdef CQState *state_ptr(self) noexcept

@@ -7,12 +7,14 @@ import os
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
-from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE
+from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, CTL_T_DISPATCHED, CTL_TOPIC_QUEUES
 from localmq._mapped_file cimport MappedFile
+from localmq._shm cimport ControlFile, topic_row_c
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_put32, lmq_put64, lmq_store_rel
 
 import numpy as np
 
+from localmq.errors import InvalidQueueIdError
 from localmq.layout import CQ_DTYPE
 from localmq.store.mapped_file_queue import MappedFileQueue
 
@@ -39,6 +41,7 @@ cdef class ConsumeQueue:
         self.st.max_offset = 0
         self.st.min_offset = 0
         self.st.max_physic_offset = -1
+        self.st.shared_max = NULL
         self.cur = None
 
     cdef CQState *state_ptr(self) noexcept:
@@ -67,6 +70,45 @@ cdef class ConsumeQueue:
     @property
     def file_size(self):
         return self.st.file_size
+
+    # -- a store shared between processes ------------------------------------------------------------------
+
+    def bind_shared(self, ControlFile ctl not None):
+        """Tie this queue to its unit count in ``ctl``'s topic table: the dispatcher (in whichever process runs
+        it) publishes there, readers in every process adopt it with ``sync_shared``. Returns False when the topic
+        has no row yet (nothing was ever put to it while shared)."""
+        cdef char *row = topic_row_c(ctl.addr, self.topic.encode("ascii"))
+        if row == NULL:
+            return False
+        if self.queue_id >= CTL_TOPIC_QUEUES:
+            raise InvalidQueueIdError(f"queue id {self.queue_id}: a store shared between processes has queue ids "
+                                      f"0..{CTL_TOPIC_QUEUES - 1} per topic")
+        self.ctl = ctl
+        self.st.shared_max = <int64_t *>(row + CTL_T_DISPATCHED) + self.queue_id
+        return True
+
+    def publish_shared(self):
+        """Publish this process's unit count as the shared one (the first opener, after recovery)."""
+        if self.st.shared_max != NULL:
+            lmq_store_rel(self.st.shared_max, lmq_load_acq(&self.st.max_offset))
+
+    def sync_shared(self):
+        """Adopt the unit count the dispatcher of another process published: map the files written since and
+        move ``max_offset`` up (never down). Returns the max offset."""
+        cdef int64_t m
+        if self.st.shared_max == NULL:
+            return lmq_load_acq(&self.st.max_offset)
+        m = lmq_load_acq(self.st.shared_max)
+        if m > lmq_load_acq(&self.st.max_offset):
+            mfq = self.mapped_file_queue
+            if not mfq.files:
+                names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit()) \
+                    if os.path.isdir(self.directory) else []
+                if names:
+                    self.st.min_offset = int(names[0]) // CQ_UNIT_SIZE
+            mfq.sync_to(m * CQ_UNIT_SIZE)
+            lmq_store_rel(&self.st.max_offset, m)
+        return m
 
     # -- load / recover ----------------------------------------------------------------------------------------
 
@@ -350,6 +392,8 @@ cdef class ConsumeQueue:
         if store_ts:
             self.st.last_store_ts = store_ts
         lmq_store_rel(&self.st.max_offset, queue_offset + 1)
+        if self.st.shared_max != NULL:
+            lmq_store_rel(self.st.shared_max, queue_offset + 1)
         return True
 
     def _write(self, long long q, long long phys, int size, long long tags):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from localmq._native import fsync_dir
 from localmq.config import check_topic
@@ -78,6 +78,22 @@ class ConsumeQueueTable:
                 if cq is None:
                     check_topic(topic)
                     cq = ConsumeQueue(topic, queue_id, self.root, self.file_size)
+                    self.queues[key] = cq
+        return cq
+
+    def find_or_load(self, topic: str, queue_id: int, adopt: Callable[[ConsumeQueue], None]) -> ConsumeQueue:
+        """The ConsumeQueue of (topic, queue); when missing, one over the files already on disk (written by another
+        process of a shared store), passed to ``adopt`` before anyone else sees it. Raises InvalidTopicError."""
+        key = (topic, queue_id)
+        cq = self.queues.get(key)
+        if cq is None:
+            with self._lock:
+                cq = self.queues.get(key)
+                if cq is None:
+                    check_topic(topic)
+                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size)
+                    cq.load()
+                    adopt(cq)
                     self.queues[key] = cq
         return cq
 

@@ -1,11 +1,13 @@
 """Stub for the compiled localmq.store.dispatch: the reput loop that writes ConsumeQueue units."""
 import logging
 import threading
+
 from typing import Callable, Optional
 
 from typing_extensions import Self, disjoint_base
 
 from localmq._native import Event
+from localmq._shm import ControlFile
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import MappedFileQueue
 
@@ -40,6 +42,7 @@ class ReputCore:
     @property
     def reput_offset(self) -> int: ...
     def set_reput_offset(self, offset: int) -> None: ...
+    def attach_control(self, ctl: ControlFile, sync_view: Callable[[], object]) -> None: ...
     def register(self, cq: ConsumeQueue) -> None: ...
     def clear(self) -> None: ...
     def run_until_caught_up(self, limit: int = -1) -> int: ...

@@ -16,6 +16,8 @@ from localmq._record cimport (
 from localmq.store.consume_queue cimport ConsumeQueue, CQState
 from localmq._mapped_file cimport MappedFile
 from localmq._native cimport Event
+from localmq._layout cimport CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_S_REPUT, CTL_S_WPOS
+from localmq._shm cimport ControlFile, lmq_shm_event_notify, lmq_shm_event_seq, lmq_shm_event_wait
 from localmq._os cimport (
     lmq_event, lmq_event_signal, lmq_event_wait, lmq_load_acq, lmq_put32,
     lmq_put64, lmq_sleep_us, lmq_store_rel,
@@ -35,6 +37,7 @@ cdef enum:
     R_GAP = 5
     R_BAD_RECORD = 6
     R_STOP = 7
+    R_NEED_SYNC = 8     # shared store: another process committed beyond this process's view of the log
 
 cdef struct Slot:
     uint64_t hash
@@ -89,6 +92,10 @@ cdef class ReputCore:
     cdef public object blocked             # the OSError (e.g. ENOSPC) that stops a ConsumeQueue file, or None
     cdef readonly long long blocked_count
     cdef public int idle_wait_us
+    cdef char *cb                          # shared store: the control file's mapping (else NULL)
+    cdef object ctl
+    cdef object sync_view                  # shared store: () -> None, moves this process's view to the commit
+    cdef int64_t published                 # reput offset last published to the control file
 
     def __cinit__(self, commit_log_mfq, cq_factory, long long reput_from, int idle_wait_us=1000):
         self.cap = 1024
@@ -112,6 +119,15 @@ cdef class ReputCore:
 
     def __dealloc__(self):
         PyMem_Free(self.table)
+
+    def attach_control(self, ControlFile ctl not None, sync_view):
+        """Dispatch for every process sharing the store (this one is the housekeeper): follow the committed end in
+        ``ctl`` (calling ``sync_view`` to map what other processes wrote), sleep on its "committed" eventcount,
+        publish the dispatched offset there and notify its "dispatched" eventcount for consumers everywhere."""
+        self.ctl = ctl
+        self.cb = ctl.addr
+        self.sync_view = sync_view
+        self.published = -1
 
     @property
     def reput_offset(self):
@@ -203,6 +219,7 @@ cdef class ReputCore:
         cdef CQState *st
         cdef int32_t txn
         cdef uint8_t *u
+        cdef uint32_t seen
         while True:
             if self.stop_flag:
                 return R_STOP
@@ -211,6 +228,14 @@ cdef class ReputCore:
             rel = self.reput_from - self.seg_base
             end = lmq_load_acq(self.seg_wrote)
             if rel >= end:
+                if self.cb != NULL:
+                    if self.published != self.reput_from:
+                        # consumers in every process: the units up to here are complete
+                        self.published = self.reput_from
+                        lmq_store_rel(<int64_t *>(self.cb + CTL_S_REPUT), self.reput_from)
+                        lmq_shm_event_notify(self.cb + CTL_DISPATCH_EVENT_OFF)
+                    if lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS)) > self.seg_base + end:
+                        return R_NEED_SYNC
                 if end >= self.seg_size:
                     return R_NEED_SEGMENT
                 if not idle_wait or (n > 0 and self.waiters > 0):
@@ -218,6 +243,11 @@ cdef class ReputCore:
                 if idle_polls < 50:
                     idle_polls += 1
                     lmq_sleep_us(20)
+                elif self.cb != NULL:
+                    idle_polls = 0
+                    seen = lmq_shm_event_seq(self.cb + CTL_EVENT_OFF)
+                    if lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS)) <= self.seg_base + end:
+                        lmq_shm_event_wait(self.cb + CTL_EVENT_OFF, seen, self.idle_wait_us)
                 else:
                     idle_polls = 0
                     lmq_event_wait(self.event, self.idle_wait_us)
@@ -261,6 +291,8 @@ cdef class ReputCore:
             st.max_physic_offset = self.reput_from + v.total_size
             st.last_store_ts = v.store_timestamp
             lmq_store_rel(&st.max_offset, qo + 1)
+            if st.shared_max != NULL:
+                lmq_store_rel(st.shared_max, qo + 1)
             lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
             self.dispatched += 1
             n += 1
@@ -292,6 +324,9 @@ cdef class ReputCore:
     cdef int _slow(self, int code) except -1:
         cdef RecordView *v = &self.pending
         cdef ConsumeQueue cq
+        if code == R_NEED_SYNC or (code == R_NEED_SEGMENT and self.sync_view is not None):
+            self.sync_view()  # maps what other processes committed, moves this view's positions
+            return self._next_segment()
         if code == R_NEED_SEGMENT:
             return self._next_segment()
         topic = (<bytes>v.topic[:v.topic_len]).decode("utf-8", "replace")

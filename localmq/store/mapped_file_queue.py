@@ -180,6 +180,104 @@ class MappedFileQueue:
             self.files.append(mf)
             return mf
 
+    # -- a store shared between processes: another process moved the end ---------------------------------------
+
+    def load_view(self, end: int) -> int:
+        """Map the segments holding bytes below ``end`` (the committed end another process published), positions
+        set there; nothing is resized, cut or repaired (the files belong to the processes writing them, and a
+        segment past ``end`` may be in creation). Returns how many were mapped.
+
+        Raises CorruptStoreError when a segment below ``end`` has the wrong size or is missing.
+        """
+        if not os.path.isdir(self.directory):
+            return 0
+        fs = self.file_size
+        names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit() and int(n) < end)
+        files: List[MappedFile] = []
+        try:
+            for name in names:
+                base = int(name)
+                if files and base != files[-1].file_from_offset + fs:
+                    raise CorruptStoreError(f"segment {name} does not follow {files[-1].path} in {self.directory}")
+                mf = MappedFile(os.path.join(self.directory, name), fs, create=False, reserve=self.reserve)
+                mf.set_positions(min(fs, end - base))
+                files.append(mf)
+        except BaseException:
+            for mf in files:
+                mf.close()
+            raise
+        if names and files[-1].file_from_offset + fs < end:
+            for mf in files:
+                mf.close()
+            raise CorruptStoreError(f"{self.directory}: committed data up to {end} but the segments end at "
+                                    f"{files[-1].file_from_offset + fs}")
+        self.files = files
+        return len(files)
+
+    def _map_next(self, base: int) -> MappedFile:
+        """Map the existing segment at ``base`` (created by another process) and append it; called under ``lock``."""
+        path = os.path.join(self.directory, offset_to_file_name(base))
+        # create=True opens an existing file as it is and sizes one whose creator died before sizing it
+        mf = MappedFile(path, self.file_size, base, create=True, reserve=self.reserve)
+        self.files.append(mf)
+        return mf
+
+    def sync_to(self, end: int) -> Optional[MappedFile]:
+        """Make this view end at ``end``, the committed end published by another process: map the segments created
+        since, mark earlier ones full and move the positions of the one holding ``end`` there (never back).
+        Returns the segment ``end`` lies in, or None when ``end`` is a segment boundary (the next segment is the
+        writer's to create or open).
+
+        Raises CorruptStoreError when a segment below ``end`` is missing.
+        """
+        fs = self.file_size
+        with self.lock:
+            last = self.last()
+            if last is None:
+                if end == 0:
+                    return None
+                names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit())
+                if not names or int(names[0]) >= end:
+                    raise CorruptStoreError(f"{self.directory}: committed data up to {end} but no segment below it")
+                last = self._map_existing(int(names[0]))
+            while last.file_from_offset + fs < end:
+                last.advance_to(fs)
+                last = self._map_existing(last.file_from_offset + fs)
+            if end < last.file_from_offset:
+                last = self.find(end)
+                if last is None:
+                    raise CorruptStoreError(f"{self.directory}: no mapped segment holds committed offset {end}")
+            if end == last.file_from_offset + fs:
+                last.advance_to(fs)
+                return None
+            last.advance_to(end - last.file_from_offset)
+            return last
+
+    def _map_existing(self, base: int) -> MappedFile:
+        path = os.path.join(self.directory, offset_to_file_name(base))
+        if not os.path.exists(path):
+            raise CorruptStoreError(f"segment {path} holds committed data but is missing")
+        return self._map_next(base)
+
+    def zero_range(self, start: int, end: int) -> None:
+        """Zero [start, end) across segments (the torn put of a writer that died) and set their positions back to
+        ``start``. Segments that were never created hold nothing to zero."""
+        fs = self.file_size
+        with self.lock:
+            pos = start
+            while pos < end:
+                mf = self.find(pos)
+                if mf is None:
+                    last = self.last()
+                    base = pos - pos % fs
+                    path = os.path.join(self.directory, offset_to_file_name(base))
+                    if (last is not None and base != last.file_from_offset + fs) or not os.path.exists(path):
+                        break
+                    mf = self._map_next(base)
+                stop = min(end - mf.file_from_offset, fs)
+                mf.zero(pos - mf.file_from_offset, stop)
+                pos = mf.file_from_offset + stop
+
     def last_or_create(self, start_offset: int = 0) -> MappedFile:
         """The last segment if it has room, else a new one after it (or at ``start_offset`` rounded down)."""
         last = self.last()

@@ -1,0 +1,486 @@
+"""SharedMessageQueue: one store opened by many processes at once, through the control file ``<root>/mpctl``.
+
+How it works (ARCHITECTURE.md, "Many processes, one store"): every process maps the same segments. A put takes
+this process's put lock, then the control file's robust writer lock, moves its view to the committed end
+published there, records an intent, writes, and commits with a release store of the new end. One elected
+process, the housekeeper (whoever holds an fcntl lock on a byte of the control file), runs what must run once
+per store: dispatch into the ConsumeQueues, the IndexFile, flushing, retention and the checkpoint. Readers in
+every process adopt the unit counts it publishes and sleep on a shared eventcount.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+from localmq._shm import ControlFile
+from localmq.config import FlushDiskType
+from localmq.errors import (
+    ConfigError, ControlFileError, CorruptStoreError, DispatchError, IndexDisabledError, StoreBusyError,
+)
+from localmq.layout import (
+    CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CTL_FILE, CTL_LOCK_BYTE_HOUSEKEEPER, CTL_LOCK_BYTE_STORE,
+    CTL_S_CQ_SIZE, CTL_S_HOUSEKEEPER, CTL_S_PUTS, CTL_S_READY, CTL_S_REPAIRS, CTL_S_REPUT, CTL_S_SEG_SIZE,
+    CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE,
+)
+from localmq.queues.local import LocalMessageQueue
+from localmq.services.flush import FlushConsumeQueueService, FlushRealTimeService, GroupCommitService
+from localmq.services.reput import ReputMessageService
+from localmq.services.service_thread import ServiceThread
+from localmq.store.checkpoint import StoreCheckpoint
+from localmq.store.commit_log import CommitLog, GroupCommit
+from localmq.store.consume_queue import ConsumeQueue
+from localmq.store.consume_queue_table import ConsumeQueueTable
+from localmq.store.dispatch import ReputCore
+from localmq.store.lock import StoreLock
+from localmq.store.mapped_file_queue import MappedFileQueue
+from localmq.store.recovery import RecoveryReport
+
+log = logging.getLogger("localmq.shared")
+
+# How often a process that is not the housekeeper tries to become it (the takeover time after the housekeeper
+# dies or closes is at most this plus the start of its services).
+ELECTION_INTERVAL_MS = 100
+# Seconds an opener waits for another process's open (a first opener's recovery can take a while on a big log).
+OPEN_WAIT_S = 300.0
+
+
+class _Election(ServiceThread):
+    """Tries every ELECTION_INTERVAL_MS to take the housekeeper's byte; the kernel frees it when its holder dies."""
+
+    def __init__(self, queue: "SharedMessageQueue") -> None:
+        super().__init__("HousekeeperElection")
+        self.queue = queue
+
+    def run(self) -> None:
+        while not self.stopped:
+            try:
+                self.queue._try_become_housekeeper()
+            except Exception:  # noqa: BLE001 - logged and counted; the next round tries again
+                self.errors += 1
+                log.exception("becoming the housekeeper of %s", self.queue.root)
+            self.wait_for_running(ELECTION_INTERVAL_MS)
+
+
+class SharedMessageQueue(LocalMessageQueue):
+    """A LocalMessageQueue that other processes may open at the same time (``localmq.open(path, shared=True)``).
+
+    Every process can put, get and consume. One total order in the CommitLog, dense queue offsets per queue,
+    every committed put dispatched once by the housekeeper. A process killed at any moment (even holding the
+    writer lock halfway through a record) leaves the others running: the next writer repairs the torn put, and
+    another process takes over the housekeeping within ELECTION_INTERVAL_MS. The last process to close closes
+    the store cleanly.
+
+    Differences from a store opened by one process (``shared=False``): queue ids 0..63 per topic and at most
+    1024 topics (the control file's table); no transient store pool and no allocation ahead (segments are
+    created by the writer that needs them); key lookups (``query_message``) answer in the housekeeper process
+    only; consumer offsets are per process (consumer groups across processes are not built yet).
+    """
+
+    _ctl: Optional[ControlFile] = None
+    _election: Optional[_Election] = None
+    _housekeeper = False
+    first_opener = False
+
+    def _make_lock(self) -> StoreLock:
+        return StoreLock(self.root, shared=True)
+
+    # -- open ---------------------------------------------------------------------------------------------------
+
+    def _open(self, progress) -> None:
+        c = self.config
+        if c.transient_store_pool_enable:
+            raise ConfigError("transient_store_pool_enable writes through a buffer of one process; a store shared "
+                              "between processes writes straight into the shared mapping (use shared=False)")
+        self._hk_lock = threading.RLock()
+        self._hk_services: List[Any] = []
+        self._reput_attached = False
+        self._ctl = ctl = ControlFile(os.path.join(self.root, CTL_FILE))
+        ctl.slots.claim()
+        self._take_byte(CTL_LOCK_BYTE_STORE, OPEN_WAIT_S, "another process's open")
+        try:
+            if ctl.load(CTL_S_READY) == 1:
+                self._attach()
+            else:
+                # the first process of a run (or the one after a first opener died mid-recovery): recover as a
+                # single process would, with every other opener waiting on the store byte
+                last_exit_ok = self._recover(progress)
+                self._publish_first()
+                self._mark_running()
+                self.first_opener = True
+                self._first_exit_ok = last_exit_ok
+        finally:
+            ctl.range_lock(CTL_LOCK_BYTE_STORE, 0)
+        self._setup_reads()
+        if c.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            # every process flushes for its own waiting puts (fdatasync of a segment covers every process's bytes)
+            gc = GroupCommit(self._cl_mfq.flushed_where)
+            self._group_commit = gc
+            self._flush_service = GroupCommitService(self._cl_mfq, gc, self.checkpoint)
+            self.commit_log.set_group_commit(gc, c.sync_flush_timeout)
+            self._flush_service.start()
+            self._services.append(self._flush_service)
+        self._try_become_housekeeper()
+        self._election = _Election(self)
+        self._election.start()
+
+    def _take_byte(self, byte: int, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        assert self._ctl is not None
+        while not self._ctl.range_lock(byte, 2):
+            if time.monotonic() >= deadline:
+                raise StoreBusyError(f"{self.root}: {what} did not end within {timeout} s", timeout=timeout)
+            time.sleep(0.002)
+
+    def _publish_first(self) -> None:
+        """First opener: fill the control file from the recovered files (committed end, queue offsets, unit
+        counts, dispatched offset), then mark it ready."""
+        ctl = self._ctl
+        assert ctl is not None
+        c = self.config
+        table = self.commit_log.topic_table()
+        for (topic, qid) in list(table) + list(self._cqs):
+            if qid >= CTL_TOPIC_QUEUES:
+                raise ConfigError(f"queue {topic}-{qid}: a store shared between processes has queue ids "
+                                  f"0..{CTL_TOPIC_QUEUES - 1}; open this store with shared=False")
+        self.commit_log.attach_control(ctl, c.shared_lock_timeout)
+        ctl.store(CTL_S_SEG_SIZE, self._cl_mfq.file_size)
+        ctl.store(CTL_S_CQ_SIZE, c.mapped_file_size_consume_queue)
+        for (topic, qid), nxt in table.items():
+            self.commit_log.set_queue_offset(topic, qid, nxt)
+        for (topic, qid), cq in self._cqs.items():
+            self.commit_log.set_queue_offset(topic, qid, max(cq.max_offset, table.get((topic, qid), 0)))
+            cq.bind_shared(ctl)
+            cq.publish_shared()
+        ctl.store(CTL_S_REPUT, self._reput.reput_offset)
+        ctl.store(CTL_S_WPOS, self._cl_mfq.max_offset())
+        ctl.store(CTL_S_READY, 1)
+        self._shared_live = True
+
+    def _attach(self) -> None:
+        """A later opener: map the files as they are (no recovery, nothing written) up to the committed end."""
+        ctl = self._ctl
+        assert ctl is not None
+        c = self.config
+        for word, mine, name in ((CTL_S_SEG_SIZE, c.mapped_file_size_commit_log, "mapped_file_size_commit_log"),
+                                 (CTL_S_CQ_SIZE, c.mapped_file_size_consume_queue, "mapped_file_size_consume_queue")):
+            theirs = ctl.load(word)
+            if theirs != mine:
+                raise ConfigError(f"{name}={mine}, but the processes that have {self.root} open use {theirs}")
+        self._abort_path = os.path.join(self.root, ABORT_FILE)
+        self.checkpoint = StoreCheckpoint(os.path.join(self.root, CHECKPOINT_FILE))
+        self._cq_root = os.path.join(self.root, CONSUMEQUEUE_DIR)
+        self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log)
+        self._cl_mfq.load_view(ctl.load(CTL_S_WPOS))
+        self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue)
+        self._cqs = self._cq_table.queues
+        self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
+                                    store_host=c.store_host, born_host=c.born_host)
+        self.commit_log.attach_control(ctl, c.shared_lock_timeout)
+        self._reput = ReputCore(self._cl_mfq, self._cq_factory, ctl.load(CTL_S_REPUT), c.dispatch_idle_wait_us)
+        self._shared_live = True
+        self.recovery = RecoveryReport(mode="attached", end_offset=ctl.load(CTL_S_WPOS),
+                                       reput_from=ctl.load(CTL_S_REPUT))
+
+    def _adopt(self, cq: ConsumeQueue) -> None:
+        """A ConsumeQueue loaded from files another process's dispatcher wrote: take its unit count from the
+        control file and set the write position after it."""
+        assert self._ctl is not None
+        if cq.bind_shared(self._ctl):
+            cq._reset_state(cq.sync_shared())
+
+    _shared_live = False   # the control file describes the store (after _publish_first or _attach)
+
+    def _cq_factory(self, topic: str, queue_id: int) -> ConsumeQueue:
+        if not self._shared_live:
+            return self._cq_table.find_or_create(topic, queue_id)  # first opener's recovery: the files are its own
+        assert self._ctl is not None
+        cq = self._cq_table.find_or_load(topic, queue_id, self._adopt)
+        if not cq.bind_shared(self._ctl):
+            raise CorruptStoreError(f"{self._ctl.path}: a record of {topic}-{queue_id} was committed but the topic "
+                                    f"has no row in the shared topic table")
+        return cq
+
+    # -- housekeeping: the work done once per store ----------------------------------------------------------------
+
+    @property
+    def housekeeper(self) -> bool:
+        """True while this process runs the store's dispatch, index, flush and retention."""
+        return self._housekeeper
+
+    def _try_become_housekeeper(self) -> bool:
+        ctl = self._ctl
+        with self._hk_lock:
+            if self._housekeeper or self._closed_for_housekeeping or ctl is None:
+                return False
+            if not ctl.range_lock(CTL_LOCK_BYTE_HOUSEKEEPER, 2):
+                return False
+            try:
+                self._start_housekeeping()
+            except BaseException:
+                self._stop_housekeeping(flush=False)
+                raise
+            return True
+
+    _closed_for_housekeeping = False
+
+    def _start_housekeeping(self) -> None:
+        ctl = self._ctl
+        assert ctl is not None
+        c = self.config
+        self._housekeeper = True
+        ctl.store(CTL_S_HOUSEKEEPER, os.getpid())
+        self.commit_log.sync_view()
+        # this process's queues may lag what the previous housekeeper dispatched: adopt its counts
+        for cq in list(self._cqs.values()):
+            if cq.bind_shared(ctl):
+                cq._reset_state(cq.sync_shared())
+            self._reput.register(cq)
+        self._reput.set_reput_offset(ctl.load(CTL_S_REPUT))
+        if not self._reput_attached:
+            self._reput.attach_control(ctl, self.commit_log.sync_view)
+            self._reput_attached = True
+        self._reput.reset_stop()
+        self._reput.error = None
+        svc = ReputMessageService(self._reput)
+        self._reput_service = svc
+        svc.start()
+        self._hk_services.append(svc)
+        if c.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
+            self._hk_flush = FlushRealTimeService(self._cl_mfq, c, self.checkpoint)
+            self._hk_flush.start()
+            self._hk_services.append(self._hk_flush)
+        self._cq_flush_service = FlushConsumeQueueService(lambda: self._cqs.values(), c, self.checkpoint,
+                                                          self.checkpoint.flush)
+        self._cq_flush_service.start()
+        self._hk_services.append(self._cq_flush_service)
+        before = len(self._services)
+        self._start_index_service(getattr(self, "_first_exit_ok", False) and self.first_opener)
+        self._hk_services.extend(self._services[before:])
+        self._start_clean_service()
+        log.info("pid %d is the housekeeper of %s from commit log offset %d", os.getpid(), self.root,
+                 self._reput.reput_offset)
+
+    def _stop_housekeeping(self, flush: bool) -> None:
+        """Stop this process's housekeeping services and hand the role on (the byte is released last)."""
+        with self._hk_lock:
+            self._stop_clean_service()
+            self.clean_service = None
+            for svc in reversed(self._hk_services):
+                self._stop_service(svc)
+            self._hk_services = []
+            if self.index_service is not None:
+                try:
+                    if flush:
+                        self.index_service.flush()
+                finally:
+                    self.index_service.close()
+                    self.index_service = None
+                    self._index_dispatch = None
+            if flush:
+                self._flush_all()
+            if self._ctl is not None and self._housekeeper:
+                self._ctl.range_lock(CTL_LOCK_BYTE_HOUSEKEEPER, 0)
+            self._housekeeper = False
+
+    # -- reads in every process ----------------------------------------------------------------------------------
+
+    def _cq(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+        self._check_open()
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            assert self._ctl is not None
+            if not 0 <= queue_id < CTL_TOPIC_QUEUES or self._ctl.topic_row(topic) < 0:
+                return None
+            cq = self._cq_table.find_or_load(topic, queue_id, self._adopt)
+        if not self._housekeeper:
+            cq.sync_shared()
+        self.commit_log.sync_view()  # the records its units point at are mapped
+        return cq
+
+    def look_message_by_offset(self, physical_offset: int, *, zero_copy: bool = False):
+        self._check_open()
+        self.commit_log.sync_view()
+        return super().look_message_by_offset(physical_offset, zero_copy=zero_copy)
+
+    def topics(self) -> Dict[str, List[int]]:
+        """{topic: sorted queue ids} of every queue with a ConsumeQueue (on disk or in this process)."""
+        self._check_open()
+        out: Dict[str, set] = {}
+        for (t, q) in list(self._cqs):
+            out.setdefault(t, set()).add(q)
+        if os.path.isdir(self._cq_root):
+            for t in os.listdir(self._cq_root):
+                tdir = os.path.join(self._cq_root, t)
+                if os.path.isdir(tdir):
+                    for q in os.listdir(tdir):
+                        if q.isdigit():
+                            out.setdefault(t, set()).add(int(q))
+        return {t: sorted(qs) for t, qs in sorted(out.items())}
+
+    def _require_index(self):
+        self._check_open()
+        if self.config.message_index_enable and not self._housekeeper:
+            raise IndexDisabledError(
+                "in a store shared between processes, key lookups answer in the housekeeper process only (this "
+                f"version); pid {self._ctl.load(CTL_S_HOUSEKEEPER) if self._ctl else 0} is the housekeeper")
+        return super()._require_index()
+
+    @property
+    def progress(self) -> int:
+        """The dispatched commit log offset of the store (every process's messages)."""
+        assert self._ctl is not None
+        return self._ctl.load(CTL_S_REPUT)
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        assert self._ctl is not None
+        return max(0, self._ctl.load(CTL_S_WPOS) - self._ctl.load(CTL_S_REPUT))
+
+    def wait_for_dispatch(self, timeout: Optional[float] = None) -> bool:
+        """Block until every message committed (by any process) before this call is in its ConsumeQueue."""
+        self._check_open()
+        return self._wait_dispatched(self.commit_log.sync_view(), timeout)
+
+    def _wait_dispatched(self, target: int, timeout: Optional[float]) -> bool:
+        ctl = self._ctl
+        assert ctl is not None
+        ev = ctl.dispatched_events
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            seen = ev.seq()
+            if ctl.load(CTL_S_REPUT) >= target:
+                return True
+            if self._housekeeper and self._reput.error is not None:
+                raise DispatchError("the dispatch service stopped") from self._reput.error
+            if self._closed:
+                raise self._closed_error()
+            wait = 0.05
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                wait = min(wait, left)
+            ev.wait(seen, wait)
+
+    def wait_for_new_messages(self, timeout: Optional[float] = None, since: Optional[int] = None) -> int:
+        """Long polling across processes: block until the housekeeper (in any process) has dispatched past
+        ``since`` (default: now), ``timeout`` passed or ``wake_waiters`` was called; returns ``progress``. The
+        wait sleeps on the control file's "dispatched" eventcount (a shared futex), never polls."""
+        self._check_open()
+        ctl = self._ctl
+        assert ctl is not None
+        ev = ctl.dispatched_events
+        if since is None:
+            since = ctl.load(CTL_S_REPUT)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wakes = self._wakes
+        while True:
+            seen = ev.seq()
+            cur = ctl.load(CTL_S_REPUT)
+            if cur > since or self._wakes != wakes:
+                return cur
+            if self._closed:
+                raise self._closed_error()
+            wait = 0.05  # slices: close() and wake_waiters() are seen within one
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return cur
+                wait = min(wait, left)
+            ev.wait(seen, wait)
+
+    def wake_waiters(self) -> None:
+        self._wakes = self._wakes + 1
+        if self._ctl is not None and not self._ctl.closed:
+            self._ctl.dispatched_events.notify()
+
+    def stats(self) -> Dict[str, Any]:
+        out = super().stats()
+        ctl = self._ctl
+        if ctl is not None and not ctl.closed:
+            out["shared"] = {
+                "housekeeper": self._housekeeper,
+                "housekeeper_pid": ctl.load(CTL_S_HOUSEKEEPER),
+                "committed_end": ctl.load(CTL_S_WPOS),
+                "dispatched_end": ctl.load(CTL_S_REPUT),
+                "store_puts": ctl.load(CTL_S_PUTS),
+                "torn_puts_repaired": ctl.load(CTL_S_REPAIRS),
+                "writer_lock_recoveries": ctl.lock.recoveries,
+            }
+        return out
+
+    # -- close -------------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Leave the store. The last process attached closes it as a single process would (dispatch caught up,
+        everything flushed, ``abort`` removed); any other one hands the housekeeping on and detaches."""
+        if self._closed:
+            return
+        ctl = self._ctl
+        assert ctl is not None
+        self._close_clients()
+        if self._election is not None:
+            self._stop_service(self._election)
+        self.commit_log.close()  # no put of this process starts from here on
+        last = ctl.last_attached()
+        clean = last
+        with self._hk_lock:
+            if last and not self._housekeeper:
+                self._try_become_housekeeper()
+            self._closed_for_housekeeping = True
+        try:
+            if self._housekeeper and last:
+                try:
+                    if not self._wait_dispatched(ctl.load(CTL_S_WPOS), 60.0):
+                        clean = False
+                except DispatchError:
+                    clean = False
+            if self._housekeeper:
+                self._stop_housekeeping(flush=True)
+        finally:
+            self._closed = True
+            if self._group_commit is not None:
+                self._group_commit.publish(self._cl_mfq.flushed_where)
+            self._stop_service(self._flush_service)
+            for cq in list(self._cqs.values()):
+                cq.close()
+            self._cl_mfq.close()
+            self.checkpoint.close()
+            if clean:
+                try:
+                    os.unlink(self._abort_path)
+                except FileNotFoundError:
+                    pass
+            self._detach_control()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _detach_control(self) -> None:
+        ctl = self._ctl
+        if ctl is None:
+            return
+        for _ in range(200):  # a thread of ours may still be leaving a wait (at most one 50 ms slice)
+            try:
+                ctl.close()
+                break
+            except ControlFileError:
+                time.sleep(0.005)
+        else:
+            ctl.close()
+
+    def _abandon(self) -> None:
+        if self._election is not None:
+            self._election.shutdown()
+        if self._housekeeper:
+            self._stop_housekeeping(flush=False)
+        super()._abandon()
+        self._detach_control()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        role = ", housekeeper" if self._housekeeper else ""
+        return f"<SharedMessageQueue {self.root!r} {state}{role}>"
