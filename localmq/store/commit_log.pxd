@@ -48,6 +48,7 @@ cdef class CommitLog:
     cdef char *cb                     # ctl's mapping (NULL: this process alone writes the store)
     cdef public double lock_timeout   # seconds a put waits for the writer lock before StoreBusyError
     cdef readonly long long repairs
+    cdef int64_t synced_end           # the committed end sync_view last moved this view to
     cdef int _bind_shared(self, TopicEntry te) except -1
     cdef int _repair(self) except -1
     cdef readonly long long put_failures

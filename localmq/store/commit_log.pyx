@@ -615,8 +615,9 @@ cdef class CommitLog:
         if self.cb == NULL:
             return self.mapped_file_queue.max_offset()
         w = lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS))
-        if self.mapped_file_queue.max_offset() < w:
+        if w != self.synced_end:
             self.mapped_file_queue.sync_to(w)
+            self.synced_end = w
         return w
 
     # -- put --------------------------------------------------------------------------------------------------

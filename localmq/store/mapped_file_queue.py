@@ -277,6 +277,13 @@ class MappedFileQueue:
                 stop = min(end - mf.file_from_offset, fs)
                 mf.zero(pos - mf.file_from_offset, stop)
                 pos = mf.file_from_offset + stop
+            # segments past the one holding `start` hold nothing committed: out of this view (the files stay for
+            # the next writer to open), so that the view ends where the log does
+            keep = [mf for mf in self.files if mf.file_from_offset <= start]
+            if len(keep) < len(self.files):
+                for mf in self.files[len(keep):]:
+                    mf.close()
+                self.files = keep
 
     def last_or_create(self, start_offset: int = 0) -> MappedFile:
         """The last segment if it has room, else a new one after it (or at ``start_offset`` rounded down)."""

@@ -1,0 +1,311 @@
+"""One store, many processes (SharedMessageQueue): real processes, real SIGKILL and SIGSTOP, exact counts."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import localmq
+from localmq.errors import ForkedStoreError, StoreBusyError, StoreLockedError
+
+from helpers import wait_until
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shared_worker.py")
+KW = dict(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 4096)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Worker:
+    """A shared_worker.py process; its stdout lines are collected by a thread (never blocks the test)."""
+
+    def __init__(self, role, path, **args):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen([sys.executable, WORKER, role, str(path), json.dumps(args)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                     text=True)
+        self.lines = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.split())
+
+    def wait_open(self, timeout=30):
+        assert wait_until(lambda: any(p[0] == "open" for p in self.lines) or self.proc.poll() is not None, timeout)
+        assert any(p[0] == "open" for p in self.lines), self.proc.stderr.read()
+
+    def acks(self):
+        # a line cut by a SIGKILL is not an acknowledgement the test can rely on
+        return [(int(p[1]), int(p[2]), p[3]) for p in list(self.lines) if p[0] == "ack" and len(p) == 4
+                and len(p[3]) == 40]
+
+    def msgs(self):
+        return [(int(p[1]), int(p[2]), p[3]) for p in list(self.lines) if p[0] == "msg"]
+
+    def finish(self, timeout=120):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        rc = self.proc.wait(timeout)
+        self._t.join(5)
+        err = self.proc.stderr.read()
+        assert rc == 0, err
+        return err
+
+    def kill(self, sig=signal.SIGKILL):
+        self.proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.proc.wait(10)
+            self._t.join(5)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def workers():
+    started = []
+
+    def start(role, path, **args):
+        w = Worker(role, path, **args)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.close()
+
+
+def read_all(q, queues=4):
+    """Every message of topic T, queue by queue: {(qid, qoff): sha1}, checking offsets are dense from 0."""
+    out = {}
+    for qid in range(queues):
+        off = 0
+        while True:
+            r = q.get_message("T", qid, off, 256)
+            if not r.messages:
+                assert off == q.max_offset("T", qid)
+                break
+            for i, m in enumerate(r.messages):
+                assert m.queue_offset == off + i
+                out[(qid, m.queue_offset)] = hashlib.sha1(bytes(m.body)).hexdigest()
+            off += len(r.messages)
+    return out
+
+
+def test_producers_and_consumers_in_many_processes(tmp_path, workers):
+    path = tmp_path / "s"
+    n, producers = 1500, 3
+    base = localmq.open(path, shared=True, **KW)
+    try:
+        assert isinstance(base, localmq.SharedMessageQueue) and base.housekeeper
+        consumers = [workers("consume", path, total=n * producers, timeout=90) for _ in range(2)]
+        for c in consumers:
+            c.wait_open()
+        prods = [workers("produce", path, name=f"p{k}", n=n) for k in range(producers)]
+        for p in prods:
+            p.finish()
+        for c in consumers:
+            c.finish()
+        acked = {(q, o): h for p in prods for (q, o, h) in p.acks()}
+        assert len(acked) == n * producers  # unique (queue, offset) pairs: offsets never handed out twice
+        for c in consumers:
+            assert dict(((q, o), h) for q, o, h in c.msgs()) == acked  # everything, once, nothing else
+        assert base.wait_for_dispatch(10)
+        assert read_all(base) == acked
+        # order per queue: a producer's messages keep their order within each queue
+        for p in prods:
+            for qid in range(4):
+                offs = [o for q, o, _ in p.acks() if q == qid]
+                assert offs == sorted(offs)
+        assert base.stats()["shared"]["store_puts"] == n * producers
+    finally:
+        base.close()
+    assert not (path / "abort").exists()  # the last process out closed the store cleanly
+    with localmq.open(path, shared=False, **KW) as q:
+        assert q.recovery.mode == "normal"
+        assert len(read_all(q)) == n * producers
+
+
+def test_sigkill_of_writers_mid_put_loses_no_acknowledged_message(tmp_path, workers):
+    path = tmp_path / "s"
+    survivor = localmq.open(path, shared=True, **KW)
+    acked = {}
+    try:
+        for round_ in range(8):
+            # 200 KiB bodies: most of a writer's time is the copy under the writer lock, so most kills land there
+            w = workers("produce_forever", path, name=f"k{round_}", body=200_000)
+            w.wait_open()
+            assert wait_until(lambda w=w: len(w.acks()) >= 3, 30)
+            time.sleep(0.01 * (round_ % 4))
+            w.kill()
+            acked.update({(q, o): h for q, o, h in w.acks()})
+            # the survivor goes on at once: it takes the lock (repairing a torn put) and writes
+            r = survivor.put("T", b"after kill %d" % round_, queue_id=round_ % 4)
+            assert r.ok
+            acked[(round_ % 4, r.queue_offset)] = hashlib.sha1(b"after kill %d" % round_).hexdigest()
+        assert survivor.wait_for_dispatch(10)
+        got = read_all(survivor)
+        for k, h in acked.items():
+            assert got[k] == h, k
+        # whatever is there beyond the acknowledged puts was written whole (a put killed after its commit)
+        assert len(got) >= len(acked)
+        st = survivor.stats()["shared"]
+        assert st["writer_lock_recoveries"] >= 1, st  # at least one kill landed while the lock was held
+    finally:
+        survivor.close()
+    with localmq.open(path, shared=False, **KW) as q:
+        assert q.recovery.dropped_at is None  # no torn record was left behind for recovery to cut
+        assert read_all(q) == got
+
+
+def test_housekeeper_dies_and_another_process_takes_over(tmp_path, workers):
+    path = tmp_path / "s"
+    hk = workers("idle", path)
+    hk.wait_open()
+    assert hk.lines[0][2] == "1"  # the first opener is the housekeeper
+    q = localmq.open(path, shared=True, **KW)
+    try:
+        assert not q.housekeeper
+        assert q.put("T", b"one").ok
+        assert q.wait_for_dispatch(10)  # dispatched by the other process
+        assert q.get_message("T", 0, 0).messages[0].body == b"one"
+        hk.kill()
+        t0 = time.monotonic()
+        assert wait_until(lambda: q.housekeeper, 5)
+        takeover = time.monotonic() - t0
+        assert q.put("T", b"two").ok
+        assert q.wait_for_dispatch(10)
+        assert [m.body for m in q.get_message("T", 0, 0).messages] == [b"one", b"two"]
+        assert takeover < 1.0, takeover
+    finally:
+        q.close()
+
+
+def test_stopped_lock_holder_makes_writers_wait_then_time_out(tmp_path, workers):
+    path = tmp_path / "s"
+    q = localmq.open(path, shared=True, shared_lock_timeout=0.5, **KW)
+    w = workers("produce_forever", path, name="stopped", body=200_000)
+    try:
+        w.wait_open()
+        busy = None
+        for _ in range(50):
+            w.kill(signal.SIGSTOP)
+            time.sleep(0.01)
+            try:
+                q.put("T", b"x")
+            except StoreBusyError as e:
+                busy = e
+            if busy is None:
+                w.kill(signal.SIGCONT)
+                time.sleep(0.01)
+                continue
+            break
+        assert busy is not None, "never caught the writer holding the lock"
+        assert busy.pid == w.proc.pid  # the live (stopped) holder is named, and never robbed of the lock
+        w.kill(signal.SIGCONT)
+        assert q.put("T", b"after").ok
+    finally:
+        w.kill(signal.SIGCONT)
+        w.kill()
+        q.close()
+
+
+def test_processes_that_exit_without_close(tmp_path, workers):
+    path = tmp_path / "s"
+    q = localmq.open(path, shared=True, **KW)
+    try:
+        acked = {}
+        for k in range(6):
+            w = workers("produce", path, name=f"e{k}", n=50, exit_without_close=True)
+            w.finish()
+            acked.update({(a, b): h for a, b, h in w.acks()})
+        assert q.wait_for_dispatch(10)
+        assert read_all(q) == acked
+    finally:
+        q.close()
+
+
+def test_wake_up_crosses_processes(tmp_path, workers):
+    path = tmp_path / "s"
+    q = localmq.open(path, shared=True, **KW)
+    try:
+        c = workers("consume", path, total=1, timeout=30)
+        c.wait_open()
+        time.sleep(0.3)  # the consumer sleeps in wait_for_new_messages
+        assert q.put("T", b"wake").ok
+        c.finish(30)
+        assert [m[1] for m in c.msgs()] == [0]
+    finally:
+        q.close()
+
+
+def test_exclusive_and_shared_opens_exclude_each_other(tmp_path):
+    path = tmp_path / "s"
+    with localmq.open(path, shared=True, **KW) as a:
+        with pytest.raises(StoreLockedError) as ei:
+            localmq.LocalMessageQueue(path, **KW)
+        assert ei.value.shared_holders
+        a.put("T", b"1")
+    with localmq.open(path, shared=False, **KW):
+        with pytest.raises(StoreLockedError) as ei:
+            localmq.open(path, shared=True, **KW)
+        assert not ei.value.shared_holders
+
+
+def test_plain_open_joins_processes_that_share_the_store(tmp_path, workers):
+    path = tmp_path / "s"
+    w = workers("idle", path)
+    w.wait_open()
+    with localmq.open(path, **KW) as q:
+        assert isinstance(q, localmq.SharedMessageQueue)
+        assert q.put("T", b"joined").ok
+
+
+def test_forked_child_refuses_the_inherited_store_and_opens_its_own(tmp_path):
+    path = tmp_path / "s"
+    q = localmq.open(path, shared=True, **KW)
+    try:
+        q.put("T", b"parent")
+        r, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child reports through the pipe and never returns into pytest
+            code = 1
+            try:
+                try:
+                    q.put("T", b"child via parent's object")
+                    msg = b"inherited put worked"
+                except ForkedStoreError:
+                    with localmq.open(path, shared=True, **KW) as mine:
+                        res = mine.put("T", b"child")
+                        msg = b"ok %d" % res.queue_offset
+                        code = 0
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                msg = repr(e).encode()
+            os.write(wfd, msg)
+            os._exit(code)
+        os.close(wfd)
+        _, status = os.waitpid(pid, 0)
+        out = os.read(r, 1000)
+        os.close(r)
+        assert os.waitstatus_to_exitcode(status) == 0, out
+        assert out == b"ok 1"
+        assert q.put("T", b"parent again").queue_offset == 2
+        assert q.wait_for_dispatch(10)
+        assert [m.body for m in q.get_message("T", 0, 0).messages] == [b"parent", b"child", b"parent again"]
+    finally:
+        q.close()
