@@ -18,7 +18,7 @@ from localmq.errors import (
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreBusyError, StoreClosedError, StoreLockedError,
-    TopicTableFullError, UnsafePathError,
+    TopicTableFullError, UnsafePathError, UnsupportedFilesystemError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
@@ -85,5 +85,5 @@ __all__ = [
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
     "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
-    "UnsafePathError", "StoreBusyError", "TopicTableFullError",
+    "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError",
 ]

@@ -224,6 +224,10 @@ class TopicTableFullError(LocalMQError, OverflowError):
     """The shared topic table of a store opened by several processes is full (layout.CTL_TOPIC_COUNT topics)."""
 
 
+class UnsupportedFilesystemError(LocalMQError, OSError):
+    """A store shared between processes on a filesystem where its locks cannot hold (NFS, SMB, 9p, FUSE)."""
+
+
 class ControlFileError(LocalMQError, RuntimeError):
     """A misuse of the control file in this process: opened twice, used after close, closed while holding the
     writer lock (which would keep its death from being detected)."""
@@ -237,4 +241,5 @@ __all__ = [
     "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
     "check_int_range",
     "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError", "TopicTableFullError",
+    "UnsupportedFilesystemError",
 ]

@@ -309,3 +309,59 @@ def test_forked_child_refuses_the_inherited_store_and_opens_its_own(tmp_path):
         assert [m.body for m in q.get_message("T", 0, 0).messages] == [b"parent", b"child", b"parent again"]
     finally:
         q.close()
+
+
+def test_random_sigkills_of_writers_and_the_housekeeper(tmp_path, workers):
+    import random
+    rng = random.Random(20261123)
+    path = tmp_path / "s"
+    hk = workers("idle", path)
+    hk.wait_open()
+    q = localmq.open(path, shared=True, **KW)
+    acked = {}
+    live = []
+    try:
+        assert not q.housekeeper
+        for round_ in range(12):
+            while len(live) < 2:
+                w = workers("produce_forever", path, name=f"r{round_}-{len(live)}", body=rng.choice([100, 5000, 60000]))
+                w.wait_open()
+                live.append(w)
+            time.sleep(rng.uniform(0.02, 0.2))
+            if round_ == 5:
+                old = hk.proc.pid
+                assert q.stats()["shared"]["housekeeper_pid"] == old
+                hk.kill()  # the housekeeper dies mid-dispatch: a live process (any of them) takes over
+
+                def taken_over(old=old):
+                    pid = q.stats()["shared"]["housekeeper_pid"]
+                    return pid != old and pid in [os.getpid()] + [w.proc.pid for w in live]
+
+                assert wait_until(taken_over, 5)
+            victim = live.pop(rng.randrange(len(live)))
+            victim.kill()
+            acked.update({(a, b): h for a, b, h in victim.acks()})
+            assert q.put("T", b"round %d" % round_, queue_id=3).ok  # a survivor writes at once
+        for w in live:
+            w.kill()
+            acked.update({(a, b): h for a, b, h in w.acks()})
+        assert q.wait_for_dispatch(20)
+        got = read_all(q)
+        missing = [k for k, h in acked.items() if got.get(k) != h]
+        assert not missing, missing[:5]
+    finally:
+        q.close()
+    with localmq.open(path, shared=False, **KW) as again:
+        assert again.recovery.dropped_at is None
+        assert read_all(again) == got
+
+
+def test_network_filesystems_are_refused(tmp_path, monkeypatch):
+    from localmq.queues import shared
+    assert shared.filesystem_type(str(tmp_path)) not in shared.NETWORK_FILESYSTEMS  # this machine's /tmp is local
+    monkeypatch.setattr(shared, "filesystem_type", lambda path: "nfs4")
+    with pytest.raises(localmq.UnsupportedFilesystemError) as ei:
+        localmq.open(tmp_path / "s", shared=True, **KW)
+    assert isinstance(ei.value, OSError) and "nfs4" in str(ei.value)
+    with localmq.open(tmp_path / "s", shared=False, **KW) as q:  # the refused open left the store usable
+        assert q.put("T", b"x").ok

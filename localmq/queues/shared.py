@@ -19,6 +19,7 @@ from localmq._shm import ControlFile
 from localmq.config import FlushDiskType
 from localmq.errors import (
     ConfigError, ControlFileError, CorruptStoreError, DispatchError, IndexDisabledError, StoreBusyError,
+    UnsupportedFilesystemError,
 )
 from localmq.layout import (
     CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CTL_FILE, CTL_LOCK_BYTE_HOUSEKEEPER, CTL_LOCK_BYTE_STORE,
@@ -43,6 +44,30 @@ log = logging.getLogger("localmq.shared")
 # How often a process that is not the housekeeper tries to become it (the takeover time after the housekeeper
 # dies or closes is at most this plus the start of its services).
 ELECTION_INTERVAL_MS = 100
+# Filesystems (/proc/mounts types) where a robust mutex in a shared mapping and fcntl locks cannot be trusted: the
+# processes sharing a store may run on other hosts, or the locks are emulated.
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "afs", "gfs2",
+                       "ocfs2", "fuse", "fuseblk")
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem holding ``path`` (longest mount point prefix in /proc/mounts), "" if unknown."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, kind = mnt, parts[2]
+    except OSError:
+        return ""
+    return kind
+
+
 # Seconds an opener waits for another process's open (a first opener's recovery can take a while on a big log).
 OPEN_WAIT_S = 300.0
 
@@ -57,7 +82,11 @@ class _Election(ServiceThread):
     def run(self) -> None:
         while not self.stopped:
             try:
-                self.queue._try_become_housekeeper()
+                q = self.queue
+                q._try_become_housekeeper()
+                if q._housekeeper:
+                    # a writer that died holding the lock leaves a torn put until the next put: repair it now
+                    q.commit_log.check_writer()
             except Exception:  # noqa: BLE001 - logged and counted; the next round tries again
                 self.errors += 1
                 log.exception("becoming the housekeeper of %s", self.queue.root)
@@ -94,6 +123,11 @@ class SharedMessageQueue(LocalMessageQueue):
         if c.transient_store_pool_enable:
             raise ConfigError("transient_store_pool_enable writes through a buffer of one process; a store shared "
                               "between processes writes straight into the shared mapping (use shared=False)")
+        fs_type = filesystem_type(self.root)
+        if fs_type.split(".")[0] in NETWORK_FILESYSTEMS:
+            raise UnsupportedFilesystemError(
+                f"{self.root} is on a {fs_type} filesystem: a store shared between processes needs a local one "
+                f"(its robust mutex and fcntl locks do not hold across hosts); open it with shared=False")
         self._hk_lock = threading.RLock()
         self._hk_services: List[Any] = []
         self._reput_attached = False
@@ -427,6 +461,8 @@ class SharedMessageQueue(LocalMessageQueue):
         self.commit_log.close()  # no put of this process starts from here on
         last = ctl.last_attached()
         clean = last
+        if last:
+            self.commit_log.check_writer()  # nobody else will: repair a put torn by a writer that died
         with self._hk_lock:
             if last and not self._housekeeper:
                 self._try_become_housekeeper()

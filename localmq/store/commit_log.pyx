@@ -607,6 +607,34 @@ cdef class CommitLog:
     def max_offset(self):
         return self.mapped_file_queue.max_offset()
 
+    def check_writer(self):
+        """Shared store: take the writer lock if it is free, and repair a put torn by a holder that died since the
+        last writer (the housekeeper calls this periodically, so a torn put is repaired even when nobody writes
+        again). Returns True when a repair was made; a live holder is left alone (False)."""
+        cdef WriteLock wl
+        cdef int rc
+        cdef bint repaired = False
+        if self.cb == NULL:
+            return False
+        wl = self.ctl.lock
+        lock_acquire(self.lock)
+        try:
+            rc = lmq_shm_lock_acquire(wl.p, 0)
+            if rc == LMQ_SHM_ACQUIRED or rc == LMQ_SHM_OWNER_DIED:
+                wl.holds += 1
+                try:
+                    if rc == LMQ_SHM_OWNER_DIED:
+                        try:
+                            self._repair()
+                            repaired = True
+                        finally:
+                            lmq_shm_lock_consistent(wl.p)
+                finally:
+                    ctl_exit(self)
+        finally:
+            PyThread_release_lock(self.lock)
+        return repaired
+
     def sync_view(self):
         """Shared store: move this process's view of the log (mapped segments, positions) to the committed end
         published in the control file, without the writer lock (views only grow, by CAS). Returns that end;
