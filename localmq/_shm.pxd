@@ -36,6 +36,7 @@ cdef class ControlFile:
     cdef readonly object path
     cdef readonly bint initialised      # this process initialised the file (it was the first to attach)
     cdef readonly WriteLock lock
+    cdef readonly WriteLock group_lock   # guards the clients' table (consumer groups, committed offsets)
     cdef readonly EventCount events
     cdef readonly EventCount dispatched_events
     cdef readonly Slots slots

@@ -8,8 +8,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from localmq._layout cimport (
-    CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_EVENT_SIZE, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE, CTL_TOPIC_COUNT,
-    CTL_TOPIC_ROW, CTL_TOPICS_OFF, CTL_FILE_SIZE, CTL_H_FILE_SIZE, CTL_H_GENERATION, CTL_H_INIT_PID,
+    CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_EVENT_SIZE, CTL_GROUP_LOCK_OFF, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE,
+    CTL_TOPIC_COUNT, CTL_TOPIC_ROW, CTL_TOPICS_OFF, CTL_FILE_SIZE, CTL_H_FILE_SIZE, CTL_H_GENERATION, CTL_H_INIT_PID,
     CTL_H_INIT_TIME_MS, CTL_H_MAGIC, CTL_H_SLOT_COUNT, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_LOCK_OFF, CTL_LOCK_SIZE,
     CTL_MAGIC, CTL_SLOT_CLAIMED_MS, CTL_SLOT_COUNT, CTL_SLOT_LOCK_BASE, CTL_SLOT_PID, CTL_SLOT_SIZE, CTL_SLOTS_OFF,
     CTL_VERSION,
@@ -104,6 +104,9 @@ cdef class ControlFile:
         self.lock = WriteLock.__new__(WriteLock)
         self.lock.ctl = self
         self.lock.p = self.addr + CTL_LOCK_OFF
+        self.group_lock = WriteLock.__new__(WriteLock)
+        self.group_lock.ctl = self
+        self.group_lock.p = self.addr + CTL_GROUP_LOCK_OFF
         self.events = EventCount.__new__(EventCount)
         self.events.ctl = self
         self.events.p = self.addr + CTL_EVENT_OFF
@@ -187,6 +190,9 @@ cdef class ControlFile:
         if lmq_shm_lock_init(a + CTL_LOCK_OFF) != 0:
             err = errno
             raise_errno(err, self.path)
+        if lmq_shm_lock_init(a + CTL_GROUP_LOCK_OFF) != 0:
+            err = errno
+            raise_errno(err, self.path)
         lmq_shm_event_init(a + CTL_EVENT_OFF)
         lmq_shm_event_init(a + CTL_DISPATCH_EVENT_OFF)
         lmq_shm_store_u32_rel(a + CTL_H_MAGIC, CTL_MAGIC)
@@ -221,6 +227,22 @@ cdef class ControlFile:
         self._check()
         check_word(off)
         lmq_store_rel(<int64_t *>(self.addr + off), value)
+
+    def read_bytes(self, long long off, long long n):
+        """A copy of ``n`` bytes at ``off`` (callers hold the lock that guards them)."""
+        self._check()
+        if off < 0 or n < 0 or off + n > CTL_FILE_SIZE:
+            raise ValueError(f"control file range [{off}, {off + n}) out of the file")
+        return <bytes>(self.addr + off)[:n]
+
+    def write_bytes(self, long long off, const unsigned char[:] data):
+        """Copy ``data`` to ``off`` (callers hold the lock that guards the range)."""
+        self._check()
+        cdef Py_ssize_t n = data.shape[0]
+        if off < 0 or off + n > CTL_FILE_SIZE:
+            raise ValueError(f"control file range [{off}, {off + n}) out of the file")
+        if n:
+            memcpy(self.addr + off, &data[0], n)
 
     def topic_row(self, str topic, bint create=False):
         """Byte offset of ``topic``'s row in the topic table, or -1 when it has none (and ``create`` is false).

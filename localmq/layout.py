@@ -140,6 +140,7 @@ CTL_LOCK_SIZE = 64                       # LMQ_SHM_LOCK_BYTES
 CTL_EVENT_OFF = 256                      # eventcount "committed": every put notifies it (the dispatcher waits)
 CTL_EVENT_SIZE = 64                      # LMQ_SHM_EVENT_BYTES
 CTL_DISPATCH_EVENT_OFF = 384             # eventcount "dispatched": the dispatcher notifies it (consumers wait)
+CTL_GROUP_LOCK_OFF = 768                 # the group lock (robust mutex): guards the clients' table
 # The store section (i64 each unless noted). Written under the writer lock unless noted; read by anyone.
 CTL_S_READY = 512                        # i64: 1 once a first opener recovered the store and filled this section
 CTL_S_WPOS = 520                         # committed end of the CommitLog (release store: THE commit point)
@@ -173,11 +174,21 @@ CTL_T_NAME_LEN = 4                       # u32
 CTL_T_NAME = 8                           # the topic, ASCII, at most 127 bytes
 CTL_T_NEXT = 256                         # i64 x CTL_TOPIC_QUEUES: next queue offset (the put path's cells)
 CTL_T_DISPATCHED = 768                   # i64 x CTL_TOPIC_QUEUES: units in the ConsumeQueue (the dispatcher)
-CTL_FILE_SIZE = CTL_TOPICS_OFF + CTL_TOPIC_COUNT * CTL_TOPIC_ROW
+# The clients' table: consumer groups (members, queue owners) and committed offsets of every process, one JSON
+# document written under the group lock into the inactive one of two buffers, then published by switching
+# CTL_C_ACTIVE (a writer that dies mid-write leaves the previous document in force).
+CTL_CLIENTS_OFF = CTL_TOPICS_OFF + CTL_TOPIC_COUNT * CTL_TOPIC_ROW
+CTL_C_VERSION = CTL_CLIENTS_OFF          # i64: bumped by every change (readers re-parse when it moved)
+CTL_C_ACTIVE = CTL_CLIENTS_OFF + 8       # i64: 0 or 1, the buffer in force
+CTL_C_LEN = CTL_CLIENTS_OFF + 16         # i64 x 2: bytes of each buffer's document
+CTL_C_BUF = CTL_CLIENTS_OFF + 64         # two buffers of CTL_C_BUF_SIZE
+CTL_C_BUF_SIZE = 512 * 1024
+CTL_FILE_SIZE = CTL_C_BUF + 2 * CTL_C_BUF_SIZE
 # fcntl record-lock bytes (advisory, they may lie beyond the end of the file)
 CTL_LOCK_BYTE_OPEN = 0                   # write lock: initialising; read lock: attached
 CTL_LOCK_BYTE_STORE = 1                  # write lock: opening the store (recovery or attach), one process at a time
 CTL_LOCK_BYTE_HOUSEKEEPER = 2            # write lock: the housekeeper (dispatch, flush, index, retention)
+CTL_LOCK_BYTE_OFFSETS = 3                # write lock: writing config/consumerOffset.json
 CTL_SLOT_LOCK_BASE = CTL_FILE_SIZE       # slot k is held while byte CTL_SLOT_LOCK_BASE + k is write-locked
 
 

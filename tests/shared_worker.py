@@ -50,6 +50,22 @@ def consume(q, total, queues, timeout):
     say("done", n)
 
 
+def group_consume(q, group, idle_s, retention_ms):
+    """A member of ``group``: poll until nothing came for ``idle_s`` seconds, commit durably, close."""
+    c = q.create_consumer(group, ["T"], consumer_retention_ms=retention_ms)
+    say("member")
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < idle_s:
+        batch = c.poll_batch(32, timeout=0.2)
+        for m in batch:
+            say("msg", m.queue_id, m.queue_offset, hashlib.sha1(bytes(m.body)).hexdigest())
+        if batch:
+            quiet_since = time.monotonic()
+            c.commit(durable=True)
+    c.close()
+    say("done", 0)
+
+
 def main():
     role, path = sys.argv[1], sys.argv[2]
     args = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
@@ -62,6 +78,8 @@ def main():
         produce(q, args["name"], 1 << 40, args.get("queues", 4), args.get("body", 100))
     elif role == "consume":
         consume(q, args["total"], args.get("queues", 4), args.get("timeout", 60))
+    elif role == "group":
+        group_consume(q, args["group"], args.get("idle", 2.0), args.get("retention_ms", 30000))
     elif role == "idle":
         sys.stdin.readline()  # until the test closes our stdin
     if args.get("exit_without_close"):

@@ -365,3 +365,85 @@ def test_network_filesystems_are_refused(tmp_path, monkeypatch):
     assert isinstance(ei.value, OSError) and "nfs4" in str(ei.value)
     with localmq.open(tmp_path / "s", shared=False, **KW) as q:  # the refused open left the store usable
         assert q.put("T", b"x").ok
+
+
+def put_many(q, n, queues=4):
+    acked = {}
+    for i in range(n):
+        body = b"g-%06d" % i
+        r = q.put("T", body, queue_id=i % queues)
+        assert r.ok
+        acked[(i % queues, r.queue_offset)] = hashlib.sha1(body).hexdigest()
+    return acked
+
+
+def test_a_consumer_group_spans_processes(tmp_path, workers):
+    path = tmp_path / "s"
+    q = localmq.open(path, shared=True, **KW)
+    try:
+        acked = put_many(q, 2000)
+        assert q.wait_for_dispatch(10)
+        members = [workers("group", path, group="g", idle=1.5) for _ in range(2)]
+        for w in members:
+            w.finish(60)
+        got = [m for w in members for m in w.msgs()]
+        keys = [(a, b) for a, b, _ in got]
+        assert len(keys) == len(set(keys)) == len(acked)  # every message once, across the two processes
+        assert {(a, b): h for a, b, h in got} == acked
+        # the group's committed offsets, written by both processes into the one file
+        offs = q.consumer_offsets.group_offsets("g")
+        assert offs == {("T", k): 500 for k in range(4)}
+        doc = localmq.read_config_json(str(path / "config" / "consumerOffset.json"))
+        assert doc["offsetTable"]["T@g"] == {k: 500 for k in range(4)}
+    finally:
+        q.close()
+
+
+def test_group_queues_are_split_between_processes_and_taken_back_when_a_member_dies(tmp_path, workers):
+    path = tmp_path / "s"
+    q = localmq.open(path, shared=True, **KW)
+    try:
+        put_many(q, 400)
+        assert q.wait_for_dispatch(10)
+        other = workers("group", path, group="g", idle=120.0, retention_ms=60_000)
+        assert wait_until(lambda: any(p[0] == "member" for p in other.lines), 30)
+        c = q.create_consumer("g", ["T"], consumer_retention_ms=60_000)
+        sched = q._client_state().scheduler
+
+        def split():
+            c.poll_batch(32, timeout=0.05)
+            owners = sched.owners("g")
+            return len(owners) == 4 and len(set(owners.values())) == 2
+
+        assert wait_until(split, 20)  # two members in two processes: two queues each
+        other.kill()  # its queues are free at once (its process slot died), not after the 60 s retention
+
+        def all_mine():
+            c.poll_batch(32, timeout=0.05)
+            return len(set(sched.owners("g").values())) == 1 and len(sched.owners("g")) == 4
+
+        t0 = time.monotonic()
+        assert wait_until(all_mine, 10)
+        assert time.monotonic() - t0 < 5
+        c.close()
+    finally:
+        q.close()
+
+
+def test_commits_of_two_processes_both_reach_the_offset_file(tmp_path, workers):
+    path = tmp_path / "s"
+    q = localmq.open(path, shared=True, **KW)
+    try:
+        put_many(q, 100)
+        assert q.wait_for_dispatch(10)
+        a = workers("group", path, group="ga", idle=1.0)
+        b = workers("group", path, group="gb", idle=1.0)
+        a.finish(60)
+        b.finish(60)
+        doc = localmq.read_config_json(str(path / "config" / "consumerOffset.json"))
+        assert doc["offsetTable"]["T@ga"] == {k: 25 for k in range(4)}
+        assert doc["offsetTable"]["T@gb"] == {k: 25 for k in range(4)}
+    finally:
+        q.close()
+    doc = localmq.read_config_json(str(path / "config" / "consumerOffset.json"))  # the last closer kept both
+    assert set(doc["offsetTable"]) >= {"T@ga", "T@gb"}

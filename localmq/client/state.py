@@ -19,9 +19,14 @@ class ClientState:
 
     def __init__(self, mq, flush_interval_ms: int = 5000):
         self.mq = mq
-        self.offsets = ConsumerOffsetManager(mq.offset_store_path, flush_interval_ms)
+        backends = getattr(mq, "client_backends", None)
+        if backends is not None:
+            # a store shared between processes: groups and offsets live in its control file
+            self.offsets, self.scheduler = backends(flush_interval_ms)
+        else:
+            self.offsets = ConsumerOffsetManager(mq.offset_store_path, flush_interval_ms)
+            self.scheduler = ConsumerScheduler()
         self.offsets.start()
-        self.scheduler = ConsumerScheduler()
         self._producer_seq = itertools.count()
         self._lock = threading.Lock()
         self._consumers: Set[object] = set()

@@ -16,6 +16,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from localmq._shm import ControlFile
+from localmq.client.shared import SharedClientTable, SharedConsumerScheduler, SharedOffsetManager
 from localmq.config import FlushDiskType
 from localmq.errors import (
     ConfigError, ControlFileError, CorruptStoreError, DispatchError, IndexDisabledError, StoreBusyError,
@@ -318,6 +319,17 @@ class SharedMessageQueue(LocalMessageQueue):
             if self._ctl is not None and self._housekeeper:
                 self._ctl.range_lock(CTL_LOCK_BYTE_HOUSEKEEPER, 0)
             self._housekeeper = False
+
+    # -- consumer groups and offsets across processes ----------------------------------------------------------
+
+    def client_backends(self, flush_interval_ms: int):
+        """(offset manager, scheduler) of this queue's clients: both over the control file's clients' table, so
+        that consumer groups span processes and every process's commits land in the one consumerOffset.json."""
+        assert self._ctl is not None
+        table = SharedClientTable(self._ctl, self.config.shared_lock_timeout)
+        scheduler = SharedConsumerScheduler(table)
+        offsets = SharedOffsetManager(table, self.offset_store_path, flush_interval_ms)
+        return offsets, scheduler
 
     # -- reads in every process ----------------------------------------------------------------------------------
 
