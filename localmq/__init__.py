@@ -18,13 +18,14 @@ from localmq.errors import (
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreBusyError, StoreClosedError, StoreLockedError,
-    TopicTableFullError, UnsafePathError, UnsupportedFilesystemError,
+    ReadOnlyStoreError, TopicTableFullError, UnsafePathError, UnsupportedFilesystemError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
 from localmq.store.readers import read_commitlog, read_consume_queue, read_consume_queue_ext
 from localmq.queues.local import LocalMessageQueue
 from localmq.queues.shared import SharedMessageQueue
+from localmq.queues.readonly import ReadOnlyMessageQueue
 from localmq.interface import MessageStore
 from localmq.queues.memory import MemoryMessageQueue
 from localmq.queues.embedded import EmbeddedMessageQueue
@@ -35,7 +36,7 @@ __version__ = "0.1.0"
 
 @overload
 def open(path: str | os.PathLike[str], kind: Literal["local"] = "local", *, shared: bool | None = None,
-         **config: Any) -> LocalMessageQueue: ...
+         read_only: bool = False, **config: Any) -> LocalMessageQueue: ...
 @overload
 def open(path: str | os.PathLike[str], kind: Literal["embedded"], **config: Any) -> EmbeddedMessageQueue: ...
 @overload
@@ -53,12 +54,16 @@ def open(path: str | os.PathLike[str], kind: str = "local",  # noqa: A001 - the 
     ``shared`` (local only): True opens the store so that other processes can open it at the same time
     (a SharedMessageQueue: gunicorn workers, multiprocessing pools, a CLI beside a service); False holds it for
     this process alone; None (default) joins the processes sharing it when there are any, else holds it alone.
+    ``read_only`` (local only): a ReadOnlyMessageQueue, which writes and locks nothing (a closed store, or one that
+    processes share while it is read).
 
     Raises StoreLockedError when another writer holds the store (for shared=None: one that holds it alone),
     CorruptStoreError when its files cannot be used as they are, ConfigError for bad settings or an unknown kind.
     """
     if kind == "local":
         shared = config.pop("shared", None)
+        if config.pop("read_only", False):
+            return ReadOnlyMessageQueue(path, **config)
         if shared:
             return SharedMessageQueue(path, **config)
         try:
@@ -85,5 +90,6 @@ __all__ = [
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
     "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
-    "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError",
+    "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError", "ReadOnlyStoreError",
+    "ReadOnlyMessageQueue",
 ]

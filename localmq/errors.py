@@ -220,6 +220,10 @@ class SlotsFullError(LocalMQError, BlockingIOError):
     """Every participant slot of the control file is held by a live process."""
 
 
+class ReadOnlyStoreError(LocalMQError, PermissionError):
+    """A write (put, a producer, a consumer that commits) through a store opened with ``read_only=True``."""
+
+
 class TopicTableFullError(LocalMQError, OverflowError):
     """The shared topic table of a store opened by several processes is full (layout.CTL_TOPIC_COUNT topics)."""
 
@@ -241,5 +245,5 @@ __all__ = [
     "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
     "check_int_range",
     "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError", "TopicTableFullError",
-    "UnsupportedFilesystemError",
+    "ReadOnlyStoreError", "UnsupportedFilesystemError",
 ]

@@ -70,8 +70,8 @@ def main():
     role, path = sys.argv[1], sys.argv[2]
     args = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     kw = dict(KW, **args.get("config", {}))
-    q = localmq.open(path, shared=True, **kw)
-    say("open", os.getpid(), int(q.housekeeper))
+    q = localmq.open(path, shared=args.get("shared", True), **kw)
+    say("open", os.getpid(), int(getattr(q, "housekeeper", True)))
     if role == "produce":
         produce(q, args["name"], args["n"], args.get("queues", 4), args.get("body", 100))
     elif role == "produce_forever":

@@ -158,7 +158,7 @@ def test_sigkill_of_writers_mid_put_loses_no_acknowledged_message(tmp_path, work
             r = survivor.put("T", b"after kill %d" % round_, queue_id=round_ % 4)
             assert r.ok
             acked[(round_ % 4, r.queue_offset)] = hashlib.sha1(b"after kill %d" % round_).hexdigest()
-        assert survivor.wait_for_dispatch(10)
+        assert survivor.wait_for_dispatch(10), survivor.stats()
         got = read_all(survivor)
         for k, h in acked.items():
             assert got[k] == h, k
@@ -447,3 +447,93 @@ def test_commits_of_two_processes_both_reach_the_offset_file(tmp_path, workers):
         q.close()
     doc = localmq.read_config_json(str(path / "config" / "consumerOffset.json"))  # the last closer kept both
     assert set(doc["offsetTable"]) >= {"T@ga", "T@gb"}
+
+
+def _store_fingerprint(path):
+    """{relative path: (size, sha1)} of every file in the store."""
+    out = {}
+    for d, _, names in os.walk(path):
+        for n in names:
+            p = os.path.join(d, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, path)] = (os.path.getsize(p), hashlib.sha1(f.read()).hexdigest())
+    return out
+
+
+def _open_write_fds(path):
+    """Descriptors of this process open for writing on files under ``path`` (from /proc/self/fdinfo)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                flags = int(next(line for line in f if line.startswith("flags:")).split()[1], 8)
+        except (OSError, StopIteration):
+            continue
+        if target.startswith(str(path)) and flags & (os.O_WRONLY | os.O_RDWR):
+            found.append(target)
+    return found
+
+
+def test_read_only_view_of_a_closed_store_writes_and_locks_nothing(tmp_path):
+    path = tmp_path / "s"
+    with localmq.open(path, **KW) as q:
+        acked = put_many(q, 300)
+    before = _store_fingerprint(path)
+    with localmq.open(path, read_only=True, **KW) as ro:
+        assert isinstance(ro, localmq.ReadOnlyMessageQueue)
+        assert read_all(ro) == acked
+        assert ro.topics() == {"T": [0, 1, 2, 3]}
+        assert not _open_write_fds(path)
+        with pytest.raises(localmq.ReadOnlyStoreError):
+            ro.put("T", b"no")
+        with pytest.raises(PermissionError):
+            ro.create_consumer("g", ["T"])
+    assert _store_fingerprint(path) == before  # not a byte changed, no file created
+    with localmq.open(path, read_only=True, **KW) as ro:
+        with localmq.open(path, **KW) as w:  # a writer opens beside a view: the view holds no lock
+            w.put("T", b"beside a view")
+    with localmq.open(path, read_only=True, **KW) as ro:
+        assert len(read_all(ro)) == 301
+
+
+def test_read_only_view_of_a_live_shared_store_sees_a_prefix(tmp_path, workers):
+    path = tmp_path / "s"
+    hk = workers("idle", path)
+    hk.wait_open()
+    w = workers("produce", path, name="live", n=3000)
+    w.wait_open()
+    ro = localmq.open(path, read_only=True, **KW)
+    try:
+        seen_sizes = []
+        while w.proc.poll() is None:
+            got = read_all(ro)
+            acked_so_far = {(a, b): h for a, b, h in w.acks()}
+            # every message the view returns was put by the writer: never garbage, never another message
+            assert all(acked_so_far.get(k, h) == h for k, h in got.items())
+            assert all(k[1] < 750 for k in got)
+            seen_sizes.append(len(got))
+        w.finish()
+        assert ro.wait_for_dispatch(10)
+        assert read_all(ro) == {(a, b): h for a, b, h in w.acks()}
+        assert seen_sizes == sorted(seen_sizes)  # what it sees only grows
+        assert not _open_write_fds(path)
+        with pytest.raises(localmq.ReadOnlyStoreError):
+            ro.put_batch("T", [b"x"])
+    finally:
+        ro.close()
+    hk.finish()
+
+
+def test_read_only_refuses_a_store_held_by_one_process(tmp_path, workers):
+    path = tmp_path / "s"
+    alone = workers("idle", path, shared=False)  # another process holds it alone: its end is in its memory
+    alone.wait_open()
+    with pytest.raises(StoreLockedError) as ei:
+        localmq.open(path, read_only=True, **KW)
+    assert "alone" in str(ei.value)
+    alone.finish()
+    with localmq.open(path, read_only=True, **KW) as ro:  # closed now: readable as it is
+        assert ro.topics() == {}
+    with pytest.raises(localmq.NotAStoreError):
+        localmq.open(tmp_path / "nothing", read_only=True)

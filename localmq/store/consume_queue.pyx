@@ -30,11 +30,11 @@ cdef class ConsumeQueue:
     release store after the unit is complete). ``units()`` gives numpy structured arrays laid on the mapping.
     """
 
-    def __cinit__(self, str topic, int queue_id, root, long long file_size):
+    def __cinit__(self, str topic, int queue_id, root, long long file_size, *, bint writable=True):
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(os.fspath(root), topic, str(queue_id))
-        self.mapped_file_queue = MappedFileQueue(self.directory, file_size)
+        self.mapped_file_queue = MappedFileQueue(self.directory, file_size, writable=writable)
         self.st.addr = NULL
         self.st.file_size = file_size
         self.st.file_from = 0

@@ -57,8 +57,10 @@ class MappedFileQueue:
     """
 
     def __init__(self, directory: str, file_size: int, *, reserve: bool = True,
-                 allocator: Optional[Callable[[str, int, int], MappedFile]] = None):
+                 allocator: Optional[Callable[[str, int, int], MappedFile]] = None, writable: bool = True):
         self.directory = os.fspath(directory)
+        # False: a read-only view (files opened O_RDONLY and mapped PROT_READ; nothing is created or resized)
+        self.writable = writable
         self.file_size = int(file_size)
         self.reserve = reserve
         self.files: List[MappedFile] = []
@@ -110,7 +112,7 @@ class MappedFileQueue:
                     raise CorruptStoreError(
                         f"segment {path} is {size} bytes but the configured size is {self.file_size}; "
                         f"open the store with the size it was written with")
-                mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve)
+                mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve, writable=self.writable)
                 if files and mf.file_from_offset != files[-1].file_from_offset + self.file_size:
                     mf.close()
                     raise CorruptStoreError(
@@ -175,7 +177,8 @@ class MappedFileQueue:
             if self.allocator is not None:
                 mf = self.allocator(path, self.file_size, start_offset)
             else:
-                mf = MappedFile(path, self.file_size, start_offset, create=True, reserve=self.reserve)
+                mf = MappedFile(path, self.file_size, start_offset, create=True, reserve=self.reserve,
+                                writable=self.writable)
                 fsync_dir(self.directory)
             self.files.append(mf)
             return mf
@@ -199,7 +202,8 @@ class MappedFileQueue:
                 base = int(name)
                 if files and base != files[-1].file_from_offset + fs:
                     raise CorruptStoreError(f"segment {name} does not follow {files[-1].path} in {self.directory}")
-                mf = MappedFile(os.path.join(self.directory, name), fs, create=False, reserve=self.reserve)
+                mf = MappedFile(os.path.join(self.directory, name), fs, create=False, reserve=self.reserve,
+                                writable=self.writable)
                 mf.set_positions(min(fs, end - base))
                 files.append(mf)
         except BaseException:
@@ -218,7 +222,7 @@ class MappedFileQueue:
         """Map the existing segment at ``base`` (created by another process) and append it; called under ``lock``."""
         path = os.path.join(self.directory, offset_to_file_name(base))
         # create=True opens an existing file as it is and sizes one whose creator died before sizing it
-        mf = MappedFile(path, self.file_size, base, create=True, reserve=self.reserve)
+        mf = MappedFile(path, self.file_size, base, create=True, reserve=self.reserve, writable=self.writable)
         self.files.append(mf)
         return mf
 
@@ -241,17 +245,25 @@ class MappedFileQueue:
                     raise CorruptStoreError(f"{self.directory}: committed data up to {end} but no segment below it")
                 last = self._map_existing(int(names[0]))
             while last.file_from_offset + fs < end:
-                last.advance_to(fs)
                 last = self._map_existing(last.file_from_offset + fs)
-            if end < last.file_from_offset:
-                last = self.find(end)
-                if last is None:
-                    raise CorruptStoreError(f"{self.directory}: no mapped segment holds committed offset {end}")
-            if end == last.file_from_offset + fs:
-                last.advance_to(fs)
-                return None
-            last.advance_to(end - last.file_from_offset)
-            return last
+            # positions: every segment wholly below `end` is full, the one holding it ends there. Walk back from the
+            # newest (a repair may have mapped a later segment before earlier ones were moved up) to the first
+            # segment already full.
+            holder = None
+            for mf in reversed(self.files):
+                base = mf.file_from_offset
+                if base >= end:
+                    continue
+                if base + fs <= end:
+                    if mf.is_full():
+                        break
+                    mf.advance_to(fs)
+                else:
+                    mf.advance_to(end - base)
+                    holder = mf
+            if holder is None and end % fs != 0:
+                raise CorruptStoreError(f"{self.directory}: no mapped segment holds committed offset {end}")
+            return holder
 
     def _map_existing(self, base: int) -> MappedFile:
         path = os.path.join(self.directory, offset_to_file_name(base))

@@ -1,0 +1,97 @@
+"""ControlView: a read-only look at a shared store's control file (no lock taken, nothing written)."""
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+from typing import Optional
+
+from localmq import _shm
+from localmq.errors import ControlFileError
+from localmq.layout import (
+    CTL_FILE, CTL_FILE_SIZE, CTL_H_MAGIC, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_MAGIC, CTL_S_READY, CTL_T_DISPATCHED,
+    CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE, CTL_TOPIC_COUNT, CTL_TOPIC_QUEUES, CTL_TOPIC_ROW, CTL_TOPICS_OFF,
+    CTL_VERSION,
+)
+
+_I64 = struct.Struct("=q")
+_U32 = struct.Struct("=I")
+# struct flock on Linux x86_64 / aarch64: short l_type, short l_whence, (pad), off_t l_start, off_t l_len, pid_t l_pid
+_FLOCK = struct.Struct("hh4xqqi4x")
+
+
+def _held_by_others(fd: int, byte: int) -> bool:
+    """Does another process hold any lock on ``byte`` of ``fd``'s file (F_GETLK, which takes no lock)?"""
+    req = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, byte, 1, 0)
+    l_type = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, req))[0]
+    return l_type != fcntl.F_UNLCK
+
+
+class ControlView:
+    """The control file of a store shared by live processes, mapped PROT_READ: the committed end and the per-queue
+    unit counts its housekeeper publishes. ``open`` returns None when there is no such file or no live process
+    is attached to it (then the files on disk are the whole truth)."""
+
+    def __init__(self, fd: int, mm: mmap.mmap, path: str) -> None:
+        self.fd = fd
+        self.mm = mm
+        self.path = path
+
+    @classmethod
+    def open(cls, root: str) -> Optional["ControlView"]:
+        path = os.path.join(root, CTL_FILE)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) in _shm._open_files:
+                # closing a second descriptor of the file would drop this process's locks on it (its slot, its
+                # attachment, maybe the housekeeper's byte)
+                raise ControlFileError(f"{path} is open in this process by a shared store: read through that one")
+            if st.st_size < CTL_FILE_SIZE or not _held_by_others(fd, CTL_LOCK_BYTE_OPEN):
+                os.close(fd)
+                return None
+            mm = mmap.mmap(fd, CTL_FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        except BaseException:
+            os.close(fd)
+            raise
+        view = cls(fd, mm, path)
+        if (_U32.unpack_from(mm, CTL_H_MAGIC)[0] != CTL_MAGIC or _U32.unpack_from(mm, CTL_H_VERSION)[0] != CTL_VERSION
+                or view.load(CTL_S_READY) != 1):
+            view.close()
+            return None
+        return view
+
+    def load(self, off: int) -> int:
+        """The int64 at byte ``off`` (an aligned 8-byte load: whole on every platform localmq runs on)."""
+        return _I64.unpack_from(self.mm, off)[0]
+
+    def dispatched(self, topic: str, queue_id: int) -> Optional[int]:
+        """Units in (topic, queue)'s ConsumeQueue as published by the housekeeper; None when the topic has no row."""
+        if not 0 <= queue_id < CTL_TOPIC_QUEUES:
+            return None
+        name = topic.encode("ascii")
+        h = 1469598103934665603
+        for b in name:
+            h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+        i = h % CTL_TOPIC_COUNT
+        mm = self.mm
+        for _ in range(CTL_TOPIC_COUNT):
+            row = CTL_TOPICS_OFF + i * CTL_TOPIC_ROW
+            if _U32.unpack_from(mm, row + CTL_T_STATE)[0] != 1:
+                return None
+            n = _U32.unpack_from(mm, row + CTL_T_NAME_LEN)[0]
+            if n == len(name) and mm[row + CTL_T_NAME:row + CTL_T_NAME + n] == name:
+                return self.load(row + CTL_T_DISPATCHED + 8 * queue_id)
+            i = (i + 1) % CTL_TOPIC_COUNT
+        return None
+
+    def close(self) -> None:
+        # closing this descriptor drops no lock: a view never takes one
+        if self.fd >= 0:
+            self.mm.close()
+            os.close(self.fd)
+            self.fd = -1
