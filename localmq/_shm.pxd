@@ -44,6 +44,8 @@ cdef class ControlFile:
     cdef int fd
     cdef object key                     # (st_dev, st_ino) in the per-process registry
     cdef int busy                       # calls in flight without the GIL (close refuses while > 0)
+    cdef bint inherited                 # in a forked child: the parent's object (its descriptor is forgotten)
+    cdef object __weakref__
 
     cdef int _check(self) except -1
     cdef int _open(self, double timeout) except -1

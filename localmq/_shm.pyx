@@ -1,6 +1,7 @@
 """The multi-process control file: a robust writer lock, an eventcount and liveness slots shared through one mapping."""
 import os
 import random
+import weakref
 
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport EAGAIN, errno
@@ -40,8 +41,18 @@ if lmq_shm_lock_size() > CTL_LOCK_SIZE:
 _open_files = set()
 
 
+# Every ControlFile of this process. A forked child inherits their descriptors but none of the record locks; if the
+# child closed one (explicitly, or when the inherited object is collected), the close would drop every lock the
+# child takes on the same file later (its own attachment, slot, housekeeper byte). So in the child the inherited
+# objects forget their descriptor (it stays open, unused) and count as closed.
+_live_files = weakref.WeakSet()
+
+
 def _forget_open_files():
     _open_files.clear()
+    for cf in list(_live_files):
+        (<ControlFile>cf).fd = -1
+        (<ControlFile>cf).inherited = True
 
 
 os.register_at_fork(after_in_child=_forget_open_files)
@@ -101,6 +112,7 @@ cdef class ControlFile:
             raise
         self.key = key
         _open_files.add(key)
+        _live_files.add(self)
         self.lock = WriteLock.__new__(WriteLock)
         self.lock.ctl = self
         self.lock.p = self.addr + CTL_LOCK_OFF
@@ -199,6 +211,9 @@ cdef class ControlFile:
         return 0
 
     cdef int _check(self) except -1:
+        if self.inherited:
+            raise ControlFileError(f"{self.path}: this control file was opened by the process that forked this one; "
+                                   "open the store again in this process")
         if self.addr == NULL:
             raise ControlFileError(f"{self.path}: control file closed")
         return 0
@@ -211,7 +226,7 @@ cdef class ControlFile:
 
     @property
     def closed(self):
-        return self.addr == NULL
+        return self.addr == NULL or self.inherited
 
     # -- shared words and the topic table (the store's use of the reserved sections, layout.CTL_S_* / CTL_T_*) --
 
@@ -290,6 +305,12 @@ cdef class ControlFile:
         :raises ControlFileError: this process holds the writer lock, or another thread waits in this file (after
             an unmap a later death of this process could not be told apart from a clean exit).
         """
+        if self.inherited:
+            # a forked child: the parent's mapping goes, its descriptor stays (closing it would drop our own locks)
+            if self.addr != NULL:
+                c_unmap_quiet(self.addr)
+                self.addr = NULL
+            return
         if self.addr == NULL:
             return
         if self.lock.holds > 0:

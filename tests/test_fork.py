@@ -124,3 +124,38 @@ def test_spawned_workers_open_the_store_themselves(tmp_path, method):
         assert st.wait_for_dispatch(10)
         bodies = [bytes(m.body) for m in st.get_message("t", 0, 0).messages]
     assert bodies[0] == b"parent" and len(bodies) == 2 and bodies[1].startswith(b"from-")
+
+
+def _put_shared(path):
+    with localmq.open(path, shared=True, **SMALL) as st:
+        return st.put("t", b"from-%d" % os.getpid()).status.name
+
+
+def _inherited_then_own(path):
+    global _INHERITED
+    try:
+        _INHERITED.put("t", b"via the parent's handle")
+        return "inherited put worked"
+    except ForkedStoreError:
+        pass
+    return _put_shared(path)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_workers_share_a_store_the_parent_holds_shared(tmp_path, method):
+    global _INHERITED
+    path = str(tmp_path / "s")
+    _INHERITED = st = localmq.open(path, shared=True, **SMALL)
+    try:
+        st.put("t", b"parent")
+        fn = _inherited_then_own if method == "fork" else _put_shared
+        with multiprocessing.get_context(method).Pool(2) as pool:
+            assert pool.map(fn, [path] * 6) == ["PUT_OK"] * 6
+        assert st.put("t", b"parent again").queue_offset == 7  # offsets stayed dense across the processes
+        assert st.wait_for_dispatch(10)
+        bodies = [bytes(m.body) for m in st.get_message("t", 0, 0).messages]
+        assert bodies[0] == b"parent" and bodies[-1] == b"parent again" and len(bodies) == 8
+        assert all(b.startswith(b"from-") for b in bodies[1:-1])
+    finally:
+        st.close()
+        _INHERITED = None

@@ -499,8 +499,15 @@ def test_forked_child_does_not_hold_its_parents_slot(ctl_path, spawn):
         if pid == 0:  # the grandchild inherits the descriptor and the object, not the fcntl lock
             try:
                 os.close(r)
-                other = c.slots.claim()
-                os.write(w, f"{c.slots.alive(mine)} {c.slots.holder(mine)} {other} {c.slots.mine()}\n".encode())
+                try:  # the inherited object refuses use: closing its descriptor would drop the child's own locks
+                    c.slots.claim()
+                    os.write(w, b"inherited object usable\n")
+                    os._exit(0)
+                except ControlFileError:
+                    pass
+                c2 = ControlFile(path)  # the child's own attachment
+                other = c2.slots.claim()
+                os.write(w, f"{c2.slots.alive(mine)} {c2.slots.holder(mine)} {other} {c2.slots.mine()}\n".encode())
                 os.read(os.open(os.devnull, os.O_RDONLY), 1)
             finally:
                 os._exit(0)
