@@ -19,11 +19,11 @@ def say(*parts):
     sys.stdout.flush()
 
 
-def produce(q, name, n, queues, body_size):
+def produce(q, name, n, queues, body_size, keys=False):
     for i in range(n):
         body = (f"{name}-{i:08d}-".encode() * (body_size // 12 + 1))[:max(body_size, 16)]
         qid = i % queues
-        r = q.put("T", body, queue_id=qid)
+        r = q.put("T", body, queue_id=qid, keys=f"{name}-{i}" if keys else None)
         if not r.ok:
             say("fail", r.status)
             continue
@@ -73,7 +73,7 @@ def main():
     q = localmq.open(path, shared=args.get("shared", True), **kw)
     say("open", os.getpid(), int(getattr(q, "housekeeper", True)))
     if role == "produce":
-        produce(q, args["name"], args["n"], args.get("queues", 4), args.get("body", 100))
+        produce(q, args["name"], args["n"], args.get("queues", 4), args.get("body", 100), args.get("keys", False))
     elif role == "produce_forever":
         produce(q, args["name"], 1 << 40, args.get("queues", 4), args.get("body", 100))
     elif role == "consume":

@@ -426,7 +426,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             m = self.look_message_by_offset(off)
             if m is not None and m.physical_offset == off and m.msg_id == mid and (topic is None or m.topic == topic):
                 return m
-        if self.index_service is None:
+        if not self.config.message_index_enable:
             return None
         # every topic written (the put path's table, filled from the ConsumeQueues at open), not only those the
         # ConsumeQueue dispatcher has reached yet

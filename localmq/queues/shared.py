@@ -25,7 +25,7 @@ from localmq.errors import (
 from localmq.layout import (
     CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CTL_FILE, CTL_LOCK_BYTE_HOUSEKEEPER, CTL_LOCK_BYTE_STORE,
     CTL_S_CQ_SIZE, CTL_S_HOUSEKEEPER, CTL_S_PUTS, CTL_S_READY, CTL_S_REPAIRS, CTL_S_REPUT, CTL_S_SEG_SIZE,
-    CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE,
+    CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE, CTL_S_INDEXED,
 )
 from localmq.queues.local import LocalMessageQueue
 from localmq.services.flush import FlushConsumeQueueService, FlushRealTimeService, GroupCommitService
@@ -36,6 +36,7 @@ from localmq.store.commit_log import CommitLog, GroupCommit
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
+from localmq.store.index import IndexReader
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.recovery import RecoveryReport
@@ -294,6 +295,9 @@ class SharedMessageQueue(LocalMessageQueue):
         before = len(self._services)
         self._start_index_service(getattr(self, "_first_exit_ok", False) and self.first_opener)
         self._hk_services.extend(self._services[before:])
+        if self._index_dispatch is not None:
+            ctl.store(CTL_S_INDEXED, self._index_dispatch.indexed_offset)
+            self._index_dispatch.on_progress = lambda off: ctl.store(CTL_S_INDEXED, off)
         self._start_clean_service()
         log.info("pid %d is the housekeeper of %s from commit log offset %d", os.getpid(), self.root,
                  self._reput.reput_offset)
@@ -366,13 +370,42 @@ class SharedMessageQueue(LocalMessageQueue):
                             out.setdefault(t, set()).add(int(q))
         return {t: sorted(qs) for t, qs in sorted(out.items())}
 
+    # -- key lookups: the housekeeper's index files, read by every process ---------------------------------
+
+    _index_reader: Optional[IndexReader] = None
+
     def _require_index(self):
         self._check_open()
-        if self.config.message_index_enable and not self._housekeeper:
-            raise IndexDisabledError(
-                "in a store shared between processes, key lookups answer in the housekeeper process only (this "
-                f"version); pid {self._ctl.load(CTL_S_HOUSEKEEPER) if self._ctl else 0} is the housekeeper")
-        return super()._require_index()
+        if not self.config.message_index_enable:
+            raise IndexDisabledError("the message index is disabled (message_index_enable=False)")
+        return self.index_service
+
+    def _query_index(self, topic: str, key: str, max_num: int, begin: int, end: int, uniq_only: bool) -> List[Any]:
+        self.commit_log.sync_view()  # the records the index points at are mapped
+        with self._hk_lock:
+            svc = self.index_service if self._housekeeper else None
+            if svc is None:
+                if self._index_reader is None:
+                    self._index_reader = IndexReader(self.root)
+                self._index_reader.refresh()
+                svc = self._index_reader
+        mfq = self._cl_mfq
+        return svc.query_messages(mfq.files, mfq.file_size, topic, key, max_num, begin, end, uniq_only)
+
+    def wait_for_index(self, timeout: Optional[float] = None) -> bool:
+        """Block until every message committed (by any process) before this call is indexed by the housekeeper."""
+        self._require_index()
+        ctl = self._ctl
+        assert ctl is not None
+        target = self.commit_log.sync_view()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while ctl.load(CTL_S_INDEXED) < target:
+            if self._closed:
+                raise self._closed_error()
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)  # the index has no eventcount: lookups wait rarely
+        return True
 
     @property
     def progress(self) -> int:
@@ -502,6 +535,8 @@ class SharedMessageQueue(LocalMessageQueue):
                     os.unlink(self._abort_path)
                 except FileNotFoundError:
                     pass
+            if self._index_reader is not None:
+                self._index_reader.close()
             self._detach_control()
             if self._lock is not None:
                 self._lock.release()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from localmq._columns import decode_range, RecordColumns
 from localmq.errors import CorruptFrameError, StoreClosedError
@@ -56,6 +56,9 @@ class IndexDispatchService(ServiceThread):
         # notified after each batch; waiters (wait_for) hold it while checking indexed_offset
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0
+        # called with indexed_offset after each batch that made progress (a shared store publishes it to the
+        # other processes)
+        self.on_progress: Optional[Callable[[int], None]] = None
 
     @property
     def indexed_offset(self) -> int:
@@ -82,6 +85,8 @@ class IndexDispatchService(ServiceThread):
                     self.blocked = None
                 if progressed:
                     idle = _IDLE_MIN_MS
+                    if self.on_progress is not None:
+                        self.on_progress(self._offset)
                     if self.waiters:
                         with self.cond:
                             self.cond.notify_all()

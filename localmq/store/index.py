@@ -264,7 +264,101 @@ class IndexFile:
         return f"IndexFile({self.path!r}, slots={self.hash_slot_num}, items={self.index_num})"
 
 
-class IndexService:
+class IndexQueries:
+    """Key lookups over ``files`` (IndexFile list, oldest first): shared by the writer's IndexService and by the
+    IndexReader of another process."""
+
+    files: List[IndexFile]
+
+    # -- queries ----------------------------------------------------------------------------------------------
+
+    def query_messages(self, commit_log_files: list, seg_size: int, topic: str, key: str, max_num: int, begin: int,
+                       end: int, uniq_only: bool) -> list:
+        """Messages of ``topic`` whose KEYS hold ``key`` (unless ``uniq_only``) or whose UNIQ_KEY is ``key``, stored
+        within [begin, end] ms: candidates from ``query_offsets``, each read from the commit log (its MappedFiles,
+        ``seg_size`` bytes each) and kept only on an exact match, so hash collisions never show. At most
+        ``max_num``, the newest matches, returned in log order."""
+        cap = max_num + 16
+        while True:
+            offsets = self.query_offsets(topic, key, cap, begin, end)
+            found = []
+            for off in offsets:
+                m = read_record(commit_log_files, seg_size, off, True)
+                if (m is None or m.physical_offset != off or m.topic != topic
+                        or not begin <= m.store_timestamp <= end):
+                    continue  # a hash collision, or a record retention removed
+                if (not uniq_only and key in m.keys) or m.uniq_key == key:
+                    found.append(m)
+                    if len(found) >= max_num:
+                        break
+            if len(found) >= max_num or len(offsets) < cap:
+                break
+            cap *= 4  # collisions took places: walk further
+        found.sort(key=lambda m: m.physical_offset)
+        return found
+
+    def query_offsets(self, topic: str, key: str, max_num: int, begin: int, end: int) -> List[int]:
+        """Candidate physical offsets for ``key`` of ``topic`` stored in [begin, end] (ms), newest first,
+        distinct, at most ``max_num``: RocketMQ's queryOffset walk with ``begin`` widened by one second (item
+        times are whole seconds after the file's begin). Hash collisions are included: check each record.
+        """
+        h = _index.key_hash(f"{topic}#{key}")
+        wbegin = begin - 1000 if begin > -(1 << 62) else begin
+        out: List[int] = []
+        seen = set()
+        for f in reversed(self.files):
+            try:
+                times = f._times()
+                found = f._select(h, max_num - len(out), wbegin, end).tolist() \
+                    if _time_matched(times, wbegin, end) else ()
+            except StoreClosedError:
+                continue  # deleted by retention after the snapshot
+            if found:
+                for off in found:
+                    if off not in seen:
+                        seen.add(off)
+                        out.append(off)
+                        if len(out) >= max_num:
+                            return out
+            if times[0] < wbegin:
+                break
+        return out
+
+
+class IndexReader(IndexQueries):
+    """The index files of a store another process writes (a shared store's housekeeper), mapped read-only for key
+    lookups: ``refresh`` maps the files created since and forgets deleted ones. The queries are IndexService's; a
+    candidate torn by a concurrent write only costs a record read (every match is checked against its record)."""
+
+    def __init__(self, root: str) -> None:
+        self.directory = os.path.join(os.fspath(root), INDEX_DIR)
+        self.files: List[IndexFile] = []
+
+    def refresh(self) -> None:
+        if not os.path.isdir(self.directory):
+            return
+        names = sorted(n for n in os.listdir(self.directory) if len(n) == 17 and n.isdigit())
+        have = {os.path.basename(f.path): f for f in self.files}
+        files = []
+        for name in names:
+            f = have.pop(name, None)
+            if f is None:
+                try:
+                    f = IndexFile.open(os.path.join(self.directory, name), writable=False)
+                except (CorruptStoreError, OSError):
+                    continue  # being created right now (not sized yet), or deleted since the listing
+            files.append(f)
+        for f in have.values():
+            f.close()
+        self.files = files
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files = []
+
+
+class IndexService(IndexQueries):
     """The index files of a store: load and recovery, the writer's current file and roll, queries, retention.
 
     :param root: the store directory (files in ``<root>/index``).
@@ -438,60 +532,6 @@ class IndexService:
             if outcome is Stop.END:
                 return added
             self.roll()
-
-    # -- queries ----------------------------------------------------------------------------------------------
-
-    def query_messages(self, commit_log_files: list, seg_size: int, topic: str, key: str, max_num: int, begin: int,
-                       end: int, uniq_only: bool) -> list:
-        """Messages of ``topic`` whose KEYS hold ``key`` (unless ``uniq_only``) or whose UNIQ_KEY is ``key``, stored
-        within [begin, end] ms: candidates from ``query_offsets``, each read from the commit log (its MappedFiles,
-        ``seg_size`` bytes each) and kept only on an exact match, so hash collisions never show. At most
-        ``max_num``, the newest matches, returned in log order."""
-        cap = max_num + 16
-        while True:
-            offsets = self.query_offsets(topic, key, cap, begin, end)
-            found = []
-            for off in offsets:
-                m = read_record(commit_log_files, seg_size, off, True)
-                if (m is None or m.physical_offset != off or m.topic != topic
-                        or not begin <= m.store_timestamp <= end):
-                    continue  # a hash collision, or a record retention removed
-                if (not uniq_only and key in m.keys) or m.uniq_key == key:
-                    found.append(m)
-                    if len(found) >= max_num:
-                        break
-            if len(found) >= max_num or len(offsets) < cap:
-                break
-            cap *= 4  # collisions took places: walk further
-        found.sort(key=lambda m: m.physical_offset)
-        return found
-
-    def query_offsets(self, topic: str, key: str, max_num: int, begin: int, end: int) -> List[int]:
-        """Candidate physical offsets for ``key`` of ``topic`` stored in [begin, end] (ms), newest first,
-        distinct, at most ``max_num``: RocketMQ's queryOffset walk with ``begin`` widened by one second (item
-        times are whole seconds after the file's begin). Hash collisions are included: check each record.
-        """
-        h = _index.key_hash(f"{topic}#{key}")
-        wbegin = begin - 1000 if begin > -(1 << 62) else begin
-        out: List[int] = []
-        seen = set()
-        for f in reversed(self.files):
-            try:
-                times = f._times()
-                found = f._select(h, max_num - len(out), wbegin, end).tolist() \
-                    if _time_matched(times, wbegin, end) else ()
-            except StoreClosedError:
-                continue  # deleted by retention after the snapshot
-            if found:
-                for off in found:
-                    if off not in seen:
-                        seen.add(off)
-                        out.append(off)
-                        if len(out) >= max_num:
-                            return out
-            if times[0] < wbegin:
-                break
-        return out
 
     # -- retention / shutdown -------------------------------------------------------------------------------
 
