@@ -78,6 +78,7 @@ cdef extern from *:
     #define LMQ_L_CTL_S_REPAIRS (568)
     #define LMQ_L_CTL_S_PUTS (576)
     #define LMQ_L_CTL_S_CQ_MIN (584)
+    #define LMQ_L_CTL_S_DISK_FULL (600)
     #define LMQ_L_CTL_S_INDEXED (592)
     #define LMQ_L_CTL_I_STATE (640)
     #define LMQ_L_CTL_I_POS (648)
@@ -187,6 +188,7 @@ cdef extern from *:
     enum: CTL_S_REPAIRS "LMQ_L_CTL_S_REPAIRS"
     enum: CTL_S_PUTS "LMQ_L_CTL_S_PUTS"
     enum: CTL_S_CQ_MIN "LMQ_L_CTL_S_CQ_MIN"
+    enum: CTL_S_DISK_FULL "LMQ_L_CTL_S_DISK_FULL"
     enum: CTL_S_INDEXED "LMQ_L_CTL_S_INDEXED"
     enum: CTL_I_STATE "LMQ_L_CTL_I_STATE"
     enum: CTL_I_POS "LMQ_L_CTL_I_POS"

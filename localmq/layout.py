@@ -152,6 +152,7 @@ CTL_S_HOUSEKEEPER = 560                  # pid of the housekeeper (messages only
 CTL_S_REPAIRS = 568                      # torn puts repaired after their writer died
 CTL_S_PUTS = 576                         # committed put calls (put or put_batch), every process
 CTL_S_CQ_MIN = 584                       # min offset of the CommitLog the ConsumeQueues follow (housekeeper)
+CTL_S_DISK_FULL = 600                    # 1 while the housekeeper finds the disk full (every process refuses puts)
 CTL_S_INDEXED = 592                      # CommitLog offset below which every record is in the IndexFile (housekeeper)
 # The intent record: what the writer-lock holder is doing, so a taker-over can repair a torn put.
 CTL_I_STATE = 640                        # 1 while a put is between its first byte and its commit

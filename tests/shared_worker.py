@@ -25,7 +25,7 @@ def produce(q, name, n, queues, body_size, keys=False):
         qid = i % queues
         r = q.put("T", body, queue_id=qid, keys=f"{name}-{i}" if keys else None)
         if not r.ok:
-            say("fail", r.status)
+            say("fail", getattr(r.status, "name", r.status))
             continue
         say("ack", qid, r.queue_offset, hashlib.sha1(body).hexdigest())
 

@@ -559,3 +559,27 @@ def test_key_lookups_answer_in_every_process(tmp_path, workers):
     finally:
         q.close()
         hk.finish()
+
+
+def test_a_full_disk_seen_by_the_housekeeper_stops_puts_in_every_process(tmp_path, workers):
+    path = tmp_path / "s"
+    usage = {"ratio": 0.5}
+    q = localmq.open(path, shared=True, disk_usage=lambda p: usage["ratio"], **KW)
+    try:
+        assert q.housekeeper
+        w = workers("produce_forever", path, name="df")
+        w.wait_open()
+        assert wait_until(lambda: len(w.acks()) > 10, 30)
+        usage["ratio"] = 0.99
+        q.clean_service.run_once()
+        assert q.put("T", b"here").status is localmq.PutStatus.SERVICE_NOT_AVAILABLE
+        assert wait_until(lambda: any(p[0] == "fail" and "SERVICE_NOT_AVAILABLE" in p[1] for p in list(w.lines)),
+                          5), (w.lines[-3:], q.stats()["shared"])
+        usage["ratio"] = 0.5
+        q.clean_service.run_once()
+        n = len(w.acks())
+        assert wait_until(lambda: len(w.acks()) > n + 10, 5)  # accepted again in the other process
+        assert q.put("T", b"here").ok
+        w.kill()
+    finally:
+        q.close()

@@ -25,13 +25,14 @@ from localmq.errors import (
 from localmq.layout import (
     CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CTL_FILE, CTL_LOCK_BYTE_HOUSEKEEPER, CTL_LOCK_BYTE_STORE,
     CTL_S_CQ_SIZE, CTL_S_HOUSEKEEPER, CTL_S_PUTS, CTL_S_READY, CTL_S_REPAIRS, CTL_S_REPUT, CTL_S_SEG_SIZE,
-    CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE, CTL_S_INDEXED,
+    CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE, CTL_S_INDEXED, CTL_S_DISK_FULL,
 )
 from localmq.queues.local import LocalMessageQueue
 from localmq.services.flush import FlushConsumeQueueService, FlushRealTimeService, GroupCommitService
 from localmq.services.reput import ReputMessageService
 from localmq.services.service_thread import ServiceThread
 from localmq.store.checkpoint import StoreCheckpoint
+from localmq.status import PutStatus
 from localmq.store.commit_log import CommitLog, GroupCommit
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
@@ -89,6 +90,7 @@ class _Election(ServiceThread):
                 if q._housekeeper:
                     # a writer that died holding the lock leaves a torn put until the next put: repair it now
                     q.commit_log.check_writer()
+                q._share_disk_full()
             except Exception:  # noqa: BLE001 - logged and counted; the next round tries again
                 self.errors += 1
                 log.exception("becoming the housekeeper of %s", self.queue.root)
@@ -334,6 +336,21 @@ class SharedMessageQueue(LocalMessageQueue):
         scheduler = SharedConsumerScheduler(table)
         offsets = SharedOffsetManager(table, self.offset_store_path, flush_interval_ms)
         return offsets, scheduler
+
+    def _share_disk_full(self) -> None:
+        """Retention runs in the housekeeper; its disk-full refusal (SERVICE_NOT_AVAILABLE) reaches the puts of
+        every process through CTL_S_DISK_FULL, within one election round."""
+        ctl = self._ctl
+        if ctl is None or ctl.closed:
+            return
+        cl = self.commit_log
+        if self._housekeeper:
+            ctl.store(CTL_S_DISK_FULL, 1 if cl.refuse_status is PutStatus.SERVICE_NOT_AVAILABLE else 0)
+        elif ctl.load(CTL_S_DISK_FULL):
+            if cl.refuse_status is None:
+                cl.refuse_status = PutStatus.SERVICE_NOT_AVAILABLE
+        elif cl.refuse_status is PutStatus.SERVICE_NOT_AVAILABLE:
+            cl.refuse_status = None
 
     # -- reads in every process ----------------------------------------------------------------------------------
 
