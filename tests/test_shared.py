@@ -583,3 +583,20 @@ def test_a_full_disk_seen_by_the_housekeeper_stops_puts_in_every_process(tmp_pat
         w.kill()
     finally:
         q.close()
+
+
+def test_sync_flush_puts_from_many_processes_are_acknowledged_flushed(tmp_path, workers):
+    path = tmp_path / "s"
+    sync = dict(flush_disk_type="SYNC_FLUSH")
+    q = localmq.open(path, shared=True, **KW, **sync)
+    try:
+        ws = [workers("produce", path, name=f"sf{k}", n=300, config=sync) for k in range(2)]
+        mine = put_many(q, 300)
+        for w in ws:
+            w.finish(120)
+            assert len(w.acks()) == 300 and not [p for p in w.lines if p[0] == "fail"]  # all PUT_OK, none timed out
+        assert q.wait_for_dispatch(10)
+        got = read_all(q)
+        assert len(got) == 900 and all(got[k] == h for k, h in mine.items())
+    finally:
+        q.close()
