@@ -2,6 +2,7 @@
 import os
 import shutil
 import struct
+import sys
 
 import pytest
 
@@ -35,6 +36,11 @@ def pytest_report_header(config):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    shared = sys.modules.get("test_shared_bench")
+    if shared is not None and shared.RESULTS:
+        terminalreporter.section("many processes, one store (same run)")
+        for line in shared.table_lines():
+            terminalreporter.write_line(line)
     rows = config.stash.get(ROWS, [])
     if not rows:
         return

@@ -25,13 +25,9 @@ KW = dict(mapped_file_size_commit_log=64 << 20, mapped_file_size_consume_queue=2
 RESULTS = []
 
 
-@pytest.fixture(scope="module", autouse=True)
-def table(request):
-    yield
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    if tr is None or not RESULTS:
-        return
-    tr.section("many processes, one store (same run)")
+def table_lines():
+    """The same-run table (conftest.pytest_terminal_summary prints it at the end of the run)."""
+    lines = []
     base = {r["procs"]: r["rate"] for r in RESULTS if r["impl"] == "localmq_shared"}
     best_peer = {}
     for r in RESULTS:
@@ -43,9 +39,10 @@ def table(request):
             extra = f"  x{r['rate'] / one:.2f} of shared-1" if one else ""
             if r["impl"] == "localmq_shared" and best_peer.get(r["procs"]):
                 extra += f"  x{r['rate'] / best_peer[r['procs']]:.1f} best peer"
-            tr.write_line(f"{r['impl']:<22} {r['procs']} proc  {r['rate']:>12,.0f} msgs/s{extra}")
+            lines.append(f"{r['impl']:<24} {r['procs']} proc  {r['rate']:>12,.0f} msgs/s{extra}")
         else:
-            tr.write_line(f"{r['impl']:<22} {r['what']}")
+            lines.append(f"{r['impl']:<24} {r['what']}")
+    return lines
 
 
 # -- workers (module level: spawn imports this module in the child) ------------------------------------------
