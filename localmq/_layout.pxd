@@ -68,6 +68,8 @@ cdef extern from *:
     #define LMQ_L_CTL_EVENT_SIZE (64)
     #define LMQ_L_CTL_DISPATCH_EVENT_OFF (384)
     #define LMQ_L_CTL_GROUP_LOCK_OFF (768)
+    #define LMQ_L_CTL_FLUSHED_EVENT_OFF (896)
+    #define LMQ_L_CTL_FLUSH_REQ_EVENT_OFF (960)
     #define LMQ_L_CTL_S_READY (512)
     #define LMQ_L_CTL_S_WPOS (520)
     #define LMQ_L_CTL_S_LAST_TS (528)
@@ -79,6 +81,8 @@ cdef extern from *:
     #define LMQ_L_CTL_S_PUTS (576)
     #define LMQ_L_CTL_S_CQ_MIN (584)
     #define LMQ_L_CTL_S_DISK_FULL (600)
+    #define LMQ_L_CTL_S_FLUSHED (608)
+    #define LMQ_L_CTL_S_FLUSH_REQ (616)
     #define LMQ_L_CTL_S_INDEXED (592)
     #define LMQ_L_CTL_I_STATE (640)
     #define LMQ_L_CTL_I_POS (648)
@@ -178,6 +182,8 @@ cdef extern from *:
     enum: CTL_EVENT_SIZE "LMQ_L_CTL_EVENT_SIZE"
     enum: CTL_DISPATCH_EVENT_OFF "LMQ_L_CTL_DISPATCH_EVENT_OFF"
     enum: CTL_GROUP_LOCK_OFF "LMQ_L_CTL_GROUP_LOCK_OFF"
+    enum: CTL_FLUSHED_EVENT_OFF "LMQ_L_CTL_FLUSHED_EVENT_OFF"
+    enum: CTL_FLUSH_REQ_EVENT_OFF "LMQ_L_CTL_FLUSH_REQ_EVENT_OFF"
     enum: CTL_S_READY "LMQ_L_CTL_S_READY"
     enum: CTL_S_WPOS "LMQ_L_CTL_S_WPOS"
     enum: CTL_S_LAST_TS "LMQ_L_CTL_S_LAST_TS"
@@ -189,6 +195,8 @@ cdef extern from *:
     enum: CTL_S_PUTS "LMQ_L_CTL_S_PUTS"
     enum: CTL_S_CQ_MIN "LMQ_L_CTL_S_CQ_MIN"
     enum: CTL_S_DISK_FULL "LMQ_L_CTL_S_DISK_FULL"
+    enum: CTL_S_FLUSHED "LMQ_L_CTL_S_FLUSHED"
+    enum: CTL_S_FLUSH_REQ "LMQ_L_CTL_S_FLUSH_REQ"
     enum: CTL_S_INDEXED "LMQ_L_CTL_S_INDEXED"
     enum: CTL_I_STATE "LMQ_L_CTL_I_STATE"
     enum: CTL_I_POS "LMQ_L_CTL_I_POS"

@@ -39,6 +39,8 @@ cdef class ControlFile:
     cdef readonly WriteLock group_lock   # guards the clients' table (consumer groups, committed offsets)
     cdef readonly EventCount events
     cdef readonly EventCount dispatched_events
+    cdef readonly EventCount flushed_events     # SYNC_FLUSH puts wait here for the group commit
+    cdef readonly EventCount flush_requests     # the housekeeper's group commit waits here for requests
     cdef readonly Slots slots
     cdef char *addr
     cdef int fd

@@ -44,6 +44,8 @@ class ControlFile:
     group_lock: WriteLock
     events: EventCount
     dispatched_events: EventCount
+    flushed_events: EventCount
+    flush_requests: EventCount
     slots: Slots
     def __init__(self, path: Union[str, os.PathLike[str]], *, timeout: float = 10.0) -> None: ...
     @property

@@ -9,7 +9,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from localmq._layout cimport (
-    CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_EVENT_SIZE, CTL_GROUP_LOCK_OFF, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE,
+    CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_EVENT_SIZE, CTL_FLUSH_REQ_EVENT_OFF, CTL_FLUSHED_EVENT_OFF,
+    CTL_GROUP_LOCK_OFF, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE,
     CTL_TOPIC_COUNT, CTL_TOPIC_ROW, CTL_TOPICS_OFF, CTL_FILE_SIZE, CTL_H_FILE_SIZE, CTL_H_GENERATION, CTL_H_INIT_PID,
     CTL_H_INIT_TIME_MS, CTL_H_MAGIC, CTL_H_SLOT_COUNT, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_LOCK_OFF, CTL_LOCK_SIZE,
     CTL_MAGIC, CTL_SLOT_CLAIMED_MS, CTL_SLOT_COUNT, CTL_SLOT_LOCK_BASE, CTL_SLOT_PID, CTL_SLOT_SIZE, CTL_SLOTS_OFF,
@@ -125,6 +126,12 @@ cdef class ControlFile:
         self.dispatched_events = EventCount.__new__(EventCount)
         self.dispatched_events.ctl = self
         self.dispatched_events.p = self.addr + CTL_DISPATCH_EVENT_OFF
+        self.flushed_events = EventCount.__new__(EventCount)
+        self.flushed_events.ctl = self
+        self.flushed_events.p = self.addr + CTL_FLUSHED_EVENT_OFF
+        self.flush_requests = EventCount.__new__(EventCount)
+        self.flush_requests.ctl = self
+        self.flush_requests.p = self.addr + CTL_FLUSH_REQ_EVENT_OFF
         self.slots = Slots.__new__(Slots)
         self.slots.ctl = self
         self.slots.mine_slot = -1
@@ -207,6 +214,8 @@ cdef class ControlFile:
             raise_errno(err, self.path)
         lmq_shm_event_init(a + CTL_EVENT_OFF)
         lmq_shm_event_init(a + CTL_DISPATCH_EVENT_OFF)
+        lmq_shm_event_init(a + CTL_FLUSHED_EVENT_OFF)
+        lmq_shm_event_init(a + CTL_FLUSH_REQ_EVENT_OFF)
         lmq_shm_store_u32_rel(a + CTL_H_MAGIC, CTL_MAGIC)
         return 0
 

@@ -141,6 +141,8 @@ CTL_EVENT_OFF = 256                      # eventcount "committed": every put not
 CTL_EVENT_SIZE = 64                      # LMQ_SHM_EVENT_BYTES
 CTL_DISPATCH_EVENT_OFF = 384             # eventcount "dispatched": the dispatcher notifies it (consumers wait)
 CTL_GROUP_LOCK_OFF = 768                 # the group lock (robust mutex): guards the clients' table
+CTL_FLUSHED_EVENT_OFF = 896              # eventcount "flushed": SYNC_FLUSH puts of every process wait on it
+CTL_FLUSH_REQ_EVENT_OFF = 960            # eventcount "flush requested": the housekeeper's group commit waits on it
 # The store section (i64 each unless noted). Written under the writer lock unless noted; read by anyone.
 CTL_S_READY = 512                        # i64: 1 once a first opener recovered the store and filled this section
 CTL_S_WPOS = 520                         # committed end of the CommitLog (release store: THE commit point)
@@ -153,6 +155,8 @@ CTL_S_REPAIRS = 568                      # torn puts repaired after their writer
 CTL_S_PUTS = 576                         # committed put calls (put or put_batch), every process
 CTL_S_CQ_MIN = 584                       # min offset of the CommitLog the ConsumeQueues follow (housekeeper)
 CTL_S_DISK_FULL = 600                    # 1 while the housekeeper finds the disk full (every process refuses puts)
+CTL_S_FLUSHED = 608                      # CommitLog end known to be on disk (SYNC_FLUSH group commit, housekeeper)
+CTL_S_FLUSH_REQ = 616                    # highest end a SYNC_FLUSH put waits for (any process, CAS max)
 CTL_S_INDEXED = 592                      # CommitLog offset below which every record is in the IndexFile (housekeeper)
 # The intent record: what the writer-lock holder is doing, so a taker-over can repair a torn put.
 CTL_I_STATE = 640                        # 1 while a put is between its first byte and its commit

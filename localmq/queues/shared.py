@@ -28,12 +28,12 @@ from localmq.layout import (
     CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE, CTL_S_INDEXED, CTL_S_DISK_FULL,
 )
 from localmq.queues.local import LocalMessageQueue
-from localmq.services.flush import FlushConsumeQueueService, FlushRealTimeService, GroupCommitService
+from localmq.services.flush import FlushConsumeQueueService, FlushRealTimeService, SharedGroupCommitService
 from localmq.services.reput import ReputMessageService
 from localmq.services.service_thread import ServiceThread
 from localmq.store.checkpoint import StoreCheckpoint
 from localmq.status import PutStatus
-from localmq.store.commit_log import CommitLog, GroupCommit
+from localmq.store.commit_log import CommitLog
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
@@ -153,13 +153,8 @@ class SharedMessageQueue(LocalMessageQueue):
             ctl.range_lock(CTL_LOCK_BYTE_STORE, 0)
         self._setup_reads()
         if c.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            # every process flushes for its own waiting puts (fdatasync of a segment covers every process's bytes)
-            gc = GroupCommit(self._cl_mfq.flushed_where)
-            self._group_commit = gc
-            self._flush_service = GroupCommitService(self._cl_mfq, gc, self.checkpoint)
-            self.commit_log.set_group_commit(gc, c.sync_flush_timeout)
-            self._flush_service.start()
-            self._services.append(self._flush_service)
+            # puts of every process wait for the housekeeper's group commit (SharedGroupCommitService)
+            self.commit_log.set_shared_sync_flush(c.sync_flush_timeout)
         self._try_become_housekeeper()
         self._election = _Election(self)
         self._election.start()
@@ -286,10 +281,12 @@ class SharedMessageQueue(LocalMessageQueue):
         self._reput_service = svc
         svc.start()
         self._hk_services.append(svc)
-        if c.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
+        if c.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            self._hk_flush = SharedGroupCommitService(self._cl_mfq, ctl, self.commit_log.sync_view)
+        else:
             self._hk_flush = FlushRealTimeService(self._cl_mfq, c, self.checkpoint)
-            self._hk_flush.start()
-            self._hk_services.append(self._hk_flush)
+        self._hk_flush.start()
+        self._hk_services.append(self._hk_flush)
         self._cq_flush_service = FlushConsumeQueueService(lambda: self._cqs.values(), c, self.checkpoint,
                                                           self.checkpoint.flush)
         self._cq_flush_service.start()
@@ -540,9 +537,6 @@ class SharedMessageQueue(LocalMessageQueue):
                 self._stop_housekeeping(flush=True)
         finally:
             self._closed = True
-            if self._group_commit is not None:
-                self._group_commit.publish(self._cl_mfq.flushed_where)
-            self._stop_service(self._flush_service)
             for cq in list(self._cqs.values()):
                 cq.close()
             self._cl_mfq.close()

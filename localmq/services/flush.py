@@ -7,6 +7,7 @@ import time
 from typing import Callable, Iterable
 
 from localmq.errors import StoreClosedError
+from localmq.layout import CTL_S_FLUSH_REQ, CTL_S_FLUSHED
 from localmq.services.service_thread import ServiceThread
 
 log = logging.getLogger("localmq.flush")
@@ -252,3 +253,44 @@ class FlushConsumeQueueService(ServiceThread):
             self.errors += 1
             self.last_error = e
             log.error("%s: flushing consume queues failed: %s", self.name, e)
+
+
+class SharedGroupCommitService(ServiceThread):
+    """SYNC_FLUSH group commit of a store shared between processes, run by the housekeeper: it sleeps on the
+    control file's "flush requested" eventcount, and when some process's put waits for an end not yet flushed it
+    moves its view to the committed end, flushes every segment up to there (one fdatasync per segment covers the
+    bytes of every process) and publishes the flushed end (``CTL_S_FLUSHED``), waking the waiting puts of every
+    process through the "flushed" eventcount."""
+
+    def __init__(self, mfq, ctl, sync_view: Callable[[], int]):
+        super().__init__("SharedGroupCommitService")
+        self.mfq = mfq
+        self.ctl = ctl
+        self.sync_view = sync_view
+        self.flushes = 0
+
+    def run(self) -> None:
+        ctl = self.ctl
+        requests = ctl.flush_requests
+        while not self.stopped:
+            seen = requests.seq()
+            if ctl.load(CTL_S_FLUSH_REQ) <= ctl.load(CTL_S_FLUSHED):
+                requests.wait(seen, 0.05)
+                continue
+            end = self.sync_view()
+            try:
+                flushed = self.mfq.flush_to(end)
+            except OSError as e:
+                self.errors += 1
+                self.last_error = e
+                log.error("%s: flushing the commit log failed: %s (waiting puts will time out)", self.name, e)
+                self._stopped.wait(0.01)
+                continue
+            self.flushes += 1
+            if flushed > ctl.load(CTL_S_FLUSHED):
+                ctl.store(CTL_S_FLUSHED, flushed)
+            ctl.flushed_events.notify()
+
+    def on_shutdown(self) -> None:
+        if not self.ctl.closed:
+            self.ctl.flush_requests.notify()

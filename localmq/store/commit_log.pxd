@@ -48,6 +48,7 @@ cdef class CommitLog:
     cdef char *cb                     # ctl's mapping (NULL: this process alone writes the store)
     cdef public double lock_timeout   # seconds a put waits for the writer lock before StoreBusyError
     cdef readonly long long repairs
+    cdef bint shared_sync             # SYNC_FLUSH in a shared store: wait on the housekeeper's group commit
     cdef int64_t synced_end           # the committed end sync_view last moved this view to
     cdef int _bind_shared(self, TopicEntry te) except -1
     cdef int _repair(self) except -1
@@ -56,6 +57,7 @@ cdef class CommitLog:
     cdef bytes _properties(self, object tags, object keys, object properties)
     cdef MappedFile _roll(self, int64_t start)
     cdef _await_flush(self, object r, int64_t end)
+    cdef _await_shared_flush(self, object r, int64_t end)
     cdef object _closed_error(self)
     cdef object _put(self, str topic, object body, object queue_id, object tags, object keys, object properties,
                      object flag)

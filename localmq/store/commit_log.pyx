@@ -10,11 +10,12 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.errno cimport errno
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memset
 
 from localmq._layout cimport (
-    CTL_EVENT_OFF, CTL_FILE_SIZE, CTL_I_CELL, CTL_I_END, CTL_I_POS, CTL_I_QEND, CTL_I_QOFF, CTL_I_STATE,
+    CTL_EVENT_OFF, CTL_FILE_SIZE, CTL_FLUSH_REQ_EVENT_OFF, CTL_FLUSHED_EVENT_OFF, CTL_I_CELL, CTL_I_END, CTL_I_POS,
+    CTL_I_QEND, CTL_I_QOFF, CTL_I_STATE, CTL_S_FLUSH_REQ, CTL_S_FLUSHED,
     CTL_S_LAST_TS, CTL_S_PUTS, CTL_S_REPAIRS, CTL_S_WPOS, CTL_T_NEXT, CTL_TOPIC_QUEUES, CTL_TOPICS_OFF,
     END_FILE_MIN_BLANK_LENGTH, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID, SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
@@ -23,12 +24,14 @@ from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_re
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
     lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_pause, lmq_gc_flushed, lmq_gc_free, lmq_gc_new,
-    lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_load_acq, lmq_now_ms, lmq_store_rel,
+    lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_load_acq, lmq_now_ms, lmq_store_max,
+    lmq_store_rel,
 )
 from localmq._native cimport Event, raise_errno
 from localmq._shm cimport (
     ControlFile, LMQ_SHM_ACQUIRED, LMQ_SHM_OWNER_DIED, WriteLock, lmq_shm_event_notify, lmq_shm_lock_acquire,
-    lmq_shm_lock_consistent, lmq_shm_lock_release, topic_row_add, topic_row_c,
+    lmq_shm_event_seq, lmq_shm_event_wait, lmq_shm_lock_consistent, lmq_shm_lock_release, lmq_shm_monotonic_ns,
+    topic_row_add, topic_row_c,
 )
 
 from localmq._record import pack_host, properties_to_bytes
@@ -769,6 +772,8 @@ cdef class CommitLog:
         r._host = self.store_host
         if self.group_commit is not None:
             self._await_flush(r, phys + total)
+        elif self.shared_sync:
+            self._await_shared_flush(r, phys + total)
         return r
 
     def put_batch(self, str topic not None, object bodies, *, object queue_id=0, object tags=None, object keys=None,
@@ -938,6 +943,8 @@ cdef class CommitLog:
         r.status = PUT_OK
         if self.group_commit is not None:
             self._await_flush(r, end_off)
+        elif self.shared_sync:
+            self._await_shared_flush(r, end_off)
         return r
 
     cdef _await_flush(self, object r, int64_t end):
@@ -949,6 +956,36 @@ cdef class CommitLog:
         if rc != 0:
             # the message is in the log but not known to be on disk: RocketMQ's FLUSH_DISK_TIMEOUT
             (<PutResult>r).status = FLUSH_TIMEOUT
+
+    cdef _await_shared_flush(self, object r, int64_t end):
+        # SYNC_FLUSH in a shared store: ask the housekeeper's group commit (one fdatasync covers the puts of every
+        # process) and sleep on the "flushed" eventcount until the flushed end covers ours
+        cdef char *cb = self.cb
+        cdef int64_t deadline = lmq_shm_monotonic_ns() + self.sync_flush_timeout_us * 1000, left
+        cdef uint32_t seen
+        cdef bint ok = False
+        with nogil:  # a disk round trip
+            lmq_store_max(<int64_t *>(cb + CTL_S_FLUSH_REQ), end)
+            lmq_shm_event_notify(cb + CTL_FLUSH_REQ_EVENT_OFF)
+            while True:
+                seen = lmq_shm_event_seq(cb + CTL_FLUSHED_EVENT_OFF)
+                if lmq_load_acq(<int64_t *>(cb + CTL_S_FLUSHED)) >= end:
+                    ok = True
+                    break
+                left = (deadline - lmq_shm_monotonic_ns()) // 1000
+                if left <= 0:
+                    break
+                lmq_shm_event_wait(cb + CTL_FLUSHED_EVENT_OFF, seen, left if left < 10000 else 10000)
+        if not ok:
+            (<PutResult>r).status = FLUSH_TIMEOUT
+
+    def set_shared_sync_flush(self, long long timeout_ms):
+        """SYNC_FLUSH in a shared store: every put waits (at most ``timeout_ms``) until the housekeeper's group
+        commit has the committed end on disk (``CTL_S_FLUSHED``), then answers PUT_OK, else FLUSH_DISK_TIMEOUT."""
+        if self.cb == NULL:
+            raise ValueError("set_shared_sync_flush needs attach_control first")
+        self.shared_sync = True
+        self.sync_flush_timeout_us = timeout_ms * 1000
 
     cdef object _closed_error(self):
         if self.forked:

@@ -205,6 +205,10 @@ class MappedFileQueue:
                 mf = MappedFile(os.path.join(self.directory, name), fs, create=False, reserve=self.reserve,
                                 writable=self.writable)
                 mf.set_positions(min(fs, end - base))
+                if self.writable:
+                    # not known to be on disk (the process that wrote it may have died before flushing): the next
+                    # flush of this view fdatasyncs it once
+                    mf.flushed_position = 0
                 files.append(mf)
         except BaseException:
             for mf in files:
