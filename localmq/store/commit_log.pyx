@@ -129,6 +129,15 @@ cdef inline int64_t ctl_begin(CommitLog self, TopicEntry te, int qid) except -1:
     cdef char *cb = self.cb
     cdef int64_t w = lmq_load_acq(<int64_t *>(cb + CTL_S_WPOS))
     cdef MappedFile mf = self.cur
+    cdef int64_t rel
+    if mf is not None and mf.file_from_offset + mf.append_pos != w:
+        # another process committed since our last put; mostly within the segment we write: move its positions in
+        # C (CAS max, as sync_to does) and leave new segments to the Python path below
+        rel = w - mf.file_from_offset
+        if mf.wbuf == NULL and mf.append_pos < rel < self.file_size:
+            lmq_store_max(&mf.append_pos, rel)
+            lmq_store_max(&mf.committed_pos, rel)
+            lmq_store_max(&mf.wrote_pos, rel)
     if mf is None or mf.file_from_offset + mf.append_pos != w:
         mf = self.mapped_file_queue.sync_to(w)
         self.cur = mf
