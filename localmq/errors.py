@@ -148,7 +148,8 @@ class ForkedStoreError(LocalMQError, RuntimeError):
     """A store (or embedded queue) used in a process forked after it was opened: os.fork, multiprocessing's fork
     start method, gunicorn --preload. The child shares the parent's files but not its put lock, dispatcher or
     offsets, so a put there could overwrite the parent's messages; every use raises this instead. Open the store
-    in the child (after the parent closed it: one process holds a store at a time), or open it only after forking.
+    in the child (with ``shared=True`` in both processes they share it; otherwise after the parent closed it), or
+    open it only after forking.
     """
 
 

@@ -51,8 +51,8 @@ class ProcessBoundMixin:
         if self._forked:
             return ForkedStoreError(
                 f"{type(self).__name__} {getattr(self, 'root', '')!r} was opened by process that forked this one "
-                f"(pid {os.getpid()}): open the store in this process instead (one process holds a store at a time), "
-                f"or open it only after forking")
+                f"(pid {os.getpid()}): open the store in this process instead (localmq.open(path, shared=True) in "
+                f"both processes lets them share it), or open it only after forking")
         return StoreClosedError("the store is closed")
 
     def __reduce__(self) -> Any:
