@@ -47,10 +47,14 @@ _open_files = set()
 # child takes on the same file later (its own attachment, slot, housekeeper byte). So in the child the inherited
 # objects forget their descriptor (it stays open, unused) and count as closed.
 _live_files = weakref.WeakSet()
+# (st_dev, st_ino) -> the ControlFile open on it in this process (readers of the same store look through it rather
+# than open a second descriptor, whose close would drop this process's locks)
+_by_key = weakref.WeakValueDictionary()
 
 
 def _forget_open_files():
     _open_files.clear()
+    _by_key.clear()
     for cf in list(_live_files):
         (<ControlFile>cf).fd = -1
         (<ControlFile>cf).inherited = True
@@ -114,6 +118,7 @@ cdef class ControlFile:
         self.key = key
         _open_files.add(key)
         _live_files.add(self)
+        _by_key[key] = self
         self.lock = WriteLock.__new__(WriteLock)
         self.lock.ctl = self
         self.lock.p = self.addr + CTL_LOCK_OFF

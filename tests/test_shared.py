@@ -600,3 +600,24 @@ def test_sync_flush_puts_from_many_processes_are_acknowledged_flushed(tmp_path, 
         assert len(got) == 900 and all(got[k] == h for k, h in mine.items())
     finally:
         q.close()
+
+
+def test_file_readers_on_a_live_shared_store_see_a_growing_prefix(tmp_path, workers):
+    # what the CLI and Spark use: localmq's file readers, no lock, no control file
+    path = tmp_path / "s"
+    w = workers("produce", path, name="fr", n=20000, body=3000)
+    w.wait_open()
+    counts = []
+    while w.proc.poll() is None or not counts:
+        seen = [(m.queue_id, m.queue_offset) for m in
+                localmq.read_commitlog(str(path / "commitlog"), mapped_file_size=KW["mapped_file_size_commit_log"])]
+        per_queue = {}
+        for qid, qoff in seen:
+            assert qoff == per_queue.get(qid, 0)  # each queue's messages in order, none missing before the end
+            per_queue[qid] = qoff + 1
+        counts.append(len(seen))
+    w.finish()
+    assert counts == sorted(counts) and len(counts) >= 2
+    final = sum(1 for _ in localmq.read_commitlog(str(path / "commitlog"),
+                                                  mapped_file_size=KW["mapped_file_size_commit_log"]))
+    assert final == 20000 == len(w.acks())

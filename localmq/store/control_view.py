@@ -48,9 +48,13 @@ class ControlView:
         try:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) in _shm._open_files:
-                # closing a second descriptor of the file would drop this process's locks on it (its slot, its
-                # attachment, maybe the housekeeper's byte)
-                raise ControlFileError(f"{path} is open in this process by a shared store: read through that one")
+                # a second descriptor's close would drop this process's locks on the file (its slot, its
+                # attachment, maybe the housekeeper's byte): read through the ControlFile already open
+                cf = _shm._by_key.get((st.st_dev, st.st_ino))
+                os.close(fd)
+                if cf is None or cf.closed:
+                    raise ControlFileError(f"{path} is open in this process by a shared store: read through that one")
+                return _OpenFileView(cf)  # type: ignore[return-value]
             if st.st_size < CTL_FILE_SIZE or not _held_by_others(fd, CTL_LOCK_BYTE_OPEN):
                 os.close(fd)
                 return None
@@ -95,3 +99,22 @@ class ControlView:
             self.mm.close()
             os.close(self.fd)
             self.fd = -1
+
+
+class _OpenFileView:
+    """ControlView's reads over the ControlFile this process already has open (a shared store of this process)."""
+
+    def __init__(self, cf) -> None:
+        self.cf = cf
+
+    def load(self, off: int) -> int:
+        return self.cf.load(off)
+
+    def dispatched(self, topic: str, queue_id: int) -> Optional[int]:
+        if not 0 <= queue_id < CTL_TOPIC_QUEUES:
+            return None
+        row = self.cf.topic_row(topic)
+        return None if row < 0 else self.cf.load(row + CTL_T_DISPATCHED + 8 * queue_id)
+
+    def close(self) -> None:
+        pass  # the ControlFile belongs to the shared store

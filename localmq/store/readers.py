@@ -6,12 +6,14 @@ import mmap
 import os
 from collections import namedtuple
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from localmq import _record
-from localmq.errors import CorruptFrameError, CorruptStoreError
-from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_EXT_SIZE, CQ_UNIT_SIZE
+from localmq.errors import ControlFileError, CorruptFrameError, CorruptStoreError
+from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_EXT_SIZE, CQ_UNIT_SIZE, CTL_S_WPOS
+from localmq.store.control_view import ControlView
 from localmq.store.files import list_segments
 
 __all__ = [
@@ -145,6 +147,9 @@ class CommitLogReader:
         self.check_crc = bool(check_crc)
         self.copy = bool(copy)
         self.on_corrupt = on_corrupt
+        # a store that processes share while it is read: stop at the committed end they publish (past it a put
+        # may be half-copied, which would look like damage); None: the files are the whole truth
+        self.end = committed_end(os.path.dirname(os.path.abspath(self.path))) if os.path.isdir(self.path) else None
         self.gaps = _find_gaps(self._segments, self.mapped_file_size, "commit log")
         self.stop_reason = None
         self.stop_offset = None
@@ -187,7 +192,10 @@ class CommitLogReader:
         return False
 
     def _run(self):
+        end = self.end
         for index, seg_file in enumerate(self._segments):
+            if end is not None and seg_file.base >= end:
+                break
             seg = _MappedSegment(seg_file.path)
             try:
                 self.segments_read += 1
@@ -195,8 +203,9 @@ class CommitLogReader:
                 self.stop_offset = base
                 if n == 0:
                     continue
+                limit = n if end is None else min(n, end - base)
                 pos = 0
-                while pos < n:
+                while pos < limit:
                     try:
                         msg = _record.decode_message(seg.mm, pos, check_crc=self.check_crc, base_offset=base,
                                                     copy=self.copy)
@@ -213,6 +222,10 @@ class CommitLogReader:
                 msg = None  # with copy=False it would keep the mapping exported
                 if pos == n:  # the records fill the file exactly: roll to the next one as after a blank
                     continue
+                if end is not None and base + pos >= end:
+                    # a live shared store's committed end: what lies past it is being written
+                    self.stop_offset = end
+                    break
                 # Why did the walk stop at pos? Torn and corrupt records are told apart by what follows them.
                 status, size = _record.scan_record(seg.mm, pos, self.check_crc)
                 if status == "blank":
@@ -253,6 +266,21 @@ class CommitLogReader:
             log.warning("commit log %s: stored physical offset %d differs from the file position %d; "
                         "using file positions", path, msg.physical_offset, offset)
         return _relocated(msg, offset)
+
+
+def committed_end(root: str) -> Optional[int]:
+    """The committed end of the CommitLog that the live processes sharing the store at ``root`` publish in its
+    control file, or None when no process shares it (read without a lock; nothing is written)."""
+    try:
+        view = ControlView.open(root)
+    except (ControlFileError, OSError):
+        return None
+    if view is None:
+        return None
+    try:
+        return view.load(CTL_S_WPOS)
+    finally:
+        view.close()
 
 
 def read_commitlog(path, *, mapped_file_size=None, check_crc=True, copy=True, on_corrupt="raise"):
