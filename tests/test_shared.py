@@ -12,6 +12,7 @@ import pytest
 
 import localmq
 from localmq.errors import ForkedStoreError, StoreBusyError, StoreLockedError
+from localmq.store.files import StoreFiles
 
 from helpers import wait_until
 
@@ -607,7 +608,7 @@ def test_file_readers_on_a_live_shared_store_see_a_growing_prefix(tmp_path, work
     path = tmp_path / "s"
     w = workers("produce", path, name="fr", n=20000, body=3000)
     w.wait_open()
-    counts = []
+    counts, ends = [], []
     while w.proc.poll() is None or not counts:
         seen = [(m.queue_id, m.queue_offset) for m in
                 localmq.read_commitlog(str(path / "commitlog"), mapped_file_size=KW["mapped_file_size_commit_log"])]
@@ -616,7 +617,9 @@ def test_file_readers_on_a_live_shared_store_see_a_growing_prefix(tmp_path, work
             assert qoff == per_queue.get(qid, 0)  # each queue's messages in order, none missing before the end
             per_queue[qid] = qoff + 1
         counts.append(len(seen))
+        ends.append(StoreFiles(str(path), KW["mapped_file_size_commit_log"]).walk_end())  # Spark's end of the log
     w.finish()
+    assert ends == sorted(ends)
     assert counts == sorted(counts) and len(counts) >= 2
     final = sum(1 for _ in localmq.read_commitlog(str(path / "commitlog"),
                                                   mapped_file_size=KW["mapped_file_size_commit_log"]))

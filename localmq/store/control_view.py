@@ -12,7 +12,7 @@ from localmq.errors import ControlFileError
 from localmq.layout import (
     CTL_FILE, CTL_FILE_SIZE, CTL_H_MAGIC, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_MAGIC, CTL_S_READY, CTL_T_DISPATCHED,
     CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE, CTL_TOPIC_COUNT, CTL_TOPIC_QUEUES, CTL_TOPIC_ROW, CTL_TOPICS_OFF,
-    CTL_VERSION,
+    CTL_S_WPOS, CTL_VERSION,
 )
 
 _I64 = struct.Struct("=q")
@@ -118,3 +118,18 @@ class _OpenFileView:
 
     def close(self) -> None:
         pass  # the ControlFile belongs to the shared store
+
+
+def committed_end(root: str) -> Optional[int]:
+    """The committed end of the CommitLog that the live processes sharing the store at ``root`` publish in its
+    control file, or None when no process shares it (read without a lock; nothing is written)."""
+    try:
+        view = ControlView.open(root)
+    except (ControlFileError, OSError):
+        return None
+    if view is None:
+        return None
+    try:
+        return view.load(CTL_S_WPOS)
+    finally:
+        view.close()

@@ -15,6 +15,7 @@ from localmq.layout import (
     CQ_DTYPE, CQ_UNIT_SIZE, INDEX_DIR, INDEX_NAME_DIGITS, LOCK_FILE, SEGMENT_NAME_RE, file_name,
 )
 from localmq.status import RecordStatus
+from localmq.store.control_view import committed_end
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE", "SegmentFile", "numbered_files", "list_segments", "StoreFiles", "ConsumeQueueFiles",
@@ -166,6 +167,9 @@ class StoreFiles:
                 raise CorruptStoreError(f"commit log gap: {fpath} follows {segments[-1][1]}")
             segments.append((base, fpath))
         self.segments = segments
+        # processes sharing the store right now publish its committed end: reads stop there (past it a put may be
+        # half-copied); None when nobody shares it
+        self.live_end = committed_end(path)
 
     # -- paths ----------------------------------------------------------------------------------------------------
 
@@ -235,6 +239,8 @@ class StoreFiles:
         """
         if not self.segments:
             return 0
+        if self.live_end is not None and (start is None or start <= self.live_end):
+            return self.live_end
         first = len(self.segments) - 1 if start is None else max(0, (start - self.min_offset) // self.segment_size)
         end = self.segments[first][0]
         for base, fpath in self.segments[first:]:

@@ -6,14 +6,13 @@ import mmap
 import os
 from collections import namedtuple
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
 from localmq import _record
-from localmq.errors import ControlFileError, CorruptFrameError, CorruptStoreError
-from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_EXT_SIZE, CQ_UNIT_SIZE, CTL_S_WPOS
-from localmq.store.control_view import ControlView
+from localmq.errors import CorruptFrameError, CorruptStoreError
+from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_EXT_SIZE, CQ_UNIT_SIZE
+from localmq.store.control_view import committed_end
 from localmq.store.files import list_segments
 
 __all__ = [
@@ -266,21 +265,6 @@ class CommitLogReader:
             log.warning("commit log %s: stored physical offset %d differs from the file position %d; "
                         "using file positions", path, msg.physical_offset, offset)
         return _relocated(msg, offset)
-
-
-def committed_end(root: str) -> Optional[int]:
-    """The committed end of the CommitLog that the live processes sharing the store at ``root`` publish in its
-    control file, or None when no process shares it (read without a lock; nothing is written)."""
-    try:
-        view = ControlView.open(root)
-    except (ControlFileError, OSError):
-        return None
-    if view is None:
-        return None
-    try:
-        return view.load(CTL_S_WPOS)
-    finally:
-        view.close()
 
 
 def read_commitlog(path, *, mapped_file_size=None, check_crc=True, copy=True, on_corrupt="raise"):
