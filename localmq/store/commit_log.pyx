@@ -1000,7 +1000,8 @@ cdef class CommitLog:
         if self.forked:
             return ForkedStoreError("this store was opened by the process that forked this one "
                                     f"(pid {os.getpid()} is the child): open the store in this process instead "
-                                    "(localmq.open(path, shared=True) in both processes lets them share it), or open it only after forking")
+                                    "(localmq.open(path, shared=True) in both processes lets them share it), "
+                                    "or open it only after forking")
         return StoreClosedError("the store is closed")
 
     def close(self):
