@@ -214,6 +214,10 @@ def decode_range(data, RecordColumns cols, Py_ssize_t start=0, Py_ssize_t end=-1
                 rc = -1
                 break
             rc = parse_record(base + pos, end - pos, &v, check_crc)
+            if rc == REC_GAP:  # damage recovery quarantined: the records after it are valid
+                pos += v.total_size
+                rc = REC_END
+                continue
             if rc != REC_OK:
                 break
             fill_row(cols, row, &v, base, base_offset + pos)
@@ -891,6 +895,10 @@ cdef int scan_walk(const uint8_t *base, Py_ssize_t *pos_io, Py_ssize_t end, int6
             rc = SCAN_FULL
             break
         rc = parse_record(base + pos, end - pos, &v, check_crc)
+        if rc == REC_GAP:  # damage recovery quarantined: the records after it are valid
+            pos += v.total_size
+            rc = REC_END
+            continue
         if rc != REC_OK:
             break
         txn = v.sys_flag & SYSFLAG_TRANSACTION_MASK

@@ -12,6 +12,8 @@ cdef enum:
     REC_BAD_MAGIC = 4
     REC_BAD_LENGTH = 5   # TOTALSIZE disagrees with the fields (RocketMQ: size reported, record invalid)
     REC_BAD_CRC = 6
+    REC_GAP = 7          # a gap record (damaged bytes recovery quarantined): skip TOTALSIZE bytes and go on
+    REC_BAD_TOPIC = 8    # a topic name outside [%|a-zA-Z0-9_-]{1,127} (walk_records / find_record check it)
 
 cdef struct RecordView:
     int32_t total_size

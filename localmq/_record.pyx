@@ -6,12 +6,12 @@ cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 from localmq._layout cimport (
-    BLANK_MAGIC_CODE, BODY_CRC_MASK, HOST_V4_SIZE, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_TOPIC_BYTES,
-    MESSAGE_MAGIC_CODE, REC_BODY_CRC, REC_BORN_HOST, REC_BORN_TIMESTAMP, REC_FLAG, REC_MIN_SIZE, REC_PHYSICAL_OFFSET,
-    REC_QUEUE_ID, REC_QUEUE_OFFSET, REC_SYS_FLAG, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6,
+    BLANK_MAGIC_CODE, BODY_CRC_MASK, GAP_RECORD_SIZE, GAP_SIGNATURE, HOST_V4_SIZE, HOST_V6_SIZE, MAX_PROPERTIES_SIZE,
+    MAX_TOPIC_BYTES, MESSAGE_MAGIC_CODE, REC_BODY_CRC, REC_BORN_HOST, REC_BORN_TIMESTAMP, REC_FLAG, REC_MIN_SIZE,
+    REC_PHYSICAL_OFFSET, REC_QUEUE_ID, REC_QUEUE_OFFSET, REC_SYS_FLAG, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6,
 )
 from localmq._os cimport lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64
 from localmq._os cimport lmq_crc32, lmq_crc32_accelerated, lmq_crc32_portable
@@ -63,6 +63,10 @@ cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check
     v.total_size = total
     v.magic = magic
     if magic == BLANK_MAGIC_CODE:
+        # a RocketMQ blank runs to the segment's end; a gap record (same magic, so RocketMQ reads it as a blank)
+        # carries localmq's signature and its own length, which may reach past ``avail`` (a caller's range end)
+        if total >= GAP_RECORD_SIZE and avail >= GAP_RECORD_SIZE and lmq_be64(p + 8) == <uint64_t>GAP_SIGNATURE:
+            return REC_GAP
         return REC_BLANK
     if magic != MESSAGE_MAGIC_CODE:
         if total == 0 and magic == 0:
@@ -116,6 +120,21 @@ cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check
     if check_crc and body_crc32(v.body, v.body_len) != v.body_crc:
         return REC_BAD_CRC
     return REC_OK
+
+
+cdef bint topic_ok(const RecordView *v) noexcept nogil:
+    """Whether the record's topic matches [%|a-zA-Z0-9_-]{1,127} (RocketMQ's TopicValidator): every writer checks
+    it, so any other byte there is a damaged header, which the body CRC does not cover."""
+    cdef int32_t i
+    cdef uint8_t c
+    if v.topic_len <= 0:
+        return False
+    for i in range(v.topic_len):
+        c = v.topic[i]
+        if not ((c >= 97 and c <= 122) or (c >= 65 and c <= 90) or (c >= 48 and c <= 57) or c == 37 or c == 124
+                or c == 95 or c == 45):
+            return False
+    return True
 
 
 cdef int32_t java_hash_utf8(const uint8_t *s, int64_t n) noexcept nogil:
@@ -595,6 +614,50 @@ def encode_blank(int size):
     return PyBytes_FromStringAndSize(<char *>b, 8)
 
 
+def encode_gap(int size):
+    """The 16-byte header of a gap record covering ``size`` damaged bytes (recovery writes it over them after
+    copying them aside): a blank record's TOTALSIZE and magic, then localmq's signature. Raises ValueError when
+    ``size`` is below 16."""
+    cdef uint8_t b[GAP_RECORD_SIZE]
+    if size < GAP_RECORD_SIZE:
+        raise ValueError(f"a gap record needs at least {GAP_RECORD_SIZE} bytes, not {size}")
+    write_blank(b, size)
+    lmq_put64(b + 8, <uint64_t>GAP_SIGNATURE)
+    return PyBytes_FromStringAndSize(<char *>b, GAP_RECORD_SIZE)
+
+
+def find_record(data, Py_ssize_t start, Py_ssize_t end, long long delta):
+    """The first position ``q`` in ``data[start:end]`` that holds a whole, valid record (magic, length, body CRC and
+    topic name) whose PHYSICALOFFSET field is ``q + delta`` (``delta``: the segment's base offset), or -1.
+
+    Recovery uses it to resynchronise after a damaged region: a record copied into another record's body carries
+    the wrong physical offset, so only a record written at this place qualifies. The GIL is released."""
+    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    cdef Py_ssize_t n = mv.shape[0]
+    check_position(start, n, "start")
+    if end < 0 or end > n:
+        end = n
+    cdef const uint8_t *base = &mv[0] if n else NULL
+    cdef Py_ssize_t q = start, found = -1
+    cdef RecordView v
+    cdef uint32_t want = <uint32_t>MESSAGE_MAGIC_CODE
+    cdef const uint8_t *hit
+    with nogil:  # a scan over up to a whole segment: memchr for the magic's first byte, then the checks
+        while q + REC_MIN_SIZE <= end:
+            hit = <const uint8_t *>memchr(base + q + 4, (want >> 24) & 0xFF, <size_t>(end - q - 4))
+            if hit == NULL:
+                break
+            q = (hit - base) - 4
+            if q + REC_MIN_SIZE > end:
+                break
+            if (lmq_be32(base + q + 4) == want and parse_record(base + q, end - q, &v, True) == REC_OK
+                    and v.physical_offset == <int64_t>q + delta and topic_ok(&v)):
+                found = q
+                break
+            q += 1
+    return found
+
+
 cdef int check_position(Py_ssize_t pos, Py_ssize_t n, str name) except -1:
     """Raise PositionOutOfRangeError unless 0 <= pos <= n (a position in, or at the end of, n bytes)."""
     if pos < 0 or pos > n:
@@ -617,6 +680,9 @@ def decode_message(data, Py_ssize_t pos=0, *, bint check_crc=True, long long bas
         return None
     if rc != REC_OK:
         where = base_offset + pos if base_offset >= 0 else pos
+        if rc == REC_GAP:
+            raise CorruptFrameError(f"gap record at offset {where}: {v.total_size} damaged bytes that recovery "
+                                    f"quarantined (the records after it are valid)", offset=where)
         raise CorruptFrameError(f"{RecordStatus.of(rc)} record at offset {where}", offset=where)
     return message_from_view(&v, None, copy, data)
 
@@ -625,7 +691,7 @@ def scan_record(data, Py_ssize_t pos=0, bint check_crc=False):
     """Check the record at ``data[pos:]`` without building a Message.
 
     Returns (status name, size): ("ok", TOTALSIZE), ("blank", TOTALSIZE), ("end", 0), ("torn", 0),
-    ("bad magic", 0), ("bad length", TOTALSIZE) or ("bad crc", TOTALSIZE).
+    ("bad magic", 0), ("bad length", TOTALSIZE), ("bad crc", TOTALSIZE) or ("gap", TOTALSIZE: skip that much).
     """
     cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     cdef RecordView v
@@ -633,16 +699,18 @@ def scan_record(data, Py_ssize_t pos=0, bint check_crc=False):
     check_position(pos, n, "pos")
     v.total_size = 0
     rc = parse_record(&mv[0] + pos if n else NULL, n - pos, &v, check_crc)
-    size = v.total_size if rc in (REC_OK, REC_BLANK, REC_BAD_LENGTH, REC_BAD_CRC) else 0
+    size = v.total_size if rc in (REC_OK, REC_BLANK, REC_BAD_LENGTH, REC_BAD_CRC, REC_GAP) else 0
     return RecordStatus.of(rc), size
 
 
-def walk_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint check_crc=True):
+def walk_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint check_crc=True, bint check_topic=False):
     """Walk consecutive records of ``data[start:end]`` without building anything (recovery).
 
     Returns (next position, outcome name, records walked, last store timestamp, size reported by the
     failing record or 0). Outcomes: "end", "blank" (blank record at next position), "torn", "bad magic",
-    "bad length", "bad crc". With ``check_crc`` every body's CRC is verified. The GIL is released.
+    "bad length", "bad crc", "bad topic" (with ``check_topic``: a topic name outside [%|a-zA-Z0-9_-]). Gap records
+    (damage that recovery quarantined) are stepped over, not counted. With ``check_crc`` every body's CRC is
+    verified. The GIL is released.
     """
     cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     cdef Py_ssize_t n = mv.shape[0]
@@ -659,11 +727,18 @@ def walk_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint check_crc=Tru
     with nogil:  # recovery walks whole segments, CRC included
         while pos < end:
             rc = parse_record(base + pos, end - pos, &v, check_crc)
+            if rc == REC_GAP:
+                pos += v.total_size
+                rc = REC_END
+                continue
             if rc != REC_OK:
+                break
+            if check_topic and not topic_ok(&v):
+                rc = REC_BAD_TOPIC
                 break
             last_ts = v.store_timestamp
             pos += v.total_size
             count += 1
             rc = REC_END
-    reported = v.total_size if rc in (REC_BLANK, REC_BAD_LENGTH, REC_BAD_CRC) else 0
+    reported = v.total_size if rc in (REC_BLANK, REC_BAD_LENGTH, REC_BAD_CRC, REC_BAD_TOPIC) else 0
     return pos, RecordStatus.of(rc), count, last_ts, reported

@@ -17,6 +17,11 @@ MESSAGE_MAGIC_CODE = -626843481          # 0xDAA320A7: a V1 message record
 MESSAGE_MAGIC_CODE_V2 = -626843477       # 0xDAA320AB: RocketMQ 5.x V2 record (int16 topic length); not written
 BLANK_MAGIC_CODE = -875286124            # 0xCBD43194: the blank record that ends a segment
 END_FILE_MIN_BLANK_LENGTH = 8            # TOTALSIZE + MAGIC of the blank record
+# A gap record (localmq's, written by recovery over damaged bytes it quarantined): a blank record whose TOTALSIZE is
+# the length of the damaged region, not the rest of the segment, followed by this 8-byte signature ("LMQ.GAP!").
+# localmq's walkers skip TOTALSIZE bytes and go on; RocketMQ reads a blank and goes on in the next segment.
+GAP_SIGNATURE = 0x4C4D512E47415021
+GAP_RECORD_SIZE = 16                     # TOTALSIZE + MAGIC + signature: the smallest gap recovery can mark
 
 REC_TOTAL_SIZE = 0                       # int32
 REC_MAGIC = 4                            # int32
@@ -93,6 +98,8 @@ OS_PAGE_SIZE = 4096
 FILE_NAME_DIGITS = 20                    # segments and ConsumeQueue files: 20-digit zero-padded base offset
 SEGMENT_NAME_RE = re.compile(r"\d{20}")
 COMMITLOG_DIR = "commitlog"
+RECOVERY_DIR = "recovery"                # what recovery cut or replaced, kept: commitlog-tail-*, commitlog-gap-*
+GAP_FILE_RE = re.compile(r"commitlog-gap-(\d{20})-\d+\.bin")   # one per gap record: its offset, then a time stamp
 CONSUMEQUEUE_DIR = "consumequeue"
 CONSUMEQUEUE_EXT_DIR = "consumequeue_ext"
 INDEX_DIR = "index"
@@ -219,6 +226,7 @@ def record_size(sys_flag: int, body_len: int, topic_len: int, props_len: int) ->
 # names the compiled modules use, in the order _layout.pxd declares them
 PXD_NAMES = (
     "MESSAGE_MAGIC_CODE", "MESSAGE_MAGIC_CODE_V2", "BLANK_MAGIC_CODE", "END_FILE_MIN_BLANK_LENGTH",
+    "GAP_SIGNATURE", "GAP_RECORD_SIZE",
     "REC_TOTAL_SIZE", "REC_MAGIC", "REC_BODY_CRC", "REC_QUEUE_ID", "REC_FLAG", "REC_QUEUE_OFFSET",
     "REC_PHYSICAL_OFFSET", "REC_SYS_FLAG", "REC_BORN_TIMESTAMP", "REC_BORN_HOST", "HOST_V4_SIZE", "HOST_V6_SIZE",
     "REC_MIN_SIZE", "BODY_CRC_MASK", "MAX_TOPIC_BYTES", "MAX_PROPERTIES_SIZE", "PROPERTY_NAME_SEP", "PROPERTY_SEP",

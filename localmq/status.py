@@ -65,13 +65,15 @@ class RecordStatus(str, enum.Enum):
     BAD_MAGIC = "bad magic"
     BAD_LENGTH = "bad length"    # TOTALSIZE disagrees with the fields
     BAD_CRC = "bad crc"
+    GAP = "gap"                  # a gap record: damaged bytes that recovery quarantined; skip its size and go on
+    BAD_TOPIC = "bad topic"      # a topic name no writer can have written (the header is damaged)
 
     def __str__(self) -> str:
         return self.value
 
     @classmethod
     def of(cls, code: int) -> "RecordStatus":
-        """The status of a compiled decoder's REC_* code (0..6)."""
+        """The status of a compiled decoder's REC_* code (0..8)."""
         return _RECORD_CODES[code]
 
 

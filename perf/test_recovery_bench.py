@@ -47,3 +47,40 @@ def test_recovery_1gib(benchmark, filled_store, mode):
     benchmark.extra_info.update(log_bytes=size, records_checked=rep.records_checked, mode=mode)
     print(f"\nrecovery {mode}: {size / 2**20:.0f} MiB log, {rep.records_checked:,} records CRC-checked, "
           f"median {benchmark.stats.stats.median:.3f} s")
+
+
+def _drop_cache(root):
+    """Evict the store's files from the page cache (clean pages): the next open reads them from disk."""
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            fd = os.open(os.path.join(dirpath, n), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+@pytest.mark.parametrize("cache", ["warm", "cold"])
+@pytest.mark.parametrize("check_units", [True, False], ids=["unit-check", "no-unit-check"])
+def test_open_unit_check_cost(benchmark, filled_store, check_units, cache):
+    """What the open-time check of every ConsumeQueue unit against its record (issue 13,
+    ``check_consume_queue_on_open``, on by default) adds to a normal open of the 1 GiB log, with the files in the
+    page cache and evicted from it."""
+    path, size = filled_store
+    reports = []
+
+    def setup():
+        if cache == "cold":
+            _drop_cache(path)
+
+    def reopen():
+        st = localmq.open(path, mapped_file_size_commit_log=SEGMENT, check_consume_queue_on_open=check_units)
+        reports.append(st.recovery)
+        st.close()
+
+    benchmark.pedantic(reopen, setup=setup, rounds=3 if not QUICK else 1, iterations=1)
+    assert reports[-1].mode == "normal" and reports[-1].dropped_at is None
+    benchmark.extra_info.update(log_bytes=size, check_units=check_units, cache=cache)
+    print(f"\nopen ({cache} cache, unit check {'on' if check_units else 'off'}): {size / 2**20:.0f} MiB log, "
+          f"median {benchmark.stats.stats.median:.3f} s")

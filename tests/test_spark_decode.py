@@ -783,3 +783,31 @@ def test_scan_positions_checks_what_decode_positions_checks():
         _columns.decode_positions(blank, _columns.RecordColumns(1), [len(good)], [64])
     with pytest.raises(ValueError):
         _columns.scan_positions(data, pos, sizes[:2])
+
+
+@pytest.mark.parametrize("partitioning", ["segment", "queue"])
+def test_gap_record_fails_on_data_loss_or_is_read_past(written, partitioning, caplog):
+    """A damaged record in the middle of the log becomes a gap record at the next open (issue 13): Spark reads
+    every other row, and the loss follows failOnDataLoss (an OffsetRangeError naming it by default)."""
+    path, sent = written
+    victim = 600
+    store = dict(OPTS, mapped_file_size_consume_queue=200)
+    with localmq.open(path, **store) as st:
+        m = st.get_message(sent[victim][0], sent[victim][1], sent[victim][2], 1).messages[0]
+    seg_path = os.path.join(path, "commitlog", "%020d" % (m.physical_offset - m.physical_offset % SEG))
+    with open(seg_path, "r+b") as f:  # one body byte flipped: the CRC no longer matches
+        f.seek(m.physical_offset % SEG)
+        at = m.physical_offset % SEG + f.read(m.store_size).index(m.body) + 3
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with localmq.open(path, **store) as st:
+        assert [g["offset"] for g in st.recovery.gaps] == [m.physical_offset]
+    with pytest.raises(planmod.OffsetRangeError, match="failOnDataLoss"):
+        table(path, partitioning=partitioning)
+    with caplog.at_level(logging.WARNING, logger="localmq.spark"):
+        t = table(path, partitioning=partitioning, failOnDataLoss="false")
+    assert str(m.physical_offset) in caplog.text
+    want = sorted((tp, q, o) for tp, q, o, i in sent if i != victim)
+    assert sorted((tp, q, o) for tp, q, o, _ in rows_of(t)) == want

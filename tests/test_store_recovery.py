@@ -116,34 +116,136 @@ def test_torn_tail_is_cut_and_reported(tmp_path, abort):
         assert read_all(st, last[0], last[1])[-1].body == b"replacement"
 
 
-def test_flipped_body_byte_in_the_middle_is_reported_not_skipped(tmp_path, caplog):
+def _read_with_errors(st, topic, queue_id):
+    """Every message of the queue, and the queue offsets whose get raised CorruptMessageError (skipped)."""
+    out, errors, off = [], [], 0
+    while True:
+        try:
+            g = st.get_message(topic, queue_id, off, 32)
+        except localmq.CorruptMessageError as e:
+            assert e.queue_offset == off and e.next_offset == off + 1
+            errors.append(e)
+            off = e.next_offset
+            continue
+        if g.status is GetStatus.OFFSET_OVERFLOW_ONE or g.status is GetStatus.NO_MATCHED_LOGIC_QUEUE:
+            return out, errors
+        assert g.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE), g
+        out.extend(g.messages)
+        off = g.next_begin_offset
+
+
+def _check_kept(st, written, lost):
+    """Every written message except the ``lost`` indexes is read back exactly, in order, once; each lost one is a
+    CorruptMessageError at its own queue offset, naming the loss."""
+    for t in ("a", "b"):
+        for q in (0, 1):
+            msgs, errors = _read_with_errors(st, t, q)
+            mine = [w for i, w in enumerate(written) if w[0] == t and w[1] == q]
+            assert [m.body for m in msgs] == [w[5] for w in mine if written.index(w) not in lost]
+            assert [(e.queue_offset, e.offset) for e in errors] == [
+                (w[2], e.offset) for w, e in zip([w for w in mine if written.index(w) in lost], errors)]
+            assert all("lost to damage" in e.reason for e in errors)
+            assert len(errors) == sum(1 for w in mine if written.index(w) in lost)
+
+
+@pytest.mark.parametrize("abort", [False, True])
+@pytest.mark.parametrize("field", ["body", "size", "magic", "topic"])
+def test_damaged_record_in_the_middle_keeps_every_record_after_it(tmp_path, caplog, abort, field):
+    """Issue 13: one damaged record in the middle of the log no longer ends the log there. Recovery
+    resynchronises on the next record written where it lies, copies the damaged bytes to recovery/, replaces them
+    by a gap record, and keeps every record after it; the lost message is a typed error at its own queue offset."""
     root = tmp_path / "s"
     with localmq.open(root, **SMALL) as st:
         written = _fill(st, 800)
     victim_index = 700
     victim = written[victim_index]
     seg, pos = _segment_of(root, victim[3])
-    body_pos = pos + victim[4] - 2 - 1 - len(victim[0]) - len(victim[5]) + 3  # a byte inside the body
+    # a topic byte with its high bit set: no writer accepts such a name, so the header is known damaged
+    at = {"body": victim[4] - 2 - 1 - len(victim[0]) - len(victim[5]) + 3, "size": 1, "magic": 6,
+          "topic": victim[4] - 2 - len(victim[0])}[field]
     with open(seg, "r+b") as f:
-        f.seek(body_pos)
+        f.seek(pos + at)
         b = f.read(1)
-        f.seek(body_pos)
-        f.write(bytes([b[0] ^ 0x55]))
-    (root / "abort").touch()
+        f.seek(pos + at)
+        f.write(bytes([b[0] ^ (0x80 if field == "topic" else 0x55)]))
+        f.seek(pos)
+        damaged = f.read(victim[4])
+    if abort:
+        (root / "abort").touch()
     with localmq.open(root, **SMALL) as st:
         rep = st.recovery
-        assert rep.stop_reason == "bad crc" and rep.dropped_at == victim[3]
-        # the records after the damage are counted and kept aside, not silently dropped
-        assert rep.dropped_records == len(written) - victim_index
-        assert rep.dropped_bytes >= sum(w[4] for w in written[victim_index:]) - 64 * 1024
-        with open(rep.quarantine_path, "rb") as f:
+        assert rep.dropped_at is None and rep.end_offset == written[-1][3] + written[-1][4]
+        assert [(g["offset"], g["bytes"]) for g in rep.gaps] == [(victim[3], victim[4])], rep.gaps
+        with open(rep.gaps[0]["quarantine_path"], "rb") as f:
             qdata = f.read()
-        assert written[-1][5] in qdata
-        assert any("bad crc" in r.getMessage() for r in caplog.records)
-        kept = sum(len(read_all(st, t, q)) for t in ("a", "b") for q in (0, 1))
-        assert kept == victim_index
-        for w in written[:victim_index]:
+        assert qdata == victim[3].to_bytes(8, "big") + victim[4].to_bytes(8, "big") + damaged
+        assert any("gap record" in r.getMessage() for r in caplog.records)
+        _check_kept(st, written, {victim_index})
+        for w in written[:victim_index] + written[victim_index + 1:]:
             assert st.look_message_by_offset(w[3]).body == w[5]
+        # RocketMQ reads the gap record as a blank record (it goes on in the next segment)
+        with open(seg, "rb") as f:
+            f.seek(pos)
+            head = f.read(8)
+        assert head == victim[4].to_bytes(4, "big") + (0xCBD43194).to_bytes(4, "big")
+        # every reader steps over it
+        recs = list(localmq.read_commitlog(root / "commitlog"))
+        assert [r.body for r in recs] == [w[5] for w in written if w is not victim]
+        r = st.put("a", b"after", queue_id=0)
+        assert r.ok
+        written.append(("a", 0, r.queue_offset, r.physical_offset, r.wrote_bytes, b"after"))
+        with st.create_consumer("g", "a") as c:
+            got = []
+            while True:
+                batch = c.poll_batch(64, timeout=0.5)
+                if not batch:
+                    break
+                got.extend(m.body for m in batch)
+            assert c.skipped_corrupt == (1 if victim[0] == "a" else 0)
+        assert sorted(got) == sorted([w[5] for w in written if w[0] == "a" and w is not victim])
+    with localmq.open(root, **SMALL) as st:
+        # the second open finds the gap record and nothing new to repair
+        assert st.recovery.gaps == [] and st.recovery.dropped_at is None and not st.recovery.cq_rebuilt
+        _check_kept(st, written, {victim_index})
+
+
+def test_zeroed_region_spanning_records_keeps_what_follows(tmp_path):
+    """A zeroed page in the middle of the log (several records, the last ones of a queue among them): the records
+    after it are kept; each lost message is a typed error at its own queue offset, also at a queue's end, and the
+    queue's offsets are never handed out again."""
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = _fill(st, 300, topics=("a", "b"))
+        # queue b-1's last message sits inside the region that is zeroed below
+        tail = st.put("b", b"last of b-1", queue_id=1)
+        written.append(("b", 1, tail.queue_offset, tail.physical_offset, tail.wrote_bytes, b"last of b-1"))
+        for i in range(40):
+            r = st.put("a", b"after %d" % i, queue_id=i % 2)
+            written.append(("a", i % 2, r.queue_offset, r.physical_offset, r.wrote_bytes, b"after %d" % i))
+    first = next(i for i, w in enumerate(written) if w[3] >= tail.physical_offset - 600)
+    end = next(w[3] for w in written if w[3] >= tail.physical_offset + tail.wrote_bytes + 200) + 40  # past its magic
+    last = max(i for i, w in enumerate(written) if w[3] < end)
+    lost = set(range(first, last + 1))
+    start = written[first][3] + 5
+    seg, pos = _segment_of(root, start)
+    seg_end, _ = _segment_of(root, end)
+    assert seg == seg_end, "the test wants one segment"
+    with open(seg, "r+b") as f:
+        f.seek(pos)
+        f.write(bytes(end - start))
+    with localmq.open(root, **SMALL) as st:
+        rep = st.recovery
+        assert rep.dropped_at is None and len(rep.gaps) == 1
+        g = rep.gaps[0]
+        assert g["offset"] == written[first][3] and g["offset"] + g["bytes"] == written[last + 1][3]
+        _check_kept(st, written, lost)
+        assert st.max_offset("b", 1) == tail.queue_offset + 1
+        r = st.put("b", b"new", queue_id=1)
+        assert r.queue_offset == tail.queue_offset + 1
+    with localmq.open(root, **SMALL) as st:
+        assert st.recovery.gaps == [] and not st.recovery.cq_rebuilt and not st.recovery.cq_lost_units
+        msgs, errors = _read_with_errors(st, "b", 1)
+        assert msgs[-1].body == b"new" and errors
 
 
 def test_clean_close_takes_normal_path_and_abort_takes_abnormal(tmp_path):
@@ -295,12 +397,51 @@ def test_random_torn_and_corrupted_tails(tmp_path, trial):
         (root / "abort").touch()
     with localmq.open(root, **SMALL) as st:
         rep = st.recovery
-        assert rep.dropped_at == written[damaged][3], (kind, rep)
-        assert st.stats()["recovery"]["dropped_at"] == written[damaged][3]
-        assert rep.end_offset == written[damaged][3]
-        for t in ("a", "b"):
-            for q in (0, 1):
-                want = [w[5] for w in written[:damaged] if w[0] == t and w[1] == q]
-                assert [m.body for m in read_all(st, t, q)] == want
-        r = st.put("a", b"after", queue_id=0)
-        assert r.ok and r.physical_offset == written[damaged][3]
+        if kind == "truncate" or damaged == len(written) - 1:
+            # nothing valid after the damaged record: it is the end of the log (a torn tail), cut and reported
+            assert rep.dropped_at == written[damaged][3], (kind, rep)
+            assert st.stats()["recovery"]["dropped_at"] == written[damaged][3]
+            assert rep.end_offset == written[damaged][3] and rep.gaps == []
+            for t in ("a", "b"):
+                for q in (0, 1):
+                    want = [w[5] for w in written[:damaged] if w[0] == t and w[1] == q]
+                    assert [m.body for m in read_all(st, t, q)] == want
+            r = st.put("a", b"after", queue_id=0)
+            assert r.ok and r.physical_offset == written[damaged][3]
+        else:
+            # valid records follow: the damaged one becomes a gap record, every other one is kept
+            assert rep.dropped_at is None, (kind, rep)
+            assert [(g["offset"], g["bytes"]) for g in rep.gaps] == [(written[damaged][3], written[damaged][4])]
+            _check_kept(st, written, {damaged})
+            r = st.put("a", b"after", queue_id=0)
+            assert r.ok and r.physical_offset == written[-1][3] + written[-1][4]
+
+
+@pytest.mark.parametrize("delta", [1 << 40, -3, 1, 2])
+def test_damaged_queue_offset_field_is_bounded_and_reported(tmp_path, delta):
+    """A record whose QUEUEOFFSET field was damaged (the body CRC does not cover it) once made the dispatcher pad
+    its queue up to that offset: millions of blank units and ConsumeQueue files. A queue offset the log cannot hold
+    (more records than fit since the queue's last unit) or one the queue is already past is indexed where the
+    record lies instead, and a get there raises CorruptMessageError; every other message reads back exactly."""
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = _fill(st, 400)
+    victim_index = 301
+    victim = written[victim_index]
+    seg, pos = _segment_of(root, victim[3])
+    with open(seg, "r+b") as f:
+        f.seek(pos + 20)
+        f.write((victim[2] + delta).to_bytes(8, "big", signed=True))
+    with localmq.open(root, **SMALL) as st:
+        assert st.recovery.cq_rebuilt  # the unit no longer matches its record: rebuilt from the log
+        t, q = victim[0], victim[1]
+        msgs, errors = _read_with_errors(st, t, q)
+        mine = [w for w in written if w[0] == t and w[1] == q]
+        assert [m.body for m in msgs] == [w[5] for w in mine if w is not victim]
+        assert [e.queue_offset for e in errors] == [victim[2]] and "queue offset" in errors[0].reason
+        assert st.max_offset(t, q) <= len(mine) + 1
+        assert len(os.listdir(root / "consumequeue" / t / str(q))) <= 400 * 20 // 200 + 1
+        for tt in ("a", "b"):
+            for qq in (0, 1):
+                if (tt, qq) != (t, q):
+                    assert [m.body for m in read_all(st, tt, qq)] == [w[5] for w in written if w[:2] == (tt, qq)]

@@ -173,7 +173,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         report.seconds = time.monotonic() - t0
         self.recovery = report
         if (report.dropped_at is not None or report.cq_units_truncated or report.deleted_segments
-                or report.cq_rebuilt or report.rebuilt or report.salvaged):
+                or report.cq_rebuilt or report.rebuilt or report.salvaged or report.gaps):
             log.warning("recovery of %s: %s", self.root, report)
         else:
             log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,

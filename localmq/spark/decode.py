@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from localmq import _columns
+from localmq._record import scan_record
 from localmq.errors import CorruptFrameError, CorruptStoreError
 from localmq.layout import file_name
 from localmq.spark.plan import OffsetRangeError, QueueRange, SegmentRange, SegmentRanges, dispatched
@@ -337,35 +338,46 @@ def _read_queue(part, columns, schema, batch_size):
         except FileNotFoundError:
             _lost(part, int(qoffs[a]), int(qoffs[b - 1]) + 1, f"commit log segment {path} is gone")
             continue
+        # this run's units; a lost unit (its message was lost to damage in the commit log) is taken out of them
+        r_q, r_p, r_s = qoffs[a:b], phys[a:b], sizes[a:b]
         try:
-            while a < b:
-                stop = min(b, a + batch_size)
+            i, n_units = 0, len(r_q)
+            while i < n_units:
+                stop = min(n_units, i + batch_size)
                 if fields is not None:
-                    n, done, reason, out = _columns.scan_positions(mf, phys[a:stop] - base, sizes[a:stop], base,
+                    n, done, reason, out = _columns.scan_positions(mf, r_p[i:stop] - base, r_s[i:stop], base,
                                                                  part.check_crc, fields, hint)
                     if reason == "full":  # 2 GiB of bodies: this batch ends early, the next starts there
-                        stop, reason = a + n, "end"
+                        stop, reason = i + n, "end"
                     got_offsets, got_ids = out["queue_offset"], out["queue_id"]
                 else:
-                    cols = _columns.RecordColumns(stop - a)
-                    n, done, reason = _columns.decode_positions(mf, cols, phys[a:stop] - base, sizes[a:stop], base,
+                    cols = _columns.RecordColumns(stop - i)
+                    n, done, reason = _columns.decode_positions(mf, cols, r_p[i:stop] - base, r_s[i:stop], base,
                                                               part.check_crc)
                     got_offsets, got_ids = cols["queue_offset"], cols["queue_id"]
                 if reason != "end":
-                    at = int(phys[a + done])
-                    raise CorruptFrameError(f"consume queue {part.cq_path} unit {int(qoffs[a + done])} points at "
+                    k = i + done
+                    at = int(r_p[k])
+                    status, size = scan_record(mf, at - base) if 0 <= at - base < seg else ("torn", 0)
+                    if status == "gap" and size == int(r_s[k]):
+                        _lost(part, int(r_q[k]), int(r_q[k]) + 1,
+                              f"the message was lost to damage in the commit log: a gap record stands at offset {at}")
+                        r_q, r_p, r_s = np.delete(r_q, k), np.delete(r_p, k), np.delete(r_s, k)
+                        n_units -= 1
+                        continue  # this batch again, without the lost unit
+                    raise CorruptFrameError(f"consume queue {part.cq_path} unit {int(r_q[k])} points at "
                                             f"offset {at}, where there is no record of its size ({reason})",
                                             offset=at, path=path)
-                if not (np.array_equal(got_offsets, qoffs[a:stop]) and (got_ids == part.queue_id).all()):
-                    raise CorruptStoreError(f"consume queue {part.cq_path}: units {int(qoffs[a])}.."
-                                            f"{int(qoffs[stop - 1])} point at records of another queue or offset")
+                if not (np.array_equal(got_offsets, r_q[i:stop]) and (got_ids == part.queue_id).all()):
+                    raise CorruptStoreError(f"consume queue {part.cq_path}: units {int(r_q[i])}.."
+                                            f"{int(r_q[stop - 1])} point at records of another queue or offset")
                 if fields is not None:
                     if "body" in out:
                         hint = len(out["body"][1]) * batch_size // n + 4096
                     yield _scan_batch(n, out, columns, schema)
                 else:
                     yield record_batch(cols, None, columns, schema)
-                a = stop
+                i = stop
         finally:
             mf.close()
 

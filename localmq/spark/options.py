@@ -73,7 +73,7 @@ class ReadOptions:
     batch_size: int = 65536
     min_partitions: int = None
     partitioning: str = "auto"          # "auto" | "segment" | "queue"
-    check_crc: bool = False
+    check_crc: bool = True
     include_undispatched: object = "auto"   # "auto" | True | False: records past the ConsumeQueues (see Tail)
     # pushed-down filters (batch, spark.sql.python.filterPushdown.enabled): queue ids, offsets [lo, hi)
     queue_ids: frozenset = None

@@ -48,7 +48,7 @@ class SegmentRange:
     bounds: dict = None
     min_ts: int = None
     max_ts: int = None
-    check_crc: bool = False
+    check_crc: bool = True
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class QueueRange:
     start: int
     end: int
     fail_on_data_loss: bool = True
-    check_crc: bool = False
+    check_crc: bool = True
 
 
 @dataclass
@@ -349,6 +349,14 @@ def segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues=(), b
     total = hi_phys - lo_phys
     if total <= 0:
         return []
+    gaps = [g for g in store.gap_offsets() if lo_phys <= g < hi_phys]
+    if gaps:
+        # messages there were lost to damage (recovery replaced them by gap records, which the walk steps over)
+        msg = (f"the commit log range read holds {len(gaps)} gap record(s) where damaged messages were (offsets "
+               f"{gaps[:5]}{'...' if len(gaps) > 5 else ''}; the damaged bytes are in {store.root}/recovery)")
+        if opts.fail_on_data_loss:
+            raise OffsetRangeError(msg + "; set failOnDataLoss=false to read past them")
+        log.warning("%s; reading past them", msg)
     wanted = max(1, parts_wanted)
     count = wanted * math.ceil(total / (wanted * store.segment_size))
     piece = max(4096, math.ceil(total / count))

@@ -14,7 +14,7 @@ from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_put32, lmq_put64,
 
 import numpy as np
 
-from localmq.errors import InvalidQueueIdError
+from localmq.errors import InvalidQueueIdError, PositionOutOfRangeError
 from localmq.layout import CQ_DTYPE
 from localmq.store.mapped_file_queue import MappedFileQueue
 
@@ -372,21 +372,32 @@ cdef class ConsumeQueue:
             p += CQ_UNIT_SIZE
         mf.wrote_position = upto
 
-    def put_unit(self, long long queue_offset, long long phys, int size, long long tags_code, long long store_ts=0):
+    def put_unit(self, long long queue_offset, long long phys, int size, long long tags_code, long long store_ts=0,
+                 long long lost_at=-1, int lost_size=0):
         """Write one unit at ``queue_offset`` (slow path: recovery, gaps). Returns False for a duplicate.
 
-        A unit ahead of max_offset pads the gap with blank units and logs an error (the gap is counted in
-        ``gap_units``); it never leaves zero units that would end the queue early.
+        A unit ahead of max_offset fills the missing units and logs an error (they are counted in ``gap_units``);
+        it never leaves zero units that would end the queue early. With ``lost_at`` (a gap record of ``lost_size``
+        bytes: damaged records recovery quarantined) the missing units point at it, so a get there raises
+        CorruptMessageError naming the loss; otherwise they are blank padding units.
         """
         mx = lmq_load_acq(&self.st.max_offset)
         if queue_offset < mx or phys + size <= self.st.max_physic_offset:
             return False
         if queue_offset > mx and mx > 0:
-            log.error("consume queue %s-%d: unit %d arrives with %d missing before it; padding with blank units",
-                      self.topic, self.queue_id, queue_offset, queue_offset - mx)
+            if lost_at >= 0:
+                log.error("consume queue %s-%d: units %d..%d were lost to damage in the commit log (gap record at "
+                          "offset %d); a get there raises CorruptMessageError", self.topic, self.queue_id, mx,
+                          queue_offset - 1, lost_at)
+            else:
+                log.error("consume queue %s-%d: unit %d arrives with %d missing before it; padding with blank "
+                          "units", self.topic, self.queue_id, queue_offset, queue_offset - mx)
             self.gap_units += queue_offset - mx
             for q in range(mx, queue_offset):
-                self._write(q, 0, CQ_BLANK_UNIT_SIZE, 0)
+                if lost_at >= 0:
+                    self._write(q, lost_at, lost_size, 0)
+                else:
+                    self._write(q, 0, CQ_BLANK_UNIT_SIZE, 0)
         self._write(queue_offset, phys, size, tags_code)
         self.st.max_physic_offset = phys + size
         if store_ts:
@@ -394,6 +405,19 @@ cdef class ConsumeQueue:
         lmq_store_rel(&self.st.max_offset, queue_offset + 1)
         if self.st.shared_max != NULL:
             lmq_store_rel(self.st.shared_max, queue_offset + 1)
+        return True
+
+    def mark_lost(self, long long index, long long phys, int size):
+        """Rewrite unit ``index`` (below max_offset) as a lost unit: it points at the gap record at ``phys`` of
+        ``size`` bytes that replaced its damaged message, so a get there raises CorruptMessageError. Returns False
+        when the unit's file is gone."""
+        if index < 0 or index >= lmq_load_acq(&self.st.max_offset):
+            raise PositionOutOfRangeError(f"unit {index} outside 0..{lmq_load_acq(&self.st.max_offset)}", "index")
+        mf = self.mapped_file_queue.find(index * CQ_UNIT_SIZE)
+        if mf is None:
+            return False
+        mf.write_at(index * CQ_UNIT_SIZE - mf.file_from_offset,
+                    (<object>phys).to_bytes(8, "big") + (<object>size).to_bytes(4, "big") + bytes(8))
         return True
 
     def _write(self, long long q, long long phys, int size, long long tags):

@@ -11,12 +11,12 @@ from localmq._layout cimport (
     CQ_UNIT_SIZE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
 from localmq._record cimport (
-    REC_BLANK, REC_OK, RecordView, parse_record, tags_code_of,
+    REC_BLANK, REC_GAP, REC_OK, RecordView, parse_record, tags_code_of,
 )
 from localmq.store.consume_queue cimport ConsumeQueue, CQState
 from localmq._mapped_file cimport MappedFile
 from localmq._native cimport Event
-from localmq._layout cimport CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_S_REPUT, CTL_S_WPOS
+from localmq._layout cimport CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_S_REPUT, CTL_S_WPOS, REC_MIN_SIZE
 from localmq._shm cimport ControlFile, lmq_shm_event_notify, lmq_shm_event_seq, lmq_shm_event_wait
 from localmq._os cimport (
     lmq_event, lmq_event_signal, lmq_event_wait, lmq_load_acq, lmq_put32,
@@ -96,6 +96,10 @@ cdef class ReputCore:
     cdef object ctl
     cdef object sync_view                  # shared store: () -> None, moves this process's view to the commit
     cdef int64_t published                 # reput offset last published to the control file
+    cdef readonly int64_t gap_at           # the last gap record walked over (damage recovery quarantined), or -1
+    cdef readonly int64_t gap_size
+    cdef readonly long long gaps           # gap records walked over
+    cdef bint jumped                       # reput_from jumped past records retention removed undispatched
 
     def __cinit__(self, commit_log_mfq, cq_factory, long long reput_from, int idle_wait_us=1000):
         self.cap = 1024
@@ -116,6 +120,7 @@ cdef class ReputCore:
         self.event = self.wake_event.ev
         self.cond = threading.Condition(threading.Lock())
         self.idle_wait_us = idle_wait_us
+        self.gap_at = -1
 
     def __dealloc__(self):
         PyMem_Free(self.table)
@@ -257,6 +262,14 @@ cdef class ReputCore:
             if rc == REC_BLANK:
                 lmq_store_rel(&self.reput_from, self.seg_base + self.seg_size)
                 return R_NEED_SEGMENT
+            if rc == REC_GAP:
+                # damaged records recovery quarantined: a queue whose next record comes after it lost its units
+                # here, and R_GAP points them at this record (a typed error on get, never a silent skip)
+                self.gap_at = self.reput_from
+                self.gap_size = v.total_size
+                self.gaps += 1
+                lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
+                continue
             if rc != REC_OK:
                 self.pending = v
                 self.pending_rc = rc
@@ -272,12 +285,13 @@ cdef class ReputCore:
                 return R_NEED_CQ
             st = slot.st
             qo = v.queue_offset
-            if qo < st.max_offset or self.reput_from + v.total_size <= st.max_physic_offset:
+            if self.reput_from + v.total_size <= st.max_physic_offset:
                 # already in the queue (re-dispatch after recovery): CQ writes are idempotent
                 self.duplicates += 1
                 lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
                 continue
-            if qo > st.max_offset:
+            if qo != st.max_offset:
+                # missing units before it, or a queue offset the queue is already past (a damaged header)
                 self.pending = v
                 return R_GAP
             r = qo * CQ_UNIT_SIZE - st.file_from
@@ -307,6 +321,7 @@ cdef class ReputCore:
         if off < min_off:
             # retention removed what was not dispatched yet: jump forward (RocketMQ does the same)
             log.warning("reput offset %d is below the commit log min offset %d; jumping forward", off, min_off)
+            self.jumped = True  # queues may miss the units of what was removed: their next records are not damaged
             lmq_store_rel(&self.reput_from, min_off)
             off = min_off
         seg = mfq.find(off)
@@ -340,7 +355,25 @@ cdef class ReputCore:
             return 1
         if code == R_GAP:
             off = lmq_load_acq(&self.reput_from)
-            cq.put_unit(v.queue_offset, off, v.total_size, tags_code_of(v), v.store_timestamp)
+            mx = cq.max_offset
+            qo = v.queue_offset
+            # the queue's records lie in the log in queue-offset order, each at least REC_MIN_SIZE bytes: no more of
+            # them fit between the queue's last unit (or the log's start) and this record
+            room = (off - max(0, cq.max_physic_offset)) // REC_MIN_SIZE if mx > 0 else off // REC_MIN_SIZE
+            lost = self.gap_at if 0 <= cq.max_physic_offset <= self.gap_at else -1
+            # Units go missing only where a gap record lies since the queue's last unit, where retention removed
+            # records before they were dispatched (jumped), or before a queue's first unit; any other jump ahead is
+            # a damaged QUEUEOFFSET (trusting it would index every later record of the queue one place off)
+            if qo < mx or qo - mx > room or (qo > mx > 0 and lost < 0 and not self.jumped):
+                # a queue offset no writer can have given it: its header is damaged (the body CRC does not cover
+                # it). Indexed at the queue's next offset, where it lies; a get there reports the mismatch.
+                self.bad_records += 1
+                log.error("commit log offset %d: record of %s-%d claims queue offset %d, but the queue is at %d "
+                          "(at most %d records fit before it): a damaged header; indexed at %d, where a get "
+                          "raises CorruptMessageError", off, topic, v.queue_id, qo, mx, room, mx)
+                qo = mx
+            cq.put_unit(qo, off, v.total_size, tags_code_of(v), v.store_timestamp,
+                        lost_at=lost, lost_size=self.gap_size if lost >= 0 else 0)
             self.dispatched += 1
             lmq_store_rel(&self.reput_from, off + v.total_size)
             return 1

@@ -12,7 +12,8 @@ from localmq.config import StoreConfig
 from localmq.errors import CorruptFrameError, CorruptStoreError, NotAStoreError
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, CQ_BLANK_UNIT_SIZE,
-    CQ_DTYPE, CQ_UNIT_SIZE, INDEX_DIR, INDEX_NAME_DIGITS, LOCK_FILE, SEGMENT_NAME_RE, file_name,
+    CQ_DTYPE, CQ_UNIT_SIZE, GAP_FILE_RE, INDEX_DIR, INDEX_NAME_DIGITS, LOCK_FILE, RECOVERY_DIR, SEGMENT_NAME_RE,
+    file_name,
 )
 from localmq.status import RecordStatus
 from localmq.store.control_view import committed_end
@@ -59,7 +60,7 @@ def unsafe_entries(root):
     never write, truncate or delete through them. Returns their paths (empty for a safe store)."""
     root = os.path.realpath(os.fspath(root))
     bad = []
-    for name in (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, INDEX_DIR, CONFIG_DIR, "recovery",
+    for name in (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, INDEX_DIR, CONFIG_DIR, RECOVERY_DIR,
                  CHECKPOINT_FILE, ABORT_FILE, LOCK_FILE):
         top = os.path.join(root, name)
         if not os.path.lexists(top):
@@ -230,6 +231,15 @@ class StoreFiles:
         if msg is None:
             raise CorruptFrameError(f"blank record at offset {phys}, not a message", offset=phys, path=seg[1])
         return msg.store_timestamp
+
+    def gap_offsets(self):
+        """Commit log offsets of the gap records recovery wrote (damaged records whose bytes it copied to
+        ``recovery/commitlog-gap-*``; every walker steps over them), sorted."""
+        try:
+            names = os.listdir(os.path.join(self.root, RECOVERY_DIR))
+        except FileNotFoundError:
+            return []
+        return sorted({int(m.group(1)) for m in map(GAP_FILE_RE.fullmatch, names) if m})
 
     def walk_end(self, start=None):
         """Physical offset just after the last complete record (walking from ``start``, default the last segment).

@@ -12,7 +12,7 @@ from libc.string cimport memcmp
 from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_EXT_ADDRESS_MAX, CQ_UNIT_SIZE
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_pretouch
-from localmq._record cimport REC_OK, RecordView, find_property, message_from_view, parse_record, tags_code_of
+from localmq._record cimport REC_GAP, REC_OK, RecordView, find_property, message_from_view, parse_record, tags_code_of
 from localmq.store.consume_queue cimport ConsumeQueue
 
 from localmq.errors import CorruptMessageError
@@ -76,6 +76,9 @@ cdef int64_t fault_in(MappedFile seg, int64_t rel, int64_t upto) noexcept:
 cdef str unit_mismatch(const RecordView *v, int rc, int32_t size, bytes topic_b, int queue_id, int64_t index):
     """Why the record ``v`` (parse outcome ``rc``) is not the message of unit ``index`` of (topic, queue_id), or
     None when it is."""
+    if rc == REC_GAP:
+        return (f"the message was lost to damage in the commit log (a gap record of {v.total_size} bytes stands "
+                f"where it was; recovery copied the damaged bytes to recovery/)")
     if rc != REC_OK:
         return f"{RecordStatus.of(rc)} record"
     if v.total_size != size:
@@ -283,7 +286,8 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
     """Verify units [start, end) of ``cq`` against the commit log; returns (index, reason) of the first unit that is
     not the message it claims, or (-1, None).
 
-    A unit is good when it is a blank padding unit, or it points at or after the previous real unit's record and
+    A unit is good when it is a blank padding unit, a lost unit (it points at a gap record of its size: a message
+    lost to damage that recovery quarantined), or it points at or after the previous real unit's record and
     within the log's written end, at a valid record of its size (CRC not checked) carrying the queue's topic,
     queue id and the unit's index as queue offset. Units pointing below the log's first segment (retention) are
     checked for order only. A missing unit file in the range is reported at its first unit.
@@ -331,6 +335,12 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
         if rel < 0 or rel + size > seg.file_size:
             return i, f"offset {phys} + {size} crosses its segment's end"
         rc = parse_record(seg.addr + rel, size, &v, False)
+        if rc == REC_GAP and v.total_size == size:
+            # a unit whose message was lost to damage (the dispatcher points such units at the gap record, several
+            # units may share one): kept, so the loss stays visible where it happened
+            prev_end = phys
+            i += 1
+            continue
         if (rc != REC_OK or v.total_size != size or v.queue_offset != i or v.queue_id != qid
                 or v.topic_len != len(topic_b) or memcmp(v.topic, <const char *>topic_b, v.topic_len) != 0):
             return i, unit_mismatch(&v, rc, size, topic_b, qid, i)

@@ -131,7 +131,8 @@ class CommitLogReader:
       segment's base after a blank record);
     - ``segments_read``: segment files whose records were walked (not those after the end of the data);
     - ``messages_read``: messages yielded;
-    - ``gaps``: (expected base, actual base) pairs of neighbouring segments whose names are not a file size apart.
+    - ``gaps``: (expected base, actual base) pairs of neighbouring segments whose names are not a file size apart;
+    - ``gap_records``: (offset, size) of the gap records stepped over (damage that recovery quarantined).
 
     Not thread-safe: iterate it from one thread.
     """
@@ -154,6 +155,7 @@ class CommitLogReader:
         self.stop_offset = None
         self.segments_read = 0
         self.messages_read = 0
+        self.gap_records: list = []  # (offset, size) of gap records stepped over
         self._relocation_logged = False
         self._gen = self._run()
 
@@ -209,6 +211,13 @@ class CommitLogReader:
                         msg = _record.decode_message(seg.mm, pos, check_crc=self.check_crc, base_offset=base,
                                                     copy=self.copy)
                     except CorruptFrameError:
+                        status, size = _record.scan_record(seg.mm, pos, False)
+                        if status == "gap" and pos + size <= n:
+                            # damaged bytes recovery quarantined; the records after them are valid
+                            self.gap_records.append((base + pos, size))
+                            pos += size
+                            self.stop_offset = base + pos
+                            continue
                         break  # classified below
                     if msg is None:  # blank record
                         break

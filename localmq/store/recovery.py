@@ -7,11 +7,14 @@ import os
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
-from localmq._record import decode_message, scan_record, walk_records
+from localmq._record import decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import DamagedLogError
 from localmq.store.files import numbered_units
-from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MESSAGE_MAGIC_CODE, SEGMENT_NAME_RE
+from localmq.layout import (
+    CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE, RECOVERY_DIR,
+    SEGMENT_NAME_RE,
+)
 
 if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
     from localmq.store.consume_queue_table import ConsumeQueueTable
@@ -40,6 +43,10 @@ class RecoveryReport:
     cq_rebuilt: Dict[str, str] = dataclasses.field(default_factory=dict)  # queue -> what was wrong, what was done
     rebuilt: List[str] = dataclasses.field(default_factory=list)   # other derived files rebuilt (checkpoint, index)
     salvaged: List[str] = dataclasses.field(default_factory=list)  # log damage accepted with salvage=True
+    # damaged regions in the middle of the log: each {"offset", "bytes", "reason", "quarantine_path"}; the records
+    # after one are kept (resynchronised), its bytes copied aside and replaced by a gap record
+    gaps: List[dict] = dataclasses.field(default_factory=list)
+    cq_lost_units: Dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> units pointing into a gap
     reput_from: int = 0
     redispatched: int = 0
     seconds: float = 0.0
@@ -75,7 +82,7 @@ def _quarantine(root: str, mfq, start: int) -> tuple[Optional[str], int]:
         chunks.append((base + lo, stripped))
     if not chunks:
         return None, 0
-    qdir = os.path.join(root, "recovery")
+    qdir = os.path.join(root, RECOVERY_DIR)
     os.makedirs(qdir, exist_ok=True)
     path = os.path.join(qdir, f"commitlog-tail-{start:020d}-{int(time.time() * 1000)}.bin")
     total = 0
@@ -91,45 +98,153 @@ def _quarantine(root: str, mfq, start: int) -> tuple[Optional[str], int]:
     return path, total
 
 
-def _walk(mfq, first_index: int, check_crc: bool, report: RecoveryReport,
-          progress: Optional[Callable[[int, int], None]]) -> int:
-    """Walk records from segment ``first_index`` on; returns the end of the last valid record."""
+def _quarantine_gap(root: str, mfq, start: int, end: int) -> str:
+    """Copy the damaged bytes [start, end) of the log into ``<root>/recovery/commitlog-gap-<start>-<ms>.bin`` (same
+    chunk format as a cut tail; all-zero pieces are left out) before a gap record replaces them; returns its path."""
+    chunks = []
+    for mf in mfq.files:
+        base = mf.file_from_offset
+        lo, hi = max(start, base), min(end, base + mf.file_size)
+        if lo >= hi:
+            continue
+        data = mf.read(lo - base, hi - lo)
+        if data.strip(b"\0"):
+            chunks.append((lo, data))
+    # written even when every damaged byte is zero: readers of the files (Spark) learn of the gap from its name
+    qdir = os.path.join(root, RECOVERY_DIR)
+    os.makedirs(qdir, exist_ok=True)
+    path = os.path.join(qdir, f"commitlog-gap-{start:020d}-{int(time.time() * 1000)}.bin")
+    with open(path, "wb") as f:
+        for off, data in chunks:
+            f.write(off.to_bytes(8, "big") + len(data).to_bytes(8, "big"))
+            f.write(data)
+        f.flush()
+        fdatasync(f.fileno(), path=path)
+    fsync_dir(qdir)
+    return path
+
+
+def _resync(files, i: int, pos: int, limit: int, agrees: Callable[[object, int], bool]):
+    """The first record after the damage at ``files[i]`` + ``pos`` that was written where it lies (magic, length and
+    body CRC valid, PHYSICALOFFSET equal to its place) and whose queue offset agrees with its ConsumeQueue, looking
+    no further than ``limit`` (how far the log is known to reach); (segment index, position) or None."""
+    size = files[i].file_size
+    for j in range(i, len(files)):
+        mf = files[j]
+        base = mf.file_from_offset
+        if base >= limit:
+            break
+        start = pos + 1 if j == i else 0
+        end = min(size, limit - base)
+        while start < end:
+            q = find_record(mf, start, end, base)
+            if q < 0:
+                break
+            if agrees(mf, q):
+                return j, q
+            start = q + 1
+    return None
+
+
+def _mark_gap(files, i: int, pos: int, j: int, q: int) -> Optional[tuple]:
+    """Replace the damaged bytes from ``files[i]`` + ``pos`` to ``files[j]`` + ``q`` by records every walker steps
+    over: a gap record inside a segment, a blank record where the damage runs to a segment's end (RocketMQ reads
+    both as a blank and goes on in the next segment). Returns (offset, size) of the last gap record written, or
+    () when the damage only ran to segment ends; None when a piece is too short to hold a record (nothing written).
+    """
+    size = files[i].file_size
+    pieces = []
+    record: tuple = ()
+    for k in range(i, j + 1):
+        lo = pos if k == i else 0
+        hi = q if k == j else size
+        if hi <= lo:
+            continue
+        if hi == size:
+            if hi - lo < END_FILE_MIN_BLANK_LENGTH:
+                return None
+            pieces.append((files[k], lo, encode_blank(hi - lo)))
+        else:
+            if hi - lo < GAP_RECORD_SIZE:
+                return None
+            pieces.append((files[k], lo, encode_gap(hi - lo)))
+            record = (files[k].file_from_offset + lo, hi - lo)
+    for mf, lo, header in pieces:
+        mf.write_at(lo, header)
+        mf.fsync()
+    return record
+
+
+def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryReport,
+          progress: Optional[Callable[[int, int], None]], known_end: int,
+          agrees: Callable[[object, int], bool]) -> int:
+    """Walk records from segment ``first_index`` on; returns the end of the last valid record.
+
+    Damage with valid records after it (below ``known_end``: how far the ConsumeQueues say the log reached) is
+    resynchronised: its bytes are copied to ``recovery/``, replaced by a gap
+    record, and the walk goes on. Damage with nothing valid after it is the end of the log (a torn tail)."""
     files = mfq.files
     size = mfq.file_size
     process = files[first_index].file_from_offset
     report.start_offset = process
     total_files = len(files)
-    for i in range(first_index, total_files):
+    i, pos = first_index, 0
+    while i < total_files:
         mf = files[i]
-        pos, status, n, _, _ = walk_records(mf, 0, size, check_crc)
+        base = mf.file_from_offset
+        pos, status, n, _, _ = walk_records(mf, pos, size, check_crc, True)
         report.records_checked += n
-        if progress is not None:
-            progress(i - first_index + 1, total_files - first_index)
-        if total_files - first_index > 3:
-            log.info("recovery: segment %d of %d checked (%s, %d records so far)", i - first_index + 1,
-                     total_files - first_index, os.path.basename(mf.path), report.records_checked)
-        if status == "blank":
+        if status == "blank" or pos >= size:
             # the segment ends with its blank record: it is complete
-            process = mf.file_from_offset + size
+            if progress is not None:
+                progress(i - first_index + 1, total_files - first_index)
+            if total_files - first_index > 3:
+                log.info("recovery: segment %d of %d checked (%s, %d records so far)", i - first_index + 1,
+                         total_files - first_index, os.path.basename(mf.path), report.records_checked)
+            process = base + size
+            i, pos = i + 1, 0
             continue
-        process = mf.file_from_offset + pos
-        report.stop_reason = status
+        at = base + pos
+        # Only below ``known_end`` is an invalid record damage: the dispatcher read valid records up to there. Past
+        # it, the records were never dispatched and an invalid one is what a crash leaves (a torn write, or with
+        # the transient pool a segment committed after an earlier one was not): the log ends there, as in RocketMQ.
+        limit = known_end
+        found = _resync(files, i, pos, limit, agrees) if limit > at else None
+        if found is not None:
+            j, q = found
+            resume = files[j].file_from_offset + q
+            path = _quarantine_gap(root, mfq, at, resume)
+            record = _mark_gap(files, i, pos, j, q)
+            if record is not None:
+                report.gaps.append({"offset": at, "bytes": resume - at, "reason": str(status),
+                                    "quarantine_path": path, "record": record})
+                log.error("commit log: %s at offset %d; %d bytes up to the next valid record at %d replaced by a "
+                          "gap record (copy kept in %s); the records after it are kept", "zero bytes"
+                          if status == "end" else f"{status} record", at, resume - at, resume, path)
+                i, pos = j, q
+                continue
+        process = at
+        if progress is not None:
+            progress(total_files - first_index, total_files - first_index)
         if status != "end":
+            report.stop_reason = status
             report.dropped_at = process
             report.dropped_records = _count_tail_records(mf, pos)
-        elif i < total_files - 1:
-            # zeros where a record should start, but later segments exist: the writer lost a segment tail
-            later = any(files[j].read(0, 8) != b"\0" * 8 for j in range(i + 1, total_files))
-            if later:
-                report.stop_reason = "gap"
-                report.dropped_at = process
+        elif limit > at or any(files[k].read(0, 8) != b"\0" * 8 for k in range(i + 1, total_files)):
+            # zeros where a record should start, but the queues or later segments say records followed, and none of
+            # them could be resynchronised on: the tail is lost
+            report.stop_reason = "gap"
+            report.dropped_at = process
         break
     return process
 
 
 def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, checkpoint_min_ts: int,
-                       progress: Optional[Callable[[int, int], None]] = None) -> RecoveryReport:
-    """Find the end of valid data in the commit log, quarantine and cut what follows it.
+                       progress: Optional[Callable[[int, int], None]] = None, known_end: int = 0,
+                       agrees: Optional[Callable[[object, int], bool]] = None) -> RecoveryReport:
+    """Find the end of valid data in the commit log, quarantine and cut what follows it; damage in the middle
+    (valid records after it, below ``known_end``: what the dispatcher had read) becomes a gap record instead
+    (``report.gaps``), and the records after it are kept.
 
     Normal: walk from the third-last segment. Abnormal: from the newest segment whose first record is older
     than the checkpoint (RocketMQ's isMappedFileMatchedRecover), else the first one.
@@ -157,7 +272,8 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
                 break
     else:
         first = max(0, len(files) - 3)
-    end = _walk(mfq, first, check_crc, report, progress)
+    end = _walk(root, mfq, first, check_crc, report, progress, known_end,
+                agrees if agrees is not None else (lambda mf, q: True))
     report.end_offset = end
     if report.dropped_at is not None:
         report.quarantine_path, report.dropped_bytes = _quarantine(root, mfq, report.dropped_at)
@@ -211,6 +327,21 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
                 starts.append(cl_min)
                 continue
         idx, why = first_bad_unit(cq, files, seg_size, first, cq.max_offset, end)
+        lost = 0
+        while idx >= 0 and report.gaps:
+            # a unit whose record lay in a region that this recovery replaced by a gap record: its message is lost;
+            # it becomes a lost unit (a get there raises CorruptMessageError) and the queue keeps its offsets
+            unit = cq.unit(idx)
+            gap = None if unit is None else next(
+                (g for g in report.gaps if g["record"] and g["offset"] <= unit[0] < g["offset"] + g["bytes"]), None)
+            if gap is None or not cq.mark_lost(idx, *gap["record"]):
+                break
+            lost += 1
+            idx, why = first_bad_unit(cq, files, seg_size, idx + 1, cq.max_offset, end)
+        if lost:
+            report.cq_lost_units[name] = lost
+            log.error("consume queue %s: %d messages lost to damage in the commit log; a get at their offsets "
+                      "raises CorruptMessageError", name, lost)
         if idx >= 0:
             n = cq.truncate_to(idx)
             report.cq_rebuilt[name] = f"unit {idx}: {why}; {n} units cut and rebuilt from the commit log"
@@ -254,8 +385,26 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         if not salvage:
             raise DamagedLogError(msg + "; open with salvage=True to keep what is there", [f"{first_missing:020d}"])
         log.error("salvage: %s; the queues are cut to the log", msg)
+    known_end = max((cq.max_physic_offset for k, cq in queues.queues.items() if k not in damaged), default=0)
+
+    def agrees(mf, q: int) -> bool:
+        # a resynchronisation candidate's queue offset must agree with its queue: a unit it has for that offset
+        # points at this record (a unit that is blank or lost says nothing)
+        try:
+            m = decode_message(mf, q, check_crc=False)
+        except ValueError:
+            return False
+        if m is None:
+            return False
+        cq = queues.queues.get((m.topic, m.queue_id))
+        if cq is None or (m.topic, m.queue_id) in damaged or m.queue_offset >= cq.max_offset:
+            return True
+        unit = cq.unit(m.queue_offset)
+        return unit is None or unit[1] <= 0 or unit[0] == mf.file_from_offset + q or unit[1] == CQ_BLANK_UNIT_SIZE
+
     report = recover_commit_log(root, commit_log, abnormal=abnormal, check_crc=check_crc,
-                                checkpoint_min_ts=checkpoint_min_ts, progress=progress)
+                                checkpoint_min_ts=checkpoint_min_ts, progress=progress, known_end=known_end,
+                                agrees=agrees)
     end = report.end_offset
     cl_min = commit_log.min_offset()
     if not commit_log.files:
@@ -311,7 +460,7 @@ def check_segments(root: str, directory: str, size: int, cq_root: str, salvage: 
         raise DamagedLogError(msg + "; open with salvage=True to keep what can be read", misnamed + missing)
     log.error("salvage: %s", msg)
     if gap_at is not None:
-        qdir = os.path.join(root, "recovery", f"segments-after-gap-{int(time.time() * 1000)}")
+        qdir = os.path.join(root, RECOVERY_DIR, f"segments-after-gap-{int(time.time() * 1000)}")
         os.makedirs(qdir)
         for b in segs:
             if b >= gap_at:

@@ -1,0 +1,99 @@
+"""Fuzz target: open a damaged store and read every queue (recovery, resynchronisation, the unit checks, get).
+
+A small store (64 KiB segments, 20-unit ConsumeQueue files, 3 topics, 600 messages with unique bodies) is written
+once per process. Each input is a list of damages to a fresh copy of it: (file, position, bytes) writes, zeroed runs
+and truncations; then the copy is opened and every queue is read to its end through ``get_message``. The rule: only
+LocalMQError subclasses come out (a CorruptMessageError is skipped with its ``next_offset``), and every body read is
+one that was written (damage never turns into wrong data).
+"""
+import atexit
+import os
+import shutil
+import tempfile
+
+from common import Input, main
+
+import localmq
+from localmq.errors import CorruptMessageError, LocalMQError
+
+CONFIG = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=400, max_hash_slot_num=512,
+              max_index_num=2048)
+_base = None
+
+
+def _base_store():
+    """(path, files, written bodies) of the pristine store, built on first use."""
+    global _base
+    if _base is None:
+        d = tempfile.mkdtemp(prefix="localmq-fuzz-open-")
+        atexit.register(shutil.rmtree, d, True)
+        root = os.path.join(d, "base")
+        written = set()
+        with localmq.open(root, **CONFIG) as st:
+            for i in range(600):
+                body = b"m%04d-" % i + bytes([i % 251]) * (i % 97)
+                st.put(("a", "b", "c")[i % 3], body, queue_id=i % 2, keys=f"k{i}" if i % 5 == 0 else None)
+                written.add(body)
+        files = sorted(os.path.relpath(os.path.join(p, n), root) for p, _, ns in os.walk(root) for n in ns
+                       if n != "lock")
+        _base = (root, files, written)
+    return _base
+
+
+def TestOneInput(data):
+    root, files, written = _base_store()
+    work = root + "-work"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(root, work)
+    inp = Input(data)
+    for _ in range(inp.int(1, False) % 4 + 1):
+        path = os.path.join(work, inp.choice(files))
+        if not os.path.exists(path):
+            continue
+        size = os.path.getsize(path)
+        op = inp.int(1, False) % 8
+        pos = inp.int(4, False) % (size + 1)
+        if op == 7:
+            os.truncate(path, pos)
+        elif op == 6:
+            with open(path, "r+b") as f:
+                f.seek(pos)
+                f.write(bytes(min(size - pos, inp.int(2, False))))
+        else:
+            patch = inp.data[inp.pos:inp.pos + 1 + op * 3]
+            inp.pos += len(patch)
+            with open(path, "r+b") as f:
+                f.seek(pos)
+                f.write(patch[:max(0, size - pos)])
+    if inp.int(1, False) & 1:
+        open(os.path.join(work, "abort"), "wb").close()
+    try:
+        st = localmq.open(work, **CONFIG)
+    except LocalMQError:
+        return
+    with st:
+        for topic in ("a", "b", "c"):
+            for qid in (0, 1):
+                off = st.min_offset(topic, qid)
+                for _ in range(10000):
+                    try:
+                        g = st.get_message(topic, qid, off, 64)
+                    except CorruptMessageError as e:
+                        off = e.next_offset
+                        continue
+                    for m in g.messages:
+                        if m.body not in written:
+                            raise AssertionError(f"{topic}-{qid} offset {m.queue_offset}: a body never written")
+                    if not g.messages and g.next_begin_offset <= off:
+                        break
+                    off = g.next_begin_offset
+                else:
+                    raise AssertionError(f"{topic}-{qid}: reading never ends")
+
+
+def seeds():
+    return [bytes([1, 0, 0, 0, 0, 0, 0]), bytes(16), bytes(range(64))]
+
+
+if __name__ == "__main__":
+    main(TestOneInput, seeds)
