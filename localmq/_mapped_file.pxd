@@ -35,8 +35,14 @@ cdef class MappedFile:
     cdef bint delete_pending
     cdef bint locked
     cdef double shutdown_at
+    # Blocks of [0, reserved) are known reserved (posix_fallocate): writes through the mapping below it never
+    # SIGBUS. With a reserve step, a new file is sparse and reserved ahead of the writer step by step
+    # (ensure_reserved); without one, the whole file is reserved when it is created.
+    cdef readonly int64_t reserved
+    cdef readonly int64_t reserve_step
 
     cdef int _check_open(self) except -1
     cdef int64_t read_position(self) noexcept nogil
     cdef bint hold_c(self) noexcept
     cdef void release_c(self) noexcept
+    cdef int ensure_reserved(self, int64_t end) except -1

@@ -69,8 +69,11 @@ cdef class MappedFile:
     """One segment: a file of exactly ``file_size`` bytes mapped shared, named by its base offset.
 
     Creating a file reserves its blocks (posix_fallocate) so writes through the mapping never SIGBUS on a full
-    disk; ENOSPC / EFBIG surface here as OSError. Positions: ``wrote_position`` (appended),
-    ``committed_position`` (equal to wrote without a transient pool), ``flushed_position`` (forced to disk).
+    disk; ENOSPC / EFBIG surface here as OSError. With ``reserve_step`` > 0 a new file is created sparse and only
+    its first ``reserve_step`` bytes are reserved: writers call ``ensure_reserved(end)`` before writing below
+    ``end``, which reserves the next step (or raises OSError on a full disk), so disk use grows with the data.
+    Positions: ``wrote_position`` (appended), ``committed_position`` (equal to wrote without a transient pool),
+    ``flushed_position`` (forced to disk).
 
     Reads are zero-copy: ``view(pos, size)`` (or ``memoryview(mf)``) exports the mapping; while any export is
     alive the mapping is never unmapped, ``close()``/``destroy()`` defer it to the release of the last export.
@@ -78,7 +81,7 @@ cdef class MappedFile:
     """
 
     def __cinit__(self, path, long long file_size, long long file_from_offset=-1, *, bint create=True,
-                  bint reserve=True, bint writable=True):
+                  bint reserve=True, bint writable=True, long long reserve_step=0):
         cdef void *p = NULL
         self.fd = -1
         self.addr = NULL
@@ -93,6 +96,12 @@ cdef class MappedFile:
             file_from_offset = int(name)
         self.file_from_offset = file_from_offset
         self.writable = writable
+        if reserve_step < 0:
+            raise ValueError("reserve_step must not be negative")
+        self.reserve_step = reserve_step if reserve else 0
+        # an existing file: its blocks are reserved as far as it was written (and beyond: ensure_reserved asks
+        # again, which costs nothing where blocks exist); a file created without reservation has none
+        self.reserved = file_size if (reserve and reserve_step == 0) else 0
         flags = os.O_RDWR if writable else os.O_RDONLY
         existed = os.path.exists(self.path)
         if not existed and not create:
@@ -105,10 +114,13 @@ cdef class MappedFile:
             size = os.fstat(fd).st_size
             if size == 0 and writable and (create or reserve):
                 # a new file, or one whose creation was interrupted before it was sized
-                if reserve:
+                if reserve and reserve_step == 0:
                     c_fallocate(fd, 0, file_size, self.path)
                 else:
                     c_ftruncate(fd, file_size, self.path)
+                    if reserve:
+                        self.reserved = min(file_size, reserve_step)
+                        c_fallocate(fd, 0, self.reserved, self.path)
             elif size != file_size:
                 raise CorruptStoreError(
                     f"{self.path} is {size} bytes, expected {file_size} (mapped file size setting)")
@@ -138,6 +150,27 @@ cdef class MappedFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    cdef int ensure_reserved(self, int64_t end) except -1:
+        """Reserve the blocks below ``end`` (and a step beyond it) before anything is written there. Raises
+        OSError (ENOSPC, EFBIG) when the file system cannot: nothing was written, the caller refuses the write."""
+        cdef int64_t upto
+        if end <= self.reserved:
+            return 0
+        if self.reserve_step == 0:
+            upto = self.file_size
+        else:
+            upto = min(self.file_size, (end + self.reserve_step - 1) // self.reserve_step * self.reserve_step
+                       + self.reserve_step)
+        if end > self.file_size or self.fd < 0:
+            raise ValueError(f"cannot reserve up to {end} in {self.path} ({self.file_size} bytes)")
+        c_fallocate(self.fd, self.reserved, upto - self.reserved, self.path)
+        self.reserved = upto
+        return 0
+
+    def reserve_to(self, long long end):
+        """Reserve the blocks below ``end`` (see ``ensure_reserved``); raises OSError on a full disk."""
+        self.ensure_reserved(end)
 
     cdef int _check_open(self) except -1:
         if self.addr == NULL or self.unmap_pending:

@@ -56,6 +56,15 @@ class StoreConfig:
     shared_lock_timeout: float = 10.0
     warm_mapped_file_enable: bool = False
     preallocate_mapped_file: bool = True   # localmq: AllocateMappedFileService creates the next 2 segments ahead
+    # localmq: a new CommitLog segment (RocketMQ's size and layout) is created sparse and its blocks are reserved
+    # (posix_fallocate) this many bytes at a time ahead of the writer, so disk use grows with the data and a put never
+    # SIGBUSes: it is refused (CREATE_MAPPED_FILE_FAILED) when the next step cannot be reserved. 0 reserves a whole
+    # segment when it is created, as RocketMQ does. The same for ConsumeQueue files.
+    reserve_step_commit_log: int = 1 << 20
+    reserve_step_consume_queue: int = 64 << 10
+    # localmq: a store's first index file holds 1/256 of max_hash_slot_num / max_index_num and each next one four
+    # times its predecessor, up to them; False makes every file the configured size (RocketMQ's 420 MB by default)
+    grow_index_files: bool = True
     flush_least_pages_when_warm_mapped_file: int = 4096
     transient_store_pool_enable: bool = False
     transient_store_pool_size: int = 5
@@ -113,6 +122,9 @@ class StoreConfig:
         rem = self.mapped_file_size_consume_queue % CQ_UNIT_SIZE
         if rem:
             self.mapped_file_size_consume_queue += CQ_UNIT_SIZE - rem
+        if self.reserve_step_commit_log < 0 or self.reserve_step_consume_queue < 0:
+            raise ConfigError("reserve_step_commit_log and reserve_step_consume_queue must be >= 0 (0: reserve a "
+                              "whole file when it is created)")
         # a record must also fit one segment; put() refuses those that don't (MessageSizeError)
         if self.max_message_size <= 0:
             raise ConfigError("max_message_size must be positive")

@@ -143,14 +143,16 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             self.checkpoint = StoreCheckpoint(cp_path)
             rebuilt.append(f"checkpoint: {e}")
         self._cq_root = os.path.join(self.root, CONSUMEQUEUE_DIR)
-        self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log)
+        self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log,
+                                       reserve_step=c.reserve_step_commit_log)
         for d in (self._cl_mfq.directory, self._cq_root):
             if not os.path.isdir(d):
                 os.makedirs(d)
                 fsync_dir(os.path.dirname(d))
         salvaged = check_segments(self.root, self._cl_mfq.directory, self._cl_mfq.file_size, self._cq_root, c.salvage)
         self._cl_mfq.load()
-        self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue)
+        self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,
+                                           c.reserve_step_consume_queue)
         self._cqs = self._cq_table.queues   # (topic, queue id) -> ConsumeQueue; read without a lock
         self._cq_table.load()
         report = recover_store(self.root, self._cl_mfq, self._cq_table, abnormal=not last_exit_ok,
@@ -315,7 +317,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         c = self.config
         if not c.message_index_enable:
             return
-        svc = IndexService(self.root, c.max_hash_slot_num, c.max_index_num, self.checkpoint)
+        svc = IndexService(self.root, c.max_hash_slot_num, c.max_index_num, self.checkpoint,
+                           grow=c.grow_index_files)
         svc.load(last_exit_ok, self._cl_mfq.max_offset())
         self.index_service = svc
         self._index_dispatch = IndexDispatchService(svc, self._cl_mfq, svc.resume_offset(self._cl_mfq.min_offset()))

@@ -205,9 +205,11 @@ class SharedMessageQueue(LocalMessageQueue):
         self._abort_path = os.path.join(self.root, ABORT_FILE)
         self.checkpoint = StoreCheckpoint(os.path.join(self.root, CHECKPOINT_FILE))
         self._cq_root = os.path.join(self.root, CONSUMEQUEUE_DIR)
-        self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log)
+        self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log,
+                                       reserve_step=c.reserve_step_commit_log)
         self._cl_mfq.load_view(ctl.load(CTL_S_WPOS))
-        self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue)
+        self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,
+                                           c.reserve_step_consume_queue)
         self._cqs = self._cq_table.queues
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)

@@ -91,7 +91,8 @@ class AllocateMappedFileService(ServiceThread):
                 log.warning("%s: %s not ready after %.1f s; creating it synchronously", self.name, path,
                             self.wait_timeout_s)
         if mf is None:
-            mf = MappedFile(path, file_size, start_offset, create=True, reserve=self.reserve)
+            mf = MappedFile(path, file_size, start_offset, create=True, reserve=self.reserve,
+                            reserve_step=self.mfq.reserve_step)
             fsync_dir(self.directory)
             self.served_sync += 1
         if self.pool is not None:
@@ -157,7 +158,8 @@ class AllocateMappedFileService(ServiceThread):
         try:
             if os.path.exists(req.path):
                 raise FileExistsError(17, "segment already exists", req.path)
-            mf = MappedFile(req.path, self.file_size, req.offset, create=True, reserve=self.reserve)
+            mf = MappedFile(req.path, self.file_size, req.offset, create=True, reserve=self.reserve,
+                            reserve_step=self.mfq.reserve_step)
             fsync_dir(self.directory)
             req.mf = mf
             req.created.set()
@@ -196,6 +198,8 @@ class AllocateMappedFileService(ServiceThread):
         from localmq._native import ADV_WILLNEED
 
         size = self.file_size
+        # a warm file is wanted whole: its blocks first (a sparse file's prefault would allocate them unreserved)
+        mf.reserve_to(size)
         step = self.warm_flush_pages * 4096 if self.warm_flush_pages > 0 else size
         pos = 0
         while pos < size and not self.stopped:

@@ -56,6 +56,7 @@ cdef class CommitLog:
     cdef TopicEntry _topic(self, str topic)
     cdef bytes _properties(self, object tags, object keys, object properties)
     cdef MappedFile _roll(self, int64_t start)
+    cdef bint _reserve(self, MappedFile mf, int64_t end)
     cdef _await_flush(self, object r, int64_t end)
     cdef _await_shared_flush(self, object r, int64_t end)
     cdef object _closed_error(self)

@@ -611,6 +611,20 @@ cdef class CommitLog:
             self.group_commit.set_file(mf)
         return mf
 
+    cdef bint _reserve(self, MappedFile mf, int64_t end):
+        """Reserve the segment's blocks below ``end`` (plus the blank record that may follow) before a record is
+        written there; False (logged, counted, the create-failed hook told) when the disk cannot hold them."""
+        try:
+            mf.ensure_reserved(end)
+        except OSError as e:
+            self.put_failures += 1
+            log.error("cannot reserve %d more bytes of commit log segment %s (the disk is full?): %s; the put is "
+                      "refused, nothing was written", end - mf.reserved, mf.path, e)
+            if self.create_failed_hook is not None:
+                self.create_failed_hook(e)
+            return False
+        return True
+
     def reset_write_segment(self):
         """Forget the cached write segment (after recovery or truncation changed the files)."""
         self.cur = None
@@ -743,6 +757,9 @@ cdef class CommitLog:
                             return failed_result(CREATE_FAILED)
                         continue
                     break
+                if pos + total + END_FILE_MIN_BLANK_LENGTH > mf.reserved:
+                    if not self._reserve(mf, pos + total + END_FILE_MIN_BLANK_LENGTH):
+                        return failed_result(CREATE_FAILED)
                 phys = mf.file_from_offset + pos
                 qoff = te.next_offsets[qid]
                 if cb != NULL:
@@ -902,6 +919,10 @@ cdef class CommitLog:
                         break
                     if mf is None:
                         break
+                    if pos + total + END_FILE_MIN_BLANK_LENGTH > mf.reserved:
+                        if not self._reserve(mf, pos + total + END_FILE_MIN_BLANK_LENGTH):
+                            mf = None  # what was written before stays and is reported (CREATE_FAILED, msg_num)
+                            break
                     if cb != NULL:
                         intent_end(cb, mf.file_from_offset + pos + total)
                     write_record(write_base(mf) + pos, <int32_t>total, qid, fl, qoff, mf.file_from_offset + pos,

@@ -5,6 +5,7 @@ cdef struct CQState:
     uint8_t *addr            # mapping of the file the dispatcher writes (NULL: none yet)
     int64_t file_from        # logical byte offset of that file
     int64_t file_size
+    int64_t reserved         # bytes of that file whose blocks are reserved: the fast path writes below it only
     int64_t max_offset       # next unit index; published with a release store after the unit is written
     int64_t min_offset       # first readable unit index
     int64_t max_physic_offset  # commit log end (offset + size) of the last unit written

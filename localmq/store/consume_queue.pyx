@@ -30,12 +30,15 @@ cdef class ConsumeQueue:
     release store after the unit is complete). ``units()`` gives numpy structured arrays laid on the mapping.
     """
 
-    def __cinit__(self, str topic, int queue_id, root, long long file_size, *, bint writable=True):
+    def __cinit__(self, str topic, int queue_id, root, long long file_size, *, bint writable=True,
+                  long long reserve_step=0):
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(os.fspath(root), topic, str(queue_id))
-        self.mapped_file_queue = MappedFileQueue(self.directory, file_size, writable=writable)
+        self.mapped_file_queue = MappedFileQueue(self.directory, file_size, writable=writable,
+                                                 reserve_step=reserve_step)
         self.st.addr = NULL
+        self.st.reserved = 0
         self.st.file_size = file_size
         self.st.file_from = 0
         self.st.max_offset = 0
@@ -185,6 +188,7 @@ cdef class ConsumeQueue:
         if last is not None and max_offset * CQ_UNIT_SIZE < last.file_from_offset + self.st.file_size:
             self.cur = last
             self.st.addr = (<MappedFile>last).addr
+            self.st.reserved = (<MappedFile>last).reserved
             self.st.file_from = last.file_from_offset
         lmq_store_rel(&self.st.max_offset, max_offset)
         first = mfq.first()
@@ -352,6 +356,7 @@ cdef class ConsumeQueue:
             last = mfq.last()
             if last is None:
                 mf = mfq.create_file(logical - logical % fs)
+                (<MappedFile>mf).ensure_reserved(logical - mf.file_from_offset + CQ_UNIT_SIZE)
                 self._fill_pre_blank(mf, logical - mf.file_from_offset)
                 self.st.min_offset = queue_offset
             else:
@@ -359,8 +364,11 @@ cdef class ConsumeQueue:
                     last.wrote_position = fs
                     last = mfq.create_file(last.file_from_offset + fs)
                 mf = last
+        # the unit's blocks (and a step ahead) before the fast path may write there; OSError on a full disk
+        (<MappedFile>mf).ensure_reserved(logical - mf.file_from_offset + CQ_UNIT_SIZE)
         self.cur = mf
         self.st.addr = (<MappedFile>mf).addr
+        self.st.reserved = (<MappedFile>mf).reserved
         self.st.file_from = mf.file_from_offset
 
     def _fill_pre_blank(self, mf, long long upto):
@@ -422,7 +430,7 @@ cdef class ConsumeQueue:
 
     def _write(self, long long q, long long phys, int size, long long tags):
         cdef int64_t rel = q * CQ_UNIT_SIZE - self.st.file_from
-        if self.st.addr == NULL or rel < 0 or rel + CQ_UNIT_SIZE > self.st.file_size:
+        if self.st.addr == NULL or rel < 0 or rel + CQ_UNIT_SIZE > self.st.reserved:
             self.prepare_write(q)
             rel = q * CQ_UNIT_SIZE - self.st.file_from
         cdef uint8_t *p = self.st.addr + rel
@@ -446,6 +454,7 @@ cdef class ConsumeQueue:
 
     def close(self):
         self.st.addr = NULL
+        self.st.reserved = 0
         self.cur = None
         self.mapped_file_queue.close()
 

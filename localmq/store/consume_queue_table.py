@@ -23,9 +23,10 @@ class ConsumeQueueTable:
     ``skipped_dirs``.
     """
 
-    def __init__(self, root: str, file_size: int) -> None:
+    def __init__(self, root: str, file_size: int, reserve_step: int = 0) -> None:
         self.root = root
         self.file_size = file_size
+        self.reserve_step = reserve_step  # > 0: queue files are sparse, their blocks reserved ahead step by step
         self.queues: Dict[Tuple[str, int], ConsumeQueue] = {}
         self.skipped_dirs: List[str] = []
         # (topic, queue id) -> why its files could not be loaded (wrong size, a missing file between others):
@@ -51,7 +52,7 @@ class ConsumeQueueTable:
                     self.skipped_dirs.append(os.path.join(tdir, q))
                     log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
                     continue
-                cq = ConsumeQueue(topic, int(q), root, self.file_size)
+                cq = ConsumeQueue(topic, int(q), root, self.file_size, reserve_step=self.reserve_step)
                 try:
                     cq.load()
                 except CorruptStoreError as e:
@@ -64,7 +65,7 @@ class ConsumeQueueTable:
                         if len(name) == 20 and name.isdigit() and os.path.isfile(path) and not os.path.islink(path):
                             os.unlink(path)
                     fsync_dir(qdir)
-                    cq = ConsumeQueue(topic, int(q), root, self.file_size)
+                    cq = ConsumeQueue(topic, int(q), root, self.file_size, reserve_step=self.reserve_step)
                     self.damaged[(topic, int(q))] = str(e)
                 self.queues[(topic, int(q))] = cq
 
@@ -77,7 +78,7 @@ class ConsumeQueueTable:
                 cq = self.queues.get(key)
                 if cq is None:
                     check_topic(topic)
-                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size)
+                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step)
                     self.queues[key] = cq
         return cq
 
@@ -91,7 +92,7 @@ class ConsumeQueueTable:
                 cq = self.queues.get(key)
                 if cq is None:
                     check_topic(topic)
-                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size)
+                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step)
                     cq.load()
                     adopt(cq)
                     self.queues[key] = cq

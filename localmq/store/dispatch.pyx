@@ -295,7 +295,7 @@ cdef class ReputCore:
                 self.pending = v
                 return R_GAP
             r = qo * CQ_UNIT_SIZE - st.file_from
-            if st.addr == NULL or r < 0 or r + CQ_UNIT_SIZE > st.file_size:
+            if st.addr == NULL or r < 0 or r + CQ_UNIT_SIZE > st.reserved:
                 self.pending = v
                 return R_NEED_CQ_FILE
             u = st.addr + r

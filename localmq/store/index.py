@@ -369,8 +369,12 @@ class IndexService(IndexQueries):
     """
 
     def __init__(self, root: str, hash_slot_num: int, index_num: int, checkpoint,
-                 clock: Optional[Callable[[], int]] = None):
+                 clock: Optional[Callable[[], int]] = None, grow: bool = False):
         check_geometry(hash_slot_num, index_num)
+        # grow: a store's first index file is 1/256 of the configured geometry (4 items a slot, so later opens
+        # infer it from the size) and each next one 4 times its predecessor, up to the configured one: a small
+        # store does not reserve 420 MB for its keys
+        self.grow = grow
         self.directory = os.path.join(os.fspath(root), INDEX_DIR)
         self.hash_slot_num = hash_slot_num
         self.index_num = index_num
@@ -384,6 +388,16 @@ class IndexService(IndexQueries):
         self.rolls = 0
         self.deleted_files = 0
         self._last_name_ms = 0
+
+    def _next_geometry(self, prev) -> tuple:
+        """(slots, items) of the next file: the configured geometry, or with ``grow`` one that starts small and
+        quadruples."""
+        if not self.grow:
+            return self.hash_slot_num, self.index_num
+        slots = max(1024, self.hash_slot_num // 256) if prev is None else prev.hash_slot_num * 4
+        if slots * 4 >= self.index_num or slots >= self.hash_slot_num:
+            return self.hash_slot_num, self.index_num
+        return slots, slots * INDEX_ITEMS_PER_SLOT
 
     # -- load / recovery ------------------------------------------------------------------------------------
 
@@ -491,7 +505,8 @@ class IndexService(IndexQueries):
         while os.path.exists(path):
             ms += 1
             path = os.path.join(self.directory, _file_name(ms))
-        f = IndexFile.create(path, self.hash_slot_num, self.index_num, end_phy, end_ts)
+        slots, items = self._next_geometry(prev)
+        f = IndexFile.create(path, slots, items, end_phy, end_ts)
         fsync_dir(self.directory)
         self._last_name_ms = ms
         with self.lock:

@@ -56,13 +56,14 @@ class MappedFileQueue:
     ``files`` at once and waits in ``hanged`` (see ``retry_delete_hanged``).
     """
 
-    def __init__(self, directory: str, file_size: int, *, reserve: bool = True,
+    def __init__(self, directory: str, file_size: int, *, reserve: bool = True, reserve_step: int = 0,
                  allocator: Optional[Callable[[str, int, int], MappedFile]] = None, writable: bool = True):
         self.directory = os.fspath(directory)
         # False: a read-only view (files opened O_RDONLY and mapped PROT_READ; nothing is created or resized)
         self.writable = writable
         self.file_size = int(file_size)
         self.reserve = reserve
+        self.reserve_step = reserve_step  # > 0: new files are sparse, reserved ahead of the writer step by step
         self.files: List[MappedFile] = []
         # files removed from ``files`` whose destroy was deferred by a reader; only retention touches it
         self.hanged: List[MappedFile] = []
@@ -112,7 +113,8 @@ class MappedFileQueue:
                     raise CorruptStoreError(
                         f"segment {path} is {size} bytes but the configured size is {self.file_size}; "
                         f"open the store with the size it was written with")
-                mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve, writable=self.writable)
+                mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve,
+                                reserve_step=self.reserve_step, writable=self.writable)
                 if files and mf.file_from_offset != files[-1].file_from_offset + self.file_size:
                     mf.close()
                     raise CorruptStoreError(
@@ -178,6 +180,7 @@ class MappedFileQueue:
                 mf = self.allocator(path, self.file_size, start_offset)
             else:
                 mf = MappedFile(path, self.file_size, start_offset, create=True, reserve=self.reserve,
+                                reserve_step=self.reserve_step,
                                 writable=self.writable)
                 fsync_dir(self.directory)
             self.files.append(mf)
@@ -203,6 +206,7 @@ class MappedFileQueue:
                 if files and base != files[-1].file_from_offset + fs:
                     raise CorruptStoreError(f"segment {name} does not follow {files[-1].path} in {self.directory}")
                 mf = MappedFile(os.path.join(self.directory, name), fs, create=False, reserve=self.reserve,
+                                reserve_step=self.reserve_step,
                                 writable=self.writable)
                 mf.set_positions(min(fs, end - base))
                 if self.writable:
@@ -226,7 +230,8 @@ class MappedFileQueue:
         """Map the existing segment at ``base`` (created by another process) and append it; called under ``lock``."""
         path = os.path.join(self.directory, offset_to_file_name(base))
         # create=True opens an existing file as it is and sizes one whose creator died before sizing it
-        mf = MappedFile(path, self.file_size, base, create=True, reserve=self.reserve, writable=self.writable)
+        mf = MappedFile(path, self.file_size, base, create=True, reserve=self.reserve, reserve_step=self.reserve_step,
+                        writable=self.writable)
         self.files.append(mf)
         return mf
 
