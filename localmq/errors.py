@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple, Union
 
 if TYPE_CHECKING:
     from localmq.status import PutStatus
@@ -231,6 +231,23 @@ class TopicTableFullError(LocalMQError, OverflowError):
 
 class UnsupportedFilesystemError(LocalMQError, OSError):
     """A store shared between processes on a filesystem where its locks cannot hold (NFS, SMB, 9p, FUSE)."""
+
+
+class SendError(LocalMQError, OSError):
+    """A Producer's send or send_batch whose put did not answer PUT_OK (a full disk, a SYNC_FLUSH timeout...).
+
+    ``status``: the PutStatus; ``result``: the PutResult; ``stored``: how many of the messages are in the log (a
+    flush timeout stores them without knowing they reached the disk; a batch cut short by a full disk stores its
+    first ``stored``); ``results``: for ``send_batch(messages)``, the PutResults of the batches that went before.
+    """
+
+    def __init__(self, message: str, status: Any = None, result: Any = None, stored: int = 0,
+                 results: Optional[Iterable[Any]] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.result = result
+        self.stored = stored
+        self.results = list(results or ())
 
 
 class ControlFileError(LocalMQError, RuntimeError):

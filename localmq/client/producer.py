@@ -1,15 +1,19 @@
 """Producer: sends messages to a queue (Memory, Embedded or Local), one queue id per producer by default."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from localmq._record import Message
-from localmq.errors import StoreClosedError
+from localmq.errors import SendError, StoreClosedError
 from localmq.config import check_queue_id
+from localmq.status import PutStatus
 
 QueueSelector = Callable[[Message, int], int]
+# on_delivery(result, error): called after each send; error is the SendError that send would have raised, or None
+DeliveryCallback = Callable[[Any, Optional[SendError]], None]
 
 _MESSAGE_ONLY = ("TAGS", "KEYS")
+_STORED_ANYWAY = (PutStatus.FLUSH_DISK_TIMEOUT, PutStatus.FLUSH_SLAVE_TIMEOUT, PutStatus.SLAVE_NOT_AVAILABLE)
 
 
 class Producer:
@@ -21,15 +25,18 @@ class Producer:
     -> queue id`` chooses per message instead (RocketMQ's MessageQueueSelector; e.g. by order id for ordered
     messages per key).
 
-    Results are PutResult (``ok``, ``status``, ``queue_offset``...): a status other than PUT_OK (a full disk, a
-    SYNC_FLUSH timeout) is returned, not raised; invalid input raises (InvalidTopicError, MessageSizeError...).
+    Results are PutResult (``ok``, ``status``, ``queue_offset``...). A put that does not answer PUT_OK (a full disk,
+    a SYNC_FLUSH timeout) raises SendError, which says how many messages were stored; with ``on_delivery(result,
+    error)`` (fire-and-forget code) the callback gets the result and that error instead, and nothing is raised.
+    Invalid input raises (InvalidTopicError, MessageSizeError...). The low-level ``put`` / ``put_batch`` keep
+    RocketMQ's statuses.
 
     Thread-safety: a producer may be shared by threads; the order of its messages in a queue is then the order
     in which the ``send`` calls took the queue's put lock. ``close()`` (or ``with``) only forbids further sends.
     """
 
     def __init__(self, mq, *, queue_id: Optional[int] = None, queue_selector: Optional[QueueSelector] = None,
-                 queue_nums: Optional[int] = None):
+                 queue_nums: Optional[int] = None, on_delivery: Optional[DeliveryCallback] = None):
         state = mq._client_state()
         self.queue_nums = int(queue_nums or mq.default_queue_nums)
         if self.queue_nums < 1:
@@ -39,6 +46,7 @@ class Producer:
         check_queue_id(queue_id)
         self.queue_id = queue_id
         self.queue_selector = queue_selector
+        self.on_delivery = on_delivery
         self._mq = mq
         self._state = state
         self._put = mq.put
@@ -71,34 +79,74 @@ class Producer:
             tags = props.pop("TAGS", None)
             keys = props.pop("KEYS", None)
             qid = self._queue_for(m) if self.queue_selector is not None else self.queue_id
-            return self._put(m.topic, m.body, queue_id=qid, tags=tags, keys=keys.split(" ") if keys else None,
-                             properties=props or None, flag=m.flag)
-        if self.queue_selector is None:
-            return self._put(topic, body, queue_id=self.queue_id, tags=tags, keys=keys, properties=properties)
-        m = Message(topic, body, tags=tags, keys=keys, properties=properties)
-        return self._put(topic, body, queue_id=self._queue_for(m), tags=tags, keys=keys, properties=properties)
+            r = self._put(m.topic, m.body, queue_id=qid, tags=tags, keys=keys.split(" ") if keys else None,
+                          properties=props or None, flag=m.flag)
+        elif self.queue_selector is None:
+            r = self._put(topic, body, queue_id=self.queue_id, tags=tags, keys=keys, properties=properties)
+        else:
+            m = Message(topic, body, tags=tags, keys=keys, properties=properties)
+            r = self._put(topic, body, queue_id=self._queue_for(m), tags=tags, keys=keys, properties=properties)
+        return self._deliver(r, 1)
+
+    def _deliver(self, r, count: int, before=()):
+        """PutResult ``r`` of ``count`` messages: returned when PUT_OK; else SendError, raised or handed to
+        ``on_delivery``."""
+        err = None
+        if r.status is not PutStatus.PUT_OK:
+            # a timeout answers after the messages were written; a refusal or a full disk stored msg_num of them
+            stored = count if r.status in _STORED_ANYWAY else int(getattr(r, "msg_num", 0) or 0)
+            err = SendError(f"send answered {r.status.name}: {stored} of {count} message(s) stored"
+                            f"{' (not known to be on disk)' if 'TIMEOUT' in r.status.name else ''}",
+                            r.status, r, stored, before)
+        if self.on_delivery is not None:
+            self.on_delivery(r, err)
+        elif err is not None:
+            raise err
+        return r
 
     def send_batch(self, topic: Union[str, List[Message]], bodies: Optional[Iterable] = None, *,
                    tags: Optional[str] = None, keys=None, properties: Optional[Dict[str, str]] = None):
         """Send several bodies to one queue with consecutive offsets under one lock (``put_batch``); they share
-        ``tags``, ``keys`` and ``properties``. ``send_batch(messages)`` sends Message objects in order (one
-        batch when they share topic and properties, else one put each) and returns the list of PutResults.
+        ``tags``, ``keys`` and ``properties``. ``send_batch(messages)`` sends Message objects in order, one
+        ``put_batch`` for each run of consecutive messages with the same topic, tags, keys, properties and flag,
+        and returns the list of those runs' PutResults.
 
         Returns PutResult for the batch (``msg_num``, ``queue_offset`` of the first). The queue is chosen once
-        for the batch (``queue_selector`` sees the first message).
+        for the batch (``queue_selector`` sees the first message). Raises SendError when the put does not answer
+        PUT_OK: ``stored`` says how many of this batch (or run) are in the log, ``results`` the runs before it.
         """
         if self.closed:
             raise StoreClosedError("the producer is closed")
         if not isinstance(topic, str):
-            msgs = list(topic)
-            return [self.send(m) for m in msgs]
+            return self._send_messages(list(topic))
         bodies = bodies if isinstance(bodies, list) else list(bodies)
         if not bodies:
             raise ValueError("send_batch needs at least one body")
         qid = self.queue_id
         if self.queue_selector is not None:
             qid = self._queue_for(Message(topic, bodies[0], tags=tags, keys=keys, properties=properties))
-        return self._put_batch(topic, bodies, queue_id=qid, tags=tags, keys=keys, properties=properties)
+        r = self._put_batch(topic, bodies, queue_id=qid, tags=tags, keys=keys, properties=properties)
+        return self._deliver(r, len(bodies))
+
+    def _send_messages(self, msgs: List[Message]) -> list:
+        runs: List[tuple] = []
+        for m in msgs:
+            props = m.properties
+            tags = props.pop("TAGS", None)
+            keys = props.pop("KEYS", None)
+            qid = self._queue_for(m) if self.queue_selector is not None else self.queue_id
+            key = (m.topic, qid, tags, keys, tuple(sorted(props.items())), m.flag)
+            if runs and runs[-1][0] == key:
+                runs[-1][1].append(m.body)
+            else:
+                runs.append((key, [m.body]))
+        results: list = []
+        for (topic, qid, tags, keys, props, flag), bodies in runs:
+            r = self._put_batch(topic, bodies, queue_id=qid, tags=tags, keys=keys.split(" ") if keys else None,
+                                properties=dict(props) or None, flag=flag)
+            before = list(results)
+            results.append(self._deliver(r, len(bodies), before))
+        return results
 
     def close(self) -> None:
         """Refuse further sends (messages already sent are the queue's). Idempotent."""
