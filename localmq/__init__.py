@@ -13,7 +13,8 @@ from localmq.store.commit_log import PutResult
 from localmq.status import AppendMessageStatus, GetResult, GetStatus, PutStatus
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
-    ArgumentOverflowError, ArgumentRangeError, ConfigError, CorruptFrameError, CorruptMessageError, CorruptStoreError,
+    ArgumentOverflowError, ArgumentRangeError, ArgumentTypeError, ConfigError, CorruptFrameError, CorruptMessageError,
+    CorruptStoreError,
     DamagedLogError, DispatchError, ForkedStoreError, IndexDisabledError, InvalidMessageIdError,
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
@@ -91,6 +92,6 @@ __all__ = [
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
     "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
     "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError", "ReadOnlyStoreError",
-    "SendError",
+    "SendError", "ArgumentTypeError",
     "ReadOnlyMessageQueue",
 ]

@@ -184,15 +184,23 @@ class ArgumentOverflowError(ArgumentRangeError, OverflowError):
     2**40, ``max_messages`` of 2**31). Also an OverflowError, which Python's int conversion raised for these before."""
 
 
+class ArgumentTypeError(LocalMQError, TypeError):
+    """An argument of the wrong type (``get_message("t", "0", 0)``: a str queue id). ``argument`` names it."""
+
+    def __init__(self, message: str, argument: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 def check_int_range(value: object, argument: str, low: int, high: int,
                     error: type[ArgumentRangeError] = ArgumentOverflowError) -> int:
     """Raise ``error`` naming ``argument`` unless ``low <= value <= high`` (``value`` any integer).
 
-    A non-integer raises TypeError, as the C conversion did. Returns ``value`` as an int.
+    A non-integer raises ArgumentTypeError (a TypeError, as the C conversion raised). Returns ``value`` as an int.
     """
     index = getattr(value, "__index__", None)
-    if index is None:
-        raise TypeError(f"{argument} must be an integer, not {type(value).__name__}")
+    if index is None or isinstance(value, bool):
+        raise ArgumentTypeError(f"{argument} must be an int, not {type(value).__name__} {value!r}", argument)
     number: int = index()
     if not low <= number <= high:
         raise error(f"{argument} {number} outside {low}..{high}", argument)

@@ -308,3 +308,16 @@ def test_look_message_by_offset_out_of_range(tmp_path):
         assert q.look_message_by_offset(-(1 << 70)) is None
     finally:
         q.close()
+
+
+@pytest.mark.parametrize("args, name", [
+    (("t", "0", 0), "queue_id"), (("t", 0, "0"), "offset"), (("t", 0, 0, "5"), "max_messages"),
+    ((5, 0, 0), "topic"), (("t", True, 0), "queue_id"), (("t", 0, 1.5), "offset"),
+])
+def test_get_message_with_a_wrong_type_names_the_argument(tmp_path, args, name):
+    """Issue 14's finding: ``get_message("t", "0", 0)`` was a TypeError from inside a comparison."""
+    with localmq.open(tmp_path / "s", mapped_file_size_commit_log=64 * 1024) as st:
+        st.put("t", b"x")
+        with pytest.raises(localmq.ArgumentTypeError) as e:
+            st.get_message(*args)
+        assert e.value.argument == name and name in str(e.value) and isinstance(e.value, TypeError)

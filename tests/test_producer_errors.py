@@ -118,3 +118,34 @@ def test_send_batch_on_a_nearly_full_disk_says_how_many_were_stored(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
     assert "SendError said so" in proc.stdout
+
+
+def test_send_sets_a_rocketmq_uniq_key_that_finds_the_message(tmp_path):
+    """Issue 14's finding: localmq never set UNIQ_KEY, so looking its own messages up by unique key failed. The
+    layout is RocketMQ's MessageClientIDSetter (spec 8.2): IPv4, pid low 16 bits, 4 fixed bytes, ms since the start
+    of the month, a 16-bit counter."""
+    import time
+
+    with localmq.open(tmp_path / "s", mapped_file_size_commit_log=1 << 20) as st:
+        p = st.create_producer(queue_id=0)
+        for i in range(300):
+            p.send("t", b"m%d" % i)
+        p.send(localmq.Message("t", b"own", properties={"UNIQ_KEY": "A" * 32}))
+        st.create_producer(queue_id=1, uniq_keys=False).send("t", b"plain")
+        st.wait_for_dispatch()
+        assert st.wait_for_index(10)
+        msgs = st.get_message("t", 0, 0, 32).messages + st.get_message("t", 0, 32, 32).messages
+        keys = [m.uniq_key for m in msgs]
+        assert len(set(keys)) == len(keys) and all(len(k) == 32 and int(k, 16) >= 0 for k in keys)
+        raw = bytes.fromhex(keys[0])
+        assert int.from_bytes(raw[4:6], "big") == os.getpid() & 0xFFFF
+        t = time.localtime()
+        month_start = time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
+        assert abs(int.from_bytes(raw[10:14], "big") / 1000 - (time.time() - month_start)) < 120
+        counters = [int.from_bytes(bytes.fromhex(k)[14:16], "big") for k in keys]
+        assert all((b - a) % 65536 == 1 for a, b in zip(counters, counters[1:]))
+        for m in (msgs[0], msgs[40]):
+            assert st.look_message_by_id(m.uniq_key).body == m.body
+            assert [x.body for x in st.query_message("t", m.uniq_key)] == [m.body]
+        assert st.look_message_by_id("A" * 32).body == b"own"
+        assert st.get_message("t", 1, 0, 1).messages[0].uniq_key is None

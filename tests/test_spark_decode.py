@@ -811,3 +811,12 @@ def test_gap_record_fails_on_data_loss_or_is_read_past(written, partitioning, ca
     assert str(m.physical_offset) in caplog.text
     want = sorted((tp, q, o) for tp, q, o, i in sent if i != victim)
     assert sorted((tp, q, o) for tp, q, o, _ in rows_of(t)) == want
+
+
+def test_misspelled_option_is_an_error_naming_the_right_one(written):
+    """Issue 14: a misspelled option was silently ignored."""
+    path, _ = written
+    with pytest.raises(ConfigError, match="(?i)'startingoffset'.*did you mean 'startingOffsets'"):
+        plan(path, startingOffset="earliest", **OPTS)
+    with pytest.raises(ConfigError, match="'checkcr'.*checkCRC"):
+        list(arrow_batches(path, checkcr="true", **OPTS))

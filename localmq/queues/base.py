@@ -131,10 +131,10 @@ class QueueClientsMixin:
         return int(getattr(cfg, "flush_consumer_offset_interval", 5000))
 
     def create_producer(self, *, queue_id: Optional[int] = None, queue_selector=None,
-                        queue_nums: Optional[int] = None, on_delivery=None) -> Producer:
+                        queue_nums: Optional[int] = None, on_delivery=None, uniq_keys: bool = True) -> Producer:
         """A Producer (see localmq.client.producer.Producer for the parameters)."""
         return Producer(self, queue_id=queue_id, queue_selector=queue_selector, queue_nums=queue_nums,
-                        on_delivery=on_delivery)
+                        on_delivery=on_delivery, uniq_keys=uniq_keys)
 
     def create_consumer(self, group: str, topics, *, tags: Optional[str] = None, broadcast: bool = False,
                         **options: Any) -> Consumer:

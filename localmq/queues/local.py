@@ -16,7 +16,7 @@ from localmq._record import Message, decode_message_id, java_hash
 from localmq.config import FlushDiskType, StoreConfig, check_topic
 from localmq.errors import (
     CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
-    InvalidQueueIdError, UnsafePathError, check_int_range,
+    InvalidQueueIdError, UnsafePathError, ArgumentTypeError, check_int_range,
     StoreClosedError,
 )
 from localmq.layout import (
@@ -174,8 +174,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             self.commit_log.set_queue_offset(topic, qid, cq.max_offset)
         report.seconds = time.monotonic() - t0
         self.recovery = report
-        if (report.dropped_at is not None or report.cq_units_truncated or report.deleted_segments
-                or report.cq_rebuilt or report.rebuilt or report.salvaged or report.gaps):
+        if (report.dropped_at is not None or report.cq_units_truncated or report.cq_rebuilt or report.rebuilt
+                or report.salvaged or report.gaps):
             log.warning("recovery of %s: %s", self.root, report)
         else:
             log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,
@@ -607,6 +607,13 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         """
         if self._closed:
             raise self._closed_error()
+        if type(queue_id) is not int or type(offset) is not int or type(max_messages) is not int:
+            # a bad type is a typed error naming the argument, not a comparison failing deep inside
+            for name, v in (("queue_id", queue_id), ("offset", offset), ("max_messages", max_messages)):
+                if isinstance(v, bool) or getattr(v, "__index__", None) is None:
+                    raise ArgumentTypeError(f"{name} must be an int, not {type(v).__name__} {v!r}", name)
+        if not isinstance(topic, str):
+            raise ArgumentTypeError(f"topic must be a str, not {type(topic).__name__} {topic!r}", "topic")
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
         check_int_range(max_messages, "max_messages", 1, MAX_GET_MESSAGES)  # a C int below (ArgumentOverflowError)

@@ -83,8 +83,10 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options, *, streaming=False):
-        """Build from a Spark options mapping. Raises ConfigError for unknown values, NotAStoreError without a path."""
+        """Build from a Spark options mapping. Raises ConfigError for unknown names or values, NotAStoreError without
+        a path."""
         opts = {str(k).lower(): v for k, v in dict(options or {}).items()}
+        check_option_names(opts)
         path = opts.get("path")
         if not path:
             raise NotAStoreError(errno.ENOENT, "no path given: use .load(path) or .option('path', ...)", "")
@@ -146,3 +148,29 @@ class ReadOptions:
     def target_partitions(self):
         """Partitions a read aims at: ``minPartitions``, else the CPU count (at least 2)."""
         return self.min_partitions or max(2, os.cpu_count() or 2)
+
+
+# every option the reader takes, by its lower-cased name (Spark passes option names as given)
+OPTION_NAMES = {
+    n.lower(): n for n in (
+        "path", "topics", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
+        "maxOffsetsPerTrigger", "failOnDataLoss", "mapped_file_size_commit_log", "batchSize", "minPartitions",
+        "partitioning", "pushFilters", "checkCRC", "includeUndispatched",
+        "subscribe", "subscribePattern", "assign",  # Kafka's: refused with a pointer to 'topics'
+    )
+}
+
+
+def check_option_names(opts):
+    """ConfigError for an option name the reader does not take (a misspelling was silently ignored before),
+    naming the closest known one."""
+    import difflib
+
+    unknown = [k for k in opts if k not in OPTION_NAMES]
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, list(OPTION_NAMES), n=1, cutoff=0.6)
+            hints.append(f"{k!r}" + (f" (did you mean {OPTION_NAMES[close[0]]!r}?)" if close else ""))
+        raise ConfigError(f"unknown localmq option(s): {', '.join(hints)}; the options are: "
+                          f"{', '.join(sorted(OPTION_NAMES.values(), key=str.lower))}")

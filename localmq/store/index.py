@@ -456,8 +456,10 @@ class IndexService(IndexQueries):
                 keep = i
                 break
         for f in files[keep:]:
-            log.warning("deleting index file %s (%s); its keys are indexed again from the commit log", f.path,
-                        "unclean exit" if not last_exit_ok else "it points past the commit log end")
+            # routine after an unclean exit (RocketMQ does the same): nothing is lost, the keys come back
+            (log.info if not last_exit_ok else log.warning)(
+                "deleting index file %s (%s); its keys are indexed again from the commit log", f.path,
+                "unclean exit" if not last_exit_ok else "it points past the commit log end")
             self.deleted_on_load.append(f.path)
             f.destroy(0)
         if keep < len(files):

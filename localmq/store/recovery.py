@@ -284,7 +284,9 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
     mfq.flushed_where = end
     mfq.committed_where = end
     if report.deleted_segments:
-        log.warning("commit log: deleted segments past offset %d: %s", end, report.deleted_segments)
+        # with nothing dropped they held no record: segments created ahead of need before an unclean exit
+        (log.info if report.dropped_at is None else log.warning)(
+            "commit log: deleted segments past offset %d: %s", end, report.deleted_segments)
     report.seconds = time.monotonic() - t0
     return report
 
