@@ -83,6 +83,10 @@ class StoreConfig:
     delete_when: str = "04"
     file_reserved_time: int = 72
     disk_max_used_space_ratio: int = 75
+    # localmq: refuse puts (SERVICE_NOT_AVAILABLE) while the store's disk is more than this % used, as RocketMQ
+    # does at 90; 0 (the default) refuses a put only when the blocks it needs cannot be reserved, so a small store
+    # on a nearly full laptop disk keeps working while space remains
+    disk_full_refuse_ratio: int = 0
     clean_resource_interval: int = 10_000
     delete_commit_log_files_interval: int = 100
     delete_consume_queue_files_interval: int = 100
@@ -128,6 +132,8 @@ class StoreConfig:
         # a record must also fit one segment; put() refuses those that don't (MessageSizeError)
         if self.max_message_size <= 0:
             raise ConfigError("max_message_size must be positive")
+        if self.disk_full_refuse_ratio != 0 and not 10 <= self.disk_full_refuse_ratio <= 99:
+            raise ConfigError("disk_full_refuse_ratio must be 0 (off) or within 10..99")
         if not 10 <= self.disk_max_used_space_ratio <= 95:
             # RocketMQ clamps it to 10..95; refusing says so instead of silently changing the value.
             raise ConfigError("disk_max_used_space_ratio must be within 10..95")

@@ -24,7 +24,7 @@ class Disk:
 def test_send_on_a_full_disk_raises_and_the_callback_gets_it_instead(tmp_path):
     disk = Disk(0.99)
     with localmq.open(tmp_path / "s", mapped_file_size_commit_log=64 * 1024, clean_resource_interval=3_600_000,
-                      preallocate_mapped_file=False, disk_usage=disk) as st:
+                      preallocate_mapped_file=False, disk_usage=disk, disk_full_refuse_ratio=90) as st:
         p = st.create_producer()
         assert p.send("t", b"before").ok
         st.clean_service.run_once()  # retention sees the full disk and refuses puts
@@ -88,6 +88,7 @@ NEARLY_FULL = textwrap.dedent(r"""
         raise SystemExit("send_batch on a full disk raised nothing")
     except SendError as e:
         assert e.status is PutStatus.CREATE_MAPPED_FILE_FAILED, e.status
+        assert "cannot reserve" in str(e) and "bytes of commit log segment" in str(e) and root in str(e), str(e)
         stored = e.stored
     st.wait_for_dispatch(10)
     got, off = [], 1

@@ -223,7 +223,7 @@ def test_single_segment_is_never_deleted(make_store, tmp_path):
 
 def test_disk_full_refuses_puts_until_usage_drops(make_store, tmp_path, caplog):
     clock, disk = FakeClock(local_ms(10)), FakeDisk(0.91)
-    st = make_store(clock, disk)
+    st = make_store(clock, disk, disk_full_refuse_ratio=90)  # RocketMQ's level, opted into
     fill(st, 15)
     with caplog.at_level(logging.INFO, logger="localmq.clean"):
         run(st)
@@ -626,3 +626,15 @@ def test_readers_and_writer_run_while_retention_deletes(make_store, tmp_path):
         assert mx == total // 2
         g = st.get_message(TOPIC, q, mn, 32)
         assert g.status is GetStatus.FOUND and g.messages[0].physical_offset >= names[0]
+
+
+def test_a_nearly_full_disk_does_not_refuse_puts_by_default(make_store, tmp_path):
+    """Issue 14: on a laptop disk over 90 % full every put answered SERVICE_NOT_AVAILABLE, even for a tiny store.
+    By default only a reservation that fails refuses a put (test_store_footprint.py, a real full tmpfs)."""
+    clock, disk = FakeClock(local_ms(10)), FakeDisk(0.97)
+    st = make_store(clock, disk)
+    fill(st, 3)
+    run(st)
+    run(st)
+    assert st.stats()["retention"]["disk_full"] is False
+    assert st.put(TOPIC, body(3)).status is PutStatus.PUT_OK

@@ -162,9 +162,13 @@ class Producer:
         if r.status is not PutStatus.PUT_OK:
             # a timeout answers after the messages were written; a refusal or a full disk stored msg_num of them
             stored = count if r.status in _STORED_ANYWAY else int(getattr(r, "msg_num", 0) or 0)
+            why = ""
+            if r.status is PutStatus.CREATE_MAPPED_FILE_FAILED:
+                cl = getattr(self._mq, "commit_log", None)
+                why = getattr(cl, "last_failure", None) or ""
             err = SendError(f"send answered {r.status.name}: {stored} of {count} message(s) stored"
-                            f"{' (not known to be on disk)' if 'TIMEOUT' in r.status.name else ''}",
-                            r.status, r, stored, before)
+                            f"{' (not known to be on disk)' if 'TIMEOUT' in r.status.name else ''}"
+                            f"{'; ' + why if why else ''}", r.status, r, stored, before)
         if self.on_delivery is not None:
             self.on_delivery(r, err)
         elif err is not None:

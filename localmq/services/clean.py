@@ -12,9 +12,11 @@ What is deleted, and when (RocketMQ 4.x DefaultMessageStore, see the spec 5.7 an
     used: the same age rule, at any hour;
   * at once: more than ``DISK_SPACE_CLEAN_FORCIBLY_RATIO`` (0.85) used and ``clean_file_forcibly_enable``:
     segments of any age.
-  More than ``DISK_SPACE_WARNING_LEVEL_RATIO`` (0.90) used marks the disk full: every put answers
-  SERVICE_NOT_AVAILABLE (``CommitLog.refuse_status``) until a pass sees 0.90 or less. Each transition is
-  logged once. Ratios are RocketMQ's: used / (used + available to unprivileged users), rounded up to 1 %.
+  With ``disk_full_refuse_ratio`` set (RocketMQ: 90, always; localmq: 0, off, by default), more than that %
+  used marks the disk full: every put answers SERVICE_NOT_AVAILABLE (``CommitLog.refuse_status``) until a pass
+  sees less. Each transition is logged once. Without it a put is refused only when the blocks it needs cannot be
+  reserved (CREATE_MAPPED_FILE_FAILED). Ratios are RocketMQ's: used / (used + available to unprivileged users),
+  rounded up to 1 %.
   Note that, as in RocketMQ, passing ``disk_max_used_space_ratio`` alone only lifts the hour restriction:
   young segments go only past 0.85.
 - A segment is deleted only once the dispatcher has indexed all of it (it would lose messages otherwise,
@@ -67,7 +69,7 @@ log = logging.getLogger("localmq.clean")
 
 # RocketMQ 4.x system properties rocketmq.broker.diskSpaceCleanForciblyRatio / diskSpaceWarningLevelRatio
 DISK_SPACE_CLEAN_FORCIBLY_RATIO = 0.85
-DISK_SPACE_WARNING_LEVEL_RATIO = 0.90
+DISK_SPACE_WARNING_LEVEL_RATIO = 0.90    # RocketMQ's refusal level: disk_full_refuse_ratio=90 reproduces it
 _HOUR_MS = 3_600_000
 
 
@@ -203,12 +205,13 @@ class CleanCommitLogService:
         ratio = max(known) if known else -1.0
         self.disk_ratio = ratio
         self.clean_immediately = ratio > DISK_SPACE_CLEAN_FORCIBLY_RATIO
-        if ratio > DISK_SPACE_WARNING_LEVEL_RATIO:
+        refuse = self.config.disk_full_refuse_ratio / 100.0
+        if refuse and ratio > refuse:
             if not self.disk_full:
                 self.disk_full = True
                 self.commit_log.refuse_status = PutStatus.SERVICE_NOT_AVAILABLE
-                log.error("disk %.0f%% used (more than %.0f%%): marked full, puts answer SERVICE_NOT_AVAILABLE "
-                          "until it drops", ratio * 100, DISK_SPACE_WARNING_LEVEL_RATIO * 100)
+                log.error("disk %.0f%% used (more than disk_full_refuse_ratio %.0f%%): marked full, puts answer "
+                          "SERVICE_NOT_AVAILABLE until it drops", ratio * 100, refuse * 100)
         elif self.disk_full:
             self.disk_full = False
             # only undo our own refusal: another component may have set a different status meanwhile

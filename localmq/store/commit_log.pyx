@@ -602,6 +602,9 @@ cdef class CommitLog:
             mf = self.mapped_file_queue.last_or_create(start)
         except OSError as e:
             self.put_failures += 1
+            self.last_failure = (f"cannot create commit log segment {start:020d} in {self.mapped_file_queue.directory} "
+                                 f"({self.file_size} bytes, {self.mapped_file_queue.reserve_step or self.file_size} "
+                                 f"of them reserved at once): {e.strerror or e}")
             log.error("cannot create commit log segment at %d: %s", start, e)
             if self.create_failed_hook is not None:
                 self.create_failed_hook(e)
@@ -618,6 +621,8 @@ cdef class CommitLog:
             mf.ensure_reserved(end)
         except OSError as e:
             self.put_failures += 1
+            self.last_failure = (f"cannot reserve {end - mf.reserved + mf.reserve_step} more bytes of commit log "
+                                 f"segment {mf.path}: {e.strerror or e}")
             log.error("cannot reserve %d more bytes of commit log segment %s (the disk is full?): %s; the put is "
                       "refused, nothing was written", end - mf.reserved, mf.path, e)
             if self.create_failed_hook is not None:
