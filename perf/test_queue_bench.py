@@ -3,6 +3,10 @@
 One function per scenario; the ``impl`` fixture runs it for every implementation and ``body_size`` for 100 B and
 1 KiB, so each test id names scenario x body size x implementation (``-k "put_one and lmdb"``).
 """
+import time
+
+import pytest
+
 from conftest import BATCH, DECODE_ROUNDS, make_bodies, message_count
 from peers import LocalMQ, MmapLog, mmap_decode_numpy_fixed, mmap_decode_struct
 
@@ -206,3 +210,29 @@ def test_decode_range_mmap_numpy_fixed(body_size, bench):
               target=lambda store: mmap_decode_numpy_fixed(store.mm, count, body_size),
               verify=verify, rounds=DECODE_ROUNDS, implementation="mmap log: numpy (fixed size only)",
               note="np.frombuffer record dtype + length check; equal-size frames only")
+
+
+def test_put_latency(impl, body_size, bench):
+    """Scenario 5: the latency of each single put (100 B), timed one by one with perf_counter_ns; the percentiles
+    are in ``extra_info["latency_us"]`` (perf/plots.py draws them). Durability as each store's defaults."""
+    if body_size != 100:
+        pytest.skip("latency is measured at 100 B")
+    bodies = make_bodies(min(20_000, message_count(impl, body_size)), body_size)
+    samples = []
+
+    def target(store):
+        put = store.put
+        clock = time.perf_counter_ns
+        out = [0] * len(bodies)
+        for i, body in enumerate(bodies):
+            t0 = clock()
+            put(body)
+            out[i] = clock() - t0
+        store.wait_visible()
+        samples.append(out)
+
+    bench.run(scenario="put_latency", cls=impl, body_size=body_size, count=len(bodies), target=target,
+              verify=verify_written(bodies), note="one put per message, each timed")
+    lat = sorted(x for run in samples for x in run)
+    pct = {p: lat[min(len(lat) - 1, int(len(lat) * p / 100))] / 1000 for p in (50, 90, 99, 99.9)}
+    bench.benchmark.extra_info["latency_us"] = {str(k): round(v, 2) for k, v in pct.items()}

@@ -84,3 +84,33 @@ def test_open_unit_check_cost(benchmark, filled_store, check_units, cache):
     benchmark.extra_info.update(log_bytes=size, check_units=check_units, cache=cache)
     print(f"\nopen ({cache} cache, unit check {'on' if check_units else 'off'}): {size / 2**20:.0f} MiB log, "
           f"median {benchmark.stats.stats.median:.3f} s")
+
+
+@pytest.mark.parametrize("log_mib", [1, 4] if QUICK else [64, 256, 1024])
+@pytest.mark.parametrize("mode", ["normal", "abnormal"])
+def test_recovery_by_size(benchmark, tmp_path, mode, log_mib):
+    """Open time against the size of the log (64 MiB segments, 100-byte bodies): perf/plots.py draws it."""
+    seg = (1 << 20) if QUICK else (64 << 20)
+    path = tmp_path / "store"
+    bodies = [os.urandom(100) for _ in range(1000)]
+    with localmq.open(path, mapped_file_size_commit_log=seg) as st:
+        i = 0
+        while st.commit_log_max_offset < (log_mib << 20) - 200_000:
+            st.put_batch(f"t{i % 8}", bodies, queue_id=i % 4)
+            i += 1
+        size = st.commit_log_max_offset
+    reports = []
+
+    def setup():
+        if mode == "abnormal":
+            (path / "abort").touch()
+
+    def reopen():
+        st = localmq.open(path, mapped_file_size_commit_log=seg)
+        reports.append(st.recovery)
+        st.close()
+
+    benchmark.pedantic(reopen, setup=setup, rounds=1 if QUICK else 3, iterations=1)
+    assert reports[-1].mode == mode and reports[-1].dropped_at is None
+    benchmark.extra_info.update(log_bytes=size, mode=mode, scenario="recovery_by_size")
+    shutil.rmtree(path, ignore_errors=True)

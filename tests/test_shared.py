@@ -565,7 +565,7 @@ def test_key_lookups_answer_in_every_process(tmp_path, workers):
 def test_a_full_disk_seen_by_the_housekeeper_stops_puts_in_every_process(tmp_path, workers):
     path = tmp_path / "s"
     usage = {"ratio": 0.5}
-    q = localmq.open(path, shared=True, disk_usage=lambda p: usage["ratio"], **KW)
+    q = localmq.open(path, shared=True, disk_usage=lambda p: usage["ratio"], disk_full_refuse_ratio=90, **KW)
     try:
         assert q.housekeeper
         w = workers("produce_forever", path, name="df")

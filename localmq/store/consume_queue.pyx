@@ -111,6 +111,13 @@ cdef class ConsumeQueue:
                     self.st.min_offset = int(names[0]) // CQ_UNIT_SIZE
             mfq.sync_to(m * CQ_UNIT_SIZE)
             lmq_store_rel(&self.st.max_offset, m)
+            # the end of the last real unit too: a process that takes the dispatch over tells the records already
+            # in the queue (duplicates) from new ones by it
+            for i in range(m - 1, max(self.st.min_offset, m - 64) - 1, -1):
+                u = self.unit(i)
+                if u is not None and u[1] > 0 and u[1] != CQ_BLANK_UNIT_SIZE:
+                    self.st.max_physic_offset = u[0] + u[1]
+                    break
         return m
 
     # -- load / recover ----------------------------------------------------------------------------------------
