@@ -18,7 +18,7 @@ from localmq.errors import (
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreBusyError, StoreClosedError, StoreLockedError,
-    ReadOnlyStoreError, TopicTableFullError, UnsafePathError, UnsupportedFilesystemError,
+    ReadOnlyStoreError, StoreSettingsError, TopicTableFullError, UnsafePathError, UnsupportedFilesystemError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
@@ -91,5 +91,5 @@ __all__ = [
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
     "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
     "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError", "ReadOnlyStoreError",
-    "ReadOnlyMessageQueue",
+    "ReadOnlyMessageQueue", "StoreSettingsError",
 ]
