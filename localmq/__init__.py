@@ -19,7 +19,8 @@ from localmq.errors import (
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreBusyError, StoreClosedError, StoreLockedError,
-    ReadOnlyStoreError, SendError, TopicTableFullError, UnsafePathError, UnsupportedFilesystemError,
+    ReadOnlyStoreError, SendError, StoreSettingsError, TopicTableFullError, UnsafePathError,
+    UnsupportedFilesystemError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
@@ -93,5 +94,5 @@ __all__ = [
     "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
     "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError", "ReadOnlyStoreError",
     "SendError", "ArgumentTypeError",
-    "ReadOnlyMessageQueue",
+    "ReadOnlyMessageQueue", "StoreSettingsError",
 ]

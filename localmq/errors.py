@@ -128,6 +128,24 @@ class ConfigError(LocalMQError, ValueError):
     """An invalid configuration value."""
 
 
+class StoreSettingsError(ConfigError):
+    """A setting passed to open that contradicts the store's files: the value recorded in ``config/localmq.json``
+    when the store was created or, for a store without that record (a RocketMQ broker's), the value read off its
+    files (the segment size, the ConsumeQueue file size).
+
+    ``setting`` names it, ``recorded`` is the store's value, ``given`` the one passed, ``source`` says where the
+    recorded value comes from ("record" or "files"). Open without the setting to use the store's value.
+    """
+
+    def __init__(self, message: str, setting: str = "", recorded: object = None, given: object = None,
+                 source: str = "record") -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.recorded = recorded
+        self.given = given
+        self.source = source
+
+
 class DispatchError(LocalMQError, RuntimeError):
     """The dispatch service failed; the error it raised is the ``__cause__``."""
 
@@ -267,7 +285,8 @@ __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptMessageError",
     "CorruptStoreError", "DamagedLogError", "UnsafePathError",
-    "NotAStoreError", "ConfigError", "DispatchError", "QueueReassignedError", "InvalidMessageIdError",
+    "NotAStoreError", "ConfigError", "StoreSettingsError", "DispatchError", "QueueReassignedError",
+    "InvalidMessageIdError",
     "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
     "check_int_range",
     "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError", "TopicTableFullError",

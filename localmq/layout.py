@@ -107,6 +107,8 @@ CONFIG_DIR = "config"
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
 LOCK_FILE = "lock"
+SETTINGS_FILE = "localmq.json"           # in CONFIG_DIR: the settings that shape the files, written at creation
+SETTINGS_VERSION = 1                     # its "version"; a record of a later version is refused
 
 MAX_QUEUE_ID = 65535
 TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,127}\Z")

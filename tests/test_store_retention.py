@@ -367,7 +367,7 @@ def test_unusable_consumer_offsets_protect_nothing_and_are_reported(make_store, 
     root = tmp_path / "s"
     st = make_store(clock, disk)
     fill(st, 65)
-    (root / "config").mkdir()
+    (root / "config").mkdir(exist_ok=True)  # it holds localmq.json already
     (root / "config" / "consumerOffset.json").write_text("not json")
     (root / "config" / "consumerOffset.json.bak").write_text("{")
     set_ages(root, clock, [100])

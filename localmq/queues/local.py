@@ -20,7 +20,8 @@ from localmq.errors import (
     StoreClosedError,
 )
 from localmq.layout import (
-    ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, MAX_QUEUE_ID,
+    ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, LOCK_FILE,
+    MAX_QUEUE_ID,
 )
 from localmq.queues.base import ProcessBoundMixin, QueueClientsMixin, tag_names
 from localmq.services.allocate import AllocateMappedFileService
@@ -42,7 +43,9 @@ from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.recovery import check_segments, recover_store
+from localmq.store.settings import explicit_settings, resolve_settings, write_settings
 from localmq.store.transient_store_pool import TransientStorePool
+from localmq.store.undo import OpenUndo, missing_ancestor
 
 log = logging.getLogger("localmq.store")
 
@@ -80,12 +83,15 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                  progress: Optional[Callable[[int, int], None]] = None,
                  clock: Optional[Callable[[], int]] = None, disk_usage: Optional[Callable[[str], float]] = None,
                  **kwargs: Any):
+        if config is not None and kwargs:
+            raise TypeError("pass either a StoreConfig or keyword settings, not both")
+        # the settings that shape the files which the caller chose: they must agree with the store's record
+        self._explicit = explicit_settings(config, kwargs)
         if config is None:
             config = StoreConfig.from_kwargs(kwargs)
-        elif kwargs:
-            raise TypeError("pass either a StoreConfig or keyword settings, not both")
         self.config = config
         self.root = os.path.abspath(os.fspath(path))
+        self._undo: Optional[OpenUndo] = None
         self._closed = True
         self._lock = None
         self._reput_service: Optional[ReputMessageService] = None
@@ -102,19 +108,48 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self.clean_service: Optional[CleanService] = None
         self.index_service: Optional[IndexService] = None  # None when message_index_enable is False
         self._index_dispatch: Optional[IndexDispatchService] = None
-        os.makedirs(self.root, exist_ok=True)
-        unsafe = unsafe_entries(self.root)
-        if unsafe:
-            raise UnsafePathError(f"store {self.root} holds symlinks or entries outside it, which localmq never "
-                                  f"writes through: {unsafe[:5]}", path=unsafe[0])
-        self._lock = self._make_lock()
+        # Every check that needs no write comes before the first write; what an open creates or grows after it is
+        # listed (OpenUndo) and undone when it fails, so a failed open leaves the directory as it found it.
+        created_root = missing_ancestor(self.root)
+        if created_root is None:
+            unsafe = unsafe_entries(self.root)
+            if unsafe:
+                raise UnsafePathError(f"store {self.root} holds symlinks or entries outside it, which localmq "
+                                      f"never writes through: {unsafe[:5]}", path=unsafe[0])
+        os.makedirs(self.root, exist_ok=True)   # a regular file there: FileExistsError, nothing created
         try:
+            self._lock = self._make_lock()
+        except BaseException:
+            if created_root is not None:
+                OpenUndo(self.root, created_root).restore()
+            raise
+        try:
+            self._undo = self._list_for_undo(created_root)
+            self.config, self._write_record = self._resolve_settings()
             self._open(progress)
         except BaseException:
             self._abandon()
             raise
+        self._undo = None
+        self._lock.stamp()
         self._closed = False
         self._bind_to_process()
+
+    def _list_for_undo(self, created_root: Optional[str]) -> Optional[OpenUndo]:
+        """What a failed open must undo: listed now that this process holds the store alone."""
+        lock_path = os.path.join(self.root, LOCK_FILE)
+        return OpenUndo(self.root, created_root, (lock_path,) if self._lock.created else ())
+
+    def _resolve_settings(self) -> Tuple[StoreConfig, bool]:
+        """The config with the settings that shape the files taken from the store's record (or its files), and
+        whether the record must be written. Raises StoreSettingsError for a passed setting that contradicts it."""
+        return resolve_settings(self.root, self.config, self._explicit)
+
+    def _record_settings(self) -> None:
+        """Write ``config/localmq.json`` when the store has none (a new store, a RocketMQ broker's)."""
+        if self._write_record:
+            write_settings(self.root, self.config)
+            self._write_record = False
 
     def _make_lock(self) -> StoreLock:
         return StoreLock(self.root)
@@ -139,6 +174,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         except CorruptStoreError as e:
             # derived data: a fresh (zero) checkpoint only makes recovery start earlier
             log.error("%s; replacing it with a new one", e)
+            if self._undo is not None:
+                self._undo.keep(cp_path)
             os.unlink(cp_path)
             self.checkpoint = StoreCheckpoint(cp_path)
             rebuilt.append(f"checkpoint: {e}")
@@ -184,6 +221,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
 
     def _open(self, progress) -> None:
         last_exit_ok = self._recover(progress)
+        self._record_settings()
         self._go_live(last_exit_ok)
 
     def _mark_running(self) -> None:
@@ -285,6 +323,12 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         cp = getattr(self, "checkpoint", None)
         if cp is not None:
             cp.close()
+        undo = self._undo
+        self._undo = None
+        if undo is not None and self._lock is not None and self._lock.exclusive():
+            undone = undo.restore()
+            if undone:
+                log.info("failed open of %s: removed or cut back %s", self.root, undone)
         if self._lock is not None:
             self._lock.release()
             self._lock = None

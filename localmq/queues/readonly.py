@@ -40,8 +40,16 @@ def _lock_holder(root: str) -> Optional[str]:
 
 
 class _NoLock:
+    created = False
+
     def release(self) -> None:
         pass
+
+    def stamp(self) -> None:
+        pass
+
+    def exclusive(self) -> bool:
+        return False
 
 
 class ReadOnlyMessageQueue(LocalMessageQueue):
@@ -64,6 +72,12 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
 
     def _make_lock(self):
         return _NoLock()
+
+    def _list_for_undo(self, created_root):
+        return None   # nothing is written, and a live writer's files must never look like this open's
+
+    def _record_settings(self) -> None:
+        pass   # the settings come from the record or the files, but a view writes nothing
 
     def _open(self, progress) -> None:
         c = self.config

@@ -25,7 +25,7 @@ from localmq.errors import (
 from localmq.layout import (
     CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CTL_FILE, CTL_LOCK_BYTE_HOUSEKEEPER, CTL_LOCK_BYTE_STORE,
     CTL_S_CQ_SIZE, CTL_S_HOUSEKEEPER, CTL_S_PUTS, CTL_S_READY, CTL_S_REPAIRS, CTL_S_REPUT, CTL_S_SEG_SIZE,
-    CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE, CTL_S_INDEXED, CTL_S_DISK_FULL,
+    CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE, CTL_S_INDEXED, CTL_S_DISK_FULL, LOCK_FILE,
 )
 from localmq.queues.local import LocalMessageQueue
 from localmq.services.flush import FlushConsumeQueueService, FlushRealTimeService, SharedGroupCommitService
@@ -41,6 +41,7 @@ from localmq.store.index import IndexReader
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.recovery import RecoveryReport
+from localmq.store.undo import OpenUndo
 
 log = logging.getLogger("localmq.shared")
 
@@ -120,6 +121,12 @@ class SharedMessageQueue(LocalMessageQueue):
     def _make_lock(self) -> StoreLock:
         return StoreLock(self.root, shared=True)
 
+    def _list_for_undo(self, created_root: Optional[str]) -> Optional[OpenUndo]:
+        """Other processes may be writing the store: until this one recovers it as the first opener (when they
+        all wait), a failed open undoes only what it created itself."""
+        lock_path = os.path.join(self.root, LOCK_FILE)
+        return OpenUndo(self.root, created_root, (lock_path,) if self._lock.created else (), listing=False)
+
     # -- open ---------------------------------------------------------------------------------------------------
 
     def _open(self, progress) -> None:
@@ -135,7 +142,9 @@ class SharedMessageQueue(LocalMessageQueue):
         self._hk_lock = threading.RLock()
         self._hk_services: List[Any] = []
         self._reput_attached = False
-        self._ctl = ctl = ControlFile(os.path.join(self.root, CTL_FILE))
+        ctl_path = os.path.join(self.root, CTL_FILE)
+        ctl_created = () if os.path.lexists(ctl_path) else (ctl_path,)
+        self._ctl = ctl = ControlFile(ctl_path)
         ctl.slots.claim()
         self._take_byte(CTL_LOCK_BYTE_STORE, OPEN_WAIT_S, "another process's open")
         try:
@@ -144,7 +153,10 @@ class SharedMessageQueue(LocalMessageQueue):
             else:
                 # the first process of a run (or the one after a first opener died mid-recovery): recover as a
                 # single process would, with every other opener waiting on the store byte
+                if self._undo is not None:
+                    self._undo.retake(ctl_created)   # nobody else writes until this open ends
                 last_exit_ok = self._recover(progress)
+                self._record_settings()
                 self._publish_first()
                 self._mark_running()
                 self.first_opener = True

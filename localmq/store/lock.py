@@ -26,7 +26,28 @@ class StoreLock:
     def __init__(self, root: str, shared: bool = False) -> None:
         self.path = os.path.join(root, LOCK_FILE)
         self.shared = shared
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.created = False   # this lock created the file (a failed open removes it again)
+        for _ in range(100):
+            fd = self._acquire(root, shared)
+            # a failed open removes the lock file it created, under the lock: a lock taken on that removed file
+            # keeps nobody out, so take it again on the file now at the path
+            try:
+                st, now = os.fstat(fd), os.stat(self.path)
+            except FileNotFoundError:
+                st = now = None
+            if st is not None and now is not None and (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                break
+            os.close(fd)
+        else:
+            raise StoreLockedError(errno.EAGAIN, f"the lock file of {root} keeps being replaced", self.path)
+        self.fd = fd
+
+    def _acquire(self, root: str, shared: bool) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            self.created = True
+        except FileExistsError:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         try:
             fcntl.flock(fd, kind | fcntl.LOCK_NB)
@@ -53,9 +74,27 @@ class StoreLock:
             err = StoreLockedError(errno.EAGAIN, msg, self.path)
             err.shared_holders = holders_shared
             raise err from None
-        if not shared:
-            os.pwrite(fd, b"lock", 0)
-        self.fd = fd
+        return fd
+
+    def stamp(self) -> None:
+        """Write "lock" into the file, as a broker does, once the open succeeded (a failed open changes no byte)."""
+        if not self.shared and self.fd >= 0:
+            os.pwrite(self.fd, b"lock", 0)
+
+    def exclusive(self) -> bool:
+        """Whether this process holds the store alone right now: the flock is (or can be made) exclusive.
+
+        A shared holder asks before undoing a failed open; converting may drop its shared lock (it is about to
+        release it anyway)."""
+        if self.fd < 0:
+            return False
+        if not self.shared:
+            return True
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        return True
 
     def release(self) -> None:
         """Drop both locks and close the file. Idempotent."""

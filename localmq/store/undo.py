@@ -1,0 +1,185 @@
+"""OpenUndo: what an open created or grew in a store directory, so that an open that fails can leave it as it was."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Dict, List, Optional, Set
+
+from localmq._native import fsync_dir
+from localmq.layout import (
+    ABORT_FILE, CHECKPOINT_FILE, CHECKPOINT_FILE_SIZE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR,
+    CONSUMEQUEUE_EXT_DIR, CTL_FILE, INDEX_DIR, LOCK_FILE, RECOVERY_DIR,
+)
+
+__all__ = ["OpenUndo", "missing_ancestor", "STORE_ENTRIES"]
+
+log = logging.getLogger("localmq.store")
+
+# Everything an open may create or change under a store's root; nothing else there is touched.
+STORE_ENTRIES = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, INDEX_DIR, CONFIG_DIR, RECOVERY_DIR,
+                 CHECKPOINT_FILE, ABORT_FILE, LOCK_FILE, CTL_FILE)
+
+
+def missing_ancestor(path: str) -> Optional[str]:
+    """The topmost directory of ``path`` (itself included) that does not exist yet, or None when it exists."""
+    top = None
+    while not os.path.lexists(path):
+        top = path
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return top
+
+
+class OpenUndo:
+    """A listing of a store's own entries (STORE_ENTRIES, walked without following links: path -> size of each
+    file, and the directories) taken when the opener holds the store alone, before it writes.
+
+    ``restore()`` undoes what an open did up to its failure: entries that were not listed are removed (files,
+    then their directories, deepest first), files that grew are cut back to their listed size (growing only
+    appends zeros: a segment sized at load, a checkpoint extended to 4 KiB), files saved with ``keep()`` get their
+    bytes back, and the root and the parents the open created are removed. Bytes written over existing bytes
+    (recovery cutting a torn tail, marking a gap) are not undone: they happen only once every check has passed.
+
+    Only the process that holds the store alone may restore: another writer's files would look new.
+    """
+
+    def __init__(self, root: str, created_root: Optional[str] = None, created: tuple = (),
+                 listing: bool = True) -> None:
+        self.root = root
+        self.created_root = created_root
+        self.created = tuple(created)
+        self.listing = listing   # False: undo only ``created`` (the store may have other writers right now)
+        self.files: Dict[str, int] = {}
+        self.dirs: Set[str] = set()
+        self.kept: Dict[str, bytes] = {}
+        if listing:
+            self._take(self.created)
+
+    def _take(self, created: tuple) -> None:
+        for name in STORE_ENTRIES:
+            top = os.path.join(self.root, name)
+            if not os.path.lexists(top) or top in created:
+                continue
+            if os.path.isdir(top) and not os.path.islink(top):
+                self.dirs.add(top)
+                for dirpath, dirnames, filenames in os.walk(top):
+                    self.dirs.update(os.path.join(dirpath, d) for d in dirnames)
+                    for n in filenames:
+                        p = os.path.join(dirpath, n)
+                        self.files[p] = os.lstat(p).st_size
+            else:
+                self.files[top] = os.lstat(top).st_size
+                if name in (CHECKPOINT_FILE, LOCK_FILE) and self.files[top] <= CHECKPOINT_FILE_SIZE:
+                    # the flush service writes the checkpoint while an open that fails later is being undone
+                    self.keep(top)
+
+    def retake(self, created: tuple = ()) -> None:
+        """List the entries now (the opener holds the store alone from here on); ``created`` are more paths this
+        open made."""
+        self.created += tuple(created)
+        self.listing = True
+        self.files.clear()
+        self.dirs.clear()
+        self._take(self.created)
+
+    def keep(self, path: str) -> None:
+        """Save the bytes of a small file the open is about to replace (a checkpoint shorter than 40 bytes)."""
+        with open(path, "rb") as f:
+            self.kept[path] = f.read()
+
+    def restore(self) -> List[str]:
+        """Put the store's entries back as listed; returns what was changed back. Errors are logged (the error
+        that made the open fail is the one that matters)."""
+        undone: List[str] = []
+        if self.created_root is not None:
+            try:
+                _remove_tree(self.created_root)
+                undone.append(self.created_root)
+                fsync_dir(os.path.dirname(self.created_root))
+            except OSError:
+                log.exception("removing %s after a failed open", self.created_root)
+            return undone
+        touched: Set[str] = set()
+        if not self.listing:
+            for path in self.created:
+                try:
+                    if os.path.lexists(path):
+                        _remove_tree(path)
+                        undone.append(path)
+                        touched.add(os.path.dirname(path))
+                except OSError:
+                    log.exception("removing %s after a failed open", path)
+            names: tuple = ()
+        else:
+            names = STORE_ENTRIES
+        for name in names:
+            top = os.path.join(self.root, name)
+            if not os.path.lexists(top):
+                continue
+            try:
+                if top not in self.dirs and top not in self.files:
+                    _remove_tree(top)
+                    undone.append(top)
+                    touched.add(self.root)
+                    continue
+                if top in self.files:
+                    self._restore_file(top, undone, touched)
+                    continue
+                for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+                    for n in filenames:
+                        self._restore_file(os.path.join(dirpath, n), undone, touched)
+                    for d in dirnames:
+                        p = os.path.join(dirpath, d)
+                        if p not in self.dirs:
+                            _remove_tree(p)
+                            undone.append(p)
+                            touched.add(dirpath)
+            except OSError:
+                log.exception("undoing the changes of a failed open in %s", top)
+        for path, data in self.kept.items():
+            try:
+                with open(path, "wb") as f:
+                    f.write(data)
+                undone.append(path)
+                touched.add(os.path.dirname(path))
+            except OSError:
+                log.exception("restoring %s after a failed open", path)
+        for d in touched:
+            try:
+                fsync_dir(d)
+            except OSError:
+                pass
+        return undone
+
+    def _restore_file(self, path: str, undone: List[str], touched: Set[str]) -> None:
+        size = self.files.get(path)
+        if size is None:
+            if path not in self.kept:
+                os.unlink(path)
+                undone.append(path)
+                touched.add(os.path.dirname(path))
+            return
+        st = os.lstat(path)
+        if st.st_size > size and not os.path.islink(path):
+            os.truncate(path, size)
+            undone.append(path)
+        elif st.st_size < size:
+            log.error("%s shrank from %d to %d bytes during a failed open", path, size, st.st_size)
+
+
+def _remove_tree(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+            for n in filenames:
+                os.unlink(os.path.join(dirpath, n))
+            for d in dirnames:
+                p = os.path.join(dirpath, d)
+                if os.path.islink(p):
+                    os.unlink(p)
+                else:
+                    os.rmdir(p)
+        os.rmdir(path)
+    else:
+        os.unlink(path)
