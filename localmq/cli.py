@@ -692,8 +692,9 @@ def _demo_bodies(args, start: int, stop: int) -> Iterator[Tuple[int, bytes]]:
 def _run_demo(args, path: str) -> int:
     topics = [f"demo-topic-{i}" for i in range(args.topics)]
     n, nq, nt = args.messages, args.queues, len(topics)
-    print(f"localmq {localmq.__version__} demo: {n:,} messages of {args.body_size} B over {nt} topics x {nq} "
-          f"queues into {path}")
+    if not args.json:
+        print(f"localmq {localmq.__version__} demo: {n:,} messages of {args.body_size} B over {nt} topics x {nq} "
+              f"queues into {path}")
     digests: Dict[Tuple[str, int], Any] = {}
     put_s = 0.0
     body_bytes = 0
@@ -739,6 +740,11 @@ def _run_demo(args, path: str) -> int:
         read_s = time.perf_counter() - t1
         stats = st.stats()
     mb = body_bytes / 1e6
+    ok = read == n and bad == 0
+    if args.json:
+        _emit({"store": path, "messages": n, "put_seconds": put_s, "dispatch_seconds": dispatch_s, "read": read,
+               "read_seconds": read_s, "body_bytes": body_bytes, "segments": stats["segments"], "verified": ok})
+        return 0 if ok else 1
     print(f"put     {n:>12,} msgs in {put_s:6.2f} s  {n / put_s:>12,.0f} msgs/s  {mb / put_s:8.1f} MB/s "
           "(the put calls alone, one per message from a Python loop; bodies built and checksummed outside the "
           "timing; dispatch not included)")
@@ -747,7 +753,6 @@ def _run_demo(args, path: str) -> int:
           "(get_message batches of 32, sha256 of every body included)")
     print(f"commit log {stats['commit_log_max_offset']:,} bytes in {stats['segments']} segment(s); "
           f"{stats['consume_queues']} consume queues")
-    ok = read == n and bad == 0
     print("verified: all messages read back in order with matching checksums" if ok else "VERIFICATION FAILED")
     return 0 if ok else 1
 
