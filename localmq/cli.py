@@ -226,6 +226,7 @@ def _stats(args) -> int:
         finally:
             view.close()
         dispatched = live["dispatched_end"]
+        end = max(end, live["committed_end"])  # read after the queues: the log's end as of now
     out = {
         "store": files.root, "state": held, "clean_exit": not os.path.exists(files.abort) if held == "closed" else None,
         "commit_log": {"min_offset": files.min_offset, "end": end, "bytes": end - files.min_offset,
