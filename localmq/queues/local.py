@@ -475,15 +475,18 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 return m
         if not self.config.message_index_enable:
             return None
-        # every topic written (the put path's table, filled from the ConsumeQueues at open), not only those the
-        # ConsumeQueue dispatcher has reached yet
-        topics = [topic] if topic is not None else sorted({t for t, _ in self.commit_log.topic_table()})
+        topics = [topic] if topic is not None else self._written_topics()
         for t in topics:
             for k in dict.fromkeys((msg_id, mid)):
                 found = self._query_index(t, k, 1, 0, _MAX_TS, True)
                 if found:
                     return found[0]
         return None
+
+    def _written_topics(self) -> List[str]:
+        """Every topic written (the put path's table, filled from the ConsumeQueues at open), not only those the
+        ConsumeQueue dispatcher has reached yet."""
+        return sorted({t for t, _ in self.commit_log.topic_table()})
 
     # -- context manager ----------------------------------------------------------------------------------------
 

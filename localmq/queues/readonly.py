@@ -18,6 +18,7 @@ from localmq.layout import (
 from localmq.queues.local import LocalMessageQueue
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.control_view import ControlView
+from localmq.store.index import IndexReader
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.recovery import RecoveryReport
 
@@ -58,7 +59,8 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
     Opens every file O_RDONLY and maps it PROT_READ, takes no lock, writes nothing (not even ``lock``, ``abort``
     or the checkpoint), so it needs no write permission and never blocks or disturbs a writer. On a live shared
     store it reads what the housekeeper has dispatched (from the control file, mapped read-only): always a
-    prefix of what the writers acknowledged. Gets, offsets, topics, lookups by offset and consumer lag work;
+    prefix of what the writers acknowledged. Gets, offsets, topics, lookups by offset, key and id (through the
+    index files, mapped read-only: what the housekeeper has indexed) and consumer lag work;
     puts, consumers and producers raise ReadOnlyStoreError; ``wait_for_new_messages`` polls every 10 ms (a
     read-only mapping cannot announce a sleeper on the shared futex). A store held by one live process alone
     (``shared=False``) is refused: its end is in that process's memory, not on disk.
@@ -123,8 +125,34 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
     def flush(self) -> None:
         self._check_open()
 
+    _index_reader: Optional[IndexReader] = None
+
     def _require_index(self):
-        raise IndexDisabledError("key lookups need the index service, which a read-only view does not run")
+        self._check_open()
+        if not self.config.message_index_enable:
+            raise IndexDisabledError("the message index is disabled (message_index_enable=False)")
+        if self._index_reader is None:
+            self._index_reader = IndexReader(self.root)
+        return self._index_reader
+
+    def wait_for_index(self, timeout: Optional[float] = None) -> bool:
+        """A view cannot know what the index covers on a live store: returns True at once (lookups answer from
+        what the housekeeper has indexed so far)."""
+        self._require_index()
+        return True
+
+    def _query_index(self, topic: str, key: str, max_num: int, begin: int, end: int, uniq_only: bool) -> List[Any]:
+        reader = self._require_index()
+        reader.refresh()  # index files created since the last lookup
+        if self._view is not None:
+            end_cl = self._view.load(CTL_S_WPOS)
+            if end_cl > self._cl_mfq.max_offset():
+                self._cl_mfq.sync_to(end_cl)  # the records the index points at are mapped
+        mfq = self._cl_mfq
+        return reader.query_messages(mfq.files, mfq.file_size, topic, key, max_num, begin, end, uniq_only)
+
+    def _written_topics(self) -> List[str]:
+        return sorted(self.topics())
 
     # -- reads --------------------------------------------------------------------------------------------------
 
@@ -246,6 +274,8 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
         self._close_clients()
         for cq in list(self._cqs.values()):
             cq.close()
+        if self._index_reader is not None:
+            self._index_reader.close()
         self._cl_mfq.close()
         if self._view is not None:
             self._view.close()

@@ -137,7 +137,7 @@ class CommitLogReader:
     Not thread-safe: iterate it from one thread.
     """
 
-    def __init__(self, path, *, mapped_file_size=None, check_crc=True, copy=True, on_corrupt="raise"):
+    def __init__(self, path, *, mapped_file_size=None, check_crc=True, copy=True, on_corrupt="raise", start=0):
         if on_corrupt not in ("raise", "stop"):
             raise ValueError(f"on_corrupt must be 'raise' or 'stop', not {on_corrupt!r}")
         self.path = os.fspath(path)
@@ -147,6 +147,7 @@ class CommitLogReader:
         self.check_crc = bool(check_crc)
         self.copy = bool(copy)
         self.on_corrupt = on_corrupt
+        self.start = int(start)
         # a store that processes share while it is read: stop at the committed end they publish (past it a put
         # may be half-copied, which would look like damage); None: the files are the whole truth
         self.end = committed_end(os.path.dirname(os.path.abspath(self.path))) if os.path.isdir(self.path) else None
@@ -194,9 +195,12 @@ class CommitLogReader:
 
     def _run(self):
         end = self.end
+        start = self.start
         for index, seg_file in enumerate(self._segments):
             if end is not None and seg_file.base >= end:
                 break
+            if seg_file.base + max(seg_file.size, 1) <= start:
+                continue  # before the first record asked for: never mapped
             seg = _MappedSegment(seg_file.path)
             try:
                 self.segments_read += 1
@@ -205,7 +209,8 @@ class CommitLogReader:
                 if n == 0:
                     continue
                 limit = n if end is None else min(n, end - base)
-                pos = 0
+                pos = max(0, start - base)
+                self.stop_offset = base + pos
                 while pos < limit:
                     try:
                         msg = _record.decode_message(seg.mm, pos, check_crc=self.check_crc, base_offset=base,
@@ -276,7 +281,7 @@ class CommitLogReader:
         return _relocated(msg, offset)
 
 
-def read_commitlog(path, *, mapped_file_size=None, check_crc=True, copy=True, on_corrupt="raise"):
+def read_commitlog(path, *, mapped_file_size=None, check_crc=True, copy=True, on_corrupt="raise", start=0):
     """Iterate the messages of a RocketMQ commit log, read-only.
 
     :param path: a ``commitlog`` directory (segment files named by their 20-digit base offset) or one segment
@@ -287,6 +292,8 @@ def read_commitlog(path, *, mapped_file_size=None, check_crc=True, copy=True, on
     :param copy: copy bodies to bytes; with False bodies are memoryviews of the read-only mapping, which stays
         mapped while any of them lives.
     :param on_corrupt: "raise" (default) or "stop" at a corrupt record that has more data after it.
+    :param start: the absolute offset of the first record to read (a record boundary: a ConsumeQueue unit's
+        offset, a segment base, a ``stop_offset``); the segments before it are not opened.
     :returns: a ``CommitLogReader`` yielding ``localmq._record.Message`` objects whose ``physical_offset`` is the
         segment base plus the record position. A blank record moves to the next segment. Zero bytes end the
         walk ("end"); a torn or damaged record with only zeros after it ends it too ("torn", logged as a
@@ -298,7 +305,7 @@ def read_commitlog(path, *, mapped_file_size=None, check_crc=True, copy=True, on
     :raises ValueError: for an unknown ``on_corrupt``.
     """
     return CommitLogReader(path, mapped_file_size=mapped_file_size, check_crc=check_crc, copy=copy,
-                           on_corrupt=on_corrupt)
+                           on_corrupt=on_corrupt, start=start)
 
 
 # ---------------------------------------------------------------------------------------------- consume queue

@@ -1,0 +1,6 @@
+"""``python -m localmq``: the ``localmq`` command."""
+import sys
+
+from localmq.cli import main
+
+sys.exit(main())
