@@ -5,7 +5,7 @@ so a public name that silently degrades to ``Any`` fails the check.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from typing_extensions import assert_type
 
@@ -79,3 +79,17 @@ def use_config_and_errors(path: str) -> None:
         assert_type(e, localmq.StoreLockedError)
     except localmq.LocalMQError as e:
         assert_type(str(e), str)
+
+
+async def use_aio(path: str) -> None:
+    import localmq.aio
+
+    st = await localmq.aio.open(path)
+    assert_type(st, localmq.aio.AsyncStore)
+    p = st.create_producer()
+    assert_type(p, localmq.aio.AsyncProducer)
+    c = st.create_consumer("group", "T")
+    assert_type(c, localmq.aio.AsyncConsumer)
+    batch = await c.poll_batch(8, timeout=0.1)
+    assert_type(batch, List[Any])
+    await st.close()
