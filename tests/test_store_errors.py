@@ -182,3 +182,24 @@ def test_put_arguments_out_of_range_raise_typed_errors(tmp_path, call):
         assert r.status is localmq.PutStatus.PUT_OK and r.queue_offset == 0
         assert st.wait_for_dispatch(10)
         assert [m.flag for m in st.get_message("t", 65535, 0).messages][0] == -(2 ** 31)
+
+
+def test_reopened_store_keeps_its_posix_byte_lock(tmp_path):
+    """The byte-0 POSIX lock is what a RocketMQ broker and localmq's read-only views test. Closing any descriptor of
+    the lock file drops it (fcntl's rule): an open that read the lock file's bytes for its undo list once lost it
+    on every reopen of an existing store."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "s"
+    with localmq.open(root, mapped_file_size_commit_log=64 * 1024) as st:
+        st.put("t", b"x")
+    probe = ("import fcntl, os, struct, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+             "got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 1, 0)); "
+             "print(struct.unpack('hhqqi', got)[0] == fcntl.F_WRLCK)")
+    for _ in range(2):
+        with localmq.open(root, mapped_file_size_commit_log=64 * 1024):
+            out = subprocess.run([sys.executable, "-c", probe, str(root / "lock")], capture_output=True, text=True)
+            assert out.stdout.strip() == "True", out
+        with localmq.open(root, read_only=True):
+            pass

@@ -19,6 +19,7 @@ from localmq.queues.local import LocalMessageQueue
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.control_view import ControlView
 from localmq.store.index import IndexReader
+from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.recovery import RecoveryReport
 
@@ -28,8 +29,17 @@ _FLOCK = struct.Struct("hh4xqqi4x")
 def _lock_holder(root: str) -> Optional[str]:
     """"exclusive", "shared" or None: how the store's ``lock`` file is held by other processes (F_GETLK on byte 0,
     which RocketMQ and localmq both lock; asking takes no lock)."""
+    path = os.path.join(root, LOCK_FILE)
     try:
-        fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC)
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if (st.st_dev, st.st_ino) in StoreLock.held:
+        # this process holds it (F_GETLK would not report our own lock either), and opening the file here
+        # would drop that lock when the descriptor is closed
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:

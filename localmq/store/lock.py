@@ -23,6 +23,11 @@ class StoreLock:
     whether the store is held by processes sharing it (then ``shared=True`` would attach).
     """
 
+    # (st_dev, st_ino) of every lock file this process holds -> "exclusive" or "shared". Who asks about a lock file
+    # must not open it when this process holds it: closing any descriptor of a file drops the process's POSIX locks
+    # on it (fcntl's rule), which would let a broker or another process in.
+    held: dict = {}
+
     def __init__(self, root: str, shared: bool = False) -> None:
         self.path = os.path.join(root, LOCK_FILE)
         self.shared = shared
@@ -41,6 +46,8 @@ class StoreLock:
         else:
             raise StoreLockedError(errno.EAGAIN, f"the lock file of {root} keeps being replaced", self.path)
         self.fd = fd
+        self._key = (st.st_dev, st.st_ino)
+        StoreLock.held[self._key] = "shared" if shared else "exclusive"
 
     def _acquire(self, root: str, shared: bool) -> int:
         try:
@@ -99,6 +106,7 @@ class StoreLock:
     def release(self) -> None:
         """Drop both locks and close the file. Idempotent."""
         if self.fd >= 0:
+            StoreLock.held.pop(self._key, None)
             try:
                 fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
                 fcntl.flock(self.fd, fcntl.LOCK_UN)

@@ -71,8 +71,10 @@ class OpenUndo:
                         self.files[p] = os.lstat(p).st_size
             else:
                 self.files[top] = os.lstat(top).st_size
-                if name in (CHECKPOINT_FILE, LOCK_FILE) and self.files[top] <= CHECKPOINT_FILE_SIZE:
-                    # the flush service writes the checkpoint while an open that fails later is being undone
+                if name == CHECKPOINT_FILE and self.files[top] <= CHECKPOINT_FILE_SIZE:
+                    # the flush service writes the checkpoint while an open that fails later is being undone.
+                    # Never the lock file: closing any descriptor of it drops this process's POSIX byte lock (the
+                    # one RocketMQ and other processes test), and a failed open writes no byte there anyway.
                     self.keep(top)
 
     def retake(self, created: tuple = ()) -> None:
