@@ -8,12 +8,11 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 
 from localmq.errors import ConfigError
 from localmq.spark.decode import COLUMN_TYPES, read_partition, spark_ddl
-from localmq.spark.options import DEFAULT_SEGMENT, LATEST, ReadOptions
+from localmq.spark.options import LATEST, ReadOptions
 from localmq.spark.plan import (
-    OffsetRangeError, check_offsets_json, log, offset_for_time, plan_batch, queue_partitions, split_ranges,
-    store_state, tail_partitions,
+    OffsetRangeError, check_offsets_json, log, offset_for_time, open_store_files, plan_batch, queue_partitions,
+    split_ranges, store_state, tail_partitions,
 )
-from localmq.store.files import StoreFiles
 
 __all__ = ["LocalMQDataSource", "LocalMQReader", "LocalMQFilteringReader", "LocalMQStreamReader"]
 
@@ -50,10 +49,10 @@ class LocalMQDataSource(DataSource):
         # fail here, at load(), for a path that is not a store or a wrong segment size (the offsets options are
         # checked by the batch or stream reader: they differ between the two)
         opts = {str(k).lower(): v for k, v in dict(self.options).items()}
-        path = ReadOptions.parse({"path": opts.get("path")}).path
-        size = ReadOptions.parse({"path": path, "mapped_file_size_commit_log": opts.get(
-            "mapped_file_size_commit_log", DEFAULT_SEGMENT)}).segment_size
-        StoreFiles(path, size)
+        given = {"path": opts.get("path")}
+        if opts.get("mapped_file_size_commit_log") is not None:
+            given["mapped_file_size_commit_log"] = opts["mapped_file_size_commit_log"]
+        open_store_files(ReadOptions.parse(given))
         return spark_ddl()
 
     def reader(self, schema):
@@ -144,7 +143,7 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = None
 
     def _state(self, force_tail=False):
-        store = StoreFiles(self.opts.path, self.opts.segment_size)
+        store = open_store_files(self.opts)
         opts = self.opts
         if force_tail and opts.include_undispatched is not False:
             opts = dataclasses.replace(opts, include_undispatched=True)

@@ -69,7 +69,7 @@ class ReadOptions:
     ending_timestamp: int = None
     max_offsets_per_trigger: int = None
     fail_on_data_loss: bool = True
-    segment_size: int = DEFAULT_SEGMENT
+    segment_size: int = None            # None: the store's settings record, else the size of its segment files
     batch_size: int = 65536
     min_partitions: int = None
     partitioning: str = "auto"          # "auto" | "segment" | "queue"

@@ -12,11 +12,13 @@ from localmq.layout import (
 )
 from localmq.spark.options import DEFAULT_SEGMENT, EARLIEST, LATEST, ReadOptions
 from localmq.store.files import ConsumeQueueFiles, StoreFiles
+from localmq.store.settings import read_settings
 
 __all__ = [
     "StoreFiles", "ConsumeQueueFiles", "ReadOptions", "SegmentRange", "SegmentRanges", "QueueRange",
     "OffsetRangeError", "plan_batch", "resolve_offsets", "queue_partitions", "queue_state", "store_state",
     "writer_active", "Tail", "offset_for_time", "split_ranges", "tail_partitions", "check_offsets_json",
+    "open_store_files",
     "dispatched", "DEFAULT_SEGMENT", "EARLIEST", "LATEST",
 ]
 
@@ -384,6 +386,16 @@ def segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues=(), b
     return [g[0] if len(g) == 1 else SegmentRanges(tuple(g)) for g in groups if g]
 
 
+def open_store_files(opts):
+    """StoreFiles of ``opts.path`` with the segment size from ``mapped_file_size_commit_log``, else the store's
+    settings record (config/localmq.json), else the size of its segment files: a store written with other sizes
+    needs no option."""
+    size = opts.segment_size
+    if size is None and os.path.isdir(opts.path):
+        size = (read_settings(opts.path) or {}).get("mapped_file_size_commit_log")
+    return StoreFiles(opts.path, size)
+
+
 def plan_batch(opts):
     """Plan a batch read of ``opts.path``: a consistent prefix of the store as it is now.
 
@@ -393,7 +405,7 @@ def plan_batch(opts):
     offsets come from the records. Raises NotAStoreError, CorruptStoreError (wrong segment size, gaps),
     CorruptFrameError, OffsetRangeError or ConfigError.
     """
-    store = StoreFiles(opts.path, opts.segment_size)
+    store = open_store_files(opts)
     parts_wanted = opts.target_partitions
     if not store.segments:
         return Plan([], {}, "segment", 0)
