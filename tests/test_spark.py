@@ -114,8 +114,10 @@ def test_rocketmq_fixture_store(spark, fixtures_dir, tmp_path):
     assert len(rows) == 47 and sorted(r.offset for r in rows) == list(range(47))
     assert {(r.topic, r.partition, r.value, r.tags) for r in rows} == {
         ("abc", 0, b"Once, there was a chance for me!", "TAG1")}
+    # without the option the size is read off the segment files (issue 14); a wrong one is named
+    assert spark.read.format("localmq").load(str(store)).count() == 47
     with pytest.raises(Exception, match="mapped_file_size_commit_log=8192"):
-        spark.read.format("localmq").load(str(store)).collect()
+        spark.read.format("localmq").option("mapped_file_size_commit_log", str(1 << 20)).load(str(store)).collect()
 
 
 def run_stream(spark, path, out, checkpoint, seg=SEG, **options):
