@@ -19,7 +19,7 @@ from localmq.errors import (
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreBusyError, StoreClosedError, StoreLockedError,
-    ReadOnlyStoreError, SendError, StoreSettingsError, TopicTableFullError, UnsafePathError,
+    ReadOnlyStoreError, SendError, StorePathError, StoreSettingsError, TopicTableFullError, UnsafePathError,
     UnsupportedFilesystemError,
 )
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
@@ -94,5 +94,5 @@ __all__ = [
     "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
     "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError", "ReadOnlyStoreError",
     "SendError", "ArgumentTypeError",
-    "ReadOnlyMessageQueue", "StoreSettingsError",
+    "ReadOnlyMessageQueue", "StoreSettingsError", "StorePathError",
 ]

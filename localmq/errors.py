@@ -124,6 +124,10 @@ class NotAStoreError(LocalMQError, FileNotFoundError):
     """A path that holds no store or segment files where one was required."""
 
 
+class StorePathError(LocalMQError, NotADirectoryError):
+    """A store path that is (or runs through) something other than a directory, e.g. ``open("/etc/passwd")``."""
+
+
 class ConfigError(LocalMQError, ValueError):
     """An invalid configuration value."""
 

@@ -279,8 +279,11 @@ def test_locked_store_is_unchanged(tmp_path):
 def test_regular_file_path_is_unchanged(tmp_path):
     path = tmp_path / "file"
     path.write_bytes(b"not a store")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(localmq.StorePathError) as e:  # issue 14: was a bare FileExistsError
         localmq.open(path)
+    assert isinstance(e.value, NotADirectoryError) and str(path) in str(e.value)
+    with pytest.raises(localmq.StorePathError):
+        localmq.open(path / "below", shared=True)
     assert path.read_bytes() == b"not a store" and os.listdir(tmp_path) == ["file"]
 
 

@@ -6,6 +6,7 @@ clients (QueueClientsMixin); the format, the put and get paths and recovery live
 from __future__ import annotations
 
 import logging
+import errno
 import os
 import re
 import time
@@ -15,6 +16,7 @@ from localmq._native import fsync_dir
 from localmq._record import Message, decode_message_id, java_hash
 from localmq.config import FlushDiskType, StoreConfig, check_topic
 from localmq.errors import (
+    StorePathError,
     CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
     InvalidQueueIdError, UnsafePathError, ArgumentTypeError, check_int_range,
     StoreClosedError,
@@ -116,7 +118,11 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             if unsafe:
                 raise UnsafePathError(f"store {self.root} holds symlinks or entries outside it, which localmq "
                                       f"never writes through: {unsafe[:5]}", path=unsafe[0])
-        os.makedirs(self.root, exist_ok=True)   # a regular file there: FileExistsError, nothing created
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:  # a file there, or on the way there: nothing created
+            raise StorePathError(errno.ENOTDIR, f"a store is a directory; {e.filename or self.root} is not one",
+                                 self.root) from None
         try:
             self._lock = self._make_lock()
         except BaseException:
