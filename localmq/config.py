@@ -99,6 +99,9 @@ class StoreConfig:
     born_host: str = "127.0.0.1:0"
     dispatch_idle_wait_us: int = 1000
     flush_consumer_offset_interval: int = 5000  # RocketMQ BrokerConfig: consumerOffset.json written every 5 s
+    # RocketMQ's messageDelayLevel: level i (1-based) delays by the i-th token (units s, m, h, d; parse_delay_levels)
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    flush_delay_offset_interval: int = 10_000  # RocketMQ: config/delayOffset.json written every 10 s (and at close)
 
     def __post_init__(self) -> None:
         if isinstance(self.flush_disk_type, str):
@@ -115,6 +118,9 @@ class StoreConfig:
                 raise ConfigError(f"{f.name} must be an int, not {v!r}")
             if f.type in ("bool", bool) and not isinstance(v, bool):
                 raise ConfigError(f"{f.name} must be a bool, not {v!r}")
+        if not isinstance(self.message_delay_level, str):
+            raise ConfigError(f"message_delay_level must be a str, not {self.message_delay_level!r}")
+        parse_delay_levels(self.message_delay_level)
         # Positions inside a segment are int32 in RocketMQ's records and CQ units.
         if not 4096 <= self.mapped_file_size_commit_log <= (1 << 31) - 8:
             raise ConfigError("mapped_file_size_commit_log must be between 4096 bytes and 2 GiB - 8")
@@ -216,3 +222,28 @@ def check_queue_id(queue_id: int) -> None:
     """Raise InvalidQueueIdError unless ``queue_id`` is an int in 0..MAX_QUEUE_ID."""
     if type(queue_id) is not int or not 0 <= queue_id <= MAX_QUEUE_ID:
         raise InvalidQueueIdError(f"queue id {queue_id!r} outside 0..{MAX_QUEUE_ID}")
+
+
+# RocketMQ's system topic of delayed messages (TopicValidator.RMQ_SYS_SCHEDULE_TOPIC): queue id = delay level - 1
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+_DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> "tuple[int, ...]":
+    """RocketMQ's ``messageDelayLevel`` parsing: tokens split on single spaces, the last character of each is the
+    unit (s, m, h, d), the rest a positive integer; token i (0-based) is level i + 1.
+
+    :returns: the delays in ms, level 1 first (a non-empty tuple of ints).
+    :raises ConfigError: for an empty string or a token that is not ``<digits><unit>``.
+    """
+    out = []
+    for tok in text.split(" ") if isinstance(text, str) else ():
+        unit = _DELAY_UNITS_MS.get(tok[-1:])
+        if unit is None or not tok[:-1].isdigit() or not tok[:-1].isascii() or int(tok[:-1]) < 1:
+            raise ConfigError(f"message_delay_level: {tok!r} is not a positive number followed by s, m, h or d "
+                              f"(in {text!r})")
+        out.append(int(tok[:-1]) * unit)
+    if not out:
+        raise ConfigError("message_delay_level needs at least one level")
+    return tuple(out)

@@ -132,6 +132,15 @@ class ConfigError(LocalMQError, ValueError):
     """An invalid configuration value."""
 
 
+class InvalidDelayError(LocalMQError, ValueError):
+    """A delay level below 1 or not an int, a negative delay, a delay longer than the largest level, or both
+    ``delay`` and ``delay_level`` given."""
+
+
+class DelayNotSupportedError(LocalMQError, RuntimeError):
+    """A delayed send to a queue without a ScheduleMessageService (shared, embedded and memory queues)."""
+
+
 class StoreSettingsError(ConfigError):
     """A setting passed to open that contradicts the store's files: the value recorded in ``config/localmq.json``
     when the store was created or, for a store without that record (a RocketMQ broker's), the value read off its
@@ -294,5 +303,5 @@ __all__ = [
     "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
     "check_int_range",
     "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError", "TopicTableFullError",
-    "ReadOnlyStoreError", "UnsupportedFilesystemError",
+    "ReadOnlyStoreError", "UnsupportedFilesystemError", "InvalidDelayError", "DelayNotSupportedError",
 ]

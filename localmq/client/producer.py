@@ -9,8 +9,9 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from localmq._record import Message
-from localmq.errors import SendError, StoreClosedError
-from localmq.config import check_queue_id
+from localmq.errors import DelayNotSupportedError, InvalidDelayError, SendError, StoreClosedError
+from localmq.config import check_queue_id, check_topic
+from localmq.services.schedule import delay_rewrite, level_for_delay
 from localmq.status import PutStatus
 
 QueueSelector = Callable[[Message, int], int]
@@ -126,14 +127,26 @@ class Producer:
         return q
 
     def send(self, topic: Union[str, Message], body=None, *, tags: Optional[str] = None, keys=None,
-             properties: Optional[Dict[str, str]] = None):
+             properties: Optional[Dict[str, str]] = None, delay_level: Optional[int] = None,
+             delay: Optional[float] = None):
         """Send one message: ``send(topic, body, tags=..., keys=..., properties=...)`` or ``send(message)``.
 
-        Returns PutResult. Raises StoreClosedError (producer or queue closed), InvalidTopicError,
-        MessageSizeError, PropertiesSizeError, InvalidPropertyError.
+        Delayed messages (RocketMQ's delay levels, ``message_delay_level``): ``delay_level=N`` (1-based; above the
+        largest level it is clamped to it, as RocketMQ does) or ``delay=seconds`` (the smallest level whose delay
+        is >= seconds, so never earlier than asked; ``delay=0`` is level 1). The message is stored as RocketMQ
+        stores it: topic SCHEDULE_TOPIC_XXXX, queue id level - 1, properties DELAY, REAL_TOPIC, REAL_QID added;
+        the store's ScheduleMessageService puts it in ``topic`` when due. Only an exclusive LocalMessageQueue has
+        that service.
+
+        Returns PutResult (for a delayed message, that of the SCHEDULE_TOPIC_XXXX record). Raises
+        StoreClosedError (producer or queue closed), InvalidTopicError, MessageSizeError, PropertiesSizeError,
+        InvalidPropertyError, InvalidDelayError (a level < 1, a delay longer than the largest level, both given),
+        DelayNotSupportedError (a delayed send to a shared, embedded or memory queue).
         """
         if self.closed:
             raise StoreClosedError("the producer is closed")
+        if delay_level is not None or delay is not None:
+            return self._send_delayed(topic, body, tags, keys, properties, delay_level, delay)
         if isinstance(topic, Message):
             m = topic
             props = m.properties
@@ -153,6 +166,34 @@ class Producer:
         else:
             m = Message(topic, body, tags=tags, keys=keys, properties=properties)
             r = self._put(topic, body, queue_id=self._queue_for(m), tags=tags, keys=keys, properties=properties)
+        return self._deliver(r, 1)
+
+    def _send_delayed(self, topic, body, tags, keys, properties, delay_level, delay):
+        svc = getattr(self._mq, "schedule_service", None)
+        if svc is None:
+            raise DelayNotSupportedError(
+                f"{type(self._mq).__name__} has no ScheduleMessageService: delayed messages need an exclusive "
+                f"LocalMessageQueue (localmq.open(path) without shared=True)")
+        if delay_level is not None and delay is not None:
+            raise InvalidDelayError("pass delay_level or delay, not both")
+        level = level_for_delay(svc.levels_ms, delay) if delay is not None else delay_level
+        flag = 0
+        if isinstance(topic, Message):
+            m = topic
+            topic, body, flag = m.topic, m.body, m.flag
+            properties = m.properties
+            tags = properties.pop("TAGS", None)
+            keys = properties.pop("KEYS", None)
+            keys = keys.split(" ") if keys else None
+        else:
+            m = Message(topic, body, tags=tags, keys=keys, properties=properties)
+        check_topic(topic)  # the real topic: the put checks only SCHEDULE_TOPIC_XXXX
+        qid = self._queue_for(m) if self.queue_selector is not None else self.queue_id
+        if self.uniq_keys and (properties is None or "UNIQ_KEY" not in properties):
+            properties = dict(properties or ())
+            properties["UNIQ_KEY"] = _uniq_keys.new()
+        stopic, sqid, props = delay_rewrite(topic, qid, properties, level, svc.max_level)
+        r = self._put(stopic, body, queue_id=sqid, tags=tags, keys=keys, properties=props, flag=flag)
         return self._deliver(r, 1)
 
     def _deliver(self, r, count: int, before=()):

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from localmq._native import fsync_dir
 from localmq._record import Message, decode_message_id, java_hash
-from localmq.config import FlushDiskType, StoreConfig, check_topic
+from localmq.config import FlushDiskType, StoreConfig, check_topic, parse_delay_levels
 from localmq.errors import (
     StorePathError,
     CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
@@ -33,6 +33,7 @@ from localmq.services.flush import (
 )
 from localmq.services.index import IndexDispatchService
 from localmq.services.reput import ReputMessageService
+from localmq.services.schedule import ScheduleMessageService
 from localmq.status import GetResult, GetStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
@@ -110,6 +111,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self.clean_service: Optional[CleanService] = None
         self.index_service: Optional[IndexService] = None  # None when message_index_enable is False
         self._index_dispatch: Optional[IndexDispatchService] = None
+        # delayed messages (SCHEDULE_TOPIC_XXXX); None in a shared store, which refuses delayed sends
+        self.schedule_service: Optional[ScheduleMessageService] = None
         # Every check that needs no write comes before the first write; what an open creates or grows after it is
         # listed (OpenUndo) and undone when it fails, so a failed open leaves the directory as it found it.
         created_root = missing_ancestor(self.root)
@@ -257,6 +260,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._start_index_service(last_exit_ok)
         self._setup_reads()
         self._start_clean_service()
+        self._start_schedule_service()
 
     def _start_services(self) -> None:
         """Allocation ahead, the flush mode's services and the ConsumeQueue flusher (see the README's table)."""
@@ -338,6 +342,24 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    # -- delayed messages (ScheduleMessageService) ------------------------------------------------------------------
+
+    def _start_schedule_service(self) -> None:
+        """Start the thread that moves due delayed messages to their real topic (services/schedule.py)."""
+        c = self.config
+        svc = ScheduleMessageService(
+            self.root, parse_delay_levels(c.message_delay_level), lambda t, q: self._cqs.get((t, q)),
+            self.look_message_by_offset, self.put, self._flush_log, c.flush_delay_offset_interval, self._clock)
+        self.schedule_service = svc
+        svc.start()
+        self._services.append(svc)
+
+    def _flush_log(self) -> None:
+        """Commit and flush the commit log (before delayOffset.json records re-puts as done)."""
+        if self._pool is not None:
+            self._cl_mfq.commit_all()
+        self._cl_mfq.flush_all()
 
     # -- retention (CleanService) --------------------------------------------------------------------------------
 
@@ -833,6 +855,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if self._closed:
             return
         self._close_clients()  # consumers commit and offsets persist while the store still reads
+        # the scheduler puts: it stops (and writes delayOffset.json) while the commit log still takes puts
+        self._stop_service(self.schedule_service)
         self._stop_clean_service()  # no file is deleted while the store flushes and unmaps
         self.commit_log.close()  # no put can start from here on; one in progress has finished writing
         clean = True

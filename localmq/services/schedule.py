@@ -1,0 +1,212 @@
+"""ScheduleMessageService: delivers delayed messages from SCHEDULE_TOPIC_XXXX to their real topic when due."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from localmq.config import SCHEDULE_TOPIC
+from localmq.errors import InvalidDelayError
+from localmq.layout import CONFIG_DIR
+from localmq.services.service_thread import ServiceThread
+from localmq.status import PutStatus
+from localmq.store.config_json import read_config_json, write_config_json
+
+log = logging.getLogger("localmq.services")
+
+DELAY_OFFSET_FILE = "delayOffset.json"
+POLL_MS = 100  # RocketMQ's DELAY_FOR_A_WHILE: a level is looked at again after 100 ms when nothing is due
+
+
+def level_for_delay(levels_ms: Tuple[int, ...], seconds: float) -> int:
+    """The smallest level whose delay is >= ``seconds`` (so a message is never delivered before it asked).
+
+    :raises InvalidDelayError: for a negative or non-numeric delay, or one longer than the largest level.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise InvalidDelayError(f"delay must be a number of seconds >= 0, not {seconds!r}")
+    want = seconds * 1000.0
+    for i, ms in enumerate(levels_ms):
+        if ms >= want:
+            return i + 1
+    raise InvalidDelayError(f"delay {seconds} s is longer than the largest delay level "
+                            f"({len(levels_ms)}: {levels_ms[-1] / 1000} s)")
+
+
+def delay_rewrite(topic: str, queue_id: int, properties: Optional[Dict[str, str]], level: Any,
+                  max_level: int) -> Tuple[str, int, Dict[str, str]]:
+    """RocketMQ's store-side delay rewrite (CommitLog.asyncPutMessage): clamp the level to ``max_level``, add
+    DELAY (the clamped level), REAL_TOPIC and REAL_QID to the properties, and send to SCHEDULE_TOPIC_XXXX queue
+    level - 1. Returns (topic, queue id, properties); ``properties`` is not modified.
+
+    :raises InvalidDelayError: for a level that is not an int >= 1.
+    """
+    if isinstance(level, bool) or not isinstance(level, int) or level < 1:
+        raise InvalidDelayError(f"delay_level must be an int >= 1, not {level!r}")
+    level = min(level, max_level)
+    props = dict(properties or ())
+    props["DELAY"] = str(level)
+    props["REAL_TOPIC"] = topic
+    props["REAL_QID"] = str(queue_id)
+    return SCHEDULE_TOPIC, level - 1, props
+
+
+class ScheduleMessageService(ServiceThread):
+    """RocketMQ's ScheduleMessageService (4.9, sync delivery) in one thread for every level.
+
+    For each level it reads the units of SCHEDULE_TOPIC_XXXX queue level - 1 from the level's offset; a unit is
+    due at its record's store time + the level's delay (the ConsumeQueue tags code holds the same value for
+    RocketMQ's default levels; the record is used so that any ``message_delay_level`` is honoured). A due
+    message is put again to REAL_TOPIC / REAL_QID with the schedule record's properties unchanged (DELAY,
+    REAL_TOPIC and REAL_QID stay, as in RocketMQ), then the offset moves past it. Levels are FIFO, so the first
+    unit not yet due ends a level's pass. The thread sleeps until the next due time, at most POLL_MS.
+
+    Offsets persist in ``<root>/config/delayOffset.json`` (``{"offsetTable":{1:N,...}}``, N the next unit to
+    examine) every ``flush_interval_ms`` after deliveries and at shutdown, each time after flushing the commit
+    log (``flush_log``), so an offset on disk never covers a re-put that is not: delivery is at least once.
+
+    Params: ``levels_ms`` the delay of each level; ``find_cq(topic, queue_id)`` -> ConsumeQueue or None;
+    ``read(physical_offset)`` -> Message or None; ``put(topic, body, queue_id=, tags=, keys=, properties=, flag=)``
+    -> PutResult; ``flush_log()``; ``clock()`` -> ms since the epoch.
+    """
+
+    def __init__(self, root: str, levels_ms: Tuple[int, ...], find_cq: Callable[[str, int], Any],
+                 read: Callable[[int], Any], put: Callable[..., Any], flush_log: Callable[[], None],
+                 flush_interval_ms: int = 10_000, clock: Optional[Callable[[], int]] = None):
+        super().__init__("ScheduleMessageService")
+        self.path = os.path.join(root, CONFIG_DIR, DELAY_OFFSET_FILE)
+        self.levels_ms = tuple(levels_ms)
+        self.max_level = len(self.levels_ms)
+        self._find_cq = find_cq
+        self._read = read
+        self._put = put
+        self._flush_log = flush_log
+        self._flush_interval_ms = flush_interval_ms
+        self._clock = clock or (lambda: int(time.time() * 1000))
+        # offsets: touched by the service thread; persist() may also run from close() after the thread ended
+        self._lock = threading.Lock()
+        self.offsets: Dict[int, int] = self._load()
+        self._dirty = False
+        self._last_persist = time.monotonic()
+        self.delivered = 0
+        self.skipped = 0
+        self.put_failures = 0
+
+    def _load(self) -> Dict[int, int]:
+        doc = read_config_json(self.path, default=None)
+        table = doc.get("offsetTable") if isinstance(doc, dict) else None
+        out: Dict[int, int] = {}
+        for k, v in (table or {}).items():
+            try:
+                out[int(k)] = int(v)
+            except (TypeError, ValueError):
+                log.warning("%s: ignoring entry %r: %r", self.path, k, v)
+        return out
+
+    def run(self) -> None:
+        while not self.stopped:
+            wait_ms = POLL_MS
+            try:
+                next_due = self.deliver_due()
+                if next_due is not None:
+                    wait_ms = max(1, min(POLL_MS, next_due - self._clock()))
+                if self._dirty and (time.monotonic() - self._last_persist) * 1000 >= self._flush_interval_ms:
+                    self.persist()
+            except Exception as e:  # noqa: BLE001 - logged, counted, retried after RocketMQ's 10 s back-off
+                self.errors += 1
+                self.last_error = e
+                log.exception("service %s: delivery failed", self.name)
+                wait_ms = 10_000
+            self.wait_for_running(wait_ms)
+
+    def deliver_due(self) -> Optional[int]:
+        """One pass over every level: deliver what is due. Returns the earliest deliver time (ms) not yet due,
+        or None when no level holds a pending message."""
+        next_due: Optional[int] = None
+        for level in range(1, self.max_level + 1):
+            if self.stopped:
+                break
+            due = self._deliver_level(level)
+            if due is not None and (next_due is None or due < next_due):
+                next_due = due
+        return next_due
+
+    def _deliver_level(self, level: int) -> Optional[int]:
+        cq = self._find_cq(SCHEDULE_TOPIC, level - 1)
+        if cq is None:
+            return None
+        delay = self.levels_ms[level - 1]
+        off = min(max(self.offsets.get(level, 0), cq.min_offset), cq.max_offset)
+        while off < cq.max_offset and not self.stopped:
+            unit = cq.unit(off)
+            m = self._read(unit[0]) if unit is not None else None
+            if m is None or m.topic != SCHEDULE_TOPIC:
+                log.warning("%s: no schedule record for unit %d of level %d; skipped", self.name, off, level)
+                self.skipped += 1
+                off += 1
+                self._advance(level, off)
+                continue
+            now = self._clock()
+            deliver = m.store_timestamp + delay
+            if deliver > now + delay:  # the clock went back: RocketMQ delivers now rather than wait a long time
+                deliver = now
+            if deliver > now:
+                return deliver
+            if not self._deliver(m, level, off):
+                return now + POLL_MS  # the put failed (a full disk): this unit again later
+            off += 1
+            self._advance(level, off)
+        return None
+
+    def _deliver(self, m: Any, level: int, off: int) -> bool:
+        props = m.properties
+        real_topic = props.get("REAL_TOPIC")
+        try:
+            real_qid = int(props.get("REAL_QID", ""))
+        except ValueError:
+            real_qid = -1
+        if not real_topic or real_qid < 0:
+            log.warning("%s: unit %d of level %d has no REAL_TOPIC/REAL_QID; skipped", self.name, off, level)
+            self.skipped += 1
+            return True
+        tags = props.pop("TAGS", None)
+        keys = props.pop("KEYS", None)
+        # the schedule record's properties go unchanged (DELAY, REAL_TOPIC, REAL_QID, WAIT stay, as RocketMQ's
+        # messageTimeup keeps the string); a DELAY on a topic other than SCHEDULE_TOPIC_XXXX is inert here
+        r = self._put(real_topic, m.body, queue_id=real_qid, tags=tags, keys=keys.split(" ") if keys else None,
+                      properties=props or None, flag=m.flag)
+        if r.status is not PutStatus.PUT_OK:
+            self.put_failures += 1
+            log.warning("%s: re-put of level %d unit %d answered %s; retrying", self.name, level, off, r.status.name)
+            return False
+        self.delivered += 1
+        return True
+
+    def _advance(self, level: int, off: int) -> None:
+        with self._lock:
+            self.offsets[level] = off
+            self._dirty = True
+
+    def persist(self) -> None:
+        """Flush the commit log (the re-puts), then write delayOffset.json (RocketMQ's format)."""
+        with self._lock:
+            table = dict(sorted(self.offsets.items()))
+            self._dirty = False
+        self._last_persist = time.monotonic()
+        self._flush_log()
+        write_config_json(self.path, {"offsetTable": table})
+
+    def on_exit(self) -> None:
+        if self._dirty and not self._forked:
+            try:
+                self.persist()
+            except Exception as e:  # noqa: BLE001 - logged and counted; the next open re-delivers (at least once)
+                self.errors += 1
+                self.last_error = e
+                log.exception("service %s: writing %s", self.name, self.path)
+
+    def stats(self) -> Dict[str, Any]:
+        return {"delivered": self.delivered, "skipped": self.skipped, "put_failures": self.put_failures,
+                "offsets": dict(self.offsets), "errors": self.errors}
