@@ -88,7 +88,12 @@ public final class StoreHarness {
         DefaultMessageStore store = new DefaultMessageStore(config, new BrokerStatsManager("interop", true),
             (topic, queueId, logicOffset, tagsCode, msgStoreTime, filterBitMap, properties) -> { }, new BrokerConfig());
         if (!store.load()) {
-            throw new IllegalStateException("DefaultMessageStore.load() failed for " + dir);
+            // RocketMQ logs the reason nowhere here: list the files (a segment of another length fails load)
+            StringBuilder files = new StringBuilder();
+            try (java.util.stream.Stream<java.nio.file.Path> walk = Files.walk(Paths.get(dir))) {
+                walk.filter(Files::isRegularFile).forEach(f -> files.append('\n').append(f).append(' ').append(f.toFile().length()));
+            }
+            throw new IllegalStateException("DefaultMessageStore.load() failed for " + dir + files);
         }
         store.start();
         return store;
