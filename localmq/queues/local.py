@@ -37,7 +37,7 @@ from localmq.services.schedule import ScheduleMessageService
 from localmq.status import GetResult, GetStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
-from localmq.store.commit_log import CommitLog, CommitLogFront, GroupCommit
+from localmq.store.commit_log import CommitLog, CommitLogFront, GroupCommit, PutExtra, PutResult
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
@@ -751,6 +751,17 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             else:
                 hi = mid
         return lo
+
+    def put_ext(self, topic: str, body, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
+                properties: Optional[Dict[str, str]] = None, flag: int = 0, extra: PutExtra) -> PutResult:
+        """A broker-side re-put (retry send-back, delayed delivery, transactions): ``put`` plus the record fields
+        in ``extra`` (a PutExtra: sysflag, born timestamp and host, reconsume times, prepared transaction offset,
+        optionally the exact properties bytes). Returns and raises as ``put``."""
+        cl = self.commit_log
+        if cl is None:
+            raise StoreClosedError("the store is not open")
+        return cl.put_ext(topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=properties, flag=flag,
+                          extra=extra)
 
     def look_message_by_offset(self, physical_offset: int, *, zero_copy: bool = False):
         """The message stored at commit log offset ``physical_offset``, or None when there is none."""

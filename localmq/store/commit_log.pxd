@@ -19,6 +19,15 @@ cdef class GroupCommit:
     cdef int wait_c(self, int64_t target, int64_t timeout_us) noexcept nogil
 
 
+cdef class PutExtra:
+    cdef readonly int32_t sys_flag
+    cdef readonly int64_t born_timestamp
+    cdef readonly bytes born_host
+    cdef readonly int32_t reconsume_times
+    cdef readonly int64_t prepared_transaction_offset
+    cdef readonly bytes raw_properties
+
+
 cdef class CommitLog:
     cdef readonly object mapped_file_queue
     cdef readonly int64_t file_size
@@ -62,6 +71,6 @@ cdef class CommitLog:
     cdef _await_shared_flush(self, object r, int64_t end)
     cdef object _closed_error(self)
     cdef object _put(self, str topic, object body, object queue_id, object tags, object keys, object properties,
-                     object flag)
+                     object flag, PutExtra extra)
     cdef object _put_batch(self, str topic, object bodies, object queue_id, object tags, object keys,
                            object properties, object flag)

@@ -2,7 +2,7 @@
 import logging
 from typing import Any, Callable, Iterable, Mapping, Optional, Tuple, Union
 
-from typing_extensions import Self, disjoint_base
+from typing_extensions import Self, disjoint_base, final
 
 from localmq._mapped_file import MappedFile
 from localmq._native import Event
@@ -63,6 +63,26 @@ class TopicEntry:
     def next_offset(self, queue_id: int) -> int: ...
     def queue_ids(self) -> list[int]: ...
 
+@final
+class PutExtra:
+    """The record fields of a broker-side re-put (``CommitLog.put_ext``)."""
+
+    @property
+    def sys_flag(self) -> int: ...
+    @property
+    def born_timestamp(self) -> int: ...
+    @property
+    def born_host(self) -> Optional[bytes]: ...
+    @property
+    def reconsume_times(self) -> int: ...
+    @property
+    def prepared_transaction_offset(self) -> int: ...
+    @property
+    def raw_properties(self) -> Optional[bytes]: ...
+    def __init__(self, *, sys_flag: int = 0, born_timestamp: int = -1, born_host: Union[str, bytes, None] = None,
+                 reconsume_times: int = 0, prepared_transaction_offset: int = 0,
+                 raw_properties: Optional[bytes] = None) -> None: ...
+
 @disjoint_base
 class CommitLog:
     """All topics' records in one log of fixed-size segments (RocketMQ's CommitLog)."""
@@ -108,6 +128,8 @@ class CommitLog:
             properties: Optional[Mapping[str, str]] = None, flag: int = 0) -> PutResult: ...
     def put_batch(self, topic: str, bodies: Iterable[_Body], *, queue_id: int = 0, tags: Optional[str] = None,
                   keys: _Keys = None, properties: Optional[Mapping[str, str]] = None, flag: int = 0) -> PutResult: ...
+    def put_ext(self, topic: str, body: _Body, *, queue_id: int = 0, tags: Optional[str] = None, keys: _Keys = None,
+                properties: Optional[Mapping[str, str]] = None, flag: int = 0, extra: PutExtra) -> PutResult: ...
     def close(self) -> None: ...
 
 def make_put_result(status: PutStatus, physical_offset: int, queue_offset: int, wrote_bytes: int,

@@ -17,8 +17,9 @@ from localmq._layout cimport (
     CTL_EVENT_OFF, CTL_FILE_SIZE, CTL_FLUSH_REQ_EVENT_OFF, CTL_FLUSHED_EVENT_OFF, CTL_I_CELL, CTL_I_END, CTL_I_POS,
     CTL_I_QEND, CTL_I_QOFF, CTL_I_STATE, CTL_S_FLUSH_REQ, CTL_S_FLUSHED,
     CTL_S_LAST_TS, CTL_S_PUTS, CTL_S_REPAIRS, CTL_S_WPOS, CTL_T_NEXT, CTL_TOPIC_QUEUES, CTL_TOPICS_OFF,
-    END_FILE_MIN_BLANK_LENGTH, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID, SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
+    END_FILE_MIN_BLANK_LENGTH, HOST_V4_SIZE, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID,
+    SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
 )
 from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_record
 from localmq._mapped_file cimport MappedFile
@@ -403,6 +404,38 @@ cdef object overflow_error(object queue_id, object flag):
     return ArgumentOverflowError(f"flag {flag} does not fit an int32", argument="flag")
 
 
+@cython.final
+cdef class PutExtra:
+    """The record fields of a broker-side re-put (``CommitLog.put_ext``): ``sys_flag`` (its host bits are
+    recomputed from the hosts), ``born_timestamp`` (-1: the store time), ``born_host`` ("ip:port" or packed
+    bytes; None: this store's), ``reconsume_times``, ``prepared_transaction_offset``, ``raw_properties`` (the
+    exact stored properties bytes, RocketMQ's copy of a record's string; None: built from tags, keys and
+    properties as ``put`` does)."""
+
+    def __init__(self, *, int sys_flag=0, long long born_timestamp=-1, object born_host=None,
+                 int reconsume_times=0, long long prepared_transaction_offset=0, object raw_properties=None):
+        """Raises ValueError (a negative reconsume count, a host of the wrong size), TypeError."""
+        if reconsume_times < 0:
+            raise ValueError("reconsume_times must be >= 0")
+        if born_host is not None and not isinstance(born_host, bytes):
+            born_host = pack_host(born_host)
+        if born_host is not None and len(born_host) not in (HOST_V4_SIZE, HOST_V6_SIZE):
+            raise ValueError(f"born_host must pack to {HOST_V4_SIZE} or {HOST_V6_SIZE} bytes, not {len(born_host)}")
+        if raw_properties is not None and not isinstance(raw_properties, bytes):
+            raise TypeError("raw_properties must be bytes")
+        self.sys_flag = sys_flag
+        self.born_timestamp = born_timestamp
+        self.born_host = born_host
+        self.reconsume_times = reconsume_times
+        self.prepared_transaction_offset = prepared_transaction_offset
+        self.raw_properties = raw_properties
+
+    def __repr__(self):
+        return (f"PutExtra(sys_flag={self.sys_flag:#x}, born_timestamp={self.born_timestamp}, "
+                f"reconsume_times={self.reconsume_times}, "
+                f"prepared_transaction_offset={self.prepared_transaction_offset})")
+
+
 cdef class CommitLog:
     """All topics' records in one log of fixed-size segments (RocketMQ's CommitLog).
 
@@ -689,11 +722,24 @@ cdef class CommitLog:
         Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError (body over max_message_size),
         PropertiesSizeError, InvalidPropertyError, StoreClosedError, TypeError (body not bytes-like).
         """
-        return self._put(topic, body, queue_id, tags, keys, properties, flag)
+        return self._put(topic, body, queue_id, tags, keys, properties, flag, None)
+
+    def put_ext(self, str topic not None, object body, *, object queue_id=0, object tags=None, object keys=None,
+                object properties=None, object flag=0, PutExtra extra not None):
+        """Append one message whose record fields a broker-side re-put sets: sysflag (compression, multi-tags and
+        transaction bits; the host bits follow the hosts), born timestamp and host, reconsume times, prepared
+        transaction offset, and optionally the exact stored properties (``extra``, a PutExtra). Used by the
+        retry send-back, the schedule service and transactions. A PREPARED or ROLLBACK record gets queue offset
+        0 and does not advance its queue (RocketMQ: such records are not dispatched).
+
+        Returns and raises as ``put``.
+        """
+        return self._put(topic, body, queue_id, tags, keys, properties, flag, extra)
 
     cdef object _put(self, str topic, object body, object queue_id, object tags, object keys, object properties,
-                     object flag):
-        # put's body, called at C level by put and by CommitLogFront.put (one argument parse per call)
+                     object flag, PutExtra extra):
+        # put's body, called at C level by put and by CommitLogFront.put (one argument parse per call); ``extra``
+        # is None except for re-puts (put_ext)
         cdef TopicEntry te
         cdef bytes props
         cdef Py_buffer view
@@ -706,13 +752,35 @@ cdef class CommitLog:
         cdef char *cb = self.cb
         cdef bint entered = False
         cdef int64_t cend = 0
+        cdef int32_t sys_flag = self.host_sys_flag
+        cdef bytes born_host = self.born_host
+        cdef int64_t born_ts = -1
+        cdef int32_t reconsume = 0
+        cdef int64_t prepared = 0
+        cdef bint counted = True
         te = begin_put(self, topic, queue_id, flag, &qid, &fl)
         if te is None:  # refused (retention's disk-full flag): nothing is written
             return failed_result(self.refuse_status)
-        if tags is None and keys is None and properties is None:
+        if extra is not None and extra.raw_properties is not None:
+            props = extra.raw_properties
+            if PyBytes_GET_SIZE(props) > MAX_PROPERTIES_SIZE:
+                raise PropertiesSizeError(f"properties of {PyBytes_GET_SIZE(props)} bytes, more than "
+                                          f"{MAX_PROPERTIES_SIZE}", PutStatus.PROPERTIES_SIZE_EXCEEDED)
+        elif tags is None and keys is None and properties is None:
             props = b""
         else:
             props = self._properties(tags, keys, properties)
+        if extra is not None:
+            if extra.born_host is not None:
+                born_host = extra.born_host
+            sys_flag = (extra.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)) | \
+                (SYSFLAG_BORNHOST_V6 if PyBytes_GET_SIZE(born_host) == HOST_V6_SIZE else 0) | \
+                (self.host_sys_flag & SYSFLAG_STOREHOST_V6)
+            born_ts = extra.born_timestamp
+            reconsume = extra.reconsume_times
+            prepared = extra.prepared_transaction_offset
+            counted = (sys_flag & SYSFLAG_TRANSACTION_MASK) != SYSFLAG_TRANSACTION_PREPARED and \
+                (sys_flag & SYSFLAG_TRANSACTION_MASK) != SYSFLAG_TRANSACTION_ROLLBACK
         if type(body) is bytes:
             bp = <const uint8_t *>PyBytes_AS_STRING(body)
             blen = PyBytes_GET_SIZE(body)
@@ -725,7 +793,7 @@ cdef class CommitLog:
             if blen > self.max_message_size:
                 raise MessageSizeError(f"body of {blen} bytes exceeds max_message_size {self.max_message_size}",
                                        PutStatus.MESSAGE_ILLEGAL)
-            total = calc_msg_length(self.host_sys_flag, blen, PyBytes_GET_SIZE(te.encoded), PyBytes_GET_SIZE(props))
+            total = calc_msg_length(sys_flag, blen, PyBytes_GET_SIZE(te.encoded), PyBytes_GET_SIZE(props))
             if total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
                 raise MessageSizeError(f"a record of {total} bytes cannot fit a segment of {self.file_size}",
                                        PutStatus.MESSAGE_ILLEGAL)
@@ -766,19 +834,20 @@ cdef class CommitLog:
                     if not self._reserve(mf, pos + total + END_FILE_MIN_BLANK_LENGTH):
                         return failed_result(CREATE_FAILED)
                 phys = mf.file_from_offset + pos
-                qoff = te.next_offsets[qid]
+                qoff = te.next_offsets[qid] if counted else 0
                 if cb != NULL:
                     intent_end(cb, phys + total)
                 write_record(write_base(mf) + pos, <int32_t>total, qid, fl, qoff, phys,
-                             self.host_sys_flag, ts,
-                             <const uint8_t *>PyBytes_AS_STRING(self.born_host), PyBytes_GET_SIZE(self.born_host),
+                             sys_flag, ts if born_ts < 0 else born_ts,
+                             <const uint8_t *>PyBytes_AS_STRING(born_host), PyBytes_GET_SIZE(born_host),
                              ts, <const uint8_t *>PyBytes_AS_STRING(self.store_host),
-                             PyBytes_GET_SIZE(self.store_host), 0, 0, bp, <int32_t>blen,
+                             PyBytes_GET_SIZE(self.store_host), reconsume, prepared, bp, <int32_t>blen,
                              <const uint8_t *>PyBytes_AS_STRING(te.encoded), PyBytes_GET_SIZE(te.encoded),
                              <const uint8_t *>PyBytes_AS_STRING(props), PyBytes_GET_SIZE(props))
                 mf.store_timestamp = ts
                 publish(mf, pos + total)
-                te.next_offsets[qid] = qoff + 1
+                if counted:
+                    te.next_offsets[qid] = qoff + 1
                 cend = phys + total
                 self.puts += 1
             finally:
@@ -1092,7 +1161,7 @@ cdef class CommitLogFront:
         cdef CommitLog cl = self.commit_log
         if cl is None:
             raise StoreClosedError("the store is not open")
-        return cl._put(topic, body, queue_id, tags, keys, properties, flag)
+        return cl._put(topic, body, queue_id, tags, keys, properties, flag, None)
 
     def put_batch(self, str topic not None, object bodies, *, object queue_id=0, object tags=None, object keys=None,
                   object properties=None, object flag=0):
