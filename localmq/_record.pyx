@@ -16,7 +16,9 @@ from localmq._layout cimport (
 from localmq._os cimport lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64
 from localmq._os cimport lmq_crc32, lmq_crc32_accelerated, lmq_crc32_portable
 
-from localmq.errors import CorruptFrameError, InvalidPropertyError, PositionOutOfRangeError, PropertiesSizeError
+from localmq.errors import (
+    AckError, CorruptFrameError, InvalidPropertyError, PositionOutOfRangeError, PropertiesSizeError,
+)
 from localmq.status import RecordStatus
 
 # RocketMQ's default messageDelayLevel, in ms (SCHEDULE_TOPIC_XXXX tagsCode = store time + delay of the level).
@@ -486,6 +488,32 @@ cdef class Message:
     def uniq_key(self):
         return self.properties.get("UNIQ_KEY")
 
+    def ack(self):
+        """Acknowledge this message (handed out by a ``manual_ack`` consumer): it is done, and the group's
+        committed offset may move past it. Acking twice, or after ``nack``, does nothing; neither does acking a
+        message whose queue passed to another consumer meanwhile (that consumer delivers it again).
+
+        Raises AckError for a message no ``manual_ack`` consumer handed out.
+        """
+        a = self._acker
+        if a is None:
+            raise AckError("this message was not handed out by a consumer created with manual_ack=True")
+        a.ack(self)
+
+    def nack(self, *, delay=None, delay_level=None):
+        """Fail this message (handed out by a ``manual_ack`` consumer): it is sent back to the group's retry topic
+        ``%RETRY%<group>`` and delivered again after a delay (``delay_level``, else the smallest level of at least
+        ``delay`` seconds, else RocketMQ's 3 + reconsume times); after ``max_reconsume_times`` failures it goes to
+        the dead-letter topic ``%DLQ%<group>`` instead. ``delay_level=-1`` sends it to the dead letters at once.
+
+        Raises AckError (not from a ``manual_ack`` consumer), SendError (the send-back was refused: the message
+        stays unacknowledged), InvalidDelayError.
+        """
+        a = self._acker
+        if a is None:
+            raise AckError("this message was not handed out by a consumer created with manual_ack=True")
+        a.nack(self, delay, delay_level)
+
     def __repr__(self):
         b = self.body
         shown = bytes(b[:32]) if b is not None else None
@@ -500,6 +528,14 @@ cdef class Message:
                                    self.flag, self.sys_flag, self.reconsume_times, self.store_size, self.body_crc,
                                    PyBytes_FromStringAndSize(<char *>self._store_host, self._store_host_len),
                                    PyBytes_FromStringAndSize(<char *>self._born_host, self._born_host_len)))
+
+
+def bind_delivery(Message m, object acker, object topic=None):
+    """A consumer's hand-out of ``m``: ``m.ack()`` / ``m.nack()`` go to ``acker``; ``topic`` (when given)
+    replaces the stored topic, as RocketMQ's client shows a retried message under its original topic."""
+    m._acker = acker
+    if topic is not None:
+        m.topic = topic
 
 
 def _rebuild_message(topic, body, props_raw, queue_id, queue_offset, physical_offset, store_timestamp,

@@ -141,6 +141,11 @@ class DelayNotSupportedError(LocalMQError, RuntimeError):
     """A delayed send to a queue without a ScheduleMessageService (shared, embedded and memory queues)."""
 
 
+class AckError(LocalMQError, RuntimeError):
+    """``ack()`` / ``nack()`` on a message no ``manual_ack`` consumer handed out (one built by the caller, read
+    with ``get_message``, or unpickled in another process), or a consumer method that needs ``manual_ack``."""
+
+
 class StoreSettingsError(ConfigError):
     """A setting passed to open that contradicts the store's files: the value recorded in ``config/localmq.json``
     when the store was created or, for a store without that record (a RocketMQ broker's), the value read off its

@@ -96,6 +96,12 @@ class Stop(str, enum.Enum):
         return self.value
 
 
+class ConsumeStatus(enum.IntEnum):
+    """What a listener answers for its batch (RocketMQ's ConsumeConcurrentlyStatus): done, or fail and retry later."""
+    CONSUME_SUCCESS = 0
+    RECONSUME_LATER = 1
+
+
 class GetResult(Generic[_M]):
     """Result of ``get_message``: ``status`` (GetStatus), ``messages`` (list of Message), ``next_begin_offset``
     (where the next pull should start), ``min_offset`` / ``max_offset`` of the queue."""
@@ -127,4 +133,4 @@ class GetResult(Generic[_M]):
                 f"max_offset={self.max_offset})")
 
 
-__all__ = ["PutStatus", "AppendMessageStatus", "GetStatus", "RecordStatus", "Stop", "GetResult"]
+__all__ = ["PutStatus", "AppendMessageStatus", "GetStatus", "RecordStatus", "Stop", "ConsumeStatus", "GetResult"]

@@ -10,7 +10,7 @@ import pytest
 
 import localmq
 from localmq.config import parse_delay_levels
-from localmq.errors import ConfigError, DelayNotSupportedError, InvalidDelayError
+from localmq.errors import ConfigError, InvalidDelayError
 from localmq.services.schedule import level_for_delay
 from localmq.status import GetStatus
 from localmq.store.config_json import read_config_json
@@ -203,9 +203,16 @@ def test_bad_message_delay_level_is_a_config_error(tmp_path, text):
         localmq.open(tmp_path, message_delay_level=text)
 
 
-def test_shared_store_refuses_delayed_sends(tmp_path):
+def test_shared_store_delivers_delayed_messages_from_its_housekeeper(tmp_path):
     with localmq.open(tmp_path, shared=True, **SMALL) as st:
+        assert st.housekeeper and st.schedule_service is not None
         p = st.create_producer()
-        with pytest.raises(DelayNotSupportedError):
-            p.send("t", b"x", delay_level=1)
-        assert p.send("t", b"x").ok
+        t0 = time.time()
+        r = p.send("t", b"x", delay_level=1)
+        assert r.ok
+        deadline = time.monotonic() + 10
+        while st.max_offset("t", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        m = st.get_message("t", 0, 0).messages[0]
+        assert m.body == b"x" and m.store_timestamp >= r.store_timestamp + 1000
+        assert time.time() - t0 >= 1.0

@@ -5,13 +5,16 @@ import collections
 import logging
 import threading
 import time
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
-from localmq._record import Message
+from localmq._record import Message, bind_delivery
+from localmq.client.retry import (
+    DEFAULT_MAX_RECONSUME_TIMES, RETRY_PREFIX, check_group_for_retry, retry_topic, send_back,
+)
 from localmq.layout import TOPIC_RE
-from localmq.status import GetStatus
+from localmq.status import ConsumeStatus, GetStatus
 from localmq.config import check_topic
-from localmq.errors import CorruptMessageError, QueueReassignedError, StoreClosedError
+from localmq.errors import AckError, CorruptMessageError, QueueReassignedError, StoreClosedError
 
 log = logging.getLogger("localmq.client.consumer")
 
@@ -23,20 +26,37 @@ _SKIP_AHEAD = (GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_FOUND_NULL, GetSta
 
 class _Cursor:
     """One queue this consumer reads: the grant epoch, where the next pull starts, and the prefetched messages.
-    ``position`` (the next offset not yet handed out) is what a commit records."""
+    ``position`` (the next offset not yet handed out) is what a commit records, or with ``manual_ack`` the lowest
+    offset handed out and not yet done (``inflight[0]``: RocketMQ's process queue), so a crash never skips one.
 
-    __slots__ = ("bucket", "epoch", "fetch_offset", "buffer", "committed")
+    With ``manual_ack`` a cursor is the ``ack()`` / ``nack()`` target of the messages it handed out: ``pending``
+    holds their queue offsets until done, ``inflight`` the offsets handed out in order (trimmed at the front as
+    they are done). Both are guarded by the consumer's ``_ack_lock``."""
 
-    def __init__(self, bucket: Bucket, epoch: int, offset: int, committed: Optional[int]):
+    __slots__ = ("bucket", "epoch", "fetch_offset", "buffer", "committed", "consumer", "pending", "inflight",
+                 "retry", "dropped")
+
+    def __init__(self, bucket: Bucket, epoch: int, offset: int, committed: Optional[int], consumer: "Consumer"):
         self.bucket = bucket
         self.epoch = epoch
         self.fetch_offset = offset
         self.buffer: collections.deque = collections.deque()
         self.committed = committed
+        self.consumer = consumer
+        self.pending: Set[int] = set()
+        self.inflight: collections.deque = collections.deque()
+        self.retry = bucket[0].startswith(RETRY_PREFIX)  # the group's retry queue: topics shown as RETRY_TOPIC
+        self.dropped = False
 
     @property
     def position(self) -> int:
         return self.buffer[0].queue_offset if self.buffer else self.fetch_offset
+
+    def ack(self, m: Message) -> None:
+        self.consumer._ack(self, m)
+
+    def nack(self, m: Message, delay: Optional[float], delay_level: Optional[int]) -> None:
+        self.consumer._nack(self, m, delay, delay_level)
 
 
 class Consumer:
@@ -68,7 +88,21 @@ class Consumer:
     record, a body CRC mismatch) is skipped, logged and counted in ``skipped_corrupt`` (the errors in
     ``corrupt_errors``) instead of failing every poll; False raises it from ``poll``.
 
-    Group membership is per process and per queue object (the store has one writer process).
+    Acknowledgements (``manual_ack=True``): every message handed out must be acknowledged, ``m.ack()``, or failed,
+    ``m.nack(delay=...)`` (from any thread). The committed offset of a queue is then the lowest offset not yet done,
+    recorded at every poll and written by the periodic persist, ``commit()`` and ``close()``: a crash delivers the
+    unfinished messages again, never skips one. A failed message is sent back (RocketMQ's send-back,
+    ``client/retry.py``): to ``%RETRY%<group>`` after a delay (delay level 3 + reconsume times by default), where
+    the group's consumers receive it again (shown under its original topic, ``reconsume_times`` + 1), and after
+    ``max_reconsume_times`` (16) failures to ``%DLQ%<group>`` (``mq.dead_letters(group)``,
+    ``mq.redrive_dead_letters(group)``). At most ``max_unacked`` messages per queue are outstanding (RocketMQ's
+    consumeConcurrentlyMaxSpan): past that, the queue hands out nothing until the oldest is done. ``listen(fn)``
+    runs a RocketMQ-style listener that answers ConsumeStatus.CONSUME_SUCCESS or RECONSUME_LATER. Broadcasting
+    consumers never send back (as RocketMQ): a nack there only logs and drops the message.
+
+    Clustering consumers also read their group's retry topic ``%RETRY%<group>`` (RocketMQ subscribes it for them).
+
+    Group membership spans the processes of a shared store and is per queue object otherwise.
 
     Thread-safety: use a consumer from one thread at a time (poll, commit, seek); ``close()`` may be called from
     any thread and ends a ``poll`` waiting in another one (it then returns what it has, possibly nothing).
@@ -78,7 +112,8 @@ class Consumer:
     def __init__(self, mq, group: str, topics: Union[str, Iterable[str]], *, tags: Optional[str] = None,
                  broadcast: bool = False, auto_commit: bool = False, batch_size: int = 32,
                  consumer_retention_ms: int = 30_000, from_offset: str = "earliest", client_id: Optional[str] = None,
-                 rebalance_interval_ms: int = 100, skip_corrupt: bool = True):
+                 rebalance_interval_ms: int = 100, skip_corrupt: bool = True, manual_ack: bool = False,
+                 max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES, max_unacked: int = 2000):
         if not isinstance(group, str) or TOPIC_RE.match(group) is None:
             raise ValueError(f"invalid group name {group!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")
         topics = [topics] if isinstance(topics, str) else list(topics)
@@ -94,6 +129,13 @@ class Consumer:
             raise ValueError("from_offset must be 'earliest' or 'latest'")
         if client_id is not None and (not isinstance(client_id, str) or TOPIC_RE.match(client_id) is None):
             raise ValueError(f"invalid client_id {client_id!r}")
+        if isinstance(max_reconsume_times, bool) or not isinstance(max_reconsume_times, int) or \
+                max_reconsume_times < 0:
+            raise ValueError("max_reconsume_times must be an int >= 0")
+        if max_unacked < 1:
+            raise ValueError("max_unacked must be at least 1")
+        if not broadcast:
+            check_group_for_retry(group)
         self._mq = mq
         self._state = mq._client_state()
         self.group = group
@@ -101,7 +143,13 @@ class Consumer:
         self._topic_set = frozenset(self.topics)
         self.tags = tags if tags not in (None, "", "*") else None
         self.broadcast = broadcast
-        self.auto_commit = auto_commit
+        self.manual_ack = manual_ack
+        self.max_reconsume_times = max_reconsume_times
+        self.max_unacked = max_unacked
+        # with manual_ack the acknowledged prefix is recorded at every poll, as auto_commit records positions
+        self.auto_commit = auto_commit or manual_ack
+        # the topics this consumer reads: a clustering consumer also reads its group's retry topic
+        self._read_topics = self.topics if broadcast else self.topics + (retry_topic(group),)
         self.batch_size = batch_size
         self.consumer_retention_ms = consumer_retention_ms
         self.from_offset = from_offset
@@ -115,6 +163,13 @@ class Consumer:
         self._refresh_s = rebalance_interval_ms / 1000.0
         self._wait_slice = min(0.5, consumer_retention_ms / 3000.0)
         self._lock = threading.RLock()   # one poll / commit / seek / close at a time; released while waiting
+        # manual_ack: cursors' pending/inflight (ack() from any thread); taken inside _lock and the scheduler lock,
+        # never around a store call. Lock order: _lock -> scheduler lock -> _ack_lock; _nack_lock -> _ack_lock.
+        self._ack_lock = threading.Lock()
+        self._nack_lock = threading.Lock()  # one send-back at a time (a message is never sent back twice)
+        self.acked = 0
+        self.retried = 0
+        self.dead_lettered = 0
         self._cursors: Dict[Bucket, _Cursor] = {}
         self._order: List[_Cursor] = []
         self._rr = 0
@@ -127,7 +182,7 @@ class Consumer:
         self.skip_corrupt = skip_corrupt
         self.skipped_corrupt = 0
         self.corrupt_errors: collections.deque = collections.deque(maxlen=16)
-        self._cid = self._sched.join(group, self.topics, consumer_retention_ms) if not broadcast else 0
+        self._cid = self._sched.join(group, self._read_topics, consumer_retention_ms) if not broadcast else 0
         try:
             self._state.register(self, consumer=True)
         except BaseException:
@@ -139,7 +194,7 @@ class Consumer:
 
     def _buckets(self) -> List[Bucket]:
         existing = self._mq.topics()
-        return [(t, q) for t in self.topics for q in existing.get(t, ())]
+        return [(t, q) for t in self._read_topics for q in existing.get(t, ())]
 
     def _start_offset(self, b: Bucket) -> Tuple[int, Optional[int]]:
         mq = self._mq
@@ -161,7 +216,7 @@ class Consumer:
 
     def _add(self, b: Bucket, epoch: int) -> None:
         off, committed = self._start_offset(b)
-        cur = _Cursor(b, epoch, off, committed)
+        cur = _Cursor(b, epoch, off, committed, self)
         self._cursors[b] = cur
         self._order.append(cur)
 
@@ -169,6 +224,7 @@ class Consumer:
         cur = self._cursors.pop(b, None)
         if cur is not None:
             cur.buffer.clear()
+            cur.dropped = True
             self._order.remove(cur)
 
     def _maintain(self, force: bool = False) -> None:
@@ -185,7 +241,7 @@ class Consumer:
                 if b not in self._cursors:
                     self._add(b, 0)
             return
-        a = self._sched.assign(self.group, self._cid, buckets, self.consumer_retention_ms, self.topics)
+        a = self._sched.assign(self.group, self._cid, buckets, self.consumer_retention_ms, self._read_topics)
         for b in a.lost:
             if b in self._cursors:
                 self._drop(b)
@@ -286,6 +342,7 @@ class Consumer:
         start = self._rr
         sched = self._sched
         clustering = not self.broadcast
+        manual = self.manual_ack
         # a takeover happens under the scheduler lock too: messages leave a buffer only while the grant holds
         with sched.lock:
             for i in range(n):
@@ -298,6 +355,12 @@ class Consumer:
                     buf.clear()
                     continue
                 want = max_n - len(out)
+                if manual:
+                    room = self.max_unacked - len(cur.inflight)
+                    if room <= 0:
+                        continue  # too much outstanding from this queue: nothing until the oldest is done
+                    want = min(want, room)
+                before = len(out)
                 if want == 1:
                     out.append(buf.popleft())
                 elif len(buf) <= want:
@@ -306,6 +369,8 @@ class Consumer:
                 else:
                     for _ in range(want):
                         out.append(buf.popleft())
+                if manual or cur.retry:
+                    self._hand_out(cur, out, before)
                 if len(out) >= max_n:
                     self._rr = (start + i + 1) % n
                     break
@@ -315,6 +380,123 @@ class Consumer:
             if b in self._cursors:
                 self._drop(b)
         return out
+
+    def _hand_out(self, cur: _Cursor, out: List[Message], start: int) -> None:
+        """Messages ``out[start:]`` leave ``cur``: with manual_ack they become pending and ack()/nack() reach
+        ``cur``; from the retry queue they show their business topic (RETRY_TOPIC), as RocketMQ's client does."""
+        acker = cur if self.manual_ack else None
+        retry = cur.retry
+        with self._ack_lock:
+            for j in range(start, len(out)):
+                m = out[j]
+                bind_delivery(m, acker, m.properties.get("RETRY_TOPIC") if retry else None)
+                if acker is not None:
+                    cur.pending.add(m.queue_offset)
+                    cur.inflight.append(m.queue_offset)
+
+    # -- acknowledgements (manual_ack) ---------------------------------------------------------------------------
+
+    def _ack(self, cur: _Cursor, m: Message) -> None:
+        with self._ack_lock:
+            off = m.queue_offset
+            if off not in cur.pending:
+                return  # done before (ack twice, ack after nack)
+            cur.pending.discard(off)
+            self.acked += 1
+            self._trim(cur)
+
+    @staticmethod
+    def _trim(cur: _Cursor) -> None:
+        infl, pending = cur.inflight, cur.pending
+        while infl and infl[0] not in pending:
+            infl.popleft()
+
+    def _nack(self, cur: _Cursor, m: Message, delay: Optional[float], delay_level: Optional[int]) -> None:
+        with self._nack_lock:
+            with self._ack_lock:
+                if m.queue_offset not in cur.pending:
+                    return
+                dropped = cur.dropped
+            if dropped:
+                # the queue passed to another consumer: it delivers this message again from the committed offset
+                with self._ack_lock:
+                    cur.pending.discard(m.queue_offset)
+                    self._trim(cur)
+                return
+            if self.broadcast:
+                log.warning("broadcast consumer of group %s: %s queue %d offset %d failed; dropped (broadcasting "
+                            "consumers never send back)", self.group, m.topic, m.queue_id, m.queue_offset)
+            else:
+                kind, _ = send_back(self._mq, self.group, m, delay=delay, delay_level=delay_level,
+                                    max_reconsume_times=self.max_reconsume_times)
+                if kind == "dlq":
+                    self.dead_lettered += 1
+                else:
+                    self.retried += 1
+            with self._ack_lock:
+                cur.pending.discard(m.queue_offset)
+                self._trim(cur)
+
+    def unacked(self) -> int:
+        """How many messages handed out are neither acknowledged nor failed (manual_ack)."""
+        with self._ack_lock:
+            return sum(len(cur.pending) for cur in self._order)
+
+    def listen(self, listener: Callable[[List[Message]], Optional[ConsumeStatus]], *, batch_size: int = 1,
+               idle_timeout: Optional[float] = None, max_messages: Optional[int] = None) -> int:
+        """Run a RocketMQ-style listener: ``listener(messages)`` for batches of up to ``batch_size`` messages; it
+        answers ConsumeStatus.CONSUME_SUCCESS (or None) to acknowledge the batch, RECONSUME_LATER to fail it (each
+        message sent back, see ``nack``); an exception it raises fails the batch too (logged). Returns the number
+        of messages handled, when ``idle_timeout`` seconds passed without a message, when ``max_messages`` were
+        handled, or when the consumer closed.
+
+        Raises AckError (the consumer was not created with manual_ack=True), TypeError (another answer), and what
+        ``poll`` and ``nack`` raise.
+        """
+        if not self.manual_ack:
+            raise AckError("listen() needs a consumer created with manual_ack=True")
+        handled = 0
+        while not self.closed:
+            want = batch_size if max_messages is None else min(batch_size, max_messages - handled)
+            try:
+                msgs = self.poll_batch(want, idle_timeout if idle_timeout is not None else self._wait_slice)
+            except StoreClosedError:
+                if self.closed:
+                    break
+                raise
+            if not msgs:
+                if idle_timeout is not None:
+                    break
+                continue
+            try:
+                status = listener(msgs)
+            except Exception:  # noqa: BLE001 - RocketMQ's rule: a listener that throws asks for a retry
+                log.exception("group %s: listener raised; the batch of %d will be consumed again later", self.group,
+                              len(msgs))
+                status = ConsumeStatus.RECONSUME_LATER
+            if status is None or status is ConsumeStatus.CONSUME_SUCCESS:
+                for m in msgs:
+                    m.ack()
+            elif status is ConsumeStatus.RECONSUME_LATER:
+                for m in msgs:
+                    m.nack()
+            else:
+                for m in msgs:
+                    m.nack(delay_level=1)  # never leave a batch in flight; the wrong answer still raises
+                raise TypeError(f"a listener answers ConsumeStatus.CONSUME_SUCCESS, RECONSUME_LATER or None, "
+                                f"not {status!r}")
+            handled += len(msgs)
+            if max_messages is not None and handled >= max_messages:
+                break
+        return handled
+
+    def _commit_point(self, cur: _Cursor) -> int:
+        """What a commit records for ``cur``: its position, or with manual_ack the lowest offset not yet done."""
+        if self.manual_ack:
+            with self._ack_lock:
+                if cur.inflight:
+                    return cur.inflight[0]
+        return cur.position
 
     def _fetch_round(self) -> bool:
         """One pull for every queue whose buffer is empty. True when a pull found messages or moved forward."""
@@ -326,7 +508,8 @@ class Consumer:
                 continue
             topic, qid = cur.bucket
             try:
-                r = mq.get_message(topic, qid, cur.fetch_offset, self.batch_size, tags=tags)
+                # the retry queue is read with "*" (RocketMQ's subscription): its messages matched when first read
+                r = mq.get_message(topic, qid, cur.fetch_offset, self.batch_size, tags=None if cur.retry else tags)
             except CorruptMessageError as e:
                 # the messages before it were delivered by earlier pulls; skip this one, count it, go on
                 if not self.skip_corrupt or e.next_offset is None or e.next_offset <= cur.fetch_offset:
@@ -360,12 +543,13 @@ class Consumer:
         """Record the positions of ``buckets`` (None: every queue read) whose position moved; returns the table
         version, or None when nothing changed. Positions of queues lost to another consumer are not recorded."""
         curs = self._order if buckets is None else [self._cursors[b] for b in buckets if b in self._cursors]
-        changed = {cur.bucket: cur.position for cur in curs if cur.position != cur.committed}
+        points = {cur.bucket: self._commit_point(cur) for cur in curs}
+        changed = {cur.bucket: points[cur.bucket] for cur in curs if points[cur.bucket] != cur.committed}
         if not changed:
             return None
         if self._offset_group is None:  # broadcast without client_id: positions live in this object only
             for cur in curs:
-                cur.committed = cur.position
+                cur.committed = points[cur.bucket]
             return None
         sched = self._sched
         with sched.lock:
@@ -429,6 +613,9 @@ class Consumer:
                 return
             cur.buffer.clear()
             cur.fetch_offset = self._clamp(b, offset)
+            with self._ack_lock:  # messages handed out before the seek no longer hold the committed offset back
+                cur.pending.clear()
+                cur.inflight.clear()
 
     def seek_to_time(self, ts_ms: int) -> None:
         """Seek every queue of the subscribed topics to its first message stored at or after ``ts_ms``."""

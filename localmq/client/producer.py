@@ -135,13 +135,14 @@ class Producer:
         largest level it is clamped to it, as RocketMQ does) or ``delay=seconds`` (the smallest level whose delay
         is >= seconds, so never earlier than asked; ``delay=0`` is level 1). The message is stored as RocketMQ
         stores it: topic SCHEDULE_TOPIC_XXXX, queue id level - 1, properties DELAY, REAL_TOPIC, REAL_QID added;
-        the store's ScheduleMessageService puts it in ``topic`` when due. Only an exclusive LocalMessageQueue has
-        that service.
+        the store's ScheduleMessageService puts it in ``topic`` when due. A LocalMessageQueue has that service (in
+        a store shared between processes it runs in the housekeeper process); the Embedded and Memory queues do
+        not.
 
         Returns PutResult (for a delayed message, that of the SCHEDULE_TOPIC_XXXX record). Raises
         StoreClosedError (producer or queue closed), InvalidTopicError, MessageSizeError, PropertiesSizeError,
         InvalidPropertyError, InvalidDelayError (a level < 1, a delay longer than the largest level, both given),
-        DelayNotSupportedError (a delayed send to a shared, embedded or memory queue).
+        DelayNotSupportedError (a delayed send to an embedded or memory queue).
         """
         if self.closed:
             raise StoreClosedError("the producer is closed")
@@ -169,14 +170,15 @@ class Producer:
         return self._deliver(r, 1)
 
     def _send_delayed(self, topic, body, tags, keys, properties, delay_level, delay):
-        svc = getattr(self._mq, "schedule_service", None)
-        if svc is None:
+        levels_of = getattr(self._mq, "delay_levels_ms", None)
+        if levels_of is None:
             raise DelayNotSupportedError(
-                f"{type(self._mq).__name__} has no ScheduleMessageService: delayed messages need an exclusive "
-                f"LocalMessageQueue (localmq.open(path) without shared=True)")
+                f"{type(self._mq).__name__} has no ScheduleMessageService: delayed messages need a "
+                f"LocalMessageQueue (localmq.open(path))")
+        levels = levels_of()
         if delay_level is not None and delay is not None:
             raise InvalidDelayError("pass delay_level or delay, not both")
-        level = level_for_delay(svc.levels_ms, delay) if delay is not None else delay_level
+        level = level_for_delay(levels, delay) if delay is not None else delay_level
         flag = 0
         if isinstance(topic, Message):
             m = topic
@@ -192,7 +194,7 @@ class Producer:
         if self.uniq_keys and (properties is None or "UNIQ_KEY" not in properties):
             properties = dict(properties or ())
             properties["UNIQ_KEY"] = _uniq_keys.new()
-        stopic, sqid, props = delay_rewrite(topic, qid, properties, level, svc.max_level)
+        stopic, sqid, props = delay_rewrite(topic, qid, properties, level, len(levels))
         r = self._put(stopic, body, queue_id=sqid, tags=tags, keys=keys, properties=props, flag=flag)
         return self._deliver(r, 1)
 

@@ -345,15 +345,28 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
 
     # -- delayed messages (ScheduleMessageService) ------------------------------------------------------------------
 
-    def _start_schedule_service(self) -> None:
+    def _start_schedule_service(self) -> ScheduleMessageService:
         """Start the thread that moves due delayed messages to their real topic (services/schedule.py)."""
         c = self.config
         svc = ScheduleMessageService(
-            self.root, parse_delay_levels(c.message_delay_level), lambda t, q: self._cqs.get((t, q)),
-            self.look_message_by_offset, self.put, self._flush_log, c.flush_delay_offset_interval, self._clock)
+            self.root, self.delay_levels_ms(), self._schedule_cq, self._schedule_read, self.put_ext,
+            self._flush_log, c.flush_delay_offset_interval, self._clock)
         self.schedule_service = svc
         svc.start()
         self._services.append(svc)
+        return svc
+
+    def _schedule_cq(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+        """The ScheduleMessageService's view of a ConsumeQueue (no open check: it runs from before the open ends
+        until close stops it)."""
+        return self._cqs.get((topic, queue_id))
+
+    def _schedule_read(self, physical_offset: int):
+        """The ScheduleMessageService's read of one record (no open check, as ``_schedule_cq``)."""
+        mfq = self._cl_mfq
+        if physical_offset < 0 or physical_offset >= mfq.max_offset():
+            return None
+        return get.read_record(mfq.files, mfq.file_size, physical_offset, True)
 
     def _flush_log(self) -> None:
         """Commit and flush the commit log (before delayOffset.json records re-puts as done)."""
@@ -751,6 +764,13 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             else:
                 hi = mid
         return lo
+
+    def delay_levels_ms(self) -> Tuple[int, ...]:
+        """The delay of each delay level in ms, level 1 first (``message_delay_level``)."""
+        levels = getattr(self, "_delay_levels", None)
+        if levels is None:
+            levels = self._delay_levels = parse_delay_levels(self.config.message_delay_level)
+        return levels
 
     def put_ext(self, topic: str, body, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
                 properties: Optional[Dict[str, str]] = None, flag: int = 0, extra: PutExtra) -> PutResult:

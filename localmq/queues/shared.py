@@ -238,6 +238,19 @@ class SharedMessageQueue(LocalMessageQueue):
         if cq.bind_shared(self._ctl):
             cq._reset_state(cq.sync_shared())
 
+    def _schedule_cq(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+        """The housekeeper's ScheduleMessageService reads the dispatcher's queues, loading one another housekeeper
+        created before this one took over."""
+        cq = self._cqs.get((topic, queue_id))
+        ctl = self._ctl
+        if cq is None and ctl is not None and not ctl.closed and ctl.topic_row(topic) >= 0:
+            cq = self._cq_table.find_or_load(topic, queue_id, self._adopt)
+        return cq
+
+    def _schedule_read(self, physical_offset: int):
+        self.commit_log.sync_view()
+        return super()._schedule_read(physical_offset)
+
     _shared_live = False   # the control file describes the store (after _publish_first or _attach)
 
     def _cq_factory(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -312,12 +325,17 @@ class SharedMessageQueue(LocalMessageQueue):
             ctl.store(CTL_S_INDEXED, self._index_dispatch.indexed_offset)
             self._index_dispatch.on_progress = lambda off: ctl.store(CTL_S_INDEXED, off)
         self._start_clean_service()
+        # delayed messages and retries: delayOffset.json has one writer, the housekeeper
+        self._hk_services.append(self._start_schedule_service())
         log.info("pid %d is the housekeeper of %s from commit log offset %d", os.getpid(), self.root,
                  self._reput.reput_offset)
 
     def _stop_housekeeping(self, flush: bool) -> None:
         """Stop this process's housekeeping services and hand the role on (the byte is released last)."""
         with self._hk_lock:
+            if self.schedule_service is not None:
+                self._stop_service(self.schedule_service)  # it puts: stopped first, its offsets written
+                self.schedule_service = None
             self._stop_clean_service()
             self.clean_service = None
             for svc in reversed(self._hk_services):
@@ -531,6 +549,8 @@ class SharedMessageQueue(LocalMessageQueue):
         self._close_clients()
         if self._election is not None:
             self._stop_service(self._election)
+        if self.schedule_service is not None:
+            self._stop_service(self.schedule_service)  # it puts: stopped while the commit log takes puts
         self.commit_log.close()  # no put of this process starts from here on
         last = ctl.last_attached()
         clean = last

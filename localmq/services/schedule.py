@@ -12,6 +12,7 @@ from localmq.errors import InvalidDelayError
 from localmq.layout import CONFIG_DIR
 from localmq.services.service_thread import ServiceThread
 from localmq.status import PutStatus
+from localmq.store.commit_log import PutExtra
 from localmq.store.config_json import read_config_json, write_config_json
 
 log = logging.getLogger("localmq.services")
@@ -68,8 +69,8 @@ class ScheduleMessageService(ServiceThread):
     log (``flush_log``), so an offset on disk never covers a re-put that is not: delivery is at least once.
 
     Params: ``levels_ms`` the delay of each level; ``find_cq(topic, queue_id)`` -> ConsumeQueue or None;
-    ``read(physical_offset)`` -> Message or None; ``put(topic, body, queue_id=, tags=, keys=, properties=, flag=)``
-    -> PutResult; ``flush_log()``; ``clock()`` -> ms since the epoch.
+    ``read(physical_offset)`` -> Message or None; ``put(topic, body, queue_id=, flag=, extra=)`` (the store's
+    ``put_ext``) -> PutResult; ``flush_log()``; ``clock()`` -> ms since the epoch.
     """
 
     def __init__(self, root: str, levels_ms: Tuple[int, ...], find_cq: Callable[[str, int], Any],
@@ -171,12 +172,13 @@ class ScheduleMessageService(ServiceThread):
             log.warning("%s: unit %d of level %d has no REAL_TOPIC/REAL_QID; skipped", self.name, off, level)
             self.skipped += 1
             return True
-        tags = props.pop("TAGS", None)
-        keys = props.pop("KEYS", None)
-        # the schedule record's properties go unchanged (DELAY, REAL_TOPIC, REAL_QID, WAIT stay, as RocketMQ's
-        # messageTimeup keeps the string); a DELAY on a topic other than SCHEDULE_TOPIC_XXXX is inert here
-        r = self._put(real_topic, m.body, queue_id=real_qid, tags=tags, keys=keys.split(" ") if keys else None,
-                      properties=props or None, flag=m.flag)
+        # RocketMQ's messageTimeup: body, flag, sysflag, born timestamp and host and reconsume times copied, and
+        # the schedule record's properties string unchanged (DELAY, REAL_TOPIC, REAL_QID, WAIT stay); a DELAY on a
+        # topic other than SCHEDULE_TOPIC_XXXX is inert here
+        extra = PutExtra(sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
+                         reconsume_times=m.reconsume_times, raw_properties=m.raw_properties)
+        r = self._put(real_topic, m.body if m.body is not None else b"", queue_id=real_qid, flag=m.flag,
+                      extra=extra)
         if r.status is not PutStatus.PUT_OK:
             self.put_failures += 1
             log.warning("%s: re-put of level %d unit %d answered %s; retrying", self.name, level, off, r.status.name)
