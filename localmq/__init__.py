@@ -10,11 +10,11 @@ from localmq._record import (
 )
 from localmq._columns import decode_range, RecordColumns
 from localmq.store.commit_log import PutResult
-from localmq.status import AppendMessageStatus, GetResult, GetStatus, PutStatus
+from localmq.status import AppendMessageStatus, ConsumeStatus, GetResult, GetStatus, PutStatus
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
-    ArgumentOverflowError, ArgumentRangeError, ArgumentTypeError, ConfigError, CorruptFrameError, CorruptMessageError,
-    CorruptStoreError, DelayNotSupportedError, InvalidDelayError,
+    AckError, ArgumentOverflowError, ArgumentRangeError, ArgumentTypeError, ConfigError, CorruptFrameError,
+    CorruptMessageError, CorruptStoreError, DelayNotSupportedError, InvalidDelayError,
     DamagedLogError, DispatchError, ForkedStoreError, IndexDisabledError, InvalidMessageIdError,
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
@@ -95,4 +95,5 @@ __all__ = [
     "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError", "ReadOnlyStoreError",
     "SendError", "ArgumentTypeError",
     "ReadOnlyMessageQueue", "StoreSettingsError", "StorePathError", "InvalidDelayError", "DelayNotSupportedError",
+    "ConsumeStatus", "AckError",
 ]

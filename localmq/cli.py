@@ -1,4 +1,4 @@
-"""The ``localmq`` command: look inside a store (stats, topics, lag, tail, query, verify, dump) and run the demo."""
+"""The ``localmq`` command: look inside a store (stats, topics, lag, tail, query, dlq, verify, dump); run the demo."""
 from __future__ import annotations
 
 import argparse
@@ -424,6 +424,40 @@ def _query(args) -> int:
 # -- verify ---------------------------------------------------------------------------------------------------
 
 
+def _dlq(args) -> int:
+    if not args.redrive:
+        mq = _open(args.store)
+        try:
+            msgs = mq.dead_letters(args.group, max_messages=args.max)
+        finally:
+            mq.close()
+        for m in msgs:
+            if args.json:
+                d = _message_dict(m)
+                d["reconsume_times"] = m.reconsume_times
+                _emit(d)
+            else:
+                _say(f"{_message_line(m, args.body_bytes)} topic={m.properties.get('RETRY_TOPIC')!r} "
+                     f"reconsume_times={m.reconsume_times}")
+        if not msgs:
+            print(f"no dead letters for group {args.group!r}", file=sys.stderr)
+        return EXIT_OK if msgs else EXIT_FOUND_NOTHING
+    # the one command that writes: it attaches as a shared writer (beside a live shared store) or opens a closed one
+    try:
+        st = localmq.open(args.store, shared=True)
+    except StoreLockedError:
+        raise CliError(f"{os.path.abspath(args.store)} is held by one live process alone (opened with "
+                       "shared=False): re-drive from that process (mq.redrive_dead_letters) or when it has closed",
+                       EXIT_BUSY) from None
+    with st:
+        sent = st.redrive_dead_letters(args.group, queue_id=args.queue, max_messages=args.max)
+    if args.json:
+        _emit({"group": args.group, "redriven": sent})
+    else:
+        _say(f"re-drove {sent} dead letter(s) of group {args.group!r}")
+    return EXIT_OK
+
+
 def _has_data(mf, start: int, end: int) -> bool:
     while start < end:
         stop = min(end, start + _CHUNK)
@@ -764,9 +798,10 @@ def _run_demo(args, path: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="localmq", description=__doc__,
-        epilog="Every command opens the store read-only (no lock, no write): beside a live writer that opened it "
-               "with shared=True, or a closed store. Exit codes: 0 ok, 1 damage found or nothing found, 2 usage "
-               "error, 3 the store is held by one live process alone (dump and verify still read its files).")
+        epilog="Every command but `dlq --redrive` opens the store read-only (no lock, no write): beside a live "
+               "writer that opened it with shared=True, or a closed store. Exit codes: 0 ok, 1 damage found or "
+               "nothing found, 2 usage error, 3 the store is held by one live process alone (dump and verify still "
+               "read its files).")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="one JSON document (JSON lines for messages)")
@@ -805,6 +840,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--topic")
     c.add_argument("--queue", type=_int_at_least(0), help="with --time: only this queue id")
     c.add_argument("--max", type=_int_at_least(1), default=32, help="most messages returned by --key (default 32)")
+    body_bytes(c)
+    c = command("dlq", _dlq, "the dead letters of a consumer group (topic %%DLQ%%<group>); --redrive sends the ones "
+                "not re-driven before to their topics again")
+    c.add_argument("group")
+    c.add_argument("--redrive", action="store_true", help="send them again (the one command that writes: it opens "
+                   "the store with shared=True, beside a live shared store or on a closed one)")
+    c.add_argument("--queue", type=_int_at_least(0), default=0, help="with --redrive: the queue id they go to")
+    c.add_argument("--max", type=_int_at_least(1), help="at most N messages")
     body_bytes(c)
     c = command("verify", _verify, "walk every file: record CRCs and structure, ConsumeQueue units, index, "
                 "checkpoint and config files; exit code 1 on damage")

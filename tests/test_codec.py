@@ -6,25 +6,9 @@ import numpy as np
 import pytest
 
 import localmq
-from helpers import java_hash_reference
+from helpers import golden_record, java_hash_reference
 
-MAGIC = bytes.fromhex("daa320a7")
 BLANK = bytes.fromhex("cbd43194")
-
-
-def golden_record(*, topic=b"abc", body=b"Once, there was a chance for me!", props=b"TAGS\x01TAG1", queue_id=3,
-                  flag=7, queue_offset=11, phys=4096, sys_flag=0, born_ts=1_600_000_000_123,
-                  born_host=bytes([127, 0, 0, 1]) + struct.pack(">i", 0), store_ts=1_600_000_000_456,
-                  store_host=bytes([192, 168, 71, 1]) + struct.pack(">i", 8123), reconsume=2, prepared=0):
-    """Spec section 1.1, field by field (big-endian), independent of localmq's encoder."""
-    crc = zlib.crc32(body) & 0x7FFFFFFF
-    tail = (struct.pack(">i", reconsume) + struct.pack(">q", prepared) + struct.pack(">i", len(body)) + body
-            + struct.pack(">b", len(topic)) + topic + struct.pack(">h", len(props)) + props)
-    head = (MAGIC + struct.pack(">i", crc) + struct.pack(">i", queue_id) + struct.pack(">i", flag)
-            + struct.pack(">q", queue_offset) + struct.pack(">q", phys) + struct.pack(">i", sys_flag)
-            + struct.pack(">q", born_ts) + born_host + struct.pack(">q", store_ts) + store_host)
-    rec = head + tail
-    return struct.pack(">i", len(rec) + 4) + rec
 
 
 def test_golden_bytes_match_encoder():

@@ -6,9 +6,10 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from localmq._record import properties_to_bytes
+from localmq._record import Message, properties_to_bytes
+from localmq.client import retry
 from localmq.client.consumer import Consumer
 from localmq.client.producer import Producer
 from localmq.client.state import ClientState
@@ -146,6 +147,19 @@ class QueueClientsMixin:
         has committed offsets in or subscribes to now. A queue the group never committed is None (unknown),
         never 0; lag is never negative (max offset minus the larger of the commit and the min offset)."""
         return self._client_state().lag(group)
+
+    def dead_letters(self, group: str, *, start: int = 0, max_messages: Optional[int] = None) -> List[Message]:
+        """The messages of ``group`` that failed ``max_reconsume_times`` times (topic ``%DLQ%<group>``), from queue
+        offset ``start``, oldest first; each keeps its properties (RETRY_TOPIC: the business topic;
+        ORIGIN_MESSAGE_ID) and its reconsume count. Raises InvalidTopicError for a group too long for its DLQ."""
+        return retry.dead_letters(self, group, start=start, max_messages=max_messages)
+
+    def redrive_dead_letters(self, group: str, *, queue_id: int = 0, max_messages: Optional[int] = None) -> int:
+        """Send the dead letters of ``group`` not re-driven before again, each to its business topic queue
+        ``queue_id`` as a new message (fresh retries); progress is committed under group ``<group>%REDRIVE``, so a
+        second call sends only what arrived since. Returns how many were sent. Raises SendError."""
+        return retry.redrive_dead_letters(self, group, offsets=self._client_state().offsets, queue_id=queue_id,
+                                          max_messages=max_messages)
 
     @property
     def consumer_offsets(self):
