@@ -530,12 +530,15 @@ cdef class Message:
                                    PyBytes_FromStringAndSize(<char *>self._born_host, self._born_host_len)))
 
 
-def bind_delivery(Message m, object acker, object topic=None):
+def bind_delivery(Message m, object acker, object topic=None, int reconsume_times=-1):
     """A consumer's hand-out of ``m``: ``m.ack()`` / ``m.nack()`` go to ``acker``; ``topic`` (when given)
-    replaces the stored topic, as RocketMQ's client shows a retried message under its original topic."""
+    replaces the stored topic, as RocketMQ's client shows a retried message under its original topic;
+    ``reconsume_times`` (when >= 0) replaces the count, as an orderly consumer counts failures in memory."""
     m._acker = acker
     if topic is not None:
         m.topic = topic
+    if reconsume_times >= 0:
+        m.reconsume_times = reconsume_times
 
 
 def _rebuild_message(topic, body, props_raw, queue_id, queue_offset, physical_offset, store_timestamp,

@@ -351,3 +351,44 @@ def test_sigkilled_consumer_process_loses_nothing_in_a_shared_store(tmp_path):
             assert [m.body for m in retried] == [b"10"] and retried[0].topic == "t"
             c.commit()
             assert wait_until(lambda: c.committed("t", 0) == 20 and c.committed("%RETRY%g", 0) == 1, 5)
+
+
+def test_orderly_consumer_suspends_the_queue_and_retries_the_same_message(tmp_path):
+    """Spec §7: one message per queue at a time, in order; a failure suspends the queue for the suspend time and
+    hands the same message out again (no retry topic); after max_reconsume_times it goes to the dead letters."""
+    with _open(tmp_path) as st:
+        p0, p1 = st.create_producer(queue_id=0), st.create_producer(queue_id=1)
+        for i in range(4):
+            p0.send("t", b"a%d" % i)
+            p1.send("t", b"b%d" % i)
+        log = []
+        with st.create_consumer("g", "t", orderly=True, suspend_ms=200, max_reconsume_times=2) as c:
+            assert c.manual_ack and c.max_unacked == 1
+            batch = c.poll_batch(10, timeout=2)
+            assert sorted(m.body for m in batch) == [b"a0", b"b0"]   # one per queue
+            assert c.poll_batch(10, timeout=0.2) == []                # nothing more until they are done
+            deadline = time.monotonic() + 20
+            pending = list(batch)
+            while time.monotonic() < deadline and (pending or c.unacked()):
+                for m in pending:
+                    log.append((m.body, m.reconsume_times, time.monotonic()))
+                    if m.body == b"a1":
+                        m.nack()                                     # fails every time: DLQ after 1 + 2
+                    elif m.body == b"b2" and m.reconsume_times == 0:
+                        m.nack()                                     # fails once
+                    else:
+                        m.ack()
+                pending = c.poll_batch(10, timeout=0.5)
+            c.commit()
+            assert c.committed("t", 0) == 4 and c.committed("t", 1) == 4
+            assert c.dead_lettered == 1 and c.retried == 0
+        order_a = [(b, n) for b, n, _ in log if b.startswith(b"a")]
+        order_b = [(b, n) for b, n, _ in log if b.startswith(b"b")]
+        assert order_a == [(b"a0", 0), (b"a1", 0), (b"a1", 1), (b"a1", 2), (b"a2", 0), (b"a3", 0)]
+        assert order_b == [(b"b0", 0), (b"b1", 0), (b"b2", 0), (b"b2", 1), (b"b3", 0)]
+        times = [t for b, _, t in log if b == b"a1"]
+        assert all(t2 - t1 >= 0.19 for t1, t2 in zip(times, times[1:]))   # suspended between tries
+        assert "%RETRY%g" not in st.topics()
+        st.wait_for_dispatch(5)
+        (dead,) = st.dead_letters("g")
+        assert dead.body == b"a1" and dead.properties["RETRY_TOPIC"] == "t"

@@ -34,7 +34,7 @@ class _Cursor:
     they are done). Both are guarded by the consumer's ``_ack_lock``."""
 
     __slots__ = ("bucket", "epoch", "fetch_offset", "buffer", "committed", "consumer", "pending", "inflight",
-                 "retry", "dropped")
+                 "retry", "dropped", "redo", "suspended_until", "redo_count")
 
     def __init__(self, bucket: Bucket, epoch: int, offset: int, committed: Optional[int], consumer: "Consumer"):
         self.bucket = bucket
@@ -47,6 +47,10 @@ class _Cursor:
         self.inflight: collections.deque = collections.deque()
         self.retry = bucket[0].startswith(RETRY_PREFIX)  # the group's retry queue: topics shown as RETRY_TOPIC
         self.dropped = False
+        # orderly: the failed message handed out again (still pending) once the suspension ends, and its count
+        self.redo: Optional[Message] = None
+        self.suspended_until = 0.0
+        self.redo_count = 0
 
     @property
     def position(self) -> int:
@@ -100,6 +104,12 @@ class Consumer:
     runs a RocketMQ-style listener that answers ConsumeStatus.CONSUME_SUCCESS or RECONSUME_LATER. Broadcasting
     consumers never send back (as RocketMQ): a nack there only logs and drops the message.
 
+    Orderly (``orderly=True``, implies ``manual_ack``): each queue hands out one message at a time, the next only
+    when it is done (RocketMQ's ConsumeMessageOrderlyService; different queues still go in parallel). A failed
+    message is not sent back: its queue is suspended for ``suspend_ms`` (1000 ms) and the same message is handed
+    out again (its ``reconsume_times`` counts the failures, in memory); after ``max_reconsume_times`` failures
+    (unlimited by default, as RocketMQ's orderly consumers) it goes to the dead letters and the queue moves on.
+
     Clustering consumers also read their group's retry topic ``%RETRY%<group>`` (RocketMQ subscribes it for them).
 
     Group membership spans the processes of a shared store and is per queue object otherwise.
@@ -113,7 +123,8 @@ class Consumer:
                  broadcast: bool = False, auto_commit: bool = False, batch_size: int = 32,
                  consumer_retention_ms: int = 30_000, from_offset: str = "earliest", client_id: Optional[str] = None,
                  rebalance_interval_ms: int = 100, skip_corrupt: bool = True, manual_ack: bool = False,
-                 max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES, max_unacked: int = 2000):
+                 max_reconsume_times: Optional[int] = None, max_unacked: int = 2000, orderly: bool = False,
+                 suspend_ms: int = 1000):
         if not isinstance(group, str) or TOPIC_RE.match(group) is None:
             raise ValueError(f"invalid group name {group!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")
         topics = [topics] if isinstance(topics, str) else list(topics)
@@ -129,11 +140,15 @@ class Consumer:
             raise ValueError("from_offset must be 'earliest' or 'latest'")
         if client_id is not None and (not isinstance(client_id, str) or TOPIC_RE.match(client_id) is None):
             raise ValueError(f"invalid client_id {client_id!r}")
-        if isinstance(max_reconsume_times, bool) or not isinstance(max_reconsume_times, int) or \
-                max_reconsume_times < 0:
-            raise ValueError("max_reconsume_times must be an int >= 0")
+        if max_reconsume_times is not None and (isinstance(max_reconsume_times, bool) or
+                                                not isinstance(max_reconsume_times, int) or max_reconsume_times < 0):
+            raise ValueError("max_reconsume_times must be an int >= 0 (or None: RocketMQ's default)")
         if max_unacked < 1:
             raise ValueError("max_unacked must be at least 1")
+        if orderly and broadcast:
+            raise ValueError("an orderly consumer holds its queues in a group: it cannot be a broadcast consumer")
+        if not 10 <= suspend_ms <= 30_000:
+            raise ValueError("suspend_ms must be within 10..30000 (RocketMQ's bounds)")
         if not broadcast:
             check_group_for_retry(group)
         self._mq = mq
@@ -143,9 +158,14 @@ class Consumer:
         self._topic_set = frozenset(self.topics)
         self.tags = tags if tags not in (None, "", "*") else None
         self.broadcast = broadcast
-        self.manual_ack = manual_ack
+        self.orderly = orderly
+        self.manual_ack = manual_ack or orderly
+        manual_ack = self.manual_ack
+        if max_reconsume_times is None:  # RocketMQ's -1: 16 for concurrent consumers, no limit for orderly ones
+            max_reconsume_times = (1 << 31) - 1 if orderly else DEFAULT_MAX_RECONSUME_TIMES
         self.max_reconsume_times = max_reconsume_times
-        self.max_unacked = max_unacked
+        self.max_unacked = 1 if orderly else max_unacked
+        self.suspend_s = suspend_ms / 1000.0
         # with manual_ack the acknowledged prefix is recorded at every poll, as auto_commit records positions
         self.auto_commit = auto_commit or manual_ack
         # the topics this consumer reads: a clustering consumer also reads its group's retry topic
@@ -320,6 +340,10 @@ class Consumer:
                     return out
             # nothing anywhere: wait for the dispatcher (without the lock, so close() can get in)
             wait = self._wait_slice
+            if self.orderly:  # a suspended queue's message is due again: wake for it, not at the next slice
+                redo = [cur.suspended_until for cur in self._order if cur.redo is not None]
+                if redo:
+                    wait = min(wait, max(0.001, min(redo) - time.monotonic()))
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -348,13 +372,20 @@ class Consumer:
             for i in range(n):
                 cur = order[(start + i) % n]
                 buf = cur.buffer
-                if not buf:
+                if not buf and cur.redo is None:
                     continue
                 if clustering and not sched.holds(self.group, self._cid, cur.bucket, cur.epoch):
                     self._lost.append(cur.bucket)
                     buf.clear()
                     continue
                 want = max_n - len(out)
+                if cur.redo is not None:
+                    if not self._redeliver(cur, out):
+                        continue
+                    if len(out) >= max_n:
+                        self._rr = (start + i + 1) % n
+                        break
+                    continue
                 if manual:
                     room = self.max_unacked - len(cur.inflight)
                     if room <= 0:
@@ -380,6 +411,17 @@ class Consumer:
             if b in self._cursors:
                 self._drop(b)
         return out
+
+    def _redeliver(self, cur: _Cursor, out: List[Message]) -> bool:
+        """Orderly: hand out ``cur``'s failed message again once its suspension ended (it stayed pending)."""
+        with self._ack_lock:
+            m = cur.redo
+            if m is None or time.monotonic() < cur.suspended_until:
+                return False
+            cur.redo = None
+            bind_delivery(m, cur, None, cur.redo_count)
+        out.append(m)
+        return True
 
     def _hand_out(self, cur: _Cursor, out: List[Message], start: int) -> None:
         """Messages ``out[start:]`` leave ``cur``: with manual_ack they become pending and ack()/nack() reach
@@ -423,7 +465,18 @@ class Consumer:
                     cur.pending.discard(m.queue_offset)
                     self._trim(cur)
                 return
-            if self.broadcast:
+            if self.orderly:
+                with self._ack_lock:
+                    count = m.reconsume_times + 1
+                    if count <= self.max_reconsume_times and not (delay_level is not None and delay_level < 0):
+                        # the same message again after the suspension; the queue hands out nothing else meanwhile
+                        cur.redo = m
+                        cur.redo_count = count
+                        cur.suspended_until = time.monotonic() + (self.suspend_s if delay is None else delay)
+                        return
+                send_back(self._mq, self.group, m, delay_level=-1, max_reconsume_times=self.max_reconsume_times)
+                self.dead_lettered += 1
+            elif self.broadcast:
                 log.warning("broadcast consumer of group %s: %s queue %d offset %d failed; dropped (broadcasting "
                             "consumers never send back)", self.group, m.topic, m.queue_id, m.queue_offset)
             else:
