@@ -216,3 +216,24 @@ def test_shared_store_delivers_delayed_messages_from_its_housekeeper(tmp_path):
         m = st.get_message("t", 0, 0).messages[0]
         assert m.body == b"x" and m.store_timestamp >= r.store_timestamp + 1000
         assert time.time() - t0 >= 1.0
+
+
+def test_delay_property_delays_a_send_and_refuses_a_batch(tmp_path):
+    with _open(tmp_path) as st:
+        p = st.create_producer(queue_id=0)
+        r = p.send("t", b"x", properties={"DELAY": "1"})
+        assert r.ok
+        st.wait_for_dispatch(5)
+        assert st.max_offset("t", 0) == 0 and st.max_offset("SCHEDULE_TOPIC_XXXX", 0) == 1
+        r = p.send(localmq.Message("t", b"y", properties={"DELAY": "2"}))
+        st.wait_for_dispatch(5)
+        assert st.max_offset("SCHEDULE_TOPIC_XXXX", 1) == 1
+        p.send("t", b"now", properties={"DELAY": "0"})   # level 0: not delayed (RocketMQ's rule)
+        with pytest.raises(InvalidDelayError):
+            p.send("t", b"z", properties={"DELAY": "soon"})
+        with pytest.raises(InvalidDelayError):
+            p.send_batch("t", [b"a", b"b"], properties={"DELAY": "1"})
+        with pytest.raises(InvalidDelayError):
+            p.send_batch([localmq.Message("t", b"a"), localmq.Message("t", b"b", properties={"DELAY": "3"})])
+        got = _wait_count(st, "t", 0, 3)
+        assert [m.body for m in got] == [b"now", b"x", b"y"]

@@ -71,6 +71,18 @@ def new_uniq_key() -> str:
     return _uniq_keys.new()
 
 
+def _delay_property(value: Optional[str]) -> Optional[int]:
+    """The delay level a DELAY property asks for: a positive decimal int, else None (RocketMQ delays a message
+    only when its level is > 0). Raises InvalidDelayError for a value that is not an int."""
+    if value is None:
+        return None
+    try:
+        level = int(value)
+    except (TypeError, ValueError):
+        raise InvalidDelayError(f"property DELAY must be a delay level (an int), not {value!r}") from None
+    return level if level > 0 else None
+
+
 class Producer:
     """Sends messages to the queue it was created from (``mq.create_producer()``).
 
@@ -146,6 +158,12 @@ class Producer:
         """
         if self.closed:
             raise StoreClosedError("the producer is closed")
+        if delay_level is None and delay is None:
+            # a DELAY property delays the message, as a RocketMQ broker does (Message.setDelayTimeLevel)
+            if properties is not None and "DELAY" in properties:
+                delay_level = _delay_property(properties["DELAY"])
+            elif isinstance(topic, Message):
+                delay_level = _delay_property(topic.properties.get("DELAY"))
         if delay_level is not None or delay is not None:
             return self._send_delayed(topic, body, tags, keys, properties, delay_level, delay)
         if isinstance(topic, Message):
@@ -232,7 +250,14 @@ class Producer:
         if self.closed:
             raise StoreClosedError("the producer is closed")
         if not isinstance(topic, str):
-            return self._send_messages(list(topic))
+            msgs = list(topic)
+            if any(_delay_property(m.properties.get("DELAY")) for m in msgs):
+                raise InvalidDelayError("a batch cannot be delayed (RocketMQ refuses delayed batches too): "
+                                        "send delayed messages one by one")
+            return self._send_messages(msgs)
+        if properties is not None and _delay_property(properties.get("DELAY")):
+            raise InvalidDelayError("a batch cannot be delayed (RocketMQ refuses delayed batches too): send delayed "
+                                    "messages one by one")
         bodies = bodies if isinstance(bodies, list) else list(bodies)
         if not bodies:
             raise ValueError("send_batch needs at least one body")
