@@ -93,3 +93,19 @@ async def use_aio(path: str) -> None:
     batch = await c.poll_batch(8, timeout=0.1)
     assert_type(batch, List[Any])
     await st.close()
+
+
+def use_acks(path: str) -> None:
+    with localmq.open(path) as st:
+        c = st.create_consumer("group", "T", manual_ack=True, max_reconsume_times=3)
+        m = c.poll(0.1)
+        if m is not None:
+            m.ack()
+            m.nack(delay=1.5)
+            m.nack(delay_level=-1)
+        handled = c.listen(lambda msgs: localmq.ConsumeStatus.CONSUME_SUCCESS, batch_size=4, idle_timeout=0.1)
+        assert_type(handled, int)
+        assert_type(c.unacked(), int)
+        dead = st.dead_letters("group")
+        assert_type(dead, List[Message])
+        assert_type(st.redrive_dead_letters("group"), int)
