@@ -100,7 +100,7 @@ class TransactionProducer:
         properties_to_bytes(props)  # InvalidPropertyError before anything is stored
         half = self._svc.prepare(topic, body, qid, self.group, props, flag)
         tid = props[PROPERTY_UNIQ_KEY]
-        stored = self._mq.look_message_by_offset(half.physical_offset)
+        stored = self._svc.read(half.physical_offset)
         try:
             state = LocalTransactionState(local_transaction(user_message(stored), arg))
         except Exception:  # noqa: BLE001 - RocketMQ logs it and answers UNKNOW: the check-back decides

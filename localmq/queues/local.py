@@ -378,13 +378,18 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         def commit_offsets(offsets: Dict[str, int]) -> None:
             self._client_state().offsets.commit(TRANS_CHECK_GROUP, {(t, 0): o for t, o in offsets.items()})
 
+        def read(physical_offset: int) -> Optional[Message]:
+            if self._pool is not None:
+                self._cl_mfq.commit_all()  # write-buffered records reach the mapping when committed
+            return self.look_message_by_offset(physical_offset)
+
         svc = TransactionalMessageCheckService(
-            read=self.look_message_by_offset, put=self.put, put_ext=self.put_ext,
+            read=read, put=self.put, put_ext=self.put_ext,
             find_cq=lambda t, q: self._cqs.get((t, q)), find_commit=self._find_transaction_commit,
             query_offset=query_offset, commit_offsets=commit_offsets, flush_log=self._flush_log,
             store_host=c.store_host, timeout_ms=c.transaction_timeout, check_max=c.transaction_check_max,
             interval_ms=c.transaction_check_interval, file_reserved_ms=c.file_reserved_time * 3_600_000,
-            clock=self._clock)
+            clock=self._clock, before_pass=lambda: self.wait_for_dispatch(10.0))
         self.transaction_service = svc
         svc.start()
         self._services.append(svc)

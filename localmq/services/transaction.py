@@ -120,7 +120,8 @@ class TransactionalMessageCheckService(ServiceThread):
     ``query_offset(topic)`` -> committed offset of CID_RMQ_SYS_TRANS in (topic, 0) or None; ``commit_offsets({topic:
     offset})``; ``flush_log()`` (before offsets that cover re-puts are committed); ``store_host`` (born host of op
     records); ``timeout_ms``, ``check_max``, ``interval_ms``, ``file_reserved_ms`` (BrokerConfig / store
-    settings); ``clock()`` -> ms since the epoch.
+    settings); ``clock()`` -> ms since the epoch; ``before_pass()`` (the queue waits for its dispatcher, so that
+    every op record written before a pass is in the op queue the pass reads).
 
     Checks run only while at least one check listener is registered (a TransactionProducer exists in this
     process); a half message whose PGROUP has no listener here is counted and re-put as RocketMQ does when no
@@ -135,7 +136,7 @@ class TransactionalMessageCheckService(ServiceThread):
                  query_offset: Callable[[str], Optional[int]], commit_offsets: Callable[[Dict[str, int]], None],
                  flush_log: Callable[[], None], store_host: str, timeout_ms: int = 6000, check_max: int = 15,
                  interval_ms: int = 60_000, file_reserved_ms: int = 72 * 3_600_000,
-                 clock: Optional[Callable[[], int]] = None):
+                 clock: Optional[Callable[[], int]] = None, before_pass: Optional[Callable[[], Any]] = None):
         super().__init__("TransactionalMessageCheckService")
         self._read = read
         self._put = put
@@ -145,6 +146,7 @@ class TransactionalMessageCheckService(ServiceThread):
         self._query_offset = query_offset
         self._commit_offsets = commit_offsets
         self._flush_log = flush_log
+        self._before_pass = before_pass
         self.store_host = store_host
         self.timeout_ms = timeout_ms
         self.check_max = check_max
@@ -190,6 +192,10 @@ class TransactionalMessageCheckService(ServiceThread):
     def has_listeners(self) -> bool:
         with self._listeners_lock:
             return bool(self._listeners)
+
+    def read(self, physical_offset: int) -> Optional[Message]:
+        """The record at ``physical_offset`` (a half message to end), or None."""
+        return self._read(physical_offset)
 
     # -- prepare / end ------------------------------------------------------------------------------------------
 
@@ -303,6 +309,8 @@ class TransactionalMessageCheckService(ServiceThread):
         if half_cq is None:
             return 0
         self.passes += 1
+        if self._before_pass is not None:
+            self._before_pass()
         op_cq = self._find_cq(TRANS_OP_HALF_TOPIC, HALF_QUEUE_ID)
         start = self._clock()
         t0 = time.monotonic()
