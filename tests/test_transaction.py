@@ -192,6 +192,23 @@ def test_check_max_discards_to_trans_check_max_time_topic(tmp_path):
         assert st.transaction_service.stats()["discarded"] == 1
 
 
+def test_check_immunity_time_defers_the_check(tmp_path):
+    asked = []
+    with _open(tmp_path, transaction_check_interval=300) as st:
+        tp = st.create_transaction_producer("pg", lambda m: asked.append(time.time()) or S.COMMIT_MESSAGE)
+        r = tp.send_in_transaction("orders", b"slow", lambda m, a: S.UNKNOW, queue_id=0,
+                                   properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "1"})
+        _wait(lambda: len(_messages(st, OP)) == 1)
+        time.sleep(0.7)
+        (orig, *copies) = _messages(st, HALF)
+        assert len(asked) == 1 and asked[0] * 1000 - orig.born_timestamp >= 1000
+        # §4.5 step 5: inside the immunity a copy naming the original's queue offset is re-put each pass
+        assert "TRAN_PREPARED_QUEUE_OFFSET" not in orig.properties and len(copies) >= 2
+        assert all(c.properties["TRAN_PREPARED_QUEUE_OFFSET"] == "0" for c in copies)
+        (real,) = _messages(st, "orders", 0)
+        assert real.uniq_key == r.transaction_id and len(_messages(st, OP)) == 1
+
+
 def test_consumer_sees_committed_messages_once_and_never_a_half(tmp_path):
     answers = {}
     with _open(tmp_path) as st:
@@ -262,7 +279,6 @@ _CHILD = textwrap.dedent("""
     else:
         def local(m, a):
             return S.COMMIT_MESSAGE
-        put_op = svc._put_op
         def die(half):
             os.kill(os.getpid(), signal.SIGKILL)
         svc._put_op = die
