@@ -192,6 +192,19 @@ def test_check_max_discards_to_trans_check_max_time_topic(tmp_path):
         assert st.transaction_service.stats()["discarded"] == 1
 
 
+def test_half_of_a_group_without_listener_is_counted_then_discarded(tmp_path):
+    with _open(tmp_path, transaction_check_max=2) as st:
+        gone = st.create_transaction_producer("gone", lambda m: S.COMMIT_MESSAGE)
+        gone.send_in_transaction("orders", b"orphan", lambda m, a: S.UNKNOW, queue_id=0)
+        gone.close()  # its check listener leaves with it
+        asked = []
+        st.create_transaction_producer("here", lambda m: asked.append(m) or S.COMMIT_MESSAGE)
+        _wait(lambda: len(_messages(st, DISCARD)) == 1)
+        # as RocketMQ with no producer of the group online: each check re-puts the half, nobody answers
+        assert asked == [] and st.transaction_service.stats()["unanswered"] == 2
+        assert _messages(st, "orders", 0) == [] and len(_messages(st, HALF)) == 3
+
+
 def test_check_immunity_time_defers_the_check(tmp_path):
     asked = []
     with _open(tmp_path, transaction_check_interval=300) as st:
@@ -270,10 +283,17 @@ _CHILD = textwrap.dedent("""
     import localmq
     from localmq import LocalTransactionState as S
     st = localmq.open(sys.argv[1], mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=6000,
-                      transaction_check_interval=600_000)
-    tp = st.create_transaction_producer("pg", lambda m: S.UNKNOW, queue_id=1)
+                      transaction_timeout=100, transaction_check_interval=100)
+
+    def check(m):  # the check-back's listener: killed while the store waits for its answer
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    tp = st.create_transaction_producer("pg", check, queue_id=1)
     svc = st.transaction_service
-    if sys.argv[3] == "before-commit":
+    if sys.argv[3] == "during-check":
+        def local(m, a):
+            return S.UNKNOW
+    elif sys.argv[3] == "before-commit":
         def local(m, a):
             os.kill(os.getpid(), signal.SIGKILL)
     else:
@@ -283,11 +303,14 @@ _CHILD = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         svc._put_op = die
     tp.send_in_transaction("orders", b"paid", local)
+    import time
+    time.sleep(30)
     print("not killed", flush=True)
 """)
 
 
-@pytest.mark.parametrize("where, index", [("before-commit", True), ("before-op", True), ("before-op", False)])
+@pytest.mark.parametrize("where, index", [("before-commit", True), ("before-op", True), ("before-op", False),
+                                          ("during-check", True)])
 def test_sigkill_between_the_steps_commits_exactly_once(tmp_path, where, index):
     store = tmp_path / "s"
     child = subprocess.run([sys.executable, "-c", _CHILD, str(store), ROOT, where], capture_output=True,
@@ -300,7 +323,7 @@ def test_sigkill_between_the_steps_commits_exactly_once(tmp_path, where, index):
         assert len(before) == (1 if where == "before-op" else 0)
         assert _messages(st, OP) == []
         st.create_transaction_producer("pg", lambda m: asked.append(m) or S.COMMIT_MESSAGE)
-        _wait(lambda: len(_messages(st, OP)) == 1)
+        _wait(lambda: len(_messages(st, OP)) >= 1)
         time.sleep(0.4)  # later passes change nothing
         real = _messages(st, "orders", 1)
         assert [m.body for m in real] == [b"paid"]
@@ -308,6 +331,11 @@ def test_sigkill_between_the_steps_commits_exactly_once(tmp_path, where, index):
             # the commit survived: the checker writes the op record without asking (RocketMQ would commit again)
             assert asked == [] and st.transaction_service.stats()["duplicates_avoided"] == 1
             assert len(_messages(st, HALF)) == 1
+        elif where == "during-check":
+            # the original and the first copy were both pending: one question, one commit, an op for each
+            _wait(lambda: len(_messages(st, OP)) == 2)
+            assert len(asked) == 1 and st.transaction_service.stats()["duplicates_avoided"] == 1
+            assert sorted(int(m.body) for m in _messages(st, OP)) == [1, 2]
         else:
             assert len(asked) == 1 and asked[0].body == b"paid"
     with _open(store) as st:  # and after another reopen
