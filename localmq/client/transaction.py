@@ -67,7 +67,7 @@ class TransactionProducer:
 
     def send_in_transaction(self, topic: str, body: Any, local_transaction: LocalTransaction, arg: Any = None, *,
                             queue_id: Optional[int] = None, tags: Optional[str] = None, keys: Any = None,
-                            properties: Optional[Dict[str, str]] = None, flag: int = 0) -> TransactionSendResult:
+                            properties: Optional[Dict[str, str]] = None, flag: int = 0) -> TransactionSendResult[Any]:
         """Put the half message, run ``local_transaction(message, arg)``, end the transaction with its answer.
 
         Returns TransactionSendResult (``half``, ``state``, ``transaction_id``, ``commit``, ``op``). Raises
@@ -109,7 +109,7 @@ class TransactionProducer:
         commit, op = self._svc.end_transaction(stored, state, group=self.group, look_up=False)
         return TransactionSendResult(half, state, tid, commit, op)
 
-    def end_transaction(self, half: Message, state: LocalTransactionState) -> TransactionSendResult:
+    def end_transaction(self, half: Message, state: LocalTransactionState) -> TransactionSendResult[Any]:
         """End the transaction of ``half`` (a half record read from RMQ_SYS_TRANS_HALF_TOPIC, any copy of it) with
         ``state``; a commit is written only when the transaction has none yet. Returns TransactionSendResult.
         Raises InvalidTransactionError (not a half message of this group), SendError, StoreClosedError."""

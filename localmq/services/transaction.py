@@ -131,8 +131,9 @@ class TransactionalMessageCheckService(ServiceThread):
     ``_end_lock`` (lock order: ``_end_lock`` -> the store's put lock). Listeners are called without any lock.
     """
 
-    def __init__(self, *, read: Callable[[int], Any], put: Callable[..., Any], put_ext: Callable[..., Any],
-                 find_cq: Callable[[str, int], Any], find_commit: Callable[[Message], Optional[Message]],
+    def __init__(self, *, read: Callable[[int], Optional[Message]], put: Callable[..., Any],
+                 put_ext: Callable[..., Any], find_cq: Callable[[str, int], Any],
+                 find_commit: Callable[[Message], Optional[Message]],
                  query_offset: Callable[[str], Optional[int]], commit_offsets: Callable[[Dict[str, int]], None],
                  flush_log: Callable[[], None], store_host: str, timeout_ms: int = 6000, check_max: int = 15,
                  interval_ms: int = 60_000, file_reserved_ms: int = 72 * 3_600_000,
