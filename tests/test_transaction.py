@@ -222,6 +222,25 @@ def test_check_immunity_time_defers_the_check(tmp_path):
         assert real.uniq_key == r.transaction_id and len(_messages(st, OP)) == 1
 
 
+def test_immunity_copy_of_an_ended_transaction_is_not_checked_again(tmp_path):
+    asked = []
+    with _open(tmp_path, transaction_check_interval=600_000) as st:
+        tp = st.create_transaction_producer("pg", lambda m: asked.append(m) or S.COMMIT_MESSAGE)
+        svc = st.transaction_service
+        tp.send_in_transaction("orders", b"slow", lambda m, a: S.UNKNOW, queue_id=0,
+                               properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "1"})
+        st.wait_for_dispatch(10)
+        svc.check_once()  # inside the immunity: a copy naming queue offset 0 is re-put
+        orig, copy = _messages(st, HALF)
+        assert copy.properties["TRAN_PREPARED_QUEUE_OFFSET"] == "0"
+        tp.end_transaction(orig, S.ROLLBACK_MESSAGE)  # the producer answers late, naming the original
+        time.sleep(1.1)
+        assert svc.check_once() == 0  # the copy, now past its immunity, is done: nobody is asked
+        assert asked == [] and _messages(st, "orders", 0) == [] and len(_messages(st, HALF)) == 2
+        assert st.consumer_offsets.query("CID_RMQ_SYS_TRANS", HALF, 0) == 2
+        assert st.consumer_offsets.query("CID_RMQ_SYS_TRANS", OP, 0) == 1
+
+
 def test_consumer_sees_committed_messages_once_and_never_a_half(tmp_path):
     answers = {}
     with _open(tmp_path) as st:

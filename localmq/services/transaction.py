@@ -280,12 +280,14 @@ class TransactionalMessageCheckService(ServiceThread):
                 self.last_error = e
                 log.exception("service %s: check pass failed", self.name)
 
-    def _ops(self, op_cq: Any, op_offset: int, half_offset: int) -> Tuple[Dict[int, int], Set[int]]:
-        """Every op record from ``op_offset``: ({half queue offset: op queue offset} still to meet, done ops)."""
+    def _ops(self, op_cq: Any, op_offset: int, half_offset: int) -> Tuple[Dict[int, int], Set[int], Dict[int, int]]:
+        """Every op record from ``op_offset``: ({half queue offset: op queue offset} still to meet, done ops,
+        {half queue offset: op queue offset} of every op read, those below ``half_offset`` included)."""
         remove: Dict[int, int] = {}
         done: Set[int] = set()
+        ended: Dict[int, int] = {}
         if op_cq is None:
-            return remove, done
+            return remove, done, ended
         for off in range(op_offset, op_cq.max_offset):
             unit = op_cq.unit(off)
             m = self._read(unit[0]) if unit is not None else None
@@ -298,11 +300,13 @@ class TransactionalMessageCheckService(ServiceThread):
                 half_off = -1
             if m.tags != OP_REMOVE_TAG or half_off < 0:
                 done.add(off)  # RocketMQ logs an illegal op and never moves past it; it can only be skipped
-            elif half_off < half_offset:
+                continue
+            ended[half_off] = off
+            if half_off < half_offset:
                 done.add(off)
             else:
                 remove[half_off] = off
-        return remove, done
+        return remove, done, ended
 
     def check_once(self) -> int:
         """One pass of the check-back over the half queue (§4.5). Returns the number of listener calls."""
@@ -320,7 +324,7 @@ class TransactionalMessageCheckService(ServiceThread):
         op_min = op_cq.min_offset if op_cq is not None else 0
         op_offset = self._query_offset(TRANS_OP_HALF_TOPIC)
         op_offset = op_min if op_offset is None else max(op_offset, op_min)
-        remove, done = self._ops(op_cq, op_offset, half_offset)
+        remove, done, ended = self._ops(op_cq, op_offset, half_offset)
         calls = 0
         i = half_offset
         new_offset = half_offset
@@ -339,7 +343,7 @@ class TransactionalMessageCheckService(ServiceThread):
                 i += 1
                 new_offset = i
                 continue
-            outcome = self._check_one(m, i, start, remove, done)
+            outcome = self._check_one(m, start, remove, done, ended)
             if outcome == "stop":
                 break
             if outcome == "checked":
@@ -358,9 +362,10 @@ class TransactionalMessageCheckService(ServiceThread):
             self._flush_log()
             self._commit_offsets({TRANS_HALF_TOPIC: new_half, TRANS_OP_HALF_TOPIC: op})
 
-    def _check_one(self, m: Message, i: int, start: int, remove: Dict[int, int], done: Set[int]) -> str:
-        """One half record at half-queue offset ``i``: "next" (done with it), "stop" (end this pass) or
-        "checked" (re-put and a listener asked)."""
+    def _check_one(self, m: Message, start: int, remove: Dict[int, int], done: Set[int],
+                   ended: Dict[int, int]) -> str:
+        """One half record: "next" (done with it), "stop" (end this pass) or "checked" (re-put and a listener
+        asked). ``remove``, ``done``, ``ended``: see ``_ops``."""
         props = m.properties
         now = self._clock()
         times = props.get(PROPERTY_TRANSACTION_CHECK_TIMES)
@@ -389,7 +394,7 @@ class TransactionalMessageCheckService(ServiceThread):
                 immunity = self.timeout_ms if seconds == -1 else seconds * 1000
             except ValueError:
                 immunity = self.timeout_ms
-            if age < immunity and self._immune(m, props, i, remove, done):
+            if age < immunity and self._immune(m, props, remove, done, ended):
                 return "next"
         elif 0 <= age < immunity:
             return "stop"  # FIFO by born time: later halves are younger still
@@ -397,11 +402,20 @@ class TransactionalMessageCheckService(ServiceThread):
         # (or its born time is in the future: a clock that went back), as RocketMQ decides once its ops run out.
         if not (age > immunity or age <= -1):
             return "stop"
+        prepared = props.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, "")
+        if prepared.isdigit() and int(prepared) in ended:
+            # an immunity copy whose original was ended meanwhile: RocketMQ checks it again once its immunity is
+            # over (a second commit if the answer is COMMIT); the op naming the original already ended it
+            done.add(ended[int(prepared)])
+            return "next"
         return self._check(m, props)
 
-    def _immune(self, m: Message, props: Dict[str, str], i: int, remove: Dict[int, int], done: Set[int]) -> bool:
+    def _immune(self, m: Message, props: Dict[str, str], remove: Dict[int, int], done: Set[int],
+                ended: Dict[int, int]) -> bool:
         """RocketMQ's checkPrepareQueueOffset: a half still inside its CHECK_IMMUNITY_TIME is re-put with
-        TRAN_PREPARED_QUEUE_OFFSET naming the original, or is done when an op names that original."""
+        TRAN_PREPARED_QUEUE_OFFSET naming the original, or is done when an op names that original (RocketMQ looks
+        only among ops at or above the half offset, so it misses the usual case, an op naming the original that
+        the walk has already passed; ``ended`` holds every op read)."""
         prepared = props.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET)
         if prepared is not None:
             try:
@@ -410,8 +424,9 @@ class TransactionalMessageCheckService(ServiceThread):
                 off = -1
             if off == -1:
                 return False
-            if off in remove:
-                done.add(remove.pop(off))
+            if off in ended:
+                done.add(ended[off])
+                remove.pop(off, None)
                 return True
         props[PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET] = str(m.queue_offset if prepared is None else prepared)
         self._re_put(m, props)
