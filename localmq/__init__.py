@@ -11,6 +11,7 @@ from localmq._record import (
 from localmq._columns import decode_range, RecordColumns
 from localmq.store.commit_log import PutResult
 from localmq.status import AppendMessageStatus, ConsumeStatus, GetResult, GetStatus, PutStatus
+from localmq.status import LocalTransactionState, TransactionSendResult
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
     AckError, ArgumentOverflowError, ArgumentRangeError, ArgumentTypeError, ConfigError, CorruptFrameError,
@@ -22,6 +23,7 @@ from localmq.errors import (
     ReadOnlyStoreError, SendError, StorePathError, StoreSettingsError, TopicTableFullError, UnsafePathError,
     UnsupportedFilesystemError,
 )
+from localmq.errors import InvalidTransactionError, TransactionNotSupportedError
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
 from localmq.store.readers import read_commitlog, read_consume_queue, read_consume_queue_ext
@@ -32,6 +34,7 @@ from localmq.interface import MessageStore
 from localmq.queues.memory import MemoryMessageQueue
 from localmq.queues.embedded import EmbeddedMessageQueue
 from localmq.client import ConsumerOffsetManager, ConsumerScheduler, Consumer, Producer
+from localmq.client.transaction import TransactionProducer
 
 __version__ = "0.1.0"
 
@@ -96,4 +99,6 @@ __all__ = [
     "SendError", "ArgumentTypeError",
     "ReadOnlyMessageQueue", "StoreSettingsError", "StorePathError", "InvalidDelayError", "DelayNotSupportedError",
     "ConsumeStatus", "AckError",
+    "TransactionProducer", "LocalTransactionState", "TransactionSendResult", "TransactionNotSupportedError",
+    "InvalidTransactionError",
 ]

@@ -102,6 +102,11 @@ class StoreConfig:
     # RocketMQ's messageDelayLevel: level i (1-based) delays by the i-th token (units s, m, h, d; parse_delay_levels)
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     flush_delay_offset_interval: int = 10_000  # RocketMQ: config/delayOffset.json written every 10 s (and at close)
+    # transactional messages (RocketMQ 4.9.8 BrokerConfig): a half message is checked back once it is this old (ms),
+    # at most this many times (then moved to TRANS_CHECK_MAX_TIME_TOPIC), by a pass every check interval (ms)
+    transaction_timeout: int = 6000
+    transaction_check_max: int = 15
+    transaction_check_interval: int = 60_000
 
     def __post_init__(self) -> None:
         if isinstance(self.flush_disk_type, str):
@@ -155,6 +160,9 @@ class StoreConfig:
                               f"not {self.delete_when!r}")
         parse_host(self.store_host)
         parse_host(self.born_host)
+        if self.transaction_timeout < 0 or self.transaction_check_max < 1 or self.transaction_check_interval < 1:
+            raise ConfigError("transaction_timeout must be >= 0, transaction_check_max and transaction_check_interval "
+                              ">= 1")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "StoreConfig":

@@ -146,6 +146,16 @@ class AckError(LocalMQError, RuntimeError):
     with ``get_message``, or unpickled in another process), or a consumer method that needs ``manual_ack``."""
 
 
+class TransactionNotSupportedError(LocalMQError, RuntimeError):
+    """A transaction producer on a queue without a TransactionalMessageCheckService (shared, embedded, memory and
+    read-only queues): only an exclusive LocalMessageQueue can check half messages back."""
+
+
+class InvalidTransactionError(LocalMQError, ValueError):
+    """``end_transaction`` given a record that is not a half message of this producer's group (RocketMQ's
+    END_TRANSACTION answers SYSTEM_ERROR)."""
+
+
 class StoreSettingsError(ConfigError):
     """A setting passed to open that contradicts the store's files: the value recorded in ``config/localmq.json``
     when the store was created or, for a store without that record (a RocketMQ broker's), the value read off its
@@ -309,4 +319,5 @@ __all__ = [
     "check_int_range",
     "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError", "TopicTableFullError",
     "ReadOnlyStoreError", "UnsupportedFilesystemError", "InvalidDelayError", "DelayNotSupportedError",
+    "TransactionNotSupportedError", "InvalidTransactionError", "AckError",
 ]

@@ -133,4 +133,36 @@ class GetResult(Generic[_M]):
                 f"max_offset={self.max_offset})")
 
 
-__all__ = ["PutStatus", "AppendMessageStatus", "GetStatus", "RecordStatus", "Stop", "ConsumeStatus", "GetResult"]
+class LocalTransactionState(enum.IntEnum):
+    """RocketMQ's LocalTransactionState (its spelling, UNKNOW included): what a local transaction or a check
+    listener answers. The values are the END_TRANSACTION header's commitOrRollback, i.e. the sysflag transaction
+    types (COMMIT 0x8, ROLLBACK 0xC; 0 = unknown: the half message stays and is checked back later)."""
+
+    UNKNOW = 0
+    COMMIT_MESSAGE = 0x8
+    ROLLBACK_MESSAGE = 0xC
+
+
+class TransactionSendResult(Generic[_M]):
+    """Result of ``TransactionProducer.send_in_transaction``: ``half`` (the PutResult of the half message),
+    ``state`` (the LocalTransactionState the local transaction answered), ``transaction_id`` (the UNIQ_KEY),
+    ``commit`` (PutResult of the real message, None unless committed now) and ``op`` (PutResult of the op record,
+    None while the state is UNKNOW)."""
+
+    __slots__ = ("half", "state", "transaction_id", "commit", "op")
+
+    def __init__(self, half: _M, state: LocalTransactionState, transaction_id: str, commit: _M | None = None,
+                 op: _M | None = None) -> None:
+        self.half = half
+        self.state = state
+        self.transaction_id = transaction_id
+        self.commit = commit
+        self.op = op
+
+    def __repr__(self) -> str:
+        return (f"TransactionSendResult(state={self.state.name}, transaction_id={self.transaction_id!r}, "
+                f"half_offset={getattr(self.half, 'queue_offset', None)}, committed={self.commit is not None})")
+
+
+__all__ = ["PutStatus", "AppendMessageStatus", "GetStatus", "RecordStatus", "Stop", "ConsumeStatus", "GetResult",
+           "LocalTransactionState", "TransactionSendResult"]

@@ -13,6 +13,7 @@ from localmq.client import retry
 from localmq.client.consumer import Consumer
 from localmq.client.producer import Producer
 from localmq.client.state import ClientState
+from localmq.client.transaction import TransactionProducer
 from localmq.config import check_queue_id
 from localmq.errors import ForkedStoreError, InvalidPropertyError, StoreClosedError
 from localmq.interface import MessageStore
@@ -136,6 +137,13 @@ class QueueClientsMixin:
         """A Producer (see localmq.client.producer.Producer for the parameters)."""
         return Producer(self, queue_id=queue_id, queue_selector=queue_selector, queue_nums=queue_nums,
                         on_delivery=on_delivery, uniq_keys=uniq_keys)
+
+    def create_transaction_producer(self, group: str, check_listener, *, queue_id: Optional[int] = None,
+                                    queue_nums: Optional[int] = None) -> TransactionProducer:
+        """A TransactionProducer of producer group ``group`` whose ``check_listener(message)`` answers the store's
+        check-backs (see localmq.client.transaction). Raises TransactionNotSupportedError unless this is an
+        exclusive LocalMessageQueue."""
+        return TransactionProducer(self, group, check_listener, queue_id=queue_id, queue_nums=queue_nums)
 
     def create_consumer(self, group: str, topics, *, tags: Optional[str] = None, broadcast: bool = False,
                         **options: Any) -> Consumer:

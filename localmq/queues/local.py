@@ -23,7 +23,7 @@ from localmq.errors import (
 )
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, LOCK_FILE,
-    MAX_QUEUE_ID,
+    MAX_QUEUE_ID, SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_MASK,
 )
 from localmq.queues.base import ProcessBoundMixin, QueueClientsMixin, tag_names
 from localmq.services.allocate import AllocateMappedFileService
@@ -34,6 +34,7 @@ from localmq.services.flush import (
 from localmq.services.index import IndexDispatchService
 from localmq.services.reput import ReputMessageService
 from localmq.services.schedule import ScheduleMessageService
+from localmq.services.transaction import TRANS_CHECK_GROUP, TransactionalMessageCheckService
 from localmq.status import GetResult, GetStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
@@ -113,6 +114,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._index_dispatch: Optional[IndexDispatchService] = None
         # delayed messages (SCHEDULE_TOPIC_XXXX); None in a shared store, which refuses delayed sends
         self.schedule_service: Optional[ScheduleMessageService] = None
+        # transactional messages (ends and check-backs); None in a shared store, which refuses transaction producers
+        self.transaction_service: Optional[TransactionalMessageCheckService] = None
         # Every check that needs no write comes before the first write; what an open creates or grows after it is
         # listed (OpenUndo) and undone when it fails, so a failed open leaves the directory as it found it.
         created_root = missing_ancestor(self.root)
@@ -261,6 +264,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._setup_reads()
         self._start_clean_service()
         self._start_schedule_service()
+        self._start_transaction_service()
 
     def _start_services(self) -> None:
         """Allocation ahead, the flush mode's services and the ConsumeQueue flusher (see the README's table)."""
@@ -373,6 +377,70 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if self._pool is not None:
             self._cl_mfq.commit_all()
         self._cl_mfq.flush_all()
+
+    # -- transactional messages (TransactionalMessageCheckService) ------------------------------------------------
+
+    def _start_transaction_service(self) -> None:
+        """Start the thread that checks unresolved half messages back (services/transaction.py); its offsets are
+        CID_RMQ_SYS_TRANS's in the clients' ConsumerOffsetManager (config/consumerOffset.json)."""
+        c = self.config
+
+        def query_offset(topic: str) -> Optional[int]:
+            return self._client_state().offsets.query(TRANS_CHECK_GROUP, topic, 0)
+
+        def commit_offsets(offsets: Dict[str, int]) -> None:
+            self._client_state().offsets.commit(TRANS_CHECK_GROUP, {(t, 0): o for t, o in offsets.items()})
+
+        def read(physical_offset: int) -> Optional[Message]:
+            if self._pool is not None:
+                self._cl_mfq.commit_all()  # write-buffered records reach the mapping when committed
+            return self.look_message_by_offset(physical_offset)
+
+        svc = TransactionalMessageCheckService(
+            read=read, put=self.put, put_ext=self.put_ext,
+            find_cq=lambda t, q: self._cqs.get((t, q)), find_commit=self._find_transaction_commit,
+            query_offset=query_offset, commit_offsets=commit_offsets, flush_log=self._flush_log,
+            store_host=c.store_host, timeout_ms=c.transaction_timeout, check_max=c.transaction_check_max,
+            interval_ms=c.transaction_check_interval, file_reserved_ms=c.file_reserved_time * 3_600_000,
+            clock=self._clock, before_pass=lambda: self.wait_for_dispatch(10.0))
+        self.transaction_service = svc
+        svc.start()
+        self._services.append(svc)
+
+    def _find_transaction_commit(self, half: Message) -> Optional[Message]:
+        """The committed record (sysflag COMMIT, in REAL_TOPIC) of the transaction of half record ``half`` or of
+        any copy of it (they share its UNIQ_KEY), or None. Looks up ``<REAL_TOPIC>#<UNIQ_KEY>`` in the index once it
+        has caught up with the log; with the index disabled, scans the real queue from the half's born time.
+        Raises DispatchError when the index or the dispatcher cannot catch up (the caller must not guess)."""
+        props = half.properties
+        key, topic = half.uniq_key, props.get("REAL_TOPIC")
+        if not key or not topic:
+            return None
+
+        def committed(m: Any) -> bool:
+            return (m.topic == topic and m.uniq_key == key
+                    and (m.sys_flag & SYSFLAG_TRANSACTION_MASK) == SYSFLAG_TRANSACTION_COMMIT)
+
+        if self.config.message_index_enable:
+            if not self.wait_for_index(60.0):
+                raise DispatchError("the index did not catch up within 60 s: a commit cannot be looked up")
+            found = self._query_index(topic, key, self.config.default_query_max_num, 0, _MAX_TS, True)
+            return next((m for m in found if committed(m)), None)
+        if not self.wait_for_dispatch(60.0):
+            raise DispatchError("dispatch did not catch up within 60 s: a commit cannot be looked up")
+        try:
+            qid = int(props.get("REAL_QID", ""))
+        except ValueError:
+            return None
+        off = self.offset_by_time(topic, qid, half.born_timestamp)
+        while True:
+            r = self.get_message(topic, qid, off)
+            if r.status is not GetStatus.FOUND:
+                return None
+            for m in r.messages:
+                if committed(m):
+                    return m
+            off = r.next_begin_offset
 
     # -- retention (CleanService) --------------------------------------------------------------------------------
 
@@ -885,6 +953,9 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         """
         if self._closed:
             return
+        # the transaction checker commits CID_RMQ_SYS_TRANS offsets and puts: it stops before the clients' offsets
+        # are persisted and while the commit log still takes puts
+        self._stop_service(self.transaction_service)
         self._close_clients()  # consumers commit and offsets persist while the store still reads
         # the scheduler puts: it stops (and writes delayOffset.json) while the commit log still takes puts
         self._stop_service(self.schedule_service)
