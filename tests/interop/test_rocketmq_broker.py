@@ -120,8 +120,9 @@ def check_received(name: str, received: dict[str, Any], written: list[dict[str, 
 
 def test_broker_on_a_localmq_store(broker_harness: list[str], tmp_path: Path) -> None:
     """localmq writes 240 messages; RocketMQ's lite pull and push consumers each receive all 240 through a Broker
-    whose store root is localmq's directory; a Java producer sends 40 more; after the Broker's clean shutdown localmq
-    reads all 280, every field as the consumers and the producer report them."""
+    whose store root is localmq's directory, and the Broker finds every key localmq wrote in localmq's IndexFiles; a
+    Java producer sends 40 more; after the Broker's clean shutdown localmq reads all 280, every field as the consumers
+    and the producer report them, and the push consumer's offsets from the Broker's consumerOffset.json."""
     store, out = tmp_path / "store", tmp_path / "out.json"
     st = localmq.open(store, **SIZES)
     try:
@@ -144,6 +145,12 @@ def test_broker_on_a_localmq_store(broker_harness: list[str], tmp_path: Path) ->
     assert report["pulled"]["queues"] == 12
     check_received("lite pull", report["pulled"], written, ours)
     check_received("push", report["pushed"], written, ours)
+    # every key localmq wrote, looked up through the Broker in the IndexFiles localmq wrote
+    queried = report["queried"]
+    keyed = [(w, key) for w in written for key in keys_of(w["keys"])]
+    assert sorted(queried) == sorted({f"{w['topic']}/{key}" for w, key in keyed})
+    for w, key in keyed:
+        assert w["commitLogOffset"] in queried[f"{w['topic']}/{key}"], (w["topic"], key)
     produced = report["produced"]
     assert len(produced) == PRODUCE
     assert all(s["sendStatus"] == "SEND_OK" for s in produced)

@@ -64,6 +64,8 @@ import org.apache.rocketmq.store.config.MessageStoreConfig;
  * <li>A DefaultLitePullConsumer (every queue assigned, each sought to offset 0) and then a DefaultMQPushConsumer
  *     (CONSUME_FROM_FIRST_OFFSET, every topic subscribed with "*") each read until they hold {@code expected}
  *     distinct messages.</li>
+ * <li>Every key of the pulled messages is looked up through the Broker (queryMessage: its IndexFiles, which localmq
+ *     wrote).</li>
  * <li>A DefaultMQProducer sends {@code produce} seeded messages, to the new topic and to a topic localmq wrote.</li>
  * <li>Everything shuts down cleanly, then out.json gets what each consumer received and what the producer sent.</li>
  * </ol>
@@ -216,6 +218,8 @@ public final class BrokerHarness {
         step("pulled");
         out.put("pushed", push(namesrvAddr, topics, expected));
         step("pushed");
+        out.put("queried", query(namesrvAddr, out.getJSONObject("pulled").getJSONArray("messages")));
+        step("queried");
         out.put("produced", produce(namesrvAddr, produce, seed));
         step("produced");
 
@@ -293,6 +297,44 @@ public final class BrokerHarness {
         } finally {
             consumer.shutdown();
         }
+    }
+
+    /**
+     * Every (topic, key) of the pulled messages looked up through the Broker's index (its IndexFiles, which localmq
+     * wrote): "topic/key" -> the commit log offsets found.
+     */
+    static JSONObject query(String namesrvAddr, JSONArray pulled) throws Exception {
+        Map<String, List<String>> keys = new TreeMap<>();
+        for (int i = 0; i < pulled.size(); i++) {
+            JSONObject m = pulled.getJSONObject(i);
+            String k = m.getString("keys");
+            if (k != null) {
+                for (String key : k.split(MessageConst.KEY_SEPARATOR)) {
+                    keys.computeIfAbsent(m.getString("topic") + "/" + key, x -> new ArrayList<>());
+                }
+            }
+        }
+        DefaultMQProducer admin = new DefaultMQProducer("localmq_interop_query");
+        admin.setNamesrvAddr(namesrvAddr);
+        admin.setInstanceName("query");
+        admin.start();
+        JSONObject out = new JSONObject(true);
+        try {
+            for (String topicKey : keys.keySet()) {
+                int slash = topicKey.indexOf('/');
+                @SuppressWarnings("deprecation")
+                List<MessageExt> found = admin.queryMessage(topicKey.substring(0, slash), topicKey.substring(slash + 1),
+                    64, 0, Long.MAX_VALUE).getMessageList();
+                JSONArray offsets = new JSONArray();
+                for (MessageExt m : found) {
+                    offsets.add(m.getCommitLogOffset());
+                }
+                out.put(topicKey, offsets);
+            }
+        } finally {
+            admin.shutdown();
+        }
+        return out;
     }
 
     static JSONArray produce(String namesrvAddr, int count, long seed) throws Exception {
