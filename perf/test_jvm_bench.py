@@ -47,13 +47,12 @@ NOTES = {
     "read_buffers": "getMessage 32 at a time, records not decoded",
 }
 
-_RESULT = {}
+@pytest.fixture(scope="session")
+def jvm_doc(tmp_path_factory):
+    """Builds interop/bench with Maven and runs JvmBench once per session; its JSON document.
 
-
-def run_jvm_bench(tmp_dir):
-    """Builds interop/bench with Maven and runs JvmBench once per session; its JSON document."""
-    if "doc" in _RESULT:
-        return _RESULT["doc"]
+    Requested before ``benchmark``, so that a missing JDK or Maven fails the test before pytest-benchmark starts."""
+    tmp_dir = tmp_path_factory.mktemp("jvm-bench")
     java, mvn = shutil.which("java"), shutil.which("mvn")
     if java is None or mvn is None:
         pytest.fail("perf/test_jvm_bench.py needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: "
@@ -69,18 +68,17 @@ def run_jvm_bench(tmp_dir):
     if r.returncode != 0:
         pytest.fail(f"JvmBench failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}", pytrace=False)
     with open(out, encoding="utf-8") as f:
-        _RESULT["doc"] = json.load(f)
-    return _RESULT["doc"]
+        return json.load(f)
 
 
 @pytest.mark.parametrize("body_size", [BODY_SIZE], ids=["100B"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_jvm_peers(scenario, body_size, benchmark, request, tmp_path_factory):
+def test_jvm_peers(scenario, body_size, jvm_doc, benchmark, request):
     """RocketMQ's DefaultMessageStore and Chronicle Queue for one scenario, from the session's one JvmBench run.
 
     pytest-benchmark's own entry for this test times nothing of interest (a no-op); the figures are the JVM's median
     round times, in ``extra_info["peer_rows"]`` and in the "localmq vs peers" table."""
-    doc = run_jvm_bench(tmp_path_factory.mktemp("jvm-bench"))
+    doc = jvm_doc
     table_scenario, jvm_scenarios = SCENARIOS[scenario]
     rows = []
     for res in doc["results"]:
