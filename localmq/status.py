@@ -106,10 +106,13 @@ class GetResult(Generic[_M]):
     """Result of ``get_message``: ``status`` (GetStatus), ``messages`` (list of Message), ``next_begin_offset``
     (where the next pull should start), ``min_offset`` / ``max_offset`` of the queue."""
 
-    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset")
+    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset", "compressed")
 
     def __init__(self, status: GetStatus, messages: List[_M], next_begin_offset: int, min_offset: int,
-                 max_offset: int) -> None:
+                 max_offset: int, compressed: int = 0) -> None:
+        #: how many of ``messages`` carry a zlib-compressed body (sysflag COMPRESSED, a RocketMQ producer's bodies
+        #: over 4 KiB): the store returns bodies as stored, a Consumer inflates them as RocketMQ's client does
+        self.compressed = compressed
         self.status = status
         self.messages = messages
         self.next_begin_offset = next_begin_offset

@@ -296,3 +296,24 @@ def test_store_files_and_abort_marker(tmp_path):
     assert st.recovery.mode == "normal"
     st.close()
     st.close()  # idempotent
+
+
+def test_consumers_inflate_bodies_a_rocketmq_producer_compressed(tmp_path):
+    """A RocketMQ producer zlib-compresses bodies over 4 KiB and sets sysflag bit 0 (COMPRESSED): the store hands
+    the bytes back as stored (as RocketMQ's store does), a Consumer inflates them (as RocketMQ's client does)."""
+    import zlib
+
+    from localmq.store.commit_log import PutExtra
+
+    big = b"rocketmq " * 1000
+    with localmq.open(tmp_path, mapped_file_size_commit_log=1 << 20) as st:
+        st.put_ext("t", zlib.compress(big), extra=PutExtra(sys_flag=0x1))
+        st.put("t", b"plain")
+        st.put_ext("t", b"not zlib at all", extra=PutExtra(sys_flag=0x1))
+        st.wait_for_dispatch(5)
+        raw = st.get_message("t", 0, 0)
+        assert raw.compressed == 2 and raw.messages[0].body == zlib.compress(big)
+        with st.create_consumer("g", "t") as c:
+            got = c.poll_batch(3, timeout=5)
+        assert [m.body for m in got] == [big, b"plain", b"not zlib at all"]
+        assert [m.sys_flag & 1 for m in got] == [1, 0, 1]

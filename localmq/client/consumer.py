@@ -7,11 +7,11 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
-from localmq._record import Message, bind_delivery
+from localmq._record import Message, bind_delivery, inflate_body
 from localmq.client.retry import (
     DEFAULT_MAX_RECONSUME_TIMES, RETRY_PREFIX, check_group_for_retry, retry_topic, send_back,
 )
-from localmq.layout import TOPIC_RE
+from localmq.layout import SYSFLAG_COMPRESSED, TOPIC_RE
 from localmq.status import ConsumeStatus, GetStatus
 from localmq.config import check_topic
 from localmq.errors import AckError, CorruptMessageError, QueueReassignedError, StoreClosedError
@@ -423,6 +423,14 @@ class Consumer:
         out.append(m)
         return True
 
+    def _inflate(self, msgs: List[Message]) -> None:
+        """Bodies a RocketMQ producer compressed (sysflag COMPRESSED) are handed out inflated, as its client does;
+        one that does not inflate is handed out as stored, with a warning."""
+        for m in msgs:
+            if m.sys_flag & SYSFLAG_COMPRESSED and not inflate_body(m):
+                log.warning("group %s: %s queue %d offset %d: the body is marked compressed but does not inflate; "
+                            "handed out as stored", self.group, m.topic, m.queue_id, m.queue_offset)
+
     def _hand_out(self, cur: _Cursor, out: List[Message], start: int) -> None:
         """Messages ``out[start:]`` leave ``cur``: with manual_ack they become pending and ack()/nack() reach
         ``cur``; from the retry queue they show their business topic (RETRY_TOPIC), as RocketMQ's client does."""
@@ -576,6 +584,8 @@ class Consumer:
                 continue
             st = r.status
             if st is _FOUND:
+                if r.compressed:
+                    self._inflate(r.messages)
                 cur.buffer.extend(r.messages)
                 cur.fetch_offset = r.next_begin_offset
                 moved = True

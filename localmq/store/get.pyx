@@ -9,7 +9,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcmp
 
-from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_EXT_ADDRESS_MAX, CQ_UNIT_SIZE
+from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_EXT_ADDRESS_MAX, CQ_UNIT_SIZE, SYSFLAG_COMPRESSED
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_pretouch
 from localmq._record cimport REC_GAP, REC_OK, RecordView, find_property, message_from_view, parse_record, tags_code_of
@@ -131,7 +131,7 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
     cdef int64_t end = offset + scan_units
     cdef int64_t i = offset, phys, tags, rel, fs = cq.st.file_size, bytes_total = 0
     cdef int32_t size, h
-    cdef int nh = len(tag_hashes), k, count = 0
+    cdef int nh = len(tag_hashes), k, count = 0, compressed = 0
     cdef int64_t hashes[64]
     cdef bint matched, in_disk, removing = False
     cdef MappedFile cqf = None
@@ -235,11 +235,13 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
                 i += 1
                 continue
         out.append(message_from_view(&v, topic, copy_body, seg))
+        if v.sys_flag & SYSFLAG_COMPRESSED:
+            compressed += 1
         count += 1
         bytes_total += size
         i += 1
     if count > 0:
-        return GetResult(FOUND, out, i, min_offset, max_offset)
+        return GetResult(FOUND, out, i, min_offset, max_offset, compressed)
     if bad is not None:
         raise CorruptMessageError(
             f"consume queue {topic}-{qid} unit {i} (commit log offset {phys}, size {size}): {bad}",
