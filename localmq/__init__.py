@@ -14,7 +14,7 @@ from localmq.status import AppendMessageStatus, GetResult, GetStatus, PutStatus
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
     ArgumentOverflowError, ArgumentRangeError, ArgumentTypeError, ConfigError, CorruptFrameError, CorruptMessageError,
-    CorruptStoreError, DelayNotSupportedError, InvalidDelayError,
+    CorruptStoreError, DelayNotSupportedError, FilterSyntaxError, InvalidDelayError,
     DamagedLogError, DispatchError, ForkedStoreError, IndexDisabledError, InvalidMessageIdError,
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
@@ -22,6 +22,7 @@ from localmq.errors import (
     ReadOnlyStoreError, SendError, StorePathError, StoreSettingsError, TopicTableFullError, UnsafePathError,
     UnsupportedFilesystemError,
 )
+from localmq.filter import compile_sql92, Sql92Filter
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
 from localmq.store.readers import read_commitlog, read_consume_queue, read_consume_queue_ext
@@ -95,4 +96,5 @@ __all__ = [
     "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError", "ReadOnlyStoreError",
     "SendError", "ArgumentTypeError",
     "ReadOnlyMessageQueue", "StoreSettingsError", "StorePathError", "InvalidDelayError", "DelayNotSupportedError",
+    "compile_sql92", "Sql92Filter", "FilterSyntaxError",
 ]
