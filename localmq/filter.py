@@ -414,7 +414,6 @@ def _int64(s: str) -> int:
     raise _EvalError(s)
 
 
-_PLAIN_DOUBLE_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _JAVA_DOUBLE_RE = re.compile(
     r"([+-]?)(?:(NaN)|(Infinity)|((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[fFdD]?"
     r"|(0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?[0-9]+)[fFdD]?)")
@@ -422,8 +421,12 @@ _JAVA_DOUBLE_RE = re.compile(
 
 def _double(s: str) -> float:
     # Double.valueOf: trims chars <= ' ', then Java's literal syntax (NaN, Infinity, hex, an f/d suffix); ASCII only
-    if _PLAIN_DOUBLE_RE.fullmatch(s) is not None:
-        return float(s)
+    if not s.strip("0123456789.eE+-"):
+        # only characters of a plain decimal: Python's float() reads exactly what Java's Double.valueOf reads
+        try:
+            return float(s)
+        except ValueError:
+            raise _EvalError(s) from None
     m = _JAVA_DOUBLE_RE.fullmatch(s.strip("".join(map(chr, range(33)))))
     if m is None:
         raise _EvalError(s)
@@ -564,7 +567,7 @@ class _Codegen:
             a = self.value(left, depth)
             b = self.value(right, depth)
             # one side null: null when it is the left one, FALSE when it is the right one; both null: TRUE
-            test = self.compare(a, left.jtype, b, right.jtype, "==")
+            test = self.compare(a, left, b, right, "==")
             if not _nullable(left) and not _nullable(right):
                 self.emit(depth, f"{r} = {test}")
             elif not _nullable(right):
@@ -589,17 +592,29 @@ class _Codegen:
                 # two strings are compared as doubles (RocketMQ refuses to order strings)
                 test = f"_dcmp(_double({a}), _double({b})) {op} 0"
             else:
-                test = self.compare(a, left.jtype, b, right.jtype, op)
+                test = self.compare(a, left, b, right, op)
             if _nullable(right):
                 self.emit(depth, f"{r} = None if {b} is None else {test}")
             else:
                 self.emit(depth, f"{r} = {test}")
         return r
 
-    def compare(self, a: str, lt: str, b: str, rt: str, op: str) -> str:
+    def compare(self, a: str, left: _Node, b: str, right: _Node, op: str) -> str:
         """A Python expression for ``compare(a, b) op 0`` (RocketMQ's __compare) on two non-null values."""
+        lt, rt = left.jtype, right.jtype
         if lt == "null" or rt == "null":
             return "None"  # unreachable: that side was null
+        if (lt, rt) in (("str", "double"), ("double", "str")):
+            k = right if rt == "double" else left
+            if k.op == "const" and k.value != 0.0 and math.isfinite(k.value):
+                # against a non-zero number, Java's order differs from Python's only for NaN, which Double.compareTo
+                # puts above every number: the NaN case falls on the right side of a negated comparison
+                x = f"_double({a})" if lt == "str" else f"_double({b})"
+                if lt == "str":
+                    return {"==": f"{x} == {b}", "<": f"{x} < {b}", "<=": f"{x} <= {b}",
+                            ">": f"not {x} <= {b}", ">=": f"not {x} < {b}"}[op]
+                return {"==": f"{a} == {x}", "<": f"not {a} >= {x}", "<=": f"not {a} > {x}",
+                        ">": f"{a} > {x}", ">=": f"{a} >= {x}"}[op]
         fast = {("str", "int"): (f"_int32({a})", b), ("int", "str"): (a, f"_int32({b})"),
                 ("str", "long"): (f"_int64({a})", b), ("long", "str"): (a, f"_int64({b})"),
                 ("str", "str"): (a, b), ("int", "int"): (a, b), ("int", "long"): (a, b), ("long", "int"): (a, b),
@@ -708,5 +723,17 @@ def compile_sql92(expression: str) -> Sql92Filter:
     as 0 or infinity, an integer literal beyond int64, and an expression that is not a condition (``-a``, ``5``).
     Unlike RocketMQ, which ignores text after the first complete expression, text left over is an error.
     TypeError when ``expression`` is not a str.
+
+    Compiled filters are kept (up to 256 expressions, as RocketMQ's parser keeps its last 100): compiling the same
+    text again returns the same object.
     """
-    return Sql92Filter(expression)
+    f = _COMPILED.get(expression) if isinstance(expression, str) else None
+    if f is None:
+        f = Sql92Filter(expression)
+        if len(_COMPILED) >= 256:
+            _COMPILED.clear()
+        _COMPILED[expression] = f
+    return f
+
+
+_COMPILED: Dict[str, Sql92Filter] = {}

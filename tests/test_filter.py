@@ -61,6 +61,12 @@ MATCHES = [
     ("a < 1.5", {"a": "NaN"}, False),
     ("a > 1.5", {"a": "nan"}, False),            # "nan" is not Java's NaN: conversion fails
     ("a > 1.5", {"a": "Infinity"}, True),
+    ("1.5 < a", {"a": "NaN"}, True),
+    ("a >= 1.5", {"a": "NaN"}, True),
+    ("a <= 1.5", {"a": "NaN"}, False),
+    ("a = 8.0", {"a": "0x1p3"}, True),           # Java's hexadecimal floating literal
+    ("a = 1.5", {"a": "1.5f"}, True),
+    ("a = 1.5", {"a": "1_5"}, False),
     ("a > 1.5", {"a": "inf"}, False),
     # booleans: Boolean.valueOf ("true" in any case; anything else is false, never a failure)
     ("a = TRUE", {"a": "true"}, True),
@@ -337,6 +343,7 @@ def test_api_helpers():
     assert isinstance(g, Sql92Filter) and g == f and hash(g) == hash(f)
     assert g.matches(maps[0]) and not g.matches(maps[1])
     assert localmq.compile_sql92 is compile_sql92
+    assert compile_sql92("a > 5 AND b = 'x'") is f  # compiled once
 
 
 def test_matches_with_message_properties():
