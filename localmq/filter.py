@@ -61,6 +61,12 @@ _LINE_COMMENT_RE = re.compile(r"--[^\n\r]*(?:\r\n|\n|\r|\Z)")
 _BLOCK_COMMENT_RE = re.compile(r"/\*.*?\*/", re.S)
 _OPERATORS = ("<>", ">=", "<=", "=", ">", "<", "(", ")", ",", "+", "-")
 
+# Nesting allowed: parentheses, NOT and signs within one another (a bound on the parser's recursion and on the
+# indentation of the generated function, where Python allows 100 levels), and the depth of the tree, which chains of
+# comparisons ("a = 1 = TRUE = ...") also grow (a bound on the code generator's recursion). Chains of AND / OR are
+# one node each: they do not nest.
+_MAX_NESTING = 64
+_MAX_TREE_DEPTH = 256
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _DOUBLE_MIN_POSITIVE = 5e-324
@@ -135,7 +141,7 @@ def _tokenize(expression: str) -> List[_Token]:
 # node that is always null.
 
 class _Node:
-    __slots__ = ("op", "pos", "args", "value", "jtype", "const", "boolean", "prop")
+    __slots__ = ("op", "pos", "args", "value", "jtype", "const", "boolean", "prop", "depth")
 
     def __init__(self, op: str, pos: int, args: Sequence[_Node] = (), value: Any = None, jtype: str = "bool",
                  const: bool = False, boolean: bool = True, prop: bool = False) -> None:
@@ -147,6 +153,7 @@ class _Node:
         self.const = const
         self.boolean = boolean
         self.prop = prop
+        self.depth: int = 1 + max((a.depth for a in self.args), default=0)
 
 
 def _literal(pos: int, value: Any, jtype: str) -> _Node:
@@ -169,6 +176,7 @@ class _Parser:
         self.expression = expression
         self.tokens = _tokenize(expression)
         self.i = 0
+        self.level = 0
 
     # token helpers
     def peek(self, ahead: int = 0) -> _Token:
@@ -216,29 +224,47 @@ class _Parser:
                              f"{_describe(right, self.expression)}", right.pos)
 
     # grammar
+    def nest(self, pos: int) -> None:
+        self.level += 1
+        if self.level > _MAX_NESTING:
+            raise self.error(f"expression nested too deeply (more than {_MAX_NESTING} parentheses, NOT or signs "
+                             f"within one another)", pos)
+
     def parse(self) -> _Node:
         node = self.or_expr()
         # RocketMQ's parser stops after the first complete expression and ignores the rest ("a = 'x' b = 'y'" is
         # "a = 'x'" there); text after the expression is refused here, as it is almost always a mistake
         if self.peek().kind != "EOF":
             raise self.unexpected("AND, OR or the end of the expression")
-        return self.as_boolean(node)
+        node = self.as_boolean(node)
+        deep = node
+        while deep.depth > _MAX_TREE_DEPTH:  # chains of comparisons nest without recursing in the parser
+            deep = max(deep.args, key=lambda a: a.depth)
+        if deep is not node:
+            raise self.error(f"expression nested too deeply (more than {_MAX_TREE_DEPTH} levels of operators)",
+                             deep.pos)
+        return node
 
     def or_expr(self) -> _Node:
-        left = self.and_expr()
-        while self.peek().kind == "OR":
-            self.take()
-            right = self.and_expr()
-            left = _Node("or", left.pos, (self.as_boolean(left), self.as_boolean(right)))
-        return left
+        return self.chain("OR", self.and_expr)
 
     def and_expr(self) -> _Node:
-        left = self.equality()
-        while self.peek().kind == "AND":
+        return self.chain("AND", self.equality)
+
+    def chain(self, word: str, operand: Callable[[], _Node]) -> _Node:
+        # "x AND y AND z" is RocketMQ's ((x AND y) AND z); one n-ary node evaluates the same (left to right, up to
+        # the first FALSE) without nesting
+        first = operand()
+        if self.peek().kind != word:
+            return first
+        args = [first]
+        while self.peek().kind == word:
             self.take()
-            right = self.equality()
-            left = _Node("and", left.pos, (self.as_boolean(left), self.as_boolean(right)))
-        return left
+            right = operand()
+            if len(args) == 1:
+                args[0] = self.as_boolean(first)
+            args.append(self.as_boolean(right))
+        return _Node(word.lower(), first.pos, args)
 
     def equality(self) -> _Node:
         left = self.comparison()
@@ -335,6 +361,15 @@ class _Parser:
 
     def unary(self) -> _Node:
         t = self.peek()
+        if t.kind in ("+", "-", "NOT"):
+            self.nest(t.pos)
+            try:
+                return self.signed_or_not(t)
+            finally:
+                self.level -= 1
+        return self.primary()
+
+    def signed_or_not(self, t: _Token) -> _Node:
         if t.kind == "+":
             self.take()
             return self.unary()
@@ -346,18 +381,18 @@ class _Parser:
                 return _Node("const", t.pos, value=-child.value, jtype=child.jtype, const=False, boolean=False)
             # negating anything but a number gives null (after evaluating it, which may fail)
             return _Node("negate", t.pos, (child,), jtype="null", boolean=False)
-        if t.kind == "NOT":
-            self.take()
-            child = self.unary()
-            return _Node("not", t.pos, (self.as_boolean(child),))
-        return self.primary()
+        self.take()  # NOT
+        child = self.unary()
+        return _Node("not", t.pos, (self.as_boolean(child),))
 
     def primary(self) -> _Node:
         t = self.peek()
         k = t.kind
         if k == "(":
             self.take()
+            self.nest(t.pos)
             node = self.or_expr()
+            self.level -= 1
             self.expect(")", "')'")
             return node
         if k == "ID":
@@ -526,18 +561,17 @@ class _Codegen:
             return "None"
         r = self.var()
         if op == "and" or op == "or":
-            stop = "False" if op == "and" else "True"
+            # stop at the first FALSE (AND) / TRUE (OR); else null when an operand was null
+            stop, other = ("False", "True") if op == "and" else ("True", "False")
             a = self.value(node.args[0], depth)
-            self.emit(depth, f"if {a} is {stop}:")
-            self.emit(depth + 1, f"{r} = {stop}")
-            self.emit(depth, "else:")
-            b = self.value(node.args[1], depth + 1)
-            self.emit(depth + 1, f"if {b} is {stop}:")
-            self.emit(depth + 2, f"{r} = {stop}")
-            self.emit(depth + 1, f"elif {a} is None or {b} is None:")
-            self.emit(depth + 2, f"{r} = None")
-            self.emit(depth + 1, "else:")
-            self.emit(depth + 2, f"{r} = {'True' if op == 'and' else 'False'}")
+            self.emit(depth, f"{r} = {stop} if {a} is {stop} else None if {a} is None else {other}")
+            for arg in node.args[1:]:
+                self.emit(depth, f"if {r} is not {stop}:")
+                b = self.value(arg, depth + 1)
+                self.emit(depth + 1, f"if {b} is {stop}:")
+                self.emit(depth + 2, f"{r} = {stop}")
+                self.emit(depth + 1, f"elif {b} is None:")
+                self.emit(depth + 2, f"{r} = None")
         elif op == "not":
             a = self.value(node.args[0], depth)
             self.emit(depth, f"{r} = None if {a} is None else not {a}")

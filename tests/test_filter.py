@@ -365,3 +365,25 @@ def test_tag_names(tags, expected):
     assert tag_names(tags) == expected
     from localmq.queues.base import tag_names as from_base
     assert from_base is tag_names
+
+
+def test_long_chains_and_deep_nesting():
+    # AND / OR chains are flat: thousands of terms compile and evaluate left to right
+    f = compile_sql92(" AND ".join(f"a{i} = '{i}'" for i in range(3000)))
+    assert f.matches({f"a{i}": str(i) for i in range(3000)})
+    assert not f.matches({f"a{i}": str(i) for i in range(2999)})
+    assert compile_sql92(" OR ".join(["a > 5"] * 2999 + ["b = 'x'"])).matches({"a": "x", "b": "x"}) is False
+    assert compile_sql92(" OR ".join(["a > 5"] * 2999 + ["b = 'x'"])).matches({"b": "x"})
+    # 64 parentheses (or NOT, or signs) within one another are accepted; more are refused, never a RecursionError
+    assert compile_sql92("(" * 64 + "a = 1" + ")" * 64).matches({"a": "1"})
+    nested = "a = 1"
+    for _ in range(64):
+        nested = f"a = 1 AND ({nested})"
+    assert compile_sql92(nested).matches({"a": "1"})
+    assert compile_sql92("NOT " * 63 + "(a = 1)").matches({"a": "2"})
+    assert compile_sql92("- " * 64 + "1 = a").matches({"a": "1"})
+    for text, position in [("(" * 65 + "a = 1" + ")" * 65, 64), ("(" * 5000, 64), ("NOT " * 65 + "a", 256),
+                           ("a = 1" + " = TRUE" * 300, 0)]:
+        with pytest.raises(FilterSyntaxError, match="nested too deeply") as e:
+            compile_sql92(text)
+        assert e.value.position == position
