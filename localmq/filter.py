@@ -160,7 +160,8 @@ def _literal(pos: int, value: Any, jtype: str) -> _Node:
     return _Node("const", pos, value=value, jtype=jtype, const=True, boolean=jtype in ("bool", "null"))
 
 
-def _describe(node: _Node, expression: str) -> str:
+def _describe(node: _Node) -> str:
+    """How an error message names ``node``."""
     if node.op == "prop":
         return f"property {node.value}"
     if node.const:
@@ -207,12 +208,12 @@ class _Parser:
             return node
         if node.prop:
             return _Node("boolcast", node.pos, (node,))
-        raise self.error(f"{_describe(node, self.expression)} is not a condition (a comparison, AND/OR/NOT, IN, "
+        raise self.error(f"{_describe(node)} is not a condition (a comparison, AND/OR/NOT, IN, "
                          f"TRUE, FALSE or a property)", node.pos)
 
-    def check_ordered(self, node: _Node, op_pos: int) -> None:
+    def check_ordered(self, node: _Node) -> None:
         if (node.const and node.jtype not in ("int", "long", "double")) or node.boolean:
-            raise self.error(f"{_describe(node, self.expression)} cannot be compared with < <= > >= "
+            raise self.error(f"{_describe(node)} cannot be compared with < <= > >= "
                              f"(only numbers and properties can)", node.pos)
 
     def check_equal(self, left: _Node, right: _Node) -> None:
@@ -220,8 +221,8 @@ class _Parser:
             if n.const and n.value is None:
                 raise self.error("NULL cannot be compared with = or <> (use IS NULL / IS NOT NULL)", n.pos)
         if left.const and right.const and left.boolean and not right.boolean:
-            raise self.error(f"{_describe(left, self.expression)} cannot be compared with "
-                             f"{_describe(right, self.expression)}", right.pos)
+            raise self.error(f"{_describe(left)} cannot be compared with "
+                             f"{_describe(right)}", right.pos)
 
     # grammar
     def nest(self, pos: int) -> None:
@@ -306,8 +307,8 @@ class _Parser:
             if k in (">", ">=", "<", "<="):
                 self.take()
                 right = self.unary()
-                self.check_ordered(left, t.pos)
-                self.check_ordered(right, t.pos)
+                self.check_ordered(left)
+                self.check_ordered(right)
                 left = _Node(k, left.pos, (left, right))
             elif k == "BETWEEN":
                 self.take()
@@ -324,7 +325,7 @@ class _Parser:
                     items.append(self.expect("STRING", "a string literal").value)
                 self.expect(")", "',' or ')'")
                 if not left.prop:
-                    raise self.error(f"IN needs a property on its left, not {_describe(left, self.expression)}",
+                    raise self.error(f"IN needs a property on its left, not {_describe(left)}",
                                      left.pos)
                 left = _Node("in", left.pos, (left,), value=(frozenset(items), negated))
             elif k in ("CONTAINS", "STARTSWITH", "ENDSWITH"):
@@ -355,8 +356,8 @@ class _Parser:
         return _Node("and", value.pos, (ge, le))
 
     def ordered(self, op: str, left: _Node, right: _Node) -> _Node:
-        self.check_ordered(left, left.pos)
-        self.check_ordered(right, right.pos)
+        self.check_ordered(left)
+        self.check_ordered(right)
         return _Node(op, left.pos, (left, right))
 
     def unary(self) -> _Node:
