@@ -34,6 +34,11 @@ MATCHES = [
     ("a = 10", {"a": " 10"}, False),
     ("a = 10", {"a": "1_0"}, False),
     ("a = 10", {"a": "ten"}, False),
+    ("a = 10", {"a": "0xA"}, False),
+    ("a = 10", {"a": ""}, False),
+    ("a = 10", {"a": "-"}, False),
+    ("a = 3", {"a": "\u0663"}, True),             # Integer.valueOf reads any Unicode decimal digit ...
+    ("a = 3.0", {"a": "\u0663"}, False),           # ... Double.valueOf only ASCII ones
     ("a <> 10", {"a": "ten"}, False),
     ("a <> 10", {"a": "11"}, True),
     ("a = -10", {"a": "-10"}, True),
