@@ -14,6 +14,15 @@ answers False).
 
 An expression is compiled into one Python function (its literals and property names are passed in as values, never
 written into the generated source), so ``matches`` costs one call and a few dictionary lookups.
+
+For a consumer (the API is stable): compile when subscribing, so that a bad expression fails there with
+FilterSyntaxError, then keep the messages whose properties match, as a broker does after the ConsumeQueue step::
+
+    flt = compile_sql92(expression)            # FilterSyntaxError (a ValueError) with .position
+    kept = [m for m in batch if flt.matches(m.properties)]
+
+``matches`` takes any ``Mapping[str, str]`` (values are strings, as message properties are), never raises for a
+value, and is safe to call from many threads; a Sql92Filter pickles as its expression text.
 """
 from __future__ import annotations
 
