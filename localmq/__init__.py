@@ -15,7 +15,7 @@ from localmq.status import LocalTransactionState, TransactionSendResult
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
     AckError, ArgumentOverflowError, ArgumentRangeError, ArgumentTypeError, ConfigError, CorruptFrameError,
-    CorruptMessageError, CorruptStoreError, DelayNotSupportedError, InvalidDelayError,
+    CorruptMessageError, CorruptStoreError, DelayNotSupportedError, FilterSyntaxError, InvalidDelayError,
     DamagedLogError, DispatchError, ForkedStoreError, IndexDisabledError, InvalidMessageIdError,
     PositionOutOfRangeError,
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
@@ -24,6 +24,7 @@ from localmq.errors import (
     UnsupportedFilesystemError,
 )
 from localmq.errors import InvalidTransactionError, TransactionNotSupportedError
+from localmq.filter import compile_sql92, Sql92Filter
 from localmq.store.checkpoint import StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import read_config_json, write_config_json
 from localmq.store.readers import read_commitlog, read_consume_queue, read_consume_queue_ext
@@ -101,4 +102,5 @@ __all__ = [
     "ConsumeStatus", "AckError",
     "TransactionProducer", "LocalTransactionState", "TransactionSendResult", "TransactionNotSupportedError",
     "InvalidTransactionError",
+    "compile_sql92", "Sql92Filter", "FilterSyntaxError",
 ]

@@ -132,6 +132,26 @@ class ConfigError(LocalMQError, ValueError):
     """An invalid configuration value."""
 
 
+class FilterSyntaxError(LocalMQError, ValueError):
+    """A filter expression that does not compile (``localmq.filter.compile_sql92``): a syntax error, or what RocketMQ
+    refuses when it compiles one (BETWEEN bounds out of order, IN without a property on its left, ``= NULL``...).
+
+    ``expression`` is the text, ``position`` the 0-based index of the offending character (``len(expression)`` for
+    an unexpected end), ``reason`` the message without the excerpt. ``str(error)`` shows the expression with a caret
+    under the position.
+    """
+
+    def __init__(self, reason: str, expression: str = "", position: int = 0) -> None:
+        self.reason = reason
+        self.expression = expression
+        self.position = position
+        line_start = expression.rfind("\n", 0, position) + 1
+        line_end = expression.find("\n", position)
+        line = expression[line_start:] if line_end < 0 else expression[line_start:line_end]
+        caret = " " * (position - line_start) + "^"
+        super().__init__(f"{reason} at position {position}\n    {line}\n    {caret}")
+
+
 class InvalidDelayError(LocalMQError, ValueError):
     """A delay level below 1 or not an int, a negative delay, a delay longer than the largest level, or both
     ``delay`` and ``delay_level`` given."""
@@ -320,4 +340,5 @@ __all__ = [
     "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError", "TopicTableFullError",
     "ReadOnlyStoreError", "UnsupportedFilesystemError", "InvalidDelayError", "DelayNotSupportedError",
     "TransactionNotSupportedError", "InvalidTransactionError", "AckError",
+    "FilterSyntaxError",
 ]

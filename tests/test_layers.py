@@ -10,7 +10,8 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 # Layers from the bottom up (ARCHITECTURE.md). A module may import its own layer and any layer below it.
 LAYERS = [
-    ("bottom", ("localmq.status", "localmq.errors", "localmq.layout", "localmq.config", "localmq.interface")),
+    ("bottom", ("localmq.status", "localmq.errors", "localmq.layout", "localmq.config", "localmq.interface",
+                "localmq.filter")),
     ("native", ("localmq._",)),
     ("store", ("localmq.store",)),
     ("services", ("localmq.services",)),

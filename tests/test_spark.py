@@ -275,3 +275,14 @@ def test_filter_pushdown_prunes_and_stays_exact(spark, store):
         spark.conf.unset("spark.sql.python.filterPushdown.enabled")
     assert got == want
     assert scanned == len(want)  # the scan produced only the rows of the pruned ranges, not all N
+
+
+def test_tags_and_sql_options(spark, store):
+    """Issue 15: ``tags`` and ``sql`` keep the rows a consumer subscribed with them would get, in both
+    partitionings (queue: units dropped by tag hash code before decoding)."""
+    path, sent = store
+    want = sorted(i for _, _, _, i, _ in sent if i % 5 in (1, 4) and 1000 <= i < 2000)
+    for mode in ("segment", "queue"):
+        df = load(spark, path, partitioning=mode, tags="t1 || t4", sql="n >= 1000 AND n < 2000")
+        got = sorted(int(r[0]) for r in df.select(F.col("properties")["n"]).collect())
+        assert got == want

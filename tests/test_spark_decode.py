@@ -824,3 +824,55 @@ def test_misspelled_option_is_an_error_naming_the_right_one(written):
         plan(path, startingOffset="earliest", **OPTS)
     with pytest.raises(ConfigError, match="'checkcr'.*checkCRC"):
         list(arrow_batches(path, checkcr="true", **OPTS))
+
+
+def _ns(t):
+    """The ``n`` property of each row, as ints, sorted."""
+    return sorted(int(dict(p)["n"]) for p in t.column("properties").to_pylist())
+
+
+@pytest.mark.parametrize("mode", ["segment", "queue"])
+def test_tags_and_sql_options_keep_the_rows_a_subscription_would(written, mode):
+    """Issue 15: ``tags`` ("a || b", as a consumer's subscription) and ``sql`` (RocketMQ's SQL92 on the
+    properties) keep rows exactly; queue partitioning drops units by tag hash code before decoding."""
+    path, _ = written
+    cols = "topic,partition,offset,tags,properties"
+    t = table(path, partitioning=mode, tags=" t1 || t3 ", columns=cols)
+    assert _ns(t) == [i for i in range(1200) if i % 2 and i % 5 in (1, 3)]
+    assert set(t.column("tags").to_pylist()) == {"t1", "t3"}
+    assert _ns(table(path, partitioning=mode, tags="*", columns=cols)) == list(range(1200))
+    t = table(path, partitioning=mode, sql="n BETWEEN 100 AND 199 AND TAGS IS NOT NULL", columns=cols)
+    assert _ns(t) == [i for i in range(100, 200) if i % 2]
+    t = table(path, partitioning=mode, tags="t2", sql="n >= 600 OR KEYS = 'k8 x'", topics="orders",
+              columns="value,properties")
+    assert _ns(t) == [i for i in range(1200) if i % 3 == 0 and i % 2 and i % 5 == 2 and i >= 600]
+    assert len(table(path, partitioning=mode, tags="t9")) == 0
+
+
+def test_queue_partitions_prefilter_units_by_tag_hash_then_check_the_tag(tmp_path):
+    """"Aa" and "BB" share a Java hashCode: the ConsumeQueue step keeps both, the exact check only "Aa"."""
+    path = tmp_path / "store"
+    with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
+        assert localmq.java_hash("Aa") == localmq.java_hash("BB")
+        for i in range(60):
+            st.put("t", b"%d" % i, queue_id=0, tags=("Aa", "BB", "Cc")[i % 3], properties={"n": str(i)})
+        st.wait_for_dispatch()
+    (part,) = plan(str(path), partitioning="queue", minPartitions=1, tags="Aa", **OPTS).partitions
+    assert isinstance(part, planmod.QueueRange) and part.tag_names == frozenset({"Aa"})
+    qoffs, _, _ = decode._queue_units(part)
+    assert qoffs.tolist() == [i for i in range(60) if i % 3 != 2]   # "Cc" never decoded
+    for mode in ("queue", "segment"):
+        t = table(str(path), partitioning=mode, tags="Aa")
+        assert t.column("offset").to_pylist() == list(range(0, 60, 3))
+        assert set(t.column("tags").to_pylist()) == {"Aa"}
+
+
+def test_filter_options_are_checked(written):
+    path, _ = written
+    with pytest.raises(ConfigError, match="option sql: .*out of order.*position 10") as e:
+        plan(path, sql="n BETWEEN 5 AND 1", **OPTS)
+    assert isinstance(e.value.__cause__, localmq.FilterSyntaxError) and e.value.__cause__.position == 10
+    with pytest.raises(ConfigError, match="option sql: unexpected end"):
+        plan(path, sql="n >", **OPTS)
+    with pytest.raises(ConfigError, match="'tag'.*did you mean 'tags'"):
+        plan(path, tag="a", **OPTS)

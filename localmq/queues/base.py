@@ -16,6 +16,7 @@ from localmq.client.state import ClientState
 from localmq.client.transaction import TransactionProducer
 from localmq.config import check_queue_id
 from localmq.errors import ForkedStoreError, InvalidPropertyError, StoreClosedError
+from localmq.filter import tag_names  # re-exported: the queues import it from here
 from localmq.interface import MessageStore
 
 log = logging.getLogger("localmq.queues")
@@ -86,23 +87,6 @@ def build_properties(tags: Optional[str], keys: Any, properties: Optional[Dict[s
     if d:
         properties_to_bytes(d)  # raises on separators, empty values, more than 32767 bytes
     return d
-
-
-_TAG_CACHE: Dict[str, Optional[frozenset]] = {}
-
-
-def tag_names(tags: Optional[str]) -> Optional[frozenset]:
-    """None for "every tag" (None, "*", or an expression naming "*"), else the set of tags of "a || b"."""
-    if tags is None:
-        return None
-    f = _TAG_CACHE.get(tags, False)
-    if f is False:
-        names = [t.strip() for t in tags.split("||")]
-        names = [t for t in names if t]
-        f = None if not names or "*" in names else frozenset(names)
-        if len(_TAG_CACHE) < 1024:
-            _TAG_CACHE[tags] = f
-    return f
 
 
 class QueueClientsMixin:

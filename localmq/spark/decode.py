@@ -7,9 +7,10 @@ import os
 import numpy as np
 
 from localmq import _columns
-from localmq._record import scan_record
+from localmq._record import java_hash, scan_record
 from localmq.errors import CorruptFrameError, CorruptStoreError
-from localmq.layout import file_name
+from localmq.filter import compile_sql92
+from localmq.layout import CQ_EXT_ADDRESS_MAX, file_name
 from localmq.spark.plan import OffsetRangeError, QueueRange, SegmentRange, SegmentRanges, dispatched
 from localmq.store.files import ConsumeQueueFiles, map_segment, points_at_records
 
@@ -169,6 +170,46 @@ def _segment_rows(cols, part):
     return np.flatnonzero(keep)
 
 
+def _filtered(part):
+    """Whether ``part`` keeps rows by their content (a tags or SQL92 filter): those need the properties decoded."""
+    return part.tag_names is not None or part.sql is not None
+
+
+def _content_rows(cols, part, rows):
+    """``rows`` (indices, or None for all) narrowed to those ``part``'s tags and SQL92 filters keep.
+
+    Tags: the TAGS value must be one of the names exactly (bytes compared; no TAGS, no match), as a consumer's
+    second check. SQL92: the compiled expression on each row's properties (RocketMQ's evaluation, see
+    localmq.filter).
+    """
+    if not _filtered(part):
+        return rows
+    idx = np.arange(cols.count, dtype=np.int64) if rows is None else rows
+    if not len(idx):
+        return idx
+    if part.tag_names is not None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        valid, nulls, offs, data = _columns.gather_property(cols, "TAGS", idx)
+        tags = _binary(pa.binary(), len(idx), offs, data, valid, nulls)
+        wanted = pa.array(sorted(t.encode("utf-8", "surrogatepass") for t in part.tag_names), pa.binary())
+        idx = idx[pc.fill_null(pc.is_in(tags, value_set=wanted), False).to_numpy(zero_copy_only=False)]
+    if part.sql is not None and len(idx):
+        matches = compile_sql92(part.sql).matches
+        props = cols.properties
+        idx = idx[np.fromiter((matches(props(i)) for i in idx.tolist()), bool, len(idx))]
+    return idx
+
+
+def _tag_units(part, tags_codes):
+    """A bool mask of the units whose tags code may be one of ``part``'s tags (the ConsumeQueue step of a tag
+    subscription): the int32 hash code matches, or the unit holds no tags code (a ConsumeQueueExt address)."""
+    codes = np.array(sorted({java_hash(t) for t in part.tag_names}), np.int32)
+    tags_codes = tags_codes.astype(np.int64)
+    return (tags_codes <= CQ_EXT_ADDRESS_MAX) | np.isin(tags_codes.astype(np.int32), codes)
+
+
 def _range_done(part, reason, nxt):
     """Whether a walk of ``part`` that stopped at ``nxt`` for ``reason`` read it all; raises for damage in it."""
     if reason == "blank" or (reason == "end" and nxt >= part.end):
@@ -209,7 +250,7 @@ def _scan_fields(columns, *always):
 def _scan_setup(part, columns):
     """(codec fields, RowFilter) for scanning ``part`` in one pass, or None when only the general path can."""
     fields = _scan_fields(columns)
-    if fields is None:
+    if fields is None or _filtered(part):
         return None
     topics = bounds = None
     if part.topics is not None:
@@ -281,7 +322,7 @@ def _read_segment(part, columns, schema, batch_size):
             cols = _columns.RecordColumns(batch_size)
             n, nxt, reason = _columns.decode_range(mf, cols, pos, part.end, part.base, part.check_crc)
             if n:
-                rows = _segment_rows(cols, part)
+                rows = _content_rows(cols, part, _segment_rows(cols, part))
                 if rows is None or len(rows):
                     yield record_batch(cols, rows, columns, schema)
             if _range_done(part, reason, nxt):
@@ -302,9 +343,10 @@ def _queue_units(part):
         if len(units) < stop - i or not points_at_records(units):
             raise CorruptStoreError(f"consume queue {part.cq_path}: units {i}..{stop} planned to be read are "
                                     f"missing or invalid")
-        offs.append(np.arange(i, stop, dtype=np.int64))
-        phys.append(units["offset"].astype(np.int64))
-        sizes.append(units["size"].astype(np.int32))
+        keep = None if part.tag_names is None else _tag_units(part, units["tags_code"])
+        offs.append(np.arange(i, stop, dtype=np.int64) if keep is None else np.flatnonzero(keep) + i)
+        phys.append(units["offset"].astype(np.int64) if keep is None else units["offset"][keep].astype(np.int64))
+        sizes.append(units["size"].astype(np.int32) if keep is None else units["size"][keep].astype(np.int32))
     if not offs:
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32)
     return np.concatenate(offs), np.concatenate(phys), np.concatenate(sizes)
@@ -324,6 +366,8 @@ def _read_queue(part, columns, schema, batch_size):
         return
     # one walk per batch when the columns allow; queue id and offset are read to check records against units
     fields, hint = _scan_fields(columns, "queue_id", "queue_offset"), 0
+    if _filtered(part):
+        fields = None  # the exact tag and SQL92 checks read the properties: the general decode
     seg = part.segment_size
     seg_base = (phys // seg) * seg
     # runs of units in one segment (a queue's units grow with the log, so a run is one stretch of it)
@@ -376,7 +420,9 @@ def _read_queue(part, columns, schema, batch_size):
                         hint = len(out["body"][1]) * batch_size // n + 4096
                     yield _scan_batch(n, out, columns, schema)
                 else:
-                    yield record_batch(cols, None, columns, schema)
+                    rows = _content_rows(cols, part, None)
+                    if rows is None or len(rows):
+                        yield record_batch(cols, rows, columns, schema)
                 i = stop
         finally:
             mf.close()

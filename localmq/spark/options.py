@@ -5,7 +5,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from localmq.errors import ConfigError, NotAStoreError
+from localmq.errors import ConfigError, FilterSyntaxError, NotAStoreError
+from localmq.filter import compile_sql92, tag_names
 from localmq.store.files import DEFAULT_SEGMENT_SIZE
 
 __all__ = ["ReadOptions", "DEFAULT_SEGMENT", "EARLIEST", "LATEST"]
@@ -80,6 +81,9 @@ class ReadOptions:
     offset_lo: int = 0
     offset_hi: int = None
     pushed: bool = False                    # filters narrowed the topics or queues read
+    # message filters, as a consumer's subscription: tags "a || b" (None: every tag), a SQL92 expression
+    tag_names: frozenset = None
+    sql: str = None
 
     @classmethod
     def parse(cls, options, *, streaming=False):
@@ -142,6 +146,20 @@ class ReadOptions:
         if "includeundispatched" in opts:
             value = str(opts["includeundispatched"]).strip().lower()
             out.include_undispatched = "auto" if value == "auto" else _bool(value, "includeUndispatched")
+        if "tags" in opts:
+            text = opts["tags"]
+            if not isinstance(text, str):
+                raise ConfigError(f"option tags must be a tag expression like 'a || b', not {text!r}")
+            out.tag_names = tag_names(text)
+        if "sql" in opts:
+            text = opts["sql"]
+            if not isinstance(text, str):
+                raise ConfigError(f"option sql must be a SQL92 filter expression, not {text!r}")
+            try:
+                compile_sql92(text)
+            except FilterSyntaxError as e:
+                raise ConfigError(f"option sql: {e}") from e
+            out.sql = text
         return out
 
     @property
@@ -155,7 +173,7 @@ OPTION_NAMES = {
     n.lower(): n for n in (
         "path", "topics", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
         "maxOffsetsPerTrigger", "failOnDataLoss", "mapped_file_size_commit_log", "batchSize", "minPartitions",
-        "partitioning", "pushFilters", "checkCRC", "includeUndispatched",
+        "partitioning", "pushFilters", "checkCRC", "includeUndispatched", "tags", "sql",
         "subscribe", "subscribePattern", "assign",  # Kafka's: refused with a pointer to 'topics'
     )
 }

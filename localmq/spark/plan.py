@@ -51,6 +51,8 @@ class SegmentRange:
     min_ts: int = None
     max_ts: int = None
     check_crc: bool = True
+    tag_names: frozenset = None     # rows whose TAGS is one of these (None: every row)
+    sql: str = None                 # rows whose properties match this SQL92 expression (None: every row)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class QueueRange:
     end: int
     fail_on_data_loss: bool = True
     check_crc: bool = True
+    tag_names: frozenset = None     # units whose tags code is one of these tags' hash codes, then rows by TAGS
+    sql: str = None                 # rows whose properties match this SQL92 expression
 
 
 @dataclass
@@ -336,7 +340,7 @@ def queue_partitions(store, state, offsets, opts, parts_wanted):
         while s < e:
             stop = min(e, s + per)
             out.append(QueueRange(cq.topic, cq.queue_id, cq.path, store.commitlog, store.segment_size, s, stop,
-                                  opts.fail_on_data_loss, opts.check_crc))
+                                  opts.fail_on_data_loss, opts.check_crc, opts.tag_names, opts.sql))
             s = stop
     return out
 
@@ -382,7 +386,8 @@ def segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues=(), b
             groups[bisect.bisect_right(cuts, a)].append(
                 SegmentRange(fpath, base, store.segment_size, a - base, b - base, topics, bounds,
                              opts.starting_timestamp if with_ts else None,
-                             opts.ending_timestamp if with_ts else None, opts.check_crc))
+                             opts.ending_timestamp if with_ts else None, opts.check_crc, opts.tag_names,
+                             opts.sql))
     return [g[0] if len(g) == 1 else SegmentRanges(tuple(g)) for g in groups if g]
 
 

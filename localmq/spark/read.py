@@ -52,7 +52,8 @@ def read_commitlog(spark, path, **options):
 
     :param options: the ``localmq`` data source options as keywords (``topics``, ``startingOffsets``,
         ``endingOffsets``, ``startingTimestamp``, ``endingTimestamp``, ``failOnDataLoss``,
-        ``mapped_file_size_commit_log``, ``batchSize``, ``minPartitions``, ``partitioning``, ``checkCRC``) and
+        ``mapped_file_size_commit_log``, ``batchSize``, ``minPartitions``, ``partitioning``, ``checkCRC``, ``tags``,
+        ``sql``) and
         ``columns``: the subset of columns to decode.
     :raises NotAStoreError, CorruptStoreError, CorruptFrameError, OffsetRangeError, ConfigError: while planning.
     """

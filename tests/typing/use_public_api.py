@@ -5,7 +5,7 @@ so a public name that silently degrades to ``Any`` fails the check.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from typing_extensions import assert_type
 
@@ -109,3 +109,17 @@ def use_acks(path: str) -> None:
         dead = st.dead_letters("group")
         assert_type(dead, List[Message])
         assert_type(st.redrive_dead_letters("group"), int)
+
+
+def use_filter(properties: Dict[str, str]) -> None:
+    from localmq.filter import compile_sql92, FilterSyntaxError, Sql92Filter
+
+    f = compile_sql92("a > 5 AND b = 'x'")
+    assert_type(f, Sql92Filter)
+    assert_type(f.matches(properties), bool)
+    assert_type(f.expression, str)
+    assert_type(f.select([properties]), List[Mapping[str, str]])
+    try:
+        compile_sql92("a >")
+    except FilterSyntaxError as e:
+        assert_type(e.position, int)
