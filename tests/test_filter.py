@@ -392,3 +392,23 @@ def test_long_chains_and_deep_nesting():
         with pytest.raises(FilterSyntaxError, match="nested too deeply") as e:
             compile_sql92(text)
         assert e.value.position == position
+
+
+def test_a_consumer_selects_messages_by_sql92(tmp_path):
+    with localmq.open(tmp_path, mapped_file_size_commit_log=1 << 20) as st:
+        p = st.create_producer(queue_id=0)
+        for i in range(10):
+            p.send("orders", b"%d" % i, properties={"price": str(i * 10), "region": "eu" if i % 2 else "us"})
+        with pytest.raises(FilterSyntaxError):
+            st.create_consumer("g", "orders", sql="price >")
+        with st.create_consumer("g", "orders", sql="price >= 40 AND region = 'eu'", manual_ack=True) as c:
+            got = []
+            while len(got) < 3:
+                batch = c.poll_batch(10, timeout=5)
+                assert batch, got
+                got += batch
+            assert [m.body for m in got] == [b"5", b"7", b"9"]
+            for m in got:
+                m.ack()
+            c.commit()
+            assert c.committed("orders", 0) == 10 and c.filtered_out == 7

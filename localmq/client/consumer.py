@@ -15,6 +15,7 @@ from localmq.layout import SYSFLAG_COMPRESSED, TOPIC_RE
 from localmq.status import ConsumeStatus, GetStatus
 from localmq.config import check_topic
 from localmq.errors import AckError, CorruptMessageError, QueueReassignedError, StoreClosedError
+from localmq.filter import compile_sql92
 
 log = logging.getLogger("localmq.client.consumer")
 
@@ -88,6 +89,10 @@ class Consumer:
     consumer of the group takes them, and this one's next ``poll`` raises QueueReassignedError (once) and never
     hands out what it had prefetched from them. ``from_offset``: "earliest" (default) or "latest", where a queue
     the group never committed starts. ``tags``: "a || b" filters on the tag (hash first on the Local queue).
+    ``sql``: a RocketMQ SQL92 expression on the properties (``"price > 100 AND region IN ('eu', 'us')"``,
+    ``localmq.filter``), compiled at creation (FilterSyntaxError with the position); messages it does not select
+    are passed over (counted in ``filtered_out``) and the committed offset moves past them, as a broker's
+    filtered pull does.
     ``skip_corrupt`` (default True): a message the store reports corrupt (CorruptMessageError: a damaged unit or
     record, a body CRC mismatch) is skipped, logged and counted in ``skipped_corrupt`` (the errors in
     ``corrupt_errors``) instead of failing every poll; False raises it from ``poll``.
@@ -124,7 +129,7 @@ class Consumer:
                  consumer_retention_ms: int = 30_000, from_offset: str = "earliest", client_id: Optional[str] = None,
                  rebalance_interval_ms: int = 100, skip_corrupt: bool = True, manual_ack: bool = False,
                  max_reconsume_times: Optional[int] = None, max_unacked: int = 2000, orderly: bool = False,
-                 suspend_ms: int = 1000):
+                 suspend_ms: int = 1000, sql: Optional[str] = None):
         if not isinstance(group, str) or TOPIC_RE.match(group) is None:
             raise ValueError(f"invalid group name {group!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")
         topics = [topics] if isinstance(topics, str) else list(topics)
@@ -157,6 +162,10 @@ class Consumer:
         self.topics = tuple(dict.fromkeys(topics))
         self._topic_set = frozenset(self.topics)
         self.tags = tags if tags not in (None, "", "*") else None
+        # RocketMQ's MessageSelector.bySql: compiled once (FilterSyntaxError here, at creation)
+        self.sql = sql
+        self._sql_match = compile_sql92(sql).matches if sql is not None else None
+        self.filtered_out = 0
         self.broadcast = broadcast
         self.orderly = orderly
         self.manual_ack = manual_ack or orderly
@@ -586,7 +595,12 @@ class Consumer:
             if st is _FOUND:
                 if r.compressed:
                     self._inflate(r.messages)
-                cur.buffer.extend(r.messages)
+                msgs = r.messages
+                match = self._sql_match
+                if match is not None and not cur.retry:   # a retried message matched when first handed out
+                    msgs = [m for m in msgs if match(m.properties)]
+                    self.filtered_out += len(r.messages) - len(msgs)
+                cur.buffer.extend(msgs)
                 cur.fetch_offset = r.next_begin_offset
                 moved = True
             elif st in _SKIP_AHEAD:
