@@ -65,12 +65,15 @@ def broker_workload(st: Any, seed: int) -> list[dict[str, Any]]:
 
 def run_broker(cmd: list[str], tmp_path: Path, store: Path, out: Path) -> None:
     """Runs BrokerHarness to completion; the JVM is killed if it outlives the timeout or the test fails."""
-    home, log = tmp_path / "home", tmp_path / "broker.log"
+    home, log, jtmp = tmp_path / "home", tmp_path / "broker.log", tmp_path / "jtmp"
     home.mkdir()
+    jtmp.mkdir()
     with open(log, "wb") as f:
-        # user.home: whatever RocketMQ writes under ~ by default stays in tmp_path
-        proc = subprocess.Popen([cmd[0], f"-Duser.home={home}", *cmd[1:], str(store), str(tmp_path / "work"),
-                                 str(out), str(COUNT), str(PRODUCE), "29"], stdout=f, stderr=subprocess.STDOUT)
+        # user.home and java.io.tmpdir: what RocketMQ writes under ~ and its remoting's self-signed TLS certificate
+        # (keyutil_*.crt / .key, written to the temp directory by every broker start) stay in tmp_path
+        proc = subprocess.Popen([cmd[0], f"-Duser.home={home}", f"-Djava.io.tmpdir={jtmp}", *cmd[1:], str(store),
+                                 str(tmp_path / "work"), str(out), str(COUNT), str(PRODUCE), "29"],
+                                stdout=f, stderr=subprocess.STDOUT)
         try:
             rc = proc.wait(timeout=150)
         finally:
