@@ -1,5 +1,6 @@
 """Fuzz target: the embedded queue's frames (_frame.walk_frames, read_frames)."""
 import os
+import shutil
 import tempfile
 
 from common import Input, check, main
@@ -29,6 +30,7 @@ def seeds():
         data = bytes(memoryview(mf)[:end])
     finally:
         mf.close()
+        shutil.rmtree(d)
     return [b"\0\0\0" + data, b"\0\0\0" + data[:40]]
 
 
