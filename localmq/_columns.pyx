@@ -175,7 +175,7 @@ cdef inline void fill_row(RecordColumns cols, Py_ssize_t row, RecordView *v, con
     cols.c_flag[row] = v.flag
     cols.c_recon[row] = v.reconsume_times
     cols.c_crc[row] = v.body_crc
-    cols.c_tags[row] = tags_code_of(v)
+    cols.c_tags[row] = tags_code_of(v, NULL, 0)  # RocketMQ's default delay levels
     cols.c_bpos[row] = v.body - base
     cols.c_blen[row] = v.body_len
     cols.c_tpos[row] = v.topic - base

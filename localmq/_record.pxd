@@ -45,7 +45,8 @@ cdef uint32_t body_crc32(const uint8_t *p, int64_t n) noexcept nogil
 cdef int32_t java_hash_utf8(const uint8_t *s, int64_t n) noexcept nogil
 cdef bint find_property(const uint8_t *props, int32_t n, const char *key, int32_t keylen,
                         const uint8_t **val, int32_t *vlen) noexcept nogil
-cdef int64_t tags_code_of(const RecordView *v) noexcept nogil
+cdef int64_t tags_code_of(const RecordView *v, const int64_t *levels, int32_t n_levels) noexcept nogil
+cdef bint is_schedule_record(const RecordView *v) noexcept nogil
 cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t flag, int64_t queue_offset,
                        int64_t physical_offset, int32_t sys_flag, int64_t born_timestamp,
                        const uint8_t *born_host, int32_t born_host_len, int64_t store_timestamp,

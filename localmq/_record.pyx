@@ -215,12 +215,22 @@ cdef bint find_property(const uint8_t *props, int32_t n, const char *key, int32_
     return False
 
 
-cdef int64_t tags_code_of(const RecordView *v) noexcept nogil:
-    """The ConsumeQueue tagsCode of a record: hash of TAGS, or the delivery time for SCHEDULE_TOPIC_XXXX."""
+cdef bint is_schedule_record(const RecordView *v) noexcept nogil:
+    """Whether the record is in SCHEDULE_TOPIC_XXXX (its tagsCode is a delivery time, from the store's levels)."""
+    return v.topic_len == 19 and memcmp(v.topic, b"SCHEDULE_TOPIC_XXXX", 19) == 0
+
+
+cdef int64_t tags_code_of(const RecordView *v, const int64_t *levels, int32_t n_levels) noexcept nogil:
+    """The ConsumeQueue tagsCode of a record: hash of TAGS, or for SCHEDULE_TOPIC_XXXX the delivery time, store
+    time + the delay of its DELAY level in ``levels`` (``n_levels`` of them, ms; NULL: RocketMQ's default
+    table), the level clamped to the largest one as RocketMQ's store does."""
     cdef const uint8_t *val
     cdef int32_t vlen, i
     cdef int64_t level
-    if v.topic_len == 19 and memcmp(v.topic, b"SCHEDULE_TOPIC_XXXX", 19) == 0:
+    if levels == NULL or n_levels <= 0:
+        levels = DELAY_LEVELS_MS
+        n_levels = 18
+    if is_schedule_record(v):
         if find_property(v.props, v.props_len, "DELAY", 5, &val, &vlen):
             level = 0
             for i in range(vlen):
@@ -229,9 +239,9 @@ cdef int64_t tags_code_of(const RecordView *v) noexcept nogil:
                     break
                 level = level * 10 + (val[i] - 48)
             if level > 0:
-                if level > 18:
-                    level = 18
-                return v.store_timestamp + DELAY_LEVELS_MS[level - 1]
+                if level > n_levels:
+                    level = n_levels
+                return v.store_timestamp + levels[level - 1]
     if find_property(v.props, v.props_len, "TAGS", 4, &val, &vlen):
         return <int64_t>java_hash_utf8(val, vlen)
     return 0

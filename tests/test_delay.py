@@ -100,6 +100,22 @@ def test_schedule_topic_cq_tags_code_is_deliver_time_default_levels(tmp_path):
         s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
 
 
+def test_schedule_topic_cq_tags_code_follows_the_stores_own_levels(tmp_path):
+    # spec §3.3: tagsCode = store time + the delay of the level in the store's messageDelayLevel
+    with localmq.open(tmp_path, message_delay_level="2s 1h 3d", **SMALL) as st:
+        p = st.create_producer(queue_id=0)
+        for level in (1, 2, 3, 7):
+            p.send("t", b"%d" % level, delay_level=level)
+        got = {lv: _messages(st, "SCHEDULE_TOPIC_XXXX", lv - 1) for lv in (1, 2, 3)}
+        assert [len(v) for v in got.values()] == [1, 1, 2]   # level 7 clamped to 3
+        for lv, ms in ((1, 2000), (2, 3_600_000), (3, 3 * 86_400_000)):
+            cq = st.consume_queue("SCHEDULE_TOPIC_XXXX", lv - 1)
+            for i, m in enumerate(got[lv]):
+                assert cq.unit(i)[2] == m.store_timestamp + ms
+    with localmq.open(tmp_path, message_delay_level="2s 1h 3d", **SMALL) as st:   # the units pass the open's check
+        assert not st.recovery.cq_rebuilt and st.max_offset("SCHEDULE_TOPIC_XXXX", 2) == 2
+
+
 def test_levels_deliver_in_due_order(tmp_path):
     with _open(tmp_path) as st:
         p = st.create_producer(queue_id=0)

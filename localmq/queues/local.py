@@ -215,6 +215,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                                     store_host=c.store_host, born_host=c.born_host)
         self._reput = ReputCore(self._cl_mfq, self._cq_factory, report.reput_from,
                                 c.dispatch_idle_wait_us)
+        self._reput.set_delay_levels(self.delay_levels_ms())
         for cq in self._cqs.values():
             self._reput.register(cq)
         report.redispatched = self._reput.run_until_caught_up()

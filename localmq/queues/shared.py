@@ -227,6 +227,7 @@ class SharedMessageQueue(LocalMessageQueue):
                                     store_host=c.store_host, born_host=c.born_host)
         self.commit_log.attach_control(ctl, c.shared_lock_timeout)
         self._reput = ReputCore(self._cl_mfq, self._cq_factory, ctl.load(CTL_S_REPUT), c.dispatch_idle_wait_us)
+        self._reput.set_delay_levels(self.delay_levels_ms())
         self._shared_live = True
         self.recovery = RecoveryReport(mode="attached", end_offset=ctl.load(CTL_S_WPOS),
                                        reput_from=ctl.load(CTL_S_REPUT))

@@ -83,6 +83,8 @@ cdef class ReputCore:
     cdef object cq_factory                 # (topic, queue id) -> ConsumeQueue
     cdef RecordView pending
     cdef int pending_rc
+    cdef int64_t *levels                   # the store's delay levels in ms (SCHEDULE_TOPIC_XXXX tags codes); NULL:
+    cdef int32_t n_levels                  # RocketMQ's default table
     cdef readonly long long dispatched
     cdef readonly long long duplicates
     cdef readonly long long skipped_transactions
@@ -124,6 +126,20 @@ cdef class ReputCore:
 
     def __dealloc__(self):
         PyMem_Free(self.table)
+        PyMem_Free(self.levels)
+
+    def set_delay_levels(self, levels):
+        """The store's ``message_delay_level`` in ms, level 1 first: a SCHEDULE_TOPIC_XXXX unit's tags code is the
+        record's store time + its level's delay (RocketMQ's deliver time). Call before dispatch starts."""
+        cdef Py_ssize_t n = len(levels), k
+        cdef int64_t *p = <int64_t *>PyMem_Malloc(max(n, 1) * sizeof(int64_t))
+        if p == NULL:
+            raise MemoryError()
+        for k in range(n):
+            p[k] = levels[k]
+        PyMem_Free(self.levels)
+        self.levels = p
+        self.n_levels = <int32_t>n
 
     def attach_control(self, ControlFile ctl not None, sync_view):
         """Dispatch for every process sharing the store (this one is the housekeeper): follow the committed end in
@@ -301,7 +317,7 @@ cdef class ReputCore:
             u = st.addr + r
             lmq_put64(u, <uint64_t>self.reput_from)
             lmq_put32(u + 8, <uint32_t>v.total_size)
-            lmq_put64(u + 12, <uint64_t>tags_code_of(&v))
+            lmq_put64(u + 12, <uint64_t>tags_code_of(&v, self.levels, self.n_levels))
             st.max_physic_offset = self.reput_from + v.total_size
             st.last_store_ts = v.store_timestamp
             lmq_store_rel(&st.max_offset, qo + 1)
@@ -372,7 +388,7 @@ cdef class ReputCore:
                           "(at most %d records fit before it): a damaged header; indexed at %d, where a get "
                           "raises CorruptMessageError", off, topic, v.queue_id, qo, mx, room, mx)
                 qo = mx
-            cq.put_unit(qo, off, v.total_size, tags_code_of(v), v.store_timestamp,
+            cq.put_unit(qo, off, v.total_size, tags_code_of(v, self.levels, self.n_levels), v.store_timestamp,
                         lost_at=lost, lost_size=self.gap_size if lost >= 0 else 0)
             self.dispatched += 1
             lmq_store_rel(&self.reput_from, off + v.total_size)

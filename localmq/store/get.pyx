@@ -12,7 +12,9 @@ from libc.string cimport memcmp
 from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_EXT_ADDRESS_MAX, CQ_UNIT_SIZE, SYSFLAG_COMPRESSED
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_pretouch
-from localmq._record cimport REC_GAP, REC_OK, RecordView, find_property, message_from_view, parse_record, tags_code_of
+from localmq._record cimport (
+    REC_GAP, REC_OK, RecordView, find_property, is_schedule_record, message_from_view, parse_record, tags_code_of,
+)
 from localmq.store.consume_queue cimport ConsumeQueue
 
 from localmq.errors import CorruptMessageError
@@ -347,7 +349,8 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
                 or v.topic_len != len(topic_b) or memcmp(v.topic, <const char *>topic_b, v.topic_len) != 0):
             return i, unit_mismatch(&v, rc, size, topic_b, qid, i)
         tags = <int64_t>lmq_be64(u + 12)
-        if tags > CQ_EXT_ADDRESS_MAX and tags != tags_code_of(&v):
-            return i, f"tags code {tags} is not the record's {tags_code_of(&v)}"
+        # a SCHEDULE_TOPIC_XXXX unit's code is a delivery time from the store's delay levels, not the record's own
+        if tags > CQ_EXT_ADDRESS_MAX and not is_schedule_record(&v) and tags != tags_code_of(&v, NULL, 0):
+            return i, f"tags code {tags} is not the record's {tags_code_of(&v, NULL, 0)}"
         i += 1
     return -1, None
