@@ -110,6 +110,25 @@ def test_send_back_writes_rocketmq_retry_records(tmp_path):
     assert '"%RETRY%g1@g1":{0:1}' in re.sub(r"\s", "", text)
 
 
+def test_dead_letter_record_bytes(tmp_path):
+    """Spec §2.2: a DLQ record is record A of §1.3 in %DLQ%<group> queue 0 with DELAY=0 and no schedule detour."""
+    with _open(tmp_path) as st:
+        sent = st.create_producer(queue_id=1).send("orders", b"bad", tags="x", properties={"k": "v"})
+        orig = st.look_message_by_offset(sent.physical_offset)
+        with st.create_consumer("g", "orders", manual_ack=True) as c:
+            (m,) = _poll_until(c, 1)
+            m.nack(delay_level=-1)
+        (d,) = _all(st, "%DLQ%g", 0)
+        assert _spec_props(d.raw_properties) == {
+            "k": "v", "TAGS": "x", "UNIQ_KEY": orig.uniq_key, "RETRY_TOPIC": "orders", "WAIT": "false",
+            "ORIGIN_MESSAGE_ID": orig.msg_id, "DELAY": "0"}
+        assert _record_bytes(tmp_path, d) == golden_record(
+            topic=b"%DLQ%g", body=b"bad", props=d.raw_properties, queue_id=0, flag=0, queue_offset=0,
+            phys=d.physical_offset, sys_flag=0, born_ts=orig.born_timestamp, born_host=pack_host(orig.born_host),
+            store_ts=d.store_timestamp, store_host=pack_host(orig.store_host), reconsume=1, prepared=0)
+        assert "SCHEDULE_TOPIC_XXXX" not in st.topics()
+
+
 def test_a_message_failed_every_time_is_seen_1_plus_16_times_then_dead_lettered(tmp_path):
     with _open(tmp_path) as st:
         p = st.create_producer(queue_id=0)
