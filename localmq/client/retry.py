@@ -128,6 +128,7 @@ def send_back(mq: Any, group: str, m: Any, *, delay: Optional[float] = None, del
         r = mq.put(topic, body, queue_id=DLQ_QUEUE_ID if to_dlq else RETRY_QUEUE_ID, properties=props, flag=m.flag)
     else:
         extra = PutExtra(sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
+                         store_host=m.store_host,
                          reconsume_times=reconsumed + 1)
         if to_dlq:
             props["DELAY"] = "0"

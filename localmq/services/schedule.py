@@ -176,6 +176,7 @@ class ScheduleMessageService(ServiceThread):
         # the schedule record's properties string unchanged (DELAY, REAL_TOPIC, REAL_QID, WAIT stay); a DELAY on a
         # topic other than SCHEDULE_TOPIC_XXXX is inert here
         extra = PutExtra(sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
+                         store_host=m.store_host,
                          reconsume_times=m.reconsume_times, raw_properties=m.raw_properties)
         r = self._put(real_topic, m.body if m.body is not None else b"", queue_id=real_qid, flag=m.flag,
                       extra=extra)

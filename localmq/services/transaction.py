@@ -251,7 +251,7 @@ class TransactionalMessageCheckService(ServiceThread):
 
     def _put_commit(self, half: Message, props: Dict[str, str]) -> Any:
         extra = PutExtra(sys_flag=(half.sys_flag & ~SYSFLAG_TRANSACTION_MASK) | SYSFLAG_TRANSACTION_COMMIT,
-                         born_timestamp=half.born_timestamp, born_host=half.born_host,
+                         born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=half.store_host,
                          reconsume_times=half.reconsume_times, prepared_transaction_offset=half.physical_offset,
                          raw_properties=bytes(half.raw_properties))
         r = self._put_ext(props[PROPERTY_REAL_TOPIC], half.body, queue_id=int(props[PROPERTY_REAL_QUEUE_ID]),
@@ -468,6 +468,7 @@ class TransactionalMessageCheckService(ServiceThread):
         """RocketMQ's putBackHalfMsgQueue: a copy of the half at the tail of its queue, properties re-serialised
         (with the new TRANSACTION_CHECK_TIMES), born time and host, sysflag and reconsume times kept."""
         extra = PutExtra(sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
+                         store_host=m.store_host,
                          reconsume_times=m.reconsume_times, raw_properties=properties_to_bytes(props))
         return _stored(self._put_ext(TRANS_HALF_TOPIC, m.body, queue_id=m.queue_id, flag=m.flag, extra=extra),
                        "half message re-put")
@@ -475,6 +476,7 @@ class TransactionalMessageCheckService(ServiceThread):
     def _discard(self, m: Message, raw: bytes, why: str) -> None:
         """RocketMQ's resolveDiscardMsg: a copy in TRANS_CHECK_MAX_TIME_TOPIC queue 0, every field kept."""
         extra = PutExtra(sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
+                         store_host=m.store_host,
                          reconsume_times=m.reconsume_times, raw_properties=raw)
         _stored(self._put_ext(TRANS_CHECK_MAX_TIME_TOPIC, m.body, queue_id=0, flag=m.flag, extra=extra),
                 "discarded half message")

@@ -23,6 +23,7 @@ cdef class PutExtra:
     cdef readonly int32_t sys_flag
     cdef readonly int64_t born_timestamp
     cdef readonly bytes born_host
+    cdef readonly bytes store_host
     cdef readonly int32_t reconsume_times
     cdef readonly int64_t prepared_transaction_offset
     cdef readonly bytes raw_properties

@@ -407,12 +407,12 @@ cdef object overflow_error(object queue_id, object flag):
 @cython.final
 cdef class PutExtra:
     """The record fields of a broker-side re-put (``CommitLog.put_ext``): ``sys_flag`` (its host bits are
-    recomputed from the hosts), ``born_timestamp`` (-1: the store time), ``born_host`` ("ip:port" or packed
-    bytes; None: this store's), ``reconsume_times``, ``prepared_transaction_offset``, ``raw_properties`` (the
+    recomputed from the hosts), ``born_timestamp`` (-1: the store time), ``born_host`` and ``store_host`` ("ip:port"
+    or packed bytes; None: this store's; a 4.9.8 broker's re-puts keep the record's store host), ``reconsume_times``, ``prepared_transaction_offset``, ``raw_properties`` (the
     exact stored properties bytes, RocketMQ's copy of a record's string; None: built from tags, keys and
     properties as ``put`` does)."""
 
-    def __init__(self, *, int sys_flag=0, long long born_timestamp=-1, object born_host=None,
+    def __init__(self, *, int sys_flag=0, long long born_timestamp=-1, object born_host=None, object store_host=None,
                  int reconsume_times=0, long long prepared_transaction_offset=0, object raw_properties=None):
         """Raises ValueError (a negative reconsume count, a host of the wrong size), TypeError."""
         if reconsume_times < 0:
@@ -421,11 +421,16 @@ cdef class PutExtra:
             born_host = pack_host(born_host)
         if born_host is not None and len(born_host) not in (HOST_V4_SIZE, HOST_V6_SIZE):
             raise ValueError(f"born_host must pack to {HOST_V4_SIZE} or {HOST_V6_SIZE} bytes, not {len(born_host)}")
+        if store_host is not None and not isinstance(store_host, bytes):
+            store_host = pack_host(store_host)
+        if store_host is not None and len(store_host) not in (HOST_V4_SIZE, HOST_V6_SIZE):
+            raise ValueError(f"store_host must pack to {HOST_V4_SIZE} or {HOST_V6_SIZE} bytes, not {len(store_host)}")
         if raw_properties is not None and not isinstance(raw_properties, bytes):
             raise TypeError("raw_properties must be bytes")
         self.sys_flag = sys_flag
         self.born_timestamp = born_timestamp
         self.born_host = born_host
+        self.store_host = store_host
         self.reconsume_times = reconsume_times
         self.prepared_transaction_offset = prepared_transaction_offset
         self.raw_properties = raw_properties
@@ -754,6 +759,7 @@ cdef class CommitLog:
         cdef int64_t cend = 0
         cdef int32_t sys_flag = self.host_sys_flag
         cdef bytes born_host = self.born_host
+        cdef bytes store_host = self.store_host
         cdef int64_t born_ts = -1
         cdef int32_t reconsume = 0
         cdef int64_t prepared = 0
@@ -773,9 +779,11 @@ cdef class CommitLog:
         if extra is not None:
             if extra.born_host is not None:
                 born_host = extra.born_host
+            if extra.store_host is not None:
+                store_host = extra.store_host
             sys_flag = (extra.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)) | \
                 (SYSFLAG_BORNHOST_V6 if PyBytes_GET_SIZE(born_host) == HOST_V6_SIZE else 0) | \
-                (self.host_sys_flag & SYSFLAG_STOREHOST_V6)
+                (SYSFLAG_STOREHOST_V6 if PyBytes_GET_SIZE(store_host) == HOST_V6_SIZE else 0)
             born_ts = extra.born_timestamp
             reconsume = extra.reconsume_times
             prepared = extra.prepared_transaction_offset
@@ -840,8 +848,8 @@ cdef class CommitLog:
                 write_record(write_base(mf) + pos, <int32_t>total, qid, fl, qoff, phys,
                              sys_flag, ts if born_ts < 0 else born_ts,
                              <const uint8_t *>PyBytes_AS_STRING(born_host), PyBytes_GET_SIZE(born_host),
-                             ts, <const uint8_t *>PyBytes_AS_STRING(self.store_host),
-                             PyBytes_GET_SIZE(self.store_host), reconsume, prepared, bp, <int32_t>blen,
+                             ts, <const uint8_t *>PyBytes_AS_STRING(store_host),
+                             PyBytes_GET_SIZE(store_host), reconsume, prepared, bp, <int32_t>blen,
                              <const uint8_t *>PyBytes_AS_STRING(te.encoded), PyBytes_GET_SIZE(te.encoded),
                              <const uint8_t *>PyBytes_AS_STRING(props), PyBytes_GET_SIZE(props))
                 mf.store_timestamp = ts
@@ -869,7 +877,7 @@ cdef class CommitLog:
         r.wrote_bytes = total
         r.store_timestamp = ts
         r.msg_num = 1
-        r._host = self.store_host
+        r._host = store_host
         if self.group_commit is not None:
             self._await_flush(r, phys + total)
         elif self.shared_sync:
