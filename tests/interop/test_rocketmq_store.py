@@ -37,11 +37,16 @@ def harness() -> list[str]:
     if r.returncode != 0 or not JAR.exists():
         pytest.fail(f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}",
                     pytrace=False)
-    return [java, "-jar", str(JAR)]
+    return [java, "-Xmx256m", "-XX:+UseSerialGC", "-jar", str(JAR)]
 
 
 def run_harness(cmd: list[str], *args: str) -> None:
-    r = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+    """Runs StoreHarness; args[1] is the store directory: java.io.tmpdir goes next to it (inside the test's tmp_path,
+    removed with it), not into /tmp."""
+    jtmp = Path(args[1]).resolve().parent / "java-tmp"
+    jtmp.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run([cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], *args], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0, f"StoreHarness {args[0]} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
 
 
