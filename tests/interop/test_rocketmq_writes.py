@@ -3,9 +3,10 @@ through get_message, the readers, the CLI and Spark, answers the index queries a
 takes over RocketMQ's delayed deliveries (config/delayOffset.json), retries and dead letters.
 
 The workload: 240 plain messages (IPv6 born hosts on every 7th, IPv6 store hosts on every 11th), 8 batches
-(``putMessages`` of a MessageExtBatch built as the broker builds one, one with IPv6 hosts), 9 delayed messages and 5
-retry send-backs (levels "1s 3s": level 1 delivered by RocketMQ's ScheduleMessageService before it stops, level 2
-not), 2 dead-letter send-backs, and the broker's consumerOffset.json of group ``billing`` on ``orders``.
+(``putMessages`` of a MessageExtBatch built as the broker builds one, two with IPv6 hosts), 4 transactional half
+records with 2 commits and 3 op records, 9 delayed messages and 5 retry send-backs (levels "1s 3s": level 1 delivered
+by RocketMQ's ScheduleMessageService before it stops, level 2 not), 2 dead-letter send-backs, and the broker's
+consumerOffset.json of group ``billing`` on ``orders``.
 """
 from __future__ import annotations
 
@@ -119,11 +120,18 @@ def test_manifest_has_every_kind(written: tuple[Path, dict[str, Any]]) -> None:
     recs, kind = records(manifest), kinds(manifest)
     counts = collections.Counter(kind.values())
     assert counts == {"plain": 240, "batch": sum(p["msgNum"] for p in manifest["puts"] if p["kind"] == "batch"),
-                      "delayed": 9, "retry": 5, "dlq": 2, "delivered": 8}, counts
+                      "delayed": 9, "retry": 5, "dlq": 2, "delivered": 8, "half": 4, "commit": 2, "op": 3}, counts
     assert counts["batch"] > 8  # batches of several messages
-    assert len(recs) == len(kind) == 296 + 8
+    assert len(recs) == len(kind) == 305 + 8
+    # a committed transaction: sysflag COMMIT, prepared transaction offset = its half record's commit-log offset
+    halves = {m["commitLogOffset"]: m for m in manifest["queues"]["RMQ_SYS_TRANS_HALF_TOPIC/0"]["messages"]}
+    commits = [m for m in recs if kind[m["commitLogOffset"]] == "commit"]
+    assert len(commits) == 2
+    for m in commits:
+        assert m["sysFlag"] & 0xC == 0x8 and m["preparedTransactionOffset"] in halves, m["commitLogOffset"]
+        assert m["properties"] == halves[m["preparedTransactionOffset"]]["properties"]
     v6 = [m for m in recs if m["sysFlag"] & 0x30]
-    assert {kind[m["commitLogOffset"]] for m in v6} >= {"plain", "batch", "delayed", "delivered"}
+    assert {kind[m["commitLogOffset"]] for m in v6} >= {"plain", "batch", "delayed", "delivered", "half", "commit"}
     assert any(m["sysFlag"] & 0x30 == 0x10 for m in v6) and any(m["sysFlag"] & 0x30 == 0x20 for m in v6)
     assert any(m["sysFlag"] & 0x30 == 0x30 for m in v6)
     # level 1 (5 delayed + 3 retries) delivered by RocketMQ and recorded; level 2 (4 + 2) not yet
@@ -350,6 +358,11 @@ def test_localmq_consumer_reads_rocketmq_retries_and_dead_letters(written: tuple
     assert len(retries) == 5
     got_retries = []
     with localmq.open(store, message_delay_level=LEVELS) as st:
+        # RocketMQ's consumerOffset.json as localmq's ConsumerOffsetManager reads it: orders committed to its end
+        offsets = st.consumer_offsets
+        assert {q: offsets.query("billing", "orders", q) for q in range(4)} == \
+            {q: manifest["queues"][f"orders/{q}"]["maxOffset"] for q in range(4)}
+        assert offsets.query("billing", "%RETRY%billing", 0) is None
         with st.create_consumer("billing", "orders", manual_ack=True) as c:
             deadline = time.monotonic() + 20
             while len(got_retries) < len(retries) and time.monotonic() < deadline:

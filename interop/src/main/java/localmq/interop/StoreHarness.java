@@ -24,6 +24,7 @@ import org.apache.rocketmq.common.message.MessageAccessor;
 import org.apache.rocketmq.common.message.MessageDecoder;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageExtBatch;
+import org.apache.rocketmq.common.sysflag.MessageSysFlag;
 import org.apache.rocketmq.store.ConsumeQueue;
 import org.apache.rocketmq.store.DefaultMessageStore;
 import org.apache.rocketmq.store.GetMessageResult;
@@ -224,6 +225,36 @@ public final class StoreHarness {
         return m;
     }
 
+    /** A transactional producer's half message as the broker stores it: REAL_TOPIC/REAL_QID, NOT_TYPE sysflag. */
+    static MessageExtBrokerInner transactional(Random rnd, int n) throws Exception {
+        MessageExtBrokerInner m = new MessageExtBrokerInner();
+        m.setTopic("RMQ_SYS_TRANS_HALF_TOPIC");
+        m.setQueueId(0);
+        byte[] b = new byte[10 + rnd.nextInt(300)];
+        rnd.nextBytes(b);
+        m.setBody(b);
+        m.setFlag(0);
+        m.setTags("tx");
+        m.setKeys("tx-" + n);
+        MessageAccessor.putProperty(m, "TRAN_MSG", "true");
+        MessageAccessor.putProperty(m, "PGROUP", "tx-producers");
+        MessageAccessor.putProperty(m, "UNIQ_KEY", String.format("0A0000020000%020X", n));
+        MessageAccessor.putProperty(m, "WAIT", "true");
+        MessageAccessor.putProperty(m, "REAL_TOPIC", "payments");
+        MessageAccessor.putProperty(m, "REAL_QID", Integer.toString(n % 2));
+        m.setBornTimestamp(1_700_000_300_000L + n);
+        if (n == 1) {
+            m.setBornHost(v6("2001:db8::7:" + n, 43000 + n));
+            m.setBornHostV6Flag();
+        } else {
+            m.setBornHost(new InetSocketAddress("10.0.3." + (1 + n), 43000 + n));
+        }
+        m.setStoreHost(new InetSocketAddress("192.168.1.7", 10911));
+        m.setSysFlag(MessageSysFlag.resetTransactionValue(m.getSysFlag(), MessageSysFlag.TRANSACTION_NOT_TYPE));
+        seal(m);
+        return m;
+    }
+
     /** A MessageExtBatch as 4.9.8's SendMessageProcessor.asyncSendBatchMessage builds one from a client's batch. */
     static MessageExtBatch batch(Random rnd, int n, boolean ipv6) throws Exception {
         List<Message> list = new ArrayList<>();
@@ -334,6 +365,44 @@ public final class StoreHarness {
         // dead letters: the broker path (reconsume times past the maximum: DELAY=0, no schedule detour)
         for (int n = 3; n < 5; n++) {
             puts.add(put(store, sendBack(orders.get(n), orderIds.get(n), GROUP_RETRY, 17, 0), "dlq"));
+        }
+        // transactions as a 4.9.8 broker stores them (semantics 4.3, 4.4): half records; commits (0, 1) with their
+        // real record and an op record, a rollback (2) with its op record only, one left pending (3)
+        for (int n = 0; n < 4; n++) {
+            MessageExtBrokerInner half = transactional(rnd, n);
+            JSONObject hp = put(store, half, "half");
+            puts.add(hp);
+            if (n < 2) {
+                MessageExtBrokerInner c = new MessageExtBrokerInner();
+                c.setTopic(half.getProperty("REAL_TOPIC"));
+                c.setQueueId(Integer.parseInt(half.getProperty("REAL_QID")));
+                c.setBody(half.getBody());
+                c.setFlag(half.getFlag());
+                c.setBornTimestamp(half.getBornTimestamp());
+                c.setBornHost(half.getBornHost());
+                c.setStoreHost(half.getStoreHost());
+                c.setReconsumeTimes(half.getReconsumeTimes());
+                c.setSysFlag(MessageSysFlag.resetTransactionValue(half.getSysFlag(), MessageSysFlag.TRANSACTION_COMMIT_TYPE));
+                c.setPreparedTransactionOffset(hp.getLongValue("commitLogOffset"));
+                MessageAccessor.setProperties(c, new java.util.HashMap<>(half.getProperties()));
+                c.setPropertiesString(half.getPropertiesString());  // the half record's string, unchanged
+                c.setTagsCode(MessageExtBrokerInner.tagsString2tagsCode(c.getTags()));
+                puts.add(put(store, c, "commit"));
+            }
+            if (n < 3) {
+                MessageExtBrokerInner op = new MessageExtBrokerInner();
+                op.setTopic("RMQ_SYS_TRANS_OP_HALF_TOPIC");
+                op.setQueueId(0);
+                op.setBody(Long.toString(hp.getLongValue("queueOffset")).getBytes(StandardCharsets.UTF_8));
+                op.setTags("d");
+                MessageAccessor.putProperty(op, "WAIT", "true");
+                op.setBornTimestamp(1_700_000_400_000L + n);
+                op.setBornHost(new InetSocketAddress("192.168.1.7", 10911));
+                op.setStoreHost(new InetSocketAddress("192.168.1.7", 10911));
+                op.setSysFlag(0);
+                seal(op);
+                puts.add(put(store, op, "op"));
+            }
         }
         long deadline = System.currentTimeMillis() + 30_000;
         while (delayOffset(store, 1) < early) {
