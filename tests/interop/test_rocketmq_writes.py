@@ -109,6 +109,7 @@ def check(got: Any, m: dict[str, Any]) -> None:
     assert (got.born_host, got.store_host) == (canonical_host(m["bornHost"]), canonical_host(m["storeHost"])), where
     assert bytes(got.body) == base64.b64decode(m["body"]), where
     assert got.body_crc == m["bodyCRC"], where
+    assert got.msg_id == m["msgId"], where
     assert got.tags == m["tags"], where
     assert keys_of(got.keys) == keys_of(m["keys"]), where
     assert dict(got.properties) == m["properties"], where
@@ -223,7 +224,8 @@ def check_json(j: dict[str, Any], m: dict[str, Any]) -> None:
     where = (m["topic"], m["queueId"], m["queueOffset"])
     assert (j["topic"], j["queue_id"], j["queue_offset"], j["physical_offset"], j["store_size"]) == \
         (m["topic"], m["queueId"], m["queueOffset"], m["commitLogOffset"], m["storeSize"]), where
-    assert (j["store_timestamp"], j["born_timestamp"]) == (m["storeTimestamp"], m["bornTimestamp"]), where
+    assert (j["store_timestamp"], j["born_timestamp"], j["msg_id"]) == \
+        (m["storeTimestamp"], m["bornTimestamp"], m["msgId"]), where
     assert (j["tags"], keys_of(j["keys"]), j["properties"]) == (m["tags"], keys_of(m["keys"]), m["properties"]), where
     assert base64.b64decode(j["body_base64"]) == base64.b64decode(m["body"]), where
 
@@ -262,17 +264,18 @@ def test_spark_reads_rocketmq_store(spark: Any, written: tuple[Path, dict[str, A
     """One Spark read of the whole store: a row per ConsumeQueue unit, with RocketMQ's fields."""
     store, manifest = written
     by_offset = {m["commitLogOffset"]: m for m in records(manifest)}
-    rows = (spark.read.format("localmq").load(str(store))
+    rows = (spark.read.format("localmq").option("minPartitions", "1").load(str(store))
             .selectExpr("topic", "partition", "offset", "physical_offset", "value", "reconsume_times", "sys_flag",
-                        "tags", "properties", "CAST(unix_micros(timestamp) / 1000 AS BIGINT) AS store_ms",
+                        "tags", "properties", "msg_id", "CAST(unix_micros(timestamp) / 1000 AS BIGINT) AS store_ms",
                         "CAST(unix_micros(born_timestamp) / 1000 AS BIGINT) AS born_ms").collect())
     assert len(rows) == len(by_offset)
     for r in rows:
         m = by_offset[r.physical_offset]
         assert (r.topic, r.partition, r.offset, bytes(r.value), r.store_ms, r.born_ms, r.reconsume_times, r.sys_flag,
-                r.tags, dict(r.properties)) == \
+                r.tags, dict(r.properties), r.msg_id) == \
             (m["topic"], m["queueId"], m["queueOffset"], base64.b64decode(m["body"]), m["storeTimestamp"],
-             m["bornTimestamp"], m["reconsumeTimes"], m["sysFlag"], m["tags"], m["properties"]), r.physical_offset
+             m["bornTimestamp"], m["reconsumeTimes"], m["sysFlag"], m["tags"], m["properties"], m["msgId"]), \
+            r.physical_offset
 
 
 def _queue(st: Any, topic: str, qid: int) -> list[Any]:
@@ -379,3 +382,28 @@ def test_localmq_consumer_reads_rocketmq_retries_and_dead_letters(written: tuple
         for got, m in zip(dead, dlq):
             check(got, m)
             assert (got.reconsume_times, got.properties["RETRY_TOPIC"], got.properties["DELAY"]) == (17, "orders", "0")
+
+
+@pytest.mark.xfail(strict=True, reason="localmq's send-back (client/retry.py, PutExtra) writes the store's own store "
+                   "host; RocketMQ 4.9.8's broker copies the failed record's (semantics 1.2 step 6)")
+def test_localmq_send_back_keeps_store_host(written: tuple[Path, dict[str, Any]],
+                                            taken_over: tuple[Path, Any]) -> None:
+    """A localmq consumer fails a message RocketMQ wrote (store host 192.168.1.7:10911 or an IPv6 one): the
+    send-back record in SCHEDULE_TOPIC_XXXX should keep that store host, as a 4.9.8 broker's does."""
+    _, manifest = written
+    store, _ = taken_over
+    with localmq.open(store, message_delay_level=LEVELS) as st:
+        before = st.max_offset(SCHED, 0)
+        with st.create_consumer("auditors", "orders", manual_ack=True) as c:
+            m = None
+            deadline = time.monotonic() + 10
+            while m is None and time.monotonic() < deadline:
+                m = c.poll(0.2)
+            assert m is not None
+            failed = m.physical_offset
+            m.nack(delay_level=1)
+        st.wait_for_dispatch(10)
+        back = st.get_message(SCHED, 0, before, 1).messages
+        assert len(back) == 1
+        original = {r["commitLogOffset"]: r for r in records(manifest)}[failed]
+        assert (back[0].store_host, back[0].sys_flag) == (canonical_host(original["storeHost"]), original["sysFlag"])

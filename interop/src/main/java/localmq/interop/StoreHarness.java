@@ -585,6 +585,7 @@ public final class StoreHarness {
         o.put("queueOffset", m.getQueueOffset());
         o.put("commitLogOffset", m.getCommitLogOffset());
         o.put("storeSize", m.getStoreSize());
+        o.put("msgId", m.getMsgId());  // MessageDecoder's offset message id (store host + commit-log offset)
         o.put("bodyCRC", Integer.toUnsignedLong(m.getBodyCRC()));
         o.put("flag", m.getFlag());
         o.put("sysFlag", m.getSysFlag());
