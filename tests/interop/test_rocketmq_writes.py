@@ -4,7 +4,7 @@ takes over RocketMQ's delayed deliveries (config/delayOffset.json), retries and 
 
 The workload: 240 plain messages (IPv6 born hosts on every 7th, IPv6 store hosts on every 11th), 8 batches
 (``putMessages`` of a MessageExtBatch built as the broker builds one, two with IPv6 hosts), 4 transactional half
-records with 2 commits and 3 op records, 9 delayed messages and 5 retry send-backs (levels "1s 3s": level 1 delivered
+records with 2 commits and 3 op records, 9 delayed messages and 5 retry send-backs (levels "1s 5s": level 1 delivered
 by RocketMQ's ScheduleMessageService before it stops, level 2 not), 2 dead-letter send-backs, and the broker's
 consumerOffset.json of group ``billing`` on ``orders``.
 """
@@ -32,7 +32,7 @@ from .test_rocketmq_store import harness, keys_of, run_harness  # noqa: F401 - h
 
 SEG = 64 * 1024
 SCHED = "SCHEDULE_TOPIC_XXXX"
-LEVELS = "1s 3s"
+LEVELS = "1s 5s"
 BLANK_MAGIC = -875286124  # 0xCBD43194, RocketMQ's END_OF_FILE record
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,6 +78,13 @@ def kinds(manifest: dict[str, Any]) -> dict[int, str]:
     return out
 
 
+def pending(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The schedule records RocketMQ's delayOffset.json says are not delivered yet."""
+    table = manifest["delayOffset"]["offsetTable"]
+    return [m for q in (0, 1) for m in manifest["queues"][f"{SCHED}/{q}"]["messages"]
+            if m["queueOffset"] >= table.get(str(q + 1), 0)]
+
+
 def by_queue_delay(by_queue: dict[Any, Any], put: dict[str, Any]) -> str:
     """The DELAY level of a delayed put, read off the schedule record at its commit-log offset."""
     for m in by_queue.values():
@@ -120,8 +127,10 @@ def test_manifest_has_every_kind(written: tuple[Path, dict[str, Any]]) -> None:
     store, manifest = written
     recs, kind = records(manifest), kinds(manifest)
     counts = collections.Counter(kind.values())
+    left = pending(manifest)
     assert counts == {"plain": 240, "batch": sum(p["msgNum"] for p in manifest["puts"] if p["kind"] == "batch"),
-                      "delayed": 9, "retry": 5, "dlq": 2, "delivered": 8, "half": 4, "commit": 2, "op": 3}, counts
+                      "delayed": 9, "retry": 5, "dlq": 2, "delivered": 14 - len(left), "half": 4, "commit": 2,
+                      "op": 3}, counts
     assert counts["batch"] > 8  # batches of several messages
     assert len(recs) == len(kind) == 305 + 8
     # a committed transaction: sysflag COMMIT, prepared transaction offset = its half record's commit-log offset
@@ -135,9 +144,11 @@ def test_manifest_has_every_kind(written: tuple[Path, dict[str, Any]]) -> None:
     assert {kind[m["commitLogOffset"]] for m in v6} >= {"plain", "batch", "delayed", "delivered", "half", "commit"}
     assert any(m["sysFlag"] & 0x30 == 0x10 for m in v6) and any(m["sysFlag"] & 0x30 == 0x20 for m in v6)
     assert any(m["sysFlag"] & 0x30 == 0x30 for m in v6)
-    # level 1 (5 delayed + 3 retries) delivered by RocketMQ and recorded; level 2 (4 + 2) not yet
-    assert manifest["delayOffset"]["offsetTable"] == {"1": 8}
+    # level 1 (5 delayed + 3 retries) delivered by RocketMQ and recorded; level 2 (4 + 2, 5 s) left to localmq (all of
+    # them unless the harness took over 5 s from those puts to its schedule service's shutdown)
+    assert manifest["delayOffset"]["offsetTable"]["1"] == 8
     assert manifest["queues"][f"{SCHED}/0"]["maxOffset"] == 8 and manifest["queues"][f"{SCHED}/1"]["maxOffset"] == 6
+    assert left and all(m["queueId"] == 1 for m in left), manifest["delayOffset"]
     # the store clamped DELAY=9 to the largest level
     assert sorted(m["properties"]["DELAY"] for m in manifest["queues"][f"{SCHED}/1"]["messages"]) == ["2"] * 6
     # END_OF_FILE: a record at a segment start whose predecessor ended short of the boundary, a blank record between
@@ -301,7 +312,7 @@ def taken_over(written: tuple[Path, dict[str, Any]],
     sched = [m for q in (0, 1) for m in manifest["queues"][f"{SCHED}/{q}"]["messages"]]
     expect = collections.Counter((m["properties"]["REAL_TOPIC"], int(m["properties"]["REAL_QID"])) for m in sched)
     before = {t: manifest["queues"].get(f"{t[0]}/{t[1]}", {"maxOffset": 0})["maxOffset"] for t in expect}
-    pending = {base64.b64decode(m["body"]): m for m in manifest["queues"][f"{SCHED}/1"]["messages"]}
+    left = {base64.b64decode(m["body"]): m for m in pending(manifest)}
     delivered = []
     with localmq.open(store, message_delay_level=LEVELS) as st:
         deadline = time.monotonic() + 30
@@ -313,13 +324,13 @@ def taken_over(written: tuple[Path, dict[str, Any]],
             assert len(msgs) == n, (t, len(msgs), n, before[t])  # nothing lost, nothing delivered twice
             for got in msgs[before[t]:]:
                 body = bytes(got.body)
-                assert body in pending, (t, got.queue_offset)  # only level 2: none RocketMQ delivered again
+                assert body in left, (t, got.queue_offset)  # none RocketMQ delivered is delivered again
                 delivered.append({"topic": got.topic, "queueId": got.queue_id, "body": body, "flag": got.flag,
                                   "sysFlag": got.sys_flag, "bornTimestamp": got.born_timestamp,
                                   "bornHost": got.born_host, "storeHost": got.store_host,
                                   "reconsumeTimes": got.reconsume_times, "properties": dict(got.properties),
-                                  "from": pending[body]})
-    assert sorted(d["body"] for d in delivered) == sorted(pending)
+                                  "from": left[body]})
+    assert sorted(d["body"] for d in delivered) == sorted(left)
     yield store, delivered
     shutil.rmtree(root)
 
@@ -328,7 +339,7 @@ def test_localmq_delivers_what_rocketmq_left(taken_over: tuple[Path, list[dict[s
     """Each level-2 schedule record delivered once, RocketMQ's way: into REAL_TOPIC/REAL_QID with the same body,
     properties string, flag, born fields and reconsume times; delayOffset.json then says so."""
     store, delivered = taken_over
-    assert len(delivered) == 6
+    assert len(delivered) >= 1
     for d in delivered:
         m = d["from"]
         assert (d["topic"], d["queueId"]) == (m["properties"]["REAL_TOPIC"], int(m["properties"]["REAL_QID"]))
