@@ -242,7 +242,7 @@ def check_json(j: dict[str, Any], m: dict[str, Any]) -> None:
 
 
 def test_cli_reads_rocketmq_store(written: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
-    """`python -m localmq dump --json` (every record), `tail` (every queue of every topic) and `query --key`."""
+    """`python -m localmq dump --json` (every record), `tail` (every queue of every topic), `dlq` and `query --key`."""
     store, manifest = written
     recs = records(manifest)
     by_offset = {m["commitLogOffset"]: m for m in recs}
@@ -257,6 +257,12 @@ def test_cli_reads_rocketmq_store(written: tuple[Path, dict[str, Any]], capsys: 
     assert len(tailed) == len(recs)
     for j in tailed:
         check_json(j, by_offset[j["physical_offset"]])
+    dlq = manifest["queues"]["%DLQ%billing/0"]["messages"]
+    dead = cli("dlq", str(store), "billing", capsys=capsys)
+    assert len(dead) == len(dlq) == 2
+    for j, m in zip(dead, dlq):
+        check_json(j, m)
+        assert j["reconsume_times"] == m["reconsumeTimes"] == 17
     picked = [name for name in manifest["queried"] if name.startswith(("batched/", "%RETRY%", "%DLQ%", "remind/"))]
     picked += [name for name in manifest["queried"] if name.endswith("shared-key")]
     assert len(picked) > 10
