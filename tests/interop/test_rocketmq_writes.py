@@ -356,11 +356,9 @@ def test_localmq_delivers_what_rocketmq_left(taken_over: tuple[Path, list[dict[s
     assert {int(k): v for k, v in offsets.items()} == {1: 8, 2: 6}
 
 
-@pytest.mark.xfail(strict=True, reason="localmq's ScheduleService re-puts with the store's own store host "
-                   "(PutExtra has no store_host); RocketMQ 4.9.8's messageTimeup copies the schedule record's")
 def test_localmq_delivery_keeps_store_host(taken_over: tuple[Path, list[dict[str, Any]]]) -> None:
     """RocketMQ's delivered records (in the manifest: level 1) keep the schedule record's store host and its
-    STOREHOST_V6 bit; localmq's should too."""
+    STOREHOST_V6 bit; localmq's do too (PutExtra.store_host)."""
     _, delivered = taken_over
     got = [(d["storeHost"], d["sysFlag"]) for d in delivered]
     want = [(canonical_host(d["from"]["storeHost"]), d["from"]["sysFlag"]) for d in delivered]
@@ -401,12 +399,10 @@ def test_localmq_consumer_reads_rocketmq_retries_and_dead_letters(written: tuple
             assert (got.reconsume_times, got.properties["RETRY_TOPIC"], got.properties["DELAY"]) == (17, "orders", "0")
 
 
-@pytest.mark.xfail(strict=True, reason="localmq's send-back (client/retry.py, PutExtra) writes the store's own store "
-                   "host; RocketMQ 4.9.8's broker copies the failed record's (semantics 1.2 step 6)")
 def test_localmq_send_back_keeps_store_host(written: tuple[Path, dict[str, Any]],
                                             taken_over: tuple[Path, Any]) -> None:
     """A localmq consumer fails a message RocketMQ wrote (store host 192.168.1.7:10911 or an IPv6 one): the
-    send-back record in SCHEDULE_TOPIC_XXXX should keep that store host, as a 4.9.8 broker's does."""
+    send-back record in SCHEDULE_TOPIC_XXXX keeps that store host, as a 4.9.8 broker's does."""
     _, manifest = written
     store, _ = taken_over
     with localmq.open(store, message_delay_level=LEVELS) as st:
