@@ -30,6 +30,7 @@ from localmq.store.control_view import ControlView
 from localmq.store.files import ConsumeQueueFiles, StoreFiles, numbered_files
 from localmq.store.index import IndexFile
 from localmq.store.readers import load_consume_queue, read_commitlog
+from localmq.store.settings import read_settings
 
 EXIT_OK, EXIT_FOUND_NOTHING, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 EXIT_DAMAGE = 1
@@ -141,7 +142,13 @@ class _Progress:
 
 def _files(path: str) -> StoreFiles:
     try:
-        return StoreFiles(path)
+        files = StoreFiles(path)
+        if not files.segments:
+            # no segment to read the size off yet: the size the store was created with is in config/localmq.json
+            recorded = read_settings(files.root) or {}
+            if recorded.get("mapped_file_size_commit_log"):
+                files = StoreFiles(path, recorded["mapped_file_size_commit_log"])
+        return files
     except NotAStoreError as e:
         raise CliError(f"{path}: {e.strerror}") from None
     except CorruptStoreError as e:
@@ -161,7 +168,8 @@ def _cq_file_size(root: str) -> Optional[int]:
 def _open(path: str):
     """A ReadOnlyMessageQueue of ``path`` with the segment sizes its files have (it locks and writes nothing)."""
     files = _files(path)
-    sizes: Dict[str, int] = {"mapped_file_size_commit_log": files.segment_size}
+    # sizes read off the files; a store without segments yet has them in config/localmq.json (the open reads it)
+    sizes: Dict[str, int] = {"mapped_file_size_commit_log": files.segment_size} if files.segments else {}
     cq = _cq_file_size(files.root)
     if cq:
         sizes["mapped_file_size_consume_queue"] = cq

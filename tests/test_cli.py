@@ -371,3 +371,15 @@ def test_tail_follow_stops_cleanly_on_sigterm_and_ctrl_c(store):
                 p.wait()
         assert p.returncode == 0, err
         assert "Traceback" not in err
+
+
+def test_commands_read_an_empty_store_with_its_recorded_sizes(tmp_path):
+    """A store created with non-default sizes and no message yet has no segment to read its size off: the commands
+    take the sizes from config/localmq.json instead of passing the defaults (a StoreSettingsError before)."""
+    store = tmp_path / "s"
+    localmq.open(store, **KW).close()
+    stats = run_json("stats", store)
+    assert stats["messages"] == 0 and stats["commit_log"]["segment_size"] == KW["mapped_file_size_commit_log"]
+    for args in (("stats",), ("topics",), ("lag",)):
+        p = run(args[0], store, *args[1:])
+        assert p.returncode in (0, 1) and "Error" not in p.stderr, (args, p.stderr)
