@@ -515,7 +515,8 @@ cdef class MappedFile:
 
     cdef void release_c(self) noexcept:
         self.refs -= 1
-        if self.refs <= 0 and not self.available and self.delete_pending and self.exports == 0:
+        if self.refs <= 0 and not self.available and self.delete_pending and not self.unmap_pending:
+            # with exports alive this only marks the unmap pending: the last export's release completes it
             self._finish_destroy()
 
     def hold(self):
@@ -526,18 +527,24 @@ cdef class MappedFile:
         self.release_c()
 
     def _do_unmap(self):
-        if self.addr != NULL:
+        cdef uint8_t *p = self.addr
+        if p != NULL:
+            # addr is cleared before munlock/munmap release the GIL: readers test addr with the GIL held, so none
+            # of them (nor a second _do_unmap) can start on the mapping while it is being torn down
+            self.addr = NULL
             if self.locked:
                 try:
-                    c_munlock(self.addr, 0, self.file_size, self.path)
+                    c_munlock(p, 0, self.file_size, self.path)
                 except OSError:
                     pass
                 self.locked = False
-            c_unmap(self.addr, <size_t>self.file_size, self.path)
-            self.addr = NULL
-        if self.fd >= 0:
-            os.close(self.fd)
+            c_unmap(p, <size_t>self.file_size, self.path)
+        fd = self.fd
+        if fd >= 0:
+            # cleared before close() releases the GIL: a second _do_unmap (a reader releasing the last reference
+            # while retention retries the destroy) must not close the number again, maybe reused by then
             self.fd = -1
+            os.close(fd)
         self.unmap_pending = False
         if self.delete_pending:
             self._unlink()

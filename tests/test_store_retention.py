@@ -9,6 +9,9 @@ units, so CQ file k indexes exactly the messages of segment k.
 import gc
 import logging
 import os
+import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -641,3 +644,16 @@ def test_a_nearly_full_disk_does_not_refuse_puts_by_default(make_store, tmp_path
     run(st)
     assert st.stats()["retention"]["disk_full"] is False
     assert st.put(TOPIC, body(3)).status is PutStatus.PUT_OK
+
+
+def test_readers_never_touch_a_segment_being_unmapped(tmp_path):
+    """Copying, zero-copy and by-offset readers of the oldest segment while retention deletes segments back to back,
+    with a GIL switch every 10 µs and collections running finalizers at any allocation: a reader must pin the segment
+    for as long as it touches the mapping. Reads of a segment being unmapped crashed (SIGSEGV in get_message's
+    fault_in / parse_record) or failed (StoreClosedError building a zero-copy body), so the run is a subprocess."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "retention_stress.py")
+    p = subprocess.run([sys.executable, "-X", "faulthandler", script, str(tmp_path), "6"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stderr[-6000:])
+    read, deleted = map(int, re.fullmatch(r"read (\d+) messages, deleted (\d+) segments\n", p.stdout).groups())
+    assert read > 0 and deleted > 0

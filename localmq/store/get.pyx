@@ -17,7 +17,7 @@ from localmq._record cimport (
 )
 from localmq.store.consume_queue cimport ConsumeQueue
 
-from localmq.errors import CorruptMessageError
+from localmq.errors import CorruptMessageError, StoreClosedError
 from localmq.status import GetResult, GetStatus, RecordStatus
 
 cdef enum:
@@ -61,17 +61,33 @@ cdef inline MappedFile segment_of(list files, int64_t seg_size, int64_t phys):
     return <MappedFile>PyList_GET_ITEM(files, idx)
 
 
+cdef object pin(MappedFile seg):
+    """A buffer export (memoryview) of the whole of ``seg``, or None when it is unmapped or being unmapped.
+
+    Readers touch a segment only while they hold its pin: close()/destroy() defer the unmap while an export is alive
+    and never force it (a hold() reference is forced after ``destroy_mapped_file_interval_forcibly``), so the
+    mapping stays valid across GIL releases (fault_in, a collection run by an allocation letting retention run).
+    Zero-copy bodies are slices of the pin. Dropping the last reference to it may complete a deferred unmap.
+    """
+    if seg.addr == NULL or seg.unmap_pending:
+        return None
+    try:
+        return memoryview(seg)
+    except StoreClosedError:  # unmapped meanwhile: the allocation above may have let retention run
+        return None
+
+
 cdef int64_t fault_in(MappedFile seg, int64_t rel, int64_t upto) noexcept:
     """Touch the pages of ``seg`` from ``rel`` to ``rel + READ_AHEAD`` (at most ``upto``) without the GIL; returns
-    where the touched window ends."""
+    where the touched window ends. The caller holds a pin of ``seg``."""
     cdef int64_t end = rel + READ_AHEAD
+    cdef uint8_t *addr = seg.addr
     if end > upto:
         end = upto
-    if end <= rel or not seg.hold_c():
+    if end <= rel:
         return rel
-    with nogil:  # page faults of a cold segment; the hold keeps retention from unmapping it meanwhile
-        lmq_pretouch(seg.addr, <size_t>rel, <size_t>(end - rel), 0)
-    seg.release_c()
+    with nogil:  # page faults of a cold segment; the caller's pin keeps retention from unmapping it meanwhile
+        lmq_pretouch(addr, <size_t>rel, <size_t>(end - rel), 0)
     return end
 
 
@@ -102,7 +118,8 @@ def check_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, long 
     if size <= 0 or phys < 0:
         return f"invalid unit (offset {phys}, size {size})"
     seg = segment_of(commit_log_files, seg_size, phys)
-    if seg is None or seg.addr == NULL:
+    pinned = pin(seg) if seg is not None else None  # v points into the mapping until unit_mismatch is done
+    if pinned is None:
         return f"offset {phys} is outside the commit log"
     rel = phys - seg.file_from_offset
     if rel < 0 or rel + size > seg.read_position():
@@ -138,7 +155,8 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
     cdef bint matched, in_disk, removing = False
     cdef MappedFile cqf = None
     cdef MappedFile seg
-    cdef MappedFile touched_seg = None
+    cdef MappedFile pinned_seg = None
+    cdef object pinned = None  # pin() of pinned_seg
     cdef int64_t touched_end = 0
     cdef int64_t cq_base = -1, cq_end = -1
     cdef const uint8_t *u
@@ -212,17 +230,24 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
             removing = True
             i += 1
             continue
+        if seg is not pinned_seg:
+            # the previous segment's pin goes first (its release may unmap it, here); seg.addr is read only
+            # while seg is pinned
+            pinned = None
+            pinned_seg = None
+            pinned = pin(seg)
+            if pinned is None:
+                removing = True
+                i += 1
+                continue
+            pinned_seg = seg
+            touched_end = 0
         rel = phys - seg.file_from_offset
-        if seg.addr == NULL:
-            removing = True
-            i += 1
-            continue
         if rel < 0 or rel + size > seg.read_position():
             bad = f"offset {phys} + {size} runs past the written log"
             break
-        if seg is not touched_seg or rel + size > touched_end or rel < touched_end - READ_AHEAD:
+        if rel + size > touched_end or rel < touched_end - READ_AHEAD:
             touched_end = fault_in(seg, rel, seg.read_position())
-            touched_seg = seg
         rc = parse_record(seg.addr + rel, size, &v, check_crc)
         if (rc != REC_OK or v.total_size != size or v.queue_offset != i or v.queue_id != qid
                 or v.topic_len != len(topic_b) or memcmp(v.topic, <const char *>topic_b, v.topic_len) != 0):
@@ -236,7 +261,9 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
             if (<bytes>tv[:tvlen]).decode("utf-8", "replace") not in tag_names:
                 i += 1
                 continue
-        out.append(message_from_view(&v, topic, copy_body, seg))
+        # a zero-copy body is a slice of the pin: it keeps the mapping alive without a new export, which
+        # __getbuffer__ would refuse once a destroy() is pending
+        out.append(message_from_view(&v, topic, copy_body, pinned))
         if v.sys_flag & SYSFLAG_COMPRESSED:
             compressed += 1
         count += 1
@@ -260,13 +287,16 @@ def read_record(list commit_log_files, long long seg_size, long long phys, bint 
     cdef MappedFile seg = segment_of(commit_log_files, seg_size, phys)
     if seg is None:
         return None
+    pinned = pin(seg)  # v points into the mapping until the message is built (its allocations may switch threads)
+    if pinned is None:
+        return None
     rel = phys - seg.file_from_offset
     avail = seg.read_position() - rel
-    if seg.addr == NULL or rel < 0 or avail <= 0:
+    if rel < 0 or avail <= 0:
         return None
     if parse_record(seg.addr + rel, avail, &v, False) != REC_OK:
         return None
-    return message_from_view(&v, None, copy_body, seg)
+    return message_from_view(&v, None, copy_body, pinned)
 
 
 def record_store_timestamp(list commit_log_files, long long seg_size, long long phys):
@@ -303,6 +333,8 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
     cdef RecordView v
     cdef MappedFile cqf = None
     cdef MappedFile seg
+    cdef MappedFile pinned_seg = None
+    cdef object pinned = None
     cdef const uint8_t *u
     cdef bytes topic_b = cq.topic.encode("utf-8")
     cdef int qid = cq.queue_id
@@ -310,7 +342,7 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
     if PyList_GET_SIZE(commit_log_files) > 0:
         log_min = (<MappedFile>PyList_GET_ITEM(commit_log_files, 0)).file_from_offset
     while i < end:
-        if i * CQ_UNIT_SIZE >= cq_end or cqf is None:
+        if i * CQ_UNIT_SIZE >= cq_end or cqf is None or cqf.addr == NULL:
             cqf = mfq.find(i * CQ_UNIT_SIZE)
             if cqf is None or cqf.addr == NULL:
                 return i, "no unit file"
@@ -333,8 +365,13 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
             i += 1
             continue
         seg = segment_of(commit_log_files, seg_size, phys)
-        if seg is None or seg.addr == NULL:
-            return i, f"offset {phys} is in no segment"
+        if seg is not pinned_seg:
+            pinned = None
+            pinned_seg = None
+            pinned = pin(seg) if seg is not None else None  # v points into seg until the reasons are built
+            if pinned is None:
+                return i, f"offset {phys} is in no segment"
+            pinned_seg = seg
         rel = phys - seg.file_from_offset
         if rel < 0 or rel + size > seg.file_size:
             return i, f"offset {phys} + {size} crosses its segment's end"
