@@ -45,4 +45,6 @@ cdef class MappedFile:
     cdef int64_t read_position(self) noexcept nogil
     cdef bint hold_c(self) noexcept
     cdef void release_c(self) noexcept
+    cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1
+    cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2
     cdef int ensure_reserved(self, int64_t end) except -1

@@ -3,6 +3,7 @@
 import logging
 import os
 import time
+from errno import EDQUOT, EFBIG, ENOSPC
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo
 from libc.errno cimport errno
@@ -106,21 +107,22 @@ cdef class MappedFile:
         existed = os.path.exists(self.path)
         if not existed and not create:
             raise FileNotFoundError(2, "No such file", self.path)
-        if create and writable:
-            flags |= os.O_CREAT
-        fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
+        fd = -1
+        if create and writable and not existed:
+            # the file appears under its name only once sized: a process killed while creating it leaves no
+            # 0-byte or short segment (which RocketMQ's load() refuses), and nothing at all when the disk is full
+            fd = self._create_sized(reserve, reserve_step)
+        if fd < 0:
+            if create and writable:
+                flags |= os.O_CREAT
+            fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
         self.fd = fd
         try:
             size = os.fstat(fd).st_size
             if size == 0 and writable and (create or reserve):
-                # a new file, or one whose creation was interrupted before it was sized
-                if reserve and reserve_step == 0:
-                    c_fallocate(fd, 0, file_size, self.path)
-                else:
-                    c_ftruncate(fd, file_size, self.path)
-                    if reserve:
-                        self.reserved = min(file_size, reserve_step)
-                        c_fallocate(fd, 0, self.reserved, self.path)
+                # a new file (where O_TMPFILE is not supported), or one whose creation was interrupted before it
+                # was sized
+                self._size_new(fd, reserve, reserve_step)
             elif size != file_size:
                 raise CorruptStoreError(
                     f"{self.path} is {size} bytes, expected {file_size} (mapped file size setting)")
@@ -142,6 +144,53 @@ cdef class MappedFile:
         self.committed_pos = 0
         self.flushed_pos = 0
         self.wbuf = NULL
+
+    cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1:
+        """Give a new, empty file its size: reserved whole, or sparse with the first step reserved."""
+        if reserve and reserve_step == 0:
+            c_fallocate(fd, 0, self.file_size, self.path)
+        else:
+            c_ftruncate(fd, self.file_size, self.path)
+            if reserve:
+                self.reserved = min(self.file_size, reserve_step)
+                c_fallocate(fd, 0, self.reserved, self.path)
+        return 0
+
+    cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2:
+        """Create the file sized and reserved as an unnamed inode in its directory (O_TMPFILE), then give it its
+        name (linkat through /proc/self/fd). Returns its descriptor, or -1 where that is not possible (a file
+        system or kernel without O_TMPFILE, no /proc, the name taken meanwhile by another process): the caller
+        then opens the name. A failure to size it (a full disk) raises, and leaves nothing behind."""
+        tmpfile = getattr(os, "O_TMPFILE", 0)
+        if not tmpfile:
+            return -1
+        directory = os.path.dirname(self.path) or "."
+        try:
+            fd = os.open(directory, tmpfile | os.O_RDWR | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return -1  # EOPNOTSUPP, EISDIR (kernels before 3.11), EINVAL...
+        dfd = -1
+        try:
+            self._size_new(fd, reserve, reserve_step)
+            # a directory descriptor makes os.link call linkat with AT_SYMLINK_FOLLOW (plain link() would link the
+            # /proc symlink itself); the source path is absolute, so the descriptor only selects the call
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.link(f"/proc/self/fd/{fd}", self.path, src_dir_fd=dfd, follow_symlinks=True)
+        except FileExistsError:
+            os.close(fd)
+            return -1
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (ENOSPC, EDQUOT, EFBIG):
+                raise
+            return -1
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            if dfd >= 0:
+                os.close(dfd)
+        return fd
 
     def __dealloc__(self):
         if self.addr != NULL and self.exports == 0:

@@ -407,10 +407,10 @@ cdef object overflow_error(object queue_id, object flag):
 @cython.final
 cdef class PutExtra:
     """The record fields of a broker-side re-put (``CommitLog.put_ext``): ``sys_flag`` (its host bits are
-    recomputed from the hosts), ``born_timestamp`` (-1: the store time), ``born_host`` and ``store_host`` ("ip:port"
-    or packed bytes; None: this store's; a 4.9.8 broker's re-puts keep the record's store host), ``reconsume_times``, ``prepared_transaction_offset``, ``raw_properties`` (the
-    exact stored properties bytes, RocketMQ's copy of a record's string; None: built from tags, keys and
-    properties as ``put`` does)."""
+    recomputed from the hosts), ``born_timestamp`` (-1: the store time), ``born_host`` and ``store_host``
+    ("ip:port" or packed bytes; None: this store's; a 4.9.8 broker's re-puts keep the record's store host),
+    ``reconsume_times``, ``prepared_transaction_offset``, ``raw_properties`` (the exact stored properties bytes,
+    RocketMQ's copy of a record's string; None: built from tags, keys and properties as ``put`` does)."""
 
     def __init__(self, *, int sys_flag=0, long long born_timestamp=-1, object born_host=None, object store_host=None,
                  int reconsume_times=0, long long prepared_transaction_offset=0, object raw_properties=None):
