@@ -142,7 +142,6 @@ for w in written:
     w["body"] = base64.b64encode(w["body"]).decode()
 with open(sys.argv[2], "w", encoding="utf-8") as f:
     json.dump(written, f)
-time.sleep(0.5)  # the services settle: 1 run in ~7 killed mid-put-path had RocketMQ load() fail (cause unknown)
 print("written", flush=True)
 sys.stdin.read()  # killed here, the store still open
 """
