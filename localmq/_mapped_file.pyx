@@ -2,8 +2,8 @@
 """MappedFile: one fixed-size segment file mapped MAP_SHARED, with reference-counted, zero-copy reads."""
 import logging
 import os
+import errno as _errno  # the name errno is libc's (cimported below)
 import time
-from errno import EDQUOT, EFBIG, ENOSPC
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo
 from libc.errno cimport errno
@@ -181,7 +181,7 @@ cdef class MappedFile:
             return -1
         except OSError as e:
             os.close(fd)
-            if e.errno in (ENOSPC, EDQUOT, EFBIG):
+            if e.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG):
                 raise
             return -1
         except BaseException:
