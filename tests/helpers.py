@@ -80,3 +80,19 @@ def golden_record(*, topic=b"abc", body=b"Once, there was a chance for me!", pro
             + struct.pack(">q", born_ts) + born_host + struct.pack(">q", store_ts) + store_host)
     rec = head + tail
     return struct.pack(">i", len(rec) + 4) + rec
+
+
+def queue_messages(st, topic, queue_id=0, wait=True):
+    """Every message of (topic, queue id) from its first offset, read with ``get_message`` until it finds no more;
+    first waits for the dispatcher to catch up when ``wait``."""
+    from localmq.status import GetStatus
+
+    if wait and not st.wait_for_dispatch(10):
+        raise AssertionError("dispatch did not catch up")
+    out, off = [], 0
+    while True:
+        r = st.get_message(topic, queue_id, off)
+        if r.status is not GetStatus.FOUND:
+            return out
+        out += r.messages
+        off = r.next_begin_offset

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import localmq
-from helpers import golden_record, wait_until
+from helpers import golden_record, queue_messages, wait_until
 from localmq import ConsumeStatus
 from localmq._record import pack_host
 from localmq.errors import AckError, DelayNotSupportedError, InvalidDelayError, InvalidTopicError
@@ -36,15 +36,7 @@ def _record_bytes(root, m):
         return f.read(m.store_size)
 
 
-def _all(st, topic, queue_id):
-    st.wait_for_dispatch(10)
-    out, off = [], 0
-    while True:
-        r = st.get_message(topic, queue_id, off)
-        if not r.messages:
-            return out
-        out += r.messages
-        off = r.next_begin_offset
+_all = queue_messages
 
 
 def _poll_until(c, n, timeout=30.0):

@@ -11,9 +11,9 @@ import zlib
 import pytest
 
 import localmq
+from helpers import queue_messages
 from localmq import LocalTransactionState as S
 from localmq.errors import InvalidTransactionError, TransactionNotSupportedError
-from localmq.status import GetStatus
 
 SMALL = {"mapped_file_size_commit_log": 1 << 20, "mapped_file_size_consume_queue": 6000}
 FAST = {"transaction_timeout": 200, "transaction_check_interval": 100}
@@ -55,16 +55,7 @@ def _props(*pairs):
     return b"\x02".join(k.encode() + b"\x01" + v.encode() for k, v in pairs)
 
 
-def _messages(st, topic, queue_id=0):
-    if not st.wait_for_dispatch(10):
-        raise AssertionError("dispatch did not catch up")
-    out, off = [], 0
-    while True:
-        r = st.get_message(topic, queue_id, off)
-        if r.status is not GetStatus.FOUND:
-            return out
-        out += r.messages
-        off = r.next_begin_offset
+_messages = queue_messages
 
 
 def _wait(cond, timeout=15.0):

@@ -8,8 +8,8 @@ import socket
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
-from localmq._record import Message
-from localmq.errors import DelayNotSupportedError, InvalidDelayError, SendError, StoreClosedError
+from localmq._record import Message, properties_to_bytes
+from localmq.errors import DelayNotSupportedError, InvalidDelayError, InvalidPropertyError, SendError, StoreClosedError
 from localmq.config import check_queue_id, check_topic
 from localmq.services.schedule import delay_rewrite, level_for_delay
 from localmq.status import PutStatus
@@ -71,6 +71,40 @@ def new_uniq_key() -> str:
     return _uniq_keys.new()
 
 
+def build_properties(tags: Optional[str], keys: Any, properties: Optional[Dict[str, str]]) -> Dict[str, str]:
+    """The properties dict of a message (TAGS and KEYS folded in), validated as the CommitLog validates them.
+
+    Raises InvalidPropertyError, PropertiesSizeError.
+    """
+    d = dict(properties) if properties else {}
+    if tags is not None:
+        if not isinstance(tags, str) or not tags:
+            raise InvalidPropertyError(f"tags must be a non-empty str, not {tags!r}")
+        d["TAGS"] = tags
+    if keys is not None:
+        ks = [keys] if isinstance(keys, str) else list(keys)
+        for k in ks:
+            if not isinstance(k, str) or not k or " " in k:
+                raise InvalidPropertyError(f"keys must be non-empty str without spaces, not {k!r}")
+        if ks:
+            d["KEYS"] = " ".join(ks)
+    if d:
+        properties_to_bytes(d)  # raises on separators, empty values, more than 32767 bytes
+    return d
+
+
+def producer_queue(mq: Any, state: Any, queue_id: Optional[int], queue_nums: Optional[int]) -> "tuple[int, int]":
+    """(queue_nums, queue id) of a new producer: ``queue_id``, else the producer's number modulo ``queue_nums``
+    (the queue's ``default_queue_nums`` when not given). Raises ValueError, InvalidQueueIdError."""
+    nums = int(queue_nums or mq.default_queue_nums)
+    if nums < 1:
+        raise ValueError("queue_nums must be at least 1")
+    if queue_id is None:
+        queue_id = state.next_producer_slot() % nums
+    check_queue_id(queue_id)
+    return nums, queue_id
+
+
 def _delay_property(value: Optional[str]) -> Optional[int]:
     """The delay level a DELAY property asks for: a positive decimal int, else None (RocketMQ delays a message
     only when its level is > 0). Raises InvalidDelayError for a value that is not an int."""
@@ -111,13 +145,7 @@ class Producer:
                  queue_nums: Optional[int] = None, on_delivery: Optional[DeliveryCallback] = None,
                  uniq_keys: bool = True):
         state = mq._client_state()
-        self.queue_nums = int(queue_nums or mq.default_queue_nums)
-        if self.queue_nums < 1:
-            raise ValueError("queue_nums must be at least 1")
-        if queue_id is None:
-            queue_id = state.next_producer_slot() % self.queue_nums
-        check_queue_id(queue_id)
-        self.queue_id = queue_id
+        self.queue_nums, self.queue_id = producer_queue(mq, state, queue_id, queue_nums)
         self.queue_selector = queue_selector
         self.on_delivery = on_delivery
         self.uniq_keys = uniq_keys

@@ -5,7 +5,7 @@ import logging
 from typing import Any, Callable, Dict, Optional
 
 from localmq._record import Message, properties_to_bytes
-from localmq.client.producer import new_uniq_key
+from localmq.client.producer import build_properties, new_uniq_key, producer_queue
 from localmq.config import check_queue_id, check_topic
 from localmq.errors import InvalidPropertyError, StoreClosedError, TransactionNotSupportedError
 from localmq.services.transaction import PROPERTY_UNIQ_KEY, user_message
@@ -48,13 +48,7 @@ class TransactionProducer:
         state = mq._client_state()
         self.group = group
         self.check_listener = check_listener
-        self.queue_nums = int(queue_nums or mq.default_queue_nums)
-        if self.queue_nums < 1:
-            raise ValueError("queue_nums must be at least 1")
-        if queue_id is None:
-            queue_id = state.next_producer_slot() % self.queue_nums
-        check_queue_id(queue_id)
-        self.queue_id = queue_id
+        self.queue_nums, self.queue_id = producer_queue(mq, state, queue_id, queue_nums)
         self._mq = mq
         self._svc = svc
         self._state = state
@@ -83,21 +77,10 @@ class TransactionProducer:
         check_topic(topic)
         qid = self.queue_id if queue_id is None else queue_id
         check_queue_id(qid)
-        props = dict(properties or ())
-        if tags is not None:
-            if not isinstance(tags, str) or not tags:
-                raise InvalidPropertyError(f"tags must be a non-empty str, not {tags!r}")
-            props["TAGS"] = tags
-        if keys is not None:
-            ks = [keys] if isinstance(keys, str) else list(keys)
-            for k in ks:
-                if not isinstance(k, str) or not k or " " in k:
-                    raise InvalidPropertyError(f"keys must be non-empty str without spaces, not {k!r}")
-            if ks:
-                props["KEYS"] = " ".join(ks)
+        props = build_properties(tags, keys, properties)
         if PROPERTY_UNIQ_KEY not in props:
             props[PROPERTY_UNIQ_KEY] = new_uniq_key()  # the transaction id; every copy and the commit keep it
-        properties_to_bytes(props)  # InvalidPropertyError before anything is stored
+            properties_to_bytes(props)  # InvalidPropertyError before anything is stored
         half = self._svc.prepare(topic, body, qid, self.group, props, flag)
         tid = props[PROPERTY_UNIQ_KEY]
         stored = self._svc.read(half.physical_offset)

@@ -8,14 +8,14 @@ import time
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
-from localmq._record import Message, properties_to_bytes
+from localmq._record import Message
 from localmq.client import retry
 from localmq.client.consumer import Consumer
-from localmq.client.producer import Producer
+from localmq.client.producer import Producer, build_properties
 from localmq.client.state import ClientState
 from localmq.client.transaction import TransactionProducer
 from localmq.config import check_queue_id
-from localmq.errors import ForkedStoreError, InvalidPropertyError, StoreClosedError
+from localmq.errors import ForkedStoreError, StoreClosedError
 from localmq.filter import tag_names  # re-exported: the queues import it from here
 from localmq.interface import MessageStore
 
@@ -65,28 +65,6 @@ class ProcessBoundMixin:
 
 __all__ = ["MessageStore", "QueueClientsMixin", "ProgressWaiterMixin", "ProcessBoundMixin", "build_properties",
            "check_queue_id", "tag_names"]
-
-
-def build_properties(tags: Optional[str], keys: Any, properties: Optional[Dict[str, str]]) -> Dict[str, str]:
-    """The properties dict of a message (TAGS and KEYS folded in), validated as the CommitLog validates them.
-
-    Raises InvalidPropertyError, PropertiesSizeError.
-    """
-    d = dict(properties) if properties else {}
-    if tags is not None:
-        if not isinstance(tags, str) or not tags:
-            raise InvalidPropertyError(f"tags must be a non-empty str, not {tags!r}")
-        d["TAGS"] = tags
-    if keys is not None:
-        ks = [keys] if isinstance(keys, str) else list(keys)
-        for k in ks:
-            if not isinstance(k, str) or not k or " " in k:
-                raise InvalidPropertyError(f"keys must be non-empty str without spaces, not {k!r}")
-        if ks:
-            d["KEYS"] = " ".join(ks)
-    if d:
-        properties_to_bytes(d)  # raises on separators, empty values, more than 32767 bytes
-    return d
 
 
 class QueueClientsMixin:

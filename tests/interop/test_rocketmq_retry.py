@@ -2,26 +2,19 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import localmq
-from localmq.status import GetStatus
+from helpers import queue_messages
 from .test_rocketmq_store import SIZES, harness, run_harness  # noqa: F401 - harness is a fixture
 
 SCHED = "SCHEDULE_TOPIC_XXXX"
 
 
-def _all(st: Any, topic: str, qid: int) -> list:
-    out, off = [], 0
-    while True:
-        r = st.get_message(topic, qid, off)
-        if r.status is not GetStatus.FOUND:
-            return out
-        out += r.messages
-        off = r.next_begin_offset
+_all = functools.partial(queue_messages, wait=False)
 
 
 def test_localmq_retries_read_by_rocketmq(harness: list[str], tmp_path: Path) -> None:  # noqa: F811

@@ -2,27 +2,21 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import localmq
+from helpers import queue_messages
 from localmq import LocalTransactionState as S
-from localmq.status import GetStatus
 from .test_rocketmq_store import SIZES, harness, run_harness  # noqa: F401 - harness is a fixture
 
 HALF, OP, DISCARD = "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"
 
 
-def _all(st: Any, topic: str, qid: int) -> list:
-    out, off = [], 0
-    while True:
-        r = st.get_message(topic, qid, off)
-        if r.status is not GetStatus.FOUND:
-            return out
-        out += r.messages
-        off = r.next_begin_offset
+_all = functools.partial(queue_messages, wait=False)
 
 
 def _wait(cond: Any, timeout: float = 20.0) -> None:

@@ -11,6 +11,7 @@ consumerOffset.json of group ``billing`` on ``orders``.
 from __future__ import annotations
 
 import base64
+import functools
 import collections
 import ipaddress
 import json
@@ -26,6 +27,7 @@ from typing import Any, Iterator
 import pytest
 
 import localmq
+from helpers import queue_messages
 import localmq.cli as localmq_cli
 from localmq.status import GetStatus
 from .test_rocketmq_store import harness, keys_of, run_harness  # noqa: F401 - harness is a fixture
@@ -295,14 +297,7 @@ def test_spark_reads_rocketmq_store(spark: Any, written: tuple[Path, dict[str, A
             r.physical_offset
 
 
-def _queue(st: Any, topic: str, qid: int) -> list[Any]:
-    out, off = [], 0
-    while True:
-        r = st.get_message(topic, qid, off)
-        if r.status is not GetStatus.FOUND:
-            return out
-        out += r.messages
-        off = r.next_begin_offset
+_queue = functools.partial(queue_messages, wait=False)
 
 
 @pytest.fixture(scope="module")
