@@ -19,6 +19,7 @@ REC = _record.encode_message("T", b"hello", properties={"TAGS": "a", "KEYS": "k1
 def frame_bytes():
     """One valid embedded-queue frame (written through a MappedFile as the queue writes it)."""
     import os
+    import shutil
     import tempfile
 
     from localmq._mapped_file import MappedFile
@@ -30,6 +31,7 @@ def frame_bytes():
         return bytes(memoryview(mf)[:end])
     finally:
         mf.close()
+        shutil.rmtree(d)   # every run left a directory in /tmp
 
 
 def run_isolated(code):
