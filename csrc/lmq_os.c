@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,6 +55,8 @@ int lmq_msync(void *addr, size_t off, size_t len, int sync) {
 }
 
 int lmq_fdatasync(int fd, int full) { return full ? fsync(fd) : fdatasync(fd); }
+
+int lmq_set_timer_slack_ns(long ns) { return prctl(PR_SET_TIMERSLACK, (unsigned long)ns, 0, 0, 0); }
 
 int lmq_fallocate(int fd, int64_t off, int64_t len) {
     int rc;

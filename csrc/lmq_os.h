@@ -22,6 +22,8 @@ int lmq_unmap(void *addr, size_t len);
 int lmq_msync(void *addr, size_t off, size_t len, int sync);
 /* fdatasync(fd); fsync(fd) when full != 0 (directories, metadata). */
 int lmq_fdatasync(int fd, int full);
+/* The calling thread's timer slack (prctl PR_SET_TIMERSLACK; the default 50 us stretches short timed waits). */
+int lmq_set_timer_slack_ns(long ns);
 /* posix_fallocate(fd, off, len): reserves the blocks so later writes through a mapping cannot SIGBUS on ENOSPC. */
 int lmq_fallocate(int fd, int64_t off, int64_t len);
 /* ftruncate(fd, len). */
@@ -100,6 +102,11 @@ static inline void lmq_put32(void *p, uint32_t v) { v = __builtin_bswap32(v); __
 static inline void lmq_put64(void *p, uint64_t v) { v = __builtin_bswap64(v); __builtin_memcpy(p, &v, 8); }
 static inline int64_t lmq_load_acq(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void lmq_store_rel(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+/* Sequentially consistent add and store: Dekker-style hand-shakes between processes (a counter bumped by one side, a
+ * threshold published by the other) need both sides' writes ordered before their following loads. */
+static inline int64_t lmq_fetch_add(int64_t *p, int64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline void lmq_store_sc(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+static inline int64_t lmq_load_sc(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
 /* Raise *p to v when v is larger (CAS loop, release on success); concurrent raisers never move it back. */
 static inline void lmq_store_max(int64_t *p, int64_t v) {
     int64_t cur = __atomic_load_n(p, __ATOMIC_ACQUIRE);

@@ -56,7 +56,7 @@ cdef extern from *:
     #define LMQ_L_FRAME_HEADERS_SIZE (24)
     #define LMQ_L_FRAME_OVERHEAD (40)
     #define LMQ_L_CTL_MAGIC (1280135491)
-    #define LMQ_L_CTL_VERSION (2)
+    #define LMQ_L_CTL_VERSION (3)
     #define LMQ_L_CTL_H_MAGIC (0)
     #define LMQ_L_CTL_H_VERSION (4)
     #define LMQ_L_CTL_H_FILE_SIZE (8)
@@ -85,6 +85,8 @@ cdef extern from *:
     #define LMQ_L_CTL_S_DISK_FULL (600)
     #define LMQ_L_CTL_S_FLUSHED (608)
     #define LMQ_L_CTL_S_FLUSH_REQ (616)
+    #define LMQ_L_CTL_S_SYNC_ARRIVALS (624)
+    #define LMQ_L_CTL_S_SYNC_WANT (632)
     #define LMQ_L_CTL_S_INDEXED (592)
     #define LMQ_L_CTL_I_STATE (640)
     #define LMQ_L_CTL_I_POS (648)
@@ -201,6 +203,8 @@ cdef extern from *:
     enum: CTL_S_DISK_FULL "LMQ_L_CTL_S_DISK_FULL"
     enum: CTL_S_FLUSHED "LMQ_L_CTL_S_FLUSHED"
     enum: CTL_S_FLUSH_REQ "LMQ_L_CTL_S_FLUSH_REQ"
+    enum: CTL_S_SYNC_ARRIVALS "LMQ_L_CTL_S_SYNC_ARRIVALS"
+    enum: CTL_S_SYNC_WANT "LMQ_L_CTL_S_SYNC_WANT"
     enum: CTL_S_INDEXED "LMQ_L_CTL_S_INDEXED"
     enum: CTL_I_STATE "LMQ_L_CTL_I_STATE"
     enum: CTL_I_POS "LMQ_L_CTL_I_POS"

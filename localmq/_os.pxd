@@ -6,6 +6,7 @@ cdef extern from "lmq_os.h" nogil:
     int lmq_unmap(void *addr, size_t length)
     int lmq_msync(void *addr, size_t off, size_t length, int sync)
     int lmq_fdatasync(int fd, int full)
+    int lmq_set_timer_slack_ns(long ns)
     int lmq_fallocate(int fd, int64_t off, int64_t length)
     int lmq_ftruncate(int fd, int64_t length)
     int lmq_mlock(void *addr, size_t off, size_t length)
@@ -56,6 +57,9 @@ cdef extern from "lmq_os.h" nogil:
     void lmq_put64(void *p, uint64_t v)
     int64_t lmq_load_acq(const int64_t *p)
     void lmq_store_rel(int64_t *p, int64_t v)
+    int64_t lmq_fetch_add(int64_t *p, int64_t v)
+    void lmq_store_sc(int64_t *p, int64_t v)
+    int64_t lmq_load_sc(const int64_t *p)
     void lmq_store_max(int64_t *p, int64_t v)
 
 cdef extern from "lmq_crc.h" nogil:

@@ -136,7 +136,7 @@ def frame_store_ts_at(body_len: int) -> int:
 
 CTL_FILE = "mpctl"
 CTL_MAGIC = 0x4C4D5143                   # "LMQC", written last by the initialiser
-CTL_VERSION = 2
+CTL_VERSION = 3
 CTL_H_MAGIC = 0                          # u32
 CTL_H_VERSION = 4                        # u32
 CTL_H_FILE_SIZE = 8                      # u32
@@ -166,6 +166,8 @@ CTL_S_CQ_MIN = 584                       # min offset of the CommitLog the Consu
 CTL_S_DISK_FULL = 600                    # 1 while the housekeeper finds the disk full (every process refuses puts)
 CTL_S_FLUSHED = 608                      # CommitLog end known to be on disk (SYNC_FLUSH group commit, housekeeper)
 CTL_S_FLUSH_REQ = 616                    # highest end a SYNC_FLUSH put waits for (any process, CAS max)
+CTL_S_SYNC_ARRIVALS = 624                # SYNC_FLUSH puts that began waiting, ever (any process, atomic add)
+CTL_S_SYNC_WANT = 632                    # the arrivals count at which the group commit wants a wake-up (housekeeper)
 CTL_S_INDEXED = 592                      # CommitLog offset below which every record is in the IndexFile (housekeeper)
 # The intent record: what the writer-lock holder is doing, so a taker-over can repair a torn put.
 CTL_I_STATE = 640                        # 1 while a put is between its first byte and its commit

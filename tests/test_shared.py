@@ -603,6 +603,36 @@ def test_sync_flush_puts_from_many_processes_are_acknowledged_flushed(tmp_path, 
         q.close()
 
 
+def test_sync_flush_across_segment_rolls_and_a_housekeeper_killed_while_puts_wait(tmp_path, workers):
+    # The group commit runs in C in the housekeeper: it must step from segment to segment (1 MiB segments, ~3.5 MiB
+    # written here), and when its process is SIGKILLed while puts of other processes wait for their flush, the
+    # next housekeeper's group commit must answer them (PUT_OK, not FLUSH_DISK_TIMEOUT).
+    path = tmp_path / "s"
+    sync = dict(flush_disk_type="SYNC_FLUSH")
+    hk = workers("idle", path, config=sync)
+    hk.wait_open()
+    assert hk.lines[0][2] == "1"
+    q = localmq.open(path, shared=True, **KW, **sync)
+    try:
+        assert not q.housekeeper
+        ws = [workers("produce", path, name=f"sr{k}", n=1500, body=1000, config=sync) for k in range(2)]
+        assert wait_until(lambda: all(len(w.acks()) > 200 for w in ws), 60)
+        hk.kill()  # puts of both workers are waiting for a flush the dead process was to do
+        mine = put_many(q, 300)
+        for w in ws:
+            w.finish(120)
+            assert len(w.acks()) == 1500 and not [p for p in w.lines if p[0] == "fail"]
+        assert q.wait_for_dispatch(10)
+        got = read_all(q)
+        assert len(got) == 3300 and all(got[k] == h for k, h in mine.items())
+        for w in ws:
+            assert all(got[(qid, qoff)] == h for qid, qoff, h in w.acks())
+        shared = q.stats()["shared"]
+        assert shared["sync_flushed_end"] == shared["committed_end"] > 3 << 20  # every acknowledged byte, 3 rolls
+    finally:
+        q.close()
+
+
 def test_file_readers_on_a_live_shared_store_see_a_growing_prefix(tmp_path, workers):
     # what the CLI and Spark use: localmq's file readers, no lock, no control file
     path = tmp_path / "s"

@@ -24,8 +24,8 @@ from localmq.errors import (
 )
 from localmq.layout import (
     CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CTL_FILE, CTL_LOCK_BYTE_HOUSEKEEPER, CTL_LOCK_BYTE_STORE,
-    CTL_S_CQ_SIZE, CTL_S_HOUSEKEEPER, CTL_S_PUTS, CTL_S_READY, CTL_S_REPAIRS, CTL_S_REPUT, CTL_S_SEG_SIZE,
-    CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE, CTL_S_INDEXED, CTL_S_DISK_FULL, LOCK_FILE,
+    CTL_S_CQ_SIZE, CTL_S_FLUSHED, CTL_S_HOUSEKEEPER, CTL_S_PUTS, CTL_S_READY, CTL_S_REPAIRS, CTL_S_REPUT,
+    CTL_S_SEG_SIZE, CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE, CTL_S_INDEXED, CTL_S_DISK_FULL, LOCK_FILE,
 )
 from localmq.queues.local import LocalMessageQueue
 from localmq.services.flush import FlushConsumeQueueService, FlushRealTimeService, SharedGroupCommitService
@@ -310,7 +310,7 @@ class SharedMessageQueue(LocalMessageQueue):
         svc.start()
         self._hk_services.append(svc)
         if c.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            self._hk_flush = SharedGroupCommitService(self._cl_mfq, ctl, self.commit_log.sync_view)
+            self._hk_flush = SharedGroupCommitService(self._cl_mfq, ctl, self.commit_log)
         else:
             self._hk_flush = FlushRealTimeService(self._cl_mfq, c, self.checkpoint)
         self._hk_flush.start()
@@ -533,6 +533,7 @@ class SharedMessageQueue(LocalMessageQueue):
                 "committed_end": ctl.load(CTL_S_WPOS),
                 "dispatched_end": ctl.load(CTL_S_REPUT),
                 "store_puts": ctl.load(CTL_S_PUTS),
+                "sync_flushed_end": ctl.load(CTL_S_FLUSHED),
                 "torn_puts_repaired": ctl.load(CTL_S_REPAIRS),
                 "writer_lock_recoveries": ctl.lock.recoveries,
             }

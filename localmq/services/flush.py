@@ -256,41 +256,63 @@ class FlushConsumeQueueService(ServiceThread):
 
 
 class SharedGroupCommitService(ServiceThread):
-    """SYNC_FLUSH group commit of a store shared between processes, run by the housekeeper: it sleeps on the
-    control file's "flush requested" eventcount, and when some process's put waits for an end not yet flushed it
-    moves its view to the committed end, flushes every segment up to there (one fdatasync per segment covers the
-    bytes of every process) and publishes the flushed end (``CTL_S_FLUSHED``), waking the waiting puts of every
-    process through the "flushed" eventcount."""
+    """SYNC_FLUSH group commit of a store shared between processes, run by the housekeeper. The loop is
+    ``CommitLog.serve_shared_flush`` (C, without the GIL, so the housekeeper's other Python threads cannot delay
+    a flush): it sleeps on the control file's "flush requested" eventcount, gathers the puts of every process that
+    wait for their flush, fdatasyncs the segment once for all of them, publishes the flushed end
+    (``CTL_S_FLUSHED``) and wakes them through the "flushed" eventcount. This thread only steps from one segment
+    to the next (moving its view to the committed end and flushing the full segments below)."""
 
-    def __init__(self, mfq, ctl, sync_view: Callable[[], int]):
+    def __init__(self, mfq, ctl, commit_log):
         super().__init__("SharedGroupCommitService")
         self.mfq = mfq
         self.ctl = ctl
-        self.sync_view = sync_view
+        self.commit_log = commit_log
         self.flushes = 0
 
     def run(self) -> None:
         ctl = self.ctl
-        requests = ctl.flush_requests
+        cl = self.commit_log
+        mfq = self.mfq
+        cl.stop_shared_flush(False)
         while not self.stopped:
-            seen = requests.seq()
-            if ctl.load(CTL_S_FLUSH_REQ) <= ctl.load(CTL_S_FLUSHED):
-                requests.wait(seen, 0.05)
-                continue
-            end = self.sync_view()
             try:
-                flushed = self.mfq.flush_to(end)
+                end = cl.sync_view()
+                start = max(ctl.load(CTL_S_FLUSHED), mfq.flushed_where)
+                mf = mfq.find(min(start, end))
+                if mf is None or mf.file_from_offset + mf.file_size <= start:
+                    # the committed end is a segment boundary whose next segment is not written yet (or nothing
+                    # is written at all): wait for a request, then look again
+                    seen = ctl.flush_requests.seq()
+                    if ctl.load(CTL_S_FLUSH_REQ) <= ctl.load(CTL_S_FLUSHED):
+                        ctl.flush_requests.wait(seen, 0.05)
+                    else:
+                        self._publish(mfq.flush_to(end))
+                        self._stopped.wait(0.0005)
+                    continue
+                if mfq.flushed_where < mf.file_from_offset:
+                    mfq.flush_to(mf.file_from_offset)  # full segments below (after a roll or a takeover)
+                with mfq.flush_lock:
+                    flushed, status, rounds = cl.serve_shared_flush(mf, 50_000)
+                    if flushed > mfq.flushed_where:
+                        mfq.flushed_where = flushed
+                self.flushes += rounds
             except OSError as e:
                 self.errors += 1
                 self.last_error = e
                 log.error("%s: flushing the commit log failed: %s (waiting puts will time out)", self.name, e)
                 self._stopped.wait(0.01)
                 continue
-            self.flushes += 1
-            if flushed > ctl.load(CTL_S_FLUSHED):
-                ctl.store(CTL_S_FLUSHED, flushed)
-            ctl.flushed_events.notify()
+            except StoreClosedError:
+                break
+            if status < 0:
+                break
+
+    def _publish(self, flushed: int) -> None:
+        ctl = self.ctl
+        if flushed > ctl.load(CTL_S_FLUSHED):
+            ctl.store(CTL_S_FLUSHED, flushed)
+        ctl.flushed_events.notify()
 
     def on_shutdown(self) -> None:
-        if not self.ctl.closed:
-            self.ctl.flush_requests.notify()
+        self.commit_log.stop_shared_flush(True)  # also wakes the loop

@@ -59,6 +59,14 @@ cdef class CommitLog:
     cdef public double lock_timeout   # seconds a put waits for the writer lock before StoreBusyError
     cdef readonly long long repairs
     cdef bint shared_sync             # SYNC_FLUSH in a shared store: wait on the housekeeper's group commit
+    cdef volatile int shared_flush_stop  # serve_shared_flush returns at its next step
+    cdef int64_t sync_group           # requests the last shared group commit covered (its next gathering target)
+    cdef int64_t sync_fsync_ns        # moving average of the shared group commit's fdatasync
+    cdef int64_t sync_fsync_total_ns  # time in its fdatasyncs
+    cdef int64_t sync_gather_ns       # time from a publish (or an idle request) to the next flush
+    cdef int64_t sync_gather_permille  # gathering window, thousandths of the fdatasync average
+    cdef int64_t sync_prepared        # the log is written (zeros) and flushed up to here ahead of its end
+    cdef int64_t sync_prepare_ns      # time spent doing that
     cdef int64_t synced_end           # the committed end sync_view last moved this view to
     cdef int _bind_shared(self, TopicEntry te) except -1
     cdef int _repair(self) except -1

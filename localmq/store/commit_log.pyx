@@ -15,7 +15,7 @@ from libc.string cimport memset
 
 from localmq._layout cimport (
     CTL_EVENT_OFF, CTL_FILE_SIZE, CTL_FLUSH_REQ_EVENT_OFF, CTL_FLUSHED_EVENT_OFF, CTL_I_CELL, CTL_I_END, CTL_I_POS,
-    CTL_I_QEND, CTL_I_QOFF, CTL_I_STATE, CTL_S_FLUSH_REQ, CTL_S_FLUSHED,
+    CTL_I_QEND, CTL_I_QOFF, CTL_I_STATE, CTL_S_FLUSH_REQ, CTL_S_FLUSHED, CTL_S_SYNC_ARRIVALS, CTL_S_SYNC_WANT,
     CTL_S_LAST_TS, CTL_S_PUTS, CTL_S_REPAIRS, CTL_S_WPOS, CTL_T_NEXT, CTL_TOPIC_QUEUES, CTL_TOPICS_OFF,
     END_FILE_MIN_BLANK_LENGTH, HOST_V4_SIZE, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID,
     SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED,
@@ -25,8 +25,9 @@ from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_re
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
     lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_pause, lmq_gc_flushed, lmq_gc_free, lmq_gc_new,
-    lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_load_acq, lmq_now_ms, lmq_store_max,
-    lmq_store_rel,
+    lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fallocate, lmq_fdatasync, lmq_fetch_add,
+    lmq_load_acq, lmq_load_sc, lmq_now_ms, lmq_populate_write, lmq_set_timer_slack_ns, lmq_store_max, lmq_store_rel,
+    lmq_store_sc,
 )
 from localmq._native cimport Event, raise_errno
 from localmq._shm cimport (
@@ -43,6 +44,12 @@ from localmq.errors import (
     ArgumentOverflowError, ForkedStoreError, InvalidPropertyError, InvalidQueueIdError, MessageSizeError,
     PropertiesSizeError, StoreClosedError, TopicTableFullError,
 )
+
+# SYNC_FLUSH group commit: how far ahead of the log's end the range is kept written (zeros) and flushed, and when to
+# extend it
+cdef enum:
+    SYNC_PREPARE_CHUNK = 1 << 20
+    SYNC_PREPARE_LOW = 1 << 19
 
 # Every CommitLog of this process. A forked child inherits them with their mappings but without the parent's put lock
 # holder, dispatcher or later queue offsets: a put there would reuse the parent's offsets and overwrite its records,
@@ -467,6 +474,7 @@ cdef class CommitLog:
         self.dispatch_event = NULL
         self.group_commit = None
         self.refuse_status = None
+        self.sync_gather_permille = 500
 
     def __dealloc__(self):
         if self.lock != NULL:
@@ -1071,14 +1079,19 @@ cdef class CommitLog:
 
     cdef _await_shared_flush(self, object r, int64_t end):
         # SYNC_FLUSH in a shared store: ask the housekeeper's group commit (one fdatasync covers the puts of every
-        # process) and sleep on the "flushed" eventcount until the flushed end covers ours
+        # process) and sleep on the "flushed" eventcount until the flushed end covers ours. The arrivals counter
+        # lets the group commit gather a group: it is woken by the put that completes the group it wants
+        # (CTL_S_SYNC_WANT), not by every put.
         cdef char *cb = self.cb
         cdef int64_t deadline = lmq_shm_monotonic_ns() + self.sync_flush_timeout_us * 1000, left
         cdef uint32_t seen
         cdef bint ok = False
         with nogil:  # a disk round trip
-            lmq_store_max(<int64_t *>(cb + CTL_S_FLUSH_REQ), end)
-            lmq_shm_event_notify(cb + CTL_FLUSH_REQ_EVENT_OFF)
+            if lmq_load_acq(<int64_t *>(cb + CTL_S_FLUSHED)) < end:
+                lmq_store_max(<int64_t *>(cb + CTL_S_FLUSH_REQ), end)
+                if lmq_fetch_add(<int64_t *>(cb + CTL_S_SYNC_ARRIVALS), 1) + 1 >= \
+                        lmq_load_sc(<int64_t *>(cb + CTL_S_SYNC_WANT)):
+                    lmq_shm_event_notify(cb + CTL_FLUSH_REQ_EVENT_OFF)
             while True:
                 seen = lmq_shm_event_seq(cb + CTL_FLUSHED_EVENT_OFF)
                 if lmq_load_acq(<int64_t *>(cb + CTL_S_FLUSHED)) >= end:
@@ -1090,6 +1103,146 @@ cdef class CommitLog:
                 lmq_shm_event_wait(cb + CTL_FLUSHED_EVENT_OFF, seen, left if left < 10000 else 10000)
         if not ok:
             (<PutResult>r).status = FLUSH_TIMEOUT
+
+    def serve_shared_flush(self, MappedFile mf not None, long long idle_us):
+        """The housekeeper's SYNC_FLUSH group commit for a shared store, without the GIL: wait for puts of any
+        process that wait for their flush (``CTL_S_FLUSH_REQ`` beyond ``CTL_S_FLUSHED``), gather a group, fdatasync
+        ``mf`` once for everything committed in it, publish the flushed end and wake the waiting puts of every
+        process; repeat.
+
+        Gathering: a flush waits until as many puts have asked as the previous flush covered (the threads it
+        woke are back with their next put), but never longer than half an fdatasync (moving average) after the
+        previous publish; a lone putter is flushed at once. The caller has flushed every segment below ``mf``
+        and holds the queue's flush lock.
+
+        Returns (flushed end, status, fdatasyncs): status 0 once the committed end lies beyond ``mf`` (``mf`` is
+        flushed to its end: move on), 1 after ``idle_us`` without a request, -1 when ``stop_shared_flush`` was
+        called. Raises OSError when fdatasync fails (nothing is published for the failed range).
+        """
+        cdef char *cb = self.cb
+        cdef int64_t base = mf.file_from_offset, size = mf.file_size
+        cdef int64_t a_start, a0, want, w, end, rel, now, t_pub, t0, left, covered
+        cdef int64_t group = self.sync_group
+        cdef int64_t ewma = self.sync_fsync_ns
+        cdef int64_t prepared = self.sync_prepared, pend
+        cdef uint32_t seen
+        cdef int status = 0, rc = 0, err = 0
+        cdef long long rounds = 0
+        if cb == NULL:
+            raise ValueError("serve_shared_flush needs attach_control first")
+        if mf.addr == NULL:
+            raise StoreClosedError(f"mapped file {mf.path} is closed")
+        mf.exports += 1  # keeps the mapping and its descriptor alive through the nogil loop
+        try:
+            with nogil:
+                lmq_set_timer_slack_ns(1000)  # this thread's gathering waits are tens of microseconds
+                a_start = lmq_load_sc(<int64_t *>(cb + CTL_S_SYNC_ARRIVALS))
+                t_pub = lmq_shm_monotonic_ns()
+                while True:
+                    if self.shared_flush_stop:
+                        status = -1
+                        break
+                    # 1. wait for a request: the first put that asks wakes us
+                    lmq_store_sc(<int64_t *>(cb + CTL_S_SYNC_WANT), a_start + 1)
+                    seen = lmq_shm_event_seq(cb + CTL_FLUSH_REQ_EVENT_OFF)
+                    if lmq_load_sc(<int64_t *>(cb + CTL_S_FLUSH_REQ)) <= lmq_load_acq(<int64_t *>(cb + CTL_S_FLUSHED)):
+                        if lmq_shm_event_wait(cb + CTL_FLUSH_REQ_EVENT_OFF, seen, idle_us) == 0:
+                            if lmq_load_sc(<int64_t *>(cb + CTL_S_FLUSH_REQ)) <= \
+                                    lmq_load_acq(<int64_t *>(cb + CTL_S_FLUSHED)):
+                                status = 1
+                                break
+                        t_pub = lmq_shm_monotonic_ns()  # idle: the gathering window starts with this request
+                        continue
+                    # 2. gather: wait for as many requests as the last flush covered, at most ewma/2 after it
+                    if group > 1:
+                        want = a_start + group
+                        lmq_store_sc(<int64_t *>(cb + CTL_S_SYNC_WANT), want)
+                        while not self.shared_flush_stop:
+                            seen = lmq_shm_event_seq(cb + CTL_FLUSH_REQ_EVENT_OFF)
+                            if lmq_load_sc(<int64_t *>(cb + CTL_S_SYNC_ARRIVALS)) >= want:
+                                break
+                            left = (t_pub + ewma * self.sync_gather_permille // 1000 - lmq_shm_monotonic_ns()) // 1000
+                            if left <= 0:
+                                break
+                            lmq_shm_event_wait(cb + CTL_FLUSH_REQ_EVENT_OFF, seen, left)
+                    # 3. flush what is committed in mf; every request counted in a0 lies below w
+                    t0 = lmq_shm_monotonic_ns()
+                    self.sync_gather_ns += t0 - t_pub
+                    a0 = lmq_load_sc(<int64_t *>(cb + CTL_S_SYNC_ARRIVALS))
+                    w = lmq_load_acq(<int64_t *>(cb + CTL_S_WPOS))
+                    end = w if w < base + size else base + size
+                    rel = end - base
+                    if rel > mf.flushed_pos:
+                        t0 = lmq_shm_monotonic_ns()
+                        rc = lmq_fdatasync(mf.fd, 0)
+                        if rc != 0:
+                            err = errno
+                            break
+                        now = lmq_shm_monotonic_ns()
+                        self.sync_fsync_total_ns += now - t0
+                        ewma = (ewma * 7 + (now - t0)) // 8 if ewma > 0 else now - t0
+                        if ewma > 2000000:
+                            ewma = 2000000  # a stalled disk does not stretch the gathering window past 1 ms
+                        mf.flushed_pos = rel
+                        lmq_store_max(&mf.wrote_pos, rel)
+                        rounds += 1
+                    lmq_store_max(<int64_t *>(cb + CTL_S_FLUSHED), end)
+                    lmq_shm_event_notify(cb + CTL_FLUSHED_EVENT_OFF)
+                    t_pub = lmq_shm_monotonic_ns()
+                    covered = a0 - a_start
+                    a_start = a0
+                    if covered >= 1:
+                        group = covered if covered < 4096 else 4096
+                    # 4. keep the next MiB ahead of the log written once (zeros) and on disk: a fallocated range is
+                    # "unwritten" to ext4/xfs, and the first fdatasync over each new page of it must also commit
+                    # the extent conversion to the journal (measured here: 190 -> 120 us per group commit)
+                    if prepared < base + rel + SYNC_PREPARE_LOW:
+                        if prepared < base + rel:
+                            prepared = base + rel
+                        pend = prepared + SYNC_PREPARE_CHUNK
+                        if pend > base + size:
+                            pend = base + size
+                        # reserve the blocks first (no-op where they are), so that the prefault cannot meet a full disk
+                        if pend > prepared and lmq_fallocate(mf.fd, prepared - base, pend - prepared) == 0 and \
+                                lmq_populate_write(mf.addr, prepared - base, pend - prepared) == 0:
+                            t0 = lmq_shm_monotonic_ns()
+                            rc = lmq_fdatasync(mf.fd, 0)
+                            if rc != 0:
+                                err = errno
+                                break
+                            self.sync_prepare_ns += lmq_shm_monotonic_ns() - t0
+                            prepared = pend
+                        else:
+                            prepared = base + size  # nothing more to prepare here (sparse file, old kernel)
+                    if w > base + size or (w == base + size and rel == size):
+                        status = 0
+                        break
+        finally:
+            self.sync_group = group
+            self.sync_fsync_ns = ewma
+            self.sync_prepared = prepared
+            mf.exports -= 1
+            if mf.exports == 0 and mf.unmap_pending:
+                mf._do_unmap()
+        if rc != 0:
+            raise_errno(err, mf.path)
+        return base + mf.flushed_pos, status, rounds
+
+    def tune_shared_flush(self, int gather_permille):
+        """The gathering window of ``serve_shared_flush`` in thousandths of its fdatasync average (500 by default;
+        0 flushes as soon as a request is there)."""
+        self.sync_gather_permille = gather_permille
+
+    def shared_flush_stats(self):
+        """This process's shared group commit so far: (ns gathering requests before flushes, ns in fdatasync,
+        moving average of one fdatasync in ns, requests the last flush covered)."""
+        return self.sync_gather_ns, self.sync_fsync_total_ns, self.sync_fsync_ns, self.sync_group, self.sync_prepare_ns
+
+    def stop_shared_flush(self, bint stop=True):
+        """Make ``serve_shared_flush`` return (status -1) at its next step (``stop=False`` allows it again)."""
+        self.shared_flush_stop = stop
+        if stop and self.cb != NULL:
+            lmq_shm_event_notify(self.cb + CTL_FLUSH_REQ_EVENT_OFF)
 
     def set_shared_sync_flush(self, long long timeout_ms):
         """SYNC_FLUSH in a shared store: every put waits (at most ``timeout_ms``) until the housekeeper's group
