@@ -40,6 +40,9 @@ cdef class MappedFile:
     # (ensure_reserved); without one, the whole file is reserved when it is created.
     cdef readonly int64_t reserved
     cdef readonly int64_t reserve_step
+    # SYNC_FLUSH: [0, prepared_pos) has been written once (at least with zeros) and flushed, so its extents are no
+    # longer "unwritten" and a later fdatasync there writes data pages only, without a journal commit.
+    cdef readonly int64_t prepared_pos
 
     cdef int _check_open(self) except -1
     cdef int64_t read_position(self) noexcept nogil
@@ -48,3 +51,4 @@ cdef class MappedFile:
     cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1
     cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2
     cdef int ensure_reserved(self, int64_t end) except -1
+    cdef int prepare_c(self, int64_t start, int64_t end) noexcept nogil

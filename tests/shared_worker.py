@@ -50,17 +50,20 @@ def consume(q, total, queues, timeout):
     say("done", n)
 
 
-def group_consume(q, group, idle_s, retention_ms):
-    """A member of ``group``: poll until nothing came for ``idle_s`` seconds, commit durably, close."""
+def group_consume(q, group, idle_s, retention_ms, first_wait_s=None):
+    """A member of ``group``: poll until nothing came for ``idle_s`` seconds (before the first message: for
+    ``first_wait_s``, default ``idle_s``), commit durably, close."""
     c = q.create_consumer(group, ["T"], consumer_retention_ms=retention_ms)
     say("member")
     quiet_since = time.monotonic()
-    while time.monotonic() - quiet_since < idle_s:
+    wait_s = idle_s if first_wait_s is None else first_wait_s
+    while time.monotonic() - quiet_since < wait_s:
         batch = c.poll_batch(32, timeout=0.2)
         for m in batch:
             say("msg", m.queue_id, m.queue_offset, hashlib.sha1(bytes(m.body)).hexdigest())
         if batch:
             quiet_since = time.monotonic()
+            wait_s = idle_s
             c.commit(durable=True)
     c.close()
     say("done", 0)
@@ -79,7 +82,7 @@ def main():
     elif role == "consume":
         consume(q, args["total"], args.get("queues", 4), args.get("timeout", 60))
     elif role == "group":
-        group_consume(q, args["group"], args.get("idle", 2.0), args.get("retention_ms", 30000))
+        group_consume(q, args["group"], args.get("idle", 2.0), args.get("retention_ms", 30000), args.get("first_wait"))
     elif role == "idle":
         sys.stdin.readline()  # until the test closes our stdin
     if args.get("exit_without_close"):

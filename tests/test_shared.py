@@ -438,8 +438,9 @@ def test_commits_of_two_processes_both_reach_the_offset_file(tmp_path, workers):
     try:
         put_many(q, 100)
         assert q.wait_for_dispatch(10)
-        a = workers("group", path, group="ga", idle=1.0)
-        b = workers("group", path, group="gb", idle=1.0)
+        # each group has one member, which must see all 100 (a slow start must not end it before its first message)
+        a = workers("group", path, group="ga", idle=1.0, first_wait=30.0)
+        b = workers("group", path, group="gb", idle=1.0, first_wait=30.0)
         a.finish(60)
         b.finish(60)
         doc = localmq.read_config_json(str(path / "config" / "consumerOffset.json"))

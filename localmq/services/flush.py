@@ -35,6 +35,33 @@ class _Thorough:
         return least
 
 
+# SYNC_FLUSH: the range ahead of the log's end kept written (zeros) and flushed, and when to extend it (the shared
+# group commit in commit_log.pyx uses the same figures)
+PREPARE_CHUNK = 1 << 20
+PREPARE_LOW = 1 << 19
+
+
+def prepare_ahead(mf, service: ServiceThread) -> None:
+    """Write the next MiB after the log's end in ``mf`` once (a prefault: zeros, no byte changed) and fdatasync it
+    when less than half a MiB is left prepared. A fallocated range is "unwritten" to ext4 and xfs: without this,
+    each SYNC_FLUSH fdatasync that reaches a new page must also commit the extent conversion to the journal
+    (measured: 190 -> 120 us per fdatasync of 3 KiB). Errors (a full disk, a kernel without MADV_POPULATE_WRITE)
+    stop the preparing of this segment; flushes go on without it."""
+    if mf is None:
+        return
+    size = mf.file_size
+    wrote = mf.wrote_position
+    if mf.prepared_pos >= size or mf.prepared_pos >= wrote + PREPARE_LOW:
+        return
+    start = max(mf.prepared_pos, wrote)
+    try:
+        mf.prepare(start, min(size, start + PREPARE_CHUNK))
+    except (OSError, StoreClosedError) as e:
+        service.last_error = e
+        log.info("%s: not preparing %s ahead of the log any more: %s", service.name, mf.path, e)
+        mf.give_up_prepare()
+
+
 class FlushRealTimeService(ServiceThread):
     """ASYNC_FLUSH: every ``flush_interval_commit_log`` ms, msync the CommitLog when at least
     ``flush_commit_log_least_pages`` pages are dirty, and everything every ``flush_commit_log_thorough_interval``
@@ -146,8 +173,10 @@ class GroupCommitService(ServiceThread):
 
     def _idle(self) -> None:
         """Puts that flushed for themselves (group leaders) leave the queue's flushed position and the
-        checkpoint behind: catch up (their pages are clean, so the msync is cheap)."""
+        checkpoint behind: catch up (their pages are clean, so the msync is cheap). Also keeps the range ahead of
+        the log written and flushed (``prepare_ahead``)."""
         mfq = self.mfq
+        prepare_ahead(mfq.last(), self)
         if mfq.flushed_where >= mfq.max_offset():
             return
         try:

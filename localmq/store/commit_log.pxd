@@ -65,7 +65,6 @@ cdef class CommitLog:
     cdef int64_t sync_fsync_total_ns  # time in its fdatasyncs
     cdef int64_t sync_gather_ns       # time from a publish (or an idle request) to the next flush
     cdef int64_t sync_gather_permille  # gathering window, thousandths of the fdatasync average
-    cdef int64_t sync_prepared        # the log is written (zeros) and flushed up to here ahead of its end
     cdef int64_t sync_prepare_ns      # time spent doing that
     cdef int64_t synced_end           # the committed end sync_view last moved this view to
     cdef int _bind_shared(self, TopicEntry te) except -1

@@ -25,8 +25,8 @@ from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_re
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
     lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_pause, lmq_gc_flushed, lmq_gc_free, lmq_gc_new,
-    lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fallocate, lmq_fdatasync, lmq_fetch_add,
-    lmq_load_acq, lmq_load_sc, lmq_now_ms, lmq_populate_write, lmq_set_timer_slack_ns, lmq_store_max, lmq_store_rel,
+    lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_fetch_add,
+    lmq_load_acq, lmq_load_sc, lmq_now_ms, lmq_set_timer_slack_ns, lmq_store_max, lmq_store_rel,
     lmq_store_sc,
 )
 from localmq._native cimport Event, raise_errno
@@ -288,7 +288,7 @@ cdef class GroupCommit:
         fails (nothing is published for the failed range).
         """
         cdef int64_t base = mf.file_from_offset, size = mf.file_size
-        cdef int64_t wrote, flushed, ts, t = target
+        cdef int64_t wrote, flushed, ts, t = target, pstart, pend
         cdef int status = 0, rc = 0, err = 0
         cdef long long rounds = 0
         if mf.addr == NULL:
@@ -311,6 +311,12 @@ cdef class GroupCommit:
                         mf.flushed_store_timestamp = ts
                         rounds += 1
                     lmq_gc_done(self.gc, base + wrote)  # publish and release the claim
+                    if mf.prepared_pos < wrote + SYNC_PREPARE_LOW and mf.prepared_pos < size:
+                        # the next MiB written once and flushed: see prepare_ahead in services/flush.py
+                        pstart = mf.prepared_pos if mf.prepared_pos > wrote else wrote
+                        pend = pstart + SYNC_PREPARE_CHUNK
+                        if mf.prepare_c(pstart, pend if pend < size else size) != 0:
+                            mf.prepared_pos = size
                     if t > base + wrote or wrote >= size:
                         status = 0
                         break
@@ -1124,7 +1130,7 @@ cdef class CommitLog:
         cdef int64_t a_start, a0, want, w, end, rel, now, t_pub, t0, left, covered
         cdef int64_t group = self.sync_group
         cdef int64_t ewma = self.sync_fsync_ns
-        cdef int64_t prepared = self.sync_prepared, pend
+        cdef int64_t pstart, pend
         cdef uint32_t seen
         cdef int status = 0, rc = 0, err = 0
         cdef long long rounds = 0
@@ -1196,31 +1202,19 @@ cdef class CommitLog:
                     # 4. keep the next MiB ahead of the log written once (zeros) and on disk: a fallocated range is
                     # "unwritten" to ext4/xfs, and the first fdatasync over each new page of it must also commit
                     # the extent conversion to the journal (measured here: 190 -> 120 us per group commit)
-                    if prepared < base + rel + SYNC_PREPARE_LOW:
-                        if prepared < base + rel:
-                            prepared = base + rel
-                        pend = prepared + SYNC_PREPARE_CHUNK
-                        if pend > base + size:
-                            pend = base + size
-                        # reserve the blocks first (no-op where they are), so that the prefault cannot meet a full disk
-                        if pend > prepared and lmq_fallocate(mf.fd, prepared - base, pend - prepared) == 0 and \
-                                lmq_populate_write(mf.addr, prepared - base, pend - prepared) == 0:
-                            t0 = lmq_shm_monotonic_ns()
-                            rc = lmq_fdatasync(mf.fd, 0)
-                            if rc != 0:
-                                err = errno
-                                break
-                            self.sync_prepare_ns += lmq_shm_monotonic_ns() - t0
-                            prepared = pend
-                        else:
-                            prepared = base + size  # nothing more to prepare here (sparse file, old kernel)
-                    if w > base + size or (w == base + size and rel == size):
-                        status = 0
+                    if mf.prepared_pos < rel + SYNC_PREPARE_LOW and mf.prepared_pos < size:
+                        t0 = lmq_shm_monotonic_ns()
+                        pstart = mf.prepared_pos if mf.prepared_pos > rel else rel
+                        pend = pstart + SYNC_PREPARE_CHUNK
+                        if mf.prepare_c(pstart, pend if pend < size else size) != 0:
+                            mf.prepared_pos = size  # a full disk or an old kernel: flush as before, without it
+                        self.sync_prepare_ns += lmq_shm_monotonic_ns() - t0
+                    if w >= base + size:
+                        status = 0  # mf is flushed to its end: the caller moves on to the next segment
                         break
         finally:
             self.sync_group = group
             self.sync_fsync_ns = ewma
-            self.sync_prepared = prepared
             mf.exports -= 1
             if mf.exports == 0 and mf.unmap_pending:
                 mf._do_unmap()
