@@ -600,6 +600,8 @@ def test_sync_flush_puts_from_many_processes_are_acknowledged_flushed(tmp_path, 
         assert q.wait_for_dispatch(10)
         got = read_all(q)
         assert len(got) == 900 and all(got[k] == h for k, h in mine.items())
+        gc = q.stats()["shared"]["group_commit"]  # this process is the housekeeper: its C loop flushed for all
+        assert 1 <= gc["flushes"] <= 900 and gc["fsync_ns"] > 0
     finally:
         q.close()
 

@@ -537,6 +537,8 @@ class SharedMessageQueue(LocalMessageQueue):
                 "torn_puts_repaired": ctl.load(CTL_S_REPAIRS),
                 "writer_lock_recoveries": ctl.lock.recoveries,
             }
+            if self._housekeeper and isinstance(self._hk_flush, SharedGroupCommitService):
+                out["shared"]["group_commit"] = self.commit_log.shared_flush_stats()
         return out
 
     # -- close -------------------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ cdef class CommitLog:
     cdef int64_t sync_group           # requests the last shared group commit covered (its next gathering target)
     cdef int64_t sync_fsync_ns        # moving average of the shared group commit's fdatasync
     cdef int64_t sync_fsync_total_ns  # time in its fdatasyncs
+    cdef int64_t sync_flushes         # and their number
     cdef int64_t sync_gather_ns       # time from a publish (or an idle request) to the next flush
     cdef int64_t sync_gather_permille  # gathering window, thousandths of the fdatasync average
     cdef int64_t sync_prepare_ns      # time spent doing that

@@ -1192,6 +1192,7 @@ cdef class CommitLog:
                         mf.flushed_pos = rel
                         lmq_store_max(&mf.wrote_pos, rel)
                         rounds += 1
+                        self.sync_flushes += 1
                     lmq_store_max(<int64_t *>(cb + CTL_S_FLUSHED), end)
                     lmq_shm_event_notify(cb + CTL_FLUSHED_EVENT_OFF)
                     t_pub = lmq_shm_monotonic_ns()
@@ -1228,9 +1229,11 @@ cdef class CommitLog:
         self.sync_gather_permille = gather_permille
 
     def shared_flush_stats(self):
-        """This process's shared group commit so far: (ns gathering requests before flushes, ns in fdatasync,
-        moving average of one fdatasync in ns, requests the last flush covered)."""
-        return self.sync_gather_ns, self.sync_fsync_total_ns, self.sync_fsync_ns, self.sync_group, self.sync_prepare_ns
+        """This process's shared group commit so far (``serve_shared_flush``): fdatasyncs, nanoseconds spent in
+        them, gathering requests before them and preparing the range ahead of the log, the moving average of one
+        fdatasync, and how many waiting puts the last flush covered."""
+        return {"flushes": self.sync_flushes, "fsync_ns": self.sync_fsync_total_ns, "gather_ns": self.sync_gather_ns,
+                "prepare_ns": self.sync_prepare_ns, "fsync_avg_ns": self.sync_fsync_ns, "last_group": self.sync_group}
 
     def stop_shared_flush(self, bint stop=True):
         """Make ``serve_shared_flush`` return (status -1) at its next step (``stop=False`` allows it again)."""
