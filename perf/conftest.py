@@ -41,6 +41,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("many processes, one store (same run)")
         for line in shared.table_lines():
             terminalreporter.write_line(line)
+    takeover = sys.modules.get("test_takeover_bench")
+    if takeover is not None and takeover.RESULTS:
+        terminalreporter.section("takeover after SIGKILL, shared store (same run)")
+        for line in takeover.table_lines():
+            terminalreporter.write_line(line)
     rows = config.stash.get(ROWS, [])
     if not rows:
         return
