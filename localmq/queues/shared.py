@@ -110,12 +110,13 @@ class SharedMessageQueue(LocalMessageQueue):
     Differences from a store opened by one process (``shared=False``): queue ids 0..63 per topic and at most
     1024 topics (the control file's table); no transient store pool and no allocation ahead (segments are
     created by the writer that needs them); key lookups (``query_message``) answer in the housekeeper process
-    only; consumer offsets are per process (consumer groups across processes are not built yet).
+    only; transactional producers are refused (TransactionNotSupportedError).
     """
 
     _ctl: Optional[ControlFile] = None
     _election: Optional[_Election] = None
     _housekeeper = False
+    _hk_flush: Optional[ServiceThread] = None
     first_opener = False
 
     def _make_lock(self) -> StoreLock:
@@ -537,7 +538,8 @@ class SharedMessageQueue(LocalMessageQueue):
                 "torn_puts_repaired": ctl.load(CTL_S_REPAIRS),
                 "writer_lock_recoveries": ctl.lock.recoveries,
             }
-            if self._housekeeper and isinstance(self._hk_flush, SharedGroupCommitService):
+            hk_flush = self._hk_flush
+            if self._housekeeper and isinstance(hk_flush, SharedGroupCommitService):
                 out["shared"]["group_commit"] = self.commit_log.shared_flush_stats()
         return out
 
