@@ -100,8 +100,9 @@ cdef inline void publish(MappedFile mf, int64_t end) noexcept:
 cdef inline int ctl_enter(CommitLog self) except -1:
     """Take the shared writer lock (the caller holds this process's put lock). Uncontended: one trylock with the
     GIL held; else WriteLock.acquire waits without the GIL (StoreBusyError after lock_timeout)."""
-    cdef WriteLock wl = self.ctl.lock
+    cdef WriteLock wl = self.wlock
     cdef int rc = lmq_shm_lock_acquire(wl.p, 0)
+    cdef bint died
     if rc == LMQ_SHM_ACQUIRED:
         wl.holds += 1
         return 0
@@ -119,7 +120,7 @@ cdef inline int ctl_enter(CommitLog self) except -1:
 
 
 cdef inline void ctl_exit(CommitLog self) noexcept:
-    cdef WriteLock wl = self.ctl.lock
+    cdef WriteLock wl = self.wlock
     lmq_shm_lock_release(wl.p)
     wl.holds -= 1
 
@@ -486,6 +487,7 @@ cdef class CommitLog:
         intent that lets a taker-over repair it if this process dies mid-put, and commits by a release store of
         the new end. Queue offsets live in the control file's topic table. Call before the first put."""
         self.ctl = ctl
+        self.wlock = ctl.lock
         self.cb = ctl.addr
         self.lock_timeout = lock_timeout
         self.topics = {}
