@@ -30,11 +30,15 @@ static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
 static void pid_refresh(void) { __atomic_store_n(&pid_cache, (int32_t)getpid(), __ATOMIC_RELAXED); }
 
 static void pid_setup(void) {
-    pid_refresh();
+    /* the fork handler first: lmq_shm_pid trusts a nonzero cache without pthread_once */
     (void)pthread_atfork(NULL, NULL, pid_refresh); /* ENOMEM leaves the cache stale in children: messages only */
+    pid_refresh();
 }
 
 int32_t lmq_shm_pid(void) {
+    /* nonzero once pid_setup ran (and registered the fork handler that keeps it right in children) */
+    int32_t pid = __atomic_load_n(&pid_cache, __ATOMIC_RELAXED);
+    if (pid != 0) return pid;
     (void)pthread_once(&pid_once, pid_setup);
     return __atomic_load_n(&pid_cache, __ATOMIC_RELAXED);
 }

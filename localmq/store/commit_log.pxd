@@ -1,7 +1,7 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_event, lmq_gc
-from localmq._shm cimport ControlFile
+from localmq._shm cimport ControlFile, WriteLock
 
 cdef extern from "pythread.h":
     ctypedef void *PyThread_type_lock
@@ -56,6 +56,7 @@ cdef class CommitLog:
     cdef readonly long long puts
     cdef readonly ControlFile ctl     # a store shared between processes: the control file, else None
     cdef char *cb                     # ctl's mapping (NULL: this process alone writes the store)
+    cdef WriteLock wlock              # ctl.lock (the put path's writer lock)
     cdef public double lock_timeout   # seconds a put waits for the writer lock before StoreBusyError
     cdef readonly long long repairs
     cdef bint shared_sync             # SYNC_FLUSH in a shared store: wait on the housekeeper's group commit

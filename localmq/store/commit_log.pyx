@@ -107,15 +107,22 @@ cdef inline void publish(MappedFile mf, int64_t end) noexcept:
 cdef inline int ctl_enter(CommitLog self) except -1:
     """Take the shared writer lock (the caller holds this process's put lock). Uncontended: one trylock with the
     GIL held; else WriteLock.acquire waits without the GIL (StoreBusyError after lock_timeout)."""
-    cdef WriteLock wl = self.ctl.lock
+    cdef WriteLock wl = self.wlock
     cdef int rc = lmq_shm_lock_acquire(wl.p, 0)
+    wl.holds += 1
     if rc == LMQ_SHM_ACQUIRED:
-        wl.holds += 1
         return 0
+    return ctl_enter_slow(self, rc)
+
+
+cdef int ctl_enter_slow(CommitLog self, int rc) except -1:
+    # out of line, so that the inline fast path above needs no Python temporaries (no register spills per put)
+    cdef WriteLock wl = self.wlock
+    cdef bint died
     if rc == LMQ_SHM_OWNER_DIED:
-        wl.holds += 1
         died = True
     else:
+        wl.holds -= 1
         died = wl.acquire(self.lock_timeout) == _OWNER_DIED
     if died:
         try:
@@ -126,7 +133,7 @@ cdef inline int ctl_enter(CommitLog self) except -1:
 
 
 cdef inline void ctl_exit(CommitLog self) noexcept:
-    cdef WriteLock wl = self.ctl.lock
+    cdef WriteLock wl = self.wlock
     lmq_shm_lock_release(wl.p)
     wl.holds -= 1
 
@@ -147,16 +154,22 @@ cdef inline int64_t ctl_begin(CommitLog self, TopicEntry te, int qid) except -1:
             lmq_store_max(&mf.committed_pos, rel)
             lmq_store_max(&mf.wrote_pos, rel)
     if mf is None or mf.file_from_offset + mf.append_pos != w:
-        mf = self.mapped_file_queue.sync_to(w)
-        self.cur = mf
-        if mf is not None and self.group_commit is not None:
-            self.group_commit.set_file(mf)
+        ctl_sync_view(self, w)
     (<int64_t *>(cb + CTL_I_POS))[0] = w
     (<int64_t *>(cb + CTL_I_END))[0] = w
     (<int64_t *>(cb + CTL_I_CELL))[0] = <char *>&te.next_offsets[qid] - cb
     (<int64_t *>(cb + CTL_I_QOFF))[0] = te.next_offsets[qid]
     lmq_store_rel(<int64_t *>(cb + CTL_I_STATE), 1)
     return w
+
+
+cdef int ctl_sync_view(CommitLog self, int64_t w) except -1:
+    # ctl_begin's Python path (a new segment, or a first put), out of line for the same reason as ctl_enter_slow
+    cdef MappedFile mf = self.mapped_file_queue.sync_to(w)
+    self.cur = mf
+    if mf is not None and self.group_commit is not None:
+        self.group_commit.set_file(mf)
+    return 0
 
 
 cdef inline void intent_end(char *cb, int64_t end) noexcept:
@@ -500,6 +513,7 @@ cdef class CommitLog:
         intent that lets a taker-over repair it if this process dies mid-put, and commits by a release store of
         the new end. Queue offsets live in the control file's topic table. Call before the first put."""
         self.ctl = ctl
+        self.wlock = ctl.lock
         self.cb = ctl.addr
         self.lock_timeout = lock_timeout
         self.topics = {}
