@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import shutil
 import sqlite3
+import statistics
 import tempfile
 import threading
 import time
@@ -39,6 +40,8 @@ def table_lines():
             extra = f"  x{r['rate'] / one:.2f} of shared-1" if one else ""
             if r["impl"] == "localmq_shared" and best_peer.get(r["procs"]):
                 extra += f"  x{r['rate'] / best_peer[r['procs']]:.1f} best peer"
+            if "spread" in r:
+                extra += f"  (rounds {r['spread'][0]:,.0f}-{r['spread'][1]:,.0f})"
             lines.append(f"{r['impl']:<24} {r['procs']} proc  {r['rate']:>12,.0f} msgs/s{extra}")
         else:
             lines.append(f"{r['impl']:<24} {r['what']}")
@@ -161,9 +164,13 @@ def test_put_from_processes(benchmark, impl, procs):
     if impl == "localmq_exclusive" and procs > 1:
         pytest.skip("one process holds an exclusive store")
     total = TOTAL if impl.startswith("localmq") else PEER_TOTAL
-    rate = benchmark.pedantic(_run_put, args=(impl, procs, total), rounds=1, iterations=1)
-    benchmark.extra_info.update(impl=impl, procs=procs, msgs_per_s=rate)
-    RESULTS.append({"impl": impl, "procs": procs, "rate": rate})
+    rates = []
+    # one round is 0.1-2 s of work on a noisy 2-vCPU machine: several rounds, the median is the figure
+    rounds = 1 if QUICK else (5 if impl.startswith("localmq") else 3)
+    benchmark.pedantic(lambda: rates.append(_run_put(impl, procs, total)), rounds=rounds, iterations=1)
+    rate = statistics.median(rates)
+    benchmark.extra_info.update(impl=impl, procs=procs, msgs_per_s=rate, rates=rates)
+    RESULTS.append({"impl": impl, "procs": procs, "rate": rate, "spread": (min(rates), max(rates))})
 
 
 def test_sync_flush_4_processes_x_4_threads(benchmark):
