@@ -20,7 +20,7 @@ from localmq._layout cimport CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_S_REPUT,
 from localmq._shm cimport ControlFile, lmq_shm_event_notify, lmq_shm_event_seq, lmq_shm_event_wait
 from localmq._os cimport (
     lmq_event, lmq_event_signal, lmq_event_wait, lmq_load_acq, lmq_put32,
-    lmq_put64, lmq_sleep_us, lmq_store_rel,
+    lmq_put64, lmq_sleep_us, lmq_store_max, lmq_store_rel,
 )
 
 from localmq.errors import CorruptFrameError
@@ -233,7 +233,7 @@ cdef class ReputCore:
         """Dispatch without the GIL. With ``idle_wait`` it stays here when caught up: it polls every 20 us for
         about 1 ms (a busy producer then never pays for a wake-up), then sleeps on the event that puts signal.
         It returns to Python only for a slow path, to notify waiters after progress, or to stop."""
-        cdef int64_t n = 0, rel, end, qo, r
+        cdef int64_t n = 0, rel, end, qo, r, w
         cdef int rc, idle_polls = 0
         cdef RecordView v
         cdef Slot *slot
@@ -255,7 +255,15 @@ cdef class ReputCore:
                         self.published = self.reput_from
                         lmq_store_rel(<int64_t *>(self.cb + CTL_S_REPUT), self.reput_from)
                         lmq_shm_event_notify(self.cb + CTL_DISPATCH_EVENT_OFF)
-                    if lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS)) > self.seg_base + end:
+                    w = lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS))
+                    if w > self.seg_base + end:
+                        if w < self.seg_base + self.seg_size and self.seg.wbuf == NULL:
+                            # another process committed within this segment (the common case): move this view's
+                            # positions here (CAS max, as CommitLog.sync_view does) instead of a trip to Python
+                            lmq_store_max(&self.seg.append_pos, w - self.seg_base)
+                            lmq_store_max(&self.seg.committed_pos, w - self.seg_base)
+                            lmq_store_max(&self.seg.wrote_pos, w - self.seg_base)
+                            continue
                         return R_NEED_SYNC
                 if end >= self.seg_size:
                     return R_NEED_SEGMENT
