@@ -636,6 +636,53 @@ def test_sync_flush_across_segment_rolls_and_a_housekeeper_killed_while_puts_wai
         q.close()
 
 
+def test_the_housekeeper_creates_the_next_segment_ahead_and_a_crash_leaves_it_harmless(tmp_path, workers):
+    path = tmp_path / "s"
+    seg1 = path / "commitlog" / "00000000000001048576"
+    hk = workers("idle", path)
+    hk.wait_open()
+    assert hk.lines[0][2] == "1"
+    p = workers("produce", path, name="pa", n=300, body=1000, exit_without_close=True)  # ~0.33 MiB of segment 0
+    p.finish(60)
+    assert len(p.acks()) == 300
+    assert wait_until(seg1.exists, 5)  # created by the housekeeper, not by a writer (nobody wrote past segment 0)
+    assert seg1.stat().st_size == 1 << 20
+    assert seg1.read_bytes() == bytes(1 << 20)
+    hk.kill()  # every process is gone without closing: a crashed store with an empty segment after the end
+    q = localmq.open(path, **KW)  # one process alone: RocketMQ's recovery
+    try:
+        got = read_all(q)
+        assert sorted(got.values()) == sorted(h for _, _, h in p.acks())
+        more = put_many_sized(q, 1200, 1000)  # rolls into segment 1, the file made ahead
+        assert q.wait_for_dispatch(10)
+        got = read_all(q)
+        assert len(got) == 1500 and all(got[k] == h for k, h in more.items())
+    finally:
+        q.close()
+    q = localmq.open(path, shared=True, **KW)
+    try:
+        assert len(read_all(q)) == 1500
+        end = q.stats()["shared"]["committed_end"]
+        assert 1 << 20 < end < 2 << 20
+        assert (path / "commitlog" / "00000000000002097152").exists()  # ahead of the writer (by either store)
+        put_many_sized(q, 1000, 1000)  # into segment 2
+        assert wait_until(lambda: (path / "commitlog" / "00000000000003145728").exists(), 5)
+        assert q.stats()["shared"]["segments_allocated_ahead"] >= 1  # this process, the housekeeper, made it
+    finally:
+        q.close()
+
+
+def put_many_sized(q, n, size, queues=4):
+    acked = {}
+    for i in range(n):
+        body = (b"s-%06d-" % i) * (size // 9 + 1)
+        body = body[:size]
+        r = q.put("T", body, queue_id=i % queues)
+        assert r.ok
+        acked[(i % queues, r.queue_offset)] = hashlib.sha1(body).hexdigest()
+    return acked
+
+
 def test_file_readers_on_a_live_shared_store_see_a_growing_prefix(tmp_path, workers):
     # what the CLI and Spark use: localmq's file readers, no lock, no control file
     path = tmp_path / "s"

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from localmq._mapped_file import MappedFile, offset_to_file_name
+from localmq._native import fsync_dir
 from localmq._shm import ControlFile
 from localmq.client.shared import SharedClientTable, SharedConsumerScheduler, SharedOffsetManager
 from localmq.config import FlushDiskType
@@ -91,6 +93,7 @@ class _Election(ServiceThread):
                 if q._housekeeper:
                     # a writer that died holding the lock leaves a torn put until the next put: repair it now
                     q.commit_log.check_writer()
+                    q._allocate_ahead()
                 q._share_disk_full()
             except Exception:  # noqa: BLE001 - logged and counted; the next round tries again
                 self.errors += 1
@@ -108,8 +111,8 @@ class SharedMessageQueue(LocalMessageQueue):
     the store cleanly.
 
     Differences from a store opened by one process (``shared=False``): queue ids 0..63 per topic and at most
-    1024 topics (the control file's table); no transient store pool and no allocation ahead (segments are
-    created by the writer that needs them); key lookups (``query_message``) answer in the housekeeper process
+    1024 topics (the control file's table); no transient store pool; the housekeeper creates one segment ahead
+    (the exclusive store two, warmed if asked); key lookups (``query_message``) answer in the housekeeper process
     only; transactional producers are refused (TransactionNotSupportedError).
     """
 
@@ -117,6 +120,8 @@ class SharedMessageQueue(LocalMessageQueue):
     _election: Optional[_Election] = None
     _housekeeper = False
     _hk_flush: Optional[ServiceThread] = None
+    _allocated_ahead = -1           # base offset of the last segment the housekeeper created ahead (or found)
+    allocated_ahead = 0             # segments this process created ahead of need as the housekeeper
     first_opener = False
 
     def _make_lock(self) -> StoreLock:
@@ -368,6 +373,34 @@ class SharedMessageQueue(LocalMessageQueue):
         offsets = SharedOffsetManager(table, self.offset_store_path, flush_interval_ms)
         return offsets, scheduler
 
+    def _allocate_ahead(self) -> None:
+        """Housekeeper, every election round: create the segment after the one being written, sized and its first
+        step reserved (MappedFile's O_TMPFILE + link: it appears only once sized), so that the put that rolls maps
+        it instead of creating it (RocketMQ's AllocateMappedFileService, one segment ahead). A put that rolls first
+        creates it itself, as before; both at once is safe (the second link finds the name and opens it). A file
+        past the committed end is cut by recovery after a crash, as the exclusive store's allocation ahead is."""
+        ctl = self._ctl
+        c = self.config
+        if ctl is None or ctl.closed or not c.preallocate_mapped_file or ctl.load(CTL_S_DISK_FULL):
+            return
+        mfq = self._cl_mfq
+        fs = mfq.file_size
+        nxt = (ctl.load(CTL_S_WPOS) // fs + 1) * fs
+        if nxt == self._allocated_ahead:
+            return
+        self._allocated_ahead = nxt
+        path = os.path.join(mfq.directory, offset_to_file_name(nxt))
+        if os.path.exists(path):
+            return
+        try:
+            mf = MappedFile(path, fs, nxt, create=True, reserve=mfq.reserve, reserve_step=mfq.reserve_step)
+            mf.close()
+            fsync_dir(mfq.directory)
+        except OSError as e:  # a full disk: the put that rolls meets it with a typed error; not retried for this one
+            log.warning("cannot create commit log segment %s ahead of need: %s", path, e)
+            return
+        self.allocated_ahead += 1
+
     def _share_disk_full(self) -> None:
         """Retention runs in the housekeeper; its disk-full refusal (SERVICE_NOT_AVAILABLE) reaches the puts of
         every process through CTL_S_DISK_FULL, within one election round."""
@@ -537,6 +570,7 @@ class SharedMessageQueue(LocalMessageQueue):
                 "sync_flushed_end": ctl.load(CTL_S_FLUSHED),
                 "torn_puts_repaired": ctl.load(CTL_S_REPAIRS),
                 "writer_lock_recoveries": ctl.lock.recoveries,
+                "segments_allocated_ahead": self.allocated_ahead,
             }
             hk_flush = self._hk_flush
             if self._housekeeper and isinstance(hk_flush, SharedGroupCommitService):
