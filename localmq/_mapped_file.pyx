@@ -250,12 +250,17 @@ cdef class MappedFile:
             with nogil:
                 err = self.prepare_c(start, end)
         finally:
-            self.exports -= 1
-            if self.exports == 0 and self.unmap_pending:
-                self._do_unmap()
+            self.unpin()
         if err != 0:
             raise_errno(err, self.path)
         return self.prepared_pos
+
+    cdef int unpin(self) except -1:
+        # the end of an export taken for a nogil section (exports += 1): the unmap that close() deferred runs now
+        self.exports -= 1
+        if self.exports == 0 and self.unmap_pending:
+            self._do_unmap()
+        return 0
 
     def give_up_prepare(self):
         """Mark the whole file prepared: ``prepare`` failed here and is not to be tried again."""
@@ -533,9 +538,7 @@ cdef class MappedFile:
                     lmq_pretouch(self.addr, o, n, 0)
                     err = 0
         finally:
-            self.exports -= 1
-            if self.exports == 0 and self.unmap_pending:
-                self._do_unmap()
+            self.unpin()
         if err != 0:
             raise_errno(err, self.path)
         return length
@@ -581,9 +584,7 @@ cdef class MappedFile:
         self.exports += 1
 
     def __releasebuffer__(self, Py_buffer *buffer):
-        self.exports -= 1
-        if self.exports == 0 and self.unmap_pending:
-            self._do_unmap()
+        self.unpin()
 
     def view(self, long long pos, long long size):
         """A read-only memoryview of [pos, pos+size); keeps the mapping alive until it is released."""

@@ -341,9 +341,7 @@ cdef class GroupCommit:
                         status = -1
                         break
         finally:
-            mf.exports -= 1
-            if mf.exports == 0 and mf.unmap_pending:
-                mf._do_unmap()
+            mf.unpin()
         if rc != 0:
             raise_errno(err, mf.path)
         return base + mf.flushed_pos, status, rounds
@@ -1230,9 +1228,7 @@ cdef class CommitLog:
         finally:
             self.sync_group = group
             self.sync_fsync_ns = ewma
-            mf.exports -= 1
-            if mf.exports == 0 and mf.unmap_pending:
-                mf._do_unmap()
+            mf.unpin()
         if rc != 0:
             raise_errno(err, mf.path)
         return base + mf.flushed_pos, status, rounds
