@@ -9,6 +9,7 @@ import struct
 import pytest
 
 import localmq
+from helpers import queue_messages
 from localmq._mapped_file import MappedFile
 
 FS_IOC_FIEMAP = 0xC020660B
@@ -84,15 +85,7 @@ def test_sync_flush_prepares_ahead_of_the_log(tmp_path, shared):
         last = mfq.last()
         assert len(mfq.files) == 2
         assert last.prepared_pos >= min(seg, last.wrote_position + (256 << 10))
-        got = []
-        off = 0
-        while True:
-            r = q.get_message("T", 0, off, 256)
-            if not r.messages:
-                break
-            got.extend(bytes(m.body) for m in r.messages)
-            off += len(r.messages)
-        assert got == bodies
+        assert [bytes(m.body) for m in queue_messages(q, "T")] == bodies
         ranges = unwritten_ranges(last.path)
         if ranges is not None:
             assert not overlap(ranges, 0, last.prepared_pos)
