@@ -664,7 +664,7 @@ def test_the_housekeeper_creates_the_next_segment_ahead_and_a_crash_leaves_it_ha
         assert len(read_all(q)) == 1500
         end = q.stats()["shared"]["committed_end"]
         assert 1 << 20 < end < 2 << 20
-        assert (path / "commitlog" / "00000000000002097152").exists()  # ahead of the writer (by either store)
+        assert wait_until((path / "commitlog" / "00000000000002097152").exists, 5)  # ahead of the writer
         put_many_sized(q, 1000, 1000)  # into segment 2
         assert wait_until(lambda: (path / "commitlog" / "00000000000003145728").exists(), 5)
         assert q.stats()["shared"]["segments_allocated_ahead"] >= 1  # this process, the housekeeper, made it
