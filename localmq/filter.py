@@ -40,15 +40,26 @@ _TAG_CACHE: Dict[str, Optional[frozenset[str]]] = {}
 
 
 def tag_names(tags: Optional[str]) -> Optional[frozenset[str]]:
-    """The tags a tag expression names: None for "every tag" (None, "*", or an expression naming "*"), else the set
-    of trimmed tags of "a || b" (RocketMQ splits on ``||`` and trims each tag; empty parts are dropped)."""
+    """The tags a tag expression names, as RocketMQ's FilterAPI.buildSubscriptionData reads a subscription: None
+    (every tag) for None, "" and exactly "*"; else the set of trimmed, non-empty parts of "a || b". A "*" part of a
+    longer expression ("a || *") is a literal tag named "*", and an expression whose parts are all blank (" || ")
+    names no tag, so it matches nothing (RocketMQ's broker then compares against an empty set of hashes).
+
+    Raises FilterSyntaxError for an expression that is nothing but separators ("||"), which RocketMQ's client refuses
+    ("subString split error")."""
     if tags is None:
         return None
     f = _TAG_CACHE.get(tags, False)
     if f is False:
-        names = [t.strip() for t in tags.split("||")]
-        names = [t for t in names if t]
-        f = None if not names or "*" in names else frozenset(names)
+        if tags == "" or tags == "*":
+            f = None
+        else:
+            parts = tags.split("||")
+            while parts and parts[-1] == "":
+                parts.pop()  # Java's String.split drops trailing empty strings
+            if not parts:
+                raise FilterSyntaxError("a tag expression of separators only names nothing", tags, 0)
+            f = frozenset(t.strip() for t in parts if t.strip())
         if len(_TAG_CACHE) < 1024:
             _TAG_CACHE[tags] = f
     return f  # type: ignore[return-value]

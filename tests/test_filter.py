@@ -362,14 +362,39 @@ def test_matches_with_message_properties():
     q.close()
 
 
+# RocketMQ's FilterAPI.buildSubscriptionData: only null, "" and exactly "*" subscribe to everything; the parts of
+# a longer expression are trimmed tags, "*" among them a literal tag; blank parts are dropped
 @pytest.mark.parametrize("tags,expected", [
-    (None, None), ("*", None), ("a || *", None), ("", None), (" || ", None),
+    (None, None), ("*", None), ("", None),
+    ("a || *", frozenset({"a", "*"})), (" * ", frozenset({"*"})), (" || ", frozenset()), ("a||", frozenset({"a"})),
     ("a", frozenset({"a"})), (" a || b ||c ", frozenset({"a", "b", "c"})), ("a||a", frozenset({"a"})),
 ])
 def test_tag_names(tags, expected):
     assert tag_names(tags) == expected
     from localmq.queues.base import tag_names as from_base
     assert from_base is tag_names
+
+
+@pytest.mark.parametrize("tags", ["||", "||||"])
+def test_tag_expression_of_separators_only_is_refused(tags):
+    with pytest.raises(localmq.FilterSyntaxError):
+        tag_names(tags)
+
+
+@pytest.mark.parametrize("kind", ["memory", "embedded", "local"])
+def test_a_star_inside_a_tag_expression_is_a_literal_tag(tmp_path, kind):
+    q = (localmq.MemoryMessageQueue() if kind == "memory" else
+         localmq.EmbeddedMessageQueue(str(tmp_path / "e")) if kind == "embedded" else localmq.open(tmp_path / "s"))
+    try:
+        for tag in ("a", "*", "b", None):
+            q.put("t", (tag or "-").encode(), tags=tag)
+        if kind == "local":
+            assert q.wait_for_dispatch(10)
+        assert [bytes(m.body) for m in q.get_message("t", 0, 0, 32, tags="a || *").messages] == [b"a", b"*"]
+        assert [bytes(m.body) for m in q.get_message("t", 0, 0, 32, tags="*").messages] == [b"a", b"*", b"b", b"-"]
+        assert q.get_message("t", 0, 0, 32, tags=" || ").messages == []  # names no tag: matches nothing
+    finally:
+        q.close()
 
 
 def test_long_chains_and_deep_nesting():

@@ -732,7 +732,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
     # -- get ----------------------------------------------------------------------------------------------------
 
     def _tag_filter(self, tags: Optional[str]):
-        """(tag hash codes, exact names) of a subscription, cached; None for no expression, ((), {}) for all."""
+        """(tag hash codes, exact names) of a subscription, cached; None for no expression, ((), {}) for all, ((0,),
+        {}) for none."""
         if tags is None:
             return None
         f = self._tag_filters.get(tags)
@@ -743,7 +744,9 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             else:
                 if len(names) > 64:
                     raise ValueError("at most 64 tags in a subscription")
-                f = (tuple(sorted({java_hash(t) for t in names})), names)
+                # no names (" || "): matches nothing; a hash filter is still needed (an empty one means "all"),
+                # and the exact check then refuses every unit the placeholder hash lets through
+                f = (tuple(sorted({java_hash(t) for t in names})) or (0,), names)
             if len(self._tag_filters) < 1024:
                 self._tag_filters[tags] = f
         return f
