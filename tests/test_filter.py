@@ -379,6 +379,10 @@ def test_tag_names(tags, expected):
 def test_tag_expression_of_separators_only_is_refused(tags):
     with pytest.raises(localmq.FilterSyntaxError):
         tag_names(tags)
+    mq = localmq.MemoryMessageQueue()
+    with pytest.raises(localmq.FilterSyntaxError):
+        mq.create_consumer("g", "t", tags=tags)  # at subscription, as RocketMQ's client
+    mq.close()
 
 
 @pytest.mark.parametrize("kind", ["memory", "embedded", "local"])

@@ -15,7 +15,7 @@ from localmq.layout import SYSFLAG_COMPRESSED, TOPIC_RE
 from localmq.status import ConsumeStatus, GetStatus
 from localmq.config import check_topic
 from localmq.errors import AckError, CorruptMessageError, QueueReassignedError, StoreClosedError
-from localmq.filter import compile_sql92
+from localmq.filter import compile_sql92, tag_names
 
 log = logging.getLogger("localmq.client.consumer")
 
@@ -161,6 +161,8 @@ class Consumer:
         self.group = group
         self.topics = tuple(dict.fromkeys(topics))
         self._topic_set = frozenset(self.topics)
+        if tags is not None:
+            tag_names(tags)  # FilterSyntaxError here, at creation ("||"), as RocketMQ's subscribe()
         self.tags = tags if tags not in (None, "", "*") else None
         # RocketMQ's MessageSelector.bySql: compiled once (FilterSyntaxError here, at creation)
         self.sql = sql
