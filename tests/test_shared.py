@@ -682,6 +682,13 @@ def test_the_housekeeper_creates_the_next_segment_ahead_and_a_crash_leaves_it_ha
         q.close()
 
 
+@pytest.mark.parametrize("end,expected", [(0, None), (1, 1024), (1023, 1024), (1024, 1024), (1025, 2048),
+                                          (5 * 1024, 5 * 1024)])
+def test_the_segment_made_ahead_follows_the_last_committed_byte(end, expected):
+    from localmq.queues.shared import segment_ahead
+    assert segment_ahead(end, 1024) == expected
+
+
 def put_many_sized(q, n, size, queues=4):
     acked = {}
     for i in range(n):

@@ -78,6 +78,16 @@ def filesystem_type(path: str) -> str:
 OPEN_WAIT_S = 300.0
 
 
+def segment_ahead(committed_end: int, segment_size: int) -> Optional[int]:
+    """Base of the segment to create ahead of a log committed up to ``committed_end``: the one after the segment
+    holding the last committed byte (None for an empty log). At a segment boundary (a roll whose new segment could
+    not be created commits the blank record alone) that is the boundary's own segment, never the one after it, so
+    the files never have a hole in the middle, not even for a moment (file readers refuse one)."""
+    if committed_end <= 0:
+        return None
+    return ((committed_end - 1) // segment_size + 1) * segment_size
+
+
 class _Election(ServiceThread):
     """Tries every ELECTION_INTERVAL_MS to take the housekeeper's byte; the kernel frees it when its holder dies."""
 
@@ -385,13 +395,14 @@ class SharedMessageQueue(LocalMessageQueue):
             return
         mfq = self._cl_mfq
         fs = mfq.file_size
-        nxt = (ctl.load(CTL_S_WPOS) // fs + 1) * fs
-        if nxt == self._allocated_ahead:
+        nxt = segment_ahead(ctl.load(CTL_S_WPOS), fs)
+        if nxt is None or nxt == self._allocated_ahead:
+            return
+        path = os.path.join(mfq.directory, offset_to_file_name(nxt))
+        if os.path.exists(path) or not os.path.exists(os.path.join(mfq.directory, offset_to_file_name(nxt - fs))):
+            self._allocated_ahead = nxt
             return
         self._allocated_ahead = nxt
-        path = os.path.join(mfq.directory, offset_to_file_name(nxt))
-        if os.path.exists(path):
-            return
         try:
             mf = MappedFile(path, fs, nxt, create=True, reserve=mfq.reserve, reserve_step=mfq.reserve_step)
             mf.close()
