@@ -689,6 +689,28 @@ def test_the_segment_made_ahead_follows_the_last_committed_byte(end, expected):
     assert segment_ahead(end, 1024) == expected
 
 
+def test_file_readers_leave_out_segments_past_the_live_committed_end(tmp_path):
+    # a listing of a live store can show a segment made ahead while one before it is being created: past the
+    # published committed end nothing is committed, so readers leave such files out instead of reporting a hole;
+    # in a store nobody shares, the same hole is corruption
+    path = tmp_path / "s"
+    fs = KW["mapped_file_size_commit_log"]
+    q = localmq.open(path, shared=True, **KW)
+    try:
+        put_many(q, 50)
+        assert wait_until((path / "commitlog" / "00000000000001048576").exists, 5)  # made ahead
+        (path / "commitlog" / "00000000000001048576").unlink()  # as if still being created
+        (path / "commitlog" / "00000000000002097152").write_bytes(bytes(fs))
+        files = StoreFiles(str(path), fs)
+        assert [b for b, _ in files.segments] == [0] and files.live_end == q.stats()["shared"]["committed_end"]
+        assert sum(1 for _ in localmq.read_commitlog(str(path / "commitlog"), mapped_file_size=fs)) == 50
+    finally:
+        q.close()  # (the housekeeper made segment 1 once; it does not make it again for the same committed end)
+    assert not (path / "commitlog" / "00000000000001048576").exists()
+    with pytest.raises(localmq.CorruptStoreError, match="gap"):
+        StoreFiles(str(path), fs)
+
+
 def put_many_sized(q, n, size, queues=4):
     acked = {}
     for i in range(n):

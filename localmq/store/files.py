@@ -124,6 +124,32 @@ def points_at_records(units):
     return not ((sizes <= 0).any() or (sizes == CQ_BLANK_UNIT_SIZE).any())
 
 
+def _segments(files, segment_size, live_end):
+    """(segment size, [(base, path)]) of a listing of commit log segments, checked: one size (given, or the largest
+    file's), names multiples of it, no hole. An empty last file (a creation interrupted or under way) and, in a live
+    store (``live_end`` not None), files at or past the segment holding ``live_end`` are left out."""
+    if segment_size is None:
+        segment_size = max((f.size for f in files), default=0) or DEFAULT_SEGMENT_SIZE
+    segment_size = int(segment_size)
+    segments = []
+    for i, (base, fpath, size) in enumerate((f.base, f.path, f.size) for f in files):
+        if size == 0 and i == len(files) - 1:
+            continue  # a segment whose creation was interrupted or is under way: no data yet
+        if live_end is not None and base >= live_end and base > 0:
+            break  # made ahead of the writer, or being created: nothing committed there yet
+        if size != segment_size:
+            raise CorruptStoreError(
+                f"commit log segment {fpath} is {size} bytes, not the configured {segment_size}: "
+                f"pass option mapped_file_size_commit_log={size} if the store was written with that size")
+        if base % segment_size:
+            raise CorruptStoreError(f"commit log segment {fpath}: name is not a multiple of the segment size "
+                                    f"{segment_size}")
+        if segments and base != segments[-1][0] + segment_size:
+            raise CorruptStoreError(f"commit log gap: {fpath} follows {segments[-1][1]}")
+        segments.append((base, fpath))
+    return segment_size, segments
+
+
 class StoreFiles:
     """The files of a store directory, read-only and without a lock: commit log segments (checked against the
     segment size, given or inferred from the files), ConsumeQueues, index files, checkpoint and config paths.
@@ -149,28 +175,21 @@ class StoreFiles:
         self.checkpoint = os.path.join(path, CHECKPOINT_FILE)
         self.abort = os.path.join(path, ABORT_FILE)
         self.lock = os.path.join(path, LOCK_FILE)
-        files = numbered_files(self.commitlog)
-        if segment_size is None:
-            segment_size = max((f.size for f in files), default=0) or DEFAULT_SEGMENT_SIZE
-        self.segment_size = int(segment_size)
-        segments = []
-        for i, (base, fpath, size) in enumerate((f.base, f.path, f.size) for f in files):
-            if size == 0 and i == len(files) - 1:
-                continue  # a segment whose creation was interrupted or is under way: no data yet
-            if size != self.segment_size:
-                raise CorruptStoreError(
-                    f"commit log segment {fpath} is {size} bytes, not the configured {self.segment_size}: "
-                    f"pass option mapped_file_size_commit_log={size} if the store was written with that size")
-            if base % self.segment_size:
-                raise CorruptStoreError(f"commit log segment {fpath}: name is not a multiple of the segment size "
-                                        f"{self.segment_size}")
-            if segments and base != segments[-1][0] + self.segment_size:
-                raise CorruptStoreError(f"commit log gap: {fpath} follows {segments[-1][1]}")
-            segments.append((base, fpath))
-        self.segments = segments
-        # processes sharing the store right now publish its committed end: reads stop there (past it a put may be
-        # half-copied); None when nobody shares it
-        self.live_end = committed_end(path)
+        # A store that processes share grows while it is listed: a listing (readdir) that runs while two segment
+        # files are created (the writer's and the one the housekeeper makes ahead) may return the second and miss
+        # the first. Segments past the published committed end hold nothing committed and are left out; a hole
+        # below it in a live store is listed again (up to 5 times) before it is reported.
+        for attempt in range(5):
+            files = numbered_files(self.commitlog)
+            # processes sharing the store right now publish its committed end: reads stop there (past it a put may
+            # be half-copied); None when nobody shares it
+            self.live_end = committed_end(path)
+            try:
+                self.segment_size, self.segments = _segments(files, segment_size, self.live_end)
+                break
+            except CorruptStoreError:
+                if self.live_end is None or attempt == 4:
+                    raise
 
     # -- paths ----------------------------------------------------------------------------------------------------
 
