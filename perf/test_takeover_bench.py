@@ -181,10 +181,14 @@ def _run_lock_kills(kills):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def test_writer_lock_holder_killed(benchmark):
+def _require_localmq():
     why = localmq_missing()
     if why:
         pytest.skip(why)
+
+
+def test_writer_lock_holder_killed(benchmark):
+    _require_localmq()
     out = benchmark.pedantic(_run_lock_kills, args=(LOCK_KILLS,), rounds=1, iterations=1)
     s = out["samples"]
     held = _pct([x[1] for x in s if x[2]])
@@ -282,9 +286,7 @@ def _run_hk_kills(kills):
 
 
 def test_housekeeper_killed(benchmark):
-    why = localmq_missing()
-    if why:
-        pytest.skip(why)
+    _require_localmq()
     s = benchmark.pedantic(_run_hk_kills, args=(HK_KILLS,), rounds=1, iterations=1)
     put, hk, read, base = (_pct([x[i] for x in s]) for i in range(4))
     benchmark.extra_info.update(kills=HK_KILLS, put_acked_ms=put, housekeeper_ms=hk, dispatched_readable_ms=read,
