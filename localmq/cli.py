@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -25,7 +26,7 @@ from localmq.layout import (
 )
 from localmq.status import GetStatus, RecordStatus
 from localmq.store.checkpoint import read_checkpoint
-from localmq.store.config_json import loads as config_loads, read_config_json
+from localmq.store.config_json import loads as config_loads, read_offset_table
 from localmq.store.control_view import ControlView
 from localmq.store.files import ConsumeQueueFiles, StoreFiles, numbered_files
 from localmq.store.index import IndexFile
@@ -299,15 +300,14 @@ def _topics(args) -> int:
 
 def _lag(args) -> int:
     with _open(args.store) as mq:
-        table = read_config_json(os.path.join(mq.root, CONFIG_DIR, "consumerOffset.json"), default={})
-        table = table.get("offsetTable", {}) if isinstance(table, dict) else {}
+        table, _ = read_offset_table(os.path.join(mq.root, CONFIG_DIR, "consumerOffset.json"))
         existing = mq.topics()
         rows = []
         for name, offsets in sorted(table.items()):
             topic, _, group = str(name).partition("@")
             if args.group is not None and group != args.group:
                 continue
-            committed = {int(q): int(o) for q, o in offsets.items()}
+            committed = offsets
             for q in sorted(set(existing.get(topic, ())) | set(committed)):
                 mx, mn = mq.max_offset(topic, q), mq.min_offset(topic, q)
                 c = committed.get(q)
@@ -810,12 +810,14 @@ def _parser() -> argparse.ArgumentParser:
                "writer that opened it with shared=True, or a closed store. Exit codes: 0 ok, 1 damage found or "
                "nothing found, 2 usage error, 3 the store is held by one live process alone (dump and verify still "
                "read its files).")
+    p.add_argument("--version", action="version", version=f"localmq {localmq.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="one JSON document (JSON lines for messages)")
 
     def command(name: str, func, help: str, store: bool = True) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, parents=[common], help=help, description=help)
+        # the list of commands %-formats its help text, a command's own page shows its description as written
+        c = sub.add_parser(name, parents=[common], help=help, description=help.replace("%%", "%"))
         if store:
             c.add_argument("store", help="the store directory")
         c.set_defaults(func=func)
@@ -831,7 +833,7 @@ def _parser() -> argparse.ArgumentParser:
     c = command("lag", _lag, "consumer lag per queue from the durable commits (config/consumerOffset.json)")
     c.add_argument("--group", "-g", help="the consumer group (default: every group)")
     c = command("tail", _tail, "the last messages of a topic, in commit log order; -f follows new ones")
-    c.add_argument("topic")
+    c.add_argument("topic", help="the topic")
     c.add_argument("-f", "--follow", action="store_true", help="wait for new messages until Ctrl-C / SIGTERM")
     c.add_argument("-n", "--lines", type=_int_at_least(0), default=10, help="messages shown first (default 10)")
     c.add_argument("--queue", type=_int_at_least(0), help="only this queue id")
@@ -845,13 +847,13 @@ def _parser() -> argparse.ArgumentParser:
     how.add_argument("--uniq-key", "-u", help="a client UNIQ_KEY")
     how.add_argument("--time", "-t", type=_time_ms, help="the first message stored at or after this time per "
                      "queue (ms since the epoch or ISO 8601; needs --topic)")
-    c.add_argument("--topic")
+    c.add_argument("--topic", help="the topic (with --key and --time)")
     c.add_argument("--queue", type=_int_at_least(0), help="with --time: only this queue id")
     c.add_argument("--max", type=_int_at_least(1), default=32, help="most messages returned by --key (default 32)")
     body_bytes(c)
     c = command("dlq", _dlq, "the dead letters of a consumer group (topic %%DLQ%%<group>); --redrive sends the ones "
                 "not re-driven before to their topics again")
-    c.add_argument("group")
+    c.add_argument("group", help="the consumer group whose dead letters are shown")
     c.add_argument("--redrive", action="store_true", help="send them again (the one command that writes: it opens "
                    "the store with shared=True, beside a live shared store or on a closed one)")
     c.add_argument("--queue", type=_int_at_least(0), default=0, help="with --redrive: the queue id they go to")
@@ -862,9 +864,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-progress", action="store_true", help="no progress bar (none is shown off a terminal)")
     c = command("dump", _dump, "print commit log records (a localmq or RocketMQ store, its commitlog directory or a "
                 "segment file)", store=False)
-    c.add_argument("path")
-    c.add_argument("--topic")
-    c.add_argument("--queue", type=_int_at_least(0))
+    c.add_argument("path", help="a store, its commitlog directory or one segment file")
+    c.add_argument("--topic", help="only this topic")
+    c.add_argument("--queue", type=_int_at_least(0), help="only this queue id (with --topic)")
     c.add_argument("--offset", type=_int_at_least(0),
                    help="queue offsets from this one (with --topic and --queue it starts there directly)")
     c.add_argument("--start", type=_int_at_least(0), help="the commit log offset of the first record to read")
@@ -875,10 +877,10 @@ def _parser() -> argparse.ArgumentParser:
     body_bytes(c)
     d = command("demo", _demo, "write, read back and verify messages (a throughput demo)", store=False)
     d.add_argument("--path", help="store directory (default: a temporary directory, removed afterwards)")
-    d.add_argument("--messages", type=_int_at_least(1), default=1_000_000)
-    d.add_argument("--topics", type=_int_at_least(1), default=4)
-    d.add_argument("--queues", type=_int_at_least(1), default=4)
-    d.add_argument("--body-size", type=_int_at_least(0), default=100)
+    d.add_argument("--messages", type=_int_at_least(1), default=1_000_000, help="messages written (default 1,000,000)")
+    d.add_argument("--topics", type=_int_at_least(1), default=4, help="topics they are spread over (default 4)")
+    d.add_argument("--queues", type=_int_at_least(1), default=4, help="queue ids per topic (default 4)")
+    d.add_argument("--body-size", type=_int_at_least(0), default=100, help="bytes per body (default 100)")
     return p
 
 
@@ -887,9 +889,24 @@ def _stop_on_sigterm(signum, frame) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the ``localmq`` command; returns its exit code."""
+    """Run the ``localmq`` command; returns its exit code.
+
+    While a command runs, SIGTERM stops it as Ctrl-C does (``tail -f`` ends with exit 0). The handler is installed
+    only from the main thread and the previous one is put back when ``main`` returns, so a program (or a test run)
+    that calls ``main()`` keeps its own SIGTERM behaviour afterwards, and so do processes it forks later.
+    """
     args = _parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        return _run(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except CliError as e:

@@ -1,6 +1,11 @@
-"""Shared fixtures: the RocketMQ fixture directory and store factories in tmp_path."""
+"""Shared fixtures: the RocketMQ fixture directory and store factories in tmp_path; guards that a test neither hangs
+the run nor leaves process-global state changed."""
+import faulthandler
+import logging
 import os
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,56 @@ def pytest_runtest_makereport(item, call):
 
 
 _FAILED = pytest.StashKey[bool]()
+
+
+# Signals whose handlers a test (or code it calls, such as localmq.cli.main) must leave as it found them: a forked
+# worker inherits them, and a SIGTERM handler that raises made multiprocessing's Pool.terminate() hang (issue 23).
+# SIGALRM is pytest-timeout's.
+_GUARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD,
+                    signal.SIGPIPE)
+
+
+@pytest.fixture(autouse=True)
+def _process_state_is_left_as_found(request):
+    """Fail the test that changes a signal handler, the working directory or the root logger (and put it back), so
+    the change cannot leak into later tests and the processes they fork."""
+    handlers = {s: signal.getsignal(s) for s in _GUARDED_SIGNALS}
+    cwd = os.getcwd()
+    root = logging.getLogger()
+    log_state = (list(root.handlers), root.level)
+    yield
+    changed = []
+    for s, h in handlers.items():
+        if signal.getsignal(s) is not h:
+            changed.append(f"the {signal.Signals(s).name} handler")
+            signal.signal(s, h)
+    if os.getcwd() != cwd:
+        changed.append(f"the working directory ({os.getcwd()})")
+        os.chdir(cwd)
+    if (list(root.handlers), root.level) != log_state:
+        changed.append("the root logger's handlers or level")
+        root.handlers[:], root.level = log_state[0], log_state[1]
+    if changed:
+        pytest.fail(f"{request.node.nodeid} left process-global state changed: {', '.join(changed)}", pytrace=False)
+
+
+# pytest-timeout (``timeout`` in pyproject.toml) fails a stuck test and the run goes on. Its SIGALRM cannot interrupt a
+# thread blocked in C that retries on EINTR; then, a minute later, faulthandler prints every thread's stack and ends the
+# process, so a hang costs the run at most that minute, never CI's 90.
+_HARD_LIMIT_EXTRA_S = 60
+
+
+@pytest.fixture(autouse=True)
+def _hard_time_limit(request):
+    limit = request.config.getini("timeout")
+    marker = request.node.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        limit = marker.args[0]
+    limit = float(limit or 0)
+    if limit > 0:
+        faulthandler.dump_traceback_later(limit + _HARD_LIMIT_EXTRA_S, exit=True, file=sys.__stderr__)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(autouse=True)

@@ -108,6 +108,51 @@ def test_a_path_that_is_not_a_store(tmp_path):
     for c in ("stats", "topics", "verify", "dump"):
         p = run(c, tmp_path / "nothing", check_rc=1)
         assert "nothing" in p.stderr
+    (tmp_path / "plain").write_bytes(b"not a store")
+    for c in ("stats", "topics", "verify", "lag"):
+        p = run(c, tmp_path / "plain", check_rc=1)
+        assert "this is a file" in p.stderr and "no such directory" not in p.stderr
+
+
+def test_version_and_help_of_every_argument():
+    p = run("--version", check_rc=0)
+    assert p.stdout.split() == ["localmq", localmq.__version__]
+    # every argument of every command says what it is (argparse prints an argument without help as a bare name)
+    from localmq.cli import _parser
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if a.choices and "stats" in a.choices)
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            assert action.help, f"localmq {name}: {action.option_strings or action.dest} has no help"
+    q = run("dlq", "--help", check_rc=0)
+    assert "%DLQ%<group>" in q.stdout and "%%" not in q.stdout
+
+
+def test_main_puts_the_sigterm_handler_back(tmp_path):
+    """main() lets SIGTERM stop a command as Ctrl-C does, only while it runs: a program that calls it (and the
+    processes it forks afterwards) keeps its own handler. Issue 23: a forked Pool worker that inherited the CLI's
+    handler could lose Pool.terminate()'s SIGTERM, and the test run hung."""
+    from localmq.cli import main
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert main(["stats", str(tmp_path / "nothing")]) == 1
+        assert signal.getsignal(signal.SIGTERM) is mine
+        with pytest.raises(SystemExit):
+            main(["--version"])
+        assert signal.getsignal(signal.SIGTERM) is mine
+        # from another thread (where no handler can be installed) it runs and changes nothing
+        out = []
+        t = threading.Thread(target=lambda: out.append(main(["stats", str(tmp_path / "nothing")])))
+        t.start()
+        t.join(60)
+        assert out == [1] and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_the_console_script_runs_the_same_main():
