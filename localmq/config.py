@@ -5,7 +5,9 @@ import dataclasses
 import enum
 from typing import Any, Mapping
 
-from localmq.errors import ConfigError, InvalidQueueIdError, InvalidTopicError
+from localmq.errors import (
+    ArgumentRangeError, ArgumentTypeError, ConfigError, InvalidPropertyError, InvalidQueueIdError, InvalidTopicError,
+)
 from localmq.layout import CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE
 
 
@@ -221,15 +223,97 @@ def parse_host(text: str) -> tuple[bytes, int]:
 
 
 def check_topic(topic: str) -> None:
-    """Raise InvalidTopicError unless ``topic`` matches ``[%|a-zA-Z0-9_-]{1,127}``."""
-    if not isinstance(topic, str) or TOPIC_RE.match(topic) is None:
+    """Raise InvalidTopicError unless ``topic`` matches ``[%|a-zA-Z0-9_-]{1,127}``, ArgumentTypeError (a TypeError)
+    for what is not a str."""
+    if not isinstance(topic, str):
+        raise ArgumentTypeError(f"topic must be a str, not {type(topic).__name__} {topic!r}", "topic")
+    if TOPIC_RE.match(topic) is None:
         raise InvalidTopicError(f"invalid topic name {topic!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")
 
 
 def check_queue_id(queue_id: int) -> None:
-    """Raise InvalidQueueIdError unless ``queue_id`` is an int in 0..MAX_QUEUE_ID."""
-    if type(queue_id) is not int or not 0 <= queue_id <= MAX_QUEUE_ID:
+    """Raise InvalidQueueIdError unless ``queue_id`` is in 0..MAX_QUEUE_ID, ArgumentTypeError (a TypeError, naming
+    ``queue_id``) unless it is an int (or has ``__index__``, as numpy's ints; never a bool)."""
+    if type(queue_id) is not int and (isinstance(queue_id, bool) or not hasattr(type(queue_id), "__index__")):
+        raise ArgumentTypeError(f"queue_id must be an int, not {type(queue_id).__name__} {queue_id!r}", "queue_id")
+    if not 0 <= queue_id <= MAX_QUEUE_ID:
         raise InvalidQueueIdError(f"queue id {queue_id!r} outside 0..{MAX_QUEUE_ID}")
+
+
+def body_type_error(body: object, argument: str = "body") -> ArgumentTypeError:
+    """The error for a message body that is not bytes-like (the same words from every queue kind)."""
+    hint = "; encode text first (body.encode())" if isinstance(body, str) else ""
+    return ArgumentTypeError(f"{argument} must be bytes-like (bytes, bytearray, memoryview), not "
+                             f"{type(body).__name__}{hint}", argument)
+
+
+def body_length(body: object, argument: str = "body") -> int:
+    """The byte length of a bytes-like message body. Raises ArgumentTypeError naming ``argument`` otherwise."""
+    if type(body) is bytes:
+        return len(body)
+    try:
+        return memoryview(body).nbytes  # type: ignore[arg-type]
+    except TypeError:
+        raise body_type_error(body, argument) from None
+
+
+def batch_bodies(bodies: object) -> list[Any]:
+    """The bodies of a batch put as a list (one bytes-like object is not a batch). Raises ArgumentTypeError for what
+    is not an iterable, ArgumentRangeError for an empty batch; each body is checked by the caller."""
+    if type(bodies) is list:
+        out = bodies
+    elif isinstance(bodies, (str, bytes, bytearray, memoryview)):
+        raise ArgumentTypeError(f"bodies must be an iterable of bytes-like bodies, not one {type(bodies).__name__}",
+                                "bodies")
+    else:
+        try:
+            out = list(bodies)  # type: ignore[call-overload]
+        except TypeError:
+            raise ArgumentTypeError(f"bodies must be an iterable of bytes-like bodies, not {type(bodies).__name__}",
+                                    "bodies") from None
+    if not out:
+        raise ArgumentRangeError("put_batch needs at least one body (bodies is empty)", "bodies")
+    return out
+
+
+def message_properties(tags: object, keys: object, properties: object) -> dict[str, str]:
+    """The properties of a message to put, TAGS and KEYS folded in, checked as every queue kind checks them.
+
+    ``tags`` a non-empty str or None; ``keys`` a str or an iterable of str (each non-empty, no space) or None;
+    ``properties`` a mapping of str to str or None. The values themselves (separators, size) are checked when
+    they are encoded (``_record.properties_to_bytes``). Raises ArgumentTypeError (a TypeError) for an argument of
+    the wrong type, naming it; InvalidPropertyError (a ValueError) for an empty tag or a bad key.
+    """
+    if properties is None:
+        d: dict[str, str] = {}
+    elif isinstance(properties, Mapping):
+        d = dict(properties)
+    else:
+        raise ArgumentTypeError(f"properties must be a mapping of str to str, not {type(properties).__name__} "
+                                f"{properties!r}", "properties")
+    if tags is not None:
+        if not isinstance(tags, str):
+            raise ArgumentTypeError(f"tags must be a str, not {type(tags).__name__} {tags!r}", "tags")
+        if not tags:
+            raise InvalidPropertyError("tags must be a non-empty str (None for no tag)")
+        d["TAGS"] = tags
+    if keys is not None:
+        if isinstance(keys, str):
+            ks = [keys]
+        else:
+            try:
+                ks = list(keys)  # type: ignore[call-overload]
+            except TypeError:
+                raise ArgumentTypeError(f"keys must be a str or an iterable of str, not {type(keys).__name__} "
+                                        f"{keys!r}", "keys") from None
+        for k in ks:
+            if not isinstance(k, str):
+                raise ArgumentTypeError(f"keys must be str, not {type(k).__name__} {k!r}", "keys")
+            if not k or " " in k:
+                raise InvalidPropertyError(f"keys must be non-empty str without spaces, not {k!r}")
+        if ks:
+            d["KEYS"] = " ".join(ks)
+    return d
 
 
 # RocketMQ's system topic of delayed messages (TopicValidator.RMQ_SYS_SCHEDULE_TOPIC): queue id = delay level - 1

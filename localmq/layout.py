@@ -1,4 +1,5 @@
-"""Every on-disk constant of the store, written down once (RocketMQ 4.x layouts; ../shared/spec/rocketmq-store.md).
+"""Every on-disk constant of the store, written down once (RocketMQ 4.x layouts, as Apache RocketMQ's
+store writes them: CommitLog, ConsumeQueue, IndexFile, StoreCheckpoint in rocketmq-store).
 
 Pure Python, importing nothing of localmq. The compiled modules read the same values from ``_layout.pxd``, which
 setup.py generates from this file (``pxd_source``); tests/test_layers.py checks that the two agree. No other module

@@ -11,7 +11,18 @@ from typing import Generic, Iterator, List, TypeVar
 _M = TypeVar("_M")  # the message type: localmq.Message (status.py imports nothing of localmq)
 
 
-class PutStatus(enum.IntEnum):
+class _StatusEnum(enum.IntEnum):
+    """An IntEnum that prints as its name (``PutStatus.PUT_OK``) on every Python: from 3.11 an IntEnum prints as its
+    number (``0``), which tells a reader of a log or a ``print()`` nothing. Comparisons and ``int()`` are unchanged."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+class PutStatus(_StatusEnum):
     """RocketMQ's PutMessageStatus (5.x spelling; the 4.x spellings are aliases)."""
 
     PUT_OK = 0
@@ -28,7 +39,7 @@ class PutStatus(enum.IntEnum):
     OS_PAGECACHE_BUSY = 8  # 4.x name
 
 
-class AppendMessageStatus(enum.IntEnum):
+class AppendMessageStatus(_StatusEnum):
     """Outcome of appending one record (or batch) to one MappedFile."""
 
     PUT_OK = 0
@@ -38,7 +49,7 @@ class AppendMessageStatus(enum.IntEnum):
     UNKNOWN_ERROR = 4
 
 
-class GetStatus(enum.IntEnum):
+class GetStatus(_StatusEnum):
     """RocketMQ's GetMessageStatus (4.x)."""
 
     FOUND = 0
@@ -96,7 +107,7 @@ class Stop(str, enum.Enum):
         return self.value
 
 
-class ConsumeStatus(enum.IntEnum):
+class ConsumeStatus(_StatusEnum):
     """What a listener answers for its batch (RocketMQ's ConsumeConcurrentlyStatus): done, or fail and retry later."""
     CONSUME_SUCCESS = 0
     RECONSUME_LATER = 1
@@ -136,7 +147,7 @@ class GetResult(Generic[_M]):
                 f"max_offset={self.max_offset})")
 
 
-class LocalTransactionState(enum.IntEnum):
+class LocalTransactionState(_StatusEnum):
     """RocketMQ's LocalTransactionState (its spelling, UNKNOW included): what a local transaction or a check
     listener answers. The values are the END_TRANSACTION header's commitOrRollback, i.e. the sysflag transaction
     types (COMMIT 0x8, ROLLBACK 0xC; 0 = unknown: the half message stays and is checked back later)."""

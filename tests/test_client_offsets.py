@@ -1,10 +1,18 @@
 """ConsumerOffsetManager: RocketMQ's consumerOffset.json layout, .bak, shared writes, periodic persist."""
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 import localmq
 from localmq.client.offsets import ConsumerOffsetManager
 from localmq.store.config_json import read_config_json
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_written_in_rocketmq_layout(tmp_path):
@@ -87,3 +95,32 @@ def test_retention_reads_what_consumers_commit(tmp_path):
         bounds = mq.clean_service.commit_log_service.consumer_bounds()
         assert read_config_json(mq.offset_store_path)["offsetTable"] == {"T@g": {0: 4}}
         assert [(b.group, b.queue_id, b.queue_offset) for b in bounds] == [("T@g", 0, 4)]
+
+
+def test_an_offset_that_is_not_an_integer_is_a_typed_error_naming_the_entry(tmp_path):
+    """Issue 23/24: ``null`` as an offset made create_consumer, consumer_lag and ``localmq lag`` raise a bare
+    TypeError. Now each raises CorruptStoreError (a ValueError) naming the file and the entry, and retention, which
+    reads the same file, logs it and goes on; nothing rewrites the file."""
+    root = tmp_path / "s"
+    with localmq.open(root, mapped_file_size_commit_log=64 * 1024) as st:
+        st.put("t", b"x")
+        with st.create_consumer("g", "t") as c:
+            assert c.poll(5) is not None
+            c.commit()
+    path = root / "config" / "consumerOffset.json"
+    for bad in ("null", '"7"', "true", "1.5"):
+        text = read_config_json(path)  # the document as written, then one offset replaced
+        assert text["offsetTable"] == {"t@g": {0: 1}}
+        raw = path.read_text().replace("0:1", f"0:{bad}")
+        path.write_text(raw)
+        with localmq.open(root) as st:
+            for call in (lambda: st.create_consumer("g", "t"), lambda: st.consumer_lag("g")):
+                with pytest.raises(localmq.CorruptStoreError) as e:
+                    call()
+                assert isinstance(e.value, ValueError)
+                assert "consumerOffset.json" in str(e.value) and "'t@g'" in str(e.value) and "integer" in str(e.value)
+        p = subprocess.run([sys.executable, "-m", "localmq", "lag", str(root)], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert p.returncode == 1 and "Traceback" not in p.stderr and "not an integer offset" in p.stderr, p.stderr
+        assert path.read_text() == raw
+        path.write_text(raw.replace(f"0:{bad}", "0:1"))

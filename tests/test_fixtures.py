@@ -1,4 +1,4 @@
-"""Decode every real RocketMQ store file in ../shared/fixtures/rocketmq and check it against PROVENANCE.md / spec 13."""
+"""Decode every real RocketMQ store file in tests/fixtures/rocketmq and check it against PROVENANCE.md / spec 13."""
 
 import hashlib
 import json

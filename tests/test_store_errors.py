@@ -20,6 +20,55 @@ def test_invalid_topic(store_factory, topic):
     assert not os.path.exists(os.path.join(st.root, "consumequeue", "x"))
 
 
+def _queue_of_kind(kind, tmp_path):
+    if kind == "memory":
+        return localmq.MemoryMessageQueue()
+    return localmq.open(tmp_path / kind, kind=kind, **(SMALL if kind == "local" else {}))
+
+
+# (call, the argument the error names, the error): the put side answers a wrong type or value as the get side does
+_PUT_MISUSE = [
+    (lambda q: q.put("t", "hello"), "body", localmq.ArgumentTypeError),
+    (lambda q: q.put("t", 12345), "body", localmq.ArgumentTypeError),
+    (lambda q: q.put("t", None), "body", localmq.ArgumentTypeError),
+    (lambda q: q.put_batch("t", ["a", "b"]), "bodies[0]", localmq.ArgumentTypeError),
+    (lambda q: q.put_batch("t", [b"a", 7]), "bodies[1]", localmq.ArgumentTypeError),
+    (lambda q: q.put_batch("t", b"one body"), "bodies", localmq.ArgumentTypeError),
+    (lambda q: q.put_batch("t", 5), "bodies", localmq.ArgumentTypeError),
+    (lambda q: q.put_batch("t", []), "bodies", localmq.ArgumentRangeError),
+    (lambda q: q.put("t", b"x", queue_id="1"), "queue_id", localmq.ArgumentTypeError),
+    (lambda q: q.put_batch("t", [b"x"], queue_id=1.0), "queue_id", localmq.ArgumentTypeError),
+    (lambda q: q.put("t", b"x", flag="1"), "flag", localmq.ArgumentTypeError),
+    (lambda q: q.put(5, b"x"), "topic", localmq.ArgumentTypeError),
+    (lambda q: q.put_batch(None, [b"x"]), "topic", localmq.ArgumentTypeError),
+    (lambda q: q.put("t", b"x", tags=5), "tags", localmq.ArgumentTypeError),
+    (lambda q: q.put("t", b"x", keys=5), "keys", localmq.ArgumentTypeError),
+    (lambda q: q.put("t", b"x", keys=["k", 5]), "keys", localmq.ArgumentTypeError),
+    (lambda q: q.put("t", b"x", properties=["a", "b"]), "properties", localmq.ArgumentTypeError),
+    (lambda q: q.get_message("t", 0, 0, max_messages=0), "max_messages", localmq.ArgumentRangeError),
+    (lambda q: q.create_producer().send("t", "text"), "body", localmq.ArgumentTypeError),
+    (lambda q: q.create_producer().send_batch("t", ["text"]), "bodies[0]", localmq.ArgumentTypeError),
+]
+
+
+@pytest.mark.parametrize("kind", ["local", "embedded", "memory"])
+def test_put_misuse_raises_typed_errors_naming_the_argument(tmp_path, kind):
+    """Issue 23: the put side raised bare builtins (``TypeError: a bytes-like object is required``, ``an integer is
+    required``) where the get side names the argument. Each error is a LocalMQError and the matching builtin, and
+    nothing was written."""
+    with _queue_of_kind(kind, tmp_path) as q:
+        for i, (call, argument, error) in enumerate(_PUT_MISUSE):
+            with pytest.raises(error) as e:
+                call(q)
+            assert isinstance(e.value, localmq.LocalMQError), (i, e.value)
+            assert isinstance(e.value, TypeError if error is localmq.ArgumentTypeError else ValueError), (i, e.value)
+            assert e.value.argument == argument, (i, e.value)
+            assert argument.split("[")[0] in str(e.value), (i, e.value)
+        assert "encode" in str(pytest.raises(TypeError, q.put, "t", "text").value)  # says how to mend it
+        r = q.put("t", b"first")
+        assert r.queue_offset == 0  # every refused call wrote nothing
+
+
 def test_invalid_topic_is_value_error(store_factory):
     with pytest.raises(ValueError):
         store_factory(**SMALL).put("no/slash", b"x")
@@ -203,3 +252,72 @@ def test_reopened_store_keeps_its_posix_byte_lock(tmp_path):
             assert out.stdout.strip() == "True", out
         with localmq.open(root, read_only=True):
             pass
+
+
+def test_statuses_print_their_names():
+    """Python 3.11 prints an IntEnum as its number: ``print(r.status)`` showed ``0``. Statuses print their names and
+    still compare and convert as ints."""
+    assert str(localmq.PutStatus.PUT_OK) == "PutStatus.PUT_OK"
+    assert f"{localmq.GetStatus.NO_MESSAGE_IN_QUEUE}" == "GetStatus.NO_MESSAGE_IN_QUEUE"
+    assert f"{localmq.ConsumeStatus.RECONSUME_LATER:>32}".strip() == "ConsumeStatus.RECONSUME_LATER"
+    assert str(localmq.LocalTransactionState.COMMIT_MESSAGE) == "LocalTransactionState.COMMIT_MESSAGE"
+    assert localmq.GetStatus.NO_MESSAGE_IN_QUEUE == 8 and int(localmq.PutStatus.PUT_OK) == 0
+
+
+def test_read_commitlog_on_a_store_root_says_which_directory_to_pass(tmp_path):
+    with localmq.open(tmp_path / "s", **SMALL) as st:
+        st.put("t", b"x")
+    with pytest.raises(localmq.NotAStoreError) as e:
+        list(localmq.read_commitlog(tmp_path / "s"))
+    assert f"pass {tmp_path / 's' / 'commitlog'}" in str(e.value)
+    assert [m.body for m in localmq.read_commitlog(tmp_path / "s" / "commitlog")] == [b"x"]
+
+
+def test_listen_on_a_closed_consumer_raises_as_poll_does(tmp_path):
+    with localmq.open(tmp_path / "s", **SMALL) as st:
+        c = st.create_consumer("g", "t", manual_ack=True)
+        c.close()
+        with pytest.raises(localmq.StoreClosedError):
+            c.poll(0)
+        with pytest.raises(localmq.StoreClosedError):
+            c.listen(lambda msgs: None, idle_timeout=0.1)
+
+
+def _run_script(code, *args, extra_env=None):
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+           **(extra_env or {})}
+    return subprocess.run([sys.executable, "-W", "default", "-c", textwrap.dedent(code), *map(str, args)],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_a_store_left_open_is_closed_at_exit_with_a_resource_warning(tmp_path):
+    """A program that forgets close(): the exit hook closes the store (dispatch caught up, files flushed, ``abort``
+    gone, so the next open needs no crash recovery) and says so with a ResourceWarning."""
+    p = _run_script("""
+        import sys, localmq
+        st = localmq.open(sys.argv[1], mapped_file_size_commit_log=64 * 1024)
+        for i in range(100):
+            st.put("t", b"m%d" % i)
+    """, tmp_path / "s")
+    assert p.returncode == 0, p.stderr
+    assert "ResourceWarning" in p.stderr and "was never closed: closing it at exit" in p.stderr, p.stderr
+    assert not (tmp_path / "s" / "abort").exists()
+    with localmq.open(tmp_path / "s") as st:
+        assert st.recovery.mode == "normal"
+        assert st.max_offset("t", 0) == 100
+
+
+def test_the_spark_module_says_how_to_install_what_it_needs(tmp_path):
+    """Without pyarrow (hidden here through sys.modules), ``localmq.spark`` entry points raise ModuleNotFoundError
+    naming the extra to install, not a bare ``No module named 'pyarrow'`` from deep inside."""
+    p = _run_script("""
+        import sys
+        sys.modules["pyarrow"] = None  # `import pyarrow` now fails as it does where pyarrow is not installed
+        import localmq.spark
+        try:
+            localmq.spark.arrow_batches(sys.argv[1])
+        except ModuleNotFoundError as e:
+            print(e.name, "|", e)
+    """, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("pyarrow | ") and "pip install 'localmq[spark]'" in p.stdout, p.stdout

@@ -14,7 +14,7 @@ from localmq.client.retry import (
 from localmq.layout import SYSFLAG_COMPRESSED, TOPIC_RE
 from localmq.status import ConsumeStatus, GetStatus
 from localmq.config import check_topic
-from localmq.errors import AckError, CorruptMessageError, QueueReassignedError, StoreClosedError
+from localmq.errors import AckError, ArgumentRangeError, CorruptMessageError, QueueReassignedError, StoreClosedError
 from localmq.filter import compile_sql92, tag_names
 
 log = logging.getLogger("localmq.client.consumer")
@@ -311,7 +311,7 @@ class Consumer:
         Raises as ``poll``.
         """
         if max_messages < 1:
-            raise ValueError("max_messages must be at least 1")
+            raise ArgumentRangeError("max_messages must be at least 1", "max_messages")
         return self._poll(max_messages, timeout)
 
     def _poll(self, max_n: int, timeout: Optional[float]) -> List[Message]:
@@ -522,11 +522,13 @@ class Consumer:
         of messages handled, when ``idle_timeout`` seconds passed without a message, when ``max_messages`` were
         handled, or when the consumer closed.
 
-        Raises AckError (the consumer was not created with manual_ack=True), TypeError (another answer), and what
-        ``poll`` and ``nack`` raise.
+        Raises AckError (the consumer was not created with manual_ack=True), StoreClosedError (the consumer was
+        closed before the call), TypeError (another answer), and what ``poll`` and ``nack`` raise.
         """
         if not self.manual_ack:
             raise AckError("listen() needs a consumer created with manual_ack=True")
+        if self.closed:  # as poll: a closed consumer is misuse; closing it while it listens ends listen()
+            raise StoreClosedError("the consumer is closed")
         handled = 0
         while not self.closed:
             want = batch_size if max_messages is None else min(batch_size, max_messages - handled)

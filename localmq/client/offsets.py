@@ -6,7 +6,7 @@ import threading
 from typing import Dict, Optional, Tuple
 
 from localmq.services.service_thread import ServiceThread
-from localmq.store.config_json import read_config_json, write_config_json
+from localmq.store.config_json import read_offset_table, write_config_json
 
 log = logging.getLogger("localmq.client.offsets")
 
@@ -39,13 +39,7 @@ class ConsumerOffsetManager:
         self.persists = 0
         self.persist_errors = 0
         if path is not None:
-            doc = read_config_json(path, default=None)
-            if isinstance(doc, dict):
-                table = doc.get("offsetTable") or {}
-                for key, queues in table.items():
-                    if isinstance(key, str) and isinstance(queues, dict):
-                        self._table[key] = {int(q): int(o) for q, o in queues.items()}
-                self._extra = {k: v for k, v in doc.items() if k != "offsetTable"}
+            self._table, self._extra = read_offset_table(path)
         self._service: Optional[_PersistService] = None
 
     def start(self) -> None:

@@ -9,8 +9,8 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from localmq._record import Message, properties_to_bytes
-from localmq.errors import DelayNotSupportedError, InvalidDelayError, InvalidPropertyError, SendError, StoreClosedError
-from localmq.config import check_queue_id, check_topic
+from localmq.errors import DelayNotSupportedError, InvalidDelayError, SendError, StoreClosedError
+from localmq.config import check_queue_id, check_topic, message_properties
 from localmq.services.schedule import delay_rewrite, level_for_delay
 from localmq.status import PutStatus
 
@@ -59,7 +59,9 @@ class _UniqKeys:
         now = time.time()
         if now >= self._next_month or now < self._month_start:
             self._month(now)
-        ms = max(0, int((now - self._month_start) * 1000)) & 0x7FFFFFFF
+        # RocketMQ writes (int) of the ms since the month began: past 2**31 ms (day 25) the int wraps negative, and
+        # its hex is the low 32 bits; masking to 31 bits made the time field wrong from then to the month's end
+        ms = max(0, int((now - self._month_start) * 1000)) & 0xFFFFFFFF
         return "%s%08X%04X" % (self._prefix, ms, next(self._counter) & 0xFFFF)
 
 
@@ -74,20 +76,9 @@ def new_uniq_key() -> str:
 def build_properties(tags: Optional[str], keys: Any, properties: Optional[Dict[str, str]]) -> Dict[str, str]:
     """The properties dict of a message (TAGS and KEYS folded in), validated as the CommitLog validates them.
 
-    Raises InvalidPropertyError, PropertiesSizeError.
+    Raises ArgumentTypeError, InvalidPropertyError, PropertiesSizeError.
     """
-    d = dict(properties) if properties else {}
-    if tags is not None:
-        if not isinstance(tags, str) or not tags:
-            raise InvalidPropertyError(f"tags must be a non-empty str, not {tags!r}")
-        d["TAGS"] = tags
-    if keys is not None:
-        ks = [keys] if isinstance(keys, str) else list(keys)
-        for k in ks:
-            if not isinstance(k, str) or not k or " " in k:
-                raise InvalidPropertyError(f"keys must be non-empty str without spaces, not {k!r}")
-        if ks:
-            d["KEYS"] = " ".join(ks)
+    d = message_properties(tags, keys, properties)
     if d:
         properties_to_bytes(d)  # raises on separators, empty values, more than 32767 bytes
     return d

@@ -1,10 +1,12 @@
 """What the three queues share: the client factories (QueueClientsMixin), long polling, property building."""
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -40,8 +42,43 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# How long the exit hook waits for one store left open to close (its services flush and stop) before giving up.
+EXIT_CLOSE_TIMEOUT_S = 30.0
+
+
+def _close_at_exit() -> None:
+    # A store still open when the interpreter exits is closed here, as Python flushes a file left open: dispatch
+    # catches up, files are flushed and ``abort`` removed, so the next open needs no crash recovery. It is a
+    # mistake all the same (a ResourceWarning says so, shown with -W default or -X dev). Each close runs in a thread
+    # joined with a timeout, so a store that cannot close never hangs the interpreter's exit.
+    for q in list(_PROCESS_BOUND):
+        if q._closed or q._forked:
+            continue
+        warnings.warn(f"{type(q).__name__} {getattr(q, 'root', '')!r} was never closed: closing it at exit (use "
+                      f"`with localmq.open(...) as st:` or st.close())", ResourceWarning, stacklevel=1)
+        t = threading.Thread(target=_close_logged, args=(q,), name="localmq-close-at-exit", daemon=True)
+        t.start()
+        t.join(EXIT_CLOSE_TIMEOUT_S)
+        if t.is_alive():
+            log.error("%s %r did not close within %.0f s at exit; the next open recovers it", type(q).__name__,
+                      getattr(q, "root", ""), EXIT_CLOSE_TIMEOUT_S)
+
+
+def _close_logged(q: Any) -> None:
+    try:
+        q.close()
+    except Exception:  # noqa: BLE001 - at exit there is no caller to raise to
+        log.exception("closing %s %r at exit failed", type(q).__name__, getattr(q, "root", ""))
+
+
+atexit.register(_close_at_exit)
+
+
 class ProcessBoundMixin:
-    """For a queue whose files one process owns: refused in a forked child, never pickled to another process."""
+    """For a queue whose files one process owns: refused in a forked child, never pickled to another process.
+
+    A queue still open at exit is closed by an exit hook, with a ResourceWarning (its service threads keep an open
+    queue reachable, so it is never garbage collected open)."""
 
     _forked = False
 

@@ -19,10 +19,10 @@ from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
 from localmq.layout import MAX_QUEUE_ID, TOPIC_RE
 from localmq.status import GetResult, GetStatus, PutStatus, Stop
-from localmq.config import check_topic
+from localmq.config import batch_bodies, body_length, check_topic
 from localmq.errors import (
     check_int_range,
-    ConfigError, CorruptStoreError, InvalidQueueIdError, MessageSizeError, StoreClosedError,
+    ArgumentRangeError, ConfigError, CorruptStoreError, InvalidQueueIdError, MessageSizeError, StoreClosedError,
 )
 from localmq.queues.base import (
     ProcessBoundMixin, ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names,
@@ -431,8 +431,9 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         if self._closed:
             raise self._closed_error()
         b = self._bucket(topic, queue_id)
+        check_int_range(flag, "flag", -(1 << 31), (1 << 31) - 1)
         props = self._props(tags, keys, properties)
-        n = len(body) if type(body) is bytes else memoryview(body).nbytes
+        n = body_length(body)
         self._check_size(n, len(props))
         now = int(time.time() * 1000)
         with b.lock:
@@ -456,14 +457,13 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         if self._closed:
             raise self._closed_error()
         b = self._bucket(topic, queue_id)
+        check_int_range(flag, "flag", -(1 << 31), (1 << 31) - 1)
         props = self._props(tags, keys, properties)
-        bodies = bodies if isinstance(bodies, list) else list(bodies)
-        if not bodies:
-            raise ValueError("put_batch needs at least one body")
+        bodies = batch_bodies(bodies)
         total = 0
         need = 0
-        for body in bodies:
-            n = len(body) if type(body) is bytes else memoryview(body).nbytes
+        for i, body in enumerate(bodies):
+            n = body_length(body, f"bodies[{i}]")
             self._check_size(n, len(props))
             need += frame_size(n, len(props))
         now = int(time.time() * 1000)
@@ -509,7 +509,7 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         if self._closed:
             raise self._closed_error()
         if max_messages < 1:
-            raise ValueError("max_messages must be at least 1")
+            raise ArgumentRangeError("max_messages must be at least 1", "max_messages")
         check_int_range(max_messages, "max_messages", 1, MAX_GET_MESSAGES)  # a C int below (ArgumentOverflowError)
         b = self._buckets.get((topic, queue_id))
         if b is None:

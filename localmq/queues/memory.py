@@ -9,8 +9,8 @@ from localmq.store.commit_log import make_put_result
 from localmq._frame import stored_message
 from localmq.layout import MAX_QUEUE_ID
 from localmq.status import GetStatus, PutStatus
-from localmq.config import check_topic
-from localmq.errors import  check_int_range,InvalidQueueIdError, MessageSizeError, StoreClosedError
+from localmq.config import batch_bodies, body_length, check_topic
+from localmq.errors import ArgumentRangeError, check_int_range, InvalidQueueIdError, MessageSizeError, StoreClosedError
 from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
 from localmq.status import GetResult
 
@@ -85,8 +85,9 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
 
     # -- put ------------------------------------------------------------------------------------------------
 
-    def _body(self, body) -> bytes:
+    def _body(self, body, argument: str = "body") -> bytes:
         if type(body) is not bytes:
+            body_length(body, argument)  # a typed error for what is not bytes-like
             body = bytes(memoryview(body))
         if len(body) > self.max_message_size:
             raise MessageSizeError(f"body of {len(body)} bytes exceeds max_message_size {self.max_message_size}")
@@ -108,6 +109,7 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         if self._closed:
             raise StoreClosedError("the queue is closed")
         b = self._bucket(topic, queue_id)
+        check_int_range(flag, "flag", -(1 << 31), (1 << 31) - 1)
         body = self._body(body)
         props = build_properties(tags, keys, properties)
         now = int(time.time() * 1000)
@@ -124,9 +126,8 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         if self._closed:
             raise StoreClosedError("the queue is closed")
         b = self._bucket(topic, queue_id)
-        bodies = [self._body(x) for x in bodies]
-        if not bodies:
-            raise ValueError("put_batch needs at least one body")
+        check_int_range(flag, "flag", -(1 << 31), (1 << 31) - 1)
+        bodies = [self._body(x, f"bodies[{i}]") for i, x in enumerate(batch_bodies(bodies))]
         props = build_properties(tags, keys, properties)
         now = int(time.time() * 1000)
         with b.lock:
@@ -151,7 +152,7 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         if self._closed:
             raise StoreClosedError("the queue is closed")
         if max_messages < 1:
-            raise ValueError("max_messages must be at least 1")
+            raise ArgumentRangeError("max_messages must be at least 1", "max_messages")
         check_int_range(max_messages, "max_messages", 1, MAX_GET_MESSAGES)  # a C int below (ArgumentOverflowError)
         b = self._buckets.get((topic, queue_id))
         if b is None:

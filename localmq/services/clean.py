@@ -62,7 +62,7 @@ from localmq.config import StoreConfig
 from localmq.errors import CorruptStoreError
 from localmq.layout import CQ_BLANK_UNIT_SIZE
 from localmq.services.service_thread import ServiceThread
-from localmq.store.config_json import read_config_json
+from localmq.store.config_json import read_offset_table
 from localmq.store.mapped_file_queue import DELETE_FILES_BATCH_MAX, MappedFileQueue
 
 log = logging.getLogger("localmq.clean")
@@ -229,10 +229,7 @@ class CleanCommitLogService:
         ``consumer_offsets_error`` and give [] (nothing is protected then).
         """
         try:
-            doc = read_config_json(self.consumer_offset_path, default=None)
-            table = {} if doc is None else doc.get("offsetTable", {}) if isinstance(doc, dict) else None
-            if not isinstance(table, dict):
-                raise CorruptStoreError(f"{self.consumer_offset_path}: no offsetTable object")
+            table, _ = read_offset_table(self.consumer_offset_path)
         except (CorruptStoreError, OSError) as e:
             msg = str(e)
             if msg != self.consumer_offsets_error:
@@ -243,14 +240,10 @@ class CleanCommitLogService:
         cqs = self.consume_queues()
         bounds: Dict[str, ConsumerBound] = {}
         for key, queues in table.items():
-            if not isinstance(key, str) or "@" not in key or not isinstance(queues, dict):
+            if "@" not in key:
                 continue
             topic = key.split("@", 1)[0]
             for qid, offset in queues.items():
-                try:
-                    qid, offset = int(qid), int(offset)
-                except (TypeError, ValueError):
-                    continue
                 cq = cqs.get((topic, qid))
                 if cq is None:
                     continue

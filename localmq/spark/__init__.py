@@ -1,10 +1,25 @@
 """Spark integration: the ``localmq`` Python data source and mapInArrow decoding (pyspark imported lazily)."""
 
+import importlib
+
 __all__ = ["register", "read_commitlog", "arrow_batches", "spark_ddl", "COLUMNS", "LocalMQDataSource"]
+
+
+def _need(*modules):
+    """Import ``modules`` (the decoder needs pyarrow; the data source and mapInArrow also pyspark), raising
+    ModuleNotFoundError that says how to install the ``spark`` extra when one is missing, before anything is done."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(
+                f"localmq.spark needs {name}, which is not installed: pip install 'localmq[spark]' (pyspark, pyarrow, "
+                f"pandas; Spark also needs Java 17)", name=name) from e
 
 
 def register(spark):
     """Register the ``localmq`` data source with a SparkSession (Spark 4; needs the ``spark`` extra)."""
+    _need("pyspark", "pyarrow")
     from localmq.spark.datasource import register as _register
 
     _register(spark)
@@ -15,6 +30,7 @@ def read_commitlog(spark, path, **options):
 
     See ``localmq.spark.read.read_commitlog``.
     """
+    _need("pyspark", "pyarrow")
     from localmq.spark.read import read_commitlog as _read
 
     return _read(spark, path, **options)
@@ -22,6 +38,7 @@ def read_commitlog(spark, path, **options):
 
 def arrow_batches(path, **options):
     """Iterate pyarrow RecordBatches of a store in this process (no Spark): see ``localmq.spark.read``."""
+    _need("pyarrow")
     from localmq.spark.read import arrow_batches as _batches
 
     return _batches(path, **options)
@@ -33,6 +50,7 @@ def __getattr__(name):
 
         return getattr(decode, name)
     if name == "LocalMQDataSource":
+        _need("pyspark", "pyarrow")
         from localmq.spark.datasource import LocalMQDataSource
 
         return LocalMQDataSource

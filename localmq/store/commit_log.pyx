@@ -37,11 +37,14 @@ from localmq._shm cimport (
 )
 
 from localmq._record import pack_host, properties_to_bytes
-from localmq.config import check_topic
+from localmq.config import (
+    batch_bodies, body_length, body_type_error, check_queue_id, check_topic, message_properties,
+)
 from localmq.status import PutStatus
 from localmq._shm import OWNER_DIED as _OWNER_DIED
 from localmq.errors import (
-    ArgumentOverflowError, ForkedStoreError, InvalidPropertyError, InvalidQueueIdError, MessageSizeError,
+    ArgumentOverflowError, ArgumentTypeError, ForkedStoreError, check_int_range, InvalidQueueIdError,
+    MessageSizeError,
     PropertiesSizeError, StoreClosedError, TopicTableFullError,
 )
 
@@ -421,6 +424,24 @@ cdef class TopicEntry:
         return [q for q in range(self.n_queues) if self.next_offsets[q] > 0]
 
 
+cdef inline str topic_arg(object topic):
+    """``topic`` as a str, or a typed error naming it (the put path's one type check of a topic)."""
+    if type(topic) is str:
+        return <str>topic
+    if isinstance(topic, str):
+        return str(topic)
+    raise ArgumentTypeError(f"topic must be a str, not {type(topic).__name__} {topic!r}", "topic")
+
+
+cdef int get_body_buffer(object body, Py_buffer *view, str argument) except -1:
+    """PyObject_GetBuffer for a message body, with a typed error naming ``argument`` when it is not bytes-like."""
+    try:
+        PyObject_GetBuffer(body, view, PyBUF_SIMPLE)
+    except TypeError:
+        raise body_type_error(body, argument) from None
+    return 0
+
+
 cdef object overflow_error(object queue_id, object flag):
     """The typed error for a queue id or flag too large for a C int (the conversion raised OverflowError)."""
     if not -(1 << 31) <= queue_id < (1 << 31):
@@ -636,20 +657,7 @@ cdef class CommitLog:
                 cached = self.props_cache.get(ck)
                 if cached is not None:
                     return <bytes>cached
-        d = dict(properties) if properties else {}
-        if tags is not None:
-            if not isinstance(tags, str) or not tags:
-                raise InvalidPropertyError(f"tags must be a non-empty str, not {tags!r}")
-            d["TAGS"] = tags
-        if keys is not None:
-            if isinstance(keys, str):
-                keys = (keys,)
-            ks = list(keys)
-            for k in ks:
-                if not isinstance(k, str) or not k or " " in k:
-                    raise InvalidPropertyError(f"keys must be non-empty str without spaces, not {k!r}")
-            if ks:
-                d["KEYS"] = " ".join(ks)
+        d = message_properties(tags, keys, properties)
         out = properties_to_bytes(d)
         if len(out) > MAX_PROPERTIES_SIZE:
             raise PropertiesSizeError(f"properties encode to {len(out)} bytes, more than {MAX_PROPERTIES_SIZE}",
@@ -745,7 +753,7 @@ cdef class CommitLog:
 
     # -- put --------------------------------------------------------------------------------------------------
 
-    def put(self, str topic not None, object body, *, object queue_id=0, object tags=None, object keys=None,
+    def put(self, object topic, object body, *, object queue_id=0, object tags=None, object keys=None,
             object properties=None, object flag=0):
         """Append one message. Returns a PutResult (status PUT_OK, or CREATE_MAPPED_FILE_FAILED when a new
         segment could not be created, e.g. a full disk).
@@ -753,9 +761,9 @@ cdef class CommitLog:
         Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError (body over max_message_size),
         PropertiesSizeError, InvalidPropertyError, StoreClosedError, TypeError (body not bytes-like).
         """
-        return self._put(topic, body, queue_id, tags, keys, properties, flag, None)
+        return self._put(topic_arg(topic), body, queue_id, tags, keys, properties, flag, None)
 
-    def put_ext(self, str topic not None, object body, *, object queue_id=0, object tags=None, object keys=None,
+    def put_ext(self, object topic, object body, *, object queue_id=0, object tags=None, object keys=None,
                 object properties=None, object flag=0, PutExtra extra not None):
         """Append one message whose record fields a broker-side re-put sets: sysflag (compression, multi-tags and
         transaction bits; the host bits follow the hosts), born timestamp and host, reconsume times, prepared
@@ -765,7 +773,7 @@ cdef class CommitLog:
 
         Returns and raises as ``put``.
         """
-        return self._put(topic, body, queue_id, tags, keys, properties, flag, extra)
+        return self._put(topic_arg(topic), body, queue_id, tags, keys, properties, flag, extra)
 
     cdef object _put(self, str topic, object body, object queue_id, object tags, object keys, object properties,
                      object flag, PutExtra extra):
@@ -819,7 +827,7 @@ cdef class CommitLog:
             bp = <const uint8_t *>PyBytes_AS_STRING(body)
             blen = PyBytes_GET_SIZE(body)
         else:
-            PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+            get_body_buffer(body, &view, "body")
             have_view = True
             bp = <const uint8_t *>view.buf
             blen = view.len
@@ -910,7 +918,7 @@ cdef class CommitLog:
             self._await_shared_flush(r, phys + total)
         return r
 
-    def put_batch(self, str topic not None, object bodies, *, object queue_id=0, object tags=None, object keys=None,
+    def put_batch(self, object topic, object bodies, *, object queue_id=0, object tags=None, object keys=None,
                   object properties=None, object flag=0):
         """Append a batch to one queue under one lock: consecutive queue offsets, one store timestamp.
 
@@ -918,7 +926,7 @@ cdef class CommitLog:
         PutResult (first offsets, total bytes, msg_num). Every body is validated before anything is written.
         Raises as ``put``; an empty batch raises ValueError.
         """
-        return self._put_batch(topic, bodies, queue_id, tags, keys, properties, flag)
+        return self._put_batch(topic_arg(topic), bodies, queue_id, tags, keys, properties, flag)
 
     cdef object _put_batch(self, str topic, object bodies, object queue_id, object tags, object keys,
                            object properties, object flag):
@@ -952,10 +960,8 @@ cdef class CommitLog:
             props = b""
         else:
             props = self._properties(tags, keys, properties)
-        blist = bodies if type(bodies) is list else list(bodies)
+        blist = batch_bodies(bodies)
         n = PyList_GET_SIZE(blist)
-        if n == 0:
-            raise ValueError("put_batch needs at least one body")
         tlen = PyBytes_GET_SIZE(te.encoded)
         plen = PyBytes_GET_SIZE(props)
         # validate everything first: a batch is refused whole, never half-written because of bad input
@@ -964,7 +970,7 @@ cdef class CommitLog:
             if type(b) is bytes:
                 blen = PyBytes_GET_SIZE(b)
             else:
-                blen = memoryview(b).nbytes
+                blen = body_length(b, f"bodies[{i}]")
             if blen > self.max_message_size:
                 raise MessageSizeError(f"body {i} of {blen} bytes exceeds max_message_size {self.max_message_size}",
                                        PutStatus.MESSAGE_ILLEGAL)
@@ -1296,6 +1302,11 @@ cdef inline TopicEntry begin_put(CommitLog self, str topic, object queue_id, obj
     if self.refuse_status is not None:
         self.put_failures += 1
         return None
+    # what is not an int gets a typed error naming it (the C conversion would truncate a float: 1.5 was queue 1)
+    if type(queue_id) is not int:
+        check_queue_id(queue_id)
+    if type(flag) is not int:
+        check_int_range(flag, "flag", -(1 << 31), (1 << 31) - 1)
     try:  # the C conversion; a Python int past a C int gets a typed error instead of a bare OverflowError
         qid[0] = queue_id
         fl[0] = flag
@@ -1316,7 +1327,7 @@ cdef class CommitLogFront:
 
     cdef public CommitLog commit_log
 
-    def put(self, str topic not None, object body, *, object queue_id=0, object tags=None, object keys=None,
+    def put(self, object topic, object body, *, object queue_id=0, object tags=None, object keys=None,
             object properties=None, object flag=0):
         """Append one message to ``topic``/``queue_id`` (CommitLog.put).
 
@@ -1329,9 +1340,9 @@ cdef class CommitLogFront:
         cdef CommitLog cl = self.commit_log
         if cl is None:
             raise StoreClosedError("the store is not open")
-        return cl._put(topic, body, queue_id, tags, keys, properties, flag, None)
+        return cl._put(topic_arg(topic), body, queue_id, tags, keys, properties, flag, None)
 
-    def put_batch(self, str topic not None, object bodies, *, object queue_id=0, object tags=None, object keys=None,
+    def put_batch(self, object topic, object bodies, *, object queue_id=0, object tags=None, object keys=None,
                   object properties=None, object flag=0):
         """Append several messages to one queue under one lock (consecutive queue offsets, one store time;
         CommitLog.put_batch). Returns one PutResult describing the first message, the total bytes and ``msg_num``.
@@ -1340,4 +1351,4 @@ cdef class CommitLogFront:
         cdef CommitLog cl = self.commit_log
         if cl is None:
             raise StoreClosedError("the store is not open")
-        return cl._put_batch(topic, bodies, queue_id, tags, keys, properties, flag)
+        return cl._put_batch(topic_arg(topic), bodies, queue_id, tags, keys, properties, flag)

@@ -13,7 +13,7 @@ from json.decoder import scanstring
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import CorruptStoreError, NotAStoreError
 
-__all__ = ["loads", "dumps", "read_config_json", "write_config_json"]
+__all__ = ["loads", "dumps", "read_config_json", "write_config_json", "read_offset_table"]
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +273,63 @@ def read_config_json(path, *, default=_MISSING):
         raise NotAStoreError(2, "no config file and no backup", path)
     detail = "; ".join(f"{p}: {why}" for p, why in problems)
     raise CorruptStoreError(f"config {path} and its backup are unusable: {detail}")
+
+
+def _offset(value):
+    """An offset of an offsetTable as an int (fastjson writes longs; a float with no fraction is taken), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def read_offset_table(path, *, key_type=str):
+    """The ``offsetTable`` of a RocketMQ offsets file (``consumerOffset.json``: ``{"topic@group": {queueId: offset}}``;
+    ``delayOffset.json``: ``{level: offset}``, with ``key_type=int``) and the document's other members.
+
+    A missing file (and backup) gives ``({}, {})``. Every queue id and offset must be an integer (fastjson writes
+    longs; a RocketMQ broker fails on anything else too).
+
+    :returns: ``(table, extra)``.
+    :raises CorruptStoreError: (a ValueError) for a file and backup that do not parse, an ``offsetTable`` that is not
+        an object, or an entry that is not an integer (``null``, a string...), naming the file, the entry and what
+        is expected.
+    """
+    doc = read_config_json(path, default=None)
+    if doc is None:
+        return {}, {}
+    if not isinstance(doc, dict):
+        raise CorruptStoreError(f"{path}: expected a JSON object with an offsetTable, found {type(doc).__name__}")
+    table = doc.get("offsetTable")
+    extra = {k: v for k, v in doc.items() if k != "offsetTable"}
+    if table is None:
+        return {}, extra
+    if not isinstance(table, dict):
+        raise CorruptStoreError(f"{path}: offsetTable must be an object, not {type(table).__name__}")
+    out = {}
+    for key, row in table.items():
+        if key_type is int:
+            k, v = _offset(key), _offset(row)
+            if k is None or v is None:
+                raise CorruptStoreError(f"{path}: offsetTable entry {key!r}: {json.dumps(row)} is not an integer "
+                                        f"level and offset; fix or remove the entry")
+            out[k] = v
+            continue
+        if not isinstance(key, str) or not isinstance(row, dict):
+            raise CorruptStoreError(f"{path}: offsetTable entry {key!r} must map \"topic@group\" to an object of "
+                                    f"queue id: offset, not {json.dumps(row)}")
+        queues = {}
+        for q, o in row.items():
+            qid, off = _offset(q), _offset(o)
+            if qid is None or off is None:
+                raise CorruptStoreError(f"{path}: offsetTable[{key!r}][{q!r}] is {json.dumps(o)}, not an integer "
+                                        f"offset; fix or remove the entry (the group then starts that queue afresh)")
+            queues[qid] = off
+        out[key] = queues
+    return out, extra
 
 
 def _write_all(fd, data):
