@@ -51,5 +51,6 @@ cdef class MappedFile:
     cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1
     cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2
     cdef int ensure_reserved(self, int64_t end) except -1
+    cdef int reserve_range(self, int64_t start, int64_t end) except -1
     cdef int prepare_c(self, int64_t start, int64_t end) noexcept nogil
     cdef int unpin(self) except -1

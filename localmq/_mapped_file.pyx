@@ -25,6 +25,7 @@ log = logging.getLogger("localmq.mapped_file")
 
 OS_PAGE_SIZE = 4096
 FILE_NAME_DIGITS = 20
+_HAVE_SEEK_DATA = hasattr(os, "SEEK_DATA")
 
 
 def offset_to_file_name(long long offset):
@@ -353,7 +354,10 @@ cdef class MappedFile:
             raise ValueError("range out of the file")
         if self.wbuf != NULL:
             raise ValueError("a file with a write buffer is repaired by commit()")
-        memset(self.addr + start, 0, end - start)
+        cdef long long lo, hi
+        for lo, hi in self.data_ranges(start, end):  # holes are zeros already; data has its blocks
+            self.reserve_range(lo, hi)
+            memset(self.addr + lo, 0, hi - lo)
         if self.append_pos > start:
             lmq_store_rel(&self.append_pos, start)
         if self.committed_pos > start:
@@ -450,25 +454,94 @@ cdef class MappedFile:
         return True
 
     def write_at(self, long long pos, data):
-        """Write bytes at ``pos`` without moving positions (CQ padding, recovery repairs)."""
+        """Write bytes at ``pos`` without moving positions (CQ padding, recovery repairs). Their blocks are reserved
+        first (``reserve_range``): OSError (ENOSPC) instead of a SIGBUS on a full disk."""
         self._check_open()
         cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
         cdef int64_t n = mv.shape[0]
         if pos < 0 or pos + n > self.file_size:
             raise ValueError("write outside the file")
         if n:
+            self.reserve_range(pos, pos + n)
             memcpy(self.addr + pos, &mv[0], n)
+
+    cdef int reserve_range(self, int64_t start, int64_t end) except -1:
+        """Reserve the blocks of [start, end) before a write through the mapping lands there (a no-op where blocks
+        exist). Every write of this class goes through here or through ``ensure_reserved``: a store on a full disk
+        gets OSError (ENOSPC, EFBIG) from the write, never a SIGBUS from the page fault."""
+        if end <= self.reserved or start >= end:
+            return 0
+        if self.fd < 0:
+            raise ValueError(f"{self.path}: no descriptor to reserve blocks through")
+        c_fallocate(self.fd, start, end - start, self.path)
+        return 0
+
+    def data_ranges(self, long long start=0, long long end=-1):
+        """The [lo, hi) ranges of [start, end) (end -1: the file's end) that may hold data, in order: the file's
+        data extents as SEEK_DATA / SEEK_HOLE report them (page cache included). The rest are holes, which read as
+        zeros and are never read through the mapping here: on tmpfs a read fault on a hole allocates a page, and on
+        a full tmpfs that is a SIGBUS. A file system that cannot tell gives the whole range."""
+        self._check_open()
+        if end < 0 or end > self.file_size:
+            end = self.file_size
+        out = []
+        if start >= end:
+            return out
+        if self.fd < 0 or not _HAVE_SEEK_DATA:
+            return [(start, end)]
+        cdef long long pos = start, lo, hi
+        while pos < end:
+            try:
+                lo = os.lseek(self.fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == _errno.ENXIO:  # nothing but holes from pos to the end of the file
+                    break
+                if e.errno in (_errno.EINVAL, _errno.EOPNOTSUPP):  # the file system cannot tell
+                    out.append((pos, end))
+                    break
+                raise
+            if lo >= end:
+                break
+            hi = min(os.lseek(self.fd, lo, os.SEEK_HOLE), end)
+            out.append((lo, hi))
+            pos = hi
+        return out
+
+    def data_end(self, long long start):
+        """Where the run of data that ``start`` lies in ends (``start`` itself when it lies in a hole): a walk from
+        ``start`` may read up to there through the mapping."""
+        ranges = self.data_ranges(start, self.file_size)
+        if not ranges or ranges[0][0] > start:
+            return start
+        return ranges[0][1]
+
+    def has_data(self, long long start=0, long long end=-1):
+        """Whether any byte of [start, end) is non-zero; holes are skipped without being read (GIL released)."""
+        cdef long long lo, hi
+        cdef int zero
+        for lo, hi in self.data_ranges(start, end):
+            with nogil:  # up to a whole segment
+                zero = lmq_is_zero(self.addr + lo, <size_t>(hi - lo))
+            if not zero:
+                return True
+        return False
 
     def zero_tail(self, long long pos, long long chunk=65536):
         """Zero from ``pos`` until the first all-zero chunk (or the file end), so that stale records past a
         truncation point can never be read back as valid by a later recovery. Returns bytes zeroed."""
         self._check_open()
-        cdef int64_t p = pos, n, done = 0
+        cdef int64_t p, n, hi, done = 0
         if pos < 0 or pos > self.file_size:
             raise ValueError("position out of range")
+        # a hole is an all-zero chunk: only data is read (a hole read through the mapping allocates on tmpfs) and
+        # written (its blocks exist)
+        ranges = self.data_ranges(pos, self.file_size)
+        if not ranges or ranges[0][0] > pos:
+            return 0
+        p, hi = ranges[0]
         with nogil:  # may touch many pages of a large segment
-            while p < self.file_size:
-                n = chunk if p + chunk <= self.file_size else self.file_size - p
+            while p < hi:
+                n = chunk if p + chunk <= hi else hi - p
                 if lmq_is_zero(self.addr + p, n):
                     break
                 memset(self.addr + p, 0, n)
@@ -593,11 +666,18 @@ cdef class MappedFile:
         return memoryview(self)[pos:pos + size]
 
     def read(self, long long pos, long long size):
-        """A bytes copy of [pos, pos+size)."""
+        """A bytes copy of [pos, pos+size); holes read as zeros without touching the mapping (``data_ranges``)."""
         self._check_open()
         if pos < 0 or size < 0 or pos + size > self.file_size:
             raise ValueError("range outside the file")
-        return (<char *>self.addr)[pos:pos + size]
+        ranges = self.data_ranges(pos, pos + size)
+        if ranges == [(pos, pos + size)]:
+            return (<char *>self.addr)[pos:pos + size]
+        out = bytearray(size)
+        cdef long long lo, hi
+        for lo, hi in ranges:
+            out[lo - pos:hi - pos] = (<char *>self.addr)[lo:hi]
+        return bytes(out)
 
     # -- lifetime (RocketMQ ReferenceResource) ------------------------------------------------------------
 

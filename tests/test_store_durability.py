@@ -356,6 +356,9 @@ def test_full_disk_gives_create_failed_stays_readable_and_recovers(small_tmpfs):
         # still full: still refused, still no crash
         assert st.put("full", os.urandom(900)).status is PutStatus.CREATE_MAPPED_FILE_FAILED
         os.unlink(ballast)  # space returns
+        # while the dispatcher waited for space puts were refused (the space goes to indexing what the log holds
+        # first); it retries every 100 ms, then takes puts again
+        assert st.wait_for_dispatch(10), st.stats()["dispatch_blocked"]
         more = [b"again-%d" % i for i in range(50)]
         assert all(st.put("full", b).ok for b in more)
         assert st.wait_for_dispatch(10)

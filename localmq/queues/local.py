@@ -18,7 +18,7 @@ from localmq.config import FlushDiskType, StoreConfig, check_topic, parse_delay_
 from localmq.errors import (
     StorePathError,
     CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
-    InvalidQueueIdError, UnsafePathError, ArgumentTypeError, check_int_range,
+    InvalidQueueIdError, UnsafePathError, ArgumentRangeError, ArgumentTypeError, check_int_range,
     StoreClosedError,
 )
 from localmq.layout import (
@@ -35,7 +35,7 @@ from localmq.services.index import IndexDispatchService
 from localmq.services.reput import ReputMessageService
 from localmq.services.schedule import ScheduleMessageService
 from localmq.services.transaction import TRANS_CHECK_GROUP, TransactionalMessageCheckService
-from localmq.status import GetResult, GetStatus
+from localmq.status import GetResult, GetStatus, PutStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
 from localmq.store.commit_log import CommitLog, CommitLogFront, GroupCommit, PutExtra, PutResult
@@ -46,7 +46,7 @@ from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
-from localmq.store.recovery import check_segments, recover_store
+from localmq.store.recovery import check_segments, next_queue_offsets, recover_store
 from localmq.store.settings import explicit_settings, resolve_settings, write_settings
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.undo import OpenUndo, missing_ancestor
@@ -216,12 +216,31 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._reput = ReputCore(self._cl_mfq, self._cq_factory, report.reput_from,
                                 c.dispatch_idle_wait_us)
         self._reput.set_delay_levels(self.delay_levels_ms())
+        self._reput.on_blocked = self._dispatch_blocked
         for cq in self._cqs.values():
             self._reput.register(cq)
-        report.redispatched = self._reput.run_until_caught_up()
+        undispatched: Dict[Tuple[str, int], int] = {}
+        try:
+            report.redispatched = self._reput.run_until_caught_up()
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            # A full disk: a ConsumeQueue file could not be created. The records are in the log, so the open goes
+            # on: what is indexed is readable, the dispatcher retries every 100 ms once running (stats()
+            # "dispatch_blocked"), and the put path continues from the queue offsets the log itself holds.
+            report.dispatch_blocked = f"re-dispatch stopped at commit log offset {self._reput.reput_offset}: {e}"
+            self._reput.blocked = e
+            self._reput.paused = True
+            self._dispatch_blocked(e)
+            log.error("recovery of %s: %s; the store opens, the rest is indexed once space returns", self.root,
+                      report.dispatch_blocked)
+            undispatched = next_queue_offsets(self._cl_mfq.directory, self._cl_mfq.file_size,
+                                              self._reput.reput_offset)
         for (topic, qid), cq in self._cqs.items():
             cq.correct_min_offset(cl_min)
-            self.commit_log.set_queue_offset(topic, qid, cq.max_offset)
+            self.commit_log.set_queue_offset(topic, qid, max(cq.max_offset, undispatched.pop((topic, qid), 0)))
+        for (topic, qid), nxt in undispatched.items():  # queues whose first file could not be created
+            self.commit_log.set_queue_offset(topic, qid, nxt)
         report.seconds = time.monotonic() - t0
         self.recovery = report
         if (report.dropped_at is not None or report.cq_units_truncated or report.cq_rebuilt or report.rebuilt
@@ -231,6 +250,20 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,
                      report.end_offset)
         return last_exit_ok
+
+    def _dispatch_blocked(self, error: Optional[OSError]) -> None:
+        """The dispatcher waits for disk space (``error``) or made the file it waited for (None): meanwhile puts answer
+        CREATE_MAPPED_FILE_FAILED, so that the space that returns goes to indexing what was acknowledged, not to new
+        segments. Called from the dispatch thread (or the open)."""
+        cl = self.commit_log
+        if error is not None:
+            if cl.refuse_status is None:
+                cl.refuse_status = PutStatus.CREATE_MAPPED_FILE_FAILED
+                cl.last_failure = f"puts wait for the dispatcher, which cannot index what the log holds: {error}"
+                log.error("%s: puts are refused until the dispatcher has indexed the log (%s)", self.root, error)
+        elif cl.refuse_status is PutStatus.CREATE_MAPPED_FILE_FAILED:
+            cl.refuse_status = None
+            log.warning("%s: the dispatcher caught up; puts are taken again", self.root)
 
     def _open(self, progress) -> None:
         last_exit_ok = self._recover(progress)
@@ -634,7 +667,9 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         target = self._cl_mfq.max_offset()
         return self._wait_dispatched(target, timeout)
 
-    def _wait_dispatched(self, target: int, timeout: Optional[float]) -> bool:
+    def _wait_dispatched(self, target: int, timeout: Optional[float], *, unless_blocked: bool = False) -> bool:
+        """Wait until the dispatcher passed ``target``; False after ``timeout`` (or, with ``unless_blocked``, as soon
+        as it waits for disk space: close() does not wait for space that may never come)."""
         core = self._reput
         if core.reput_offset >= target:
             return True
@@ -651,6 +686,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                         raise StoreClosedError("the store was closed while waiting")
                     if not self._reput_service.alive and core.reput_offset < target:
                         raise DispatchError("the dispatch service is not running") from core.error
+                    if unless_blocked and core.blocked is not None:
+                        return False
                     wait = 0.05
                     if deadline is not None:
                         left = deadline - time.monotonic()
@@ -775,7 +812,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if not isinstance(topic, str):
             raise ArgumentTypeError(f"topic must be a str, not {type(topic).__name__} {topic!r}", "topic")
         if max_messages < 1:
-            raise ValueError("max_messages must be at least 1")
+            raise ArgumentRangeError("max_messages must be at least 1", "max_messages")
         check_int_range(max_messages, "max_messages", 1, MAX_GET_MESSAGES)  # a C int below (ArgumentOverflowError)
         cq = self._cq(topic, queue_id)
         if cq is None:
@@ -976,7 +1013,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 clean = False
             elif self._reput.error is None and self._reput_service.alive:
                 try:
-                    self._wait_dispatched(self._cl_mfq.max_offset(), 60.0)
+                    self._wait_dispatched(self._cl_mfq.max_offset(), 60.0, unless_blocked=True)
                 except DispatchError:
                     clean = False
         finally:

@@ -93,6 +93,8 @@ class StoreCheckpoint:
                 raise CorruptStoreError(f"checkpoint {self.path} holds {size} bytes, fewer than {CHECKPOINT.size}")
             if size < CHECKPOINT_FILE_SIZE:
                 os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
+                # its block reserved now: a flush on a full disk (the one at close, say) must not need a new one
+                os.posix_fallocate(fd, 0, CHECKPOINT_FILE_SIZE)
                 fdatasync(fd, path=self.path)
                 if size == 0:  # new, or created by a run that crashed before this sync
                     fsync_dir(parent)

@@ -72,7 +72,7 @@ cdef class CommitLog:
     cdef int _bind_shared(self, TopicEntry te) except -1
     cdef int _repair(self) except -1
     cdef readonly long long put_failures
-    cdef readonly object last_failure   # why the last put failed for lack of disk (what, how much, where), or None
+    cdef public object last_failure     # why the last put failed for lack of disk (what, how much, where), or None
     cdef TopicEntry _topic(self, str topic)
     cdef bytes _properties(self, object tags, object keys, object properties)
     cdef MappedFile _roll(self, int64_t start)

@@ -23,6 +23,28 @@ cnp.import_array()
 log = logging.getLogger("localmq.consume_queue")
 
 
+def _valid_prefix(mf, long long unit_per_file):
+    """(n, (offset, size) of unit n - 1) for the leading run of valid units (offset >= 0, size > 0) of a ConsumeQueue
+    file. Only its first run of data is read through the mapping (``MappedFile.data_end``): the unit after it lies in
+    a hole, which reads as zeros and ends the run; a unit across the run's end is read by ``MappedFile.read``."""
+    cdef long long data_hi = mf.data_end(0)
+    cdef long long whole = min(unit_per_file, data_hi // CQ_UNIT_SIZE)
+    cdef long long n
+    arr = np.frombuffer(mf, dtype=CQ_DTYPE, count=whole)
+    try:
+        valid = (arr["offset"] >= 0) & (arr["size"] > 0)
+        n = whole if bool(valid.all()) else int(np.argmin(valid))
+        last = (int(arr["offset"][n - 1]), int(arr["size"][n - 1])) if n > 0 else (-1, 0)
+    finally:
+        del arr
+    if n == whole and whole < unit_per_file and data_hi > whole * CQ_UNIT_SIZE:
+        unit = np.frombuffer(mf.read(whole * CQ_UNIT_SIZE, CQ_UNIT_SIZE), dtype=CQ_DTYPE)[0]
+        if int(unit["offset"]) >= 0 and int(unit["size"]) > 0:
+            n += 1
+            last = (int(unit["offset"]), int(unit["size"]))
+    return n, last
+
+
 cdef class ConsumeQueue:
     """The units of one (topic, queue id): ``<root>/consumequeue/<topic>/<queueId>/<20-digit logical offset>``.
 
@@ -142,21 +164,14 @@ cdef class ConsumeQueue:
         damaged = False
         for i in range(start, len(files)):
             mf = files[i]
-            arr = np.frombuffer(mf, dtype=CQ_DTYPE)
-            try:
-                valid = (arr["offset"] >= 0) & (arr["size"] > 0)
-                n_valid = unit_per_file if bool(valid.all()) else int(np.argmin(valid))
-                if n_valid > 0 and int(arr["size"][n_valid - 1]) != CQ_BLANK_UNIT_SIZE:
-                    max_phys = int(arr["offset"][n_valid - 1]) + int(arr["size"][n_valid - 1])
-                end_offset = mf.file_from_offset + n_valid * CQ_UNIT_SIZE
-                if n_valid < unit_per_file:
-                    raw = np.frombuffer(mf, dtype=np.uint8)
-                    damaged = bool(raw[n_valid * CQ_UNIT_SIZE:].any()) or any(
-                        bool(np.frombuffer(later, dtype=np.uint8).any()) for later in files[i + 1:])
-                    del raw
-            finally:
-                del arr
+            n_valid, last = _valid_prefix(mf, unit_per_file)
+            if n_valid > 0 and last[1] != CQ_BLANK_UNIT_SIZE:
+                max_phys = last[0] + last[1]
+            end_offset = mf.file_from_offset + n_valid * CQ_UNIT_SIZE
             if n_valid < unit_per_file:
+                # holes are skipped, not read: a sparse queue file is mostly holes (and on a full tmpfs reading
+                # one through the mapping is a SIGBUS)
+                damaged = mf.has_data(n_valid * CQ_UNIT_SIZE) or any(later.has_data() for later in files[i + 1:])
                 break
         if damaged:
             log.error("consume queue %s-%d: invalid unit at logical offset %d with units after it; cutting there "

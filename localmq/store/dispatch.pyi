@@ -40,6 +40,8 @@ class ReputCore:
     def rounds(self) -> int: ...
     error: Optional[BaseException]
     blocked: Optional[OSError]
+    on_blocked: Optional[Callable[[Optional[OSError]], None]]
+    paused: bool
     @property
     def blocked_count(self) -> int: ...
     idle_wait_us: int

@@ -92,7 +92,12 @@ cdef class ReputCore:
     cdef readonly long long rounds
     cdef public object error
     cdef public object blocked             # the OSError (e.g. ENOSPC) that stops a ConsumeQueue file, or None
+    # on_blocked(error) when the dispatcher starts waiting for space, on_blocked(None) once the file it waited for
+    # could be made (called from the dispatch thread; the store pauses puts meanwhile, so that the space that
+    # returns goes to indexing what was acknowledged, not to the log)
+    cdef public object on_blocked
     cdef readonly long long blocked_count
+    cdef public bint paused                # on_blocked(error) was called, on_blocked(None) not yet
     cdef public int idle_wait_us
     cdef char *cb                          # shared store: the control file's mapping (else NULL)
     cdef object ctl
@@ -458,12 +463,21 @@ cdef class ReputCore:
                                   lmq_load_acq(&self.reput_from), e)
                     self.blocked = e
                     self.blocked_count += 1
+                    if not self.paused and self.on_blocked is not None:
+                        self.paused = True
+                        self.on_blocked(e)
                     with nogil:  # back off; a put or close() wakes it early
                         lmq_event_wait(self.event, 100000)
                     continue
                 if self.blocked is not None:
                     log.warning("dispatch resumed after: %s", self.blocked)
                     self.blocked = None
+                if self.paused:
+                    # the file it waited for exists now, and the record's unit is not written yet: puts are taken
+                    # again before any waiter can see the dispatcher pass the record
+                    self.paused = False
+                    if self.on_blocked is not None:
+                        self.on_blocked(None)
                 if code == 0:
                     wait_us = self.idle_wait_us
                     with nogil:  # the next segment does not exist yet

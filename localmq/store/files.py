@@ -103,7 +103,10 @@ def list_segments(path, what):
     if os.path.isdir(path):
         out = numbered_files(path)
         if not out:
-            raise NotAStoreError(errno.ENOENT, f"no {what} files (20-digit names)", path)
+            hint = ""
+            if what.startswith("commit log") and os.path.isdir(os.path.join(path, COMMITLOG_DIR)):
+                hint = f": this is a store's root, pass {os.path.join(path, COMMITLOG_DIR)}"
+            raise NotAStoreError(errno.ENOENT, f"no {what} files (20-digit names){hint}", path)
         return out
     if os.path.isfile(path):
         name = os.path.basename(path)
@@ -162,6 +165,9 @@ class StoreFiles:
     def __init__(self, path, segment_size=None):
         path = os.fspath(path)
         if not os.path.isdir(path):
+            if os.path.exists(path):
+                raise NotAStoreError(errno.ENOTDIR, "not a localmq / RocketMQ store: a store is a directory, this is "
+                                     "a file (`localmq dump` reads one segment file)", path)
             raise NotAStoreError(errno.ENOENT, "not a localmq / RocketMQ store: no such directory", path)
         self.root = path
         self.commitlog = os.path.join(path, COMMITLOG_DIR)
@@ -276,7 +282,9 @@ class StoreFiles:
             pos = (start - base) if start is not None and start > base else 0
             mf = self.map_segment(base, fpath)
             try:
-                pos, outcome, _, _, _ = walk_records(mf, pos, -1, False)
+                # to the end of the data pos lies in: a hole is the end of the records, and is not read (on a full
+                # tmpfs a read fault on a hole is a SIGBUS)
+                pos, outcome, _, _, _ = walk_records(mf, pos, mf.data_end(pos), False)
                 if outcome == RecordStatus.BLANK:
                     end = base + self.segment_size
                     continue

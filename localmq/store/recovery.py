@@ -5,15 +5,16 @@ import dataclasses
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from localmq._record import decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import DamagedLogError
 from localmq.store.files import numbered_units
+from localmq.store.readers import read_commitlog
 from localmq.layout import (
     CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE, RECOVERY_DIR,
-    SEGMENT_NAME_RE,
+    SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
 
 if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
@@ -49,10 +50,27 @@ class RecoveryReport:
     cq_lost_units: Dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> units pointing into a gap
     reput_from: int = 0
     redispatched: int = 0
+    # why re-dispatch stopped before the log's end (a full disk: a ConsumeQueue file could not be created); the open
+    # went on, the dispatcher retries, the records are in the log and readable once it caught up
+    dispatch_blocked: Optional[str] = None
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def next_queue_offsets(commitlog_dir: str, segment_size: int, start: int) -> Dict[Tuple[str, int], int]:
+    """{(topic, queue id): next queue offset} of the records from ``start`` to the log's end that a dispatcher
+    indexes (PREPARED and ROLLBACK records take no queue offset): what the put path must continue from when they are
+    not in their ConsumeQueues yet (re-dispatch stopped on a full disk). Bodies are not checked (recovery did)."""
+    out: Dict[Tuple[str, int], int] = {}
+    for m in read_commitlog(commitlog_dir, mapped_file_size=segment_size, check_crc=False, copy=False, start=start):
+        txn = m.sys_flag & SYSFLAG_TRANSACTION_MASK
+        if txn in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
+            continue
+        key = (m.topic, m.queue_id)
+        out[key] = max(out.get(key, 0), m.queue_offset + 1)
+    return out
 
 
 def _count_tail_records(mf, pos: int) -> int:
@@ -62,7 +80,7 @@ def _count_tail_records(mf, pos: int) -> int:
         return 0
     count = 1
     p = pos + size
-    _, _, n, _, _ = walk_records(mf, p, mf.file_size, False)
+    _, _, n, _, _ = walk_records(mf, p, mf.data_end(p), False)
     return count + n
 
 
@@ -135,14 +153,15 @@ def _resync(files, i: int, pos: int, limit: int, agrees: Callable[[object, int],
         if base >= limit:
             break
         start = pos + 1 if j == i else 0
-        end = min(size, limit - base)
-        while start < end:
-            q = find_record(mf, start, end, base)
-            if q < 0:
-                break
-            if agrees(mf, q):
-                return j, q
-            start = q + 1
+        # a record lies whole in the file's data: holes are not searched (nor read through the mapping)
+        for lo, hi in mf.data_ranges(start, min(size, limit - base)):
+            while lo < hi:
+                q = find_record(mf, lo, hi, base)
+                if q < 0:
+                    break
+                if agrees(mf, q):
+                    return j, q
+                lo = q + 1
     return None
 
 
@@ -192,7 +211,9 @@ def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryRep
     while i < total_files:
         mf = files[i]
         base = mf.file_from_offset
-        pos, status, n, _, _ = walk_records(mf, pos, size, check_crc, True)
+        # up to the end of the data that pos lies in: a hole reads as zeros, i.e. the end of the records ("end"),
+        # and is never read through the mapping (on a full tmpfs that read alone is a SIGBUS)
+        pos, status, n, _, _ = walk_records(mf, pos, mf.data_end(pos), check_crc, True)
         report.records_checked += n
         if status == "blank" or pos >= size:
             # the segment ends with its blank record: it is complete
