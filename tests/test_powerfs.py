@@ -177,6 +177,26 @@ time.sleep(120)
 """
 
 
+def test_unsynced_data_belongs_to_the_inode_shared_by_every_open_and_name(disk, mnt):
+    with mounted(disk, mnt) as fs:
+        fd1 = os.open(mnt / "a", os.O_CREAT | os.O_RDWR, 0o644)
+        fd2 = os.open(mnt / "a", os.O_RDWR)
+        os.write(fd1, b"one")
+        assert os.pread(fd2, 10, 0) == b"one"
+        os.rename(mnt / "a", mnt / "b")
+        os.link(mnt / "b", mnt / "c")
+        fsync_dir(mnt)
+        os.pwrite(fd1, b"two", 3)
+        assert (mnt / "c").read_bytes() == b"onetwo"
+        os.close(fd1)
+        os.fsync(fd2)  # makes the writes made through fd1 durable too
+        os.close(fd2)
+        fs.cut("all")
+    assert names(disk) == ["b", "c"]
+    assert (disk / "b").read_bytes() == b"onetwo"
+    assert os.stat(disk / "b").st_ino == os.stat(disk / "c").st_ino
+
+
 def test_mmap_writes_are_durable_after_msync_and_lost_without(disk, mnt):
     fresh_disk(disk, {"map": bytes(4 * PAGE)})
     with mounted(disk, mnt) as fs:
