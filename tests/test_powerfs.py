@@ -314,6 +314,19 @@ def test_unlink_and_rmdir_are_durable_after_a_directory_fsync(disk, mnt):
     assert names(disk) == ["kept"]
 
 
+def test_changes_inside_a_removed_directory_are_forgotten_once_its_removal_is_durable(disk, mnt):
+    with mounted(disk, mnt) as fs:
+        os.mkdir(mnt / "d")
+        fsync_dir(mnt)
+        write_file(mnt / "d" / "f", b"x")
+        os.unlink(mnt / "d" / "f")
+        os.rmdir(mnt / "d")
+        fsync_dir(mnt)  # the rmdir is durable; d's own journal (create f, unlink f) was never synced
+        fs.cut("all")
+        assert "cannot undo" not in fs.log()
+    assert names(disk) == []
+
+
 def test_an_open_unlinked_file_keeps_working(disk, mnt):
     with mounted(disk, mnt) as fs:
         fd = os.open(mnt / "tmp", os.O_RDWR | os.O_CREAT, 0o600)

@@ -150,6 +150,7 @@ class PowerFS:
         self._log = None
         self._watchdog = None
         self._proc_rc = None
+        self._final_log = ""
         self._lock = threading.Lock()
 
     # -- mounting ---------------------------------------------------------------------------------------------------
@@ -198,8 +199,8 @@ class PowerFS:
         return self._log.read().decode(errors="replace")
 
     def log(self):
-        """What the daemon printed so far (its stderr)."""
-        return self._read_log()
+        """What the daemon printed (its stderr), also after the unmount."""
+        return self._read_log() if self._log is not None else self._final_log
 
     def _abort(self):
         """Watchdog: the deadline passed with the file system still mounted."""
@@ -280,6 +281,7 @@ class PowerFS:
             with self._lock:
                 self._proc = None
             if self._log is not None:
+                self._final_log = self._read_log()
                 self._log.close()
                 self._log = None
         if _powerfs_mounts(mnt):

@@ -99,6 +99,7 @@ struct dirrec {
     ino_t ino;
     int fd;
     int refs; /* journal entries that name it */
+    int dead; /* removed for good (its rmdir became durable): its entries have nothing left to undo */
     /* scratch fields of a cut or a pin */
     int active, count, seen, keep, undoing, drawn;
     struct dirrec *next;
@@ -713,8 +714,15 @@ static void journal_pin(struct dirrec *d)
             S.journal[k++] = e;
             continue;
         }
-        if (e->trash)
+        if (e->trash) {
+            struct stat st;
+            if (fstatat(S.trash, e->trash, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+                struct dirrec *gone = dir_find(st.st_dev, st.st_ino);
+                if (gone)
+                    gone->dead = 1;
+            }
             rm_rf_at(S.trash, e->trash);
+        }
         jent_free(e);
     }
     S.jlen = k;
@@ -729,6 +737,8 @@ static void journal_pin(struct dirrec *d)
 static void undo(struct jent *e)
 {
     int r = 0;
+    if (e->d1->dead || (e->d2 && e->d2->dead))
+        return;
     switch (e->kind) {
     case J_CREATE:
     case J_LINK:
@@ -1022,6 +1032,8 @@ static int ctl_write(const char *buf, size_t size)
         return r_;                                                                                                     \
     } while (0)
 
+/* fi->fh of a regular file is its node (or &ctl_node), of a directory a DIR *.  The kernel passes a file handle to
+ * getattr and setattr (ftruncate) only for regular files, and fsync of a directory comes as fsyncdir. */
 #define NODE(fi) ((struct node *)(uintptr_t)(fi)->fh)
 
 static void *pf_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
