@@ -32,6 +32,18 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 
 
+_libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def renameat2(old, new, flags):
+    if _libc.renameat2(AT_FDCWD, os.fsencode(old), AT_FDCWD, os.fsencode(new), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
 def fallocate(fd, mode, offset, length):
     if _libc.fallocate(fd, mode, offset, length) != 0:
         e = ctypes.get_errno()
@@ -299,6 +311,21 @@ def test_unlink_rename_link_and_symlink_come_undone_without_a_directory_fsync(di
     assert (disk / "unlinked").read_bytes() == b"u" * 5000
     assert (disk / "target").read_bytes() == b"t"
     assert (disk / "source").read_bytes() == b"s"
+
+
+def test_rename_exchange_is_undone_and_noreplace_refuses(disk, mnt):
+    fresh_disk(disk, {"a": b"A", "b": b"B"})
+    with mounted(disk, mnt) as fs:
+        renameat2(mnt / "a", mnt / "b", RENAME_EXCHANGE)
+        assert (mnt / "a").read_bytes() == b"B"
+        with pytest.raises(OSError) as e:
+            renameat2(mnt / "a", mnt / "b", RENAME_NOREPLACE)
+        assert e.value.errno == errno.EEXIST
+        renameat2(mnt / "a", mnt / "c", RENAME_NOREPLACE)
+        fs.cut("all")
+    assert (disk / "a").read_bytes() == b"A"
+    assert (disk / "b").read_bytes() == b"B"
+    assert names(disk) == ["a", "b"]
 
 
 def test_unlink_and_rmdir_are_durable_after_a_directory_fsync(disk, mnt):
