@@ -24,7 +24,7 @@
  *                                         with EIO and BACKING holds exactly what a machine would find after reboot
  *        fail K ERRNO [OP,OP...]          fail the K-th mutating operation (of those kinds) from now with ERRNO
  *        fail off
- *        fsync_error drop|keep            what a failed fsync leaves (see inject() below); default drop
+ *        fsync_error drop|keep            what a failed fsync leaves (node_failed_sync); default drop
  *        capacity BYTES|off               ENOSPC when the files' apparent sizes would grow past BYTES in total
  *
  * Concurrency: libfuse runs the operations on several threads.  One global mutex (big) is held for the whole of
@@ -1386,7 +1386,6 @@ static int do_open(const char *path, struct fuse_file_info *fi)
     if (is_ctl(path)) {
         fi->fh = (uintptr_t)&ctl_node;
         fi->direct_io = 1; /* reads and writes of commands reach us as they are */
-        fi->nonseekable = 0;
         return 0;
     }
     if (is_hidden(path))
