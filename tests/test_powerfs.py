@@ -112,9 +112,11 @@ def names(path):
     return sorted(os.listdir(path))
 
 
-def powerfs_mounts():
+def powerfs_mounts(under):
+    """The powerfs mounts below ``under`` (the test's own directory: other runs on the machine may hold theirs)."""
+    prefix = os.path.realpath(under).rstrip("/") + "/"
     with open("/proc/self/mountinfo") as f:
-        return [line for line in f if " fuse.powerfs " in line]
+        return [line for line in f if " fuse.powerfs " in line and (line.split()[4] + "/").startswith(prefix)]
 
 
 # -- the live view -------------------------------------------------------------------------------------------------
@@ -146,7 +148,7 @@ def test_the_mount_shows_every_write_and_the_disk_only_what_was_synced(disk, mnt
         assert counters["create"] == 1 and counters["truncate"] == 4 and counters["fsync"] == 1
     assert (disk / "f").read_bytes() == b"x" * 5000 + bytes(4000)  # a clean unmount makes everything durable
     assert names(disk) == ["f", "old"]
-    assert not powerfs_mounts()
+    assert not powerfs_mounts(mnt.parent)
 
 
 def test_o_tmpfile_is_refused_so_callers_fall_back_to_o_creat(disk, mnt):
@@ -671,7 +673,7 @@ def test_after_a_cut_every_operation_fails_and_nothing_stays_mounted(disk, mnt):
         assert e.value.errno == errno.EIO
         fs.unmount()
         assert not fs.mounted
-    assert not powerfs_mounts()
+    assert not powerfs_mounts(mnt.parent)
 
 
 def test_no_mount_is_left_behind_when_the_test_fails_or_a_file_stays_open(disk, mnt):
@@ -684,7 +686,7 @@ def test_no_mount_is_left_behind_when_the_test_fails_or_a_file_stays_open(disk, 
         os.write(fd, b"!")  # the file system is gone (ENOTCONN)
     with contextlib.suppress(OSError):
         os.close(fd)
-    assert not powerfs_mounts()
+    assert not powerfs_mounts(mnt.parent)
     assert (disk / "f").read_bytes() == b"open"  # the daemon was stopped cleanly: a clean unmount
 
 
@@ -702,7 +704,7 @@ def test_a_hung_test_is_aborted_by_the_deadline(disk, mnt):
     finally:
         with pytest.raises(PowerFSError, match="aborted"):
             fs.unmount()
-    assert not powerfs_mounts()
+    assert not powerfs_mounts(mnt.parent)
 
 
 def test_a_missing_toolchain_fails_saying_what_to_install(tmp_path, monkeypatch):

@@ -287,6 +287,41 @@ def test_truncated_index_file_is_rebuilt(tmp_path):
             assert [m.body for m in st.query_message("k", "key%d" % i)] == [b"v%d" % i]
 
 
+@pytest.mark.parametrize("count", [-7, 0, 3, 2 ** 31 - 1])
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_damaged_index_count_rebuilds_the_file_and_every_key_is_found(tmp_path, count, which):
+    """Issue 24: a garbage indexCount made the open fail with a misleading StoreClosedError (the file was closed,
+    then its header read for the message), and a negative one opened: the writer went on from item 1 over the keys
+    already there (2,001 of 6,000 keys found) while ``localmq verify`` said ok. A count above the file's items, or
+    below the items it holds, is damage: verify says so, the open rebuilds the file from the log."""
+    import struct
+    import subprocess
+    import sys
+
+    root = tmp_path / "s"
+    cfg = dict(SMALL, max_hash_slot_num=100, max_index_num=400)
+    with localmq.open(root, **cfg) as st:
+        for i in range(1000):
+            st.put("k", b"v%d" % i, keys="key%d" % i)
+        assert st.wait_for_index(10)
+    files = sorted((root / "index").iterdir())
+    assert len(files) >= 3
+    damaged = files[0] if which == "first" else files[-1]
+    with open(damaged, "r+b") as f:
+        f.seek(36)  # the header's indexCount (int32 at 36)
+        f.write(struct.pack(">i", count))
+    p = subprocess.run([sys.executable, "-m", "localmq", "verify", str(root), "--no-progress"], capture_output=True,
+                       text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert p.returncode == 1 and damaged.name in p.stdout + p.stderr and "indexCount" in p.stdout + p.stderr, p
+    with localmq.open(root, **cfg) as st:
+        assert st.wait_for_index(10)
+        for i in range(1000):
+            assert [m.body for m in st.query_message("k", "key%d" % i)] == [b"v%d" % i], i
+        st.put("k", b"after", keys="key-after")
+        assert st.wait_for_index(10)
+        assert [m.body for m in st.query_message("k", "key-after")] == [b"after"]
+
+
 # -- the log's segments: misnamed, missing (items 8, 11b) ---------------------------------------------------------
 
 

@@ -72,10 +72,13 @@ cdef class CommitLog:
     cdef int _bind_shared(self, TopicEntry te) except -1
     cdef int _repair(self) except -1
     cdef readonly long long put_failures
+    cdef object failure_cause           # the refused put's cause logged last (logged once until it clears), or None
     cdef public object last_failure     # why the last put failed for lack of disk (what, how much, where), or None
     cdef TopicEntry _topic(self, str topic)
     cdef bytes _properties(self, object tags, object keys, object properties)
     cdef MappedFile _roll(self, int64_t start)
+    cdef bint _failure_is_new(self, object cause)
+    cdef int _failure_cleared(self) except -1
     cdef bint _reserve(self, MappedFile mf, int64_t end)
     cdef _await_flush(self, object r, int64_t end)
     cdef _await_shared_flush(self, object r, int64_t end)

@@ -677,10 +677,13 @@ cdef class CommitLog:
             self.last_failure = (f"cannot create commit log segment {start:020d} in {self.mapped_file_queue.directory} "
                                  f"({self.file_size} bytes, {self.mapped_file_queue.reserve_step or self.file_size} "
                                  f"of them reserved at once): {e.strerror or e}")
-            log.error("cannot create commit log segment at %d: %s", start, e)
+            if self._failure_is_new(("create", start, e.errno)):
+                log.error("cannot create commit log segment at %d: %s; puts are refused (logged once until a "
+                          "segment can be made)", start, e)
             if self.create_failed_hook is not None:
                 self.create_failed_hook(e)
             return None
+        self._failure_cleared()
         self.cur = mf
         if self.group_commit is not None:
             self.group_commit.set_file(mf)
@@ -695,12 +698,29 @@ cdef class CommitLog:
             self.put_failures += 1
             self.last_failure = (f"cannot reserve {end - mf.reserved + mf.reserve_step} more bytes of commit log "
                                  f"segment {mf.path}: {e.strerror or e}")
-            log.error("cannot reserve %d more bytes of commit log segment %s (the disk is full?): %s; the put is "
-                      "refused, nothing was written", end - mf.reserved, mf.path, e)
+            if self._failure_is_new(("reserve", mf.path, e.errno)):
+                log.error("cannot reserve %d more bytes of commit log segment %s (the disk is full?): %s; puts are "
+                          "refused, nothing was written (logged once until blocks can be reserved)",
+                          end - mf.reserved, mf.path, e)
             if self.create_failed_hook is not None:
                 self.create_failed_hook(e)
             return False
+        self._failure_cleared()
         return True
+
+    cdef bint _failure_is_new(self, object cause):
+        """Whether a refused put's cause differs from the one logged last (a full disk is logged once, not once
+        per refused put); the repeats are counted in ``put_failures``."""
+        if cause == self.failure_cause:
+            return False
+        self.failure_cause = cause
+        return True
+
+    cdef int _failure_cleared(self) except -1:
+        if self.failure_cause is not None:
+            log.warning("commit log: blocks could be reserved again after %d refused puts", self.put_failures)
+            self.failure_cause = None
+        return 0
 
     def reset_write_segment(self):
         """Forget the cached write segment (after recovery or truncation changed the files)."""

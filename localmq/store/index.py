@@ -177,10 +177,19 @@ class IndexFile:
         slots, items = infer_geometry(size, hash_slot_num, index_num)
         mf = MappedFile(path, size, 0, create=False, reserve=False, writable=writable)
         f = cls(mf, slots, items)
-        if f.header.index_count > items:
+        count = INDEX_HEADER.unpack(mf.read(0, INDEX_HEADER_SIZE))[5]
+        problem = None
+        if count > items:
+            problem = f"indexCount {count} exceeds its {items} items"
+        else:
+            # items are written in order from item 1 (RocketMQ reads a count <= 0 as 1, a file never flushed): an
+            # item after the count means a damaged count, and a writer trusting it would overwrite those keys
+            items_at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE
+            if mf.has_data(items_at + max(count, 1) * INDEX_ITEM_SIZE, size):
+                problem = f"indexCount {count} is below the items the file holds"
+        if problem is not None:
             mf.close()
-            raise CorruptStoreError(f"index file {path}: indexCount {f.header.index_count} exceeds its "
-                                    f"{items} items")
+            raise CorruptStoreError(f"index file {path}: {problem} (derived data: rebuilt from the commit log)")
         return f
 
     @property
