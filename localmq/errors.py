@@ -299,6 +299,11 @@ class ReadOnlyStoreError(LocalMQError, PermissionError):
     """A write (put, a producer, a consumer that commits) through a store opened with ``read_only=True``."""
 
 
+class ReadOnlyFilesystemError(LocalMQError, OSError):
+    """A store opened for writing on a read-only file system (EROFS): ``localmq.open(path, read_only=True)`` reads
+    it. Raised before anything is opened or written."""
+
+
 class TopicTableFullError(LocalMQError, OverflowError):
     """The shared topic table of a store opened by several processes is full (layout.CTL_TOPIC_COUNT topics)."""
 
@@ -338,7 +343,8 @@ __all__ = [
     "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
     "check_int_range",
     "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError", "TopicTableFullError",
-    "ReadOnlyStoreError", "UnsupportedFilesystemError", "InvalidDelayError", "DelayNotSupportedError",
+    "ReadOnlyStoreError", "ReadOnlyFilesystemError", "UnsupportedFilesystemError", "InvalidDelayError",
+    "DelayNotSupportedError",
     "TransactionNotSupportedError", "InvalidTransactionError", "AckError",
     "FilterSyntaxError",
 ]

@@ -321,3 +321,35 @@ def test_the_spark_module_says_how_to_install_what_it_needs(tmp_path):
     """, tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("pyarrow | ") and "pip install 'localmq[spark]'" in p.stdout, p.stdout
+
+
+def test_a_store_on_a_read_only_mount_says_so_and_opens_read_only(tmp_path):
+    """Issue 24: a store on a read-only file system raised a bare OSError (EROFS) from deep inside the open. Opening it
+    for writing (either queue kind, existing or new) raises ReadOnlyFilesystemError before anything is touched;
+    ``read_only=True`` reads it. A real tmpfs remounted read-only, in a private mount namespace."""
+    script = tmp_path / "ro.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, localmq
+        mnt = sys.argv[1]
+        for kind in ("local", "embedded"):
+            for path in (mnt + "/s", mnt + "/new/store"):
+                try:
+                    localmq.open(path, kind=kind)
+                    print("opened for writing:", kind, path)
+                except localmq.ReadOnlyFilesystemError as e:
+                    assert e.errno == 30 and isinstance(e, OSError) and "read_only=True" in str(e), e
+                    print("refused", kind, os.path.basename(path))
+        with localmq.open(mnt + "/s", read_only=True) as st:
+            print("read", [m.body for m in st.get_message("t", 0, 0).messages])
+    """))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    setup = f'import localmq\\nwith localmq.open("{mnt}/s") as st: st.put("t", b"hello")'
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    p = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        f'mount -t tmpfs -o size=8m localmq-ro "{mnt}" || exit 90; '
+                        f'printf \'{setup}\' | "{sys.executable}" - && mount -o remount,ro "{mnt}" && '
+                        f'"{sys.executable}" "{script}" "{mnt}"'], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.split("\n") == ["refused local s", "refused local store", "refused embedded s",
+                                    "refused embedded store", "read [b'hello']", ""], p.stdout + p.stderr

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from localmq.store.undo import check_writable_filesystem, missing_ancestor
 from localmq.store.commit_log import make_put_result
 from localmq.layout import (
     FRAME_BODY_AT, FRAME_BODY_LEN, FRAME_BODY_LEN_AT, FRAME_OVERHEAD, FRAME_STORE_TS, frame_store_ts_at,
@@ -292,6 +293,7 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         self._wakes = 0
         self._props_cache: Dict[Any, bytes] = {}
         self._files = _ReadFiles(max_open_read_files)
+        check_writable_filesystem(self.root, missing_ancestor(self.root))
         os.makedirs(self.root, exist_ok=True)
         self._store_lock = StoreLock(self.root)
         self._service: Optional[EmbeddedFlushService] = None

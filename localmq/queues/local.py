@@ -49,7 +49,7 @@ from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.recovery import check_segments, next_queue_offsets, recover_store
 from localmq.store.settings import explicit_settings, resolve_settings, write_settings
 from localmq.store.transient_store_pool import TransientStorePool
-from localmq.store.undo import OpenUndo, missing_ancestor
+from localmq.store.undo import OpenUndo, check_writable_filesystem, missing_ancestor
 
 log = logging.getLogger("localmq.store")
 
@@ -82,6 +82,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
     since the epoch) and ``disk_usage`` (path -> used ratio 0..1) replace the wall clock and statvfs for
     retention (``clean_service``, see localmq.services.clean), so tests can use a fake clock and a full disk.
     """
+
+    _writes = True  # a read-only view says False: it opens on a read-only file system
 
     def __init__(self, path: str | os.PathLike, config: Optional[StoreConfig] = None, *,
                  progress: Optional[Callable[[int, int], None]] = None,
@@ -119,6 +121,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         # Every check that needs no write comes before the first write; what an open creates or grows after it is
         # listed (OpenUndo) and undone when it fails, so a failed open leaves the directory as it found it.
         created_root = missing_ancestor(self.root)
+        if self._writes:
+            check_writable_filesystem(self.root, created_root)
         if created_root is None:
             unsafe = unsafe_entries(self.root)
             if unsafe:

@@ -82,6 +82,8 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
             raise NotAStoreError(errno.ENOENT, f"{root} holds no store (no {COMMITLOG_DIR}/ directory)", root)
         super().__init__(root, config, **kwargs)
 
+    _writes = False
+
     def _make_lock(self):
         return _NoLock()
 

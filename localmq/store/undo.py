@@ -1,11 +1,13 @@
 """OpenUndo: what an open created or grew in a store directory, so that an open that fails can leave it as it was."""
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from typing import Dict, List, Optional, Set
 
 from localmq._native import fsync_dir
+from localmq.errors import ReadOnlyFilesystemError
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, CHECKPOINT_FILE_SIZE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR,
     CONSUMEQUEUE_EXT_DIR, CTL_FILE, INDEX_DIR, LOCK_FILE, RECOVERY_DIR,
@@ -18,6 +20,19 @@ log = logging.getLogger("localmq.store")
 # Everything an open may create or change under a store's root; nothing else there is touched.
 STORE_ENTRIES = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, INDEX_DIR, CONFIG_DIR, RECOVERY_DIR,
                  CHECKPOINT_FILE, ABORT_FILE, LOCK_FILE, CTL_FILE)
+
+
+def check_writable_filesystem(root: str, created_root: Optional[str]) -> None:
+    """Raise ReadOnlyFilesystemError when ``root`` (or, when it does not exist, the directory it would be made in)
+    lies on a file system mounted read-only: a clear error before any write fails with a bare EROFS."""
+    probe = root if created_root is None else os.path.dirname(created_root)
+    try:
+        readonly = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    except OSError:
+        return  # the open itself reports what is wrong with the path
+    if readonly:
+        raise ReadOnlyFilesystemError(errno.EROFS, f"the store {root} is on a read-only file system: open it with "
+                                      f"localmq.open(path, read_only=True) to read it", root)
 
 
 def missing_ancestor(path: str) -> Optional[str]:
