@@ -204,7 +204,7 @@ CTL_C_BUF_SIZE = 512 * 1024
 CTL_FILE_SIZE = CTL_C_BUF + 2 * CTL_C_BUF_SIZE
 # fcntl record-lock bytes (advisory, they may lie beyond the end of the file)
 CTL_LOCK_BYTE_OPEN = 0                   # write lock: initialising; read lock: attached
-CTL_LOCK_BYTE_STORE = 1                  # write lock: opening the store (recovery or attach), one process at a time
+CTL_LOCK_BYTE_STORE = 1                  # write lock: opening (recovery or attach) or closing the store, one at a time
 CTL_LOCK_BYTE_HOUSEKEEPER = 2            # write lock: the housekeeper (dispatch, flush, index, retention)
 CTL_LOCK_BYTE_OFFSETS = 3                # write lock: writing config/consumerOffset.json
 CTL_SLOT_LOCK_BASE = CTL_FILE_SIZE       # slot k is held while byte CTL_SLOT_LOCK_BASE + k is write-locked
