@@ -322,6 +322,25 @@ def test_a_damaged_index_count_rebuilds_the_file_and_every_key_is_found(tmp_path
         assert [m.body for m in st.query_message("k", "key-after")] == [b"after"]
 
 
+@pytest.mark.parametrize("abort", [False, True])
+def test_one_unit_pointing_past_the_log_end_costs_nothing(tmp_path, abort):
+    """Issue 24: a unit in the middle of the queue that holds the log's last record, its offset changed to point past
+    the log's end, made recovery cut the queue there (899 messages gone from a unit at offset 100). Only the queue's
+    tail can belong to records past a cut; the damaged unit is rebuilt from its record by the unit check."""
+    root = tmp_path / "s"
+    cfg = dict(SMALL, mapped_file_size_consume_queue=1000 * UNIT)  # one queue file: the unit is in the last one
+    with localmq.open(root, **cfg) as st:
+        written = fill(st, 800, topics=("a", "b"), queues=1)  # b's is the log's last record
+        end = st.commit_log_max_offset
+    path = root / "consumequeue" / "b" / "0" / ("%020d" % 0)
+    patch(path, 100 * UNIT, (end + 4096).to_bytes(8, "big"))
+    if abort:
+        (root / "abort").touch()
+    with localmq.open(root, **cfg) as st:
+        check_all(st, written)
+        assert st.put("b", b"next").queue_offset == 400
+
+
 # -- the log's segments: misnamed, missing (items 8, 11b) ---------------------------------------------------------
 
 

@@ -221,7 +221,8 @@ cdef class ConsumeQueue:
             self.st.min_offset = max_offset
 
     def truncate_dirty(self, long long phy_offset):
-        """Drop every unit whose commit log offset is >= ``phy_offset`` (the log was cut there).
+        """Drop the units of the records at or past ``phy_offset`` (the log was cut there): the queue's tail after
+        its last unit that points below it.
 
         Returns the number of units removed.
         """
@@ -239,7 +240,11 @@ cdef class ConsumeQueue:
                 offs = arr["offset"][:n_valid]
                 sizes = arr["size"][:n_valid]
                 keep = (offs < phy_offset) | (sizes == CQ_BLANK_UNIT_SIZE)
-                n_keep = n_valid if bool(keep.all()) else int(np.argmin(keep))
+                # the units of records past the cut are the queue's tail (a queue's records lie in log order): cut
+                # after the last unit that points below it. One damaged unit in the middle that points past the end
+                # stays, for the unit check to rebuild it from the log, instead of taking every later unit with it
+                kept_at = np.flatnonzero(keep)
+                n_keep = int(kept_at[-1]) + 1 if len(kept_at) else 0
             finally:
                 del arr
             if n_keep == 0 and mf.file_from_offset > 0 and len(mfq.files) > 1:
