@@ -341,6 +341,71 @@ def test_one_unit_pointing_past_the_log_end_costs_nothing(tmp_path, abort):
         assert st.put("b", b"next").queue_offset == 400
 
 
+def _damage_in_an_old_segment(root, kind):
+    """Damage the third segment (older than the last three, which a normal recovery walks) as issue 24 found it;
+    returns the damaged byte range [lo, hi) as commit log offsets."""
+    seg = sorted((root / "commitlog").iterdir())[2]
+    base = int(seg.name)
+    data = seg.read_bytes()
+    if kind == "zeroed page":
+        patch(seg, 8192, bytes(4096))
+        return base + 8192, base + 8192 + 4096
+    pos = 0
+    while pos < 8192:  # the first record at or after 8 KiB
+        pos += int.from_bytes(data[pos:pos + 4], "big")
+    t = data.index(b"topic", pos)  # V1: ... topic length (1 byte), topic, properties length (2 bytes), properties
+    at, value = {"topic length": (t - 1, data[t - 1] ^ 0x40), "properties length": (t + 5, data[t + 5] ^ 0x20),
+                 "topic letter": (t + 2, ord("/"))}[kind]
+    patch(seg, at, bytes([value]))
+    return base + at, base + at + 1
+
+
+@pytest.mark.parametrize("kind", ["zeroed page", "topic length", "properties length", "topic letter"])
+def test_damage_in_an_old_segment_costs_only_the_records_it_lies_in(tmp_path, kind):
+    """Issue 24: a zeroed 4 KiB page, one flipped topic-length or properties-length byte, or a topic letter no writer
+    accepts, in a segment older than the last three: every open failed (CorruptFrameError from the dispatcher, or
+    InvalidTopicError), salvage too, and the failed open had cut every affected queue, so that a later crash open took
+    the damage for the log's end (5,401 messages moved to recovery/). Now the open repairs the damage as its walk does
+    (a gap record, the bytes copied to recovery/): only the records whose bytes the damage touches are lost (a get at
+    their offsets raises CorruptMessageError), before and after a crash, and new puts take the next offsets."""
+    root = tmp_path / "s"
+    cfg = dict(SMALL, mapped_file_size_consume_queue=1000 * UNIT)
+    records = {}
+    with localmq.open(root, **cfg) as st:
+        for i in range(6000):
+            st.put("topic", b"m%05d:" % i + bytes([i % 251]) * 60, queue_id=i % 4)
+        st.wait_for_dispatch()
+        for q in range(4):
+            off = 0
+            while True:
+                g = st.get_message("topic", q, off, 32)
+                if not g.messages:
+                    break
+                records.update({(q, m.queue_offset): (m.physical_offset, m.store_size, m.body) for m in g.messages})
+                off = g.next_begin_offset
+    assert len(records) == 6000 and len(sorted((root / "commitlog").iterdir())) > 6
+    lo, hi = _damage_in_an_old_segment(root, kind)
+    touched = {k for k, (phys, size, _) in records.items() if phys < hi and lo < phys + size}
+    assert 1 <= len(touched) <= 40
+    for crash in (False, True):
+        if crash:
+            (root / "abort").touch()
+        with localmq.open(root, **cfg) as st:
+            assert st.recovery.gaps or crash, st.recovery
+            lost = set()
+            for q in range(4):
+                errors = []
+                bodies = read_queue(st, "topic", q, errors)
+                lost |= {(q, e.queue_offset) for e in errors}
+                want = [records[(q, o)][2] for o in range(1500) if (q, o) not in lost]
+                assert bodies == want, (q, len(bodies), len(want))
+            assert lost <= touched, sorted(lost - touched)[:5]
+            assert len(lost) >= 1
+        assert (root / "recovery").is_dir()
+    with localmq.open(root, **cfg) as st:
+        assert [st.put("topic", b"new", queue_id=q).queue_offset for q in range(4)] == [1500] * 4
+
+
 # -- the log's segments: misnamed, missing (items 8, 11b) ---------------------------------------------------------
 
 

@@ -313,6 +313,68 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
 
 
 
+def _repair_segment(root: str, mfq, i: int, check_crc: bool, report: RecoveryReport, known_end: int,
+                    agrees: Callable[[object, int], bool]) -> None:
+    """Walk segment ``i`` (one the recovery walk did not cover: older than its start) and replace each damaged region
+    by a gap record, as the walk does (quarantined copy, ``report.gaps``): up to the next record written where it
+    lies in the segment, else a blank record to the segment's end (the next segment starts with a record)."""
+    files = mfq.files
+    mf = files[i]
+    base, size = mf.file_from_offset, mfq.file_size
+    pos = 0
+    while pos < size:
+        pos, status, n, _, _ = walk_records(mf, pos, mf.data_end(pos), check_crc, True)
+        report.records_checked += n
+        if status == "blank" or pos >= size:
+            return
+        at = base + pos
+        found = _resync(files, i, pos, min(known_end, base + size), agrees)
+        j, q = found if found is not None else (i + 1, 0)
+        path = _quarantine_gap(root, mfq, at, files[j].file_from_offset + q if j < len(files) else base + size)
+        record = _mark_gap(files, i, pos, j, q)
+        if record is None:
+            log.error("commit log: %s at offset %d in an old segment: too short to mark; left as it is", status, at)
+            return
+        report.gaps.append({"offset": at, "bytes": (files[j].file_from_offset + q if j < len(files) else base + size)
+                            - at, "reason": str(status), "quarantine_path": path, "record": record})
+        log.error("commit log: %s at offset %d (segment %s, older than the recovery walk, found through the "
+                  "ConsumeQueues); replaced by a gap record, copy kept in %s; the records after it are kept",
+                  "zero bytes" if status == "end" else f"{status} record", at, os.path.basename(mf.path), path)
+        if j != i:
+            return
+        pos = q
+
+
+def _damaged_old_segments(commit_log, queues, walked_from: int, end: int) -> List[int]:
+    """Indexes of the commit log segments before ``walked_from`` (which the recovery walk did not cover) that hold
+    the record of a ConsumeQueue's first bad unit, where that record does not parse: damage in an old segment, found
+    through the queues (a zeroed page, a flipped length byte, a topic name no writer accepts), to be repaired before
+    the queues are cut."""
+    from localmq.store.get import first_bad_unit  # compiled, same layer
+
+    files, seg_size = commit_log.files, commit_log.file_size
+    if not files or walked_from <= files[0].file_from_offset:
+        return []
+    found = set()
+    for cq in queues.queues.values():
+        if not cq.mapped_file_queue.files:
+            continue
+        first = cq.mapped_file_queue.files[0].file_from_offset // CQ_UNIT_SIZE
+        idx, _ = first_bad_unit(cq, files, seg_size, first, cq.max_offset, end)
+        unit = cq.unit(idx) if idx >= 0 else None
+        if unit is None or unit[1] <= 0 or not files[0].file_from_offset <= unit[0] < walked_from:
+            continue
+        k = (unit[0] - files[0].file_from_offset) // seg_size
+        mf = files[k]
+        pos = unit[0] - mf.file_from_offset
+        status, size = scan_record(mf, pos, False)
+        if status == "ok":  # the structure holds: is the topic a name a writer accepts?
+            status = walk_records(mf, pos, min(pos + size, mf.data_end(pos)), False, True)[1]
+        if status not in ("ok", "end"):
+            found.add(k)
+    return sorted(found)
+
+
 def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryReport) -> List[int]:
     """Check every ConsumeQueue against the recovered log (derived data: the log is the truth) and cut each one
     at its first unit that does not match its record; returns the commit log offsets the dispatcher must start
@@ -437,6 +499,12 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
             n = cq.truncate_dirty(end)
             if n:
                 report.cq_units_truncated[f"{key[0]}-{key[1]}"] = n
+    if verify_queues:
+        # damage in a segment the walk did not cover, met by a queue's unit: repaired as the walk repairs (a gap
+        # record), so that the unit check marks the units in it lost instead of cutting every queue there and the
+        # dispatcher failing on it (every open failed, and the failed open had cut the queues)
+        for k in _damaged_old_segments(commit_log, queues, report.start_offset, end):
+            _repair_segment(root, commit_log, k, check_crc, report, known_end, agrees)
     starts = _verify_queues(commit_log, queues, end, cl_min, report) if verify_queues else []
     reput_from = max((cq.max_physic_offset for cq in queues.queues.values()), default=cl_min)
     reput_from = max(reput_from, cl_min)
