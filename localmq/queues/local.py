@@ -221,6 +221,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                                 c.dispatch_idle_wait_us)
         self._reput.set_delay_levels(self.delay_levels_ms())
         self._reput.on_blocked = self._dispatch_blocked
+        self._reput.skip_offsets = set(report.damaged_headers) or None
         for cq in self._cqs.values():
             self._reput.register(cq)
         undispatched: Dict[Tuple[str, int], int] = {}

@@ -2,7 +2,7 @@
 import logging
 import threading
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Set
 
 from typing_extensions import Self, disjoint_base
 
@@ -42,6 +42,7 @@ class ReputCore:
     blocked: Optional[OSError]
     on_blocked: Optional[Callable[[Optional[OSError]], None]]
     paused: bool
+    skip_offsets: Optional[Set[int]]
     @property
     def blocked_count(self) -> int: ...
     idle_wait_us: int

@@ -98,6 +98,9 @@ cdef class ReputCore:
     cdef public object on_blocked
     cdef readonly long long blocked_count
     cdef public bint paused                # on_blocked(error) was called, on_blocked(None) not yet
+    # commit log offsets of records whose header recovery found damaged (a queue's unit outvoted one field): never
+    # indexed into the queue they name; None when there are none
+    cdef public object skip_offsets
     cdef public int idle_wait_us
     cdef char *cb                          # shared store: the control file's mapping (else NULL)
     cdef object ctl
@@ -373,6 +376,14 @@ cdef class ReputCore:
             return self._next_segment()
         if code == R_NEED_SEGMENT:
             return self._next_segment()
+        if self.skip_offsets is not None:
+            off = lmq_load_acq(&self.reput_from)
+            if off in self.skip_offsets:
+                # recovery found this record's header damaged (its queue's unit outvoted it): the queue it names
+                # must not get it
+                self.bad_records += 1
+                lmq_store_rel(&self.reput_from, off + v.total_size)
+                return 1
         topic = (<bytes>v.topic[:v.topic_len]).decode("utf-8", "replace")
         if code == R_NEED_CQ:
             cq = self.cq_factory(topic, v.queue_id)

@@ -53,6 +53,9 @@ class RecoveryReport:
     # why re-dispatch stopped before the log's end (a full disk: a ConsumeQueue file could not be created); the open
     # went on, the dispatcher retries, the records are in the log and readable once it caught up
     dispatch_blocked: Optional[str] = None
+    # commit log offsets of records whose topic or queue id the unit check found damaged (outvoted by their unit):
+    # each such message is lost, and the dispatcher never indexes the record into the queue it names
+    damaged_headers: List[int] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
@@ -375,6 +378,36 @@ def _damaged_old_segments(commit_log, queues, walked_from: int, end: int) -> Lis
     return sorted(found)
 
 
+def _header_outvoted(commit_log, queues, cq, idx: int) -> bool:
+    """Whether unit ``idx`` of ``cq`` outvotes its record: the record lies where the unit says, has the unit's size,
+    queue offset and a valid body, but names another topic or queue id, and that queue (if it exists) has no unit
+    for it there. One header field the body CRC does not cover (QUEUEID, a topic letter) is damaged: the message is
+    lost (a get at the unit raises CorruptMessageError), the queue keeps its other units, and the queue the record
+    names never gets it (the dispatcher skips it as a duplicate of what that queue already holds)."""
+    unit = cq.unit(idx)
+    files, seg_size = commit_log.files, commit_log.file_size
+    if unit is None or unit[1] <= 0 or unit[1] == CQ_BLANK_UNIT_SIZE or not files:
+        return False
+    phys, size = unit[0], unit[1]
+    k = (phys - files[0].file_from_offset) // seg_size
+    if not 0 <= k < len(files):
+        return False
+    mf = files[k]
+    try:
+        m = decode_message(mf, phys - mf.file_from_offset, check_crc=True)
+    except ValueError:
+        return False
+    if m is None or m.physical_offset != phys or m.store_size != size or m.queue_offset != idx:
+        return False
+    if (m.topic, m.queue_id) == (cq.topic, cq.queue_id):
+        return False
+    other = queues.queues.get((m.topic, m.queue_id))
+    if other is None or m.queue_offset >= other.max_offset:
+        return True
+    theirs = other.unit(m.queue_offset)
+    return theirs is not None and theirs[0] != phys
+
+
 def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryReport) -> List[int]:
     """Check every ConsumeQueue against the recovered log (derived data: the log is the truth) and cut each one
     at its first unit that does not match its record; returns the commit log offsets the dispatcher must start
@@ -413,15 +446,22 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
                 continue
         idx, why = first_bad_unit(cq, files, seg_size, first, cq.max_offset, end)
         lost = 0
-        while idx >= 0 and report.gaps:
+        while idx >= 0:
             # a unit whose record lay in a region that this recovery replaced by a gap record: its message is lost;
             # it becomes a lost unit (a get there raises CorruptMessageError) and the queue keeps its offsets
             unit = cq.unit(idx)
-            gap = None if unit is None else next(
+            gap = None if unit is None or not report.gaps else next(
                 (g for g in report.gaps if g["record"] and g["offset"] <= unit[0] < g["offset"] + g["bytes"]), None)
-            if gap is None or not cq.mark_lost(idx, *gap["record"]):
+            if gap is not None and cq.mark_lost(idx, *gap["record"]):
+                lost += 1
+            elif _header_outvoted(commit_log, queues, cq, idx):
+                lost += 1
+                report.damaged_headers.append(unit[0])
+                log.error("consume queue %s: unit %d points at a record whose topic or queue id does not match while "
+                          "its place, size, queue offset and body do: a damaged header, the message is lost", name,
+                          idx)
+            else:
                 break
-            lost += 1
             idx, why = first_bad_unit(cq, files, seg_size, idx + 1, cq.max_offset, end)
         if lost:
             report.cq_lost_units[name] = lost
