@@ -145,6 +145,11 @@ def test_send_sets_a_rocketmq_uniq_key_that_finds_the_message(tmp_path):
         assert abs(int.from_bytes(raw[10:14], "big") / 1000 - (time.time() - month_start)) < 120
         counters = [int.from_bytes(bytes.fromhex(k)[14:16], "big") for k in keys]
         assert all((b - a) % 65536 == 1 for a, b in zip(counters, counters[1:]))
+        # send returns the id it gave the message (RocketMQ's SendResult.getMsgId), and it finds the message
+        r = p.send("t", b"by its id")
+        assert len(r.uniq_key) == 32 and st.wait_for_index(10)
+        assert st.look_message_by_id(r.uniq_key, topic="t").body == b"by its id"
+        assert st.create_producer(uniq_keys=False).send("t", b"no id").uniq_key is None
         for m in (msgs[0], msgs[40]):
             assert st.look_message_by_id(m.uniq_key).body == m.body
             assert [x.body for x in st.query_message("t", m.uniq_key)] == [m.body]

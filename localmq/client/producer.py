@@ -195,7 +195,7 @@ class Producer:
             qid = self._queue_for(m) if self.queue_selector is not None else self.queue_id
             r = self._put(m.topic, m.body, queue_id=qid, tags=tags, keys=keys.split(" ") if keys else None,
                           properties=props or None, flag=m.flag)
-            return self._deliver(r, 1)
+            return self._deliver(r, 1, uniq_key=props.get("UNIQ_KEY"))
         if self.uniq_keys and (properties is None or "UNIQ_KEY" not in properties):
             properties = dict(properties or ())
             properties["UNIQ_KEY"] = _uniq_keys.new()
@@ -204,7 +204,7 @@ class Producer:
         else:
             m = Message(topic, body, tags=tags, keys=keys, properties=properties)
             r = self._put(topic, body, queue_id=self._queue_for(m), tags=tags, keys=keys, properties=properties)
-        return self._deliver(r, 1)
+        return self._deliver(r, 1, uniq_key=properties.get("UNIQ_KEY") if properties else None)
 
     def _send_delayed(self, topic, body, tags, keys, properties, delay_level, delay):
         levels_of = getattr(self._mq, "delay_levels_ms", None)
@@ -233,11 +233,13 @@ class Producer:
             properties["UNIQ_KEY"] = _uniq_keys.new()
         stopic, sqid, props = delay_rewrite(topic, qid, properties, level, len(levels))
         r = self._put(stopic, body, queue_id=sqid, tags=tags, keys=keys, properties=props, flag=flag)
-        return self._deliver(r, 1)
+        return self._deliver(r, 1, uniq_key=props.get("UNIQ_KEY"))
 
-    def _deliver(self, r, count: int, before=()):
-        """PutResult ``r`` of ``count`` messages: returned when PUT_OK; else SendError, raised or handed to
-        ``on_delivery``."""
+    def _deliver(self, r, count: int, before=(), uniq_key: Optional[str] = None):
+        """PutResult ``r`` of ``count`` messages (its ``uniq_key`` set to the client message id of a single send):
+        returned when PUT_OK; else SendError, raised or handed to ``on_delivery``."""
+        if uniq_key is not None and hasattr(r, "uniq_key"):
+            r.uniq_key = uniq_key
         err = None
         if r.status is not PutStatus.PUT_OK:
             # a timeout answers after the messages were written; a refusal or a full disk stored msg_num of them

@@ -20,6 +20,7 @@ class PutResult:
     """Result of a put or put_batch."""
 
     status: PutStatus
+    uniq_key: Optional[str]
     @property
     def physical_offset(self) -> int: ...
     @property

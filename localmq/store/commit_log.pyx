@@ -210,9 +210,12 @@ cdef inline int64_t store_time(CommitLog self) noexcept:
 @cython.freelist(256)
 cdef class PutResult:
     """Result of a put or put_batch: ``status`` (PutStatus), ``physical_offset`` and ``queue_offset`` of the first
-    message, ``wrote_bytes``, ``store_timestamp``, ``msg_num``, and ``msg_id`` (comma-joined ids for a batch)."""
+    message, ``wrote_bytes``, ``store_timestamp``, ``msg_num``, and ``msg_id`` (comma-joined ids for a batch).
+    ``uniq_key``: the client message id (UNIQ_KEY) a Producer's ``send`` gave the message (RocketMQ's
+    SendResult.getMsgId), None for a plain put."""
 
     cdef public object status
+    cdef public object uniq_key
     cdef readonly long long physical_offset
     cdef readonly long long queue_offset
     cdef readonly long long wrote_bytes
