@@ -1,0 +1,487 @@
+"""Power cuts of localmq itself (issue 24, item 2): real writer processes on powerfs, SIGKILLed, then a power cut.
+
+Each cut: a fresh backing directory, powerfs mounted over it, a writer process (tests/power_writer.py, forked from
+one server per module) opening a store on the mount with small files (64 KiB CommitLog segments, ConsumeQueue
+files of 16 to 256 units, 3 topics x 2 queues, segments created ahead or not) and putting a seeded workload from 1-3
+threads, each acknowledgement reported on its stdout; in most cuts a consumer in it commits offsets (durable
+commits), and a thread reports the flushed offset (``st.stats()["flushed_offset"]``).
+The writer is SIGKILLed at a seeded moment, then ``cut(mode, seed)``. For some cuts the store is opened again
+through powerfs by a second writer session (recovery through the file system), killed at a seeded moment (often
+during the open) and cut again. Then the BACKING directory is opened directly with ``localmq.open`` (no FUSE, no
+salvage) and checked:
+
+* the store opens; nothing was salvaged;
+* SYNC_FLUSH: every acknowledged message is there, byte for byte, at its queue offset and physical offset;
+* ASYNC_FLUSH: every message acknowledged whose last byte lies below the last flushed offset the writer reported is
+  there; the loss after it is measured (messages, bytes, age of the oldest lost acknowledgement);
+* every mode: every message found was put (its body is the seeded body of its id, and no thread's id is past its
+  last put), none twice, each queue's offsets dense from 0 (a unit lost to a gap counts as a lost message), each
+  (session, thread) in order; the committed offsets of the consumer are durable (not below what a commit returned)
+  and never ahead of the messages that survived in their queue; every surviving acknowledged message is found by its
+  key (the index); new puts are taken and get the next queue offsets.
+
+``LOCALMQ_POWER_CUTS=N`` runs N cuts in all (default 204: 34 per flush mode x cut mode); ``LOCALMQ_POWER_SEED=S``
+replays one seed of the test named in the failure (its message gives the command); ``LOCALMQ_POWER_REPORT=path``
+appends each test's figures as a JSON line (``-s`` prints them). A seed fixes the workload, the settings, the kill
+delays and the cut; the threads' interleaving and the moment the kill lands are the machine's, so a replay finds the
+same kind of state, not always the same bytes. The backing directories go to /dev/shm when it is writable (see
+``power_dir``).
+
+Shared stores (``shared=True``) are left out: they refuse FUSE mounts (UnsupportedFilesystemError).
+"""
+import json
+import math
+import os
+import random
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import localmq
+from localmq import GetStatus
+from localmq.store.config_json import read_offset_table
+
+import power_writer
+from powerfs import PowerFS, PowerFSError
+
+FLUSHES = ("SYNC_FLUSH", "ASYNC_FLUSH")
+MODES = ("all", "random", "torn")
+SEGMENT = 64 * 1024
+TOPICS = ["pa", "pb", "pc"]
+QUEUES = 2
+SIZES = (16, 700)
+WRITER = Path(__file__).resolve().with_name("power_writer.py")
+
+TOTAL_CUTS = int(os.environ.get("LOCALMQ_POWER_CUTS", "204"))
+CUTS_PER_TEST = max(1, math.ceil(TOTAL_CUTS / (len(FLUSHES) * len(MODES))))
+REPLAY_SEED = os.environ.get("LOCALMQ_POWER_SEED")
+# pytest-timeout's 300 s holds for the default run (about 30 s per test); a long run gets 3 s per cut
+TIMEOUT = max(300, CUTS_PER_TEST * 3)
+
+try:  # the per-test limit, where pytest-timeout is installed (every wait below has its own timeout too)
+    import pytest_timeout  # noqa: F401
+
+    pytestmark = pytest.mark.timeout(TIMEOUT)
+except ImportError:
+    pass
+
+
+# -- the writer server ---------------------------------------------------------------------------------------------
+
+
+class WriterServer:
+    """tests/power_writer.py as a fork server: ``run(job, ...)`` forks one writer, kills it, returns its lines."""
+
+    def __init__(self):
+        self.err = tempfile.TemporaryFile()
+        # the localmq this test imported (this checkout's), whatever else is installed
+        here = str(Path(localmq.__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, *sys.path])}
+        self.proc = subprocess.Popen([sys.executable, str(WRITER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.err, env=env)
+        self.buf = b""
+
+    def _lines(self, deadline):
+        """Complete lines read so far (at least one, unless the deadline passed)."""
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+                if not chunk:
+                    raise AssertionError(f"the writer server exited: {self.stderr()}")
+                self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        return [ln.decode() for ln in lines]
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")[-4000:]
+
+    def run(self, job, kill_after, *, from_ready=True, timeout=30.0):
+        """Start ``job``; SIGKILL the writer ``kill_after`` s after its "R" line (``from_ready``) or after its start;
+        wait until the server reaped it. Returns (lines, {line index: time read}, kill time)."""
+        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        self.proc.stdin.flush()
+        start = time.monotonic()
+        deadline = start + timeout
+        pid = killed = None
+        lines, times = [], {}
+        kill_at = None if from_ready else start + kill_after
+        try:
+            while True:
+                now = time.monotonic()
+                if pid is not None and killed is None and kill_at is not None and now >= kill_at:
+                    os.kill(pid, signal.SIGKILL)
+                    killed = now
+                wait_until = min(deadline, kill_at) if (kill_at is not None and killed is None) else deadline
+                got = self._lines(max(wait_until, time.monotonic() + 0.001))
+                if not got and time.monotonic() >= deadline:
+                    raise AssertionError(f"the writer did not end within {timeout} s: {lines[-5:]}")
+                for ln in got:
+                    if ln.startswith("P "):
+                        pid = int(ln.split()[1])
+                    elif ln.startswith("E "):
+                        if killed is None:
+                            raise AssertionError(f"the writer exited by itself ({ln}): {lines[-5:]}"
+                                                 f"\n{self.stderr()}")
+                        return lines, times, killed
+                    else:
+                        if ln.startswith(("R ", "F ")) and from_ready:
+                            kill_at = time.monotonic() + kill_after
+                        elif ln.startswith("X "):
+                            raise AssertionError(f"the writer failed: {ln[2:]}")
+                        times[len(lines)] = time.monotonic()
+                        lines.append(ln)
+        except BaseException:
+            if pid is not None and killed is None:
+                os.kill(pid, signal.SIGKILL)
+                killed = time.monotonic()
+            if pid is not None:  # let the server reap it before the next job (and before any cut)
+                end = time.monotonic() + 30
+                while time.monotonic() < end and not any(ln.startswith("E ") for ln in self._lines(end)):
+                    pass
+            raise
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc.stdout.close()
+        self.err.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = WriterServer()
+    yield s
+    s.close()
+
+
+# -- one session's report ------------------------------------------------------------------------------------------
+
+
+class Session:
+    """What one writer session reported: acknowledgements, other outcomes, durable offsets, consumer commits."""
+
+    def __init__(self, number, job, lines, times, killed):
+        self.number, self.job, self.killed = number, job, killed
+        self.acks = {}          # (thread, i) -> (topic, qid, queue offset, physical offset, size, time read)
+        self.last_put = {}      # thread -> highest i reported (acknowledged or not)
+        self.durable = 0        # highest flushed offset reported
+        self.commits = {}       # (topic, qid) -> highest committed offset reported
+        self.recovery = None
+        for n, ln in enumerate(lines):
+            f = ln.split()
+            if f[0] == "A":
+                k, i = int(f[1]), int(f[2])
+                self.acks[(k, i)] = (f[3], int(f[4]), int(f[5]), int(f[6]), int(f[7]), times[n])
+                self.last_put[k] = max(self.last_put.get(k, -1), i)
+            elif f[0] == "N":
+                k, i = int(f[1]), int(f[2])
+                self.last_put[k] = max(self.last_put.get(k, -1), i)
+            elif f[0] == "D":
+                self.durable = max(self.durable, int(f[1]))
+            elif f[0] == "C":
+                key = (f[1], int(f[2]))
+                self.commits[key] = max(self.commits.get(key, -1), int(f[3]))
+            elif f[0] == "R":
+                self.recovery = f[1:]
+
+
+# -- one cut -------------------------------------------------------------------------------------------------------
+
+
+def settings(rng, flush):
+    cfg = dict(flush_disk_type=flush, mapped_file_size_commit_log=SEGMENT,
+               mapped_file_size_consume_queue=20 * rng.choice([16, 64, 256]),
+               flush_interval_consume_queue=rng.choice([10, 100, 1000]),
+               preallocate_mapped_file=rng.random() < 0.7)
+    if flush == "ASYNC_FLUSH":
+        cfg.update(flush_interval_commit_log=rng.choice([10, 50, 200, 500]),
+                   flush_commit_log_least_pages=rng.choice([0, 1, 4]))
+    return cfg
+
+
+def job_for(rng, root, cfg, seed, session):
+    return dict(root=str(root), config=cfg, seed=seed, session=session, threads=rng.choice([1, 2, 3]),
+                topics=TOPICS, queues=QUEUES, sizes=list(SIZES), consumer=rng.random() < 0.6)
+
+
+def powerfs_mounts(under):
+    """The powerfs mounts at or below the directory ``under`` (other test runs on this machine may have their own)."""
+    root = os.path.realpath(under)
+    with open("/proc/self/mountinfo") as f:
+        return [line for line in f if " fuse.powerfs " in line
+                and (line.split()[4] == root or line.split()[4].startswith(root + "/"))]
+
+
+def mounted(disk, mnt):
+    fs = PowerFS(disk, mnt)
+    try:
+        fs.mount()
+    except PowerFSError as e:
+        pytest.fail(str(e), pytrace=False)
+    return fs
+
+
+def run_cut(server, base, flush, mode, seed, figures):
+    """One cut (two with a recovery through powerfs), then the checks. Returns what the check measured."""
+    rng = random.Random(f"{flush}/{mode}/{seed}")
+    disk, mnt = base / "disk", base / "mnt"
+    shutil.rmtree(disk, ignore_errors=True)
+    disk.mkdir(parents=True)
+    cfg = settings(rng, flush)
+    sessions = []
+    t0 = time.monotonic()
+    fs = mounted(disk, mnt)
+    try:
+        job = job_for(rng, mnt / "store", cfg, seed, 1)
+        lines, times, killed = server.run(job, rng.uniform(0.0, 0.4))
+        sessions.append(Session(1, job, lines, times, killed))
+        fs.cut(mode, rng.randrange(1 << 31))
+    finally:
+        fs.unmount()
+    if rng.random() < 0.3:  # recovery through powerfs, cut again (often during the open)
+        figures["recuts"] += 1
+        fs = mounted(disk, mnt)
+        try:
+            job = job_for(rng, mnt / "store", cfg, seed, 2)
+            lines, times, killed = server.run(job, rng.uniform(0.0, 0.5), from_ready=False)
+            sessions.append(Session(2, job, lines, times, killed))
+            fs.cut(mode, rng.randrange(1 << 31))
+        finally:
+            fs.unmount()
+    check(disk / "store", cfg, flush, seed, sessions, figures)
+    figures["cuts"] += 1
+    figures["seconds"] += time.monotonic() - t0
+    figures["per_cut"].append(time.monotonic() - t0)
+
+
+def read_queue(st, topic, qid):
+    """[(queue offset, Message or None for a unit lost to damage)] from 0 to the queue's max offset."""
+    out, off, mx = [], 0, st.max_offset(topic, qid)
+    while off < mx:
+        try:
+            g = st.get_message(topic, qid, off, 32)
+        except localmq.CorruptMessageError as e:
+            assert e.queue_offset == off, (topic, qid, off, e)
+            out.append((off, None))
+            off = e.next_offset
+            continue
+        assert g.status is GetStatus.FOUND, (topic, qid, off, mx, g)
+        for m in g.messages:
+            out.append((off, m))
+            off += 1
+        assert g.next_begin_offset == off, (topic, qid, g)
+    return out
+
+
+def check(root, cfg, flush, seed, sessions, figures):
+    """Open the backing directory's store and check it against what the sessions reported (module docstring)."""
+    offsets_path = root / "config" / "consumerOffset.json"
+    offset_table, _ = read_offset_table(offsets_path) if root.exists() else ({}, {})
+    expected = {}  # (session, thread) -> the messages it may have put, as generated
+    for s in sessions:
+        for k in range(s.job["threads"]):  # up to one put in flight per thread, unreported, at the kill
+            expected[(s.number, k)] = power_writer.messages(s.job["seed"], s.number, k, TOPICS, QUEUES, SIZES,
+                                                            s.last_put.get(k, -1) + 2)
+    st = localmq.open(root, **cfg)
+    try:
+        rep = st.recovery
+        assert not rep.salvaged, rep
+        figures["opened"] += 1
+        figures["gaps"] += len(rep.gaps)
+        figures["dropped_tails"] += rep.dropped_at is not None
+        assert set(st.topics()) <= set(TOPICS), st.topics()
+        found = {}  # (session, thread, i) -> (topic, qid, queue offset, physical offset, body)
+        lost_units = set()  # (topic, qid, queue offset)
+        for topic in TOPICS:
+            for qid in range(QUEUES):
+                assert st.min_offset(topic, qid) == 0
+                order = {}
+                for off, m in read_queue(st, topic, qid):
+                    if m is None:
+                        lost_units.add((topic, qid, off))
+                        continue
+                    assert m.queue_offset == off and m.topic == topic and m.queue_id == qid, (m, off)
+                    ident = power_writer.parse_body(m.body)
+                    assert ident is not None, f"a message that no writer put: {topic}-{qid}@{off} {m.body[:60]!r}"
+                    s, k, i = ident
+                    gen = expected.get((s, k))
+                    assert gen is not None and i < len(gen), f"never put: {ident} at {topic}-{qid}@{off}"
+                    _, gtopic, gqid, gbody, gkey = gen[i]
+                    assert (gtopic, gqid, bytes(m.body)) == (topic, qid, gbody), f"{ident} differs at {off}"
+                    assert dict(m.properties) == {"KEYS": gkey}, (
+                        f"{ident} at {topic}-{qid}@{off} (commit log {m.physical_offset}): properties "
+                        f"{dict(m.properties)!r}, put with KEYS {gkey!r}")
+                    assert ident not in found, f"{ident} twice: {found[ident][:4]} and {(topic, qid, off)}"
+                    found[ident] = (topic, qid, off, m.physical_offset, gbody)
+                    prev = order.get((s, k), -1)
+                    assert i > prev, f"{topic}-{qid}: {(s, k, i)} after {(s, k, prev)}"
+                    order[(s, k)] = i
+                    assert all(ss <= s for ss, _ in order), f"{topic}-{qid}: session {s} before an older one"
+        # acknowledgements
+        lost_durable, lost = [], []
+        for s in sessions:
+            for (k, i), (topic, qid, qoff, phys, size, t) in s.acks.items():
+                figures["acked"] += 1
+                must = flush == "SYNC_FLUSH" or phys + size <= s.durable
+                figures["acked_must_survive"] += must
+                got = found.get((s.number, k, i))
+                if got is not None:
+                    assert got[:4] == (topic, qid, qoff, phys), (
+                        f"{(s.number, k, i)} acknowledged at {(topic, qid, qoff, phys)}, found at {got[:4]}")
+                elif must:
+                    lost_durable.append(((s.number, k, i), (topic, qid, qoff, phys, size), s.durable))
+                else:
+                    lost.append((s, phys, size, t))
+        figures["checked"] += sum(len(s.acks) for s in sessions)
+        figures["lost_must_survive"] += len(lost_durable)
+        assert not lost_durable, (f"{len(lost_durable)} acknowledged messages lost ({flush}; must survive), first "
+                                  f"{lost_durable[:3]}; recovery {rep}")
+        if flush == "ASYNC_FLUSH":
+            # what was lost after the last reported durable offset: messages, bytes, how far past it, and how long
+            # before the kill the oldest lost message was acknowledged
+            figures["async_cuts"].append(dict(
+                interval_ms=cfg["flush_interval_commit_log"], least_pages=cfg["flush_commit_log_least_pages"],
+                acked_past_durable=sum(1 for s in sessions for (_, _, _, phys, size, _) in s.acks.values()
+                                       if phys + size > s.durable),
+                lost_msgs=len(lost), lost_bytes=sum(size for _, _, size, _ in lost),
+                past_durable_bytes=max((phys + size - s.durable for s, phys, size, _ in lost), default=0),
+                oldest_lost_ms=round(max(((s.killed - t) * 1000 for s, _, _, t in lost), default=0.0), 1)))
+        # nothing past what each thread put (one put in flight per thread at the kill)
+        for (s, k, i) in found:
+            sess = next(x for x in sessions if x.number == s)
+            assert i <= sess.last_put.get(k, -1) + 1, f"{(s, k, i)}: thread {k} reported up to {sess.last_put.get(k)}"
+        figures["lost_units"] += len(lost_units)
+        # consumer offsets: durable, and never ahead of what survived
+        for topic in TOPICS:
+            row = offset_table.get(f"{topic}@{power_writer.GROUP}", {})
+            for qid, off in row.items():
+                figures["offsets_checked"] += 1
+                assert off <= st.max_offset(topic, qid), (
+                    f"committed offset {off} of {topic}-{qid} is ahead of the {st.max_offset(topic, qid)} messages "
+                    f"that survived")
+            for s in sessions:
+                for (t, qid), off in s.commits.items():
+                    if t == topic and s is last_session_reporting(sessions, t, qid):
+                        assert row.get(qid, -1) >= off, (f"session {s.number} committed {off} for {t}-{qid}; the "
+                                                         f"file holds {row.get(qid)}")
+        # the index finds every surviving acknowledged message by its key
+        if any(s.acks for s in sessions):
+            assert st.wait_for_index(30)
+            for s in sessions:
+                for (k, i), ack in s.acks.items():
+                    topic = ack[0]
+                    got = found.get((s.number, k, i))
+                    if got is None:
+                        continue
+                    key = expected[(s.number, k)][i][4]
+                    hits = st.query_message(topic, key)
+                    assert any(bytes(m.body) == got[4] for m in hits), (
+                        f"key {key} of {(s.number, k, i)} (commit log {got[3]}) not found: "
+                        f"{[(h.physical_offset, h.store_timestamp) for h in hits]}; index {st.stats()['index']}")
+                    figures["keys_checked"] += 1
+        # new puts get the next offsets
+        for topic in TOPICS:
+            for qid in range(QUEUES):
+                n = st.max_offset(topic, qid)
+                r = st.put(topic, b"after the cut", queue_id=qid)
+                assert r.status is localmq.PutStatus.PUT_OK and r.queue_offset == n, (topic, qid, n, r)
+        assert st.wait_for_dispatch(30)
+        for topic in TOPICS:
+            for qid in range(QUEUES):
+                n = st.max_offset(topic, qid) - 1
+                g = st.get_message(topic, qid, n, 1)
+                assert g.status is GetStatus.FOUND and bytes(g.messages[0].body) == b"after the cut"
+    finally:
+        st.close()
+
+
+def last_session_reporting(sessions, topic, qid):
+    return [s for s in sessions if (topic, qid) in s.commits][-1]
+
+
+def new_figures():
+    return dict(cuts=0, recuts=0, opened=0, acked=0, acked_must_survive=0, checked=0, lost_must_survive=0,
+                gaps=0, dropped_tails=0, lost_units=0, offsets_checked=0, keys_checked=0, seconds=0.0, per_cut=[],
+                async_cuts=[])
+
+
+def summary(flush, mode, f):
+    """The figures of one test: counts, time per cut, and for ASYNC_FLUSH the loss after the durable offset."""
+    out = {k: v for k, v in f.items() if not isinstance(v, list)}
+    out.update(flush=flush, mode=mode, seconds=round(f["seconds"], 1),
+               seconds_per_cut=round(f["seconds"] / max(1, f["cuts"]), 3))
+    if f["per_cut"]:
+        out["seconds_per_cut_max"] = round(max(f["per_cut"]), 3)
+    if f["async_cuts"]:
+        for k in ("lost_msgs", "lost_bytes", "past_durable_bytes", "oldest_lost_ms", "acked_past_durable"):
+            values = [a[k] for a in f["async_cuts"]]
+            out[f"async_{k}"] = {"max": max(values), "median": statistics.median(values)}
+        out["async_cuts_with_loss"] = sum(1 for a in f["async_cuts"] if a["lost_msgs"])
+        by_interval = {}
+        for a in f["async_cuts"]:
+            by_interval.setdefault(a["interval_ms"], []).append(a["oldest_lost_ms"])
+        out["async_oldest_lost_ms_by_interval"] = {k: max(v) for k, v in sorted(by_interval.items())}
+    return out
+
+
+@pytest.fixture(scope="module")
+def power_dir(tmp_path_factory):
+    """Where the cuts' backing directories and mount points go: /dev/shm when it can be used (the backing directory
+    is the simulated machine's disk: its own durability plays no part, and the checks' opens then cost no real
+    fsyncs), else pytest's tmp dir. Removed at the end; a failing cut's disk is copied to its test's tmp_path."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        d = Path(tempfile.mkdtemp(prefix="localmq-power-", dir=shm))
+    else:
+        d = tmp_path_factory.mktemp("power")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("flush", FLUSHES)
+def test_power_cuts(server, power_dir, tmp_path, flush, mode):
+    seeds = [int(REPLAY_SEED)] if REPLAY_SEED is not None else range(CUTS_PER_TEST)
+    figures = new_figures()
+    base = power_dir / f"{flush}-{mode}"
+    for seed in seeds:
+        try:
+            run_cut(server, base, flush, mode, seed, figures)
+        except Exception as e:
+            kept = ""
+            if (base / "disk").exists():  # what the check found (after its own recovery), for inspection
+                shutil.copytree(base / "disk", tmp_path / "disk", symlinks=True, dirs_exist_ok=True)
+                kept = f"; the disk is kept in {tmp_path / 'disk'}"
+            raise AssertionError(f"power cut failed: flush={flush} mode={mode} seed={seed} (replay: "
+                                 f"LOCALMQ_POWER_SEED={seed} python -m pytest "
+                                 f"'tests/test_power_loss.py::test_power_cuts[{flush}-{mode}]'){kept}: {e}") from e
+        finally:
+            assert not powerfs_mounts(base), "a powerfs mount was left behind"
+    shutil.rmtree(base, ignore_errors=True)
+    rep = summary(flush, mode, figures)
+    print(json.dumps(rep))
+    if os.environ.get("LOCALMQ_POWER_REPORT"):
+        with open(os.environ["LOCALMQ_POWER_REPORT"], "a") as f:
+            f.write(json.dumps(rep) + "\n")
+    assert figures["lost_must_survive"] == 0
+    assert figures["checked"] > 0
