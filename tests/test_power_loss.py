@@ -27,6 +27,9 @@ delays and the cut; the threads' interleaving and the moment the kill lands are 
 same kind of state, not always the same bytes. The backing directories go to /dev/shm when it is writable (see
 ``power_dir``).
 
+After the loop, each bug the cuts found is reproduced on its own (deterministically where the cuts could not be):
+"what the cuts found". tests/powerfs/README.md ends with the figures of these runs.
+
 Shared stores (``shared=True``) are left out: they refuse FUSE mounts (UnsupportedFilesystemError).
 """
 import json
@@ -50,7 +53,7 @@ from localmq import GetStatus
 from localmq.store.config_json import read_offset_table
 
 import power_writer
-from powerfs import PowerFS, PowerFSError
+from powerfs import PowerFS, PowerFSError, run_then_kill
 
 FLUSHES = ("SYNC_FLUSH", "ASYNC_FLUSH")
 MODES = ("all", "random", "torn")
@@ -485,3 +488,39 @@ def test_power_cuts(server, power_dir, tmp_path, flush, mode):
             f.write(json.dumps(rep) + "\n")
     assert figures["lost_must_survive"] == 0
     assert figures["checked"] > 0
+
+
+# -- what the cuts found, each reproduced on its own ---------------------------------------------------------------
+
+REPO = Path(localmq.__file__).resolve().parents[1]
+
+
+def cut_after(code, disk, mnt, *args, mode="all", seed=1):
+    """Run ``python -c code args...`` (this checkout's localmq) on a powerfs mount of ``disk`` until it prints
+    "ready", SIGKILL it, then cut the power. Returns what it printed before "ready"."""
+    fs = mounted(disk, mnt)
+    try:
+        out = run_then_kill(code, *args, cwd=REPO)
+        fs.cut(mode, seed)
+    finally:
+        fs.unmount()
+    return out
+
+
+NEW_STORE = """
+import sys, time, localmq
+st = localmq.open(sys.argv[1], flush_disk_type="SYNC_FLUSH", mapped_file_size_commit_log=65536)
+assert st.put("t", b"acknowledged").status is localmq.PutStatus.PUT_OK
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_directories_of_a_new_store_survive_a_power_cut(tmp_path):
+    """localmq.open created the store's directory (and missing parents) without an fsync of their parents: a
+    power cut after a SYNC_FLUSH acknowledgement could take the whole store away."""
+    disk, mnt = tmp_path / "disk", tmp_path / "mnt"
+    cut_after(NEW_STORE, disk, mnt, mnt / "a" / "b" / "store")
+    with localmq.open(disk / "a" / "b" / "store", mapped_file_size_commit_log=65536) as st:
+        g = st.get_message("t", 0, 0)
+        assert g.status is GetStatus.FOUND and bytes(g.messages[0].body) == b"acknowledged"
