@@ -524,3 +524,30 @@ def test_the_directories_of_a_new_store_survive_a_power_cut(tmp_path):
     with localmq.open(disk / "a" / "b" / "store", mapped_file_size_commit_log=65536) as st:
         g = st.get_message("t", 0, 0)
         assert g.status is GetStatus.FOUND and bytes(g.messages[0].body) == b"acknowledged"
+
+
+SEGMENTS_AHEAD = """
+import sys, time, localmq
+st = localmq.open(sys.argv[1], mapped_file_size_commit_log=65536)  # ASYNC_FLUSH: nothing is flushed here
+st.put("t", b"not flushed")
+deadline = time.monotonic() + 20
+while st.stats()["allocate"]["created_ahead"] < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(st.stats()["allocate"]["created_ahead"], flush=True)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_segments_are_sized_durably_before_their_names(tmp_path):
+    """A new segment's size (ftruncate / fallocate) was never synced while its name was (an fsync of the directory):
+    after a cut the segments created ahead were 0-byte files before the last one, and the open refused the store
+    (CorruptStoreError: "0 bytes but the configured size is 65536")."""
+    disk, mnt = tmp_path / "disk", tmp_path / "mnt"
+    assert cut_after(SEGMENTS_AHEAD, disk, mnt, mnt / "store").split() == ["2"]
+    seg_dir = disk / "store" / "commitlog"
+    assert {p.name: p.stat().st_size for p in seg_dir.iterdir()} == {
+        f"{i * 65536:020d}": 65536 for i in range(3)}
+    with localmq.open(disk / "store", mapped_file_size_commit_log=65536) as st:
+        assert st.recovery.dropped_at is None
+        assert st.put("t", b"after").queue_offset == 0  # the unflushed message is gone, its offset is taken again
