@@ -551,3 +551,33 @@ def test_segments_are_sized_durably_before_their_names(tmp_path):
     with localmq.open(disk / "store", mapped_file_size_commit_log=65536) as st:
         assert st.recovery.dropped_at is None
         assert st.put("t", b"after").queue_offset == 0  # the unflushed message is gone, its offset is taken again
+
+
+COMMITTED_CONSUMER = """
+import sys, time, localmq
+# ASYNC_FLUSH, and no flush of the log for a minute
+st = localmq.open(sys.argv[1], mapped_file_size_commit_log=65536, flush_interval_commit_log=60000,
+                  flush_commit_log_thorough_interval=60000)
+for i in range(50):
+    st.put("t", b"m%d" % i)
+c = st.create_consumer("g", "t")
+got, deadline = 0, time.monotonic() + 20
+while got < 50 and time.monotonic() < deadline:
+    got += len(c.poll_batch(64, timeout=0.1))
+c.commit()  # durable: consumerOffset.json written, fsynced, renamed, directory fsynced
+print(c.committed("t", 0), flush=True)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_committed_offset_never_points_past_the_messages_that_survive(tmp_path):
+    """A consumer reads messages before they are flushed (ASYNC_FLUSH; in SYNC_FLUSH those in flight) and commit()
+    made its offset durable: after a cut the offset pointed past the queue's end, and once new puts took the lost
+    offsets the group would skip them. The offsets file is now written only after the commit log is flushed."""
+    disk, mnt = tmp_path / "disk", tmp_path / "mnt"
+    assert cut_after(COMMITTED_CONSUMER, disk, mnt, mnt / "store").split() == ["50"]
+    table, _ = read_offset_table(disk / "store" / "config" / "consumerOffset.json")
+    assert table == {"t@g": {0: 50}}
+    with localmq.open(disk / "store", mapped_file_size_commit_log=65536) as st:
+        assert st.max_offset("t", 0) == 50  # what the consumer committed is on disk

@@ -414,6 +414,14 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             self._cl_mfq.commit_all()
         self._cl_mfq.flush_all()
 
+    def flush_before_offsets(self) -> None:
+        """Make every message a consumer may have read durable: commit and flush the commit log. The clients'
+        ConsumerOffsetManager calls it before each write of ``consumerOffset.json``, so that after a power cut no
+        committed offset is ahead of the messages that survived (ASYNC_FLUSH acknowledges, and the dispatcher
+        hands out, messages before they are flushed). Raises OSError when the flush fails."""
+        self._check_open()
+        self._flush_log()
+
     # -- transactional messages (TransactionalMessageCheckService) ------------------------------------------------
 
     def _start_transaction_service(self) -> None:
