@@ -581,3 +581,78 @@ def test_a_committed_offset_never_points_past_the_messages_that_survive(tmp_path
     assert table == {"t@g": {0: 50}}
     with localmq.open(disk / "store", mapped_file_size_commit_log=65536) as st:
         assert st.max_offset("t", 0) == 50  # what the consumer committed is on disk
+
+
+SMALL = dict(mapped_file_size_commit_log=SEGMENT, mapped_file_size_consume_queue=20 * 16)
+
+
+def long_keys(i):
+    """Keys whose KEYS property is longer than a sector (so that a sector boundary falls inside it)."""
+    return ["k%d-%d-%s" % (i, j, "x" * 150) for j in range(4)]
+
+
+def fill(root, n, *, keys=long_keys, seed=1):
+    """``n`` messages on a-0; returns [(queue offset, physical offset, size, body, keys)]."""
+    rng = random.Random(seed)
+    out = []
+    with localmq.open(root, **SMALL) as st:
+        for i in range(n):
+            body = b"%d|" % i + rng.randbytes(rng.randrange(10, 300))
+            r = st.put("a", body, keys=keys(i))
+            out.append((r.queue_offset, r.physical_offset, r.wrote_bytes, body, keys(i)))
+    return out
+
+
+def segment_of(root, phys):
+    return root / "commitlog" / f"{phys - phys % SEGMENT:020d}", phys % SEGMENT
+
+
+def tear_properties(root, rec):
+    """Zero the record's bytes from the last sector boundary inside its properties to its end: a torn write of its
+    last sector (the bytes there were zeros before it was written)."""
+    seg, pos = segment_of(root, rec[1])
+    end = pos + rec[2]  # the properties are the record's last bytes
+    props_len = len(localmq.properties_to_bytes({"KEYS": " ".join(rec[4])}))
+    cut = (end - 1) // 512 * 512
+    assert cut > end - props_len  # the boundary lies inside the properties
+    with open(seg, "r+b") as f:
+        f.seek(cut)
+        f.write(bytes(end - cut))
+
+
+def read_queue_a(st):
+    """[(queue offset, body or None for a unit lost to damage)] of a-0."""
+    return [(off, None if m is None else bytes(m.body)) for off, m in read_queue(st, "a", 0)]
+
+
+@pytest.mark.parametrize("abort", [False, True])
+def test_a_record_with_torn_properties_ends_the_log(tmp_path, abort):
+    """The body CRC does not cover the properties (nor does anything else): a record whose last sector was lost in a
+    torn write still parsed, and recovery kept it with its keys cut short (the power cuts found keys such as
+    'k1x0x3\\x00'). A sector of zeros in the properties now makes the record torn: the log ends before it."""
+    root = tmp_path / "s"
+    written = fill(root, 80)
+    last = written[-1]
+    tear_properties(root, last)
+    if abort:
+        (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        rep = st.recovery
+        assert rep.dropped_at == last[1] and str(rep.stop_reason) == "torn", rep
+        assert read_queue_a(st) == [(w[0], w[3]) for w in written[:-1]]
+        r = st.put("a", b"again", keys=["again"])
+        assert (r.queue_offset, r.physical_offset) == (last[0], last[1])
+
+
+def test_a_record_with_torn_properties_in_the_middle_is_a_lost_message(tmp_path):
+    """Valid records after it (and the ConsumeQueue past it): the torn record becomes a gap, its unit a lost unit
+    (CorruptMessageError at its offset), and every other message reads back."""
+    root = tmp_path / "s"
+    written = fill(root, 80)
+    victim = written[50]
+    tear_properties(root, victim)
+    (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        rep = st.recovery
+        assert rep.dropped_at is None and [(g["offset"], g["bytes"]) for g in rep.gaps] == [(victim[1], victim[2])]
+        assert read_queue_a(st) == [(w[0], None if w is victim else w[3]) for w in written]
