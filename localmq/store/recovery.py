@@ -7,6 +7,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from localmq._record import decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import DamagedLogError
@@ -313,6 +315,35 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
 
 
 
+def _first_bad_unit(first_bad_unit, cq, files, seg_size: int, start: int, end: int,
+                    gaps: List[dict]) -> Tuple[int, Optional[str]]:
+    """``get.first_bad_unit`` from ``start``, and also the first unit pointing inside a region that this recovery
+    replaced by a gap record (other than a lost unit pointing at the gap record itself), whichever comes first.
+    Such a unit may still find a whole record there (a record whose bytes in a lost page were zeros anyway, or one
+    the resynchronisation refused), but every walker (the dispatcher, the index, the readers) steps over the gap:
+    a queue that kept it would deliver a message that nothing else knows of (tests/test_power_loss.py)."""
+    idx, why = first_bad_unit(cq, files, seg_size, start, cq.max_offset, end)
+    if not gaps:
+        return idx, why
+    stop = cq.max_offset if idx < 0 else idx
+    if stop <= start:
+        return idx, why
+    units = cq.units(start, stop)
+    offsets, sizes = units["offset"].astype(np.int64), units["size"].astype(np.int64)
+    first_hit, region = len(units), None
+    for g in gaps:
+        hit = (offsets >= g["offset"]) & (offsets < g["offset"] + g["bytes"])
+        if g["record"]:
+            hit &= ~((offsets == g["record"][0]) & (sizes == g["record"][1]))
+        found = np.flatnonzero(hit[:first_hit])
+        if len(found):
+            first_hit, region = int(found[0]), g
+    if region is None:
+        return idx, why
+    return start + first_hit, (f"offset {int(offsets[first_hit])} lies in the damaged region at {region['offset']} "
+                               f"({region['bytes']} bytes) that recovery replaced by a gap record")
+
+
 def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryReport) -> List[int]:
     """Check every ConsumeQueue against the recovered log (derived data: the log is the truth) and cut each one
     at its first unit that does not match its record; returns the commit log offsets the dispatcher must start
@@ -349,7 +380,7 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
                                            f"before offset {head[0]}: rebuilt from the commit log")
                 starts.append(cl_min)
                 continue
-        idx, why = first_bad_unit(cq, files, seg_size, first, cq.max_offset, end)
+        idx, why = _first_bad_unit(first_bad_unit, cq, files, seg_size, first, end, report.gaps)
         lost = 0
         while idx >= 0 and report.gaps:
             # a unit whose record lay in a region that this recovery replaced by a gap record: its message is lost;
@@ -360,7 +391,7 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
             if gap is None or not cq.mark_lost(idx, *gap["record"]):
                 break
             lost += 1
-            idx, why = first_bad_unit(cq, files, seg_size, idx + 1, cq.max_offset, end)
+            idx, why = _first_bad_unit(first_bad_unit, cq, files, seg_size, idx + 1, end, report.gaps)
         if lost:
             report.cq_lost_units[name] = lost
             log.error("consume queue %s: %d messages lost to damage in the commit log; a get at their offsets "
