@@ -713,3 +713,36 @@ def test_a_unit_pointing_into_a_gap_becomes_a_lost_unit(tmp_path):
         # what a get delivers is what the readers walk
         assert [bytes(m.body) for m in localmq.read_commitlog(root / "commitlog", mapped_file_size=SEGMENT)] == [
             w[3] for w in written if w[0] not in lost]
+
+
+def test_a_segment_is_created_ahead_only_after_the_one_before_it(tmp_path, monkeypatch):
+    """The allocation service went on to create segment N+2 when N+1 could not be created (a full disk, an I/O
+    error): a hole in the names, which the next open refuses ("missing segments between others") if the process
+    dies before the put path creates N+1 itself (found by the recovery sweep below, in the segments created ahead
+    after the open)."""
+    import errno
+
+    import localmq.services.allocate as allocate
+    from localmq.store.mapped_file_queue import MappedFileQueue
+
+    d = tmp_path / "commitlog"
+    d.mkdir()
+    mfq = MappedFileQueue(str(d), SEGMENT)
+    mfq.create_file(0)
+    real = allocate.MappedFile
+
+    def no_space_for_the_second(path, *args, **kwargs):
+        if os.path.basename(path) == f"{SEGMENT:020d}":
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(allocate, "MappedFile", no_space_for_the_second)
+    svc = allocate.AllocateMappedFileService(mfq)  # not started: its requests are served here, in order
+    svc.prime()
+    requests = list(svc._queue)
+    assert [r.offset for r in requests] == [SEGMENT, 2 * SEGMENT]
+    for r in requests:
+        svc._create(r)
+    assert sorted(os.listdir(d)) == [f"{0:020d}"]
+    assert all(r.mf is None and r.error is not None for r in requests)
+    mfq.close()
