@@ -746,3 +746,59 @@ def test_a_segment_is_created_ahead_only_after_the_one_before_it(tmp_path, monke
     assert sorted(os.listdir(d)) == [f"{0:020d}"]
     assert all(r.mf is None and r.error is not None for r in requests)
     mfq.close()
+
+
+@pytest.mark.parametrize("mode", ["all", "random"])
+def test_a_recovery_cut_at_any_of_its_syncs_and_unlinks_leaves_a_store_that_opens(server, power_dir, mode):
+    """A crash sweep of one recovery: a store whose last segments lost their data (the queues point into them) is
+    recovered through powerfs with its k-th fsync / directory fsync / unlink failing (EIO: that operation and what
+    follows do not happen), then the power is cut, for every k. Recovery deleted the segments past the log's end
+    before the queues' units pointing into them were cut durably (the next open refused: "consume queues point
+    past the last commit log segment"), and deleted them oldest first (a random cut kept a prefix of the
+    deletions: "missing segments between others"), and the segments it creates ahead after the open were created
+    even when the one before them could not be (the same refusal). Every state must open."""
+    tmp_path = power_dir / f"sweep-{mode}"
+    state = tmp_path / "state"
+    rng = random.Random(1)
+    with localmq.open(state, **SMALL) as st:
+        for i in range(900):
+            st.put("t%d" % (i % 2), b"%d|" % i + rng.randbytes(rng.randrange(10, 400)), queue_id=i % 2)
+    segs = sorted(os.listdir(state / "commitlog"))
+    assert len(segs) >= 5
+    for j, name in enumerate(segs[-3:]):  # what never reached the disk: half a segment, then two whole ones
+        with open(state / "commitlog" / name, "r+b") as f:
+            start = SEGMENT // 2 if j == 0 else 0
+            f.seek(start)
+            f.write(bytes(SEGMENT - start))
+    (state / "abort").touch()
+    disk, mnt = tmp_path / "disk", tmp_path / "mnt"
+    job = dict(root=str(mnt), config=SMALL, seed=0, session=1, threads=0, topics=TOPICS, queues=QUEUES,
+               sizes=list(SIZES), open_may_fail=True)
+    k, failed_opens, durable = 0, 0, None
+    while True:
+        k += 1
+        assert k < 500, "the sweep does not end"
+        shutil.rmtree(disk, ignore_errors=True)
+        shutil.copytree(state, disk)
+        fs = mounted(disk, mnt)
+        try:
+            fs.fail(k, "EIO", ops=["fsync", "fsyncdir", "unlink"])
+            lines, _, _ = server.run(job, 0.0)
+            injected = fs.counters()["injected"]
+            fs.cut(mode, k)
+        finally:
+            fs.unmount()
+        failed_opens += any(ln.startswith("F ") for ln in lines)
+        try:
+            with localmq.open(disk, **SMALL) as st:
+                n = sum(st.max_offset(t, q) for t in ("t0", "t1") for q in (0, 1))
+                if durable is None:
+                    durable = n
+                assert n == durable, (k, n, durable)
+        except Exception as e:
+            raise AssertionError(f"{mode} cut after the recovery's operation {k} failed: the store does not open: "
+                                 f"{e}") from e
+        if not injected:
+            break
+    assert k > 10 and failed_opens > 0
+    shutil.rmtree(tmp_path)

@@ -264,10 +264,12 @@ def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryRep
 
 def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, checkpoint_min_ts: int,
                        progress: Optional[Callable[[int, int], None]] = None, known_end: int = 0,
-                       agrees: Optional[Callable[[object, int], bool]] = None) -> RecoveryReport:
+                       agrees: Optional[Callable[[object, int], bool]] = None,
+                       keep_segment_names: bool = False) -> RecoveryReport:
     """Find the end of valid data in the commit log, quarantine and cut what follows it; damage in the middle
     (valid records after it, below ``known_end``: what the dispatcher had read) becomes a gap record instead
-    (``report.gaps``), and the records after it are kept.
+    (``report.gaps``), and the records after it are kept. Segments after the end are deleted, or with
+    ``keep_segment_names`` left for the caller to delete (``report.deleted_segments``, ``mfq.delete_names``).
 
     Normal: walk from the third-last segment. Abnormal: from the newest segment whose first record is older
     than the checkpoint (RocketMQ's isMappedFileMatchedRecover), else the first one.
@@ -303,7 +305,7 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
         log.error("commit log: %s record at offset %d; cutting the log there (%d bytes, %d whole records after "
                   "it; copy kept in %s)", report.stop_reason, report.dropped_at, report.dropped_bytes,
                   report.dropped_records, report.quarantine_path)
-    report.deleted_segments = mfq.truncate_dirty_files(end)
+    report.deleted_segments = mfq.truncate_dirty_files(end, keep_names=keep_segment_names)
     mfq.flushed_where = end
     mfq.committed_where = end
     if report.deleted_segments:
@@ -458,7 +460,7 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
 
     report = recover_commit_log(root, commit_log, abnormal=abnormal, check_crc=check_crc,
                                 checkpoint_min_ts=checkpoint_min_ts, progress=progress, known_end=known_end,
-                                agrees=agrees)
+                                agrees=agrees, keep_segment_names=True)
     end = report.end_offset
     cl_min = commit_log.min_offset()
     if not commit_log.files:
@@ -468,6 +470,10 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
             n = cq.truncate_dirty(end)
             if n:
                 report.cq_units_truncated[f"{key[0]}-{key[1]}"] = n
+    # only now, with no unit pointing into them any more (the cuts above are durable), are the segments past the
+    # end deleted: a power cut between the two must not leave queues pointing past the last segment, which the
+    # next open refuses as lost segments (tests/test_power_loss.py)
+    commit_log.delete_names(report.deleted_segments)
     starts = _verify_queues(commit_log, queues, end, cl_min, report) if verify_queues else []
     reput_from = max((cq.max_physic_offset for cq in queues.queues.values()), default=cl_min)
     reput_from = max(reput_from, cl_min)
