@@ -40,6 +40,7 @@ cdef struct RecordView:
     int32_t props_len
 
 cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check_crc) noexcept nogil
+cdef bint props_torn(const uint8_t *base, const RecordView *v) noexcept nogil
 cdef int64_t calc_msg_length(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len) noexcept nogil
 cdef uint32_t body_crc32(const uint8_t *p, int64_t n) noexcept nogil
 cdef int32_t java_hash_utf8(const uint8_t *s, int64_t n) noexcept nogil

@@ -140,6 +140,36 @@ cdef bint topic_ok(const RecordView *v) noexcept nogil:
     return True
 
 
+# The smallest unit a disk writes atomically: a power cut during a write keeps or loses whole sectors.
+cdef int64_t SECTOR_SIZE = 512
+
+
+cdef bint props_torn(const uint8_t *base, const RecordView *v) noexcept nogil:
+    """Whether the record's properties hold a sector of zeros (``base``: the start of the segment file, which is
+    sector aligned): what a torn write of the record's tail leaves on a file written once over zeros. Every other
+    field is protected (the body by its CRC, the topic by ``topic_ok``, the lengths by their sum), but a torn
+    properties string is still a well-formed record, and without this check recovery kept it with its keys, tags
+    and user properties cut short (tests/test_power_loss.py). A sector is torn when every byte of the properties
+    inside it is zero; no writer puts a zero byte in a property, unless a value holds NUL characters that fill
+    such a sector exactly."""
+    cdef int64_t at = v.props - base
+    cdef int64_t i = 0, stop, j
+    cdef bint zero
+    while i < v.props_len:
+        stop = (at + i) // SECTOR_SIZE * SECTOR_SIZE + SECTOR_SIZE - at
+        if stop > v.props_len:
+            stop = v.props_len
+        zero = True
+        for j in range(i, stop):
+            if v.props[j] != 0:
+                zero = False
+                break
+        if zero:
+            return True
+        i = stop
+    return False
+
+
 cdef int32_t java_hash_utf8(const uint8_t *s, int64_t n) noexcept nogil:
     """Java String.hashCode over the UTF-16 code units of UTF-8 text (malformed bytes count as U+FFFD)."""
     cdef uint32_t h = 0
@@ -688,8 +718,9 @@ def encode_gap(int size):
 
 
 def find_record(data, Py_ssize_t start, Py_ssize_t end, long long delta):
-    """The first position ``q`` in ``data[start:end]`` that holds a whole, valid record (magic, length, body CRC and
-    topic name) whose PHYSICALOFFSET field is ``q + delta`` (``delta``: the segment's base offset), or -1.
+    """The first position ``q`` in ``data[start:end]`` that holds a whole, valid record (magic, length, body CRC,
+    topic name, properties not torn) whose PHYSICALOFFSET field is ``q + delta`` (``delta``: the segment's base
+    offset), or -1.
 
     Recovery uses it to resynchronise after a damaged region: a record copied into another record's body carries
     the wrong physical offset, so only a record written at this place qualifies. The GIL is released."""
@@ -712,7 +743,7 @@ def find_record(data, Py_ssize_t start, Py_ssize_t end, long long delta):
             if q + REC_MIN_SIZE > end:
                 break
             if (lmq_be32(base + q + 4) == want and parse_record(base + q, end - q, &v, True) == REC_OK
-                    and v.physical_offset == <int64_t>q + delta and topic_ok(&v)):
+                    and v.physical_offset == <int64_t>q + delta and topic_ok(&v) and not props_torn(base, &v)):
                 found = q
                 break
             q += 1
@@ -769,7 +800,9 @@ def walk_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint check_crc=Tru
 
     Returns (next position, outcome name, records walked, last store timestamp, size reported by the
     failing record or 0). Outcomes: "end", "blank" (blank record at next position), "torn", "bad magic",
-    "bad length", "bad crc", "bad topic" (with ``check_topic``: a topic name outside [%|a-zA-Z0-9_-]). Gap records
+    "bad length", "bad crc", "bad topic" (with ``check_topic``: a topic name outside [%|a-zA-Z0-9_-]; and "torn" for
+    properties holding a sector of zeros, a torn write of the record's tail). ``data`` is a segment from its start
+    (sectors are counted from there). Gap records
     (damage that recovery quarantined) are stepped over, not counted. With ``check_crc`` every body's CRC is
     verified. The GIL is released.
     """
@@ -796,6 +829,9 @@ def walk_records(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint check_crc=Tru
                 break
             if check_topic and not topic_ok(&v):
                 rc = REC_BAD_TOPIC
+                break
+            if check_topic and props_torn(base, &v):
+                rc = REC_TORN
                 break
             last_ts = v.store_timestamp
             pos += v.total_size

@@ -72,7 +72,8 @@ class RecordStatus(str, enum.Enum):
     OK = "ok"
     BLANK = "blank"              # the end-of-segment blank record: go on in the next segment
     END = "end"                  # zero bytes where a record would start: the end of written data
-    TORN = "torn"                # a record that runs past the readable bytes
+    TORN = "torn"                # a record that runs past the readable bytes (recovery: or whose properties hold
+                                 # a sector of zeros, a torn write of its tail)
     BAD_MAGIC = "bad magic"
     BAD_LENGTH = "bad length"    # TOTALSIZE disagrees with the fields
     BAD_CRC = "bad crc"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from localmq.services.service_thread import ServiceThread
 from localmq.store.config_json import read_offset_table, write_config_json
@@ -22,14 +22,20 @@ class ConsumerOffsetManager:
     ``flush_interval_ms`` when something changed, and by ``close()``. Entries of groups this process never touches
     are kept as they were. Retention (localmq.services.clean) reads the same file to protect unconsumed messages.
 
+    ``before_write`` (the store's ``flush_before_offsets``) is called before each write of the file: it makes every
+    message a consumer may have read durable first, so that after a power cut a committed offset never points past
+    the messages that survived (else, once new puts reuse the lost offsets, the group would skip them).
+
     Thread-safety: every method may be called from any thread. Lock order: ``_persist_lock`` -> ``_lock``.
     Concurrent ``persist()`` calls share one write (a caller whose change another write already covered returns
     at once), as RocketMQ's group commit does for messages.
     """
 
-    def __init__(self, path: Optional[str], flush_interval_ms: int = 5000):
+    def __init__(self, path: Optional[str], flush_interval_ms: int = 5000, *,
+                 before_write: Optional[Callable[[], None]] = None):
         self.path = path
         self.flush_interval_ms = flush_interval_ms
+        self.before_write = before_write
         self._lock = threading.Lock()          # the table and the version counters
         self._persist_lock = threading.Lock()  # one writer of the file at a time
         self._table: Dict[str, Dict[int, int]] = {}
@@ -95,7 +101,8 @@ class ConsumerOffsetManager:
     def persist(self, version: Optional[int] = None) -> bool:
         """Write the table durably if it changed since the last write (or if ``version`` is not yet written).
 
-        Returns True when this call wrote the file. Raises OSError when the write fails (the table stays dirty).
+        Returns True when this call wrote the file. Raises OSError when the write (or ``before_write``) fails (the
+        table stays dirty).
         """
         if self.path is None:
             return False
@@ -107,6 +114,9 @@ class ConsumerOffsetManager:
                 v = self._version
                 doc = dict(self._extra)
                 doc["offsetTable"] = {k: dict(sorted(row.items())) for k, row in sorted(self._table.items())}
+            if self.before_write is not None:
+                # after the table was taken: every message its offsets cover was read, so it is in the log now
+                self.before_write()
             write_config_json(self.path, doc)
             self._persisted = v
             self.persists += 1

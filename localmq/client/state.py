@@ -24,7 +24,10 @@ class ClientState:
             # a store shared between processes: groups and offsets live in its control file
             self.offsets, self.scheduler = backends(flush_interval_ms)
         else:
-            self.offsets = ConsumerOffsetManager(mq.offset_store_path, flush_interval_ms)
+            # a store that can lose what it acknowledged (a power cut) makes what consumers read durable before
+            # their offsets are written (LocalMessageQueue.flush_before_offsets)
+            self.offsets = ConsumerOffsetManager(mq.offset_store_path, flush_interval_ms,
+                                                 before_write=getattr(mq, "flush_before_offsets", None))
             self.scheduler = ConsumerScheduler()
         self.offsets.start()
         self._producer_seq = itertools.count()

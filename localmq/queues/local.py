@@ -45,7 +45,7 @@ from localmq.store.dispatch import ReputCore
 from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
-from localmq.store.mapped_file_queue import MappedFileQueue
+from localmq.store.mapped_file_queue import MappedFileQueue, makedirs_durable
 from localmq.store.recovery import check_segments, next_queue_offsets, recover_store
 from localmq.store.settings import explicit_settings, resolve_settings, write_settings
 from localmq.store.transient_store_pool import TransientStorePool
@@ -129,7 +129,9 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 raise UnsafePathError(f"store {self.root} holds symlinks or entries outside it, which localmq "
                                       f"never writes through: {unsafe[:5]}", path=unsafe[0])
         try:
-            os.makedirs(self.root, exist_ok=True)
+            # the new directories' names made durable too (an fsync of each one's parent): without it a power cut
+            # after SYNC_FLUSH acknowledgements could take the whole store away (tests/test_power_loss.py)
+            makedirs_durable(self.root)
         except (FileExistsError, NotADirectoryError) as e:  # a file there, or on the way there: nothing created
             raise StorePathError(errno.ENOTDIR, f"a store is a directory; {e.filename or self.root} is not one",
                                  self.root) from None
@@ -416,6 +418,14 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if self._pool is not None:
             self._cl_mfq.commit_all()
         self._cl_mfq.flush_all()
+
+    def flush_before_offsets(self) -> None:
+        """Make every message a consumer may have read durable: commit and flush the commit log. The clients'
+        ConsumerOffsetManager calls it before each write of ``consumerOffset.json``, so that after a power cut no
+        committed offset is ahead of the messages that survived (ASYNC_FLUSH acknowledges, and the dispatcher
+        hands out, messages before they are flushed). Raises OSError when the flush fails."""
+        self._check_open()
+        self._flush_log()
 
     # -- transactional messages (TransactionalMessageCheckService) ------------------------------------------------
 

@@ -37,9 +37,10 @@ class AllocateMappedFileService(ServiceThread):
     MADV_WILLNEED. A refused mlock (no privilege, RLIMIT_MEMLOCK) is one warning, then files are not locked.
     A warmed file is unlocked once the writer has moved past it, so at most three segments are locked.
 
-    Pre-created files that were never handed out are deleted by ``shutdown()``; after a crash, recovery cuts
-    them (they hold only zeros). A failed pre-creation (ENOSPC) is retried synchronously when the file is
-    actually needed; that error then reaches the put as CREATE_MAPPED_FILE_FAILED.
+    Pre-created files that were never handed out are deleted by ``shutdown()`` (the newest first); after a crash,
+    recovery cuts them (they hold only zeros). A failed pre-creation (ENOSPC) is retried synchronously when the file
+    is actually needed; that error then reaches the put as CREATE_MAPPED_FILE_FAILED. A file is created ahead only
+    when the one before it exists, so that the names never have a hole.
 
     Thread-safety: ``allocate`` is called with the CommitLog's put lock and the queue's lock held; it waits
     for this thread only when the very file it needs is being created right now.
@@ -158,6 +159,12 @@ class AllocateMappedFileService(ServiceThread):
         try:
             if os.path.exists(req.path):
                 raise FileExistsError(17, "segment already exists", req.path)
+            before = os.path.join(self.directory, offset_to_file_name(req.offset - self.file_size))
+            if req.offset >= self.file_size and not os.path.exists(before):
+                # the one before it could not be created: creating this one would leave a hole in the names,
+                # which the next open refuses ("missing segments between others") if the process dies before the
+                # put path creates the missing one (tests/test_power_loss.py)
+                raise FileNotFoundError(2, "the segment before it does not exist", before)
             mf = MappedFile(req.path, self.file_size, req.offset, create=True, reserve=self.reserve,
                             reserve_step=self.mfq.reserve_step)
             fsync_dir(self.directory)
@@ -232,7 +239,7 @@ class AllocateMappedFileService(ServiceThread):
             reqs = list(self._requests.values())
             self._requests.clear()
             self._queue.clear()
-        for r in reqs:
+        for r in sorted(reqs, key=lambda r: r.offset, reverse=True):  # the newest first: never a hole if cut
             if r.mf is not None and not r.taken:
                 r.mf.destroy(0)
                 removed = True

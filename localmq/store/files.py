@@ -283,8 +283,13 @@ class StoreFiles:
             mf = self.map_segment(base, fpath)
             try:
                 # to the end of the data pos lies in: a hole is the end of the records, and is not read (on a full
-                # tmpfs a read fault on a hole is a SIGBUS)
-                pos, outcome, _, _, _ = walk_records(mf, pos, mf.data_end(pos), False)
+                # tmpfs a read fault on a hole is a SIGBUS); a gap record that steps over a hole (recovery's, after a
+                # power cut) leads into the next run of data, where the walk goes on
+                data_end = mf.data_end(pos)
+                pos, outcome, _, _, _ = walk_records(mf, pos, data_end, False)
+                while outcome == RecordStatus.END and data_end <= pos < self.segment_size and mf.data_end(pos) > pos:
+                    data_end = mf.data_end(pos)
+                    pos, outcome, _, _, _ = walk_records(mf, pos, data_end, False)
                 if outcome == RecordStatus.BLANK:
                     end = base + self.segment_size
                     continue

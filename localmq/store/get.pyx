@@ -13,7 +13,8 @@ from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_EXT_ADDRESS_MAX, CQ_UNIT_SIZ
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_pretouch
 from localmq._record cimport (
-    REC_GAP, REC_OK, RecordView, find_property, is_schedule_record, message_from_view, parse_record, tags_code_of,
+    REC_GAP, REC_OK, RecordView, find_property, is_schedule_record, message_from_view, parse_record, props_torn,
+    tags_code_of,
 )
 from localmq.store.consume_queue cimport ConsumeQueue
 
@@ -322,9 +323,9 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
 
     A unit is good when it is a blank padding unit, a lost unit (it points at a gap record of its size: a message
     lost to damage that recovery quarantined), or it points at or after the previous real unit's record and
-    within the log's written end, at a valid record of its size (CRC not checked) carrying the queue's topic,
-    queue id and the unit's index as queue offset. Units pointing below the log's first segment (retention) are
-    checked for order only. A missing unit file in the range is reported at its first unit.
+    within the log's written end, at a valid record of its size (CRC not checked, properties not torn) carrying the
+    queue's topic, queue id and the unit's index as queue offset. Units pointing below the log's first segment
+    (retention) are checked for order only. A missing unit file in the range is reported at its first unit.
     """
     cdef int64_t i = start, phys, rel, prev_end = -1, fs = cq.st.file_size, cq_base = -1, cq_end = -1
     cdef int64_t log_min = -1, tags
@@ -385,6 +386,9 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
         if (rc != REC_OK or v.total_size != size or v.queue_offset != i or v.queue_id != qid
                 or v.topic_len != len(topic_b) or memcmp(v.topic, <const char *>topic_b, v.topic_len) != 0):
             return i, unit_mismatch(&v, rc, size, topic_b, qid, i)
+        if props_torn(seg.addr, &v):
+            # recovery's walk refuses such a record (a torn write of its tail): neither may a unit point at it
+            return i, "torn record (its properties hold a sector of zeros)"
         tags = <int64_t>lmq_be64(u + 12)
         # a SCHEDULE_TOPIC_XXXX unit's code is a delivery time from the store's delay levels, not the record's own
         if tags > CQ_EXT_ADDRESS_MAX and not is_schedule_record(&v) and tags != tags_code_of(&v, NULL, 0):

@@ -317,12 +317,14 @@ class MappedFileQueue:
 
     # -- truncate / delete ----------------------------------------------------------------------------------
 
-    def truncate_dirty_files(self, offset: int) -> List[str]:
+    def truncate_dirty_files(self, offset: int, *, keep_names: bool = False) -> List[str]:
         """Cut the logical file at ``offset``: the segment holding it gets its positions set there (and its stale
-        tail zeroed), segments after it are deleted. Returns the deleted paths."""
-        removed = []
+        tail zeroed), segments after it are deleted, the newest first (a power cut during the deletions leaves the
+        segments that remain contiguous, never a hole), and the directory is fsynced. With ``keep_names`` the
+        segments after it only leave ``files`` (unmapped): the caller deletes them with ``delete_names`` once nothing
+        durable points into them (recovery first cuts the ConsumeQueues). Returns their paths, oldest first."""
         with self.lock:
-            keep = []
+            keep, drop = [], []
             for mf in self.files:
                 tail = mf.file_from_offset + self.file_size
                 if tail > offset:
@@ -332,12 +334,17 @@ class MappedFileQueue:
                         mf.zero_tail(pos)
                         keep.append(mf)
                     else:
-                        removed.append(mf.path)
-                        mf.destroy(1000)
+                        drop.append(mf)
                 else:
                     keep.append(mf)
             self.files = keep
-            if removed:
+            removed = [mf.path for mf in drop]
+            for mf in reversed(drop):
+                if keep_names:
+                    mf.close()
+                else:
+                    mf.destroy(1000)
+            if removed and not keep_names:
                 fsync_dir(self.directory)
         self.flushed_where = min(self.flushed_where, offset)
         self.committed_where = min(self.committed_where, offset)
@@ -455,11 +462,24 @@ class MappedFileQueue:
             fsync_dir(self.directory)
         return gone
 
+    def delete_names(self, paths: List[str]) -> None:
+        """Delete files ``truncate_dirty_files(keep_names=True)`` left on disk, the newest first, then fsync the
+        directory."""
+        for path in sorted(paths, reverse=True):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        if paths:
+            fsync_dir(self.directory)
+
     def delete_last(self) -> None:
+        """Delete the last file (its name durably: the directory is fsynced)."""
         with self.lock:
             if self.files:
                 mf = self.files.pop()
                 mf.destroy(1000)
+                fsync_dir(self.directory)
 
     def destroy(self) -> None:
         """Delete every segment and the list."""

@@ -1,0 +1,187 @@
+"""The writer of the power-cut tests (tests/test_power_loss.py): a fork server that runs seeded localmq workloads.
+
+Run as ``python tests/power_writer.py``: the server imports localmq once, then reads one JSON job per line on stdin.
+For each job it forks a child, prints ``P <pid>``, waits for the child and prints ``E <pid> <wait status>``; the
+test SIGKILLs the child (never the server) at a moment of its choosing, so a cut costs a fork, not a Python start.
+
+The child opens the store of the job (``localmq.open(root, **config)``), prints ``R ...`` once open, then puts the
+job's seeded workload from ``threads`` threads until it is killed, printing one line per outcome on stdout (fd 1,
+one ``os.write`` per line: a pipe write of under PIPE_BUF bytes is atomic, so lines of several threads never mix):
+
+* ``A <thread> <i> <topic> <queue id> <queue offset> <physical offset> <size>``: put number ``i`` of ``thread``
+  returned PUT_OK (an acknowledgement); written before that thread starts its next put.
+* ``N <thread> <i> <status>``: that put returned another status (the record may still be in the log).
+* ``D <offset>``: ``st.stats()["flushed_offset"]`` moved there: the commit log is durable below it (ASYNC_FLUSH:
+  ``MappedFileQueue.flushed_where``, set after the msync(MS_SYNC) of the bytes below it returned; SYNC_FLUSH: the
+  group commit's flushed offset, the same kind of number).
+* ``C <topic> <queue id> <offset>``: a consumer of group ``PG`` committed that offset (``Consumer.commit()``, durable
+  by contract) and ``commit`` returned.
+* ``F <repr>``: the open failed and the job allows it (``open_may_fail``: a fault injected by the test); the child
+  then waits for the kill.
+* ``X <repr>``: the child failed (then exits 3).
+
+The body of put ``i`` of ``thread`` in session ``s`` is ``b"<s>:<thread>:<i>:<crc32 of payload, 8 hex>:" +
+payload``; ``message(seed, s, thread, i)`` regenerates topic, queue id, body and key, so the test checks every
+message it finds against what was put, byte for byte.
+"""
+import ctypes
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+import zlib
+
+GROUP = "PG"
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+class Workload:
+    """The seeded messages of one thread of one session: ``next()`` gives (i, topic, queue id, body, key)."""
+
+    def __init__(self, seed, session, thread, topics, queues, sizes):
+        self.rng = random.Random(f"{seed}/{session}/{thread}")
+        self.session, self.thread = session, thread
+        self.topics, self.queues, self.sizes = topics, queues, sizes
+        self.i = -1
+
+    def next(self):
+        rng = self.rng
+        self.i += 1
+        topic = self.topics[rng.randrange(len(self.topics))]
+        qid = rng.randrange(self.queues)
+        payload = rng.randbytes(rng.randrange(*self.sizes))
+        body = b"%d:%d:%d:%08x:" % (self.session, self.thread, self.i, zlib.crc32(payload)) + payload
+        return self.i, topic, qid, body, "k%dx%dx%d" % (self.session, self.thread, self.i)
+
+
+def messages(seed, session, thread, topics, queues, sizes, n):
+    """The first ``n`` messages of a thread's workload, as the writer put them."""
+    w = Workload(seed, session, thread, topics, queues, sizes)
+    return [w.next() for _ in range(n)]
+
+
+def parse_body(body):
+    """(session, thread, i) of a body written by a Workload, or None when it is not one (never put by it)."""
+    parts = bytes(body).split(b":", 4)
+    if len(parts) != 5:
+        return None
+    try:
+        s, t, i, crc = int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3], 16)
+    except ValueError:
+        return None
+    if zlib.crc32(parts[4]) != crc:
+        return None
+    return s, t, i
+
+
+def _out(line):
+    os.write(1, (line + "\n").encode())
+
+
+def run_job(job):
+    """The child: open, put until killed. Never returns."""
+    import localmq
+
+    try:
+        try:
+            st = localmq.open(job["root"], **job["config"])
+        except Exception as e:  # noqa: BLE001 - an injected I/O error: reported, then wait for the kill
+            if not job.get("open_may_fail"):
+                raise
+            _out("F " + repr(repr(e)))
+            time.sleep(job.get("max_seconds", 30))
+            os._exit(3)
+        rep = st.recovery
+        _out(f"R {rep.mode} {rep.end_offset} {len(rep.gaps)} {int(rep.dropped_at is not None)}")
+        stop = threading.Event()
+        failed = []
+
+        def guard(fn, *args):
+            try:
+                fn(*args)
+            except BaseException as e:  # noqa: BLE001 - reported, then the child ends
+                failed.append(e)
+                _out("X " + repr(traceback.format_exc()))
+                os._exit(3)
+
+        def writer(k):
+            w = Workload(job["seed"], job["session"], k, job["topics"], job["queues"], tuple(job["sizes"]))
+            ok = localmq.PutStatus.PUT_OK
+            while not stop.is_set():
+                i, topic, qid, body, key = w.next()
+                r = st.put(topic, body, queue_id=qid, keys=key)
+                if r.status is ok:
+                    _out(f"A {k} {i} {topic} {qid} {r.queue_offset} {r.physical_offset} {r.wrote_bytes}")
+                else:
+                    _out(f"N {k} {i} {r.status.name}")
+                if job.get("pace_us"):
+                    time.sleep(job["pace_us"] / 1e6)
+
+        def reporter():
+            last = -1
+            while not stop.is_set():
+                flushed = st.stats()["flushed_offset"]
+                if flushed != last:
+                    _out(f"D {flushed}")
+                    last = flushed
+                time.sleep(job.get("report_ms", 5) / 1000)
+
+        def consumer():
+            c = st.create_consumer(GROUP, job["topics"], from_offset="earliest")
+            while not stop.is_set():
+                batch = c.poll_batch(64, timeout=0.05)
+                if not batch:
+                    continue
+                c.commit()
+                for topic, qid in sorted({(m.topic, m.queue_id) for m in batch}):
+                    _out(f"C {topic} {qid} {c.committed(topic, qid)}")
+
+        threads = [threading.Thread(target=guard, args=(writer, k), daemon=True) for k in range(job["threads"])]
+        threads.append(threading.Thread(target=guard, args=(reporter,), daemon=True))
+        if job.get("consumer"):
+            threads.append(threading.Thread(target=guard, args=(consumer,), daemon=True))
+        for t in threads:
+            t.start()
+        time.sleep(job.get("max_seconds", 30))
+        _out("X 'ran out of time before the kill'")
+    except BaseException:  # noqa: BLE001 - the test reads the line
+        _out("X " + repr(traceback.format_exc()))
+    os._exit(3)
+
+
+def serve():
+    """The fork server: one job per stdin line; for each, ``P <pid>`` then ``E <pid> <status>`` on stdout."""
+    import localmq  # noqa: F401 - imported once here, inherited by every forked child
+
+    _die_with_parent()
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _die_with_parent()
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                run_job(job)
+            finally:
+                os._exit(4)
+        _out(f"P {pid}")
+        _, status = os.waitpid(pid, 0)
+        _out(f"E {pid} {status}")
+
+
+if __name__ == "__main__":
+    serve()
