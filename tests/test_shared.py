@@ -728,6 +728,9 @@ def test_file_readers_on_a_live_shared_store_see_a_growing_prefix(tmp_path, work
     path = tmp_path / "s"
     w = workers("produce", path, name="fr", n=20000, body=3000)
     w.wait_open()
+    # a store opened before its first put has no segment yet (it is made, sized and fdatasynced before it gets its
+    # name): the readers start once one message is acknowledged
+    assert wait_until(lambda: w.acks() or w.proc.poll() is not None, 30)
     counts, ends = [], []
     while w.proc.poll() is None or not counts:
         seen = [(m.queue_id, m.queue_offset) for m in
