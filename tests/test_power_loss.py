@@ -838,3 +838,38 @@ def test_a_gap_over_a_hole_is_stepped_over_by_every_later_open(tmp_path):
             assert st.recovery.gaps == [] and st.recovery.dropped_at is None and st.recovery.end_offset == end
             assert read_queue_a(st) == survivors
         assert StoreFiles(str(root)).walk_end(0) == end
+
+
+RECOVER_ONLY = """
+import sys, time, localmq
+st = localmq.open(sys.argv[1], mapped_file_size_commit_log=65536, mapped_file_size_consume_queue=1280)
+print(st.recovery.cq_units_truncated["a-0"], flush=True)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_consume_queue_file_cut_by_recovery_is_deleted_durably(tmp_path):
+    """Recovery cuts a queue whose units point past the log's end; a queue file wholly past it is deleted, but the
+    numpy views of the cutting code were still alive, so the unlink was deferred to their release, after the
+    directory fsync: a power cut brought the file back, with units pointing past the log's end. With the segments
+    past the end deleted for good, the next open refused the store (found by the long run: ASYNC_FLUSH / all /
+    seed 31, "consume queues ['pa-0'] point past the last commit log segment")."""
+    cfg = dict(mapped_file_size_commit_log=SEGMENT, mapped_file_size_consume_queue=20 * 64)
+    disk, mnt = tmp_path / "disk", tmp_path / "mnt"
+    rng = random.Random(2)
+    with localmq.open(disk, **cfg) as st:
+        for i in range(300):
+            st.put("a", b"%d|" % i + rng.randbytes(rng.randrange(100, 300)))
+    cq_dir = disk / "consumequeue" / "a" / "0"
+    assert len(os.listdir(cq_dir)) == 5  # 64 units each
+    segs = sorted(os.listdir(disk / "commitlog"))
+    assert len(segs) == 2
+    with open(disk / "commitlog" / segs[1], "r+b") as f:  # the second segment's data never reached the disk
+        f.write(bytes(SEGMENT))
+    (disk / "abort").touch()
+    assert int(cut_after(RECOVER_ONLY, disk, mnt, mnt)) > 64  # the last file's units, and more, were cut
+    names = sorted(os.listdir(cq_dir))  # as the cut left them, before any other open
+    with localmq.open(disk, **cfg) as st:
+        kept = st.max_offset("a", 0)
+    assert names == [f"{i * 1280:020d}" for i in range((kept - 1) // 64 + 1)]
