@@ -910,3 +910,24 @@ def test_lost_units_are_rebuilt_when_a_queue_ends_inside_them(tmp_path):
     with localmq.open(root, **SMALL) as st:
         assert read_queue_a(st) == survivors
         assert st.put("a", b"next", keys=["next"]).queue_offset == len(written)
+
+
+def test_an_empty_unit_is_not_taken_for_a_unit_in_a_gap_at_the_log_start(tmp_path):
+    """Recovery makes a unit pointing into a gap of this recovery a lost unit. An empty unit (offset 0, size 0: its
+    page of the queue file lost in a cut) "points" at offset 0, so when the log's first record was damaged (a gap at
+    offset 0) every empty unit of every queue became a lost unit pointing there: the queues kept their empty tails
+    as lost messages, out of order, and the dispatcher then indexed the log's records after them, one place off
+    each (found by replaying ASYNC_FLUSH / random / seed 51 with a snapshot after each cut)."""
+    root = tmp_path / "s"
+    written = fill(root, 100, keys=lambda i: [f"k{i}"])
+    first = written[0]
+    with open(root / "commitlog" / f"{0:020d}", "r+b") as f:  # the first record's body: a bad CRC
+        f.seek(first[2] - 40)
+        f.write(b"\xff" * 8)
+    cq_file = root / "consumequeue" / "a" / "0" / f"{32 * 20:020d}"  # units 32..47: their page lost
+    cq_file.write_bytes(bytes(cq_file.stat().st_size))
+    (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        assert [(g["offset"], g["bytes"]) for g in st.recovery.gaps] == [(0, first[2])]
+        assert not st.recovery.cq_lost_units  # the unit of the first message points at the gap record already
+        assert read_queue_a(st) == [(w[0], None if w is first else w[3]) for w in written]
