@@ -953,3 +953,42 @@ def test_damage_that_runs_to_a_segment_end_keeps_the_later_messages_of_its_queue
     with localmq.open(root, **SMALL) as st:
         assert st.recovery.dropped_at is None
         assert read_queue_a(st) == [(w[0], None if w in victims else w[3]) for w in written]
+
+
+def test_concurrent_first_puts_to_a_new_topic_take_distinct_queue_offsets(tmp_path, monkeypatch):
+    """Not a power-loss bug, found by the power cuts' checks (long run: SYNC_FLUSH / torn / seed 176: two records of
+    pb-1 at queue offset 0, 143 acknowledged messages undeliverable). A put finds its topic's entry before it takes
+    the put lock; two threads making the first puts to a new topic could each create an entry, both hand out queue
+    offset 0, and the entry that lost went on handing out offsets the winner had given. The dispatcher indexed the
+    duplicates as damaged headers: acknowledged messages answered CorruptMessageError in a running store. (The
+    topic check, a Python call inside that window, is slowed down here so that the threads meet in it.)"""
+    import threading
+
+    import localmq.store.commit_log as commit_log
+
+    check_topic = commit_log.check_topic
+
+    def slow_check(topic):
+        time.sleep(0.002)  # lets the other threads in, as a GIL switch there did
+        return check_topic(topic)
+
+    monkeypatch.setattr(commit_log, "check_topic", slow_check)
+    n_topics, n_threads = 20, 4
+    offsets = {i: [] for i in range(n_topics)}
+    barrier = threading.Barrier(n_threads, timeout=30)
+    with localmq.open(tmp_path / "s", mapped_file_size_commit_log=1 << 20) as st:
+
+        def run():
+            for i in range(n_topics):
+                barrier.wait()
+                offsets[i].append(st.put(f"t{i}", b"x").queue_offset)
+
+        threads = [threading.Thread(target=run) for _ in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert {i: sorted(o) for i, o in offsets.items() if sorted(o) != list(range(n_threads))} == {}
+        assert st.wait_for_dispatch(30)
+        assert all(len(st.get_message(f"t{i}", 0, 0).messages) == n_threads for i in range(n_topics))
