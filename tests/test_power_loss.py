@@ -838,3 +838,157 @@ def test_a_gap_over_a_hole_is_stepped_over_by_every_later_open(tmp_path):
             assert st.recovery.gaps == [] and st.recovery.dropped_at is None and st.recovery.end_offset == end
             assert read_queue_a(st) == survivors
         assert StoreFiles(str(root)).walk_end(0) == end
+
+
+RECOVER_ONLY = """
+import sys, time, localmq
+st = localmq.open(sys.argv[1], mapped_file_size_commit_log=65536, mapped_file_size_consume_queue=1280)
+print(st.recovery.cq_units_truncated["a-0"], flush=True)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_consume_queue_file_cut_by_recovery_is_deleted_durably(tmp_path):
+    """Recovery cuts a queue whose units point past the log's end; a queue file wholly past it is deleted, but the
+    numpy views of the cutting code were still alive, so the unlink was deferred to their release, after the
+    directory fsync: a power cut brought the file back, with units pointing past the log's end. With the segments
+    past the end deleted for good, the next open refused the store (found by the long run: ASYNC_FLUSH / all /
+    seed 31, "consume queues ['pa-0'] point past the last commit log segment")."""
+    cfg = dict(mapped_file_size_commit_log=SEGMENT, mapped_file_size_consume_queue=20 * 64)
+    disk, mnt = tmp_path / "disk", tmp_path / "mnt"
+    rng = random.Random(2)
+    with localmq.open(disk, **cfg) as st:
+        for i in range(300):
+            st.put("a", b"%d|" % i + rng.randbytes(rng.randrange(100, 300)))
+    cq_dir = disk / "consumequeue" / "a" / "0"
+    assert len(os.listdir(cq_dir)) == 5  # 64 units each
+    segs = sorted(os.listdir(disk / "commitlog"))
+    assert len(segs) == 2
+    with open(disk / "commitlog" / segs[1], "r+b") as f:  # the second segment's data never reached the disk
+        f.write(bytes(SEGMENT))
+    (disk / "abort").touch()
+    assert int(cut_after(RECOVER_ONLY, disk, mnt, mnt)) > 64  # the last file's units, and more, were cut
+    names = sorted(os.listdir(cq_dir))  # as the cut left them, before any other open
+    with localmq.open(disk, **cfg) as st:
+        kept = st.max_offset("a", 0)
+    assert names == [f"{i * 1280:020d}" for i in range((kept - 1) // 64 + 1)]
+
+
+def test_lost_units_are_rebuilt_when_a_queue_ends_inside_them(tmp_path):
+    """A queue whose last durable unit is a lost unit of a gap (its next file lost in a power cut) is rebuilt from the
+    log. The dispatcher pads a queue with lost units only after a gap lying past the queue's last unit; a lost
+    unit's record "ends" at the gap's end, so the gap's remaining lost messages were taken for a damaged queue
+    offset: every later message of the queue was indexed one place off, undeliverable (CorruptMessageError), and
+    new puts continued from the wrong offset. Found by the long run: ASYNC_FLUSH / random / seed 51, 1,392 messages
+    of a second session, acknowledged below its flushed offset, lost."""
+    root = tmp_path / "s"
+    written = fill(root, 120, keys=lambda i: [f"k{i}"])
+    cq_dir = root / "consumequeue" / "a" / "0"
+    first, after = written[40], written[44]
+    seg, pos = segment_of(root, first[1])
+    assert segment_of(root, after[1])[0] == seg
+    with open(seg, "r+b") as f:  # records 40..43 damaged, 44 intact
+        f.seek(pos + 5)
+        f.write(bytes(after[1] - first[1] - 5))
+    (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        assert st.recovery.cq_lost_units == {"a-0": 4}
+        survivors = read_queue_a(st)
+    assert survivors == [(w[0], None if 40 <= w[0] < 44 else w[3]) for w in written]
+    # the queue's files after unit 41 are lost: its last unit is the second of the gap's four lost units
+    units_per_file = SMALL["mapped_file_size_consume_queue"] // 20
+    for name in sorted(os.listdir(cq_dir)):
+        base = int(name) // 20
+        if base > 41:
+            os.unlink(cq_dir / name)
+        elif base + units_per_file > 42:
+            with open(cq_dir / name, "r+b") as f:
+                f.seek((42 - base) * 20)
+                f.write(bytes((base + units_per_file - 42) * 20))
+    (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        assert read_queue_a(st) == survivors
+        assert st.put("a", b"next", keys=["next"]).queue_offset == len(written)
+
+
+def test_an_empty_unit_is_not_taken_for_a_unit_in_a_gap_at_the_log_start(tmp_path):
+    """Recovery makes a unit pointing into a gap of this recovery a lost unit. An empty unit (offset 0, size 0: its
+    page of the queue file lost in a cut) "points" at offset 0, so when the log's first record was damaged (a gap at
+    offset 0) every empty unit of every queue became a lost unit pointing there: the queues kept their empty tails
+    as lost messages, out of order, and the dispatcher then indexed the log's records after them, one place off
+    each (found by replaying ASYNC_FLUSH / random / seed 51 with a snapshot after each cut)."""
+    root = tmp_path / "s"
+    written = fill(root, 100, keys=lambda i: [f"k{i}"])
+    first = written[0]
+    with open(root / "commitlog" / f"{0:020d}", "r+b") as f:  # the first record's body: a bad CRC
+        f.seek(first[2] - 40)
+        f.write(b"\xff" * 8)
+    cq_file = root / "consumequeue" / "a" / "0" / f"{32 * 20:020d}"  # units 32..47: their page lost
+    cq_file.write_bytes(bytes(cq_file.stat().st_size))
+    (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        assert [(g["offset"], g["bytes"]) for g in st.recovery.gaps] == [(0, first[2])]
+        assert not st.recovery.cq_lost_units  # the unit of the first message points at the gap record already
+        assert read_queue_a(st) == [(w[0], None if w is first else w[3]) for w in written]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not fixed: damage that runs to a segment's end, the next valid record at the next segment's start, is replaced "
+    "by a blank record, not a gap record; its messages are not made lost units, and re-dispatch takes the next "
+    "record's queue offset for a damaged header: every later message of the queue is indexed off "
+    "(CorruptMessageError). The cause of the long run's ASYNC_FLUSH / random / seed 51 (replayed with snapshots; "
+    "torn / seed 104 shows the same symptom): after a second cut the queues are rebuilt from another point of the "
+    "log, the damaged-header decisions differ, and the second session's messages end up off by some places"))
+def test_damage_that_runs_to_a_segment_end_keeps_the_later_messages_of_its_queues(tmp_path):
+    root = tmp_path / "s"
+    written = fill(root, 700, keys=lambda i: [f"k{i}"])
+    in_first = [w for w in written if w[1] + w[2] <= SEGMENT]
+    assert len(in_first) < len(written) - 50
+    victims = in_first[-10:]  # from here to the end of the first segment: lost
+    with open(root / "commitlog" / f"{0:020d}", "r+b") as f:
+        f.seek(victims[0][1] + 5)
+        f.write(bytes(SEGMENT - victims[0][1] - 5))
+    (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        assert st.recovery.dropped_at is None
+        assert read_queue_a(st) == [(w[0], None if w in victims else w[3]) for w in written]
+
+
+def test_concurrent_first_puts_to_a_new_topic_take_distinct_queue_offsets(tmp_path, monkeypatch):
+    """Not a power-loss bug, found by the power cuts' checks (long run: SYNC_FLUSH / torn / seed 176: two records of
+    pb-1 at queue offset 0, 143 acknowledged messages undeliverable). A put finds its topic's entry before it takes
+    the put lock; two threads making the first puts to a new topic could each create an entry, both hand out queue
+    offset 0, and the entry that lost went on handing out offsets the winner had given. The dispatcher indexed the
+    duplicates as damaged headers: acknowledged messages answered CorruptMessageError in a running store. (The
+    topic check, a Python call inside that window, is slowed down here so that the threads meet in it.)"""
+    import threading
+
+    import localmq.store.commit_log as commit_log
+
+    check_topic = commit_log.check_topic
+
+    def slow_check(topic):
+        time.sleep(0.002)  # lets the other threads in, as a GIL switch there did
+        return check_topic(topic)
+
+    monkeypatch.setattr(commit_log, "check_topic", slow_check)
+    n_topics, n_threads = 20, 4
+    offsets = {i: [] for i in range(n_topics)}
+    barrier = threading.Barrier(n_threads, timeout=30)
+    with localmq.open(tmp_path / "s", mapped_file_size_commit_log=1 << 20) as st:
+
+        def run():
+            for i in range(n_topics):
+                barrier.wait()
+                offsets[i].append(st.put(f"t{i}", b"x").queue_offset)
+
+        threads = [threading.Thread(target=run) for _ in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert {i: sorted(o) for i, o in offsets.items() if sorted(o) != list(range(n_threads))} == {}
+        assert st.wait_for_dispatch(30)
+        assert all(len(st.get_message(f"t{i}", 0, 0).messages) == n_threads for i in range(n_topics))

@@ -399,8 +399,13 @@ cdef class ReputCore:
             qo = v.queue_offset
             # the queue's records lie in the log in queue-offset order, each at least REC_MIN_SIZE bytes: no more of
             # them fit between the queue's last unit (or the log's start) and this record
-            room = (off - max(0, cq.max_physic_offset)) // REC_MIN_SIZE if mx > 0 else off // REC_MIN_SIZE
-            lost = self.gap_at if 0 <= cq.max_physic_offset <= self.gap_at else -1
+            last_end = max(0, cq.max_physic_offset)
+            if 0 <= self.gap_at < last_end <= self.gap_at + self.gap_size:
+                # the queue's last unit is a lost unit of this very gap (its queue was cut there, or its files lost
+                # after it): the gap's other lost messages lie in the gap too, not only after it
+                last_end = self.gap_at
+            room = (off - last_end) // REC_MIN_SIZE if mx > 0 else off // REC_MIN_SIZE
+            lost = self.gap_at if 0 <= cq.max_physic_offset and last_end <= self.gap_at else -1
             # Units go missing only where a gap record lies since the queue's last unit, where retention removed
             # records before they were dispatched (jumped), or before a queue's first unit; any other jump ahead is
             # a damaged QUEUEOFFSET (trusting it would index every later record of the queue one place off)
