@@ -1,6 +1,7 @@
 """The localmq exception tree: every error is a LocalMQError and also the builtin that matches its kind."""
 from __future__ import annotations
 
+import errno as _errno_module
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple, Union
 
@@ -329,6 +330,68 @@ class SendError(LocalMQError, OSError):
         self.results = list(results or ())
 
 
+class StoreIOError(LocalMQError, OSError):
+    """A file operation on one of the store's files failed: a full disk (ENOSPC, EDQUOT, EFBIG), an I/O error (EIO),
+    or any other errno the system call answered.
+
+    An OSError with ``errno``, ``strerror`` and ``filename`` (the file, or the directory of a name operation), and
+    ``operation`` (the call: "write", "fdatasync", "msync", "rename", ...). An errno that Python maps to an OSError
+    subclass (ENOENT: FileNotFoundError, EEXIST: FileExistsError, EACCES: PermissionError...) gives a subclass of
+    both (``store_io_error`` picks it), so ``except FileNotFoundError`` still catches it.
+    """
+
+    def __init__(self, *args: Any, operation: Optional[str] = None) -> None:
+        super().__init__(*args)
+        self.operation = operation
+
+    def __str__(self) -> str:
+        if self.errno is None:
+            return super().__str__()
+        name = _errno_module.errorcode.get(self.errno, str(self.errno))
+        where = f" {self.filename}" if self.filename is not None else ""
+        return f"{self.operation or 'I/O'}{where}: [Errno {self.errno}] {name} {self.strerror}"
+
+    def __reduce__(self) -> Any:
+        args = (self.errno, self.strerror) if self.filename is None else (self.errno, self.strerror, self.filename)
+        return (_rebuild_store_io_error, (type(self), args, self.operation), self.__dict__)
+
+
+def _rebuild_store_io_error(cls: type, args: tuple, operation: Optional[str]) -> "StoreIOError":
+    return cls(*args, operation=operation)
+
+
+# StoreIOError mixed with the OSError subclass Python gives an errno (OSError(ENOENT, ...) is a FileNotFoundError)
+_STORE_IO_SUBCLASSES: dict = {}
+for _base in (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
+              BlockingIOError, InterruptedError, TimeoutError, BrokenPipeError):
+    _cls = type(f"Store{_base.__name__}", (StoreIOError, _base),
+                {"__module__": __name__, "__doc__": f"A StoreIOError that is also a {_base.__name__}."})
+    globals()[_cls.__name__] = _cls
+    _STORE_IO_SUBCLASSES[_base] = _cls
+del _base, _cls
+
+
+def store_io_error(error: Union[OSError, int], operation: str, filename: Any = None) -> OSError:
+    """The StoreIOError for a failed file operation: ``error`` an OSError (its errno, strerror and, unless
+    ``filename`` is given, its filename are kept) or an errno. A LocalMQError is returned as it is (already typed);
+    so is an OSError without an errno (nothing to report). Use as ``raise store_io_error(e, "write", path) from e``.
+    """
+    if isinstance(error, LocalMQError):
+        return error
+    if isinstance(error, int):
+        err, strerror, fname = error, os.strerror(error), None
+    else:
+        if error.errno is None:
+            return error
+        err, strerror, fname = error.errno, error.strerror or os.strerror(error.errno), error.filename
+    if filename is None:
+        filename = fname
+    cls = _STORE_IO_SUBCLASSES.get(type(OSError(err, strerror)), StoreIOError)
+    if filename is None:
+        return cls(err, strerror, operation=operation)
+    return cls(err, strerror, os.fspath(filename), operation=operation)
+
+
 class ControlFileError(LocalMQError, RuntimeError):
     """A misuse of the control file in this process: opened twice, used after close, closed while holding the
     writer lock (which would keep its death from being detected)."""
@@ -346,5 +409,5 @@ __all__ = [
     "ReadOnlyStoreError", "ReadOnlyFilesystemError", "UnsupportedFilesystemError", "InvalidDelayError",
     "DelayNotSupportedError",
     "TransactionNotSupportedError", "InvalidTransactionError", "AckError",
-    "FilterSyntaxError",
+    "FilterSyntaxError", "StoreIOError", "store_io_error",
 ]
