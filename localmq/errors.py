@@ -1,9 +1,10 @@
 """The localmq exception tree: every error is a LocalMQError and also the builtin that matches its kind."""
 from __future__ import annotations
 
+import contextlib
 import errno as _errno_module
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Tuple, Union
 
 if TYPE_CHECKING:
     from localmq.status import PutStatus
@@ -356,12 +357,13 @@ class StoreIOError(LocalMQError, OSError):
         return (_rebuild_store_io_error, (type(self), args, self.operation), self.__dict__)
 
 
-def _rebuild_store_io_error(cls: type, args: tuple, operation: Optional[str]) -> "StoreIOError":
+def _rebuild_store_io_error(cls: "type[StoreIOError]", args: Tuple[Any, ...],
+                            operation: Optional[str]) -> "StoreIOError":
     return cls(*args, operation=operation)
 
 
 # StoreIOError mixed with the OSError subclass Python gives an errno (OSError(ENOENT, ...) is a FileNotFoundError)
-_STORE_IO_SUBCLASSES: dict = {}
+_STORE_IO_SUBCLASSES: "dict[type, type[StoreIOError]]" = {}
 for _base in (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
               BlockingIOError, InterruptedError, TimeoutError, BrokenPipeError):
     _cls = type(f"Store{_base.__name__}", (StoreIOError, _base),
@@ -387,9 +389,24 @@ def store_io_error(error: Union[OSError, int], operation: str, filename: Any = N
     if filename is None:
         filename = fname
     cls = _STORE_IO_SUBCLASSES.get(type(OSError(err, strerror)), StoreIOError)
+    out: StoreIOError
     if filename is None:
-        return cls(err, strerror, operation=operation)
-    return cls(err, strerror, os.fspath(filename), operation=operation)
+        out = cls(err, strerror, operation=operation)
+    else:
+        out = cls(err, strerror, os.fspath(filename), operation=operation)
+    return out
+
+
+@contextlib.contextmanager
+def io_operation(operation: str, filename: Any) -> Iterator[None]:
+    """``with io_operation("write", path): os.write(fd, data)``: an OSError of the block (that is not already a
+    LocalMQError) leaves it as the StoreIOError naming ``filename`` and ``operation`` (``store_io_error``)."""
+    try:
+        yield
+    except LocalMQError:
+        raise
+    except OSError as e:
+        raise store_io_error(e, operation, filename) from e
 
 
 class ControlFileError(LocalMQError, RuntimeError):
@@ -409,5 +426,5 @@ __all__ = [
     "ReadOnlyStoreError", "ReadOnlyFilesystemError", "UnsupportedFilesystemError", "InvalidDelayError",
     "DelayNotSupportedError",
     "TransactionNotSupportedError", "InvalidTransactionError", "AckError",
-    "FilterSyntaxError", "StoreIOError", "store_io_error",
+    "FilterSyntaxError", "StoreIOError", "store_io_error", "io_operation",
 ]

@@ -19,7 +19,7 @@ from localmq.errors import (
     StorePathError,
     CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
     InvalidQueueIdError, UnsafePathError, ArgumentRangeError, ArgumentTypeError, check_int_range,
-    StoreClosedError,
+    StoreClosedError, io_operation,
 )
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, LOCK_FILE,
@@ -277,7 +277,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
 
     def _mark_running(self) -> None:
         """``abort`` marks "running": present at the next open unless close() completes."""
-        with open(self._abort_path, "wb") as f:
+        with io_operation("create", self._abort_path), open(self._abort_path, "wb") as f:
             f.flush()
         fsync_dir(self.root)
 
@@ -1048,14 +1048,17 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 cq.close()
             self._cl_mfq.close()
             self.checkpoint.close()
-            if clean:
-                try:
-                    os.unlink(self._abort_path)
-                    fsync_dir(self.root)
-                except FileNotFoundError:
-                    pass
-            self._lock.release()
-            self._lock = None
+            try:
+                if clean:
+                    try:
+                        with io_operation("unlink", self._abort_path):
+                            os.unlink(self._abort_path)
+                        fsync_dir(self.root)
+                    except FileNotFoundError:
+                        pass
+            finally:
+                self._lock.release()
+                self._lock = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
