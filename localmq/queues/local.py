@@ -45,7 +45,7 @@ from localmq.store.dispatch import ReputCore
 from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
-from localmq.store.mapped_file_queue import MappedFileQueue
+from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure
 from localmq.store.recovery import check_segments, next_queue_offsets, recover_store
 from localmq.store.settings import explicit_settings, resolve_settings, write_settings
 from localmq.store.transient_store_pool import TransientStorePool
@@ -971,14 +971,21 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
     # -- flush / close ------------------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Force every written byte of the commit log and the consume queues to disk, then the checkpoint."""
+        """Force every written byte of the commit log and the consume queues to disk, then the checkpoint.
+
+        Raises StoreIOError naming the file when a flush fails, and from then on (the commit log's first failed
+        flush is never retried: the store takes no more puts until it is closed and opened again)."""
         self._check_open()
         self._flush_all()
 
     def _flush_all(self) -> None:
-        if self._pool is not None:
-            self._cl_mfq.commit_all()
-        self._cl_mfq.flush_all()
+        failure = self._cl_mfq.sync_failure
+        if failure is None:
+            if self._pool is not None:
+                self._cl_mfq.commit_all()
+            self._cl_mfq.flush_all()
+        # after a failed flush of the log the queues and the checkpoint are still flushed (the checkpoint's log time
+        # stays where the last good flush left it), and the failure is raised again
         logics_ts = 0
         for cq in list(self._cqs.values()):
             ts = cq.last_store_timestamp
@@ -986,11 +993,13 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 pass
             logics_ts = max(logics_ts, ts)
         cp = self.checkpoint
-        if self._cl_mfq.store_timestamp:
+        if self._cl_mfq.store_timestamp and failure is None:
             cp.physic_msg_timestamp = self._cl_mfq.store_timestamp
         if logics_ts:
             cp.logics_msg_timestamp = logics_ts
         cp.flush()
+        if failure is not None:
+            raise earlier_sync_failure(failure)
 
     def close(self) -> None:
         """Stop accepting puts, commit write-buffered records, let the dispatcher catch up, stop every service,
@@ -1032,7 +1041,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if not self._close_index():
             clean = False
         try:
-            self._flush_all()
+            self._flush_all()  # raises the commit log's failed flush, if one failed: `abort` stays
         except OSError:
             clean = False
             raise

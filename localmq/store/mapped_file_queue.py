@@ -9,7 +9,7 @@ from typing import Callable, List, Optional
 
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
-from localmq.errors import CorruptStoreError
+from localmq.errors import CorruptStoreError, StoreIOError
 
 log = logging.getLogger("localmq.mapped_file_queue")
 
@@ -46,6 +46,16 @@ def makedirs_durable(directory: str) -> None:
         fsync_dir(os.path.dirname(m))
 
 
+def earlier_sync_failure(error: BaseException) -> BaseException:
+    """What a flush (or close()) raises after the log's flush failed with ``error`` earlier: a new StoreIOError with
+    its errno and file, saying so."""
+    if not isinstance(error, OSError) or error.errno is None:
+        return error
+    return StoreIOError(error.errno, error.strerror, error.filename,
+                        operation=f"an earlier {getattr(error, 'operation', None) or 'flush'} failed and is never "
+                                  f"retried; the store takes no puts until it is closed and opened again:")
+
+
 class MappedFileQueue:
     """Fixed-size segments named by their 20-digit base offset, in one directory.
 
@@ -80,6 +90,10 @@ class MappedFileQueue:
         self.store_timestamp = 0
         # Issue 3's AllocateMappedFileService plugs in here; by default files are created synchronously.
         self.allocator = allocator
+        # The StoreIOError of the first failed flush of a segment (report_sync_failure), or None; a failed flush is
+        # never retried (MappedFile.sync_error). ``on_sync_failure(error)`` is told once: the CommitLog refuses puts.
+        self.sync_failure: Optional[BaseException] = None
+        self.on_sync_failure: Optional[Callable[[BaseException], None]] = None
 
     # -- load ---------------------------------------------------------------------------------------------
 
@@ -474,16 +488,30 @@ class MappedFileQueue:
 
     # -- flush ----------------------------------------------------------------------------------------------
 
+    def report_sync_failure(self, error: BaseException) -> None:
+        """A flush of one of these segments failed (``error``): kept (the first one) and told to
+        ``on_sync_failure``. Every flush path reports here: the flush services, the group commit, close()."""
+        if self.sync_failure is not None:
+            return
+        self.sync_failure = error
+        if self.on_sync_failure is not None:
+            self.on_sync_failure(error)
+
     def flush(self, least_pages: int = 0) -> bool:
         """Flush the segment that holds ``flushed_where`` (one segment per call, as RocketMQ).
 
-        Returns True when nothing was flushed. Raises OSError when msync fails (flushed_where stays).
+        Returns True when nothing was flushed. Raises StoreIOError when msync fails (flushed_where stays; reported
+        to ``report_sync_failure``; that segment's flushes fail from then on without being retried).
         """
         with self.flush_lock:
             mf = self.find(self.flushed_where, return_first_on_not_found=self.flushed_where == 0)
             if mf is None:
                 return True
-            pos = mf.flush(least_pages)
+            try:
+                pos = mf.flush(least_pages)
+            except OSError as e:
+                self.report_sync_failure(e)
+                raise
             where = mf.file_from_offset + pos
             result = where == self.flushed_where
             self.flushed_where = where
