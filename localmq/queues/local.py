@@ -129,11 +129,25 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 raise UnsafePathError(f"store {self.root} holds symlinks or entries outside it, which localmq "
                                       f"never writes through: {unsafe[:5]}", path=unsafe[0])
         try:
-            os.makedirs(self.root, exist_ok=True)
+            with io_operation("mkdir", self.root):
+                os.makedirs(self.root, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as e:  # a file there, or on the way there: nothing created
             raise StorePathError(errno.ENOTDIR, f"a store is a directory; {e.filename or self.root} is not one",
                                  self.root) from None
+        except BaseException:
+            if created_root is not None and os.path.lexists(created_root):
+                OpenUndo(self.root, created_root).restore()
+            raise
         try:
+            if created_root is not None:
+                # the names of the new directories made durable (fsync of each parent): without it a power cut
+                # could take the whole store, synced files and all, with the directory entry
+                d = self.root
+                while True:
+                    fsync_dir(os.path.dirname(d))
+                    if d == created_root:
+                        break
+                    d = os.path.dirname(d)
             self._lock = self._make_lock()
         except BaseException:
             if created_root is not None:
