@@ -5,11 +5,11 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Set
 
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
-from localmq.errors import CorruptStoreError, StoreIOError
+from localmq.errors import CorruptStoreError, StoreIOError, io_operation
 
 log = logging.getLogger("localmq.mapped_file_queue")
 
@@ -34,16 +34,33 @@ class DeleteResult:
     stopped: bool = False
 
 
+# Directories this process created whose entry is not known durable yet (the fsync of their parent failed): the
+# next makedirs_durable of them, or of a directory below, fsyncs their parent again instead of seeing them exist.
+_unsynced_dirs: Set[str] = set()
+_unsynced_lock = threading.Lock()
+
+
 def makedirs_durable(directory: str) -> None:
-    """makedirs, then fsync the parent of every directory created so the new entries survive a power loss."""
-    missing = []
+    """makedirs, then fsync the parent of every directory created so the new entries survive a power loss. A failed
+    fsync (StoreIOError) is tried again by the next call for that directory or one below it."""
+    directory = os.path.abspath(directory)
+    with _unsynced_lock:
+        missing = [d for d in _unsynced_dirs if directory == d or directory.startswith(d + os.sep)]
     d = directory
     while not os.path.isdir(d):
         missing.append(d)
         d = os.path.dirname(d)
-    os.makedirs(directory, exist_ok=True)
-    for m in reversed(missing):
+    if not missing:
+        return
+    missing = sorted(set(missing), key=len)  # parents first
+    with _unsynced_lock:  # before makedirs: one that fails half way has made some of them
+        _unsynced_dirs.update(missing)
+    with io_operation("mkdir", directory):
+        os.makedirs(directory, exist_ok=True)
+    for m in missing:
         fsync_dir(os.path.dirname(m))
+        with _unsynced_lock:
+            _unsynced_dirs.discard(m)
 
 
 def earlier_sync_failure(error: BaseException) -> BaseException:
@@ -188,8 +205,7 @@ class MappedFileQueue:
             if last is not None and start_offset != last.file_from_offset + self.file_size:
                 raise CorruptStoreError(f"new segment at {start_offset} does not follow {last.path}")
             path = os.path.join(self.directory, offset_to_file_name(start_offset))
-            if not os.path.isdir(self.directory):
-                makedirs_durable(self.directory)
+            makedirs_durable(self.directory)  # also when an earlier call made it but could not sync its name
             if self.allocator is not None:
                 mf = self.allocator(path, self.file_size, start_offset)
             else:
