@@ -152,7 +152,9 @@ cdef class MappedFile:
         self.wbuf = NULL
 
     cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1:
-        """Give a new, empty file its size: reserved whole, or sparse with the first step reserved."""
+        """Give a new, empty file its size: reserved whole, or sparse with the first step reserved; then make the size
+        durable (fdatasync), so that a later flush that fails cannot leave the file shorter than its segment size
+        on disk, only with zeros where its data did not get written."""
         if reserve and reserve_step == 0:
             c_fallocate(fd, 0, self.file_size, self.path)
         else:
@@ -160,6 +162,7 @@ cdef class MappedFile:
             if reserve:
                 self.reserved = min(self.file_size, reserve_step)
                 c_fallocate(fd, 0, self.reserved, self.path)
+        c_fdatasync(fd, False, self.path)
         return 0
 
     cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2:
@@ -187,7 +190,7 @@ cdef class MappedFile:
             return -1
         except OSError as e:
             os.close(fd)
-            if e.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG):
+            if e.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG, _errno.EIO):
                 raise
             return -1
         except BaseException:
