@@ -7,14 +7,16 @@ import os
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from localmq._record import decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import DamagedLogError
 from localmq.store.files import numbered_units
 from localmq.store.readers import read_commitlog
 from localmq.layout import (
-    CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE, RECOVERY_DIR,
-    SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
+    CQ_BLANK_UNIT_SIZE, CQ_DTYPE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE,
+    RECOVERY_DIR, SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
 
 if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
@@ -482,6 +484,37 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
     return starts
 
 
+def _rewrite_units(cq, phy_offset: int) -> int:
+    """After an unclean exit: write the units of the records at or past ``phy_offset`` (the recovery walk's start)
+    again, byte for byte, and lower their files' flushed positions, so that the next flush writes them. A unit that a
+    process wrote but could not flush (a failed msync is never retried, and Linux forgets the pages it could not
+    write) reads back from the page cache without being on disk: the dispatcher skips it as a duplicate, and only a
+    rewrite makes it durable. Their content is kept: it is what the unit check and the dispatcher trust. Returns the
+    number of units."""
+    total = 0
+    end = cq.max_offset * CQ_UNIT_SIZE
+    for mf in reversed(list(cq.mapped_file_queue.files)):
+        if mf.file_from_offset >= end:
+            continue
+        n = min(mf.file_size, end - mf.file_from_offset) // CQ_UNIT_SIZE
+        arr = np.frombuffer(mf, dtype=CQ_DTYPE)
+        try:
+            past = np.flatnonzero(arr["offset"][:n] >= phy_offset)
+            first = int(past[0]) if len(past) else n
+        finally:
+            del arr
+        if first < n:
+            pos, size = first * CQ_UNIT_SIZE, (n - first) * CQ_UNIT_SIZE
+            mf.write_at(pos, mf.read(pos, size))
+            mf.flushed_position = min(mf.flushed_position, pos)
+            mfq = cq.mapped_file_queue
+            mfq.flushed_where = min(mfq.flushed_where, mf.file_from_offset + pos)
+            total += n - first
+        if first > 0:
+            break
+    return total
+
+
 def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", *, abnormal: bool,
                   check_crc: bool, checkpoint_min_ts: int,
                   progress: Optional[Callable[[int, int], None]] = None,
@@ -534,6 +567,13 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
     cl_min = commit_log.min_offset()
     if not commit_log.files:
         queues.destroy_all()
+    if abnormal:
+        for key, cq in queues.queues.items():
+            if key not in damaged and cq.max_physic_offset > report.start_offset:
+                n = _rewrite_units(cq, report.start_offset)
+                if n:
+                    log.info("consume queue %s-%s: the %d units of the records from offset %d on are written again",
+                             key[0], key[1], n, report.start_offset)
     for key, cq in queues.queues.items():
         if cq.max_physic_offset >= end or cq.max_offset > 0 and cq.max_physic_offset < 0:
             n = cq.truncate_dirty(end)
