@@ -45,7 +45,7 @@ from localmq.store.dispatch import ReputCore
 from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
-from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure
+from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable
 from localmq.store.recovery import check_segments, next_queue_offsets, recover_store
 from localmq.store.settings import explicit_settings, resolve_settings, write_settings
 from localmq.store.transient_store_pool import TransientStorePool
@@ -213,9 +213,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log,
                                        reserve_step=c.reserve_step_commit_log)
         for d in (self._cl_mfq.directory, self._cq_root):
-            if not os.path.isdir(d):
-                os.makedirs(d)
-                fsync_dir(os.path.dirname(d))
+            makedirs_durable(d)
         salvaged = check_segments(self.root, self._cl_mfq.directory, self._cl_mfq.file_size, self._cq_root, c.salvage)
         self._cl_mfq.load()
         self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,

@@ -11,8 +11,9 @@ import numpy as np
 
 from localmq._record import decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
-from localmq.errors import DamagedLogError
+from localmq.errors import DamagedLogError, io_operation
 from localmq.store.files import numbered_units
+from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.readers import read_commitlog
 from localmq.layout import (
     CQ_BLANK_UNIT_SIZE, CQ_DTYPE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE,
@@ -106,10 +107,10 @@ def _quarantine(root: str, mfq, start: int) -> tuple[Optional[str], int]:
     if not chunks:
         return None, 0
     qdir = os.path.join(root, RECOVERY_DIR)
-    os.makedirs(qdir, exist_ok=True)
+    makedirs_durable(qdir)
     path = os.path.join(qdir, f"commitlog-tail-{start:020d}-{int(time.time() * 1000)}.bin")
     total = 0
-    with open(path, "wb") as f:
+    with io_operation("write", path), open(path, "wb") as f:
         for off, data in chunks:
             # each chunk: absolute offset and length headers, then the bytes, so the file can be inspected
             f.write(off.to_bytes(8, "big") + len(data).to_bytes(8, "big"))
@@ -135,9 +136,9 @@ def _quarantine_gap(root: str, mfq, start: int, end: int) -> str:
             chunks.append((lo, data))
     # written even when every damaged byte is zero: readers of the files (Spark) learn of the gap from its name
     qdir = os.path.join(root, RECOVERY_DIR)
-    os.makedirs(qdir, exist_ok=True)
+    makedirs_durable(qdir)
     path = os.path.join(qdir, f"commitlog-gap-{start:020d}-{int(time.time() * 1000)}.bin")
-    with open(path, "wb") as f:
+    with io_operation("write", path), open(path, "wb") as f:
         for off, data in chunks:
             f.write(off.to_bytes(8, "big") + len(data).to_bytes(8, "big"))
             f.write(data)
