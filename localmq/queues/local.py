@@ -46,7 +46,7 @@ from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable
-from localmq.store.recovery import check_segments, next_queue_offsets, recover_store
+from localmq.store.recovery import check_segments, next_queue_offsets, recover_store, sync_directories
 from localmq.store.settings import explicit_settings, resolve_settings, write_settings
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.undo import OpenUndo, check_writable_filesystem, missing_ancestor
@@ -226,6 +226,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                                salvage=c.salvage)
         report.rebuilt += rebuilt
         report.salvaged += salvaged
+        if not last_exit_ok:
+            sync_directories(self.root)
         cl_min = self._cl_mfq.min_offset()
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)

@@ -516,6 +516,17 @@ def _rewrite_units(cq, phy_offset: int) -> int:
     return total
 
 
+def sync_directories(root: str) -> int:
+    """fsync the store's root and every directory below it; returns how many. After an unclean exit the names this
+    process sees may come from the page cache only: made by a process that died before syncing them, or whose sync
+    failed (a failed fsync is not retried by anyone else). Syncing them now makes what recovery trusts durable."""
+    n = 0
+    for dirpath, _, _ in os.walk(root):
+        fsync_dir(dirpath)
+        n += 1
+    return n
+
+
 def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", *, abnormal: bool,
                   check_crc: bool, checkpoint_min_ts: int,
                   progress: Optional[Callable[[int, int], None]] = None,
@@ -568,13 +579,6 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
     cl_min = commit_log.min_offset()
     if not commit_log.files:
         queues.destroy_all()
-    if abnormal:
-        for key, cq in queues.queues.items():
-            if key not in damaged and cq.max_physic_offset > report.start_offset:
-                n = _rewrite_units(cq, report.start_offset)
-                if n:
-                    log.info("consume queue %s-%s: the %d units of the records from offset %d on are written again",
-                             key[0], key[1], n, report.start_offset)
     for key, cq in queues.queues.items():
         if cq.max_physic_offset >= end or cq.max_offset > 0 and cq.max_physic_offset < 0:
             n = cq.truncate_dirty(end)
@@ -587,6 +591,13 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         for k in _damaged_old_segments(commit_log, queues, report.start_offset, end):
             _repair_segment(root, commit_log, k, check_crc, report, known_end, agrees)
     starts = _verify_queues(commit_log, queues, end, cl_min, report) if verify_queues else []
+    if abnormal:
+        for key, cq in queues.queues.items():
+            if cq.max_physic_offset > report.start_offset:
+                n = _rewrite_units(cq, report.start_offset)
+                if n:
+                    log.info("consume queue %s-%s: the %d units of the records from offset %d on are written again",
+                             key[0], key[1], n, report.start_offset)
     reput_from = max((cq.max_physic_offset for cq in queues.queues.values()), default=cl_min)
     reput_from = max(reput_from, cl_min)
     if abnormal:
