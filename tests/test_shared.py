@@ -728,6 +728,8 @@ def test_file_readers_on_a_live_shared_store_see_a_growing_prefix(tmp_path, work
     path = tmp_path / "s"
     w = workers("produce", path, name="fr", n=20000, body=3000)
     w.wait_open()
+    # the first segment exists once the first put is acknowledged (its creation syncs its size and its name)
+    assert wait_until(lambda: w.acks() or w.proc.poll() is not None, 30)
     counts, ends = [], []
     while w.proc.poll() is None or not counts:
         seen = [(m.queue_id, m.queue_offset) for m in
