@@ -253,6 +253,8 @@ struct lmq_gc {
     int flushing;          /* a flush (leader or flusher thread) is in progress: one at a time */
     int waiters;           /* threads inside lmq_gc_wait's slow path */
     int closed;
+    int failed;            /* errno of a failed flush: no flushed offset is published after it, waiters get it */
+    int64_t failed_base;   /* the base offset of the segment whose flush failed */
     int fd;                /* the segment being written, -1 before the first put */
     int64_t fd_base, fd_end;
 };
@@ -303,8 +305,34 @@ void lmq_gc_set_file(lmq_gc *gc, int fd, int64_t base, int64_t end) {
 }
 
 static void publish_locked(lmq_gc *gc, int64_t flushed) {
-    if (flushed > gc->flushed) __atomic_store_n(&gc->flushed, flushed, __ATOMIC_RELEASE);
+    /* after a failed flush nothing more is published: a later flush that "succeeds" may not have written the
+     * pages the failed one lost (Linux forgets them once it reported the error), so it proves nothing */
+    if (flushed > gc->flushed && !gc->failed) __atomic_store_n(&gc->flushed, flushed, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&gc->done);
+}
+
+static void fail_locked(lmq_gc *gc, int err, int64_t base) {
+    if (!gc->failed) {
+        gc->failed = err ? err : EIO;
+        gc->failed_base = base;
+    }
+    pthread_cond_broadcast(&gc->done);
+    pthread_cond_broadcast(&gc->req);
+}
+
+void lmq_gc_fail(lmq_gc *gc, int err, int64_t base) {
+    pthread_mutex_lock(&gc->mu);
+    fail_locked(gc, err, base);
+    pthread_mutex_unlock(&gc->mu);
+}
+
+int lmq_gc_failed(lmq_gc *gc, int64_t *base) {
+    int err;
+    pthread_mutex_lock(&gc->mu);
+    err = gc->failed;
+    if (base != NULL) *base = gc->failed_base;
+    pthread_mutex_unlock(&gc->mu);
+    return err;
 }
 
 int lmq_gc_wait(lmq_gc *gc, int64_t target, int64_t timeout_us) {
@@ -317,6 +345,10 @@ int lmq_gc_wait(lmq_gc *gc, int64_t target, int64_t timeout_us) {
     if (target > gc->requested) gc->requested = target;
     gc->waiters++;
     while (gc->flushed < target) {
+        if (gc->failed) {
+            rc = gc->failed;
+            break;
+        }
         if (gc->closed) {
             rc = ESHUTDOWN;
             break;
@@ -333,17 +365,12 @@ int lmq_gc_wait(lmq_gc *gc, int64_t target, int64_t timeout_us) {
             goal = gc->requested;
             pthread_mutex_unlock(&gc->mu);
             int r = fdatasync(fd);
+            int err = r == 0 ? 0 : errno;
             pthread_mutex_lock(&gc->mu);
             gc->flushing = 0;
             if (r == 0) publish_locked(gc, goal);
-            else pthread_cond_broadcast(&gc->done); /* the flusher thread retries, logs and counts it */
+            else fail_locked(gc, err, gc->fd_base); /* never retried: every waiter not covered gets the error */
             if (gc->flusher_waiting && gc->requested > gc->flushed) pthread_cond_signal(&gc->req);
-            if (r != 0) {
-                if (pthread_cond_timedwait(&gc->done, &gc->mu, &deadline) == ETIMEDOUT && gc->flushed < target) {
-                    rc = ETIMEDOUT;
-                    break;
-                }
-            }
             continue;
         }
         if (gc->flusher_waiting && !gc->flushing) pthread_cond_signal(&gc->req);
@@ -362,14 +389,14 @@ int64_t lmq_gc_next(lmq_gc *gc, int64_t timeout_us) {
     int64_t out = 0;
     deadline_after(&deadline, timeout_us);
     pthread_mutex_lock(&gc->mu);
-    while (!gc->closed && (gc->requested <= gc->flushed || gc->flushing)) {
+    while (!gc->closed && (gc->failed || gc->requested <= gc->flushed || gc->flushing)) {
         gc->flusher_waiting = 1;
         int r = pthread_cond_timedwait(&gc->req, &gc->mu, &deadline);
         gc->flusher_waiting = 0;
         if (r == ETIMEDOUT) break;
     }
     if (gc->closed) out = -1;
-    else if (gc->requested > gc->flushed && !gc->flushing) {
+    else if (!gc->failed && gc->requested > gc->flushed && !gc->flushing) {
         gc->flushing = 1;
         out = gc->requested;
     }

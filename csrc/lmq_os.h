@@ -70,8 +70,8 @@ void lmq_event_signal_if_waiting(lmq_event *ev);
 typedef struct lmq_gc lmq_gc;
 lmq_gc *lmq_gc_new(int64_t flushed);     /* NULL + errno ENOMEM on failure */
 void lmq_gc_free(lmq_gc *gc);
-/* Block until the flushed offset is >= target. Returns 0, ETIMEDOUT after timeout_us, or ESHUTDOWN when the
- * group commit was closed before the offset was covered. */
+/* Block until the flushed offset is >= target. Returns 0, ETIMEDOUT after timeout_us, ESHUTDOWN when the
+ * group commit was closed before the offset was covered, or the errno of a failed flush (lmq_gc_failed). */
 int lmq_gc_wait(lmq_gc *gc, int64_t target, int64_t timeout_us);
 /* A waiter whose bytes all lie in the current segment and finds no flush in progress flushes itself
  * (fdatasync of that segment's descriptor: the leader of its group). */
@@ -90,6 +90,12 @@ void lmq_gc_publish(lmq_gc *gc, int64_t flushed);
  * in progress (the caller may then close the segment files), or ETIMEDOUT if one still runs after timeout_us. */
 int lmq_gc_close(lmq_gc *gc, int64_t timeout_us);
 int64_t lmq_gc_flushed(lmq_gc *gc);
+/* A flush of the segment at `base` failed with `err`: from now on no flushed offset is published (a retried
+ * flush that succeeds proves nothing: the kernel may have dropped the pages the failed one could not write), every
+ * waiter not covered yet returns `err` at once, and the flusher is never handed a request again. */
+void lmq_gc_fail(lmq_gc *gc, int err, int64_t base);
+/* The errno of the first failed flush (0: none) and, when `base` is not NULL, the base offset of its segment. */
+int lmq_gc_failed(lmq_gc *gc, int64_t *base);
 /* Anonymous private memory (transient store pool buffers): 0 or -1 + errno (ENOMEM). */
 int lmq_map_anon(size_t len, void **out);
 

@@ -21,7 +21,7 @@ from localmq.errors import (
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreBusyError, StoreClosedError, StoreLockedError,
     ReadOnlyStoreError, SendError, StorePathError, StoreSettingsError, TopicTableFullError, UnsafePathError,
-    UnsupportedFilesystemError, ReadOnlyFilesystemError,
+    UnsupportedFilesystemError, ReadOnlyFilesystemError, StoreIOError,
 )
 from localmq.errors import InvalidTransactionError, TransactionNotSupportedError
 from localmq.filter import compile_sql92, Sql92Filter
@@ -97,7 +97,7 @@ __all__ = [
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
     "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
     "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError", "ReadOnlyStoreError",
-    "ReadOnlyFilesystemError",
+    "ReadOnlyFilesystemError", "StoreIOError",
     "SendError", "ArgumentTypeError",
     "ReadOnlyMessageQueue", "StoreSettingsError", "StorePathError", "InvalidDelayError", "DelayNotSupportedError",
     "ConsumeStatus", "AckError",

@@ -43,6 +43,10 @@ cdef class MappedFile:
     # SYNC_FLUSH: [0, prepared_pos) has been written once (at least with zeros) and flushed, so its extents are no
     # longer "unwritten" and a later fdatasync there writes data pages only, without a journal commit.
     cdef readonly int64_t prepared_pos
+    # errno of the first failed msync / fdatasync of this file (0: none). The kernel may have dropped the pages that
+    # flush could not write (Linux marks them clean after reporting the error once), so a later flush that succeeds
+    # proves nothing: once set, flush() and fsync() raise again without trying.
+    cdef public int sync_error
 
     cdef int _check_open(self) except -1
     cdef int64_t read_position(self) noexcept nogil

@@ -25,6 +25,8 @@ log = logging.getLogger("localmq.mapped_file")
 
 OS_PAGE_SIZE = 4096
 FILE_NAME_DIGITS = 20
+# the operation a flush of a file whose earlier msync / fdatasync failed reports (MappedFile.sync_error)
+SYNC_FAILED_BEFORE = "flush (an earlier msync or fdatasync of this file failed; it is never retried)"
 _HAVE_SEEK_DATA = hasattr(os, "SEEK_DATA")
 
 
@@ -153,7 +155,8 @@ cdef class MappedFile:
         """Give a new, empty file its size: reserved whole, or sparse with the first step reserved; then make the
         size durable (fdatasync) before the caller makes the name durable (linkat + fsync of the directory). Without
         it a power cut could keep the name of a segment created ahead and lose its size: a 0-byte segment before
-        the last one, which load() refuses (tests/test_power_loss.py)."""
+        the last one, which load() refuses (tests/test_power_loss.py); and a later flush that fails cannot leave the
+        file shorter than its segment size on disk, only with zeros where its data did not get written."""
         if reserve and reserve_step == 0:
             c_fallocate(fd, 0, self.file_size, self.path)
         else:
@@ -189,7 +192,7 @@ cdef class MappedFile:
             return -1
         except OSError as e:
             os.close(fd)
-            if e.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG):
+            if e.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG, _errno.EIO):
                 raise
             return -1
         except BaseException:
@@ -237,6 +240,8 @@ cdef class MappedFile:
         if lmq_populate_write(self.addr, start, end - start) != 0:
             return errno
         if lmq_fdatasync(self.fd, 0) != 0:
+            if self.sync_error == 0:
+                self.sync_error = errno  # the caller tells a failed sync (poisoning the file) by this
             return errno
         if end > self.prepared_pos:
             self.prepared_pos = end
@@ -257,7 +262,7 @@ cdef class MappedFile:
         finally:
             self.unpin()
         if err != 0:
-            raise_errno(err, self.path)
+            raise_errno(err, self.path, "fdatasync" if self.sync_error == err else "prepare")
         return self.prepared_pos
 
     cdef int unpin(self) except -1:
@@ -560,26 +565,43 @@ cdef class MappedFile:
     def flush(self, int least_pages=0):
         """msync [flushed, wrote) when the file is full, or at least ``least_pages`` dirty pages (0: any byte).
 
-        Returns the new flushed position. Raises OSError when msync fails.
+        Returns the new flushed position. Raises StoreIOError when msync fails, and from then on at every call
+        without trying again (``sync_error``): the pages that flush could not write may be lost while a retry
+        would succeed.
         """
         self._check_open()
         cdef int64_t wrote = lmq_load_acq(&self.wrote_pos)
         cdef int64_t flushed = self.flushed_pos
         cdef int64_t ts = self.store_timestamp
+        if self.sync_error != 0:
+            raise_errno(self.sync_error, self.path, SYNC_FAILED_BEFORE)
         if wrote <= flushed:
             return flushed
         if wrote < self.file_size:
             if least_pages > 0 and (wrote // OS_PAGE_SIZE) - (flushed // OS_PAGE_SIZE) < least_pages:
                 return flushed
-        c_msync(self.addr, flushed, wrote - flushed, True, self.path)
+        try:
+            c_msync(self.addr, flushed, wrote - flushed, True, self.path)
+        except OSError as e:
+            if self.sync_error == 0:
+                self.sync_error = e.errno or _errno.EIO
+            raise
         self.flushed_pos = wrote
         self.flushed_store_timestamp = ts
         return wrote
 
     def fsync(self):
-        """fdatasync the file descriptor (metadata-light flush of everything written)."""
+        """fdatasync the file descriptor (metadata-light flush of everything written). Raises StoreIOError as
+        ``flush`` does, and from then on at every call."""
         self._check_open()
-        c_fdatasync(self.fd, False, self.path)
+        if self.sync_error != 0:
+            raise_errno(self.sync_error, self.path, SYNC_FAILED_BEFORE)
+        try:
+            c_fdatasync(self.fd, False, self.path)
+        except OSError as e:
+            if self.sync_error == 0:
+                self.sync_error = e.errno or _errno.EIO
+            raise
 
     # -- page cache helpers (warm-up, residency) ---------------------------------------------------------
 

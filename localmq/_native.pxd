@@ -1,4 +1,4 @@
-# Checked wrappers over csrc/: each drops the GIL around its syscall and raises OSError(errno, strerror, path) after.
+# Checked wrappers over csrc/: each drops the GIL around its syscall and raises StoreIOError (an OSError) after.
 from libc.stdint cimport int64_t
 
 from localmq._os cimport lmq_event
@@ -20,4 +20,4 @@ cdef int c_madvise(void *addr, size_t off, size_t length, int advice, object pat
 cdef int c_populate_write(void *addr, size_t off, size_t length) noexcept nogil
 cdef size_t c_mincore(void *addr, size_t off, size_t length, object path) except? 0
 cdef size_t c_pretouch(void *addr, size_t off, size_t length, bint write) noexcept
-cdef object raise_errno(int err, object path)
+cdef object raise_errno(int err, object path, str operation=*)

@@ -6,6 +6,8 @@ from libc.errno cimport errno
 from libc.stdint cimport int64_t
 from libc.string cimport strerror
 
+from localmq.errors import store_io_error
+
 from localmq._os cimport (
     LMQ_ADV_DONTNEED, LMQ_ADV_NORMAL, LMQ_ADV_RANDOM, LMQ_ADV_SEQUENTIAL, LMQ_ADV_WILLNEED,
     lmq_fallocate, lmq_fdatasync, lmq_ftruncate, lmq_madvise, lmq_map, lmq_mincore, lmq_mlock, lmq_msync,
@@ -35,12 +37,14 @@ cdef class Event:
             lmq_event_free(self.ev)
 
 
-cdef object raise_errno(int err, object path):
-    """Raise OSError(err, strerror(err), path); the caller read errno while the GIL was released."""
+cdef object raise_errno(int err, object path, str operation=None):
+    """Raise the error of a failed system call on ``path``: a StoreIOError (an OSError; with ENOENT, EEXIST...
+    also the matching FileNotFoundError, FileExistsError...) naming the file and ``operation``; OSError(err,
+    strerror) when there is no file (anonymous memory). The caller read errno while the GIL was released."""
     msg = strerror(err).decode("utf-8", "replace")
     if path is None:
         raise OSError(err, msg)
-    raise OSError(err, msg, os.fspath(path))
+    raise store_io_error(OSError(err, msg), operation or "I/O", os.fspath(path))
 
 
 # Each wrapper: rc and errno are kept in C locals inside the nogil block (another thread may run Python
@@ -53,7 +57,7 @@ cdef int c_map(int fd, size_t length, bint writable, void **out, object path) ex
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "mmap")
     return 0
 
 
@@ -64,7 +68,7 @@ cdef int c_unmap(void *addr, size_t length, object path) except -1:
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "munmap")
     return 0
 
 
@@ -75,7 +79,7 @@ cdef int c_msync(void *addr, size_t off, size_t length, bint sync, object path) 
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "msync" if sync else "msync(MS_ASYNC)")
     return 0
 
 
@@ -86,7 +90,7 @@ cdef int c_fdatasync(int fd, bint full, object path) except -1:
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "fsync" if full else "fdatasync")
     return 0
 
 
@@ -97,7 +101,7 @@ cdef int c_fallocate(int fd, int64_t off, int64_t length, object path) except -1
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "fallocate")
     return 0
 
 
@@ -108,7 +112,7 @@ cdef int c_ftruncate(int fd, int64_t length, object path) except -1:
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "ftruncate")
     return 0
 
 
@@ -119,7 +123,7 @@ cdef int c_mlock(void *addr, size_t off, size_t length, object path) except -1:
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "mlock")
     return 0
 
 
@@ -130,7 +134,7 @@ cdef int c_munlock(void *addr, size_t off, size_t length, object path) except -1
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "munlock")
     return 0
 
 
@@ -141,7 +145,7 @@ cdef int c_madvise(void *addr, size_t off, size_t length, int advice, object pat
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "madvise")
     return 0
 
 
@@ -153,7 +157,7 @@ cdef size_t c_mincore(void *addr, size_t off, size_t length, object path) except
         if rc != 0:
             err = errno
     if rc != 0:
-        raise_errno(err, path)
+        raise_errno(err, path, "mincore")
     return resident
 
 
@@ -173,7 +177,7 @@ cdef size_t c_pretouch(void *addr, size_t off, size_t length, bint write) noexce
 def fdatasync(fd, *, full=False, path=None):
     """fdatasync (or fsync when ``full``) a file descriptor with the GIL released.
 
-    Raises OSError(errno, strerror, path) on failure.
+    Raises StoreIOError (an OSError: errno, strerror, path) on failure.
     """
     c_fdatasync(fd, full, path)
 
@@ -181,9 +185,12 @@ def fdatasync(fd, *, full=False, path=None):
 def fsync_dir(path):
     """fsync a directory so that a file created, renamed or deleted in it survives a power loss.
 
-    Raises OSError when the directory cannot be opened or synced.
+    Raises StoreIOError (an OSError naming the directory) when it cannot be opened or synced.
     """
-    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise store_io_error(e, "open", path) from None
     try:
         c_fdatasync(fd, True, path)
     finally:

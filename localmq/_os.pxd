@@ -40,6 +40,8 @@ cdef extern from "lmq_os.h" nogil:
     void lmq_gc_set_file(lmq_gc *gc, int fd, int64_t base, int64_t end)
     int lmq_gc_close(lmq_gc *gc, int64_t timeout_us)
     int64_t lmq_gc_flushed(lmq_gc *gc)
+    void lmq_gc_fail(lmq_gc *gc, int err, int64_t base)
+    int lmq_gc_failed(lmq_gc *gc, int64_t *base)
     int lmq_map_anon(size_t length, void **out)
 
     enum:

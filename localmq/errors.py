@@ -1,8 +1,10 @@
 """The localmq exception tree: every error is a LocalMQError and also the builtin that matches its kind."""
 from __future__ import annotations
 
+import contextlib
+import errno as _errno_module
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Tuple, Union
 
 if TYPE_CHECKING:
     from localmq.status import PutStatus
@@ -195,7 +197,20 @@ class StoreSettingsError(ConfigError):
 
 
 class DispatchError(LocalMQError, RuntimeError):
-    """The dispatch service failed; the error it raised is the ``__cause__``."""
+    """The dispatch service failed; the error it raised is the ``__cause__``. ``errno`` and ``filename`` are the
+    cause's when it has them (a StoreIOError: the file that failed), else None."""
+
+    errno: Optional[int] = None
+    filename: Any = None
+
+    @classmethod
+    def stopped(cls, cause: Optional[BaseException], what: str = "the dispatch service stopped") -> "DispatchError":
+        """The error a waiter raises (``raise DispatchError.stopped(cause) from cause``) when the dispatch service
+        stopped on ``cause``: its message says why, and the cause's errno and filename are kept."""
+        err = cls(what if cause is None else f"{what}: {cause}")
+        err.errno = getattr(cause, "errno", None)
+        err.filename = getattr(cause, "filename", None)
+        return err
 
 
 class QueueReassignedError(LocalMQError, RuntimeError):
@@ -329,6 +344,84 @@ class SendError(LocalMQError, OSError):
         self.results = list(results or ())
 
 
+class StoreIOError(LocalMQError, OSError):
+    """A file operation on one of the store's files failed: a full disk (ENOSPC, EDQUOT, EFBIG), an I/O error (EIO),
+    or any other errno the system call answered.
+
+    An OSError with ``errno``, ``strerror`` and ``filename`` (the file, or the directory of a name operation), and
+    ``operation`` (the call: "write", "fdatasync", "msync", "rename", ...). An errno that Python maps to an OSError
+    subclass (ENOENT: FileNotFoundError, EEXIST: FileExistsError, EACCES: PermissionError...) gives a subclass of
+    both (``store_io_error`` picks it), so ``except FileNotFoundError`` still catches it.
+    """
+
+    def __init__(self, *args: Any, operation: Optional[str] = None) -> None:
+        super().__init__(*args)
+        self.operation = operation
+
+    def __str__(self) -> str:
+        if self.errno is None:
+            return super().__str__()
+        name = _errno_module.errorcode.get(self.errno, str(self.errno))
+        where = f" {self.filename}" if self.filename is not None else ""
+        return f"{self.operation or 'I/O'}{where}: [Errno {self.errno}] {name} {self.strerror}"
+
+    def __reduce__(self) -> Any:
+        args = (self.errno, self.strerror) if self.filename is None else (self.errno, self.strerror, self.filename)
+        return (_rebuild_store_io_error, (type(self), args, self.operation), self.__dict__)
+
+
+def _rebuild_store_io_error(cls: "type[StoreIOError]", args: Tuple[Any, ...],
+                            operation: Optional[str]) -> "StoreIOError":
+    return cls(*args, operation=operation)
+
+
+# StoreIOError mixed with the OSError subclass Python gives an errno (OSError(ENOENT, ...) is a FileNotFoundError)
+_STORE_IO_SUBCLASSES: "dict[type, type[StoreIOError]]" = {}
+for _base in (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
+              BlockingIOError, InterruptedError, TimeoutError, BrokenPipeError):
+    _cls = type(f"Store{_base.__name__}", (StoreIOError, _base),
+                {"__module__": __name__, "__doc__": f"A StoreIOError that is also a {_base.__name__}."})
+    globals()[_cls.__name__] = _cls
+    _STORE_IO_SUBCLASSES[_base] = _cls
+del _base, _cls
+
+
+def store_io_error(error: Union[OSError, int], operation: str, filename: Any = None) -> OSError:
+    """The StoreIOError for a failed file operation: ``error`` an OSError (its errno, strerror and, unless
+    ``filename`` is given, its filename are kept) or an errno. A LocalMQError is returned as it is (already typed);
+    so is an OSError without an errno (nothing to report). Use as ``raise store_io_error(e, "write", path) from e``.
+    """
+    if isinstance(error, LocalMQError):
+        return error
+    if isinstance(error, int):
+        err, strerror, fname = error, os.strerror(error), None
+    else:
+        if error.errno is None:
+            return error
+        err, strerror, fname = error.errno, error.strerror or os.strerror(error.errno), error.filename
+    if filename is None:
+        filename = fname
+    cls = _STORE_IO_SUBCLASSES.get(type(OSError(err, strerror)), StoreIOError)
+    out: StoreIOError
+    if filename is None:
+        out = cls(err, strerror, operation=operation)
+    else:
+        out = cls(err, strerror, os.fspath(filename), operation=operation)
+    return out
+
+
+@contextlib.contextmanager
+def io_operation(operation: str, filename: Any) -> Iterator[None]:
+    """``with io_operation("write", path): os.write(fd, data)``: an OSError of the block (that is not already a
+    LocalMQError) leaves it as the StoreIOError naming ``filename`` and ``operation`` (``store_io_error``)."""
+    try:
+        yield
+    except LocalMQError:
+        raise
+    except OSError as e:
+        raise store_io_error(e, operation, filename) from e
+
+
 class ControlFileError(LocalMQError, RuntimeError):
     """A misuse of the control file in this process: opened twice, used after close, closed while holding the
     writer lock (which would keep its death from being detected)."""
@@ -346,5 +439,5 @@ __all__ = [
     "ReadOnlyStoreError", "ReadOnlyFilesystemError", "UnsupportedFilesystemError", "InvalidDelayError",
     "DelayNotSupportedError",
     "TransactionNotSupportedError", "InvalidTransactionError", "AckError",
-    "FilterSyntaxError",
+    "FilterSyntaxError", "StoreIOError", "store_io_error", "io_operation",
 ]

@@ -202,13 +202,52 @@ def test_native_errors_carry_errno_and_path(tmp_path):
     p.write_bytes(b"")
     fd = os.open(p, os.O_RDONLY)
     try:
-        with pytest.raises(OSError) as e:
+        with pytest.raises(localmq.StoreIOError) as e:
             _native.fallocate(fd, 0, 4096, path=str(p))
         assert e.value.errno == 9 and e.value.filename == str(p)  # EBADF: not open for writing
+        assert e.value.operation == "fallocate" and isinstance(e.value, OSError)
+        assert str(e.value) == f"fallocate {p}: [Errno 9] EBADF Bad file descriptor"
     finally:
         os.close(fd)
-    with pytest.raises(OSError):
+    with pytest.raises(FileNotFoundError) as e:  # still the builtin an ENOENT gives
         _native.fsync_dir(tmp_path / "nope")
+    assert isinstance(e.value, localmq.StoreIOError) and e.value.filename == str(tmp_path / "nope")
+
+
+def test_store_io_error_is_the_builtin_of_its_errno_and_pickles():
+    import errno
+    import pickle
+
+    from localmq.errors import store_io_error
+    e = store_io_error(OSError(errno.ENOSPC, "No space left on device"), "write", "/s/config/x.json")
+    assert type(e) is localmq.StoreIOError and isinstance(e, localmq.LocalMQError) and isinstance(e, OSError)
+    assert (e.errno, e.strerror, e.filename, e.operation) == (errno.ENOSPC, "No space left on device",
+                                                              "/s/config/x.json", "write")
+    assert "ENOSPC" in str(e) and "/s/config/x.json" in str(e)
+    for err, builtin in [(errno.ENOENT, FileNotFoundError), (errno.EEXIST, FileExistsError),
+                         (errno.EACCES, PermissionError), (errno.ENOTDIR, NotADirectoryError)]:
+        e = store_io_error(err, "open", "/s/f")
+        assert isinstance(e, builtin) and isinstance(e, localmq.StoreIOError)
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e) and (back.errno, back.filename, back.operation) == (err, "/s/f", "open")
+    typed = localmq.StoreClosedError("closed")
+    assert store_io_error(typed, "write") is typed  # already typed: unchanged
+
+
+def test_a_dispatch_error_keeps_the_errno_and_the_file_of_its_cause():
+    import errno
+    import pickle
+
+    from localmq.errors import store_io_error
+    cause = store_io_error(errno.EIO, "write", "/s/consumequeue/t/0/00000000000000000000")
+    e = localmq.DispatchError.stopped(cause)
+    assert isinstance(e, localmq.LocalMQError) and isinstance(e, RuntimeError)
+    assert (e.errno, e.filename) == (errno.EIO, cause.filename)
+    assert str(e).startswith("the dispatch service stopped: write /s/consumequeue/t/0/") and "EIO" in str(e)
+    back = pickle.loads(pickle.dumps(e))
+    assert (type(back), back.errno, back.filename, str(back)) == (type(e), e.errno, e.filename, str(e))
+    bare = localmq.DispatchError.stopped(None, "the dispatch service is not running")
+    assert (bare.errno, bare.filename, str(bare)) == (None, None, "the dispatch service is not running")
 
 
 @pytest.mark.parametrize("call", ["put", "put_batch"])

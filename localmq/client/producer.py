@@ -245,12 +245,18 @@ class Producer:
             # a timeout answers after the messages were written; a refusal or a full disk stored msg_num of them
             stored = count if r.status in _STORED_ANYWAY else int(getattr(r, "msg_num", 0) or 0)
             why = ""
+            cl = getattr(self._mq, "commit_log", None)
+            failure = getattr(cl, "sync_failure", None)
             if r.status is PutStatus.CREATE_MAPPED_FILE_FAILED:
-                cl = getattr(self._mq, "commit_log", None)
                 why = getattr(cl, "last_failure", None) or ""
+            elif failure is not None and r.status in (PutStatus.SERVICE_NOT_AVAILABLE, PutStatus.FLUSH_DISK_TIMEOUT):
+                why = (f"a flush of the commit log failed ({failure}); a failed flush is never retried: the store "
+                       f"takes no more puts until it is closed and opened again")
             err = SendError(f"send answered {r.status.name}: {stored} of {count} message(s) stored"
                             f"{' (not known to be on disk)' if 'TIMEOUT' in r.status.name else ''}"
                             f"{'; ' + why if why else ''}", r.status, r, stored, before)
+            if failure is not None and why and r.status is not PutStatus.CREATE_MAPPED_FILE_FAILED:
+                err.__cause__ = failure
         if self.on_delivery is not None:
             self.on_delivery(r, err)
         elif err is not None:

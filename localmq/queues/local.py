@@ -19,7 +19,7 @@ from localmq.errors import (
     StorePathError,
     CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
     InvalidQueueIdError, UnsafePathError, ArgumentRangeError, ArgumentTypeError, check_int_range,
-    StoreClosedError,
+    StoreClosedError, io_operation,
 )
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, LOCK_FILE,
@@ -45,8 +45,8 @@ from localmq.store.dispatch import ReputCore
 from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
-from localmq.store.mapped_file_queue import MappedFileQueue, makedirs_durable
-from localmq.store.recovery import check_segments, next_queue_offsets, recover_store
+from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable
+from localmq.store.recovery import check_segments, next_queue_offsets, recover_store, sync_directories
 from localmq.store.settings import explicit_settings, resolve_settings, write_settings
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.undo import OpenUndo, check_writable_filesystem, missing_ancestor
@@ -135,7 +135,20 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         except (FileExistsError, NotADirectoryError) as e:  # a file there, or on the way there: nothing created
             raise StorePathError(errno.ENOTDIR, f"a store is a directory; {e.filename or self.root} is not one",
                                  self.root) from None
+        except BaseException:
+            if created_root is not None and os.path.lexists(created_root):
+                OpenUndo(self.root, created_root).restore()
+            raise
         try:
+            if created_root is not None:
+                # the names of the new directories made durable (fsync of each parent): without it a power cut
+                # could take the whole store, synced files and all, with the directory entry
+                d = self.root
+                while True:
+                    fsync_dir(os.path.dirname(d))
+                    if d == created_root:
+                        break
+                    d = os.path.dirname(d)
             self._lock = self._make_lock()
         except BaseException:
             if created_root is not None:
@@ -201,9 +214,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log,
                                        reserve_step=c.reserve_step_commit_log)
         for d in (self._cl_mfq.directory, self._cq_root):
-            if not os.path.isdir(d):
-                os.makedirs(d)
-                fsync_dir(os.path.dirname(d))
+            makedirs_durable(d)
         salvaged = check_segments(self.root, self._cl_mfq.directory, self._cl_mfq.file_size, self._cq_root, c.salvage)
         self._cl_mfq.load()
         self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,
@@ -216,6 +227,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                                salvage=c.salvage)
         report.rebuilt += rebuilt
         report.salvaged += salvaged
+        if not last_exit_ok:
+            sync_directories(self.root)
         cl_min = self._cl_mfq.min_offset()
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)
@@ -279,7 +292,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
 
     def _mark_running(self) -> None:
         """``abort`` marks "running": present at the next open unless close() completes."""
-        with open(self._abort_path, "wb") as f:
+        with io_operation("create", self._abort_path), open(self._abort_path, "wb") as f:
             f.flush()
         fsync_dir(self.root)
 
@@ -578,7 +591,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if d.wait_for(self._cl_mfq.max_offset(), timeout):
             return True
         if d.error is not None:
-            raise DispatchError("the index service stopped") from d.error
+            raise DispatchError.stopped(d.error, "the index service stopped") from d.error
         if not d.alive:
             raise DispatchError("the index service is not running")
         return False
@@ -696,11 +709,11 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 core.wake()
                 while core.reput_offset < target:
                     if core.error is not None:
-                        raise DispatchError("the dispatch service stopped") from core.error
+                        raise DispatchError.stopped(core.error) from core.error
                     if self._closed:
                         raise StoreClosedError("the store was closed while waiting")
                     if not self._reput_service.alive and core.reput_offset < target:
-                        raise DispatchError("the dispatch service is not running") from core.error
+                        raise DispatchError.stopped(core.error, "the dispatch service is not running") from core.error
                     if unless_blocked and core.blocked is not None:
                         return False
                     wait = 0.05
@@ -747,7 +760,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                     if cur > since or self._wakes != wakes:
                         break
                     if core.error is not None:
-                        raise DispatchError("the dispatch service stopped") from core.error
+                        raise DispatchError.stopped(core.error) from core.error
                     if self._closed:
                         raise StoreClosedError("the store was closed while waiting")
                     # bounded slices: the loop re-checks even if a notification raced with the waiter count
@@ -981,14 +994,21 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
     # -- flush / close ------------------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Force every written byte of the commit log and the consume queues to disk, then the checkpoint."""
+        """Force every written byte of the commit log and the consume queues to disk, then the checkpoint.
+
+        Raises StoreIOError naming the file when a flush fails, and from then on (the commit log's first failed
+        flush is never retried: the store takes no more puts until it is closed and opened again)."""
         self._check_open()
         self._flush_all()
 
     def _flush_all(self) -> None:
-        if self._pool is not None:
-            self._cl_mfq.commit_all()
-        self._cl_mfq.flush_all()
+        failure = self._cl_mfq.sync_failure
+        if failure is None:
+            if self._pool is not None:
+                self._cl_mfq.commit_all()
+            self._cl_mfq.flush_all()
+        # after a failed flush of the log the queues and the checkpoint are still flushed (the checkpoint's log time
+        # stays where the last good flush left it), and the failure is raised again
         logics_ts = 0
         for cq in list(self._cqs.values()):
             ts = cq.last_store_timestamp
@@ -996,11 +1016,13 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 pass
             logics_ts = max(logics_ts, ts)
         cp = self.checkpoint
-        if self._cl_mfq.store_timestamp:
+        if self._cl_mfq.store_timestamp and failure is None:
             cp.physic_msg_timestamp = self._cl_mfq.store_timestamp
         if logics_ts:
             cp.logics_msg_timestamp = logics_ts
         cp.flush()
+        if failure is not None:
+            raise earlier_sync_failure(failure)
 
     def close(self) -> None:
         """Stop accepting puts, commit write-buffered records, let the dispatcher catch up, stop every service,
@@ -1042,7 +1064,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if not self._close_index():
             clean = False
         try:
-            self._flush_all()
+            self._flush_all()  # raises the commit log's failed flush, if one failed: `abort` stays
         except OSError:
             clean = False
             raise
@@ -1058,14 +1080,17 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 cq.close()
             self._cl_mfq.close()
             self.checkpoint.close()
-            if clean:
-                try:
-                    os.unlink(self._abort_path)
-                    fsync_dir(self.root)
-                except FileNotFoundError:
-                    pass
-            self._lock.release()
-            self._lock = None
+            try:
+                if clean:
+                    try:
+                        with io_operation("unlink", self._abort_path):
+                            os.unlink(self._abort_path)
+                        fsync_dir(self.root)
+                    except FileNotFoundError:
+                        pass
+            finally:
+                self._lock.release()
+                self._lock = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

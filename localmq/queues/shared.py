@@ -22,7 +22,7 @@ from localmq.client.shared import SharedClientTable, SharedConsumerScheduler, Sh
 from localmq.config import FlushDiskType
 from localmq.errors import (
     ConfigError, ControlFileError, CorruptStoreError, DispatchError, IndexDisabledError, StoreBusyError,
-    UnsupportedFilesystemError,
+    UnsupportedFilesystemError, io_operation,
 )
 from localmq.layout import (
     CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CTL_FILE, CTL_LOCK_BYTE_HOUSEKEEPER, CTL_LOCK_BYTE_STORE,
@@ -525,7 +525,7 @@ class SharedMessageQueue(LocalMessageQueue):
             if ctl.load(CTL_S_REPUT) >= target:
                 return True
             if self._housekeeper and self._reput.error is not None:
-                raise DispatchError("the dispatch service stopped") from self._reput.error
+                raise DispatchError.stopped(self._reput.error) from self._reput.error
             if self._closed:
                 raise self._closed_error()
             wait = 0.05
@@ -634,17 +634,20 @@ class SharedMessageQueue(LocalMessageQueue):
                 cq.close()
             self._cl_mfq.close()
             self.checkpoint.close()
-            if clean:
-                try:
-                    os.unlink(self._abort_path)
-                except FileNotFoundError:
-                    pass
-            if self._index_reader is not None:
-                self._index_reader.close()
-            self._detach_control()
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            try:
+                if clean:
+                    try:
+                        with io_operation("unlink", self._abort_path):
+                            os.unlink(self._abort_path)
+                    except FileNotFoundError:
+                        pass
+            finally:
+                if self._index_reader is not None:
+                    self._index_reader.close()
+                self._detach_control()
+                if self._lock is not None:
+                    self._lock.release()
+                    self._lock = None
 
     def _detach_control(self) -> None:
         ctl = self._ctl

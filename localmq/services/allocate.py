@@ -232,22 +232,31 @@ class AllocateMappedFileService(ServiceThread):
             self._cond.notify_all()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the thread, then delete every file created ahead that no put took."""
+        """Stop the thread, then delete every file created ahead that no put took: the last one first, so that a
+        deletion that fails (logged) leaves the directory without a hole between segments, only unused segments
+        at its end (recovery cuts them)."""
         super().shutdown(timeout)
         removed = False
         with self._cond:
             reqs = list(self._requests.values())
             self._requests.clear()
             self._queue.clear()
-        for r in sorted(reqs, key=lambda r: r.offset, reverse=True):  # the newest first: never a hole if cut
-            if r.mf is not None and not r.taken:
+        unused = sorted((r for r in reqs if r.mf is not None and not r.taken), key=lambda r: r.offset, reverse=True)
+        for i, r in enumerate(unused):
+            try:
                 r.mf.destroy(0)
-                removed = True
+            except OSError as e:
+                log.error("%s: cannot delete %s, created ahead and never used: %s; it stays (and %d more before it) "
+                          "as an empty segment at the end of the log", self.name, r.path, e, len(unused) - 1 - i)
+                for rest in unused[i + 1:]:
+                    rest.mf.close()
+                break
+            removed = True
         if removed:
             try:
                 fsync_dir(self.directory)
-            except OSError:
-                pass
+            except OSError as e:
+                log.error("%s: %s", self.name, e)
 
     def stats(self) -> dict:
         return {"created_ahead": self.created_ahead, "served_ready": self.served_ready,

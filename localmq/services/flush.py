@@ -41,12 +41,22 @@ PREPARE_CHUNK = 1 << 20
 PREPARE_LOW = 1 << 19
 
 
-def prepare_ahead(mf, service: ServiceThread) -> None:
+def _log_failure(service: ServiceThread, e: BaseException, what: str) -> None:
+    """Count a failed pass; log it unless it repeats the last one (a segment whose flush failed fails every pass
+    from then on: MappedFile.sync_error)."""
+    service.errors += 1
+    if str(e) != str(service.last_error):
+        log.error("%s: %s failed: %s", service.name, what, e)
+    service.last_error = e
+
+
+def prepare_ahead(mf, service: ServiceThread, mfq=None) -> None:
     """Write the next MiB after the log's end in ``mf`` once (a prefault: zeros, no byte changed) and fdatasync it
     when less than half a MiB is left prepared. A fallocated range is "unwritten" to ext4 and xfs: without this,
     each SYNC_FLUSH fdatasync that reaches a new page must also commit the extent conversion to the journal
     (measured: 190 -> 120 us per fdatasync of 3 KiB). Errors (a full disk, a kernel without MADV_POPULATE_WRITE)
-    stop the preparing of this segment; flushes go on without it."""
+    stop the preparing of this segment; flushes go on without it. A failed fdatasync is a failed flush of the
+    segment (it may have consumed the error of a page a put wrote): reported to ``mfq.report_sync_failure``."""
     if mf is None:
         return
     size = mf.file_size
@@ -60,6 +70,8 @@ def prepare_ahead(mf, service: ServiceThread) -> None:
         service.last_error = e
         log.info("%s: not preparing %s ahead of the log any more: %s", service.name, mf.path, e)
         mf.give_up_prepare()
+        if isinstance(e, OSError) and mf.sync_error and mfq is not None:
+            mfq.report_sync_failure(e)
 
 
 class FlushRealTimeService(ServiceThread):
@@ -90,12 +102,18 @@ class FlushRealTimeService(ServiceThread):
                 break
             self.flush_once(self._thorough.least_pages(c.flush_commit_log_least_pages))
         # RocketMQ retries the final flush: a full segment and the next one may both hold unflushed bytes
-        for _ in range(SHUTDOWN_FLUSH_RETRIES):
-            if self.mfq.flush(0):
-                break
+        try:
+            for _ in range(SHUTDOWN_FLUSH_RETRIES):
+                if self.mfq.sync_failure is not None or self.mfq.flush(0):
+                    break
+        except OSError as e:  # reported by mfq.flush: the store's close() raises it
+            _log_failure(self, e, "flushing the commit log")
 
     def flush_once(self, least_pages: int) -> None:
-        """One pass (errors are logged and counted, the next pass tries again)."""
+        """One pass. A failure is logged, counted and reported (``MappedFileQueue.report_sync_failure``: the store
+        refuses puts from then on); a failed flush is never retried."""
+        if self.mfq.sync_failure is not None:
+            return
         try:
             if not self.mfq.flush(least_pages):
                 self.flushes += 1
@@ -103,9 +121,7 @@ class FlushRealTimeService(ServiceThread):
                 if ts > 0:
                     self.checkpoint.physic_msg_timestamp = ts
         except OSError as e:
-            self.errors += 1
-            self.last_error = e
-            log.error("%s: flushing the commit log failed: %s", self.name, e)
+            _log_failure(self, e, "flushing the commit log")
 
 
 class GroupCommitService(ServiceThread):
@@ -154,9 +170,10 @@ class GroupCommitService(ServiceThread):
                     if mf.flushed_store_timestamp:
                         mfq.store_timestamp = mf.flushed_store_timestamp
             except OSError as e:
-                self.errors += 1
-                self.last_error = e
-                log.error("%s: flushing the commit log failed: %s (waiting puts will time out)", self.name, e)
+                # serve failed the group commit (its waiters answer FLUSH_DISK_TIMEOUT at once, no request is
+                # handed out again); the commit log refuses puts from now on
+                mfq.report_sync_failure(e)
+                _log_failure(self, e, "flushing the commit log")
                 self._stopped.wait(0.01)
                 continue
             except StoreClosedError:
@@ -176,15 +193,15 @@ class GroupCommitService(ServiceThread):
         checkpoint behind: catch up (their pages are clean, so the msync is cheap). Also keeps the range ahead of
         the log written and flushed (``prepare_ahead``)."""
         mfq = self.mfq
-        prepare_ahead(mfq.last(), self)
+        if mfq.sync_failure is not None:
+            return
+        prepare_ahead(mfq.last(), self, mfq)
         if mfq.flushed_where >= mfq.max_offset():
             return
         try:
             mfq.flush_to(self.gc.flushed)
         except OSError as e:
-            self.errors += 1
-            self.last_error = e
-            log.error("%s: flushing the commit log failed: %s", self.name, e)
+            _log_failure(self, e, "flushing the commit log")
             return
         ts = mfq.store_timestamp
         if ts > 0:
@@ -279,9 +296,7 @@ class FlushConsumeQueueService(ServiceThread):
                     self.checkpoint.logics_msg_timestamp = logics_ts
                 self.flush_checkpoint()
         except OSError as e:
-            self.errors += 1
-            self.last_error = e
-            log.error("%s: flushing consume queues failed: %s", self.name, e)
+            _log_failure(self, e, "flushing consume queues")
 
 
 class SharedGroupCommitService(ServiceThread):
@@ -322,15 +337,18 @@ class SharedGroupCommitService(ServiceThread):
                 if mfq.flushed_where < mf.file_from_offset:
                     mfq.flush_to(mf.file_from_offset)  # full segments below (after a roll or a takeover)
                 with mfq.flush_lock:
-                    flushed, status, rounds = cl.serve_shared_flush(mf, 50_000)
+                    try:
+                        flushed, status, rounds = cl.serve_shared_flush(mf, 50_000)
+                    except OSError as e:
+                        if mf.sync_error:  # never retried: nothing is published from it again
+                            mfq.report_sync_failure(e)
+                        raise
                     if flushed > mfq.flushed_where:
                         mfq.flushed_where = flushed
                 self.flushes += rounds
             except OSError as e:
-                self.errors += 1
-                self.last_error = e
-                log.error("%s: flushing the commit log failed: %s (waiting puts will time out)", self.name, e)
-                self._stopped.wait(0.01)
+                _log_failure(self, e, "flushing the commit log (waiting puts will time out)")
+                self._stopped.wait(0.01 if self.mfq.sync_failure is None else 0.1)
                 continue
             except StoreClosedError:
                 break

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 
 from localmq._native import fdatasync, fsync_dir
-from localmq.errors import CorruptStoreError, NotAStoreError, StoreClosedError
+from localmq.errors import CorruptStoreError, NotAStoreError, StoreClosedError, StoreIOError, io_operation
 from localmq.layout import CHECKPOINT, CHECKPOINT_FILE_SIZE
 
 __all__ = ["CHECKPOINT_FILE_SIZE", "Checkpoint", "StoreCheckpoint", "read_checkpoint"]
@@ -85,20 +85,25 @@ class StoreCheckpoint:
         # Serialises flush() and close(); no other lock is taken while it is held.
         self._lock = threading.Lock()
         parent = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(parent, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        with io_operation("mkdir", parent):
+            os.makedirs(parent, exist_ok=True)
+        with io_operation("open", self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
             if 0 < size < CHECKPOINT.size:
                 raise CorruptStoreError(f"checkpoint {self.path} holds {size} bytes, fewer than {CHECKPOINT.size}")
             if size < CHECKPOINT_FILE_SIZE:
-                os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
+                with io_operation("ftruncate", self.path):
+                    os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
                 # its block reserved now: a flush on a full disk (the one at close, say) must not need a new one
-                os.posix_fallocate(fd, 0, CHECKPOINT_FILE_SIZE)
+                with io_operation("fallocate", self.path):
+                    os.posix_fallocate(fd, 0, CHECKPOINT_FILE_SIZE)
                 fdatasync(fd, path=self.path)
                 if size == 0:  # new, or created by a run that crashed before this sync
                     fsync_dir(parent)
-            values = _unpack(os.pread(fd, CHECKPOINT.size, 0), self.path)
+            with io_operation("read", self.path):
+                values = _unpack(os.pread(fd, CHECKPOINT.size, 0), self.path)
         except BaseException:
             os.close(fd)
             raise
@@ -130,16 +135,19 @@ class StoreCheckpoint:
         """Write the five fields at offset 0 and fdatasync the file.
 
         :raises StoreClosedError: after ``close()``.
-        :raises OSError: when the write or the sync fails.
+        :raises StoreIOError: (an OSError naming the file) when the write or the sync fails. A later flush writes
+            the fields again, so retrying after a failed sync is safe here (unlike a mapped segment's flush).
         """
         with self._lock:
             if self._fd < 0:
                 raise StoreClosedError(f"checkpoint {self.path} is closed")
             data = CHECKPOINT.pack(self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
                                 self.master_flushed_offset, self.confirm_phy_offset)
-            n = os.pwrite(self._fd, data, 0)
+            with io_operation("write", self.path):
+                n = os.pwrite(self._fd, data, 0)
             if n != len(data):
-                raise OSError(errno.EIO, f"short write to the checkpoint ({n} of {len(data)} bytes)", self.path)
+                raise StoreIOError(errno.EIO, f"short write to the checkpoint ({n} of {len(data)} bytes)", self.path,
+                                   operation="write")
             fdatasync(self._fd, path=self.path)
 
     def close(self):

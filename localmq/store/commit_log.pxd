@@ -74,6 +74,10 @@ cdef class CommitLog:
     cdef readonly long long put_failures
     cdef object failure_cause           # the refused put's cause logged last (logged once until it clears), or None
     cdef public object last_failure     # why the last put failed for lack of disk (what, how much, where), or None
+    # the StoreIOError of the first failed flush of the log (fail_sync), or None: from then on every put answers
+    # SERVICE_NOT_AVAILABLE (nothing is written) until the store is closed and opened again
+    cdef readonly object sync_failure
+    cdef bint sync_failed
     cdef TopicEntry _topic(self, str topic)
     cdef bytes _properties(self, object tags, object keys, object properties)
     cdef MappedFile _roll(self, int64_t start)

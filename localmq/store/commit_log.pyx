@@ -24,8 +24,8 @@ from localmq._layout cimport (
 from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_record
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
-    lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_pause, lmq_gc_flushed, lmq_gc_free, lmq_gc_new,
-    lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_fetch_add,
+    lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_fail, lmq_gc_failed, lmq_gc_pause, lmq_gc_flushed,
+    lmq_gc_free, lmq_gc_new, lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_fetch_add,
     lmq_load_acq, lmq_load_sc, lmq_now_ms, lmq_set_timer_slack_ns, lmq_store_max, lmq_store_rel,
     lmq_store_sc,
 )
@@ -45,7 +45,7 @@ from localmq._shm import OWNER_DIED as _OWNER_DIED
 from localmq.errors import (
     ArgumentOverflowError, ArgumentTypeError, ForkedStoreError, check_int_range, InvalidQueueIdError,
     MessageSizeError,
-    PropertiesSizeError, StoreClosedError, TopicTableFullError,
+    PropertiesSizeError, StoreClosedError, TopicTableFullError, store_io_error,
 )
 
 # SYNC_FLUSH group commit: how far ahead of the log's end the range is kept written (zeros) and flushed, and when to
@@ -80,6 +80,7 @@ cdef extern from "pythread.h":
 cdef object PUT_OK = PutStatus.PUT_OK
 cdef object CREATE_FAILED = PutStatus.CREATE_MAPPED_FILE_FAILED
 cdef object FLUSH_TIMEOUT = PutStatus.FLUSH_DISK_TIMEOUT
+cdef object NOT_AVAILABLE = PutStatus.SERVICE_NOT_AVAILABLE
 
 
 cdef inline void lock_acquire(PyThread_type_lock lk):
@@ -277,7 +278,8 @@ cdef class GroupCommit:
         return lmq_gc_wait(self.gc, target, timeout_us)
 
     def wait(self, long long target, double timeout_s):
-        """Block until ``target`` is flushed; returns 0, or errno ETIMEDOUT / ESHUTDOWN."""
+        """Block until ``target`` is flushed; returns 0, or errno ETIMEDOUT / ESHUTDOWN, or the errno of a failed
+        flush (``failure()``)."""
         cdef int rc
         cdef int64_t us = <int64_t>(timeout_s * 1e6)
         with nogil:  # a flush takes a disk round trip
@@ -313,6 +315,11 @@ cdef class GroupCommit:
         if mf.addr == NULL:
             lmq_gc_done(self.gc, lmq_gc_flushed(self.gc))  # give the caller's claim back
             raise StoreClosedError(f"mapped file {mf.path} is closed")
+        if mf.sync_error != 0:  # an earlier flush of it failed: never retried
+            lmq_gc_fail(self.gc, mf.sync_error, base)
+            lmq_gc_done(self.gc, lmq_gc_flushed(self.gc))
+            raise_errno(mf.sync_error, mf.path, "flush (an earlier msync or fdatasync of this file failed; "
+                                                "it is never retried)")
         mf.exports += 1  # keeps the mapping alive through the nogil loop (close() defers its unmap)
         try:
             with nogil:  # the whole group-commit loop: requests, msync, publish; puts never wait for our GIL
@@ -324,7 +331,9 @@ cdef class GroupCommit:
                         rc = lmq_fdatasync(mf.fd, 0)
                         if rc != 0:
                             err = errno
-                            lmq_gc_done(self.gc, base + flushed)  # release the claim; waiters time out
+                            mf.sync_error = err
+                            lmq_gc_fail(self.gc, err, base)  # never retried: the waiters get the error
+                            lmq_gc_done(self.gc, base + flushed)  # release the claim
                             break
                         mf.flushed_pos = wrote
                         mf.flushed_store_timestamp = ts
@@ -336,6 +345,11 @@ cdef class GroupCommit:
                         pend = pstart + SYNC_PREPARE_CHUNK
                         if mf.prepare_c(pstart, pend if pend < size else size) != 0:
                             mf.prepared_pos = size
+                            if mf.sync_error != 0:  # its fdatasync failed (and consumed the file's error)
+                                rc = -1
+                                err = mf.sync_error
+                                lmq_gc_fail(self.gc, err, base)
+                                break
                     if t > base + wrote or wrote >= size:
                         status = 0
                         break
@@ -349,12 +363,26 @@ cdef class GroupCommit:
         finally:
             mf.unpin()
         if rc != 0:
-            raise_errno(err, mf.path)
+            raise_errno(err, mf.path, "fdatasync")
         return base + mf.flushed_pos, status, rounds
 
     def publish(self, long long flushed):
-        """Announce that everything below ``flushed`` is on disk (wakes the waiters it covers)."""
+        """Announce that everything below ``flushed`` is on disk (wakes the waiters it covers). Ignored after
+        ``fail``."""
         lmq_gc_publish(self.gc, flushed)
+
+    def fail(self, int err, long long base):
+        """A flush of the segment at ``base`` failed with ``err``: nothing is published from now on, every waiter not
+        covered yet returns ``err`` at once (its put answers FLUSH_DISK_TIMEOUT), and ``next_request`` hands out no
+        request again. A retried flush that succeeds proves nothing (the kernel may have dropped the pages the
+        failed one could not write), so there is no way back but closing the store."""
+        lmq_gc_fail(self.gc, err, base)
+
+    def failure(self):
+        """(errno, segment base offset) of the first failed flush, or None."""
+        cdef int64_t base = 0
+        cdef int err = lmq_gc_failed(self.gc, &base)
+        return None if err == 0 else (err, base)
 
     def pause(self):
         """Hold off every flush (waits for the running one) until ``done``: what a stuck disk looks like to
@@ -515,11 +543,34 @@ cdef class CommitLog:
         self.dispatch_event = NULL
         self.group_commit = None
         self.refuse_status = None
+        self.sync_failure = None
         self.sync_gather_permille = 500
+        mapped_file_queue.on_sync_failure = self.fail_sync
 
     def __dealloc__(self):
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
+
+    def fail_sync(self, error):
+        """A flush of the log failed (``error``, a StoreIOError naming the segment): from now on every put answers
+        SERVICE_NOT_AVAILABLE without writing (``Producer.send`` raises SendError saying why), SYNC_FLUSH puts still
+        waiting for their flush answer FLUSH_DISK_TIMEOUT, and the store's close() leaves ``abort`` so that the
+        next open re-validates the log. A failed fsync is never retried into a success: Linux marks the pages it
+        could not write clean after reporting the error once, so a retry that succeeds may have written nothing
+        (PostgreSQL's "fsyncgate", 2018). The first failure is kept and logged; later ones are ignored."""
+        if self.sync_failed:
+            return
+        self.sync_failure = error
+        self.sync_failed = True
+        self.mapped_file_queue.report_sync_failure(error)  # the flush services and close() stop flushing it
+        if self.group_commit is not None:
+            base = 0
+            for mf in self.mapped_file_queue.files:
+                if mf.path == getattr(error, "filename", None):
+                    base = mf.file_from_offset
+            self.group_commit.fail(getattr(error, "errno", None) or 5, base)
+        log.error("commit log: %s; this store takes no more puts (SERVICE_NOT_AVAILABLE): a failed flush is never "
+                  "retried. Close it and open it again (recovery re-validates the log)", error)
 
     def set_group_commit(self, GroupCommit gc, long long timeout_ms):
         """SYNC_FLUSH: make every put wait until ``gc`` reports its bytes flushed, at most ``timeout_ms``
@@ -826,7 +877,7 @@ cdef class CommitLog:
         cdef bint counted = True
         te = begin_put(self, topic, queue_id, flag, &qid, &fl)
         if te is None:  # refused (retention's disk-full flag): nothing is written
-            return failed_result(self.refuse_status)
+            return failed_result(NOT_AVAILABLE if self.sync_failed else self.refuse_status)
         if extra is not None and extra.raw_properties is not None:
             props = extra.raw_properties
             if PyBytes_GET_SIZE(props) > MAX_PROPERTIES_SIZE:
@@ -981,7 +1032,7 @@ cdef class CommitLog:
         cdef int64_t cend = 0
         te = begin_put(self, topic, queue_id, flag, &qid, &fl)
         if te is None:  # refused (retention's disk-full flag): nothing is written
-            return failed_result(self.refuse_status)
+            return failed_result(NOT_AVAILABLE if self.sync_failed else self.refuse_status)
         if tags is None and keys is None and properties is None:
             props = b""
         else:
@@ -1126,6 +1177,11 @@ cdef class CommitLog:
         if rc != 0:
             # the message is in the log but not known to be on disk: RocketMQ's FLUSH_DISK_TIMEOUT
             (<PutResult>r).status = FLUSH_TIMEOUT
+            failure = gc.failure()
+            if failure is not None and not self.sync_failed:  # a group leader's fdatasync failed
+                mf = self.mapped_file_queue.find(failure[1])
+                self.fail_sync(store_io_error(failure[0], "fdatasync",
+                                              mf.path if mf is not None else self.mapped_file_queue.directory))
 
     cdef _await_shared_flush(self, object r, int64_t end):
         # SYNC_FLUSH in a shared store: ask the housekeeper's group commit (one fdatasync covers the puts of every
@@ -1182,6 +1238,9 @@ cdef class CommitLog:
             raise ValueError("serve_shared_flush needs attach_control first")
         if mf.addr == NULL:
             raise StoreClosedError(f"mapped file {mf.path} is closed")
+        if mf.sync_error != 0:  # an earlier flush of it failed: never retried, nothing is published
+            raise_errno(mf.sync_error, mf.path, "flush (an earlier msync or fdatasync of this file failed; "
+                                                "it is never retried)")
         mf.exports += 1  # keeps the mapping and its descriptor alive through the nogil loop
         try:
             with nogil:
@@ -1227,6 +1286,7 @@ cdef class CommitLog:
                         rc = lmq_fdatasync(mf.fd, 0)
                         if rc != 0:
                             err = errno
+                            mf.sync_error = err
                             break
                         now = lmq_shm_monotonic_ns()
                         self.sync_fsync_total_ns += now - t0
@@ -1253,6 +1313,10 @@ cdef class CommitLog:
                         pend = pstart + SYNC_PREPARE_CHUNK
                         if mf.prepare_c(pstart, pend if pend < size else size) != 0:
                             mf.prepared_pos = size  # a full disk or an old kernel: flush as before, without it
+                            if mf.sync_error != 0:  # its fdatasync failed (and consumed the file's error)
+                                rc = -1
+                                err = mf.sync_error
+                                break
                         self.sync_prepare_ns += lmq_shm_monotonic_ns() - t0
                     if w >= base + size:
                         status = 0  # mf is flushed to its end: the caller moves on to the next segment
@@ -1262,7 +1326,7 @@ cdef class CommitLog:
             self.sync_fsync_ns = ewma
             mf.unpin()
         if rc != 0:
-            raise_errno(err, mf.path)
+            raise_errno(err, mf.path, "fdatasync")
         return base + mf.flushed_pos, status, rounds
 
     def tune_shared_flush(self, int gather_permille):
@@ -1322,10 +1386,11 @@ def make_put_result(status, long long physical_offset, long long queue_offset, l
 
 cdef inline TopicEntry begin_put(CommitLog self, str topic, object queue_id, object flag, int *qid, int *fl):
     """What put and put_batch start with: the log is open, puts are not refused (None: the caller answers
-    ``refuse_status``), queue id and flag fit their C ints (typed errors otherwise), the topic's entry."""
+    ``refuse_status``, or SERVICE_NOT_AVAILABLE after a failed flush), queue id and flag fit their C ints (typed
+    errors otherwise), the topic's entry."""
     if self.closed:
         raise self._closed_error()
-    if self.refuse_status is not None:
+    if self.refuse_status is not None or self.sync_failed:
         self.put_failures += 1
         return None
     # what is not an int gets a typed error naming it (the C conversion would truncate a float: 1.5 was queue 1)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from json.decoder import scanstring
 
 from localmq._native import fdatasync, fsync_dir
-from localmq.errors import CorruptStoreError, NotAStoreError
+from localmq.errors import CorruptStoreError, NotAStoreError, io_operation
 
 __all__ = ["loads", "dumps", "read_config_json", "write_config_json", "read_offset_table"]
 
@@ -340,9 +340,11 @@ def _write_all(fd, data):
 
 
 def _write_synced(path, data):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with io_operation("open", path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _write_all(fd, data)
+        with io_operation("write", path):
+            _write_all(fd, data)
         fdatasync(fd, path=path)
     finally:
         os.close(fd)
@@ -359,20 +361,22 @@ def write_config_json(path, obj):
     :param path: the config file; missing parent directories are created.
     :param obj: the document, serialised with ``dumps``.
     :raises TypeError, ValueError: from ``dumps`` (nothing is written then).
-    :raises OSError: when a write, sync or rename fails.
+    :raises StoreIOError: (an OSError) naming the file when a write, sync or rename fails.
     """
     path = os.fspath(path)
     data = dumps(obj).encode("utf-8")
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
+    with io_operation("mkdir", parent):
+        os.makedirs(parent, exist_ok=True)
     tmp = path + ".tmp"
     _write_synced(tmp, data)
     try:
-        with open(path, "rb") as f:
+        with io_operation("read", path), open(path, "rb") as f:
             previous = f.read()
     except FileNotFoundError:
         previous = None
     if previous is not None:
         _write_synced(path + ".bak", previous)
-    os.replace(tmp, path)
+    with io_operation("rename", tmp):
+        os.replace(tmp, path)
     fsync_dir(parent)

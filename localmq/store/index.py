@@ -51,6 +51,7 @@ from localmq._native import fsync_dir
 from localmq.errors import ConfigError, CorruptStoreError, StoreClosedError
 from localmq.status import Stop
 from localmq.store.get import read_record
+from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.layout import (
     INDEX_DIR, INDEX_HEADER, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_ITEMS_PER_SLOT, INDEX_MAX_FILE_SIZE,
     INDEX_NAME_DIGITS, INDEX_SLOT_SIZE,
@@ -508,9 +509,7 @@ class IndexService(IndexQueries):
         if prev is not None:
             h = prev.header
             end_phy, end_ts = h.end_phy_offset, h.end_timestamp
-        if not os.path.isdir(self.directory):
-            os.makedirs(self.directory, exist_ok=True)
-            fsync_dir(os.path.dirname(self.directory))
+        makedirs_durable(self.directory)
         ms = max(self._clock(), self._last_name_ms + 1)
         path = os.path.join(self.directory, _file_name(ms))
         while os.path.exists(path):

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 
-from localmq.errors import StoreLockedError
+from localmq.errors import StoreLockedError, io_operation
 from localmq.layout import LOCK_FILE
+
+log = logging.getLogger("localmq.store")
 
 _BUSY = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
 
@@ -51,10 +54,12 @@ class StoreLock:
 
     def _acquire(self, root: str, shared: bool) -> int:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            with io_operation("create", self.path):
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             self.created = True
         except FileExistsError:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            with io_operation("open", self.path):
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         try:
             fcntl.flock(fd, kind | fcntl.LOCK_NB)
@@ -86,7 +91,10 @@ class StoreLock:
     def stamp(self) -> None:
         """Write "lock" into the file, as a broker does, once the open succeeded (a failed open changes no byte)."""
         if not self.shared and self.fd >= 0:
-            os.pwrite(self.fd, b"lock", 0)
+            try:
+                os.pwrite(self.fd, b"lock", 0)
+            except OSError as e:  # only a broker's habit: the lock is the flock, the open stands
+                log.warning("cannot write into %s: %s", self.path, e)
 
     def exclusive(self) -> bool:
         """Whether this process holds the store alone right now: the flock is (or can be made) exclusive.

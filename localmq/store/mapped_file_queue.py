@@ -5,11 +5,11 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Set
 
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
-from localmq.errors import CorruptStoreError
+from localmq.errors import CorruptStoreError, StoreIOError, io_operation
 
 log = logging.getLogger("localmq.mapped_file_queue")
 
@@ -34,16 +34,43 @@ class DeleteResult:
     stopped: bool = False
 
 
+# Directories this process created whose entry is not known durable yet (the fsync of their parent failed): the
+# next makedirs_durable of them, or of a directory below, fsyncs their parent again instead of seeing them exist.
+_unsynced_dirs: Set[str] = set()
+_unsynced_lock = threading.Lock()
+
+
 def makedirs_durable(directory: str) -> None:
-    """makedirs, then fsync the parent of every directory created so the new entries survive a power loss."""
-    missing = []
+    """makedirs, then fsync the parent of every directory created so the new entries survive a power loss. A failed
+    fsync (StoreIOError) is tried again by the next call for that directory or one below it."""
+    directory = os.path.abspath(directory)
+    with _unsynced_lock:
+        missing = [d for d in _unsynced_dirs if directory == d or directory.startswith(d + os.sep)]
     d = directory
     while not os.path.isdir(d):
         missing.append(d)
         d = os.path.dirname(d)
-    os.makedirs(directory, exist_ok=True)
-    for m in reversed(missing):
+    if not missing:
+        return
+    missing = sorted(set(missing), key=len)  # parents first
+    with _unsynced_lock:  # before makedirs: one that fails half way has made some of them
+        _unsynced_dirs.update(missing)
+    with io_operation("mkdir", directory):
+        os.makedirs(directory, exist_ok=True)
+    for m in missing:
         fsync_dir(os.path.dirname(m))
+        with _unsynced_lock:
+            _unsynced_dirs.discard(m)
+
+
+def earlier_sync_failure(error: BaseException) -> BaseException:
+    """What a flush (or close()) raises after the log's flush failed with ``error`` earlier: a new StoreIOError with
+    its errno and file, saying so."""
+    if not isinstance(error, OSError) or error.errno is None:
+        return error
+    return StoreIOError(error.errno, error.strerror, error.filename,
+                        operation=f"an earlier {getattr(error, 'operation', None) or 'flush'} failed and is never "
+                                  f"retried; the store takes no puts until it is closed and opened again:")
 
 
 class MappedFileQueue:
@@ -80,6 +107,10 @@ class MappedFileQueue:
         self.store_timestamp = 0
         # Issue 3's AllocateMappedFileService plugs in here; by default files are created synchronously.
         self.allocator = allocator
+        # The StoreIOError of the first failed flush of a segment (report_sync_failure), or None; a failed flush is
+        # never retried (MappedFile.sync_error). ``on_sync_failure(error)`` is told once: the CommitLog refuses puts.
+        self.sync_failure: Optional[BaseException] = None
+        self.on_sync_failure: Optional[Callable[[BaseException], None]] = None
 
     # -- load ---------------------------------------------------------------------------------------------
 
@@ -174,8 +205,7 @@ class MappedFileQueue:
             if last is not None and start_offset != last.file_from_offset + self.file_size:
                 raise CorruptStoreError(f"new segment at {start_offset} does not follow {last.path}")
             path = os.path.join(self.directory, offset_to_file_name(start_offset))
-            if not os.path.isdir(self.directory):
-                makedirs_durable(self.directory)
+            makedirs_durable(self.directory)  # also when an earlier call made it but could not sync its name
             if self.allocator is not None:
                 mf = self.allocator(path, self.file_size, start_offset)
             else:
@@ -494,16 +524,30 @@ class MappedFileQueue:
 
     # -- flush ----------------------------------------------------------------------------------------------
 
+    def report_sync_failure(self, error: BaseException) -> None:
+        """A flush of one of these segments failed (``error``): kept (the first one) and told to
+        ``on_sync_failure``. Every flush path reports here: the flush services, the group commit, close()."""
+        if self.sync_failure is not None:
+            return
+        self.sync_failure = error
+        if self.on_sync_failure is not None:
+            self.on_sync_failure(error)
+
     def flush(self, least_pages: int = 0) -> bool:
         """Flush the segment that holds ``flushed_where`` (one segment per call, as RocketMQ).
 
-        Returns True when nothing was flushed. Raises OSError when msync fails (flushed_where stays).
+        Returns True when nothing was flushed. Raises StoreIOError when msync fails (flushed_where stays; reported
+        to ``report_sync_failure``; that segment's flushes fail from then on without being retried).
         """
         with self.flush_lock:
             mf = self.find(self.flushed_where, return_first_on_not_found=self.flushed_where == 0)
             if mf is None:
                 return True
-            pos = mf.flush(least_pages)
+            try:
+                pos = mf.flush(least_pages)
+            except OSError as e:
+                self.report_sync_failure(e)
+                raise
             where = mf.file_from_offset + pos
             result = where == self.flushed_where
             self.flushed_where = where

@@ -11,12 +11,13 @@ import numpy as np
 
 from localmq._record import decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records
 from localmq._native import fdatasync, fsync_dir
-from localmq.errors import DamagedLogError
+from localmq.errors import DamagedLogError, io_operation
 from localmq.store.files import numbered_units
+from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.readers import read_commitlog
 from localmq.layout import (
-    CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE, RECOVERY_DIR,
-    SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
+    CQ_BLANK_UNIT_SIZE, CQ_DTYPE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE,
+    RECOVERY_DIR, SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
 
 if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
@@ -106,10 +107,10 @@ def _quarantine(root: str, mfq, start: int) -> tuple[Optional[str], int]:
     if not chunks:
         return None, 0
     qdir = os.path.join(root, RECOVERY_DIR)
-    os.makedirs(qdir, exist_ok=True)
+    makedirs_durable(qdir)
     path = os.path.join(qdir, f"commitlog-tail-{start:020d}-{int(time.time() * 1000)}.bin")
     total = 0
-    with open(path, "wb") as f:
+    with io_operation("write", path), open(path, "wb") as f:
         for off, data in chunks:
             # each chunk: absolute offset and length headers, then the bytes, so the file can be inspected
             f.write(off.to_bytes(8, "big") + len(data).to_bytes(8, "big"))
@@ -135,9 +136,9 @@ def _quarantine_gap(root: str, mfq, start: int, end: int) -> str:
             chunks.append((lo, data))
     # written even when every damaged byte is zero: readers of the files (Spark) learn of the gap from its name
     qdir = os.path.join(root, RECOVERY_DIR)
-    os.makedirs(qdir, exist_ok=True)
+    makedirs_durable(qdir)
     path = os.path.join(qdir, f"commitlog-gap-{start:020d}-{int(time.time() * 1000)}.bin")
-    with open(path, "wb") as f:
+    with io_operation("write", path), open(path, "wb") as f:
         for off, data in chunks:
             f.write(off.to_bytes(8, "big") + len(data).to_bytes(8, "big"))
             f.write(data)
@@ -524,6 +525,48 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
     return starts
 
 
+def _rewrite_units(cq, phy_offset: int) -> int:
+    """After an unclean exit: write the units of the records at or past ``phy_offset`` (the recovery walk's start)
+    again, byte for byte, and lower their files' flushed positions, so that the next flush writes them. A unit that a
+    process wrote but could not flush (a failed msync is never retried, and Linux forgets the pages it could not
+    write) reads back from the page cache without being on disk: the dispatcher skips it as a duplicate, and only a
+    rewrite makes it durable. Their content is kept: it is what the unit check and the dispatcher trust. Returns the
+    number of units."""
+    total = 0
+    end = cq.max_offset * CQ_UNIT_SIZE
+    for mf in reversed(list(cq.mapped_file_queue.files)):
+        if mf.file_from_offset >= end:
+            continue
+        n = min(mf.file_size, end - mf.file_from_offset) // CQ_UNIT_SIZE
+        arr = np.frombuffer(mf, dtype=CQ_DTYPE)
+        try:
+            past = np.flatnonzero(arr["offset"][:n] >= phy_offset)
+            first = int(past[0]) if len(past) else n
+        finally:
+            del arr
+        if first < n:
+            pos, size = first * CQ_UNIT_SIZE, (n - first) * CQ_UNIT_SIZE
+            mf.write_at(pos, mf.read(pos, size))
+            mf.flushed_position = min(mf.flushed_position, pos)
+            mfq = cq.mapped_file_queue
+            mfq.flushed_where = min(mfq.flushed_where, mf.file_from_offset + pos)
+            total += n - first
+        if first > 0:
+            break
+    return total
+
+
+def sync_directories(root: str) -> int:
+    """fsync the store's root and every directory below it; returns how many. After an unclean exit the names this
+    process sees may come from the page cache only: made by a process that died before syncing them, or whose sync
+    failed (a failed fsync is not retried by anyone else). Syncing them now makes what recovery trusts durable."""
+    n = 0
+    for dirpath, _, _ in os.walk(root):
+        fsync_dir(dirpath)
+        n += 1
+    return n
+
+
 def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", *, abnormal: bool,
                   check_crc: bool, checkpoint_min_ts: int,
                   progress: Optional[Callable[[int, int], None]] = None,
@@ -592,6 +635,13 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         for k in _damaged_old_segments(commit_log, queues, report.start_offset, end):
             _repair_segment(root, commit_log, k, check_crc, report, known_end, agrees)
     starts = _verify_queues(commit_log, queues, end, cl_min, report) if verify_queues else []
+    if abnormal:
+        for key, cq in queues.queues.items():
+            if cq.max_physic_offset > report.start_offset:
+                n = _rewrite_units(cq, report.start_offset)
+                if n:
+                    log.info("consume queue %s-%s: the %d units of the records from offset %d on are written again",
+                             key[0], key[1], n, report.start_offset)
     reput_from = max((cq.max_physic_offset for cq in queues.queues.values()), default=cl_min)
     reput_from = max(reput_from, cl_min)
     if abnormal:

@@ -19,7 +19,7 @@ from typing import Any, Collection, Dict, Optional, Tuple
 
 from localmq._native import fdatasync, fsync_dir
 from localmq.config import StoreConfig
-from localmq.errors import ConfigError, CorruptStoreError, StoreSettingsError
+from localmq.errors import ConfigError, CorruptStoreError, StoreSettingsError, io_operation
 from localmq.layout import (
     COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, CQ_UNIT_SIZE, SETTINGS_FILE, SETTINGS_VERSION,
 )
@@ -133,19 +133,21 @@ def infer_settings(root: str) -> Dict[str, Any]:
 
 def write_settings(root: str, config: StoreConfig) -> str:
     """Write the FILE_SETTINGS of ``config`` to ``<root>/config/localmq.json`` atomically (temporary file, fsync,
-    rename, fsync of the directory; ``config/`` is created when missing). Returns the path. Raises OSError."""
+    rename, fsync of the directory; ``config/`` is created when missing). Returns the path. Raises StoreIOError."""
     cdir = os.path.join(root, CONFIG_DIR)
     if not os.path.isdir(cdir):
-        os.makedirs(cdir)
+        with io_operation("mkdir", cdir):
+            os.makedirs(cdir)
         fsync_dir(root)
     doc = {"version": SETTINGS_VERSION, "settings": {n: getattr(config, n) for n in FILE_SETTINGS}}
     path = settings_path(root)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with io_operation("write", tmp), open(tmp, "wb") as f:
         f.write(json.dumps(doc, indent=2).encode() + b"\n")
         f.flush()
         fdatasync(f.fileno(), full=True, path=tmp)
-    os.replace(tmp, path)
+    with io_operation("rename", tmp):
+        os.replace(tmp, path)
     fsync_dir(cdir)
     return path
 
