@@ -933,14 +933,11 @@ def test_an_empty_unit_is_not_taken_for_a_unit_in_a_gap_at_the_log_start(tmp_pat
         assert read_queue_a(st) == [(w[0], None if w is first else w[3]) for w in written]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not fixed: damage that runs to a segment's end, the next valid record at the next segment's start, is replaced "
-    "by a blank record, not a gap record; its messages are not made lost units, and re-dispatch takes the next "
-    "record's queue offset for a damaged header: every later message of the queue is indexed off "
-    "(CorruptMessageError). The cause of the long run's ASYNC_FLUSH / random / seed 51 (replayed with snapshots; "
-    "torn / seed 104 shows the same symptom): after a second cut the queues are rebuilt from another point of the "
-    "log, the damaged-header decisions differ, and the second session's messages end up off by some places"))
 def test_damage_that_runs_to_a_segment_end_keeps_the_later_messages_of_its_queues(tmp_path):
+    """Damage that runs to a segment's end, the next valid record at the next segment's start, becomes a gap record
+    (it was a blank record: its messages were not made lost units, re-dispatch took the next record's queue offset
+    for a damaged header, and every later message of the queue was indexed off). The cause of the long run's rare
+    failures (ASYNC_FLUSH / random / seed 51 and torn / seed 104, replayed with snapshots)."""
     root = tmp_path / "s"
     written = fill(root, 700, keys=lambda i: [f"k{i}"])
     in_first = [w for w in written if w[1] + w[2] <= SEGMENT]

@@ -173,9 +173,9 @@ def _resync(files, i: int, pos: int, limit: int, agrees: Callable[[object, int],
 
 def _mark_gap(files, i: int, pos: int, j: int, q: int) -> Optional[tuple]:
     """Replace the damaged bytes from ``files[i]`` + ``pos`` to ``files[j]`` + ``q`` by records every walker steps
-    over: a gap record inside a segment, a blank record where the damage runs to a segment's end (RocketMQ reads
-    both as a blank and goes on in the next segment). Returns (offset, size) of the last gap record written, or
-    () when the damage only ran to segment ends; None when a piece is too short to hold a record (nothing written).
+    over: gap records (RocketMQ reads one as a blank and goes on in the next segment), a blank record where fewer
+    than a gap record's bytes are left before a segment's end. Returns (offset, size) of the last gap record written,
+    or () when none was; None when a piece is too short to hold a record (nothing written).
     """
     size = files[i].file_size
     pieces = []
@@ -185,11 +185,15 @@ def _mark_gap(files, i: int, pos: int, j: int, q: int) -> Optional[tuple]:
         hi = q if k == j else size
         if hi <= lo:
             continue
-        if hi == size:
+        if hi == size and hi - lo < GAP_RECORD_SIZE:
+            # too short for a gap record, so too short to have held a message: a blank record ends the segment
             if hi - lo < END_FILE_MIN_BLANK_LENGTH:
                 return None
             pieces.append((files[k], lo, encode_blank(hi - lo)))
         else:
+            # a gap record, also where the damage runs to the segment's end (RocketMQ reads it as the segment's
+            # blank record): the messages lost in it become lost units pointing at it, and their queues keep the
+            # offsets of every later message (a blank record there lost that: tests/test_power_loss.py)
             if hi - lo < GAP_RECORD_SIZE:
                 return None
             pieces.append((files[k], lo, encode_gap(hi - lo)))
@@ -331,7 +335,7 @@ def _repair_segment(root: str, mfq, i: int, check_crc: bool, report: RecoveryRep
                     agrees: Callable[[object, int], bool]) -> None:
     """Walk segment ``i`` (one the recovery walk did not cover: older than its start) and replace each damaged region
     by a gap record, as the walk does (quarantined copy, ``report.gaps``): up to the next record written where it
-    lies in the segment, else a blank record to the segment's end (the next segment starts with a record)."""
+    lies in the segment, else to the segment's end (the next segment starts with a record)."""
     files = mfq.files
     mf = files[i]
     base, size = mf.file_from_offset, mfq.file_size
