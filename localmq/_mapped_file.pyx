@@ -19,7 +19,7 @@ from localmq._os cimport (
     lmq_store_max, lmq_store_rel,
 )
 
-from localmq.errors import CorruptStoreError, StoreClosedError
+from localmq.errors import CorruptStoreError, StoreClosedError, io_operation, store_io_error
 
 log = logging.getLogger("localmq.mapped_file")
 
@@ -121,10 +121,12 @@ cdef class MappedFile:
         if fd < 0:
             if create and writable:
                 flags |= os.O_CREAT
-            fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
+            with io_operation("open", self.path):
+                fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
         self.fd = fd
         try:
-            size = os.fstat(fd).st_size
+            with io_operation("fstat", self.path):
+                size = os.fstat(fd).st_size
             if size == 0 and writable and (create or reserve):
                 # a new file (where O_TMPFILE is not supported), or one whose creation was interrupted before it
                 # was sized
@@ -193,7 +195,7 @@ cdef class MappedFile:
         except OSError as e:
             os.close(fd)
             if e.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG, _errno.EIO):
-                raise
+                raise store_io_error(e, "link", self.path) from e
             return -1
         except BaseException:
             os.close(fd)
@@ -755,6 +757,8 @@ cdef class MappedFile:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        except OSError as e:
+            raise store_io_error(e, "unlink", self.path) from e
 
     def _finish_destroy(self):
         if self.exports > 0:

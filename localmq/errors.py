@@ -204,12 +204,20 @@ class DispatchError(LocalMQError, RuntimeError):
     filename: Any = None
 
     @classmethod
-    def stopped(cls, cause: Optional[BaseException], what: str = "the dispatch service stopped") -> "DispatchError":
+    def stopped(cls, cause: Optional[BaseException], what: str = "the dispatch service stopped",
+                io_failure: Optional[BaseException] = None) -> "DispatchError":
         """The error a waiter raises (``raise DispatchError.stopped(cause) from cause``) when the dispatch service
-        stopped on ``cause``: its message says why, and the cause's errno and filename are kept."""
-        err = cls(what if cause is None else f"{what}: {cause}")
-        err.errno = getattr(cause, "errno", None)
-        err.filename = getattr(cause, "filename", None)
+        stopped on ``cause``: its message says why, and the cause's errno and filename are kept. ``io_failure``: a
+        failed flush of the commit log before it (the pages it could not write may read back as zeros, which the
+        dispatcher finds as damage): named too, and its errno and file kept when the cause has none."""
+        text = what if cause is None else f"{what}: {cause}"
+        errno, filename = getattr(cause, "errno", None), getattr(cause, "filename", None)
+        if io_failure is not None and io_failure is not cause:
+            text += f" (after a failed flush of the commit log: {io_failure})"
+            if errno is None:
+                errno, filename = getattr(io_failure, "errno", None), getattr(io_failure, "filename", None)
+        err = cls(text)
+        err.errno, err.filename = errno, filename
         return err
 
 

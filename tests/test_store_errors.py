@@ -246,6 +246,11 @@ def test_a_dispatch_error_keeps_the_errno_and_the_file_of_its_cause():
     assert str(e).startswith("the dispatch service stopped: write /s/consumequeue/t/0/") and "EIO" in str(e)
     back = pickle.loads(pickle.dumps(e))
     assert (type(back), back.errno, back.filename, str(back)) == (type(e), e.errno, e.filename, str(e))
+    damage = localmq.CorruptFrameError("dispatch found a end record at commit log offset 0")
+    flush = store_io_error(errno.EIO, "fdatasync", "/s/commitlog/00000000000000000000")
+    e = localmq.DispatchError.stopped(damage, io_failure=flush)  # zeros where a write-back failed
+    assert (e.errno, e.filename) == (errno.EIO, flush.filename)
+    assert "end record" in str(e) and "after a failed flush of the commit log: fdatasync /s/commitlog/" in str(e)
     bare = localmq.DispatchError.stopped(None, "the dispatch service is not running")
     assert (bare.errno, bare.filename, str(bare)) == (None, None, "the dispatch service is not running")
 

@@ -19,7 +19,7 @@ from localmq.errors import (
     StorePathError,
     CorruptStoreError, DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
     InvalidQueueIdError, UnsafePathError, ArgumentRangeError, ArgumentTypeError, check_int_range,
-    StoreClosedError, io_operation,
+    StoreClosedError, io_operation, LocalMQError, store_io_error,
 )
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, LOCK_FILE,
@@ -158,8 +158,11 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             self._undo = self._list_for_undo(created_root)
             self.config, self._write_record = self._resolve_settings()
             self._open(progress)
-        except BaseException:
+        except BaseException as e:
             self._abandon()
+            if isinstance(e, OSError) and not isinstance(e, LocalMQError) and e.errno is not None:
+                # a system call the open made on one of the store's files: typed, naming its file and errno
+                raise store_io_error(e, "open the store: a file operation", e.filename or self.root) from e
             raise
         self._undo = None
         self._lock.stamp()
@@ -224,7 +227,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         report = recover_store(self.root, self._cl_mfq, self._cq_table, abnormal=not last_exit_ok,
                                check_crc=c.check_crc_on_recover, checkpoint_min_ts=self.checkpoint.min_timestamp,
                                progress=progress, verify_queues=c.check_consume_queue_on_open,
-                               salvage=c.salvage)
+                               salvage=c.salvage, undo=self._undo)
         report.rebuilt += rebuilt
         report.salvaged += salvaged
         if not last_exit_ok:
@@ -709,11 +712,12 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 core.wake()
                 while core.reput_offset < target:
                     if core.error is not None:
-                        raise DispatchError.stopped(core.error) from core.error
+                        raise DispatchError.stopped(core.error, io_failure=self._cl_mfq.sync_failure) from core.error
                     if self._closed:
                         raise StoreClosedError("the store was closed while waiting")
                     if not self._reput_service.alive and core.reput_offset < target:
-                        raise DispatchError.stopped(core.error, "the dispatch service is not running") from core.error
+                        raise DispatchError.stopped(core.error, "the dispatch service is not running",
+                                                    io_failure=self._cl_mfq.sync_failure) from core.error
                     if unless_blocked and core.blocked is not None:
                         return False
                     wait = 0.05
@@ -760,7 +764,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                     if cur > since or self._wakes != wakes:
                         break
                     if core.error is not None:
-                        raise DispatchError.stopped(core.error) from core.error
+                        raise DispatchError.stopped(core.error, io_failure=self._cl_mfq.sync_failure) from core.error
                     if self._closed:
                         raise StoreClosedError("the store was closed while waiting")
                     # bounded slices: the loop re-checks even if a notification raced with the waiter count

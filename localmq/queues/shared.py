@@ -525,7 +525,8 @@ class SharedMessageQueue(LocalMessageQueue):
             if ctl.load(CTL_S_REPUT) >= target:
                 return True
             if self._housekeeper and self._reput.error is not None:
-                raise DispatchError.stopped(self._reput.error) from self._reput.error
+                err = self._reput.error
+                raise DispatchError.stopped(err, io_failure=self._cl_mfq.sync_failure) from err
             if self._closed:
                 raise self._closed_error()
             wait = 0.05

@@ -77,7 +77,9 @@ class IndexDispatchService(ServiceThread):
                     if self.blocked is None:
                         log.error("index blocked at commit log offset %d: %s; retrying every 100 ms",
                                   self._offset, e)
-                    self.blocked = e
+                    # kept without its traceback: the frames hold the segment's buffer, which close() must unmap
+                    self.blocked = e.with_traceback(None)
+                    del e
                     self.wait_for_running(100)
                     continue
                 if self.blocked is not None:

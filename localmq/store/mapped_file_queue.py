@@ -212,7 +212,16 @@ class MappedFileQueue:
                 mf = MappedFile(path, self.file_size, start_offset, create=True, reserve=self.reserve,
                                 reserve_step=self.reserve_step,
                                 writable=self.writable)
-                fsync_dir(self.directory)
+                try:
+                    fsync_dir(self.directory)
+                except BaseException:
+                    # its name may not survive a power cut: the file is not used, and a later call makes it again
+                    mf.close()
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+                    raise
             self.files.append(mf)
             return mf
 

@@ -23,6 +23,7 @@ from localmq.layout import (
 if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
     from localmq.store.consume_queue_table import ConsumeQueueTable
     from localmq.store.mapped_file_queue import MappedFileQueue
+    from localmq.store.undo import OpenUndo
 
 log = logging.getLogger("localmq.recovery")
 
@@ -206,7 +207,7 @@ def _mark_gap(files, i: int, pos: int, j: int, q: int) -> Optional[tuple]:
 
 def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryReport,
           progress: Optional[Callable[[int, int], None]], known_end: int,
-          agrees: Callable[[object, int], bool]) -> int:
+          agrees: Callable[[object, int], bool], undo: Optional["OpenUndo"] = None) -> int:
     """Walk records from segment ``first_index`` on; returns the end of the last valid record.
 
     Damage with valid records after it (below ``known_end``: how far the ConsumeQueues say the log reached) is
@@ -251,6 +252,8 @@ def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryRep
             j, q = found
             resume = files[j].file_from_offset + q
             path = _quarantine_gap(root, mfq, at, resume)
+            if undo is not None:
+                undo.repaired_log(mfq.directory, mfq.file_size, at, resume, path)
             record = _mark_gap(files, i, pos, j, q)
             if record is not None:
                 report.gaps.append({"offset": at, "bytes": resume - at, "reason": str(status),
@@ -279,7 +282,7 @@ def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryRep
 def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, checkpoint_min_ts: int,
                        progress: Optional[Callable[[int, int], None]] = None, known_end: int = 0,
                        agrees: Optional[Callable[[object, int], bool]] = None,
-                       keep_segment_names: bool = False) -> RecoveryReport:
+                       keep_segment_names: bool = False, undo: Optional["OpenUndo"] = None) -> RecoveryReport:
     """Find the end of valid data in the commit log, quarantine and cut what follows it; damage in the middle
     (valid records after it, below ``known_end``: what the dispatcher had read) becomes a gap record instead
     (``report.gaps``), and the records after it are kept. Segments after the end are deleted, or with
@@ -312,13 +315,17 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
     else:
         first = max(0, len(files) - 3)
     end = _walk(root, mfq, first, check_crc, report, progress, known_end,
-                agrees if agrees is not None else (lambda mf, q: True))
+                agrees if agrees is not None else (lambda mf, q: True), undo)
     report.end_offset = end
     if report.dropped_at is not None:
         report.quarantine_path, report.dropped_bytes = _quarantine(root, mfq, report.dropped_at)
         log.error("commit log: %s record at offset %d; cutting the log there (%d bytes, %d whole records after "
                   "it; copy kept in %s)", report.stop_reason, report.dropped_at, report.dropped_bytes,
                   report.dropped_records, report.quarantine_path)
+    if undo is not None and files and end < files[-1].file_from_offset + mfq.file_size:
+        # what is cut (zeroed, segments deleted) is in the quarantine copy: an open that fails writes it back
+        undo.repaired_log(mfq.directory, mfq.file_size, end, files[-1].file_from_offset + mfq.file_size,
+                          report.quarantine_path)
     report.deleted_segments = mfq.truncate_dirty_files(end, keep_names=keep_segment_names)
     mfq.flushed_where = end
     mfq.committed_where = end
@@ -332,7 +339,7 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
 
 
 def _repair_segment(root: str, mfq, i: int, check_crc: bool, report: RecoveryReport, known_end: int,
-                    agrees: Callable[[object, int], bool]) -> None:
+                    agrees: Callable[[object, int], bool], undo: Optional["OpenUndo"] = None) -> None:
     """Walk segment ``i`` (one the recovery walk did not cover: older than its start) and replace each damaged region
     by a gap record, as the walk does (quarantined copy, ``report.gaps``): up to the next record written where it
     lies in the segment, else to the segment's end (the next segment starts with a record)."""
@@ -348,13 +355,16 @@ def _repair_segment(root: str, mfq, i: int, check_crc: bool, report: RecoveryRep
         at = base + pos
         found = _resync(files, i, pos, min(known_end, base + size), agrees)
         j, q = found if found is not None else (i + 1, 0)
-        path = _quarantine_gap(root, mfq, at, files[j].file_from_offset + q if j < len(files) else base + size)
+        resume = files[j].file_from_offset + q if j < len(files) else base + size
+        path = _quarantine_gap(root, mfq, at, resume)
+        if undo is not None:
+            undo.repaired_log(mfq.directory, mfq.file_size, at, resume, path)
         record = _mark_gap(files, i, pos, j, q)
         if record is None:
             log.error("commit log: %s at offset %d in an old segment: too short to mark; left as it is", status, at)
             return
-        report.gaps.append({"offset": at, "bytes": (files[j].file_from_offset + q if j < len(files) else base + size)
-                            - at, "reason": str(status), "quarantine_path": path, "record": record})
+        report.gaps.append({"offset": at, "bytes": resume - at, "reason": str(status), "quarantine_path": path,
+                            "record": record})
         log.error("commit log: %s at offset %d (segment %s, older than the recovery walk, found through the "
                   "ConsumeQueues); replaced by a gap record, copy kept in %s; the records after it are kept",
                   "zero bytes" if status == "end" else f"{status} record", at, os.path.basename(mf.path), path)
@@ -574,7 +584,8 @@ def sync_directories(root: str) -> int:
 def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", *, abnormal: bool,
                   check_crc: bool, checkpoint_min_ts: int,
                   progress: Optional[Callable[[int, int], None]] = None,
-                  verify_queues: bool = True, salvage: bool = False) -> RecoveryReport:
+                  verify_queues: bool = True, salvage: bool = False,
+                  undo: Optional["OpenUndo"] = None) -> RecoveryReport:
     """Recover the commit log and bring every ConsumeQueue in line with it (RocketMQ's DefaultMessageStore.recover).
 
     Each queue is checked (``ConsumeQueue.recover``), the commit log is recovered (``recover_commit_log``), units
@@ -618,7 +629,7 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
 
     report = recover_commit_log(root, commit_log, abnormal=abnormal, check_crc=check_crc,
                                 checkpoint_min_ts=checkpoint_min_ts, progress=progress, known_end=known_end,
-                                agrees=agrees, keep_segment_names=True)
+                                agrees=agrees, keep_segment_names=True, undo=undo)
     end = report.end_offset
     cl_min = commit_log.min_offset()
     if not commit_log.files:
@@ -637,7 +648,7 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         # record), so that the unit check marks the units in it lost instead of cutting every queue there and the
         # dispatcher failing on it (every open failed, and the failed open had cut the queues)
         for k in _damaged_old_segments(commit_log, queues, report.start_offset, end):
-            _repair_segment(root, commit_log, k, check_crc, report, known_end, agrees)
+            _repair_segment(root, commit_log, k, check_crc, report, known_end, agrees, undo)
     starts = _verify_queues(commit_log, queues, end, cl_min, report) if verify_queues else []
     if abnormal:
         for key, cq in queues.queues.items():

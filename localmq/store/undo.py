@@ -4,7 +4,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from typing import Dict, List, Optional, Set
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from localmq._native import fsync_dir
 from localmq.errors import ReadOnlyFilesystemError
@@ -13,7 +13,7 @@ from localmq.layout import (
     CONSUMEQUEUE_EXT_DIR, CTL_FILE, INDEX_DIR, LOCK_FILE, RECOVERY_DIR,
 )
 
-__all__ = ["OpenUndo", "missing_ancestor", "STORE_ENTRIES"]
+__all__ = ["OpenUndo", "missing_ancestor", "read_quarantine", "STORE_ENTRIES"]
 
 log = logging.getLogger("localmq.store")
 
@@ -35,6 +35,22 @@ def check_writable_filesystem(root: str, created_root: Optional[str]) -> None:
                                       f"localmq.open(path, read_only=True) to read it", root)
 
 
+def read_quarantine(path: str) -> Iterator[Tuple[int, bytes]]:
+    """The chunks of a quarantine copy in ``recovery/`` (commitlog-tail-*.bin, commitlog-gap-*.bin): (absolute
+    commit log offset, bytes). Raises ValueError on a truncated file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    p = 0
+    while p < len(data):
+        if p + 16 > len(data):
+            raise ValueError(f"{path}: truncated chunk header at {p}")
+        off, n = int.from_bytes(data[p:p + 8], "big"), int.from_bytes(data[p + 8:p + 16], "big")
+        if p + 16 + n > len(data):
+            raise ValueError(f"{path}: truncated chunk at {p}")
+        yield off, data[p + 16:p + 16 + n]
+        p += 16 + n
+
+
 def missing_ancestor(path: str) -> Optional[str]:
     """The topmost directory of ``path`` (itself included) that does not exist yet, or None when it exists."""
     top = None
@@ -51,11 +67,14 @@ class OpenUndo:
     """A listing of a store's own entries (STORE_ENTRIES, walked without following links: path -> size of each
     file, and the directories) taken when the opener holds the store alone, before it writes.
 
-    ``restore()`` undoes what an open did up to its failure: entries that were not listed are removed (files,
-    then their directories, deepest first), files that grew are cut back to their listed size (growing only
-    appends zeros: a segment sized at load, a checkpoint extended to 4 KiB), files saved with ``keep()`` get their
-    bytes back, and the root and the parents the open created are removed. Bytes written over existing bytes
-    (recovery cutting a torn tail, marking a gap) are not undone: they happen only once every check has passed.
+    ``restore()`` undoes what an open did up to its failure: the commit log's bytes that recovery rewrote (a gap
+    record over damage, a torn tail zeroed, segments past the end deleted; ``repaired_log``) get their bytes back
+    from the quarantine copies recovery made first, entries that were not listed are removed (files, then their
+    directories, deepest first; the quarantine copies too), files that grew are cut back to their listed size
+    (growing only appends zeros: a segment sized at load, a checkpoint extended to 4 KiB), files saved with
+    ``keep()`` get their bytes back, and the root and the parents the open created are removed. Derived files that
+    recovery cut or deleted (ConsumeQueue units, index files) are not restored: the next open rebuilds them from
+    the commit log as this one did.
 
     Only the process that holds the store alone may restore: another writer's files would look new.
     """
@@ -69,6 +88,8 @@ class OpenUndo:
         self.files: Dict[str, int] = {}
         self.dirs: Set[str] = set()
         self.kept: Dict[str, bytes] = {}
+        # commit log regions recovery rewrote: (segment directory, segment size, start, end, quarantine copy)
+        self.log_repairs: List[Tuple[str, int, int, int, Optional[str]]] = []
         if listing:
             self._take(self.created)
 
@@ -106,6 +127,47 @@ class OpenUndo:
         with open(path, "rb") as f:
             self.kept[path] = f.read()
 
+    def repaired_log(self, directory: str, file_size: int, start: int, end: int, copy: Optional[str]) -> None:
+        """Recovery is about to rewrite the commit log's bytes [start, end) (zeros, a gap or blank record, segments
+        deleted); ``copy`` holds their non-zero bytes (recovery's quarantine format: chunks of offset, length,
+        bytes), or None when they are all zeros. Call it once the copy is durable, before the first write."""
+        if self.listing:
+            self.log_repairs.append((directory, file_size, start, end, copy))
+
+    def _restore_log(self, undone: List[str], touched: Set[str]) -> None:
+        """Write back the commit log bytes recovery rewrote, the last repair first: every listed segment in the
+        region exists again with its listed size, the region is zeroed, then the copy's chunks are written."""
+        for directory, file_size, start, end, copy in reversed(self.log_repairs):
+            chunks = list(read_quarantine(copy)) if copy is not None else []
+            base = start - start % file_size
+            while base < end:
+                path = os.path.join(directory, f"{base:020d}")
+                size = self.files.get(path)
+                if size is not None:
+                    lo, hi = max(start, base), min(end, base + file_size)
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    try:
+                        if os.fstat(fd).st_size < size:
+                            os.ftruncate(fd, size)
+                            touched.add(directory)
+                        zero = bytes(min(hi - lo, 1 << 20))
+                        p = lo
+                        while p < hi:  # only where data is: a hole is zeros already
+                            n = min(len(zero), hi - p)
+                            if os.pread(fd, n, p - base).strip(b"\0"):
+                                os.pwrite(fd, zero[:n], p - base)
+                            p += n
+                        for off, data in chunks:
+                            a, b = max(off, lo), min(off + len(data), hi)
+                            if a < b:
+                                os.pwrite(fd, data[a - off:b - off], a - base)
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    undone.append(path)
+                base += file_size
+        self.log_repairs.clear()
+
     def restore(self) -> List[str]:
         """Put the store's entries back as listed; returns what was changed back. Errors are logged (the error
         that made the open fail is the one that matters)."""
@@ -119,6 +181,10 @@ class OpenUndo:
                 log.exception("removing %s after a failed open", self.created_root)
             return undone
         touched: Set[str] = set()
+        try:
+            self._restore_log(undone, touched)
+        except (OSError, ValueError):
+            log.exception("writing back the commit log bytes recovery had rewritten in %s", self.root)
         if not self.listing:
             for path in self.created:
                 try:

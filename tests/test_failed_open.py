@@ -1,0 +1,161 @@
+"""A failed open changes nothing, also when recovery had started repairing (issue 24, item 4).
+
+A store left by a crash with work for recovery to do (a torn tail to cut, damage in the middle to replace by a gap
+record, a missing ConsumeQueue to rebuild) is opened on a powerfs mount (tests/powerfs) with the k-th file operation
+of the open failing with EIO, then with ENOSPC, for every k the fault-free open makes. After each open that fails (a
+typed LocalMQError, with no descriptor left open), every commit log segment, config file, checkpoint and marker must
+hold the bytes it held before, and none may be added or removed (the quarantine copies in recovery/ included); the
+derived files (ConsumeQueues, index files) may have been cut, and the next open, with the fault gone, must recover
+the store exactly as the fault-free open does. An open that succeeds despite the fault (an operation whose failure
+it can handle, such as ENOSPC making a ConsumeQueue file) must recover the store as the fault-free one.
+"""
+import hashlib
+import os
+import shutil
+
+import pytest
+
+import localmq
+from powerfs import PowerFS, PowerFSError
+
+SMALL = dict(mapped_file_size_commit_log=64 << 10, mapped_file_size_consume_queue=20 * 40,
+             flush_interval_consume_queue=60_000, flush_interval_commit_log=60_000)
+
+
+DERIVED = ("consumequeue", "index")  # rebuilt from the commit log: a failed open may have cut or deleted them
+
+
+def snapshot(root):
+    """{relative path: sha256 of the bytes} of every file, and the set of directories, under ``root``, but for the
+    derived files (DERIVED)."""
+    files, dirs = {}, set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        if rel.split(os.sep)[0] in DERIVED:
+            continue
+        dirs.update(os.path.normpath(os.path.join(rel, d)) for d in dirnames if rel != "." or d not in DERIVED)
+        for n in filenames:
+            with open(os.path.join(dirpath, n), "rb") as f:
+                files[os.path.normpath(os.path.join(rel, n))] = hashlib.sha256(f.read()).hexdigest()
+    return files, dirs
+
+
+def open_files_under(path):
+    """The descriptors of this process open on files under ``path`` (a failed open must close every one)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(path)):
+            out.append(target)
+    return out
+
+
+def make_damaged_store(root):
+    """A store as a crash and a damaged disk leave it: the bodies put, by queue."""
+    written = {}
+    st = localmq.open(root, **SMALL)
+    for i in range(900):
+        t, q = ("a", "b", "c")[i % 3], i % 2
+        body = b"%s-%d-%d:" % (t.encode(), q, i) + bytes((i * 7 + j) % 251 for j in range(40 + i % 90))
+        st.put(t, body, queue_id=q, keys=[f"k{i}"])
+        written.setdefault((t, q), []).append(body)
+    st.wait_for_dispatch(10)
+    st.flush()
+    ends = st.commit_log.max_offset
+    st.close()
+    seg = sorted(os.listdir(root / "commitlog"))
+    assert len(seg) >= 3
+    # damage in the middle of the second-last segment: a zeroed run inside a record
+    mid = root / "commitlog" / seg[-2]
+    with open(mid, "r+b") as f:
+        f.seek(20_000)
+        f.write(bytes(300))
+    # a torn tail: garbage after the last record
+    last = root / "commitlog" / seg[-1]
+    with open(last, "r+b") as f:
+        f.seek(ends - int(seg[-1]))
+        f.write(b"\x00\x00\x01\x00" + os.urandom(60))
+    # a ConsumeQueue lost (rebuilt from the log) and the crash marker
+    shutil.rmtree(root / "consumequeue" / "c" / "1")
+    (root / "abort").touch()
+    return written
+
+
+@pytest.fixture
+def pfs(tmp_path):
+    fs = PowerFS(tmp_path / "disk", tmp_path / "mnt", deadline=1800)
+    try:
+        fs.mount()
+    except PowerFSError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield fs
+    finally:
+        fs.unmount()
+
+
+def _summary(st):
+    # an open that met ENOSPC making a ConsumeQueue file goes on with its dispatcher blocked; it retries every 100 ms
+    assert st.wait_for_dispatch(30)
+    r = st.recovery
+    return {"dropped_at": r.dropped_at, "gaps": [(g["offset"], g["bytes"]) for g in r.gaps],
+            "end": st.commit_log.max_offset,
+            "queues": {(t, q): st.max_offset(t, q) for t in "abc" for q in (0, 1)}}
+
+
+@pytest.mark.parametrize("err", ["EIO", "ENOSPC"])
+def test_an_open_failing_at_any_file_operation_leaves_the_store_as_it_found_it(pfs, tmp_path, err):
+    pristine = tmp_path / "pristine"
+    make_damaged_store(pristine)
+    before = snapshot(pristine)
+    root = pfs.mountpoint / "s"
+
+    def fresh():
+        if root.exists():
+            shutil.rmtree(root)
+        shutil.copytree(pristine, root)
+
+    fresh()
+    n0 = pfs.counters()["ops"]
+    with localmq.open(root, **SMALL) as st:
+        ops = pfs.counters()["ops"] - n0  # the open's own operations (the services have started by now: a few more)
+        expected = _summary(st)
+    assert expected["gaps"] and expected["dropped_at"] is not None  # recovery had work to do
+    assert ops > 20
+    changed, succeeded, failed = [], 0, 0
+    for k in range(1, ops + 1):
+        fresh()
+        assert snapshot(root) == before
+        pfs.fail(k, err)
+        try:
+            st = localmq.open(root, **SMALL)
+        except localmq.LocalMQError as e:
+            failed += 1
+            pfs.fail_off()
+            leaked = open_files_under(pfs.mountpoint)
+            assert not leaked, (k, type(e).__name__, str(e), leaked)
+            now = snapshot(root)
+            if now != before:
+                files_b, dirs_b = before
+                files_n, dirs_n = now
+                diff = sorted({p for p in files_b.keys() | files_n.keys() if files_b.get(p) != files_n.get(p)}
+                              | (dirs_b ^ dirs_n))
+                changed.append((k, type(e).__name__, str(e)[:160], diff[:6]))
+            with localmq.open(root, **SMALL) as st:  # the fault gone: the same recovery as without it
+                assert _summary(st) == expected, k
+            assert not open_files_under(pfs.mountpoint), k
+            continue
+        pfs.fail_off()
+        succeeded += 1
+        with st:
+            assert _summary(st) == expected, k
+        assert not open_files_under(pfs.mountpoint), k
+    print(f"\n{ops} operations in the fault-free open: {failed} failed opens, {succeeded} succeeded")
+    assert failed > ops // 2, (failed, succeeded)
+    assert not changed, f"{len(changed)} of {failed} failed opens changed the store: {changed[:10]}"
+    fresh()
+    with localmq.open(root, **SMALL) as st:
+        assert _summary(st) == expected
