@@ -163,9 +163,9 @@ def plain_fuzz(test, seeds, seconds=None, runs=None, seed=None, report=True):
 
 
 def main(test, seeds):
-    """Entry point of a target file: ``--plain [--seconds N] [--runs N]`` for the plain driver, else atheris with
-    libFuzzer's own arguments (``-max_total_time=N``, ``-runs=N``, a corpus directory); without atheris the
-    plain driver runs."""
+    """Entry point of a target file: ``--plain [--seconds N] [--runs N] [--seed N]`` for the plain driver, else
+    atheris with libFuzzer's own arguments (``-max_total_time=N``, ``-runs=N``, a corpus directory); without
+    atheris the plain driver runs."""
     argv = sys.argv[1:]
     plain = "--plain" in argv
     if not plain:
@@ -174,15 +174,17 @@ def main(test, seeds):
         except ImportError:
             plain = True
     if plain:
-        seconds = runs = None
+        seconds = runs = seed = None
         for i, a in enumerate(argv):
             if a == "--seconds":
                 seconds = float(argv[i + 1])
             elif a == "--runs":
                 runs = int(argv[i + 1])
+            elif a == "--seed":
+                seed = int(argv[i + 1])
         if seconds is None and runs is None:
             seconds = 10
-        plain_fuzz(test, seeds(), seconds, runs)
+        plain_fuzz(test, seeds(), seconds, runs, seed)
         return
     corpus_dirs = [a for a in argv if not a.startswith("-")]
     if not corpus_dirs:  # a fresh corpus directory seeded from the fixtures

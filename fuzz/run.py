@@ -1,6 +1,7 @@
 """Run every fuzz target (``fuzz/fuzz_*.py``) for a bounded time, one subprocess each (a crash fails that target,
 not the run). ``python fuzz/run.py --seconds 60`` ; ``--runs N`` stops each after N inputs instead;
-``--plain`` uses the plain mutation driver even where atheris is installed; names select targets
+``--plain`` uses the plain mutation driver even where atheris is installed; ``--jobs N`` runs N processes of each
+target at once (``--runs`` is split between them); names select targets
 (``python fuzz/run.py --seconds 600 record columns``). Prints the inputs each target ran; exits 1 on a failure.
 """
 import argparse
@@ -25,25 +26,54 @@ def have_atheris():
     return True
 
 
-def run_target(path, seconds, runs, plain):
+def _command(path, seconds, runs, plain, work, job):
+    if plain:
+        cmd = [sys.executable, path, "--plain", "--seed", str(job)]
+        return cmd + (["--runs", str(runs)] if runs else ["--seconds", str(seconds)])
+    cmd = [sys.executable, path, "-rss_limit_mb=4096", "-print_final_stats=1", f"-seed={job + 1}"]
+    cmd += [f"-runs={runs}"] if runs else [f"-max_total_time={int(seconds)}"]
+    corpus = os.path.join(work, f"corpus-{job}")
+    os.makedirs(corpus)
+    return cmd + [corpus]
+
+
+def run_target(path, seconds, runs, plain, jobs=1):
+    """Run one target in ``jobs`` processes at once (each with its own seed and ``runs / jobs`` inputs); returns
+    (exit code: the first failure's, inputs run in all, seconds, output of the failure or of the last job)."""
     work = tempfile.mkdtemp(prefix="localmq-fuzz-run-")  # the target's files and corpus, removed after it
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TMPDIR=work)
-    if plain:
-        cmd = [sys.executable, path, "--plain"]
-        cmd += ["--runs", str(runs)] if runs else ["--seconds", str(seconds)]
-    else:
-        cmd = [sys.executable, path, "-rss_limit_mb=4096", "-print_final_stats=1"]
-        cmd += [f"-runs={runs}"] if runs else [f"-max_total_time={int(seconds)}"]
-        os.makedirs(os.path.join(work, "corpus"))
-        cmd.append(os.path.join(work, "corpus"))
+    # fuzz_open_store's stores go to a tmpfs where there is one (its _store_dir); a target ended by libFuzzer does
+    # not run its exit handlers, so the directory is made and removed here
+    shm = tempfile.mkdtemp(prefix="localmq-fuzz-stores-", dir="/dev/shm") if os.access("/dev/shm", os.W_OK) else work
+    env.setdefault("LOCALMQ_FUZZ_STORE_DIR", shm)
+    per_job = -(-runs // jobs) if runs else 0
     t0 = time.monotonic()
+    procs = []
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+        for job in range(jobs):
+            log = open(os.path.join(work, f"out-{job}.txt"), "w+")
+            procs.append((subprocess.Popen(_command(path, seconds, per_job, plain, work, job), stdout=log,
+                                           stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT), log))
+        rc, total, out = 0, 0, ""
+        for proc, log in procs:
+            code = proc.wait()
+            log.seek(0)
+            text = log.read()
+            log.close()
+            m = re.findall(r"Done (\d+) runs", text) or re.findall(r"stat::number_of_executed_units:\s*(\d+)", text)
+            total = None if total is None or not m else total + int(m[-1])
+            if code != 0 and rc == 0:
+                rc, out = code, text
+            elif rc == 0:
+                out = text
     finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         shutil.rmtree(work, ignore_errors=True)
-    out = proc.stdout + proc.stderr
-    m = re.findall(r"Done (\d+) runs", out) or re.findall(r"stat::number_of_executed_units:\s*(\d+)", out)
-    return proc.returncode, int(m[-1]) if m else None, time.monotonic() - t0, out
+        shutil.rmtree(shm, ignore_errors=True)
+    return rc, total, time.monotonic() - t0, out
 
 
 def main(argv=None):
@@ -51,6 +81,7 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--runs", type=int, default=0)
     ap.add_argument("--plain", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1, help="processes per target (each its own seed)")
     ap.add_argument("targets", nargs="*")
     args = ap.parse_args(argv)
     plain = args.plain or not have_atheris()
@@ -59,7 +90,7 @@ def main(argv=None):
         paths = [p for p in paths if os.path.basename(p)[5:-3] in args.targets]
     failed = 0
     for p in paths:
-        rc, n, took, out = run_target(p, args.seconds, args.runs, plain)
+        rc, n, took, out = run_target(p, args.seconds, args.runs, plain, max(1, args.jobs))
         name = os.path.basename(p)[5:-3]
         print(f"{name:16} {'ok' if rc == 0 else 'FAILED (exit %d)' % rc:18} {n if n is not None else '?':>10} inputs"
               f"  {took:6.0f} s  ({'plain' if plain else 'atheris'})", flush=True)
