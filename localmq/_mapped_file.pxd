@@ -1,4 +1,5 @@
 # MappedFile: one pre-sized, memory-mapped segment with wrote / committed / flushed positions.
+from cpython.pythread cimport PyThread_type_lock
 from libc.stdint cimport int64_t, uint8_t
 
 cdef class WriteBuffer:
@@ -47,6 +48,10 @@ cdef class MappedFile:
     # flush could not write (Linux marks them clean after reporting the error once), so a later flush that succeeds
     # proves nothing: once set, flush() and fsync() raise again without trying.
     cdef public int sync_error
+    # Every msync / fdatasync of the file runs under this lock, with the check of ``sync_error`` before it and its
+    # setting after a failure: a failed sync reports the file's error once (the kernel's errseq), so a sync running
+    # beside it could return success for pages the failed one lost. Taken without the GIL (``sync_c``).
+    cdef PyThread_type_lock sync_lock
 
     cdef int _check_open(self) except -1
     cdef int64_t read_position(self) noexcept nogil
@@ -57,4 +62,5 @@ cdef class MappedFile:
     cdef int ensure_reserved(self, int64_t end) except -1
     cdef int reserve_range(self, int64_t start, int64_t end) except -1
     cdef int prepare_c(self, int64_t start, int64_t end) noexcept nogil
+    cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil
     cdef int unpin(self) except -1

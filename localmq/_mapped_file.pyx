@@ -6,6 +6,9 @@ import errno as _errno  # the name errno is libc's (cimported below)
 import time
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo
+from cpython.pythread cimport (
+    WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
+)
 from libc.errno cimport errno
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy, memset
@@ -15,8 +18,8 @@ from localmq._native cimport (
     c_populate_write, c_pretouch, c_unmap, raise_errno,
 )
 from localmq._os cimport (
-    lmq_fallocate, lmq_fdatasync, lmq_is_zero, lmq_load_acq, lmq_map_anon, lmq_populate_write, lmq_pretouch,
-    lmq_store_max, lmq_store_rel,
+    lmq_fallocate, lmq_fdatasync, lmq_is_zero, lmq_load_acq, lmq_map_anon, lmq_msync, lmq_populate_write,
+    lmq_pretouch, lmq_store_max, lmq_store_rel,
 )
 
 from localmq.errors import CorruptStoreError, StoreClosedError, io_operation, store_io_error
@@ -92,6 +95,9 @@ cdef class MappedFile:
         cdef void *p = NULL
         self.fd = -1
         self.addr = NULL
+        self.sync_lock = PyThread_allocate_lock()
+        if self.sync_lock == NULL:
+            raise MemoryError()
         self.path = os.fspath(path)
         if file_size <= 0:
             raise ValueError("file_size must be positive")
@@ -212,6 +218,26 @@ cdef class MappedFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.sync_lock != NULL:
+            PyThread_free_lock(self.sync_lock)
+            self.sync_lock = NULL
+
+    cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil:
+        """fdatasync the file (``data_sync``) or msync(MS_SYNC) [off, off + length) of the mapping, under
+        ``sync_lock``: 0, or the errno of this sync or of an earlier one that failed (``sync_error``, set here
+        before the lock is released, so no other sync of the file can meanwhile take the reported error's place
+        for a success)."""
+        cdef int rc, err = 0
+        PyThread_acquire_lock(self.sync_lock, WAIT_LOCK)
+        if self.sync_error != 0:
+            err = self.sync_error
+        else:
+            rc = lmq_fdatasync(self.fd, 0) if data_sync else lmq_msync(self.addr, <size_t>off, <size_t>length, 1)
+            if rc != 0:
+                err = errno
+                self.sync_error = err
+        PyThread_release_lock(self.sync_lock)
+        return err
 
     cdef int ensure_reserved(self, int64_t end) except -1:
         """Reserve the blocks below ``end`` (and a step beyond it) before anything is written there. Raises
@@ -241,10 +267,9 @@ cdef class MappedFile:
             return errno
         if lmq_populate_write(self.addr, start, end - start) != 0:
             return errno
-        if lmq_fdatasync(self.fd, 0) != 0:
-            if self.sync_error == 0:
-                self.sync_error = errno  # the caller tells a failed sync (poisoning the file) by this
-            return errno
+        cdef int err = self.sync_c(True, 0, 0)
+        if err != 0:
+            return err  # sync_error is set: the caller tells a failed sync (poisoning the file) by it
         if end > self.prepared_pos:
             self.prepared_pos = end
         return 0
@@ -582,12 +607,11 @@ cdef class MappedFile:
         if wrote < self.file_size:
             if least_pages > 0 and (wrote // OS_PAGE_SIZE) - (flushed // OS_PAGE_SIZE) < least_pages:
                 return flushed
-        try:
-            c_msync(self.addr, flushed, wrote - flushed, True, self.path)
-        except OSError as e:
-            if self.sync_error == 0:
-                self.sync_error = e.errno or _errno.EIO
-            raise
+        cdef int err
+        with nogil:  # msync(MS_SYNC) waits for the disk
+            err = self.sync_c(False, flushed, wrote - flushed)
+        if err != 0:
+            raise_errno(err, self.path, "msync")
         self.flushed_pos = wrote
         self.flushed_store_timestamp = ts
         return wrote
@@ -598,12 +622,11 @@ cdef class MappedFile:
         self._check_open()
         if self.sync_error != 0:
             raise_errno(self.sync_error, self.path, SYNC_FAILED_BEFORE)
-        try:
-            c_fdatasync(self.fd, False, self.path)
-        except OSError as e:
-            if self.sync_error == 0:
-                self.sync_error = e.errno or _errno.EIO
-            raise
+        cdef int err
+        with nogil:
+            err = self.sync_c(True, 0, 0)
+        if err != 0:
+            raise_errno(err, self.path, "fdatasync")
 
     # -- page cache helpers (warm-up, residency) ---------------------------------------------------------
 

@@ -344,6 +344,15 @@ def _bodies(st, topic="t", queue_id=0):
     return [bytes(m.body) for m in r.messages]
 
 
+def _segments_made_ahead(st, n=2, timeout=10.0):
+    """Wait until the allocation service has made the ``n`` segments it makes ahead of the writer: its fdatasync of
+    a new segment's size must not be the operation a test arms to fail (it runs in its own thread)."""
+    deadline = time.monotonic() + timeout
+    while st.stats()["allocate"]["created_ahead"] < n:
+        assert time.monotonic() < deadline, st.stats()["allocate"]
+        time.sleep(0.01)
+
+
 def test_a_failed_fdatasync_of_the_log_is_never_retried_into_a_success(pfs):
     import localmq
     from localmq import PutStatus
@@ -352,6 +361,7 @@ def test_a_failed_fdatasync_of_the_log_is_never_retried_into_a_success(pfs):
     st = localmq.open(root, flush_disk_type="SYNC_FLUSH", **SMALL)
     acked = [b"acked %d" % i for i in range(3)]
     assert all(st.put("t", b).status is PutStatus.PUT_OK for b in acked)
+    _segments_made_ahead(st)
     pfs.fail(1, "EIO", ["fsync"])
     r = st.put("t", b"its flush fails")
     assert r.status is PutStatus.FLUSH_DISK_TIMEOUT  # written, not known to be on disk: at once, not after 2 s
@@ -389,6 +399,7 @@ def test_after_a_failed_msync_async_puts_are_refused_and_close_says_why(pfs):
     st.put("t", b"flushed")
     st.flush()
     st.put("t", b"in the page cache only")
+    _segments_made_ahead(st)
     pfs.fail(1, "ENOSPC", ["fsync"])
     with pytest.raises(localmq.StoreIOError) as e:
         st.flush()

@@ -274,6 +274,41 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                      report.end_offset)
         return last_exit_ok
 
+    def _check_log_on_disk(self) -> None:
+        """The dispatcher stopped on an invalid record in the log this store wrote: a flush of the whole log tells
+        whether a write-back failed (then ``sync_failure`` is set and DispatchError names it). Its own error is
+        kept there, not raised: the dispatcher's error stays the one waiters see first."""
+        mfq = self._cl_mfq
+        # under the flush lock and the group commit's claim, as every flush of the log: no group leader may
+        # fdatasync a file while this one reports (and consumes) its error, and take its own success for one
+        gc = self._group_commit
+        if gc is not None:
+            gc.pause()  # the claim first, then the flush lock: the GroupCommitService's order
+        try:
+            with mfq.flush_lock:
+                for mf in list(mfq.files):  # fdatasync of each segment, dirty or not: a failed write-back reports
+                    try:
+                        mf.fsync()
+                    except OSError as e:
+                        mfq.report_sync_failure(e)
+                        return
+                    except StoreClosedError:  # deleted meanwhile by retention
+                        continue
+        finally:
+            if gc is not None:
+                gc.done(gc.flushed)
+
+    def _dispatch_stopped(self, error: Optional[BaseException],
+                          what: str = "the dispatch service stopped") -> DispatchError:
+        """The DispatchError for a dispatcher stopped on ``error``; on an invalid record, once the dispatch thread
+        has asked the disk (``_check_log_on_disk``, at most 5 s), so that a failed write-back is named."""
+        svc = getattr(self, "_reput_service", None)
+        if error is not None and not isinstance(error, OSError) and svc is not None:
+            deadline = time.monotonic() + 5.0
+            while svc.alive and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return DispatchError.stopped(error, what, io_failure=self._cl_mfq.sync_failure)
+
     def _dispatch_blocked(self, error: Optional[OSError]) -> None:
         """The dispatcher waits for disk space (``error``) or made the file it waited for (None): meanwhile puts answer
         CREATE_MAPPED_FILE_FAILED, so that the space that returns goes to indexing what was acknowledged, not to new
@@ -313,7 +348,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         """Mark the store running (``abort``), start the dispatcher and the services, set up reads."""
         self._mark_running()
         self.commit_log.set_dispatch_event(self._reput.wake_event)
-        self._reput_service = ReputMessageService(self._reput)
+        self._reput_service = ReputMessageService(self._reput, check_disk=self._check_log_on_disk)
         self._reput_service.start()
         self._services.append(self._reput_service)
         self._start_services()
@@ -712,12 +747,11 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 core.wake()
                 while core.reput_offset < target:
                     if core.error is not None:
-                        raise DispatchError.stopped(core.error, io_failure=self._cl_mfq.sync_failure) from core.error
+                        raise self._dispatch_stopped(core.error) from core.error
                     if self._closed:
                         raise StoreClosedError("the store was closed while waiting")
                     if not self._reput_service.alive and core.reput_offset < target:
-                        raise DispatchError.stopped(core.error, "the dispatch service is not running",
-                                                    io_failure=self._cl_mfq.sync_failure) from core.error
+                        raise self._dispatch_stopped(core.error, "the dispatch service is not running") from core.error
                     if unless_blocked and core.blocked is not None:
                         return False
                     wait = 0.05
@@ -764,7 +798,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                     if cur > since or self._wakes != wakes:
                         break
                     if core.error is not None:
-                        raise DispatchError.stopped(core.error, io_failure=self._cl_mfq.sync_failure) from core.error
+                        raise self._dispatch_stopped(core.error) from core.error
                     if self._closed:
                         raise StoreClosedError("the store was closed while waiting")
                     # bounded slices: the loop re-checks even if a notification raced with the waiter count

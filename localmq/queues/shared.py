@@ -321,7 +321,7 @@ class SharedMessageQueue(LocalMessageQueue):
             self._reput_attached = True
         self._reput.reset_stop()
         self._reput.error = None
-        svc = ReputMessageService(self._reput)
+        svc = ReputMessageService(self._reput, check_disk=self._check_log_on_disk)
         self._reput_service = svc
         svc.start()
         self._hk_services.append(svc)
@@ -526,7 +526,7 @@ class SharedMessageQueue(LocalMessageQueue):
                 return True
             if self._housekeeper and self._reput.error is not None:
                 err = self._reput.error
-                raise DispatchError.stopped(err, io_failure=self._cl_mfq.sync_failure) from err
+                raise self._dispatch_stopped(err) from err
             if self._closed:
                 raise self._closed_error()
             wait = 0.05

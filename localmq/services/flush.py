@@ -195,14 +195,23 @@ class GroupCommitService(ServiceThread):
         mfq = self.mfq
         if mfq.sync_failure is not None:
             return
-        prepare_ahead(mfq.last(), self, mfq)
-        if mfq.flushed_where >= mfq.max_offset():
-            return
+        # both sync the segment a group leader may be fdatasyncing: they claim the group commit first (no leader
+        # runs meanwhile), and a failure fails it before the claim is given back. A sync beside a leader's could
+        # report (and so consume) the error of pages a put wrote while the leader's succeeded and acknowledged
+        # them (tests/test_fault_sweep.py: SYNC_FLUSH EIO, acknowledged messages lost)
+        gc = self.gc
+        gc.pause()
         try:
-            mfq.flush_to(self.gc.flushed)
-        except OSError as e:
-            _log_failure(self, e, "flushing the commit log")
-            return
+            prepare_ahead(mfq.last(), self, mfq)
+            if mfq.flushed_where >= mfq.max_offset():
+                return
+            try:
+                mfq.flush_to(gc.flushed)
+            except OSError as e:
+                _log_failure(self, e, "flushing the commit log")
+                return
+        finally:
+            gc.done(gc.flushed)
         ts = mfq.store_timestamp
         if ts > 0:
             self.checkpoint.physic_msg_timestamp = ts

@@ -9,7 +9,6 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
-from libc.errno cimport errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memset
 
@@ -25,7 +24,7 @@ from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_re
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
     lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_fail, lmq_gc_failed, lmq_gc_pause, lmq_gc_flushed,
-    lmq_gc_free, lmq_gc_new, lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fdatasync, lmq_fetch_add,
+    lmq_gc_free, lmq_gc_new, lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fetch_add,
     lmq_load_acq, lmq_load_sc, lmq_now_ms, lmq_set_timer_slack_ns, lmq_store_max, lmq_store_rel,
     lmq_store_sc,
 )
@@ -328,10 +327,11 @@ cdef class GroupCommit:
                     flushed = mf.flushed_pos
                     if wrote > flushed:
                         ts = mf.store_timestamp
-                        rc = lmq_fdatasync(mf.fd, 0)
-                        if rc != 0:
-                            err = errno
-                            mf.sync_error = err
+                        # under the file's sync lock: a success can never stand for pages that another sync of the
+                        # file lost and reported (sync_error is set before the lock is released)
+                        err = mf.sync_c(True, 0, 0)
+                        if err != 0:
+                            rc = -1
                             lmq_gc_fail(self.gc, err, base)  # never retried: the waiters get the error
                             lmq_gc_done(self.gc, base + flushed)  # release the claim
                             break
@@ -1283,10 +1283,9 @@ cdef class CommitLog:
                     rel = end - base
                     if rel > mf.flushed_pos:
                         t0 = lmq_shm_monotonic_ns()
-                        rc = lmq_fdatasync(mf.fd, 0)
-                        if rc != 0:
-                            err = errno
-                            mf.sync_error = err
+                        err = mf.sync_c(True, 0, 0)  # (the file's sync lock: see serve)
+                        if err != 0:
+                            rc = -1
                             break
                         now = lmq_shm_monotonic_ns()
                         self.sync_fsync_total_ns += now - t0
