@@ -20,9 +20,10 @@ import localmq
 from localmq._record import decode_message, scan_record, walk_records
 from localmq.errors import CorruptFrameError, CorruptStoreError, LocalMQError, NotAStoreError, StoreLockedError
 from localmq.queues.readonly import _lock_holder  # the read-only view's F_GETLK probe (takes no lock)
+from localmq._index import key_hash
 from localmq.layout import (
     CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, CTL_S_FLUSHED, CTL_S_HOUSEKEEPER, CTL_S_INDEXED, CTL_S_PUTS,
-    CTL_S_REPUT, CTL_S_WPOS,
+    CTL_S_REPUT, CTL_S_WPOS, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE,
 )
 from localmq.status import GetStatus, RecordStatus
 from localmq.store.checkpoint import read_checkpoint
@@ -581,6 +582,40 @@ def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress,
     return units_checked, lost
 
 
+def _verify_index_items(files, idx, end: int, samples: int = 512) -> Tuple[int, int]:
+    """(items whose key hash is none of the record's keys, items checked): up to ``samples`` items spread over the
+    file, each pointing at a record below ``end`` in a segment still there."""
+    count = idx.header.index_count
+    if count <= 1:
+        return 0, 0
+    step = max(1, (count - 1) // samples)
+    items_at = INDEX_HEADER_SIZE + idx.hash_slot_num * INDEX_SLOT_SIZE
+    mf = idx.mapped_file
+    wrong = checked = 0
+    for i in range(1, count, step):
+        raw = mf.read(items_at + i * INDEX_ITEM_SIZE, INDEX_ITEM_SIZE)
+        h, phy = int.from_bytes(raw[:4], "big", signed=True), int.from_bytes(raw[4:12], "big", signed=True)
+        seg = files.segment_of(phy)
+        if seg is None or phy >= end:
+            continue  # deleted by retention, or past what recovery keeps
+        checked += 1
+        seg_mf = files.map_segment(*seg)
+        try:
+            msg = decode_message(seg_mf, phy - seg[0], check_crc=False, base_offset=seg[0])
+        except CorruptFrameError:
+            msg = None
+        finally:
+            seg_mf.close()
+        if msg is None:
+            wrong += 1
+            continue
+        props = msg.properties
+        keys = [props.get("UNIQ_KEY")] + (props.get("KEYS") or "").split(" ")
+        if h not in {key_hash(f"{msg.topic}#{k}") for k in keys if k}:
+            wrong += 1
+    return wrong, checked
+
+
 def _verify(args) -> int:
     files = _files(args.store)
     problems: List[str] = []
@@ -603,9 +638,19 @@ def _verify(args) -> int:
     index_files = files.index_files()
     for f in index_files:
         try:
-            IndexFile.open(f.path, writable=False).close()
+            idx = IndexFile.open(f.path, writable=False)
         except (CorruptStoreError, OSError) as e:
             problems.append(f"index file {f.path}: {e}")
+            continue
+        try:
+            wrong, sampled = _verify_index_items(files, idx, end)
+        finally:
+            idx.close()
+        if wrong:
+            problems.append(f"index file {f.path}: {wrong} of {sampled} sampled items do not hold the key hash of the "
+                            f"record they point at, read with {idx.hash_slot_num} slots and {idx.index_num} items "
+                            f"(a file of another geometry, or damaged): queries would miss keys. It is derived "
+                            f"data: delete it and the next open indexes its records again")
     try:
         read_checkpoint(files.checkpoint)
     except NotAStoreError:
