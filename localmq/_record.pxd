@@ -1,6 +1,6 @@
 # RocketMQ CommitLog records (4.x V1, 5.x V2): the one decoder (parse_record) and encoder (write_record) of a record,
-# shared by the put path, the dispatcher, the get path, recovery, the readers and the columnar decoder. Layout constants:
-# _layout.pxd.
+# shared by the put path, the dispatcher, the get path, recovery, the readers and the columnar decoder. Layout
+# constants: _layout.pxd.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 # parse_record outcomes (localmq.status.RecordStatus.of maps them to names)

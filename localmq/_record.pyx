@@ -790,11 +790,13 @@ def unknown_format(data, Py_ssize_t pos=0, Py_ssize_t end=-1):
     written data (default: its size). Nothing past ``end`` is read.
 
     The rule (README, Recovery), for a position where the previous record ended exactly:
-    1. the magic is none of V1, V2, blank, and not zero (zeros are the end of the data, or a torn write);
+    1. the magic is none of V1, V2, blank, and none of its 4 bytes is zero (zeros are the end of the data, or what a
+       lost or zeroed sector leaves; RocketMQ's magics have no zero byte);
     2. it is no known record whose magic alone is damaged: with the V1 or the V2 magic put back, the bytes do not
        make a valid record (lengths, body CRC) -- a flipped byte of a V1 magic is damage, one record;
     3. its TOTALSIZE frames it: the record ends inside the data, exactly where a valid V1 / V2 record, a blank or
-       gap record, zeros (the end of the data), another record with the same magic, or the segment's end begins.
+       gap record, another record with the same magic, the segment's end, or zeros up to ``end`` (the end of the
+       data: a zeroed region with records after it does not frame anything) begins.
     Random bytes (a page of garbage) fail 3: a length read from them lands on a record boundary by chance only.
     """
     cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
@@ -809,8 +811,11 @@ def unknown_format(data, Py_ssize_t pos=0, Py_ssize_t end=-1):
     cdef uint32_t magic = lmq_be32(p + 4)
     cdef RecordView v
     cdef int rc
+    cdef Py_ssize_t k
     if (magic == <uint32_t>MESSAGE_MAGIC_CODE or magic == <uint32_t>MESSAGE_MAGIC_CODE_V2
-            or magic == <uint32_t>BLANK_MAGIC_CODE or magic == 0):
+            or magic == <uint32_t>BLANK_MAGIC_CODE):
+        return None
+    if (magic & 0xFF) == 0 or (magic & 0xFF00) == 0 or (magic & 0xFF0000) == 0 or (magic & 0xFF000000) == 0:
         return None
     if total < 8 or total > end - pos:
         return None
@@ -824,7 +829,12 @@ def unknown_format(data, Py_ssize_t pos=0, Py_ssize_t end=-1):
     if nxt == end:
         return magic
     rc = parse_record(&mv[0] + nxt, end - nxt, &v, True)
-    if rc in (REC_OK, REC_BLANK, REC_GAP, REC_END):
+    if rc in (REC_OK, REC_BLANK, REC_GAP):
+        return magic
+    if rc == REC_END:
+        for k in range(nxt, end):
+            if mv[k] != 0:
+                return None
         return magic
     if end - nxt >= 8 and lmq_be32(&mv[0] + nxt + 4) == magic:
         return magic

@@ -359,3 +359,47 @@ def get_all_skipping(st, topic, q):
             return out
         out += [bytes(m.body) for m in got.messages]
         off = got.next_begin_offset
+
+
+def test_cli_on_an_unknown_format_record(tmp_path):
+    """verify names the record (exit 4, not damage) and walks on after it; stats finds the log's end past it."""
+    path = str(tmp_path / "s")
+    puts = write_v1(path)
+    victim = puts[40]
+    put_foreign(path, victim)
+    before = sha(path)
+    v = json.loads(cli("verify", path, "--json", rc=4))
+    assert v["problems"] == [] and v["ok"] is False
+    assert v["unknown_records"] == [{"offset": victim.physical_offset, "magic": f"0x{FOREIGN_MAGIC:08X}",
+                                     "size": victim.wrote_bytes}]
+    assert v["records"] == 119
+    text = cli("verify", path, rc=4)
+    assert "UNKNOWN FORMAT" in text and "DAMAGE" not in text
+    s = json.loads(cli("stats", path, "--json"))
+    assert s["commit_log"]["end"] == puts[-1].physical_offset + puts[-1].wrote_bytes
+    assert sha(path) == before
+
+
+def test_unknown_format_rule_both_directions():
+    from localmq._record import unknown_format
+    a = rocketmq_record("TopicTest", b"a" * 40, b"TAGS\x01x", v2=False)
+    b = rocketmq_record(LONG, b"b" * 40, b"", v2=True, physical_offset=len(a))
+    foreign = struct.pack(">iI", 120, FOREIGN_MAGIC) + bytes(range(1, 113))
+    seg = foreign + a + b + bytes(200)
+    assert unknown_format(seg, 0) == FOREIGN_MAGIC                       # framed by the V1 record after it
+    assert unknown_format(foreign + b, 0) == FOREIGN_MAGIC               # ... by a V2 record
+    assert unknown_format(foreign + foreign, 0) == FOREIGN_MAGIC         # ... by another of its kind
+    assert unknown_format(foreign + bytes(64), 0) == FOREIGN_MAGIC       # ... by the end of the data
+    assert unknown_format(foreign, 0) == FOREIGN_MAGIC                   # ... by the segment's end
+    assert unknown_format(seg, len(foreign)) is None                     # a V1 record is known
+    # damage: a length that lands inside a record, zeros with data after them, a magic with a zero byte (a lost
+    # sector), a V1 record whose magic alone is damaged
+    assert unknown_format(struct.pack(">iI", 96, FOREIGN_MAGIC) + bytes(92) + a, 0) is None
+    assert unknown_format(foreign + bytes(64) + a, 0) is None
+    assert unknown_format(struct.pack(">iI", 120, 0xDAA30000) + bytes(range(1, 113)) + a, 0) is None
+    flipped = a[:7] + b"\xc3" + a[8:]
+    assert unknown_format(flipped + b, 0) is None
+    assert scan_record(flipped + b, 0, True)[0] == "bad magic"
+    # a length running past the data, or too short to hold its own header
+    assert unknown_format(struct.pack(">iI", 4000, FOREIGN_MAGIC) + bytes(100), 0) is None
+    assert unknown_format(struct.pack(">iI", 4, FOREIGN_MAGIC) + a, 0) is None
