@@ -792,8 +792,9 @@ def unknown_format(data, Py_ssize_t pos=0, Py_ssize_t end=-1):
     The rule (README, Recovery), for a position where the previous record ended exactly:
     1. the magic is none of V1, V2, blank, and none of its 4 bytes is zero (zeros are the end of the data, or what a
        lost or zeroed sector leaves; RocketMQ's magics have no zero byte);
-    2. it is no known record whose magic alone is damaged: with the V1 or the V2 magic put back, the bytes do not
-       make a valid record (lengths, body CRC) -- a flipped byte of a V1 magic is damage, one record;
+    2. it is no known record with a damaged magic: with the V1 or the V2 magic put back, the bytes do not make a
+       well-formed record (its lengths add up to TOTALSIZE; the body CRC is not asked, the damage may reach the
+       body too) -- a flipped byte of a V1 magic is damage, one record;
     3. its TOTALSIZE frames it: the record ends inside the data, exactly where a valid V1 / V2 record, a blank or
        gap record, another record with the same magic, the segment's end, or zeros up to ``end`` (the end of the
        data: a zeroed region with records after it does not frame anything) begins.
@@ -823,7 +824,7 @@ def unknown_format(data, Py_ssize_t pos=0, Py_ssize_t end=-1):
     cdef uint8_t[::1] b = buf
     for known in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
         lmq_put32(&b[0] + 4, <uint32_t>known)
-        if parse_record(&b[0], total, &v, True) == REC_OK:
+        if parse_record(&b[0], total, &v, False) == REC_OK:
             return None
     cdef Py_ssize_t nxt = pos + total
     if nxt == end:

@@ -399,6 +399,10 @@ def test_unknown_format_rule_both_directions():
     assert unknown_format(struct.pack(">iI", 120, 0xDAA30000) + bytes(range(1, 113)) + a, 0) is None
     flipped = a[:7] + b"\xc3" + a[8:]
     assert unknown_format(flipped + b, 0) is None
+    # ... also when the damage reaches the body (the lengths still add up: a known record, damaged)
+    both = bytearray(flipped)
+    both[a.index(b"a" * 40)] ^= 0x10
+    assert unknown_format(bytes(both) + b, 0) is None
     assert scan_record(flipped + b, 0, True)[0] == "bad magic"
     # a length running past the data, or too short to hold its own header
     assert unknown_format(struct.pack(">iI", 4000, FOREIGN_MAGIC) + bytes(100), 0) is None

@@ -45,7 +45,8 @@ def run5(cmd: list[str], *args: str) -> list[list[str]]:
     jtmp.mkdir(parents=True, exist_ok=True)
     r = subprocess.run([cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], *args], capture_output=True, text=True,
                        timeout=180)
-    assert r.returncode == 0, f"Store5Harness {args[0]} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    assert r.returncode == 0, (f"Store5Harness {args[0]} failed ({r.returncode}):\n{r.stdout[-4000:]}\n"
+                              f"{r.stderr[-4000:]}")
     with open(args[2], encoding="utf-8") as f:
         return [line.rstrip("\n").split("\t") for line in f]
 
