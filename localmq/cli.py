@@ -834,7 +834,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Every command but `dlq --redrive` opens the store read-only (no lock, no write): beside a live "
                "writer that opened it with shared=True, or a closed store. Exit codes: 0 ok, 1 damage found or "
                "nothing found, 2 usage error, 3 the store is held by one live process alone (dump and verify still "
-               "read its files).")
+               "read its files), 4 (verify) no damage but records of a format localmq does not know.")
     p.add_argument("--version", action="version", version=f"localmq {localmq.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
@@ -885,7 +885,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--max", type=_int_at_least(1), help="at most N messages")
     body_bytes(c)
     c = command("verify", _verify, "walk every file: record CRCs and structure, ConsumeQueue units, index, "
-                "checkpoint and config files; exit code 1 on damage")
+                "checkpoint and config files; exit code 1 on damage, 4 on records of a format localmq "
+                "does not know (not damage)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar (none is shown off a terminal)")
     c = command("dump", _dump, "print commit log records (a localmq or RocketMQ store, its commitlog directory or a "
                 "segment file)", store=False)

@@ -289,6 +289,11 @@ def test_unknown_format_record_refuses_a_writable_open_and_changes_no_byte(tmp_p
         assert bodies == [f"body-{i:04d}".encode() * 8 for i in range(1, 120, 2)]
         first = ro.get_message("orders", 0, 0, max_messages=32)
         assert [bytes(m.body) for m in first.messages] == [f"body-{i:04d}".encode() * 8 for i in range(0, 40, 2)]
+        # the unit at the unknown record: a typed error naming it, and the queue goes on after it
+        with pytest.raises(localmq.CorruptMessageError) as e3:
+            ro.get_message("orders", 0, 20)
+        assert f"0x{FOREIGN_MAGIC:08X}" in str(e3.value) and "format localmq does not know" in str(e3.value)
+        assert e3.value.next_offset == 21
     finally:
         ro.close()
     # the readers name it, never skip it
