@@ -460,3 +460,16 @@ def test_spark_decode_layer_reads_v2_records(tmp_path, mode):
                       t.column("offset").to_pylist(), t.column("value").to_pylist()))
     want = sorted((topic, q, i, b) for (topic, q), bodies in written.items() for i, b in enumerate(bodies))
     assert rows == want
+
+
+def test_shared_store_holds_topics_up_to_its_row(tmp_path):
+    """A store shared between processes keeps each topic's queue offsets in a control-file row of 248 name bytes:
+    a longer topic is refused with InvalidTopicError, never written over the row's next field."""
+    with localmq.open(tmp_path / "s", shared=True, **KW) as st:
+        ok = "y" * 248
+        assert st.put(ok, b"fits", queue_id=1).ok
+        with pytest.raises(localmq.InvalidTopicError):
+            st.put("z" * 249, b"too long for the row")
+        assert st.put(ok, b"again", queue_id=1).queue_offset == 1
+        st.wait_for_dispatch()
+        assert [bytes(m.body) for m in get_all(st, ok, 1)] == [b"fits", b"again"]
