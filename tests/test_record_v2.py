@@ -473,3 +473,25 @@ def test_shared_store_holds_topics_up_to_its_row(tmp_path):
         assert st.put(ok, b"again", queue_id=1).queue_offset == 1
         st.wait_for_dispatch()
         assert [bytes(m.body) for m in get_all(st, ok, 1)] == [b"fits", b"again"]
+
+
+def test_v2_record_with_a_topic_longer_than_a_file_name_is_refused_not_repaired(tmp_path):
+    """A valid V2 record naming a 300-byte topic (the int16 field allows it; no ConsumeQueue directory can hold it):
+    not damage either. A writable open refuses the store and changes no byte; the readers still read it."""
+    path = tmp_path / "rmq"
+    (path / "commitlog").mkdir(parents=True)
+    a = rocketmq_record("TopicTest", b"first", b"", v2=False)
+    b = rocketmq_record("w" * 300, b"too long a name", b"", v2=True, physical_offset=len(a))
+    c = rocketmq_record("TopicTest", b"third", b"", v2=False, queue_offset=1, physical_offset=len(a) + len(b))
+    seg = bytearray(SEG)
+    data = a + b + c
+    seg[:len(data)] = data
+    seg[len(data):len(data) + 8] = struct.pack(">iI", SEG - len(data), 0xCBD43194)
+    (path / "commitlog" / f"{0:020d}").write_bytes(bytes(seg))
+    before = sha(path)
+    with pytest.raises(localmq.UnknownRecordFormatError) as e:
+        localmq.open(str(path), **KW)
+    assert e.value.offset == len(a) and "300 bytes" in str(e.value)
+    assert sha(path) == before
+    assert [m.topic for m in read_commitlog(str(path / "commitlog"), mapped_file_size=SEG)] == [
+        "TopicTest", "w" * 300, "TopicTest"]
