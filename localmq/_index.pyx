@@ -22,7 +22,7 @@ from libc.string cimport memcpy
 
 from localmq._layout cimport (
     INDEX_H_BEGIN_PHY, INDEX_H_BEGIN_TS, INDEX_H_END_PHY, INDEX_H_END_TS, INDEX_H_INDEX_COUNT, INDEX_H_SLOT_COUNT,
-    INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_MAX_KEY_BYTES, INDEX_SLOT_SIZE, MAX_PROPERTIES_SIZE, MAX_TOPIC_BYTES,
+    INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_MAX_KEY_BYTES, INDEX_SLOT_SIZE, MAX_PROPERTIES_SIZE, MAX_TOPIC_NAME_BYTES,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_ROLLBACK,
 )
@@ -289,7 +289,7 @@ cdef int _check_rows(Py_ssize_t nbuf, const int64_t[::1] phys, const int64_t[::1
                    props_pos.shape[0], props_len.shape[0]):
         raise ArgumentRangeError("count exceeds the columns", "count")
     for r in range(row, count):
-        if (topic_len[r] < 0 or topic_len[r] > MAX_TOPIC_BYTES or topic_pos[r] < 0
+        if (topic_len[r] < 0 or topic_len[r] > MAX_TOPIC_NAME_BYTES or topic_pos[r] < 0
                 or topic_pos[r] > nbuf - topic_len[r]):
             raise PositionOutOfRangeError(f"row {r}: topic span outside the data or too long", "topic_pos")
         if (props_len[r] < 0 or props_len[r] > MAX_PROPERTIES_SIZE or props_pos[r] < 0

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 import localmq
-from localmq._record import decode_message, scan_record, walk_records
+from localmq._record import decode_message, scan_record, unknown_format, walk_records
 from localmq.errors import CorruptFrameError, CorruptStoreError, LocalMQError, NotAStoreError, StoreLockedError
 from localmq.queues.readonly import _lock_holder  # the read-only view's F_GETLK probe (takes no lock)
 from localmq._index import key_hash
@@ -36,6 +36,7 @@ from localmq.store.settings import read_settings
 
 EXIT_OK, EXIT_FOUND_NOTHING, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 EXIT_DAMAGE = 1
+EXIT_UNKNOWN_FORMAT = 4   # verify: no damage, but records of a format localmq does not know (README, Recovery)
 _CHUNK = 16 << 20  # bytes walked between two progress updates
 
 
@@ -480,8 +481,13 @@ def _has_data(mf, start: int, end: int) -> bool:
     return False
 
 
-def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problems: list, notes: list) -> int:
-    """Walk every record of every segment below ``end`` with CRCs and header checks; returns records walked."""
+def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problems: list, notes: list,
+                       unknown: Optional[dict] = None) -> int:
+    """Walk every record of every segment below ``end`` with CRCs and header checks; returns records walked. A record
+    of a format localmq does not know (``_record.unknown_format``) is no problem: it goes to ``unknown`` ({offset:
+    (magic, size)}) and the walk goes on after it."""
+    if unknown is None:
+        unknown = {}
     records = 0
     done = 0
     data_ended_at: Optional[int] = None
@@ -502,6 +508,16 @@ def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problem
                 if stop < limit and (pos >= stop or outcome == RecordStatus.TORN):
                     stop = min(limit, max(pos, stop) + _CHUNK)  # the chunk ended (maybe inside a record): go on
                     continue
+                magic = unknown_format(mf, pos, limit) if outcome == RecordStatus.BAD_MAGIC else None
+                if magic is not None:
+                    # framed by its TOTALSIZE: the walk goes on after it (never a repair, never damage)
+                    rsize = int.from_bytes(mf.read(pos, 4), "big", signed=True)
+                    unknown[base + pos] = (magic, rsize)
+                    pos += rsize
+                    stop = min(limit, max(pos, stop))
+                    if pos < limit:
+                        continue
+                    outcome = RecordStatus.END
                 break
             at = base + pos
             if files.live_end is not None and at >= files.live_end:
@@ -527,7 +543,7 @@ def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problem
 
 
 def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress, problems: list,
-                   notes: list) -> Tuple[int, int]:
+                   notes: list, unknown: dict) -> Tuple[int, int]:
     """Every ConsumeQueue unit must point at the record of its topic, queue id and queue offset."""
     maps: Dict[int, Any] = {}
     units_checked = lost = 0
@@ -572,6 +588,8 @@ def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress,
                     m = None
                 except CorruptFrameError:
                     ok = False
+                if not ok and phys in unknown:
+                    continue  # a record of a format localmq does not know: counted by the commit log walk
                 units_checked += 1
                 if not ok:
                     problems.append(f"consume queue {cq.topic}/{cq.queue_id}@{qoff}: unit ({phys:,}, {size}) does "
@@ -630,10 +648,11 @@ def _verify(args) -> int:
     live = files.live_end is not None or state != "closed"
     total = sum(files.segment_size for _ in files.segments)
     progress = _Progress(args, "verify: commit log", total)
-    records = _verify_commit_log(files, end, progress, problems, notes)
+    unknown: Dict[int, Tuple[int, int]] = {}
+    records = _verify_commit_log(files, end, progress, problems, notes, unknown)
     progress.done()
     progress = _Progress(args, "verify: consume queues", len(files.queues()))
-    units, lost = _verify_queues(files, end, live, progress, problems, notes)
+    units, lost = _verify_queues(files, end, live, progress, problems, notes, unknown)
     progress.done()
     index_files = files.index_files()
     for f in index_files:
@@ -667,7 +686,9 @@ def _verify(args) -> int:
     if lost:
         notes.append(f"{lost} ConsumeQueue unit(s) mark messages lost to damage that recovery quarantined "
                      f"(recovery/commitlog-gap-*)")
-    summary = {"store": files.root, "ok": not problems, "problems": problems, "notes": notes,
+    unknown_rows = [{"offset": off, "magic": f"0x{magic:08X}", "size": size} for off, (magic, size) in unknown.items()]
+    summary = {"store": files.root, "ok": not problems and not unknown, "problems": problems, "notes": notes,
+               "unknown_records": unknown_rows,
                "segments": len(files.segments), "records": records, "consume_queue_units": units,
                "consume_queues": len(files.queues()), "index_files": len(index_files), "config_files": len(cfg)}
     if args.json:
@@ -677,10 +698,14 @@ def _verify(args) -> int:
             _say(f"DAMAGE: {p}")
         for n in notes:
             _say(f"note: {n}")
-        _say(f"{'damaged' if problems else 'ok'}: {records:,} records in {len(files.segments)} segment(s), "
+        for u in unknown_rows:
+            _say(f"UNKNOWN FORMAT: commit log offset {u['offset']:,}: a record of {u['size']} bytes with magic "
+                 f"{u['magic']}, a format localmq does not know (not damage; a writable open refuses the store)")
+        state = "damaged" if problems else "unknown format" if unknown else "ok"
+        _say(f"{state}: {records:,} records in {len(files.segments)} segment(s), "
              f"{units:,} ConsumeQueue units in {summary['consume_queues']} queue(s), {len(index_files)} index "
              f"file(s), {len(cfg)} config file(s) checked; {len(problems)} problem(s)")
-    return EXIT_DAMAGE if problems else EXIT_OK
+    return EXIT_DAMAGE if problems else EXIT_UNKNOWN_FORMAT if unknown else EXIT_OK
 
 
 # -- dump -----------------------------------------------------------------------------------------------------
@@ -854,7 +879,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Every command but `dlq --redrive` opens the store read-only (no lock, no write): beside a live "
                "writer that opened it with shared=True, or a closed store. Exit codes: 0 ok, 1 damage found or "
                "nothing found, 2 usage error, 3 the store is held by one live process alone (dump and verify still "
-               "read its files).")
+               "read its files), 4 (verify) no damage but records of a format localmq does not know.")
     p.add_argument("--version", action="version", version=f"localmq {localmq.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
@@ -905,7 +930,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--max", type=_int_at_least(1), help="at most N messages")
     body_bytes(c)
     c = command("verify", _verify, "walk every file: record CRCs and structure, ConsumeQueue units, index, "
-                "checkpoint and config files; exit code 1 on damage")
+                "checkpoint and config files; exit code 1 on damage, 4 on records of a format localmq "
+                "does not know (not damage)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar (none is shown off a terminal)")
     c = command("dump", _dump, "print commit log records (a localmq or RocketMQ store, its commitlog directory or a "
                 "segment file)", store=False)

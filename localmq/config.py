@@ -225,12 +225,13 @@ def parse_host(text: str) -> tuple[bytes, int]:
 
 
 def check_topic(topic: str) -> None:
-    """Raise InvalidTopicError unless ``topic`` matches ``[%|a-zA-Z0-9_-]{1,127}``, ArgumentTypeError (a TypeError)
-    for what is not a str."""
+    """Raise InvalidTopicError unless ``topic`` matches ``[%|a-zA-Z0-9_-]{1,255}`` (RocketMQ's characters; 255 bytes
+    is the longest ConsumeQueue directory name, and a topic over 127 is stored as a V2 record as RocketMQ 5.x does),
+    ArgumentTypeError (a TypeError) for what is not a str."""
     if not isinstance(topic, str):
         raise ArgumentTypeError(f"topic must be a str, not {type(topic).__name__} {topic!r}", "topic")
     if TOPIC_RE.match(topic) is None:
-        raise InvalidTopicError(f"invalid topic name {topic!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")
+        raise InvalidTopicError(f"invalid topic name {topic!r}: must match [%|a-zA-Z0-9_-]{{1,255}}")
 
 
 def check_queue_id(queue_id: int) -> None:

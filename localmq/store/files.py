@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localmq._mapped_file import MappedFile
-from localmq._record import decode_message, scan_record, walk_records
+from localmq._record import decode_message, scan_record, unknown_format, walk_records
 from localmq.config import StoreConfig
 from localmq.errors import CorruptFrameError, CorruptStoreError, NotAStoreError
 from localmq.layout import (
@@ -270,7 +270,8 @@ class StoreFiles:
         """Physical offset just after the last complete record (walking from ``start``, default the last segment).
 
         Zero bytes or a torn record at the end of the data stop the walk; a damaged record with data after it
-        raises CorruptFrameError.
+        raises CorruptFrameError. A record of a format localmq does not know (``_record.unknown_format``) is a
+        record: the walk steps over it (its TOTALSIZE frames it).
         """
         if not self.segments:
             return 0
@@ -287,8 +288,13 @@ class StoreFiles:
                 # power cut) leads into the next run of data, where the walk goes on
                 data_end = mf.data_end(pos)
                 pos, outcome, _, _, _ = walk_records(mf, pos, data_end, False)
-                while outcome == RecordStatus.END and data_end <= pos < self.segment_size and mf.data_end(pos) > pos:
-                    data_end = mf.data_end(pos)
+                while True:
+                    if outcome == RecordStatus.END and data_end <= pos < self.segment_size and mf.data_end(pos) > pos:
+                        data_end = mf.data_end(pos)
+                    elif outcome == RecordStatus.BAD_MAGIC and unknown_format(mf, pos, data_end) is not None:
+                        pos += int.from_bytes(mf.read(pos, 4), "big", signed=True)
+                    else:
+                        break
                     pos, outcome, _, _, _ = walk_records(mf, pos, data_end, False)
                 if outcome == RecordStatus.BLANK:
                     end = base + self.segment_size
