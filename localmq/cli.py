@@ -18,7 +18,9 @@ import numpy as np
 
 import localmq
 from localmq._record import decode_message, scan_record, unknown_format, walk_records
-from localmq.errors import CorruptFrameError, CorruptStoreError, LocalMQError, NotAStoreError, StoreLockedError
+from localmq.errors import (
+    CorruptFrameError, CorruptStoreError, LocalMQError, NotAStoreError, StoreLockedError, UnknownRecordFormatError,
+)
 from localmq.queues.readonly import _lock_holder  # the read-only view's F_GETLK probe (takes no lock)
 from localmq._index import key_hash
 from localmq.layout import (
@@ -619,9 +621,13 @@ def _verify_index_items(files, idx, end: int, samples: int = 512) -> Tuple[int, 
         checked += 1
         seg_mf = files.map_segment(*seg)
         try:
-            msg = decode_message(seg_mf, phy - seg[0], check_crc=False, base_offset=seg[0])
-        except CorruptFrameError:
-            msg = None
+            try:
+                msg = decode_message(seg_mf, phy - seg[0], check_crc=False, base_offset=seg[0])
+            except (CorruptFrameError, UnknownRecordFormatError):
+                msg = None
+            if msg is None and unknown_format(seg_mf, phy - seg[0]) is not None:
+                checked -= 1  # a record of another format (reported by the walk): not the index's fault
+                continue
         finally:
             seg_mf.close()
         if msg is None:
