@@ -159,6 +159,8 @@ def refuse_unknown(mf, pos: int, status: str, data_end: int) -> None:
     localmq does not know (``_record.unknown_format``): it is not damage, and nothing may replace it. Called before
     any byte of the damage handling is written. A whole, valid V2 record whose topic is longer than localmq's topic
     names (MAX_TOPIC_NAME_BYTES: a ConsumeQueue directory name) is not understood either: refused the same way."""
+    if status not in ("bad topic", "bad magic"):
+        return  # (and nothing is read: at a hole, a read through the mapping may fault)
     at = mf.file_from_offset + pos
     size = int.from_bytes(mf.read(pos, 4), "big", signed=True)
     if status == "bad topic":
@@ -173,8 +175,6 @@ def refuse_unknown(mf, pos: int, status: str, data_end: int) -> None:
                 f"localmq's topic names ({MAX_TOPIC_NAME_BYTES} bytes, a ConsumeQueue directory name): the store is "
                 f"left as it is; open it with read_only=True to read the records localmq knows", offset=at,
                 path=mf.path, magic=MESSAGE_MAGIC_CODE_V2 & 0xFFFFFFFF, size=size)
-        return
-    if status != "bad magic":
         return
     magic = unknown_format(mf, pos, data_end)
     if magic is None:
