@@ -376,7 +376,7 @@ def test_cli_on_an_unknown_format_record(tmp_path):
     v = json.loads(cli("verify", path, "--json", rc=4))
     assert v["problems"] == [] and v["ok"] is False
     assert v["unknown_records"] == [{"offset": victim.physical_offset, "magic": f"0x{FOREIGN_MAGIC:08X}",
-                                     "size": victim.wrote_bytes}]
+                                     "size": victim.wrote_bytes, "what": "a record of a format localmq does not know"}]
     assert v["records"] == 119
     text = cli("verify", path, rc=4)
     assert "UNKNOWN FORMAT" in text and "DAMAGE" not in text
@@ -493,5 +493,8 @@ def test_v2_record_with_a_topic_longer_than_a_file_name_is_refused_not_repaired(
         localmq.open(str(path), **KW)
     assert e.value.offset == len(a) and "300 bytes" in str(e.value)
     assert sha(path) == before
+    v = json.loads(cli("verify", path, "--json", rc=4))
+    assert v["problems"] == [] and [u["offset"] for u in v["unknown_records"]] == [len(a)]
+    assert v["records"] == 2
     assert [m.topic for m in read_commitlog(str(path / "commitlog"), mapped_file_size=SEG)] == [
         "TopicTest", "w" * 300, "TopicTest"]
