@@ -31,7 +31,7 @@ from localmq.status import GetStatus, RecordStatus
 from localmq.store.checkpoint import read_checkpoint
 from localmq.store.config_json import loads as config_loads, read_offset_table
 from localmq.store.control_view import ControlView
-from localmq.store.files import ConsumeQueueFiles, StoreFiles, numbered_files
+from localmq.store.files import ConsumeQueueFiles, StoreFiles, not_understood, numbered_files
 from localmq.store.index import IndexFile
 from localmq.store.readers import load_consume_queue, read_commitlog
 from localmq.store.settings import read_settings
@@ -486,8 +486,9 @@ def _has_data(mf, start: int, end: int) -> bool:
 def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problems: list, notes: list,
                        unknown: Optional[dict] = None) -> int:
     """Walk every record of every segment below ``end`` with CRCs and header checks; returns records walked. A record
-    of a format localmq does not know (``_record.unknown_format``) is no problem: it goes to ``unknown`` ({offset:
-    (magic, size)}) and the walk goes on after it."""
+    localmq does not understand (``files.not_understood``: an unknown format, a V2 record naming a topic longer than
+    localmq's names) is no problem: it goes to ``unknown`` ({offset: (magic, size, what)}) and the walk goes on after
+    it."""
     if unknown is None:
         unknown = {}
     records = 0
@@ -510,11 +511,12 @@ def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problem
                 if stop < limit and (pos >= stop or outcome == RecordStatus.TORN):
                     stop = min(limit, max(pos, stop) + _CHUNK)  # the chunk ended (maybe inside a record): go on
                     continue
-                magic = unknown_format(mf, pos, limit) if outcome == RecordStatus.BAD_MAGIC else None
-                if magic is not None:
+                found = (not_understood(mf, pos, outcome, limit)
+                         if outcome in (RecordStatus.BAD_MAGIC, RecordStatus.BAD_TOPIC) else None)
+                if found is not None:
                     # framed by its TOTALSIZE: the walk goes on after it (never a repair, never damage)
-                    rsize = int.from_bytes(mf.read(pos, 4), "big", signed=True)
-                    unknown[base + pos] = (magic, rsize)
+                    magic, rsize, what = found
+                    unknown[base + pos] = (magic, rsize, what)
                     pos += rsize
                     stop = min(limit, max(pos, stop))
                     if pos < limit:
@@ -654,7 +656,7 @@ def _verify(args) -> int:
     live = files.live_end is not None or state != "closed"
     total = sum(files.segment_size for _ in files.segments)
     progress = _Progress(args, "verify: commit log", total)
-    unknown: Dict[int, Tuple[int, int]] = {}
+    unknown: Dict[int, Tuple[int, int, str]] = {}
     records = _verify_commit_log(files, end, progress, problems, notes, unknown)
     progress.done()
     progress = _Progress(args, "verify: consume queues", len(files.queues()))
@@ -692,7 +694,8 @@ def _verify(args) -> int:
     if lost:
         notes.append(f"{lost} ConsumeQueue unit(s) mark messages lost to damage that recovery quarantined "
                      f"(recovery/commitlog-gap-*)")
-    unknown_rows = [{"offset": off, "magic": f"0x{magic:08X}", "size": size} for off, (magic, size) in unknown.items()]
+    unknown_rows = [{"offset": off, "magic": f"0x{magic:08X}", "size": size, "what": what}
+                    for off, (magic, size, what) in unknown.items()]
     summary = {"store": files.root, "ok": not problems and not unknown, "problems": problems, "notes": notes,
                "unknown_records": unknown_rows,
                "segments": len(files.segments), "records": records, "consume_queue_units": units,
@@ -705,8 +708,8 @@ def _verify(args) -> int:
         for n in notes:
             _say(f"note: {n}")
         for u in unknown_rows:
-            _say(f"UNKNOWN FORMAT: commit log offset {u['offset']:,}: a record of {u['size']} bytes with magic "
-                 f"{u['magic']}, a format localmq does not know (not damage; a writable open refuses the store)")
+            _say(f"UNKNOWN FORMAT: commit log offset {u['offset']:,}: {u['what']} ({u['size']} bytes, magic "
+                 f"{u['magic']}; not damage: a writable open refuses the store)")
         state = "damaged" if problems else "unknown format" if unknown else "ok"
         _say(f"{state}: {records:,} records in {len(files.segments)} segment(s), "
              f"{units:,} ConsumeQueue units in {summary['consume_queues']} queue(s), {len(index_files)} index "

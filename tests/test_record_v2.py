@@ -376,7 +376,7 @@ def test_cli_on_an_unknown_format_record(tmp_path):
     v = json.loads(cli("verify", path, "--json", rc=4))
     assert v["problems"] == [] and v["ok"] is False
     assert v["unknown_records"] == [{"offset": victim.physical_offset, "magic": f"0x{FOREIGN_MAGIC:08X}",
-                                     "size": victim.wrote_bytes}]
+                                     "size": victim.wrote_bytes, "what": "a record of a format localmq does not know"}]
     assert v["records"] == 119
     text = cli("verify", path, rc=4)
     assert "UNKNOWN FORMAT" in text and "DAMAGE" not in text
@@ -493,5 +493,61 @@ def test_v2_record_with_a_topic_longer_than_a_file_name_is_refused_not_repaired(
         localmq.open(str(path), **KW)
     assert e.value.offset == len(a) and "300 bytes" in str(e.value)
     assert sha(path) == before
+    v = json.loads(cli("verify", path, "--json", rc=4))
+    assert v["problems"] == [] and [u["offset"] for u in v["unknown_records"]] == [len(a)]
+    assert v["records"] == 2
     assert [m.topic for m in read_commitlog(str(path / "commitlog"), mapped_file_size=SEG)] == [
         "TopicTest", "w" * 300, "TopicTest"]
+
+
+def test_abnormal_recovery_over_segments_that_start_with_v2_records(tmp_path):
+    """After an unclean exit recovery starts at the newest segment whose first record is older than the checkpoint:
+    it reads that record's store time from V2 records too, and re-dispatches nothing twice."""
+    path = str(tmp_path / "s")
+    written = {}
+    with localmq.open(path, **KW) as st:
+        for i in range(400):
+            b = f"v2-{i:04d}".encode() * 10
+            assert st.put(LONGEST, b, queue_id=0).ok
+            written.setdefault((LONGEST, 0), []).append(b)
+        st.wait_for_dispatch()
+    segs = sorted(os.listdir(os.path.join(path, "commitlog")))
+    assert len(segs) >= 3
+    for s in segs:
+        with open(os.path.join(path, "commitlog", s), "rb") as f:
+            head = f.read(8)
+        assert head[4:8] in (bytes.fromhex("daa320ab"), bytes(4))   # every segment starts with a V2 record
+    open(os.path.join(path, "abort"), "wb").close()
+    # a checkpoint that says everything was flushed a day later: the walk may start at the last segment
+    with open(os.path.join(path, "checkpoint"), "r+b") as f:
+        later = struct.pack(">q", 1_700_000_000_000 * 2)
+        f.write(later * 3)
+    before = {k: v for k, v in sha(path).items() if k.startswith("commitlog")}
+    with localmq.open(path, **KW) as st:
+        assert st.recovery.mode == "abnormal"
+        assert st.recovery.start_offset == int(segs[-1]), "the first V2 record of the last segment was read"
+        assert not st.recovery.gaps and st.recovery.dropped_at is None
+        assert [bytes(m.body) for m in get_all(st, LONGEST, 0)] == written[(LONGEST, 0)]
+    assert {k: v for k, v in sha(path).items() if k.startswith("commitlog")} == before
+
+
+def test_a_damaged_v2_record_is_damage_and_recovery_resyncs_on_v2_records(tmp_path):
+    """A body byte flipped in a V2 record (CRC mismatch) costs that message; recovery resynchronises on the next
+    record, a V2 one, and keeps every other message."""
+    path = str(tmp_path / "s")
+    puts = []
+    with localmq.open(path, **KW) as st:
+        for i in range(200):
+            puts.append(st.put(LONG, f"m{i:04d}".encode() * 20, queue_id=0))
+        st.wait_for_dispatch()
+    victim = puts[60]
+    seg, pos = segment_of(path, victim.physical_offset)
+    with open(seg, "r+b") as f:
+        f.seek(pos + 120)
+        b = f.read(1)
+        f.seek(pos + 120)
+        f.write(bytes([b[0] ^ 0x40]))
+    with localmq.open(path, **KW) as st:
+        assert [g["offset"] for g in st.recovery.gaps] == [victim.physical_offset]
+        got = get_all_skipping(st, LONG, 0)
+        assert got == [f"m{i:04d}".encode() * 20 for i in range(200) if i != 60]

@@ -4,23 +4,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from localmq._record import (
-    decode_message, encode_blank, encode_gap, find_record, scan_record, unknown_format, walk_records,
+    decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records,
 )
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import DamagedLogError, UnknownRecordFormatError, io_operation
-from localmq.store.files import numbered_units
+from localmq.store.files import not_understood, numbered_units
 from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.readers import read_commitlog
 from localmq.layout import (
     CQ_BLANK_UNIT_SIZE, CQ_DTYPE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE,
-    MAX_TOPIC_NAME_BYTES, MESSAGE_MAGIC_CODE_V2, RECOVERY_DIR, SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK,
+    MESSAGE_MAGIC_CODE_V2, RECOVERY_DIR, SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
 
@@ -30,8 +29,6 @@ if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
     from localmq.store.undo import OpenUndo
 
 log = logging.getLogger("localmq.recovery")
-# RocketMQ's topic characters, any length: a V2 record may name a topic longer than localmq's names
-LONG_TOPIC_RE = re.compile(rb"[%|a-zA-Z0-9_-]+")
 
 
 @dataclasses.dataclass
@@ -156,35 +153,19 @@ def _quarantine_gap(root: str, mfq, start: int, end: int) -> str:
 
 
 def refuse_unknown(mf, pos: int, status: str, data_end: int) -> None:
-    """Raise UnknownRecordFormatError when the walk stopped (``status``) at ``mf`` + ``pos`` on a record of a format
-    localmq does not know (``_record.unknown_format``): it is not damage, and nothing may replace it. Called before
-    any byte of the damage handling is written. A whole, valid V2 record whose topic is longer than localmq's topic
-    names (MAX_TOPIC_NAME_BYTES: a ConsumeQueue directory name) is not understood either: refused the same way."""
+    """Raise UnknownRecordFormatError when the walk stopped (``status``) at ``mf`` + ``pos`` on a record localmq does
+    not understand (``files.not_understood``: an unknown format, or a V2 record naming a topic longer than localmq's
+    names): it is not damage, and nothing may replace it. Called before any byte of the damage handling is
+    written."""
+    found = not_understood(mf, pos, status, data_end)
+    if found is None:
+        return
+    magic, size, what = found
     at = mf.file_from_offset + pos
-    size = int.from_bytes(mf.read(pos, 4), "big", signed=True)
-    if status == "bad topic":
-        try:
-            m = decode_message(mf, pos, check_crc=True)
-        except ValueError:
-            return
-        tb = m.topic.encode("utf-8", "surrogateescape") if m is not None else b""
-        if len(tb) > MAX_TOPIC_NAME_BYTES and LONG_TOPIC_RE.fullmatch(tb) is not None:
-            raise UnknownRecordFormatError(
-                f"{mf.path}: a V2 record at commit log offset {at} names a topic of {len(tb)} bytes, longer than "
-                f"localmq's topic names ({MAX_TOPIC_NAME_BYTES} bytes, a ConsumeQueue directory name): the store is "
-                f"left as it is; open it with read_only=True to read the records localmq knows", offset=at,
-                path=mf.path, magic=MESSAGE_MAGIC_CODE_V2 & 0xFFFFFFFF, size=size)
-        return
-    if status != "bad magic":
-        return
-    magic = unknown_format(mf, pos, data_end)
-    if magic is None:
-        return
     raise UnknownRecordFormatError(
-        f"{mf.path}: a record of a format localmq does not know at commit log offset {at} (magic 0x{magic:08X}, "
-        f"{size} bytes; localmq reads RocketMQ's V1 and V2 records): it is not damage, so the store is left as it "
-        f"is; open it with read_only=True to read the records localmq knows", offset=at, path=mf.path,
-        magic=magic, size=size)
+        f"{mf.path}: {what} at commit log offset {at} (magic 0x{magic:08X}, {size} bytes; localmq reads RocketMQ's "
+        f"V1 and V2 records): it is not damage, so the store is left as it is; open it with read_only=True to read "
+        f"the records localmq knows", offset=at, path=mf.path, magic=magic, size=size)
 
 
 def _resync(files, i: int, pos: int, limit: int, agrees: Callable[[object, int], bool]):
