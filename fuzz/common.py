@@ -48,9 +48,25 @@ def fixture_files(predicate):
     return out
 
 
+def v2_segment_seed(limit=4096):
+    """A segment start as RocketMQ 5.x writes it: V1 records (short topics) and V2 records (topics over 127 bytes:
+    int16 topic length) interleaved, then a record of an unknown format (a later magic) framed by its length."""
+    from localmq._record import encode_message
+    out = b""
+    i = 0
+    while len(out) < limit - 600:
+        topic = "T" * (130 + i % 100) if i % 2 else "TopicTest"
+        out += encode_message(topic, b"body-%d" % i, queue_id=i % 4, queue_offset=i // 2, physical_offset=len(out),
+                              properties={"TAGS": "t", "KEYS": "k%d" % i})
+        i += 1
+    out += (300).to_bytes(4, "big") + bytes.fromhex("daa320af") + bytes([7]) * 292
+    return out[:limit]
+
+
 def commitlog_seeds(limit=4096):
-    """Commit log segments of the fixtures, cut to ``limit`` bytes (whole records at their start)."""
-    return [d[:limit] for d in fixture_files(lambda r: "/commitlog/" in r) if d.strip(b"\0")]
+    """Commit log segments of the fixtures, cut to ``limit`` bytes (whole records at their start), and a segment
+    with V2 records (no RocketMQ fixture holds one)."""
+    return [d[:limit] for d in fixture_files(lambda r: "/commitlog/" in r) if d.strip(b"\0")] + [v2_segment_seed(limit)]
 
 
 def expected(exc):

@@ -1,4 +1,5 @@
-"""Fuzz target: one CommitLog record (_record.decode_message, scan_record, walk_records) at any position."""
+"""Fuzz target: one CommitLog record (_record.decode_message, scan_record, walk_records, unknown_format) at any
+position."""
 from common import Input, check, commitlog_seeds, main
 
 from localmq import _record
@@ -14,6 +15,7 @@ def TestOneInput(data):
     check(_record.decode_message, bytearray(buf), pos, check_crc=crc, copy=False)
     check(_record.scan_record, buf, pos, crc)
     check(_record.walk_records, buf, pos, end, crc)
+    check(_record.unknown_format, buf, pos, end)
 
 
 def seeds():

@@ -21,7 +21,7 @@ from localmq.errors import (
     InvalidPropertyError, InvalidQueueIdError, InvalidTopicError, LocalMQError, MessageSizeError, NotAStoreError,
     PropertiesSizeError, QueueReassignedError, StoreBusyError, StoreClosedError, StoreLockedError,
     ReadOnlyStoreError, SendError, StorePathError, StoreSettingsError, TopicTableFullError, UnsafePathError,
-    UnsupportedFilesystemError, ReadOnlyFilesystemError, StoreIOError,
+    UnknownRecordFormatError, UnsupportedFilesystemError, ReadOnlyFilesystemError, StoreIOError,
 )
 from localmq.errors import InvalidTransactionError, TransactionNotSupportedError
 from localmq.filter import compile_sql92, Sql92Filter
@@ -96,7 +96,8 @@ __all__ = [
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptStoreError",
     "NotAStoreError", "ConfigError", "DispatchError", "InvalidMessageIdError", "IndexDisabledError", "ForkedStoreError",
     "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError", "CorruptMessageError", "DamagedLogError",
-    "UnsafePathError", "StoreBusyError", "TopicTableFullError", "UnsupportedFilesystemError", "ReadOnlyStoreError",
+    "UnsafePathError", "UnknownRecordFormatError", "StoreBusyError", "TopicTableFullError",
+    "UnsupportedFilesystemError", "ReadOnlyStoreError",
     "ReadOnlyFilesystemError", "StoreIOError",
     "SendError", "ArgumentTypeError",
     "ReadOnlyMessageQueue", "StoreSettingsError", "StorePathError", "InvalidDelayError", "DelayNotSupportedError",

@@ -6,7 +6,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from localmq._layout cimport (
-    HOST_V4_SIZE, HOST_V6_SIZE, MAX_TOPIC_BYTES, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK,
+    HOST_V4_SIZE, HOST_V6_SIZE, MAX_TOPIC_BYTES_V2, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
 from localmq._os cimport lmq_put64
@@ -836,7 +836,7 @@ cdef struct ScanOut:
     int64_t body_used
     int64_t body_need           # set with SCAN_NEED_ROOM: bytes the data buffer must hold
     int32_t *topic_offs         # [capacity + 1]
-    uint8_t *topic_data         # [capacity * MAX_TOPIC_BYTES]: never short
+    uint8_t *topic_data         # [min(capacity * MAX_TOPIC_BYTES_V2, bound)]: never short
     int64_t topic_used
     int32_t *queue_id
     int64_t *queue_offset
@@ -981,7 +981,7 @@ cdef class _ScanBuffers:
             self.o.topic_offs = <int32_t *>self._new("topic_offsets", capacity + 1, np.int32)
             self.o.topic_offs[0] = 0
             # never short; pages past what is written are never faulted in
-            self.o.topic_data = <uint8_t *>self._new("topic_data", min(capacity * MAX_TOPIC_BYTES, bound), np.uint8)
+            self.o.topic_data = <uint8_t *>self._new("topic_data", min(capacity * MAX_TOPIC_BYTES_V2, bound), np.uint8)
         if bits & SCAN_QUEUE_ID:
             self.o.queue_id = <int32_t *>self._new("queue_id", capacity, np.int32)
         if bits & SCAN_QUEUE_OFFSET:

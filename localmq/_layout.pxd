@@ -24,6 +24,8 @@ cdef extern from *:
     #define LMQ_L_REC_MIN_SIZE (91)
     #define LMQ_L_BODY_CRC_MASK (2147483647)
     #define LMQ_L_MAX_TOPIC_BYTES (127)
+    #define LMQ_L_MAX_TOPIC_BYTES_V2 (32767)
+    #define LMQ_L_MAX_TOPIC_NAME_BYTES (255)
     #define LMQ_L_MAX_PROPERTIES_SIZE (32767)
     #define LMQ_L_PROPERTY_NAME_SEP (1)
     #define LMQ_L_PROPERTY_SEP (2)
@@ -48,7 +50,7 @@ cdef extern from *:
     #define LMQ_L_INDEX_H_INDEX_COUNT (36)
     #define LMQ_L_INDEX_SLOT_SIZE (4)
     #define LMQ_L_INDEX_ITEM_SIZE (20)
-    #define LMQ_L_INDEX_MAX_KEY_BYTES (32897)
+    #define LMQ_L_INDEX_MAX_KEY_BYTES (33025)
     #define LMQ_L_OS_PAGE_SIZE (4096)
     #define LMQ_L_FILE_NAME_DIGITS (20)
     #define LMQ_L_MAX_QUEUE_ID (65535)
@@ -107,6 +109,7 @@ cdef extern from *:
     #define LMQ_L_CTL_T_NAME_LEN (4)
     #define LMQ_L_CTL_T_NAME (8)
     #define LMQ_L_CTL_T_NEXT (256)
+    #define LMQ_L_CTL_T_NAME_MAX (248)
     #define LMQ_L_CTL_T_DISPATCHED (768)
     #define LMQ_L_CTL_CLIENTS_OFF (1331200)
     #define LMQ_L_CTL_C_VERSION (1331200)
@@ -142,6 +145,8 @@ cdef extern from *:
     enum: REC_MIN_SIZE "LMQ_L_REC_MIN_SIZE"
     enum: BODY_CRC_MASK "LMQ_L_BODY_CRC_MASK"
     enum: MAX_TOPIC_BYTES "LMQ_L_MAX_TOPIC_BYTES"
+    enum: MAX_TOPIC_BYTES_V2 "LMQ_L_MAX_TOPIC_BYTES_V2"
+    enum: MAX_TOPIC_NAME_BYTES "LMQ_L_MAX_TOPIC_NAME_BYTES"
     enum: MAX_PROPERTIES_SIZE "LMQ_L_MAX_PROPERTIES_SIZE"
     enum: PROPERTY_NAME_SEP "LMQ_L_PROPERTY_NAME_SEP"
     enum: PROPERTY_SEP "LMQ_L_PROPERTY_SEP"
@@ -225,6 +230,7 @@ cdef extern from *:
     enum: CTL_T_NAME_LEN "LMQ_L_CTL_T_NAME_LEN"
     enum: CTL_T_NAME "LMQ_L_CTL_T_NAME"
     enum: CTL_T_NEXT "LMQ_L_CTL_T_NEXT"
+    enum: CTL_T_NAME_MAX "LMQ_L_CTL_T_NAME_MAX"
     enum: CTL_T_DISPATCHED "LMQ_L_CTL_T_DISPATCHED"
     enum: CTL_CLIENTS_OFF "LMQ_L_CTL_CLIENTS_OFF"
     enum: CTL_C_VERSION "LMQ_L_CTL_C_VERSION"

@@ -1,6 +1,6 @@
-# RocketMQ 4.x CommitLog records (V1): the one decoder (parse_record) and encoder (write_record) of a record, shared
-# by the put path, the dispatcher, the get path, recovery, the readers and the columnar decoder. Layout constants:
-# _layout.pxd.
+# RocketMQ CommitLog records (4.x V1, 5.x V2): the one decoder (parse_record) and encoder (write_record) of a record,
+# shared by the put path, the dispatcher, the get path, recovery, the readers and the columnar decoder. Layout
+# constants: _layout.pxd.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 # parse_record outcomes (localmq.status.RecordStatus.of maps them to names)
@@ -13,11 +13,12 @@ cdef enum:
     REC_BAD_LENGTH = 5   # TOTALSIZE disagrees with the fields (RocketMQ: size reported, record invalid)
     REC_BAD_CRC = 6
     REC_GAP = 7          # a gap record (damaged bytes recovery quarantined): skip TOTALSIZE bytes and go on
-    REC_BAD_TOPIC = 8    # a topic name outside [%|a-zA-Z0-9_-]{1,127} (walk_records / find_record check it)
+    REC_BAD_TOPIC = 8    # a topic name outside [%|a-zA-Z0-9_-]{1,127} (V2: {1,255}; walk_records / find_record)
 
 cdef struct RecordView:
     int32_t total_size
     int32_t magic
+    int32_t topic_len_size        # 1 (V1 record) or 2 (V2: int16 topic length); set for both magics only
     uint32_t body_crc
     int32_t queue_id
     int32_t flag
@@ -42,6 +43,8 @@ cdef struct RecordView:
 cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check_crc) noexcept nogil
 cdef bint props_torn(const uint8_t *base, const RecordView *v) noexcept nogil
 cdef int64_t calc_msg_length(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len) noexcept nogil
+cdef int64_t calc_msg_length_v(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len,
+                               int32_t topic_len_size) noexcept nogil
 cdef uint32_t body_crc32(const uint8_t *p, int64_t n) noexcept nogil
 cdef int32_t java_hash_utf8(const uint8_t *s, int64_t n) noexcept nogil
 cdef bint find_property(const uint8_t *props, int32_t n, const char *key, int32_t keylen,

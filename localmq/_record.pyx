@@ -1,5 +1,5 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""RocketMQ 4.x CommitLog records (V1): encode and decode one record, properties, message ids and hashes, Message."""
+"""RocketMQ CommitLog records (4.x V1, 5.x V2): encode and decode one record, properties, ids, hashes, Message."""
 import ipaddress
 import zlib
 
@@ -11,7 +11,8 @@ from libc.string cimport memchr, memcmp, memcpy
 
 from localmq._layout cimport (
     BLANK_MAGIC_CODE, BODY_CRC_MASK, GAP_RECORD_SIZE, GAP_SIGNATURE, HOST_V4_SIZE, HOST_V6_SIZE, MAX_PROPERTIES_SIZE,
-    MAX_TOPIC_BYTES, MESSAGE_MAGIC_CODE, REC_BODY_CRC, REC_BORN_HOST, REC_BORN_TIMESTAMP, REC_FLAG, REC_MIN_SIZE,
+    MAX_TOPIC_BYTES, MAX_TOPIC_NAME_BYTES, MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, REC_BODY_CRC, REC_BORN_HOST,
+    REC_BORN_TIMESTAMP, REC_FLAG, REC_MIN_SIZE,
     REC_PHYSICAL_OFFSET, REC_QUEUE_ID, REC_QUEUE_OFFSET, REC_SYS_FLAG, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6,
 )
 from localmq._os cimport lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64
@@ -30,8 +31,16 @@ for _i, _s in enumerate(_levels):
 
 
 cdef int64_t calc_msg_length(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len) noexcept nogil:
-    # layout.record_size: REC_MIN_SIZE is the record with IPv4 hosts and empty body, topic and properties
-    cdef int64_t extra = 0
+    """TOTALSIZE of the record written for a topic of ``topic_len`` bytes: V1 up to MAX_TOPIC_BYTES, V2 above (as
+    RocketMQ 5.x chooses with autoMessageVersionOnTopicLen; layout.record_size)."""
+    return calc_msg_length_v(sys_flag, body_len, topic_len, props_len, 1 if topic_len <= MAX_TOPIC_BYTES else 2)
+
+
+cdef int64_t calc_msg_length_v(int32_t sys_flag, int64_t body_len, int64_t topic_len, int64_t props_len,
+                               int32_t topic_len_size) noexcept nogil:
+    # REC_MIN_SIZE is the V1 record with IPv4 hosts and empty body, topic and properties (a 1-byte topic length);
+    # a V2 record's topic length takes 2 (``topic_len_size``)
+    cdef int64_t extra = topic_len_size - 1
     if sys_flag & SYSFLAG_BORNHOST_V6:
         extra += HOST_V6_SIZE - HOST_V4_SIZE
     if sys_flag & SYSFLAG_STOREHOST_V6:
@@ -71,7 +80,11 @@ cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check
         if total >= GAP_RECORD_SIZE and avail >= GAP_RECORD_SIZE and lmq_be64(p + 8) == <uint64_t>GAP_SIGNATURE:
             return REC_GAP
         return REC_BLANK
-    if magic != MESSAGE_MAGIC_CODE:
+    if magic == MESSAGE_MAGIC_CODE:
+        v.topic_len_size = 1
+    elif magic == MESSAGE_MAGIC_CODE_V2:
+        v.topic_len_size = 2
+    else:
         if total == 0 and magic == 0:
             return REC_END
         return REC_BAD_MAGIC
@@ -95,19 +108,22 @@ cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check
     v.store_host = p + pos
     v.store_host_len = HOST_V4_SIZE if (v.sys_flag & SYSFLAG_STOREHOST_V6) == 0 else HOST_V6_SIZE
     pos += v.store_host_len
-    # fixed part left: reconsume 4, prepared 8, body length 4, topic length 1
-    if pos + 17 > total:
+    # fixed part left: reconsume 4, prepared 8, body length 4, topic length 1 (V2: 2)
+    if pos + 16 + v.topic_len_size > total:
         return REC_BAD_LENGTH
     v.reconsume_times = <int32_t>lmq_be32(p + pos)
     v.prepared_transaction_offset = <int64_t>lmq_be64(p + pos + 4)
     v.body_len = <int32_t>lmq_be32(p + pos + 12)
     pos += 16
-    if v.body_len < 0 or pos + v.body_len + 3 > total:
+    if v.body_len < 0 or pos + v.body_len + v.topic_len_size + 2 > total:
         return REC_BAD_LENGTH
     v.body = p + pos
     pos += v.body_len
-    v.topic_len = <int32_t>(<signed char>p[pos])
-    pos += 1
+    if v.topic_len_size == 1:
+        v.topic_len = <int32_t>(<signed char>p[pos])
+    else:
+        v.topic_len = <int32_t>(<int16_t>lmq_be16(p + pos))
+    pos += v.topic_len_size
     if v.topic_len < 0 or pos + v.topic_len + 2 > total:
         return REC_BAD_LENGTH
     v.topic = p + pos
@@ -117,7 +133,7 @@ cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check
     if v.props_len < 0 or pos + v.props_len != total:
         return REC_BAD_LENGTH
     v.props = p + pos
-    need = calc_msg_length(v.sys_flag, v.body_len, v.topic_len, v.props_len)
+    need = calc_msg_length_v(v.sys_flag, v.body_len, v.topic_len, v.props_len, v.topic_len_size)
     if need != total:
         return REC_BAD_LENGTH
     if check_crc and body_crc32(v.body, v.body_len) != v.body_crc:
@@ -126,11 +142,12 @@ cdef int parse_record(const uint8_t *p, int64_t avail, RecordView *v, bint check
 
 
 cdef bint topic_ok(const RecordView *v) noexcept nogil:
-    """Whether the record's topic matches [%|a-zA-Z0-9_-]{1,127} (RocketMQ's TopicValidator): every writer checks
+    """Whether the record's topic matches [%|a-zA-Z0-9_-] (RocketMQ's TopicValidator) and fits its version: 1..127
+    bytes in a V1 record, 1..MAX_TOPIC_NAME_BYTES (a ConsumeQueue directory name) in a V2 record. Every writer checks
     it, so any other byte there is a damaged header, which the body CRC does not cover."""
     cdef int32_t i
     cdef uint8_t c
-    if v.topic_len <= 0:
+    if v.topic_len <= 0 or v.topic_len > MAX_TOPIC_NAME_BYTES:
         return False
     for i in range(v.topic_len):
         c = v.topic[i]
@@ -283,10 +300,12 @@ cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t fl
                        const uint8_t *store_host, int32_t store_host_len, int32_t reconsume_times,
                        int64_t prepared_transaction_offset, const uint8_t *body, int32_t body_len,
                        const uint8_t *topic, int32_t topic_len, const uint8_t *props, int32_t props_len) noexcept nogil:
-    """Write one complete V1 record at dst (total bytes, already computed by calc_msg_length)."""
+    """Write one complete record at dst (total bytes, already computed by calc_msg_length): V1, or V2 (int16 topic
+    length) for a topic longer than MAX_TOPIC_BYTES, as RocketMQ 5.x does."""
     cdef uint8_t *p = dst
+    cdef bint v2 = topic_len > MAX_TOPIC_BYTES
     lmq_put32(p, <uint32_t>total)
-    lmq_put32(p + 4, <uint32_t>MESSAGE_MAGIC_CODE)
+    lmq_put32(p + 4, <uint32_t>(MESSAGE_MAGIC_CODE_V2 if v2 else MESSAGE_MAGIC_CODE))
     lmq_put32(p + REC_BODY_CRC, body_crc32(body, body_len))
     lmq_put32(p + REC_QUEUE_ID, <uint32_t>queue_id)
     lmq_put32(p + REC_FLAG, <uint32_t>flag)
@@ -306,9 +325,14 @@ cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t fl
     if body_len > 0:
         memcpy(p, body, body_len)
         p += body_len
-    p[0] = <uint8_t>topic_len
-    memcpy(p + 1, topic, topic_len)
-    p += 1 + topic_len
+    if v2:
+        lmq_put16(p, <uint16_t>topic_len)
+        p += 2
+    else:
+        p[0] = <uint8_t>topic_len
+        p += 1
+    memcpy(p, topic, topic_len)
+    p += topic_len
     lmq_put16(p, <uint16_t>props_len)
     if props_len > 0:
         memcpy(p + 2, props, props_len)
@@ -668,14 +692,14 @@ def encode_message(topic, body, *, int queue_id=0, int flag=0, long long queue_o
                    long long physical_offset=0, int sys_flag=0, long long born_timestamp=0,
                    born_host="127.0.0.1:0", long long store_timestamp=0, store_host="127.0.0.1:10911",
                    int reconsume_times=0, long long prepared_transaction_offset=0, properties=None):
-    """Encode one V1 record to bytes (the IPv6 sysflag bits follow the hosts). ``properties`` is a mapping or bytes.
+    """Encode one record to bytes: V1, or V2 for a topic over 127 bytes (as RocketMQ 5.x writes it; the IPv6 sysflag
+    bits follow the hosts). ``properties`` is a mapping or bytes.
 
-    Raises InvalidTopicError-like ValueError for a topic over 127 bytes, PropertiesSizeError for properties over
-    32767 bytes.
+    Raises ValueError for a topic outside 1..255 bytes, PropertiesSizeError for properties over 32767 bytes.
     """
     tb = topic.encode("utf-8") if isinstance(topic, str) else bytes(topic)
-    if not 0 < len(tb) <= MAX_TOPIC_BYTES:
-        raise ValueError(f"topic must be 1..127 bytes, got {len(tb)}")
+    if not 0 < len(tb) <= MAX_TOPIC_NAME_BYTES:
+        raise ValueError(f"topic must be 1..{MAX_TOPIC_NAME_BYTES} bytes, got {len(tb)}")
     pb = properties if isinstance(properties, bytes) else properties_to_bytes(properties)
     if len(pb) > MAX_PROPERTIES_SIZE:
         raise PropertiesSizeError(f"properties are {len(pb)} bytes, more than {MAX_PROPERTIES_SIZE}")
@@ -718,8 +742,8 @@ def encode_gap(int size):
 
 
 def find_record(data, Py_ssize_t start, Py_ssize_t end, long long delta):
-    """The first position ``q`` in ``data[start:end]`` that holds a whole, valid record (magic, length, body CRC,
-    topic name, properties not torn) whose PHYSICALOFFSET field is ``q + delta`` (``delta``: the segment's base
+    """The first position ``q`` in ``data[start:end]`` that holds a whole, valid V1 or V2 record (magic, length, body
+    CRC, topic name, properties not torn) whose PHYSICALOFFSET field is ``q + delta`` (``delta``: the segment's base
     offset), or -1.
 
     Recovery uses it to resynchronise after a damaged region: a record copied into another record's body carries
@@ -732,8 +756,10 @@ def find_record(data, Py_ssize_t start, Py_ssize_t end, long long delta):
     cdef const uint8_t *base = &mv[0] if n else NULL
     cdef Py_ssize_t q = start, found = -1
     cdef RecordView v
-    cdef uint32_t want = <uint32_t>MESSAGE_MAGIC_CODE
+    cdef uint32_t want = <uint32_t>MESSAGE_MAGIC_CODE, want_v2 = <uint32_t>MESSAGE_MAGIC_CODE_V2
+    cdef uint32_t magic
     cdef const uint8_t *hit
+    # V1 and V2 magics share their first byte (0xDA)
     with nogil:  # a scan over up to a whole segment: memchr for the magic's first byte, then the checks
         while q + REC_MIN_SIZE <= end:
             hit = <const uint8_t *>memchr(base + q + 4, (want >> 24) & 0xFF, <size_t>(end - q - 4))
@@ -742,7 +768,8 @@ def find_record(data, Py_ssize_t start, Py_ssize_t end, long long delta):
             q = (hit - base) - 4
             if q + REC_MIN_SIZE > end:
                 break
-            if (lmq_be32(base + q + 4) == want and parse_record(base + q, end - q, &v, True) == REC_OK
+            magic = lmq_be32(base + q + 4)
+            if ((magic == want or magic == want_v2) and parse_record(base + q, end - q, &v, True) == REC_OK
                     and v.physical_offset == <int64_t>q + delta and topic_ok(&v) and not props_torn(base, &v)):
                 found = q
                 break
@@ -755,6 +782,64 @@ cdef int check_position(Py_ssize_t pos, Py_ssize_t n, str name) except -1:
     if pos < 0 or pos > n:
         raise PositionOutOfRangeError(f"{name} {pos} outside the buffer (0..{n})", name)
     return 0
+
+
+def unknown_format(data, Py_ssize_t pos=0, Py_ssize_t end=-1):
+    """The magic (unsigned) of the record at ``data[pos:]`` when it is a record of a format localmq does not know,
+    else None (a known record, zeros, or damage). ``data`` is a segment from its start; ``end`` the end of its
+    written data (default: its size). Nothing past ``end`` is read.
+
+    The rule (README, Recovery), for a position where the previous record ended exactly:
+    1. the magic is none of V1, V2, blank, and none of its 4 bytes is zero (zeros are the end of the data, or what a
+       lost or zeroed sector leaves; RocketMQ's magics have no zero byte);
+    2. it is no known record with a damaged magic: with the V1 or the V2 magic put back, the bytes do not make a
+       well-formed record (its lengths add up to TOTALSIZE; the body CRC is not asked, the damage may reach the
+       body too) -- a flipped byte of a V1 magic is damage, one record;
+    3. its TOTALSIZE frames it: the record ends inside the data, exactly where a valid V1 / V2 record, a blank or
+       gap record, another record with the same magic, the segment's end, or zeros up to ``end`` (the end of the
+       data: a zeroed region with records after it does not frame anything) begins.
+    Random bytes (a page of garbage) fail 3: a length read from them lands on a record boundary by chance only.
+    """
+    cdef const uint8_t[::1] mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    cdef Py_ssize_t n = mv.shape[0]
+    check_position(pos, n, "pos")
+    if end < 0 or end > n:
+        end = n
+    if pos + 8 > end:
+        return None
+    cdef const uint8_t *p = &mv[0] + pos
+    cdef int32_t total = <int32_t>lmq_be32(p)
+    cdef uint32_t magic = lmq_be32(p + 4)
+    cdef RecordView v
+    cdef int rc
+    cdef Py_ssize_t k
+    if (magic == <uint32_t>MESSAGE_MAGIC_CODE or magic == <uint32_t>MESSAGE_MAGIC_CODE_V2
+            or magic == <uint32_t>BLANK_MAGIC_CODE):
+        return None
+    if (magic & 0xFF) == 0 or (magic & 0xFF00) == 0 or (magic & 0xFF0000) == 0 or (magic & 0xFF000000) == 0:
+        return None
+    if total < 8 or total > end - pos:
+        return None
+    buf = bytearray(mv[pos:pos + total])
+    cdef uint8_t[::1] b = buf
+    for known in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
+        lmq_put32(&b[0] + 4, <uint32_t>known)
+        if parse_record(&b[0], total, &v, False) == REC_OK:
+            return None
+    cdef Py_ssize_t nxt = pos + total
+    if nxt == end:
+        return magic
+    rc = parse_record(&mv[0] + nxt, end - nxt, &v, True)
+    if rc in (REC_OK, REC_BLANK, REC_GAP):
+        return magic
+    if rc == REC_END:
+        for k in range(nxt, end):
+            if mv[k] != 0:
+                return None
+        return magic
+    if end - nxt >= 8 and lmq_be32(&mv[0] + nxt + 4) == magic:
+        return magic
+    return None
 
 
 def decode_message(data, Py_ssize_t pos=0, *, bint check_crc=True, long long base_offset=-1, bint copy=True):

@@ -10,7 +10,7 @@ from libc.string cimport memcmp, memcpy, memset
 
 from localmq._layout cimport (
     CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_EVENT_SIZE, CTL_FLUSH_REQ_EVENT_OFF, CTL_FLUSHED_EVENT_OFF,
-    CTL_GROUP_LOCK_OFF, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE,
+    CTL_GROUP_LOCK_OFF, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_NAME_MAX, CTL_T_STATE,
     CTL_TOPIC_COUNT, CTL_TOPIC_ROW, CTL_TOPICS_OFF, CTL_FILE_SIZE, CTL_H_FILE_SIZE, CTL_H_GENERATION, CTL_H_INIT_PID,
     CTL_H_INIT_TIME_MS, CTL_H_MAGIC, CTL_H_SLOT_COUNT, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_LOCK_OFF, CTL_LOCK_SIZE,
     CTL_MAGIC, CTL_SLOT_CLAIMED_MS, CTL_SLOT_COUNT, CTL_SLOT_LOCK_BASE, CTL_SLOT_PID, CTL_SLOT_SIZE, CTL_SLOTS_OFF,
@@ -19,7 +19,8 @@ from localmq._layout cimport (
 from localmq._native cimport c_fallocate, c_ftruncate, c_map, c_unmap, raise_errno
 from localmq._os cimport lmq_load_acq, lmq_now_ms, lmq_sleep_us, lmq_store_rel, lmq_unmap
 from localmq.errors import (
-    ControlFileError, CorruptStoreError, LockNotRecoverableError, SlotsFullError, StoreBusyError, TopicTableFullError,
+    ControlFileError, CorruptStoreError, InvalidTopicError, LockNotRecoverableError, SlotsFullError, StoreBusyError,
+    TopicTableFullError,
 )
 
 ACQUIRED = "acquired"
@@ -278,9 +279,13 @@ cdef class ControlFile:
 
         :param create: add the row when missing; the caller holds the writer lock.
         :raises TopicTableFullError: ``create`` and all CTL_TOPIC_COUNT rows are taken.
+        :raises InvalidTopicError: ``create`` and a name longer than a row holds (CTL_T_NAME_MAX bytes).
         """
         self._check()
         cdef bytes name = topic.encode("ascii")
+        if create and len(name) > CTL_T_NAME_MAX:
+            raise InvalidTopicError(f"topic {topic!r} is {len(name)} bytes: a store shared between processes holds "
+                                    f"topic names of at most {CTL_T_NAME_MAX} bytes")
         cdef char *row = topic_row_c(self.addr, name)
         if row != NULL:
             return row - self.addr
@@ -383,6 +388,8 @@ cdef char *topic_row_c(char *base, bytes name) noexcept:
     cdef uint64_t i = name_hash(p, n) % CTL_TOPIC_COUNT
     cdef Py_ssize_t _probe
     cdef char *row
+    if n > CTL_T_NAME_MAX:
+        return NULL  # no row holds it
     for _probe in range(CTL_TOPIC_COUNT):
         row = base + CTL_TOPICS_OFF + i * CTL_TOPIC_ROW
         if lmq_shm_load_u32_acq(row + CTL_T_STATE) != 1:
@@ -395,12 +402,15 @@ cdef char *topic_row_c(char *base, bytes name) noexcept:
 
 cdef char *topic_row_add(char *base, bytes name) noexcept:
     """Add ``name``'s row (the caller holds the writer lock and found none); NULL when the table is full. A row
-    torn by a writer that died before its state word was set is simply written again."""
+    torn by a writer that died before its state word was set is simply written again. NULL too for a name longer
+    than CTL_T_NAME_MAX (callers refuse it first)."""
     cdef const char *p = name
     cdef Py_ssize_t n = len(name)
     cdef uint64_t i = name_hash(p, n) % CTL_TOPIC_COUNT
     cdef Py_ssize_t _probe
     cdef char *row
+    if n > CTL_T_NAME_MAX:
+        return NULL
     for _probe in range(CTL_TOPIC_COUNT):
         row = base + CTL_TOPICS_OFF + i * CTL_TOPIC_ROW
         if lmq_shm_load_u32_acq(row + CTL_T_STATE) != 1:

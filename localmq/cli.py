@@ -17,24 +17,28 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 import localmq
-from localmq._record import decode_message, scan_record, walk_records
-from localmq.errors import CorruptFrameError, CorruptStoreError, LocalMQError, NotAStoreError, StoreLockedError
+from localmq._record import decode_message, scan_record, unknown_format, walk_records
+from localmq.errors import (
+    CorruptFrameError, CorruptStoreError, LocalMQError, NotAStoreError, StoreLockedError, UnknownRecordFormatError,
+)
 from localmq.queues.readonly import _lock_holder  # the read-only view's F_GETLK probe (takes no lock)
+from localmq._index import key_hash
 from localmq.layout import (
     CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, CTL_S_FLUSHED, CTL_S_HOUSEKEEPER, CTL_S_INDEXED, CTL_S_PUTS,
-    CTL_S_REPUT, CTL_S_WPOS,
+    CTL_S_REPUT, CTL_S_WPOS, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE,
 )
 from localmq.status import GetStatus, RecordStatus
 from localmq.store.checkpoint import read_checkpoint
 from localmq.store.config_json import loads as config_loads, read_offset_table
 from localmq.store.control_view import ControlView
-from localmq.store.files import ConsumeQueueFiles, StoreFiles, numbered_files
+from localmq.store.files import ConsumeQueueFiles, StoreFiles, not_understood, numbered_files
 from localmq.store.index import IndexFile
 from localmq.store.readers import load_consume_queue, read_commitlog
 from localmq.store.settings import read_settings
 
 EXIT_OK, EXIT_FOUND_NOTHING, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 EXIT_DAMAGE = 1
+EXIT_UNKNOWN_FORMAT = 4   # verify: no damage, but records of a format localmq does not know (README, Recovery)
 _CHUNK = 16 << 20  # bytes walked between two progress updates
 
 
@@ -479,8 +483,14 @@ def _has_data(mf, start: int, end: int) -> bool:
     return False
 
 
-def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problems: list, notes: list) -> int:
-    """Walk every record of every segment below ``end`` with CRCs and header checks; returns records walked."""
+def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problems: list, notes: list,
+                       unknown: Optional[dict] = None) -> int:
+    """Walk every record of every segment below ``end`` with CRCs and header checks; returns records walked. A record
+    localmq does not understand (``files.not_understood``: an unknown format, a V2 record naming a topic longer than
+    localmq's names) is no problem: it goes to ``unknown`` ({offset: (magic, size, what)}) and the walk goes on after
+    it."""
+    if unknown is None:
+        unknown = {}
     records = 0
     done = 0
     data_ended_at: Optional[int] = None
@@ -501,6 +511,17 @@ def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problem
                 if stop < limit and (pos >= stop or outcome == RecordStatus.TORN):
                     stop = min(limit, max(pos, stop) + _CHUNK)  # the chunk ended (maybe inside a record): go on
                     continue
+                found = (not_understood(mf, pos, outcome, limit)
+                         if outcome in (RecordStatus.BAD_MAGIC, RecordStatus.BAD_TOPIC) else None)
+                if found is not None:
+                    # framed by its TOTALSIZE: the walk goes on after it (never a repair, never damage)
+                    magic, rsize, what = found
+                    unknown[base + pos] = (magic, rsize, what)
+                    pos += rsize
+                    stop = min(limit, max(pos, stop))
+                    if pos < limit:
+                        continue
+                    outcome = RecordStatus.END
                 break
             at = base + pos
             if files.live_end is not None and at >= files.live_end:
@@ -526,7 +547,7 @@ def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problem
 
 
 def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress, problems: list,
-                   notes: list) -> Tuple[int, int]:
+                   notes: list, unknown: dict) -> Tuple[int, int]:
     """Every ConsumeQueue unit must point at the record of its topic, queue id and queue offset."""
     maps: Dict[int, Any] = {}
     units_checked = lost = 0
@@ -571,6 +592,8 @@ def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress,
                     m = None
                 except CorruptFrameError:
                     ok = False
+                if not ok and phys in unknown:
+                    continue  # a record of a format localmq does not know: counted by the commit log walk
                 units_checked += 1
                 if not ok:
                     problems.append(f"consume queue {cq.topic}/{cq.queue_id}@{qoff}: unit ({phys:,}, {size}) does "
@@ -579,6 +602,44 @@ def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress,
         for mf in maps.values():
             mf.close()
     return units_checked, lost
+
+
+def _verify_index_items(files, idx, end: int, samples: int = 512) -> Tuple[int, int]:
+    """(items whose key hash is none of the record's keys, items checked): up to ``samples`` items spread over the
+    file, each pointing at a record below ``end`` in a segment still there."""
+    count = idx.header.index_count
+    if count <= 1:
+        return 0, 0
+    step = max(1, (count - 1) // samples)
+    items_at = INDEX_HEADER_SIZE + idx.hash_slot_num * INDEX_SLOT_SIZE
+    mf = idx.mapped_file
+    wrong = checked = 0
+    for i in range(1, count, step):
+        raw = mf.read(items_at + i * INDEX_ITEM_SIZE, INDEX_ITEM_SIZE)
+        h, phy = int.from_bytes(raw[:4], "big", signed=True), int.from_bytes(raw[4:12], "big", signed=True)
+        seg = files.segment_of(phy)
+        if seg is None or phy >= end:
+            continue  # deleted by retention, or past what recovery keeps
+        checked += 1
+        seg_mf = files.map_segment(*seg)
+        try:
+            try:
+                msg = decode_message(seg_mf, phy - seg[0], check_crc=False, base_offset=seg[0])
+            except (CorruptFrameError, UnknownRecordFormatError):
+                msg = None
+            if msg is None and unknown_format(seg_mf, phy - seg[0]) is not None:
+                checked -= 1  # a record of another format (reported by the walk): not the index's fault
+                continue
+        finally:
+            seg_mf.close()
+        if msg is None:
+            wrong += 1
+            continue
+        props = msg.properties
+        keys = [props.get("UNIQ_KEY")] + (props.get("KEYS") or "").split(" ")
+        if h not in {key_hash(f"{msg.topic}#{k}") for k in keys if k}:
+            wrong += 1
+    return wrong, checked
 
 
 def _verify(args) -> int:
@@ -595,17 +656,28 @@ def _verify(args) -> int:
     live = files.live_end is not None or state != "closed"
     total = sum(files.segment_size for _ in files.segments)
     progress = _Progress(args, "verify: commit log", total)
-    records = _verify_commit_log(files, end, progress, problems, notes)
+    unknown: Dict[int, Tuple[int, int, str]] = {}
+    records = _verify_commit_log(files, end, progress, problems, notes, unknown)
     progress.done()
     progress = _Progress(args, "verify: consume queues", len(files.queues()))
-    units, lost = _verify_queues(files, end, live, progress, problems, notes)
+    units, lost = _verify_queues(files, end, live, progress, problems, notes, unknown)
     progress.done()
     index_files = files.index_files()
     for f in index_files:
         try:
-            IndexFile.open(f.path, writable=False).close()
+            idx = IndexFile.open(f.path, writable=False)
         except (CorruptStoreError, OSError) as e:
             problems.append(f"index file {f.path}: {e}")
+            continue
+        try:
+            wrong, sampled = _verify_index_items(files, idx, end)
+        finally:
+            idx.close()
+        if wrong:
+            problems.append(f"index file {f.path}: {wrong} of {sampled} sampled items do not hold the key hash of the "
+                            f"record they point at, read with {idx.hash_slot_num} slots and {idx.index_num} items "
+                            f"(a file of another geometry, or damaged): queries would miss keys. It is derived "
+                            f"data: delete it and the next open indexes its records again")
     try:
         read_checkpoint(files.checkpoint)
     except NotAStoreError:
@@ -622,7 +694,10 @@ def _verify(args) -> int:
     if lost:
         notes.append(f"{lost} ConsumeQueue unit(s) mark messages lost to damage that recovery quarantined "
                      f"(recovery/commitlog-gap-*)")
-    summary = {"store": files.root, "ok": not problems, "problems": problems, "notes": notes,
+    unknown_rows = [{"offset": off, "magic": f"0x{magic:08X}", "size": size, "what": what}
+                    for off, (magic, size, what) in unknown.items()]
+    summary = {"store": files.root, "ok": not problems and not unknown, "problems": problems, "notes": notes,
+               "unknown_records": unknown_rows,
                "segments": len(files.segments), "records": records, "consume_queue_units": units,
                "consume_queues": len(files.queues()), "index_files": len(index_files), "config_files": len(cfg)}
     if args.json:
@@ -632,10 +707,14 @@ def _verify(args) -> int:
             _say(f"DAMAGE: {p}")
         for n in notes:
             _say(f"note: {n}")
-        _say(f"{'damaged' if problems else 'ok'}: {records:,} records in {len(files.segments)} segment(s), "
+        for u in unknown_rows:
+            _say(f"UNKNOWN FORMAT: commit log offset {u['offset']:,}: {u['what']} ({u['size']} bytes, magic "
+                 f"{u['magic']}; not damage: a writable open refuses the store)")
+        state = "damaged" if problems else "unknown format" if unknown else "ok"
+        _say(f"{state}: {records:,} records in {len(files.segments)} segment(s), "
              f"{units:,} ConsumeQueue units in {summary['consume_queues']} queue(s), {len(index_files)} index "
              f"file(s), {len(cfg)} config file(s) checked; {len(problems)} problem(s)")
-    return EXIT_DAMAGE if problems else EXIT_OK
+    return EXIT_DAMAGE if problems else EXIT_UNKNOWN_FORMAT if unknown else EXIT_OK
 
 
 # -- dump -----------------------------------------------------------------------------------------------------
@@ -809,7 +888,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Every command but `dlq --redrive` opens the store read-only (no lock, no write): beside a live "
                "writer that opened it with shared=True, or a closed store. Exit codes: 0 ok, 1 damage found or "
                "nothing found, 2 usage error, 3 the store is held by one live process alone (dump and verify still "
-               "read its files).")
+               "read its files), 4 (verify) no damage but records of a format localmq does not know.")
     p.add_argument("--version", action="version", version=f"localmq {localmq.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
@@ -860,7 +939,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--max", type=_int_at_least(1), help="at most N messages")
     body_bytes(c)
     c = command("verify", _verify, "walk every file: record CRCs and structure, ConsumeQueue units, index, "
-                "checkpoint and config files; exit code 1 on damage")
+                "checkpoint and config files; exit code 1 on damage, 4 on records of a format localmq "
+                "does not know (not damage)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar (none is shown off a terminal)")
     c = command("dump", _dump, "print commit log records (a localmq or RocketMQ store, its commitlog directory or a "
                 "segment file)", store=False)

@@ -64,9 +64,11 @@ class StoreConfig:
     # segment when it is created, as RocketMQ does. The same for ConsumeQueue files.
     reserve_step_commit_log: int = 1 << 20
     reserve_step_consume_queue: int = 64 << 10
-    # localmq: a store's first index file holds 1/256 of max_hash_slot_num / max_index_num and each next one four
-    # times its predecessor, up to them; False makes every file the configured size (RocketMQ's 420 MB by default)
-    grow_index_files: bool = True
+    # localmq: True makes a store's first index file hold 1/256 of max_hash_slot_num / max_index_num and each next
+    # one four times its predecessor, up to them. False (the default): every file has the configured geometry, as
+    # RocketMQ reads them (a broker maps every index file at its configured size: one of another geometry is
+    # misread). Files are sparse either way (420 MB by default, a page reserved as an insert first touches it)
+    grow_index_files: bool = False
     flush_least_pages_when_warm_mapped_file: int = 4096
     transient_store_pool_enable: bool = False
     transient_store_pool_size: int = 5
@@ -223,12 +225,13 @@ def parse_host(text: str) -> tuple[bytes, int]:
 
 
 def check_topic(topic: str) -> None:
-    """Raise InvalidTopicError unless ``topic`` matches ``[%|a-zA-Z0-9_-]{1,127}``, ArgumentTypeError (a TypeError)
-    for what is not a str."""
+    """Raise InvalidTopicError unless ``topic`` matches ``[%|a-zA-Z0-9_-]{1,255}`` (RocketMQ's characters; 255 bytes
+    is the longest ConsumeQueue directory name, and a topic over 127 is stored as a V2 record as RocketMQ 5.x does),
+    ArgumentTypeError (a TypeError) for what is not a str."""
     if not isinstance(topic, str):
         raise ArgumentTypeError(f"topic must be a str, not {type(topic).__name__} {topic!r}", "topic")
     if TOPIC_RE.match(topic) is None:
-        raise InvalidTopicError(f"invalid topic name {topic!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")
+        raise InvalidTopicError(f"invalid topic name {topic!r}: must match [%|a-zA-Z0-9_-]{{1,255}}")
 
 
 def check_queue_id(queue_id: int) -> None:

@@ -27,7 +27,8 @@ class StoreLockedError(LocalMQError, BlockingIOError):
 
 
 class InvalidTopicError(LocalMQError, ValueError):
-    """A topic name outside ``[%|a-zA-Z0-9_-]{1,127}`` (so never a path component such as ``..``)."""
+    """A topic name outside ``[%|a-zA-Z0-9_-]{1,255}`` (so never a path component such as ``..``), or one longer
+    than a shared store's topic table holds (248 bytes)."""
 
 
 class InvalidQueueIdError(LocalMQError, ValueError):
@@ -111,6 +112,25 @@ class DamagedLogError(CorruptStoreError):
     def __init__(self, message: str, names: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.names = list(names)
+
+
+class UnknownRecordFormatError(LocalMQError, ValueError):
+    """A CommitLog record of a format localmq does not know (a magic that is none of RocketMQ's V1, V2 or blank
+    record, framed as a record: README, Recovery). It is not damage, so localmq never replaces it: opening the
+    store for writing raises this and changes no byte; ``read_only=True`` reads the records localmq knows.
+
+    ``offset`` is the record's absolute commit log offset, ``path`` its segment file, ``magic`` the 4 bytes found
+    (unsigned), ``size`` its TOTALSIZE field.
+    """
+
+    def __init__(self, message: str, offset: Optional[int] = None,
+                 path: Union[str, os.PathLike[str], None] = None, magic: Optional[int] = None,
+                 size: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.path = path
+        self.magic = magic
+        self.size = size
 
 
 class UnsafePathError(LocalMQError, PermissionError):
@@ -438,7 +458,7 @@ class ControlFileError(LocalMQError, RuntimeError):
 __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptMessageError",
-    "CorruptStoreError", "DamagedLogError", "UnsafePathError",
+    "CorruptStoreError", "DamagedLogError", "UnknownRecordFormatError", "UnsafePathError",
     "NotAStoreError", "ConfigError", "StoreSettingsError", "DispatchError", "QueueReassignedError",
     "InvalidMessageIdError",
     "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",

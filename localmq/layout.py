@@ -15,7 +15,7 @@ import numpy as np
 # -- CommitLog record (V1): fixed header fields and their byte offsets ---------------------------------------------
 
 MESSAGE_MAGIC_CODE = -626843481          # 0xDAA320A7: a V1 message record
-MESSAGE_MAGIC_CODE_V2 = -626843477       # 0xDAA320AB: RocketMQ 5.x V2 record (int16 topic length); not written
+MESSAGE_MAGIC_CODE_V2 = -626843477       # 0xDAA320AB: RocketMQ 5.x V2 record (int16 topic length), for topics > 127
 BLANK_MAGIC_CODE = -875286124            # 0xCBD43194: the blank record that ends a segment
 END_FILE_MIN_BLANK_LENGTH = 8            # TOTALSIZE + MAGIC of the blank record
 # A gap record (localmq's, written by recovery over damaged bytes it quarantined): a blank record whose TOTALSIZE is
@@ -35,13 +35,17 @@ REC_SYS_FLAG = 36                        # int32
 REC_BORN_TIMESTAMP = 40                  # int64
 REC_BORN_HOST = 48                       # 4-byte IPv4 or 16-byte IPv6 address, then an int32 port
 # after the born host: STORETIMESTAMP i64, STOREHOST (8 or 20), RECONSUMETIMES i32, PREPARED TX OFFSET i64,
-# BODY i32 + bytes, TOPIC i8 + bytes, PROPERTIES i16 + bytes
+# BODY i32 + bytes, TOPIC i8 + bytes (V2: i16 + bytes), PROPERTIES i16 + bytes
 HOST_V4_SIZE = 8
 HOST_V6_SIZE = 20
 REC_MIN_SIZE = 91                        # a V1 record with IPv4 hosts and empty body, topic and properties
 BODY_CRC_MASK = 0x7FFFFFFF
 
-MAX_TOPIC_BYTES = 127                    # int8 TOPIC length
+MAX_TOPIC_BYTES = 127                    # int8 TOPIC length: the longest topic of a V1 record
+MAX_TOPIC_BYTES_V2 = 32767               # int16 TOPIC length of a V2 record (RocketMQ 5.x)
+# The longest topic localmq reads or writes: a ConsumeQueue directory is named after its topic, and a file name has
+# at most 255 bytes (NAME_MAX). Topics of 128..255 bytes are written as V2 records, as RocketMQ 5.x does.
+MAX_TOPIC_NAME_BYTES = 255
 MAX_PROPERTIES_SIZE = 32767              # int16 PROPERTIES length
 PROPERTY_NAME_SEP = 0x01                 # name \x01 value \x02 name \x01 value \x02
 PROPERTY_SEP = 0x02
@@ -85,7 +89,7 @@ INDEX_ITEM_SIZE = 20                     # key hash i32, physical offset i64, ti
 INDEX_ITEMS_PER_SLOT = 4                 # RocketMQ's ratio (defaults 20M / 5M; IndexFileTest 400 / 100)
 INDEX_NAME_DIGITS = 17                   # yyyyMMddHHmmssSSS
 INDEX_MAX_FILE_SIZE = (1 << 31) - 1      # RocketMQ computes positions in an int
-INDEX_MAX_KEY_BYTES = MAX_TOPIC_BYTES + 1 + 1 + MAX_PROPERTIES_SIZE + 1   # "<topic>#<key>"
+INDEX_MAX_KEY_BYTES = MAX_TOPIC_NAME_BYTES + 1 + 1 + MAX_PROPERTIES_SIZE + 1   # "<topic>#<key>"
 
 # -- checkpoint ----------------------------------------------------------------------------------------------------
 
@@ -112,7 +116,7 @@ SETTINGS_FILE = "localmq.json"           # in CONFIG_DIR: the settings that shap
 SETTINGS_VERSION = 1                     # its "version"; a record of a later version is refused
 
 MAX_QUEUE_ID = 65535
-TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,127}\Z")
+TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,255}\Z")      # MAX_TOPIC_NAME_BYTES
 
 # -- the embedded queue's simple frame (localmq's own, not RocketMQ's) --------------------------------------------
 
@@ -189,8 +193,9 @@ CTL_TOPIC_QUEUES = 64                    # queue ids 0..63 per topic in a shared
 CTL_TOPIC_ROW = 1280
 CTL_T_STATE = 0                          # u32: 1 once the row is complete (release store, the last write)
 CTL_T_NAME_LEN = 4                       # u32
-CTL_T_NAME = 8                           # the topic, ASCII, at most 127 bytes
+CTL_T_NAME = 8                           # the topic, ASCII, at most CTL_T_NAME_MAX bytes
 CTL_T_NEXT = 256                         # i64 x CTL_TOPIC_QUEUES: next queue offset (the put path's cells)
+CTL_T_NAME_MAX = CTL_T_NEXT - CTL_T_NAME  # 248: a shared store refuses a longer topic (InvalidTopicError)
 CTL_T_DISPATCHED = 768                   # i64 x CTL_TOPIC_QUEUES: units in the ConsumeQueue (the dispatcher)
 # The clients' table: consumer groups (members, queue owners) and committed offsets of every process, one JSON
 # document written under the group lock into the inactive one of two buffers, then published by switching
@@ -220,10 +225,18 @@ def host_size(sys_flag: int, bit: int) -> int:
     return HOST_V6_SIZE if sys_flag & bit else HOST_V4_SIZE
 
 
+def topic_length_size(topic_len: int) -> int:
+    """Bytes of the TOPIC length field of the record RocketMQ 5.x writes for a topic of ``topic_len`` bytes (its
+    autoMessageVersionOnTopicLen): 1 (V1) up to MAX_TOPIC_BYTES, else 2 (V2)."""
+    return 1 if topic_len <= MAX_TOPIC_BYTES else 2
+
+
 def record_size(sys_flag: int, body_len: int, topic_len: int, props_len: int) -> int:
-    """TOTALSIZE of a V1 record (RocketMQ's CommitLog.calMsgLength)."""
+    """TOTALSIZE of the record of a topic of ``topic_len`` bytes (RocketMQ's CommitLog.calMsgLength, with 5.x's
+    topicLengthSize: V1 up to 127 bytes, V2 above)."""
     return (4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + host_size(sys_flag, SYSFLAG_BORNHOST_V6) + 8
-            + host_size(sys_flag, SYSFLAG_STOREHOST_V6) + 4 + 8 + 4 + body_len + 1 + topic_len + 2 + props_len)
+            + host_size(sys_flag, SYSFLAG_STOREHOST_V6) + 4 + 8 + 4 + body_len + topic_length_size(topic_len)
+            + topic_len + 2 + props_len)
 
 
 # -- the C mirror ---------------------------------------------------------------------------------------------------
@@ -234,7 +247,8 @@ PXD_NAMES = (
     "GAP_SIGNATURE", "GAP_RECORD_SIZE",
     "REC_TOTAL_SIZE", "REC_MAGIC", "REC_BODY_CRC", "REC_QUEUE_ID", "REC_FLAG", "REC_QUEUE_OFFSET",
     "REC_PHYSICAL_OFFSET", "REC_SYS_FLAG", "REC_BORN_TIMESTAMP", "REC_BORN_HOST", "HOST_V4_SIZE", "HOST_V6_SIZE",
-    "REC_MIN_SIZE", "BODY_CRC_MASK", "MAX_TOPIC_BYTES", "MAX_PROPERTIES_SIZE", "PROPERTY_NAME_SEP", "PROPERTY_SEP",
+    "REC_MIN_SIZE", "BODY_CRC_MASK", "MAX_TOPIC_BYTES", "MAX_TOPIC_BYTES_V2", "MAX_TOPIC_NAME_BYTES",
+    "MAX_PROPERTIES_SIZE", "PROPERTY_NAME_SEP", "PROPERTY_SEP",
     "SYSFLAG_COMPRESSED", "SYSFLAG_MULTI_TAGS", "SYSFLAG_TRANSACTION_MASK", "SYSFLAG_TRANSACTION_NOT_TYPE",
     "SYSFLAG_TRANSACTION_PREPARED", "SYSFLAG_TRANSACTION_COMMIT", "SYSFLAG_TRANSACTION_ROLLBACK",
     "SYSFLAG_BORNHOST_V6", "SYSFLAG_STOREHOST_V6",

@@ -1,8 +1,8 @@
 """Disk and memory a store takes for 1, 1,000 and 1,000,000 messages of 100 bytes (issue 14): allocated blocks
 (what ``du`` counts) while open and after close, and the resident memory the open store adds to the process.
 
-Usage: python perf/footprint.py [rocketmq]   ("rocketmq": reserve whole segments up front and full-size index
-files, as RocketMQ does and as localmq did before reservation steps)
+Usage: python perf/footprint.py [rocketmq]   ("rocketmq": reserve whole segments and ConsumeQueue files up front,
+as RocketMQ does and as localmq did before reservation steps; index files are sparse either way)
 Each case runs in a fresh subprocess in a temporary directory that is deleted afterwards.
 """
 import json
@@ -21,7 +21,7 @@ def blocks(root):
     return sum(os.stat(os.path.join(d, n)).st_blocks * 512 for d, _, ns in os.walk(root) for n in ns)
 import localmq
 n, root, old = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
-cfg = dict(reserve_step_commit_log=0, reserve_step_consume_queue=0, grow_index_files=False) if old else {}
+cfg = dict(reserve_step_commit_log=0, reserve_step_consume_queue=0) if old else {}
 base = rss()
 st = localmq.open(root, **cfg)
 body = b"x" * 100
@@ -41,7 +41,7 @@ print(json.dumps(out))
 def main():
     old = len(sys.argv) > 1 and sys.argv[1] == "rocketmq"
     print(f"{'messages':>10} {'open (du)':>12} {'closed (du)':>12} {'RSS added':>12}   "
-          f"({'whole segments and 420 MB index files, as RocketMQ' if old else 'defaults'})")
+          f"({'whole segments and queue files reserved, as RocketMQ' if old else 'defaults'})")
     for n in (1, 1000, 1_000_000):
         d = tempfile.mkdtemp(prefix="lmq-footprint-")
         try:

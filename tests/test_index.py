@@ -256,7 +256,7 @@ def test_look_message_by_id(store_factory):
 
 def test_bad_input_and_disabled_index(store_factory, tmp_path):
     st = store_factory()
-    for bad in ("", "a/b", "..", "x" * 128):
+    for bad in ("", "a/b", "..", "x" * 256):
         with pytest.raises(InvalidTopicError):
             st.query_message(bad, "k")
     for bad in ("", "a b", None, 5):
@@ -470,3 +470,49 @@ def test_offset_by_time_is_the_first_message_at_or_after(store_factory):
     assert st.offset_by_time("T", 0, 0) == 0
     assert st.offset_by_time("T", 0, ts[-1] + 1) == 6  # all older: max offset (RocketMQ: the last, 5)
     assert st.offset_by_time("nope", 0, 0) == 0
+
+
+def test_a_small_index_file_a_broker_extended_in_place_is_read_as_it_was_written(tmp_path):
+    """RocketMQ maps every index file at its configured size: a smaller file (``grow_index_files=True``) is
+    extended in place to 420,000,040 bytes by a plain load and shutdown. Its size then fits the default geometry
+    while its content has the small one: localmq reads it by its content (it found 1 key of 2,000 before), and
+    ``localmq verify`` checks a sample of items against the records they point at."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "s"
+    with localmq.open(root, grow_index_files=True) as st:
+        offsets = {f"k{i}": st.put("t", b"m%d" % i, keys=[f"k{i}"]).physical_offset for i in range(2000)}
+        assert st.wait_for_index(30)
+    (name,) = os.listdir(root / "index")
+    path = root / "index" / name
+    small = path.stat().st_size
+    assert small < 420_000_040
+    os.truncate(path, 420_000_040)  # what RocketMQ's MappedFile does to it
+    with localmq.open(root) as st:
+        missing = [k for k, off in offsets.items() if [m.physical_offset for m in st.query_message("t", k)] != [off]]
+        assert not missing, f"{len(missing)} of 2000 keys not found, first {missing[:3]}"
+    r = subprocess.run([sys.executable, "-m", "localmq", "verify", str(root)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_verify_reports_an_index_file_whose_items_do_not_match_their_records(tmp_path):
+    import subprocess
+    import sys
+
+    root = tmp_path / "s"
+    with localmq.open(root, max_hash_slot_num=100, max_index_num=400) as st:
+        for i in range(300):
+            st.put("t", b"m%d" % i, keys=[f"k{i}"])
+        assert st.wait_for_index(30)
+    (name,) = os.listdir(root / "index")
+    path = root / "index" / name
+    items_at = 40 + 100 * 4
+    with open(path, "r+b") as f:  # the first 150 items' key hash changed: each points at a record without that key
+        for i in range(1, 151):
+            f.seek(items_at + i * 20)
+            h = int.from_bytes(f.read(4), "big")
+            f.seek(items_at + i * 20)
+            f.write(((h + 1) % (1 << 31)).to_bytes(4, "big"))
+    r = subprocess.run([sys.executable, "-m", "localmq", "verify", str(root)], capture_output=True, text=True)
+    assert r.returncode != 0 and "sampled items do not hold the key hash" in r.stdout, r.stdout + r.stderr

@@ -248,7 +248,7 @@ def test_ack_misuse_raises_typed_errors(tmp_path):
         with pytest.raises(ValueError):
             st.create_consumer("g3", "t", manual_ack=True, max_unacked=0)
         with pytest.raises(InvalidTopicError):
-            st.create_consumer("g" * 121, "t")   # "%RETRY%" + group would pass 127 characters
+            st.create_consumer("g" * 249, "t")   # "%RETRY%" + group would pass 255 characters
         st.wait_for_dispatch(5)
         assert [m.body for m in st.dead_letters("g2")] == [b"x"]
 

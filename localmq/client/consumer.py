@@ -131,7 +131,7 @@ class Consumer:
                  max_reconsume_times: Optional[int] = None, max_unacked: int = 2000, orderly: bool = False,
                  suspend_ms: int = 1000, sql: Optional[str] = None):
         if not isinstance(group, str) or TOPIC_RE.match(group) is None:
-            raise ValueError(f"invalid group name {group!r}: must match [%|a-zA-Z0-9_-]{{1,127}}")
+            raise ValueError(f"invalid group name {group!r}: must match [%|a-zA-Z0-9_-]{{1,255}}")
         topics = [topics] if isinstance(topics, str) else list(topics)
         if not topics:
             raise ValueError("a consumer needs at least one topic")

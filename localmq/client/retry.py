@@ -35,26 +35,26 @@ _RETRY_BOOKKEEPING = ("DELAY", "REAL_TOPIC", "REAL_QID", "WAIT", "RECONSUME_TIME
 
 
 def retry_topic(group: str) -> str:
-    """``%RETRY%<group>``. Raises InvalidTopicError when the name would pass 127 characters."""
+    """``%RETRY%<group>``. Raises InvalidTopicError when the name would pass 255 characters."""
     t = RETRY_PREFIX + group
     check_topic(t)
     return t
 
 
 def dlq_topic(group: str) -> str:
-    """``%DLQ%<group>``. Raises InvalidTopicError when the name would pass 127 characters."""
+    """``%DLQ%<group>``. Raises InvalidTopicError when the name would pass 255 characters."""
     t = DLQ_PREFIX + group
     check_topic(t)
     return t
 
 
 def check_group_for_retry(group: str) -> None:
-    """A clustering group's retry and dead-letter topics must be valid topic names (group <= 120 characters)."""
+    """A clustering group's retry and dead-letter topics must be valid topic names (group <= 248 characters)."""
     try:
         retry_topic(group)
     except InvalidTopicError:
         raise InvalidTopicError(f"group {group!r} is too long for its retry topic {RETRY_PREFIX + group!r} "
-                                f"(127 characters at most)") from None
+                                f"(255 characters at most)") from None
 
 
 def reconsume_count(m: Any) -> int:

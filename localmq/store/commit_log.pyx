@@ -15,7 +15,7 @@ from libc.string cimport memset
 from localmq._layout cimport (
     CTL_EVENT_OFF, CTL_FILE_SIZE, CTL_FLUSH_REQ_EVENT_OFF, CTL_FLUSHED_EVENT_OFF, CTL_I_CELL, CTL_I_END, CTL_I_POS,
     CTL_I_QEND, CTL_I_QOFF, CTL_I_STATE, CTL_S_FLUSH_REQ, CTL_S_FLUSHED, CTL_S_SYNC_ARRIVALS, CTL_S_SYNC_WANT,
-    CTL_S_LAST_TS, CTL_S_PUTS, CTL_S_REPAIRS, CTL_S_WPOS, CTL_T_NEXT, CTL_TOPIC_QUEUES, CTL_TOPICS_OFF,
+    CTL_S_LAST_TS, CTL_S_PUTS, CTL_S_REPAIRS, CTL_S_WPOS, CTL_T_NAME_MAX, CTL_T_NEXT, CTL_TOPIC_QUEUES, CTL_TOPICS_OFF,
     END_FILE_MIN_BLANK_LENGTH, HOST_V4_SIZE, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID,
     SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
@@ -43,7 +43,7 @@ from localmq.status import PutStatus
 from localmq._shm import OWNER_DIED as _OWNER_DIED
 from localmq.errors import (
     ArgumentOverflowError, ArgumentTypeError, ForkedStoreError, check_int_range, InvalidQueueIdError,
-    MessageSizeError,
+    InvalidTopicError, MessageSizeError,
     PropertiesSizeError, StoreClosedError, TopicTableFullError, store_io_error,
 )
 
@@ -599,6 +599,9 @@ cdef class CommitLog:
         lock when this is the store's first put to the topic)."""
         cdef char *row = topic_row_c(self.cb, te.encoded)
         cdef WriteLock wl
+        if len(te.encoded) > CTL_T_NAME_MAX:
+            raise InvalidTopicError(f"topic of {len(te.encoded)} bytes: a store shared between processes holds "
+                                    f"topic names of at most {CTL_T_NAME_MAX} bytes")
         if row == NULL:
             wl = self.ctl.lock
             if wl.acquire(self.lock_timeout) == _OWNER_DIED:

@@ -16,7 +16,9 @@ from localmq._record cimport (
 from localmq.store.consume_queue cimport ConsumeQueue, CQState
 from localmq._mapped_file cimport MappedFile
 from localmq._native cimport Event
-from localmq._layout cimport CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_S_REPUT, CTL_S_WPOS, REC_MIN_SIZE
+from localmq._layout cimport (
+    CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_S_REPUT, CTL_S_WPOS, MAX_TOPIC_NAME_BYTES, REC_MIN_SIZE,
+)
 from localmq._shm cimport ControlFile, lmq_shm_event_notify, lmq_shm_event_seq, lmq_shm_event_wait
 from localmq._os cimport (
     lmq_event, lmq_event_signal, lmq_event_wait, lmq_load_acq, lmq_put32,
@@ -43,7 +45,7 @@ cdef struct Slot:
     uint64_t hash
     int32_t queue_id
     int32_t topic_len
-    uint8_t topic[128]
+    uint8_t topic[MAX_TOPIC_NAME_BYTES]  # a ConsumeQueue has a valid name: cq_factory checked it
     CQState *st
 
 

@@ -2,18 +2,19 @@
 
 import errno
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from localmq._mapped_file import MappedFile
-from localmq._record import decode_message, scan_record, walk_records
+from localmq._record import decode_message, scan_record, unknown_format, walk_records
 from localmq.config import StoreConfig
 from localmq.errors import CorruptFrameError, CorruptStoreError, NotAStoreError
 from localmq.layout import (
     ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, CQ_BLANK_UNIT_SIZE,
-    CQ_DTYPE, CQ_UNIT_SIZE, GAP_FILE_RE, INDEX_DIR, INDEX_NAME_DIGITS, LOCK_FILE, RECOVERY_DIR, SEGMENT_NAME_RE,
-    file_name,
+    CQ_DTYPE, CQ_UNIT_SIZE, GAP_FILE_RE, INDEX_DIR, INDEX_NAME_DIGITS, LOCK_FILE, MAX_TOPIC_NAME_BYTES,
+    MESSAGE_MAGIC_CODE_V2, RECOVERY_DIR, SEGMENT_NAME_RE, file_name,
 )
 from localmq.status import RecordStatus
 from localmq.store.control_view import committed_end
@@ -29,6 +30,36 @@ _UNIT_HEAD_SIZE = CQ_DTYPE.fields["tags_code"][1]
 _UNIT_HEAD = np.dtype({"names": ["offset", "size"], "formats": [CQ_DTYPE["offset"], CQ_DTYPE["size"]],
                        "offsets": [CQ_DTYPE.fields["offset"][1], CQ_DTYPE.fields["size"][1]],
                        "itemsize": _UNIT_HEAD_SIZE})
+
+
+# RocketMQ's topic characters, any length: a V2 record may name a topic longer than localmq's names
+_LONG_TOPIC_RE = re.compile(rb"[%|a-zA-Z0-9_-]+")
+
+
+def not_understood(data, pos, status, end):
+    """(magic, TOTALSIZE, what) of the record at ``data[pos:]`` (a segment; ``end``: the end of its written data)
+    where a walk stopped with ``status`` when localmq does not understand it rather than finds it damaged, else None:
+    a record of an unknown format (status "bad magic": ``_record.unknown_format``, README Recovery), or a whole,
+    valid V2 record whose topic is longer than MAX_TOPIC_NAME_BYTES, a ConsumeQueue directory name (status "bad
+    topic"). Nothing is read for another status (at a hole a read through a mapping may fault)."""
+    if status == RecordStatus.BAD_MAGIC:
+        magic = unknown_format(data, pos, end)
+        if magic is None:
+            return None
+        size = int.from_bytes(memoryview(data).cast("B")[pos:pos + 4], "big", signed=True)
+        return magic, size, "a record of a format localmq does not know"
+    if status != RecordStatus.BAD_TOPIC:
+        return None
+    try:
+        m = decode_message(data, pos, check_crc=True, copy=True)
+    except CorruptFrameError:
+        return None
+    tb = m.topic.encode("utf-8", "surrogateescape") if m is not None else b""
+    if len(tb) <= MAX_TOPIC_NAME_BYTES or _LONG_TOPIC_RE.fullmatch(tb) is None:
+        return None
+    return (MESSAGE_MAGIC_CODE_V2 & 0xFFFFFFFF, m.store_size,
+            f"a V2 record naming a topic of {len(tb)} bytes, longer than localmq's topic names "
+            f"({MAX_TOPIC_NAME_BYTES} bytes, a ConsumeQueue directory name)")
 
 
 @dataclass(frozen=True)
@@ -270,7 +301,8 @@ class StoreFiles:
         """Physical offset just after the last complete record (walking from ``start``, default the last segment).
 
         Zero bytes or a torn record at the end of the data stop the walk; a damaged record with data after it
-        raises CorruptFrameError.
+        raises CorruptFrameError. A record of a format localmq does not know (``_record.unknown_format``) is a
+        record: the walk steps over it (its TOTALSIZE frames it).
         """
         if not self.segments:
             return 0
@@ -287,8 +319,13 @@ class StoreFiles:
                 # power cut) leads into the next run of data, where the walk goes on
                 data_end = mf.data_end(pos)
                 pos, outcome, _, _, _ = walk_records(mf, pos, data_end, False)
-                while outcome == RecordStatus.END and data_end <= pos < self.segment_size and mf.data_end(pos) > pos:
-                    data_end = mf.data_end(pos)
+                while True:
+                    if outcome == RecordStatus.END and data_end <= pos < self.segment_size and mf.data_end(pos) > pos:
+                        data_end = mf.data_end(pos)
+                    elif outcome == RecordStatus.BAD_MAGIC and unknown_format(mf, pos, data_end) is not None:
+                        pos += int.from_bytes(mf.read(pos, 4), "big", signed=True)
+                    else:
+                        break
                     pos, outcome, _, _, _ = walk_records(mf, pos, data_end, False)
                 if outcome == RecordStatus.BLANK:
                     end = base + self.segment_size

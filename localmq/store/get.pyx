@@ -6,15 +6,15 @@ record pages are faulted in with the GIL released (a read-ahead window of READ_A
 from disk does not stall the other threads of the process.
 """
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memcmp
 
 from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_EXT_ADDRESS_MAX, CQ_UNIT_SIZE, SYSFLAG_COMPRESSED
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_pretouch
 from localmq._record cimport (
-    REC_GAP, REC_OK, RecordView, find_property, is_schedule_record, message_from_view, parse_record, props_torn,
-    tags_code_of,
+    REC_BAD_MAGIC, REC_GAP, REC_OK, RecordView, find_property, is_schedule_record, message_from_view, parse_record,
+    props_torn, tags_code_of,
 )
 from localmq.store.consume_queue cimport ConsumeQueue
 
@@ -98,6 +98,11 @@ cdef str unit_mismatch(const RecordView *v, int rc, int32_t size, bytes topic_b,
     if rc == REC_GAP:
         return (f"the message was lost to damage in the commit log (a gap record of {v.total_size} bytes stands "
                 f"where it was; recovery copied the damaged bytes to recovery/)")
+    if rc == REC_BAD_MAGIC and v.total_size == size:
+        # a ConsumeQueue unit whose size is the record's TOTALSIZE frames it: it may be a record of a later format
+        # (README, Recovery; a writable open refuses such a log), so the message says both
+        return (f"bad magic record (0x{<uint32_t>v.magic:08X}, {v.total_size} bytes as the unit says: a record of "
+                f"a format localmq does not know, or a damaged one)")
     if rc != REC_OK:
         return f"{RecordStatus.of(rc)} record"
     if v.total_size != size:

@@ -36,6 +36,7 @@ Design choices:
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -59,7 +60,8 @@ from localmq.layout import (
 
 log = logging.getLogger("localmq.index")
 
-__all__ = ["IndexHeader", "IndexFile", "IndexService", "index_file_size", "infer_geometry", "INDEX_DIR"]
+__all__ = ["IndexHeader", "IndexFile", "IndexService", "index_file_size", "infer_geometry", "geometry_from_content",
+           "INDEX_DIR"]
 
 # IndexService.deleteExpiredFile destroys with a 3 s forcible interval
 DESTROY_FORCIBLY_MS = 3000
@@ -108,6 +110,102 @@ def infer_geometry(size: int, hash_slot_num: Optional[int] = None, index_num: Op
                             f"and index_num")
 
 
+def _probe(fd: int, slots: int, count: int, end_phy: int) -> bool:
+    """True when an index file read through ``fd`` looks written with ``slots`` slots: its last item (``count`` - 1)
+    is the one that set the header's endPhyOffset, and the slot of that item's key hash points at it."""
+    last = count - 1
+    item = os.pread(fd, INDEX_ITEM_SIZE, INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE + last * INDEX_ITEM_SIZE)
+    if len(item) < INDEX_ITEM_SIZE:
+        return False
+    h, phy = int.from_bytes(item[:4], "big", signed=True), int.from_bytes(item[4:12], "big", signed=True)
+    if h < 0 or phy != end_phy:
+        return False
+    slot = os.pread(fd, INDEX_SLOT_SIZE, INDEX_HEADER_SIZE + (h % slots) * INDEX_SLOT_SIZE)
+    return len(slot) == INDEX_SLOT_SIZE and int.from_bytes(slot, "big", signed=True) == last
+
+
+def _written_with(path: str, slots: int) -> bool:
+    """False when the file's last item and its slot show it was not written with ``slots`` slots (True when it
+    holds no item: nothing tells)."""
+    with open(path, "rb") as f:
+        head = os.pread(f.fileno(), INDEX_HEADER_SIZE, 0)
+        if len(head) < INDEX_HEADER_SIZE:
+            return True
+        end_phy, count = INDEX_HEADER.unpack(head)[3], INDEX_HEADER.unpack(head)[5]
+        return count < 2 or _probe(f.fileno(), slots, count, end_phy)
+
+
+def _data_ranges(fd: int, start: int, end: int) -> List[tuple]:
+    """[lo, hi) pieces of [start, end) holding data (SEEK_DATA / SEEK_HOLE), or the whole range where unknown."""
+    if not hasattr(os, "SEEK_DATA"):
+        return [(start, end)]
+    out = []
+    pos = start
+    while pos < end:
+        try:
+            lo = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data after pos
+                break
+            return [(start, end)]
+        if lo >= end:
+            break
+        hi = min(os.lseek(fd, lo, os.SEEK_HOLE), end)
+        out.append((lo, hi))
+        pos = hi
+    return out
+
+
+def geometry_from_content(path: str) -> Optional[tuple]:
+    """(slots, items) of an index file, read off its content, or None when it cannot be told (no item, or more
+    than one geometry fits). RocketMQ's files do not record their geometry and a size fits many; but the last
+    item written holds the header's endPhyOffset, and its key's slot points at it. Candidates are tried in the
+    order of their cost: RocketMQ's ratio of 4 items a slot (its defaults, localmq's growing files), then every
+    geometry of that size, found by scanning the file's data for items whose offset is endPhyOffset (only the data:
+    RocketMQ's files are sparse). A file of another geometry that a broker wrote is kept and read that way, and new
+    files of a store that has none recorded take it (``settings.infer_settings``)."""
+    size = os.path.getsize(path)
+    body = size - INDEX_HEADER_SIZE
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        head = os.pread(fd, INDEX_HEADER_SIZE, 0)
+        if len(head) < INDEX_HEADER_SIZE:
+            return None
+        end_phy, count = INDEX_HEADER.unpack(head)[3], INDEX_HEADER.unpack(head)[5]
+        if count < 2:
+            return None
+        per = INDEX_SLOT_SIZE + INDEX_ITEMS_PER_SLOT * INDEX_ITEM_SIZE
+        if body % per == 0 and count <= INDEX_ITEMS_PER_SLOT * (body // per) and _probe(fd, body // per, count,
+                                                                                         end_phy):
+            return body // per, INDEX_ITEMS_PER_SLOT * (body // per)
+        # every slot count s that leaves room for ``count`` items (a file a broker extended in place to its
+        # configured size holds fewer items than its size allows): the last item of candidate s lies at p0 + 4 s,
+        # so one strided read of the file's data finds every s whose item there holds endPhyOffset
+        s_max = (body - INDEX_ITEM_SIZE * count) // INDEX_SLOT_SIZE
+        if s_max < 1:
+            return None
+        p0 = INDEX_HEADER_SIZE + INDEX_ITEM_SIZE * (count - 1)
+        fits = []
+        for lo, hi in _data_ranges(fd, p0 + INDEX_SLOT_SIZE, p0 + INDEX_SLOT_SIZE * (s_max + 1) + INDEX_ITEM_SIZE):
+            t = max(1, -(-(lo - p0) // INDEX_SLOT_SIZE))
+            t_end = min(s_max + 1, (hi - INDEX_ITEM_SIZE - p0) // INDEX_SLOT_SIZE + 1)
+            while t < t_end:
+                step = min(t_end - t, 1 << 22)
+                raw = os.pread(fd, INDEX_SLOT_SIZE * (step - 1) + INDEX_ITEM_SIZE, p0 + INDEX_SLOT_SIZE * t)
+                n = (len(raw) - INDEX_ITEM_SIZE) // INDEX_SLOT_SIZE + 1
+                if n <= 0:
+                    break
+                phys = np.ndarray((n,), ">i8", raw, 4, (INDEX_SLOT_SIZE,))  # the phy field of each candidate item
+                for k in np.flatnonzero(phys == end_phy):
+                    slots = t + int(k)
+                    if _probe(fd, slots, count, end_phy):
+                        fits.append((slots, (body - INDEX_SLOT_SIZE * slots) // INDEX_ITEM_SIZE))
+                        if len(fits) > 1:
+                            return None
+                t += step
+        return fits[0] if fits else None
+
+
 @dataclass(frozen=True)
 class IndexHeader:
     """The 40-byte header: times in ms, physical offsets, slots ever used, next item number (>= 1)."""
@@ -118,6 +216,17 @@ class IndexHeader:
     end_phy_offset: int
     hash_slot_count: int
     index_count: int
+
+
+def _pages_with_blocks(mf: MappedFile) -> np.ndarray:
+    """One byte per 4 KiB page of ``mf``: 1 where its data extents (SEEK_DATA) say it has blocks."""
+    pages = np.zeros((mf.file_size + _PAGE - 1) // _PAGE, np.uint8)
+    for lo, hi in mf.data_ranges():
+        pages[lo // _PAGE:(hi + _PAGE - 1) // _PAGE] = 1
+    return pages
+
+
+_PAGE = 4096
 
 
 def _time_matched(times, begin: int, end: int) -> bool:
@@ -147,6 +256,10 @@ class IndexFile:
         self.mapped_file = mapped_file
         self.hash_slot_num = hash_slot_num
         self.index_num = index_num
+        # a byte per 4 KiB page, 1 where the file has blocks: an insert reserves a page before it reads or writes
+        # it, a query takes a slot in a page without blocks for empty (a file is sparse: RocketMQ's default
+        # geometry is 420 MB, of which a store with few keys uses a few pages)
+        self.pages = _pages_with_blocks(mapped_file)
 
     @classmethod
     def create(cls, path: str, hash_slot_num: int, index_num: int, end_phy_offset: int = 0,
@@ -159,7 +272,9 @@ class IndexFile:
         check_geometry(hash_slot_num, index_num)
         if os.path.exists(path):
             raise FileExistsError(17, "index file exists", path)
-        mf = MappedFile(path, index_file_size(hash_slot_num, index_num), 0, create=True, reserve=True)
+        # sparse, its first page reserved (the header); the pages an insert touches are reserved as it goes
+        mf = MappedFile(path, index_file_size(hash_slot_num, index_num), 0, create=True, reserve=True,
+                        reserve_step=_PAGE)
         f = cls(mf, hash_slot_num, index_num)
         begin_phy = end_phy_offset if end_phy_offset > 0 else 0
         begin_ts = end_timestamp if end_timestamp > 0 else 0
@@ -175,7 +290,18 @@ class IndexFile:
         Raises CorruptStoreError when no geometry fits the size, OSError when it cannot be opened.
         """
         size = os.path.getsize(path)
-        slots, items = infer_geometry(size, hash_slot_num, index_num)
+        fits = geometry_from_content(path) if hash_slot_num is None and index_num is None else None
+        slots, items = fits if fits is not None else infer_geometry(size, hash_slot_num, index_num)
+        if fits is None and not _written_with(path, slots):
+            # the size fits the geometry asked for, the content does not (a broker extended a smaller file in
+            # place to its configured size): read it as it was written, or not at all
+            fits = geometry_from_content(path)
+            if fits is None:
+                raise CorruptStoreError(f"index file {path}: its items do not fit {slots} slots, nor any geometry "
+                                        f"of its size (derived data: rebuilt from the commit log)")
+            log.warning("index file %s was written with %d slots and %d items, not the %d and %d its size suggests; "
+                        "read that way (a RocketMQ broker misreads it)", path, fits[0], fits[1], slots, items)
+            slots, items = fits
         mf = MappedFile(path, size, 0, create=False, reserve=False, writable=writable)
         f = cls(mf, slots, items)
         count = INDEX_HEADER.unpack(mf.read(0, INDEX_HEADER_SIZE))[5]
@@ -240,7 +366,7 @@ class IndexFile:
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
         """Insert the full index key ``key`` (``"<topic>#<key>"`` in a store). False when the file is full."""
         return _index.put_key(self.mapped_file, self.hash_slot_num, self.index_num, _index.key_hash(key),
-                              phy_offset, store_timestamp)
+                              phy_offset, store_timestamp, self.mapped_file.fileno, self.pages)
 
     def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> List[int]:
         """Offsets of items of the full index key ``key`` in [begin, end], newest first (hash matches: the
@@ -249,7 +375,7 @@ class IndexFile:
 
     def _select(self, h: int, max_num: int, begin: int, end: int) -> np.ndarray:
         try:
-            return _index.select_offsets(self.mapped_file, self.hash_slot_num, h, begin, end, max_num)
+            return _index.select_offsets(self.mapped_file, self.hash_slot_num, h, begin, end, max_num, self.pages)
         except ValueError:
             if self.mapped_file.closed:  # destroyed by retention after the caller's snapshot
                 return np.empty(0, np.int64)
@@ -552,7 +678,8 @@ class IndexService(IndexQueries):
             slots = f.hash_slot_num if f is not None else 1
             items = f.index_num if f is not None else 2
             outcome, row, key, k = _index.index_rows(mf, slots, items, data, phys, sts, sysf, tpos, tlen, ppos,
-                                                     plen, row, key, n)
+                                                     plen, row, key, n, mf.fileno if mf is not None else -1,
+                                                     f.pages if f is not None else None)
             added += k
             if outcome is Stop.END:
                 return added

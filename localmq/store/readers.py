@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localmq import _record
-from localmq.errors import CorruptFrameError, CorruptStoreError
+from localmq.errors import CorruptFrameError, CorruptStoreError, UnknownRecordFormatError
 from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_EXT_SIZE, CQ_UNIT_SIZE
 from localmq.store.control_view import committed_end
 from localmq.store.files import list_segments
@@ -125,8 +125,10 @@ class CommitLogReader:
     Build it with ``read_commitlog``. After the iterator is exhausted (or ``close()`` ran):
 
     - ``stop_reason``: "end" (zero bytes, or the last segment ended with its blank record), "torn" (a record cut
-      short or damaged at the very end of the written data: what a crash leaves) or "corrupt" (a bad record with
-      more data after it, only with ``on_corrupt="stop"``); None while reading;
+      short or damaged at the very end of the written data: what a crash leaves), "corrupt" (a bad record with
+      more data after it) or "unknown format" (a record of a format localmq does not know, README Recovery; the
+      reader raises UnknownRecordFormatError there), these two only with ``on_corrupt="stop"``; None while
+      reading;
     - ``stop_offset``: the absolute offset where reading stopped (the end of the last good record, or the next
       segment's base after a blank record);
     - ``segments_read``: segment files whose records were walked (not those after the end of the data);
@@ -254,6 +256,17 @@ class CommitLogReader:
                     tail = min(n, pos + 8)
                 offset = base + pos
                 self.stop_offset = offset
+                magic = _record.unknown_format(seg.mm, pos, limit) if status == "bad magic" else None
+                if magic is not None:
+                    # a record of a format localmq does not know (README, Recovery): not damage, and not skipped
+                    self.stop_reason = "unknown format"
+                    text = (f"a record of a format localmq does not know at offset {offset} of the commit log "
+                            f"(magic 0x{magic:08X}; {seg_file.path})")
+                    if self.on_corrupt == "stop":
+                        log.warning("commit log: %s; stopping there", text)
+                        return
+                    raise UnknownRecordFormatError(text, offset=offset, path=seg_file.path, magic=magic,
+                                                   size=int.from_bytes(seg.mm[pos:pos + 4], "big", signed=True))
                 if not seg.has_data(tail) and not self._later_segments_hold_data(index):
                     if status == "end":
                         self.stop_reason = "end"

@@ -9,15 +9,18 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from localmq._record import decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records
+from localmq._record import (
+    decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records,
+)
 from localmq._native import fdatasync, fsync_dir
-from localmq.errors import DamagedLogError, io_operation
-from localmq.store.files import numbered_units
+from localmq.errors import DamagedLogError, UnknownRecordFormatError, io_operation
+from localmq.store.files import not_understood, numbered_units
 from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.readers import read_commitlog
 from localmq.layout import (
     CQ_BLANK_UNIT_SIZE, CQ_DTYPE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE,
-    RECOVERY_DIR, SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
+    MESSAGE_MAGIC_CODE_V2, RECOVERY_DIR, SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
 
 if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
@@ -149,6 +152,22 @@ def _quarantine_gap(root: str, mfq, start: int, end: int) -> str:
     return path
 
 
+def refuse_unknown(mf, pos: int, status: str, data_end: int) -> None:
+    """Raise UnknownRecordFormatError when the walk stopped (``status``) at ``mf`` + ``pos`` on a record localmq does
+    not understand (``files.not_understood``: an unknown format, or a V2 record naming a topic longer than localmq's
+    names): it is not damage, and nothing may replace it. Called before any byte of the damage handling is
+    written."""
+    found = not_understood(mf, pos, status, data_end)
+    if found is None:
+        return
+    magic, size, what = found
+    at = mf.file_from_offset + pos
+    raise UnknownRecordFormatError(
+        f"{mf.path}: {what} at commit log offset {at} (magic 0x{magic:08X}, {size} bytes; localmq reads RocketMQ's "
+        f"V1 and V2 records): it is not damage, so the store is left as it is; open it with read_only=True to read "
+        f"the records localmq knows", offset=at, path=mf.path, magic=magic, size=size)
+
+
 def _resync(files, i: int, pos: int, limit: int, agrees: Callable[[object, int], bool]):
     """The first record after the damage at ``files[i]`` + ``pos`` that was written where it lies (magic, length and
     body CRC valid, PHYSICALOFFSET equal to its place) and whose queue offset agrees with its ConsumeQueue, looking
@@ -242,6 +261,7 @@ def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryRep
             process = base + size
             i, pos = i + 1, 0
             continue
+        refuse_unknown(mf, pos, status, data_end)
         at = base + pos
         # Only below ``known_end`` is an invalid record damage: the dispatcher read valid records up to there. Past
         # it, the records were never dispatched and an invalid one is what a crash leaves (a torn write, or with
@@ -303,7 +323,7 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
         for i in range(len(files) - 1, -1, -1):
             head = files[i].read(0, 8)
             magic = int.from_bytes(head[4:8], "big", signed=True)
-            if magic != MESSAGE_MAGIC_CODE:
+            if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
                 continue
             try:
                 m = decode_message(files[i], 0, check_crc=False)
@@ -352,6 +372,7 @@ def _repair_segment(root: str, mfq, i: int, check_crc: bool, report: RecoveryRep
         report.records_checked += n
         if status == "blank" or pos >= size:
             return
+        refuse_unknown(mf, pos, status, mf.data_end(pos))
         at = base + pos
         found = _resync(files, i, pos, min(known_end, base + size), agrees)
         j, q = found if found is not None else (i + 1, 0)

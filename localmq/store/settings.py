@@ -21,9 +21,11 @@ from localmq._native import fdatasync, fsync_dir
 from localmq.config import StoreConfig
 from localmq.errors import ConfigError, CorruptStoreError, StoreSettingsError, io_operation
 from localmq.layout import (
-    COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, CQ_UNIT_SIZE, SETTINGS_FILE, SETTINGS_VERSION,
+    COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, CQ_UNIT_SIZE, INDEX_DIR, INDEX_NAME_DIGITS,
+    SETTINGS_FILE, SETTINGS_VERSION,
 )
 from localmq.store.files import numbered_files
+from localmq.store.index import geometry_from_content, index_file_size
 
 __all__ = ["FILE_SETTINGS", "settings_path", "read_settings", "infer_settings", "write_settings",
            "resolve_settings", "explicit_settings"]
@@ -115,8 +117,9 @@ def _queue_file_size(root: str) -> Optional[int]:
 def infer_settings(root: str) -> Dict[str, Any]:
     """Settings read off the files of a store without a record: the commit log segment size (every segment has
     it), the ConsumeQueue file size, and when ConsumeQueueExt files exist, their size (with
-    ``enable_consume_queue_ext``). Only what the files tell without ambiguity; the index geometry never (a file of
-    ``40 + 4 * slots + 20 * items`` bytes fits many), nor the ext bitmap length."""
+    ``enable_consume_queue_ext``), and the index geometry when an index file's content tells it (a file of
+    ``40 + 4 * slots + 20 * items`` bytes fits many: ``index.geometry_from_content``). Only what the files tell
+    without ambiguity; never the ext bitmap length."""
     out: Dict[str, Any] = {}
     seg = _segment_size(os.path.join(root, COMMITLOG_DIR))
     if seg is not None:
@@ -128,7 +131,31 @@ def infer_settings(root: str) -> Dict[str, Any]:
     if ext is not None:
         out["enable_consume_queue_ext"] = True
         out["mapped_file_size_consume_queue_ext"] = ext
+    geometry = _index_geometry(os.path.join(root, INDEX_DIR))
+    if geometry is not None:
+        out["max_hash_slot_num"], out["max_index_num"] = geometry
     return out
+
+
+def _index_geometry(directory: str) -> Optional[Tuple[int, int]]:
+    """The geometry of the newest index file that tells it (``geometry_from_content``): a broker configured with
+    another ``maxHashSlotNum`` / ``maxIndexNum`` wrote them, and localmq's new files must have it too (RocketMQ
+    maps every file at its configured size). None without such a file."""
+    try:
+        names = sorted((n for n in os.listdir(directory) if len(n) == INDEX_NAME_DIGITS and n.isdigit()),
+                       reverse=True)
+    except FileNotFoundError:
+        return None
+    for name in names:
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path) or os.path.islink(path):
+            continue
+        if os.path.getsize(path) == index_file_size(_DEFAULTS.max_hash_slot_num, _DEFAULTS.max_index_num):
+            return None  # RocketMQ's default geometry, localmq's default too
+        geometry = geometry_from_content(path)
+        if geometry is not None:
+            return geometry
+    return None
 
 
 def write_settings(root: str, config: StoreConfig) -> str:

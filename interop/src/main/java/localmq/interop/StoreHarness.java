@@ -55,6 +55,15 @@ public final class StoreHarness {
     static final int CONSUME_QUEUE_SIZE = 20 * 300;
     static final int MAX_HASH_SLOT_NUM = 5000;
     static final int MAX_INDEX_NUM = 20000;
+    /**
+     * The IndexFile geometry: -Dlocalmq.interop.index=default gives RocketMQ's own default (5,000,000 hash slots,
+     * 20,000,000 items: what a broker with default settings maps), =SLOTS/ITEMS another one; without it the small
+     * one above.
+     */
+    static final String INDEX = System.getProperty("localmq.interop.index", "");
+    static final boolean DEFAULT_INDEX = "default".equals(INDEX);
+    static final int INDEX_SLOTS = INDEX.contains("/") ? Integer.parseInt(INDEX.split("/")[0]) : MAX_HASH_SLOT_NUM;
+    static final int INDEX_ITEMS = INDEX.contains("/") ? Integer.parseInt(INDEX.split("/")[1]) : MAX_INDEX_NUM;
     static final String[] TOPICS = {"orders", "audit_log-1", "T%RETRY%x"};
     static final String[] TAGS = {"created", "paid", "tag with space", "ünïcode-✓"};
     static final String GROUP = "interop";
@@ -99,8 +108,10 @@ public final class StoreHarness {
         config.setStorePathCommitLog(dir + File.separator + "commitlog");
         config.setMappedFileSizeCommitLog(COMMIT_LOG_SIZE);
         config.setMappedFileSizeConsumeQueue(CONSUME_QUEUE_SIZE);
-        config.setMaxHashSlotNum(MAX_HASH_SLOT_NUM);
-        config.setMaxIndexNum(MAX_INDEX_NUM);
+        if (!DEFAULT_INDEX) {
+            config.setMaxHashSlotNum(INDEX_SLOTS);
+            config.setMaxIndexNum(INDEX_ITEMS);
+        }
         config.setFlushDiskType(FlushDiskType.ASYNC_FLUSH);
         config.setHaListenPort(0);  // an ephemeral port: two harnesses may run at once
         DefaultMessageStore store = new DefaultMessageStore(config, new BrokerStatsManager("interop", true),
@@ -460,8 +471,8 @@ public final class StoreHarness {
         out.put("seed", seed);
         out.put("mappedFileSizeCommitLog", COMMIT_LOG_SIZE);
         out.put("mappedFileSizeConsumeQueue", CONSUME_QUEUE_SIZE);
-        out.put("maxHashSlotNum", MAX_HASH_SLOT_NUM);
-        out.put("maxIndexNum", MAX_INDEX_NUM);
+        out.put("maxHashSlotNum", DEFAULT_INDEX ? new MessageStoreConfig().getMaxHashSlotNum() : INDEX_SLOTS);
+        out.put("maxIndexNum", DEFAULT_INDEX ? new MessageStoreConfig().getMaxIndexNum() : INDEX_ITEMS);
         out.put("messageDelayLevel", DELAY_LEVELS);
         out.put("maxPhyOffset", maxPhy);
         out.put("delayOffset", JSON.parseObject(new String(Files.readAllBytes(Paths.get(dir, "config", "delayOffset.json")),

@@ -1,0 +1,105 @@
+"""RocketMQ 5.3.1's own DefaultMessageStore (interop/v5/, Store5Harness.java) and localmq on stores with V2 records:
+a 200-character topic, which RocketMQ 5.x stores as V2 records (magic 0xDAA320AB), beside a short topic (V1)."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import localmq
+from localmq.store.readers import read_commitlog
+
+ROOT = Path(__file__).resolve().parents[2]
+POM = ROOT / "interop" / "v5" / "pom.xml"
+JAR = ROOT / "interop" / "v5" / "target" / "store5-harness.jar"
+SIZES: dict[str, Any] = {"mapped_file_size_commit_log": 64 * 1024, "mapped_file_size_consume_queue": 20 * 300,
+                         "max_hash_slot_num": 5000, "max_index_num": 20000, "grow_index_files": False}
+LONG = "Topic" + "L" * 195          # 200 characters
+SHORT = "TopicTest"
+
+
+@pytest.fixture(scope="session")
+def harness5() -> list[str]:
+    """The command that runs Store5Harness, built once per session with Maven (a failure, never a skip)."""
+    java, mvn = shutil.which("java"), shutil.which("mvn")
+    if java is None or mvn is None:
+        pytest.fail("tests/interop needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: "
+                    f"java={java!r}, mvn={mvn!r}", pytrace=False)
+    r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "package"], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0 or not JAR.exists():
+        pytest.fail(f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}",
+                    pytrace=False)
+    return [java, "-Xmx256m", "-XX:+UseSerialGC", "-jar", str(JAR)]
+
+
+def run5(cmd: list[str], *args: str) -> list[list[str]]:
+    """Runs Store5Harness (args[1]: the store directory, args[2]: its output) and returns the output's rows."""
+    jtmp = Path(args[1]).resolve().parent / "java-tmp"
+    jtmp.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run([cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], *args], capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, (f"Store5Harness {args[0]} failed ({r.returncode}):\n{r.stdout[-4000:]}\n"
+                              f"{r.stderr[-4000:]}")
+    with open(args[2], encoding="utf-8") as f:
+        return [line.rstrip("\n").split("\t") for line in f]
+
+
+def hashes(directory: Path) -> dict[str, str]:
+    return {f: hashlib.sha256((directory / f).read_bytes()).hexdigest() for f in sorted(os.listdir(directory))}
+
+
+def test_rocketmq5_v2_store_read_by_localmq_and_back(tmp_path: Path, harness5: list[str]) -> None:
+    store = tmp_path / "rmq5"
+    puts = run5(harness5, "write", str(store), str(tmp_path / "puts.tsv"), "600", LONG, SHORT)
+    assert len(puts) == 600
+    seg0 = (store / "commitlog" / f"{0:020d}").read_bytes()
+    assert seg0[4:8] == bytes.fromhex("daa320ab"), "RocketMQ 5.3.1 wrote the long topic's first record as V2"
+    before = hashes(store / "commitlog")
+    verify = subprocess.run([sys.executable, "-m", "localmq", "verify", str(store)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    # every message, every field RocketMQ reported at put time, through localmq's get path and readers
+    with localmq.open(store, **SIZES) as st:
+        for _, topic, qid, qoff, phys, size, body, keys, tags in puts:
+            (m,) = st.get_message(topic, int(qid), int(qoff), max_messages=1).messages
+            assert (m.topic, m.physical_offset, m.store_size) == (topic, int(phys), int(size))
+            assert bytes(m.body) == base64.b64decode(body) and m.keys == (keys,) and m.tags == tags
+        assert st.wait_for_index(60)
+        for _, topic, _, _, phys, _, _, keys, _ in puts[::37]:
+            assert [m.physical_offset for m in st.query_message(topic, keys)] == [int(phys)]
+    msgs = list(read_commitlog(store / "commitlog", mapped_file_size=64 * 1024))
+    assert [(m.topic, m.physical_offset) for m in msgs] == [(p[1], int(p[4])) for p in puts]
+    # a plain open changed no byte of the commit log
+    assert hashes(store / "commitlog") == before
+    # and RocketMQ reads every message and finds every key afterwards
+    back = run5(harness5, "read", str(store), str(tmp_path / "read.tsv"), LONG, SHORT)
+    got = sorted((r[1], int(r[2]), int(r[3]), int(r[4]), r[6]) for r in back if r[0] == "M")
+    assert got == sorted((p[1], int(p[2]), int(p[3]), int(p[4]), p[6]) for p in puts)
+    queries = [r for r in back if r[0] == "Q"]
+    assert len(queries) == 600 and all(r[3] == "1" for r in queries)
+
+
+def test_localmq_v2_store_read_by_rocketmq5(tmp_path: Path, harness5: list[str]) -> None:
+    store = tmp_path / "lmq"
+    written = []
+    with localmq.open(store, **SIZES) as st:
+        for i in range(400):
+            topic = LONG if i % 2 else SHORT
+            body = f"localmq-{i}-".encode() * (1 + i % 5)
+            r = st.put(topic, body, queue_id=i % 3, keys=[f"k{i}"], tags=f"t{i % 3}")
+            assert r.ok
+            written.append((topic, i % 3, r.queue_offset, r.physical_offset, base64.b64encode(body).decode()))
+        st.wait_for_dispatch()
+        assert st.wait_for_index(60)
+    back = run5(harness5, "read", str(store), str(tmp_path / "read.tsv"), LONG, SHORT)
+    got = sorted((r[1], int(r[2]), int(r[3]), int(r[4]), r[6]) for r in back if r[0] == "M")
+    assert got == sorted(written)
+    queries = [r for r in back if r[0] == "Q"]
+    assert len(queries) == 400 and all(r[3] == "1" for r in queries)
