@@ -12,10 +12,12 @@ it can handle, such as ENOSPC making a ConsumeQueue file) must recover the store
 import hashlib
 import os
 import shutil
+import struct
 
 import pytest
 
 import localmq
+from localmq.layout import MESSAGE_MAGIC_CODE
 from powerfs import PowerFS, PowerFSError
 
 SMALL = dict(mapped_file_size_commit_log=64 << 10, mapped_file_size_consume_queue=20 * 40,
@@ -73,11 +75,11 @@ def make_damaged_store(root):
     with open(mid, "r+b") as f:
         f.seek(20_000)
         f.write(bytes(300))
-    # a torn tail: garbage after the last record
+    # a torn tail: the first 64 bytes of a record (V1 magic, a length running past them) after the last record
     last = root / "commitlog" / seg[-1]
     with open(last, "r+b") as f:
         f.seek(ends - int(seg[-1]))
-        f.write(b"\x00\x00\x01\x00" + os.urandom(60))
+        f.write(struct.pack(">iI", 300, MESSAGE_MAGIC_CODE & 0xFFFFFFFF) + bytes(range(7, 63)))
     # a ConsumeQueue lost (rebuilt from the log) and the crash marker
     shutil.rmtree(root / "consumequeue" / "c" / "1")
     (root / "abort").touch()
