@@ -124,6 +124,38 @@ def _probe(fd: int, slots: int, count: int, end_phy: int) -> bool:
     return len(slot) == INDEX_SLOT_SIZE and int.from_bytes(slot, "big", signed=True) == last
 
 
+def _check_count(path: str, size: int, slots: int, items: int) -> None:
+    """Raise CorruptStoreError when the header's indexCount cannot be the file's: above its items, or below the
+    items it holds (items are written in order from item 1; RocketMQ reads a count <= 0 as 1, a file never
+    flushed; a writer trusting a count below them would overwrite those keys)."""
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        head = os.pread(fd, INDEX_HEADER_SIZE, 0)
+        count = INDEX_HEADER.unpack(head)[5] if len(head) == INDEX_HEADER_SIZE else 0
+        problem = None
+        if count > items:
+            problem = f"indexCount {count} exceeds its {items} items"
+        else:
+            items_at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE
+            if _nonzero(fd, items_at + max(count, 1) * INDEX_ITEM_SIZE, size):
+                problem = f"indexCount {count} is below the items the file holds"
+    if problem is not None:
+        raise CorruptStoreError(f"index file {path}: {problem} (derived data: rebuilt from the commit log)")
+
+
+def _nonzero(fd: int, start: int, end: int) -> bool:
+    """Whether a byte of [start, end) of the file is not zero (holes are not read)."""
+    for lo, hi in _data_ranges(fd, start, end):
+        while lo < hi:
+            chunk = os.pread(fd, min(hi - lo, 1 << 20), lo)
+            if not chunk:
+                break
+            if chunk.count(0) != len(chunk):
+                return True
+            lo += len(chunk)
+    return False
+
+
 def _written_with(path: str, slots: int) -> bool:
     """False when the file's last item and its slot show it was not written with ``slots`` slots (True when it
     holds no item: nothing tells)."""
@@ -292,6 +324,7 @@ class IndexFile:
         size = os.path.getsize(path)
         fits = geometry_from_content(path) if hash_slot_num is None and index_num is None else None
         slots, items = fits if fits is not None else infer_geometry(size, hash_slot_num, index_num)
+        _check_count(path, size, slots, items)
         if fits is None and not _written_with(path, slots):
             # the size fits the geometry asked for, the content does not (a broker extended a smaller file in
             # place to its configured size): read it as it was written, or not at all
@@ -302,22 +335,9 @@ class IndexFile:
             log.warning("index file %s was written with %d slots and %d items, not the %d and %d its size suggests; "
                         "read that way (a RocketMQ broker misreads it)", path, fits[0], fits[1], slots, items)
             slots, items = fits
+            _check_count(path, size, slots, items)
         mf = MappedFile(path, size, 0, create=False, reserve=False, writable=writable)
-        f = cls(mf, slots, items)
-        count = INDEX_HEADER.unpack(mf.read(0, INDEX_HEADER_SIZE))[5]
-        problem = None
-        if count > items:
-            problem = f"indexCount {count} exceeds its {items} items"
-        else:
-            # items are written in order from item 1 (RocketMQ reads a count <= 0 as 1, a file never flushed): an
-            # item after the count means a damaged count, and a writer trusting it would overwrite those keys
-            items_at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE
-            if mf.has_data(items_at + max(count, 1) * INDEX_ITEM_SIZE, size):
-                problem = f"indexCount {count} is below the items the file holds"
-        if problem is not None:
-            mf.close()
-            raise CorruptStoreError(f"index file {path}: {problem} (derived data: rebuilt from the commit log)")
-        return f
+        return cls(mf, slots, items)
 
     @property
     def path(self) -> str:
