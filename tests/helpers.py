@@ -1,4 +1,6 @@
-"""What several test modules share: reference implementations written from the spec, waiting, killing a writer."""
+"""What several test modules share: reference implementations written from the spec, waiting, killing a writer,
+mounting powerfs."""
+import contextlib
 import importlib
 import os
 import shutil
@@ -96,3 +98,20 @@ def queue_messages(st, topic, queue_id=0, wait=True):
             return out
         out += r.messages
         off = r.next_begin_offset
+
+
+@contextlib.contextmanager
+def powerfs_mounted(backing, mountpoint, **kwargs):
+    """A mounted PowerFS (tests/powerfs) on ``backing``, unmounted afterwards; a build or mount failure fails the
+    test saying what to install (never a skip)."""
+    from powerfs import PowerFS, PowerFSError
+
+    fs = PowerFS(backing, mountpoint, **kwargs)
+    try:
+        fs.mount()
+    except PowerFSError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield fs
+    finally:
+        fs.unmount()

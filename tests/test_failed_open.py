@@ -18,7 +18,7 @@ import pytest
 
 import localmq
 from localmq.layout import MESSAGE_MAGIC_CODE
-from powerfs import PowerFS, PowerFSError
+from helpers import powerfs_mounted
 
 SMALL = dict(mapped_file_size_commit_log=64 << 10, mapped_file_size_consume_queue=20 * 40,
              flush_interval_consume_queue=60_000, flush_interval_commit_log=60_000)
@@ -88,15 +88,8 @@ def make_damaged_store(root):
 
 @pytest.fixture
 def pfs(tmp_path):
-    fs = PowerFS(tmp_path / "disk", tmp_path / "mnt", deadline=1800)
-    try:
-        fs.mount()
-    except PowerFSError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
+    with powerfs_mounted(tmp_path / "disk", tmp_path / "mnt", deadline=1800) as fs:
         yield fs
-    finally:
-        fs.unmount()
 
 
 def _summary(st):

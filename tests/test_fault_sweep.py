@@ -50,6 +50,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import powerfs_mounted
 from powerfs import PowerFS, PowerFSError
 
 try:
@@ -321,15 +322,8 @@ SMALL = dict(mapped_file_size_commit_log=64 << 10, mapped_file_size_consume_queu
 
 @pytest.fixture
 def pfs(tmp_path):
-    fs = PowerFS(tmp_path / "disk", tmp_path / "mnt")
-    try:
-        fs.mount()
-    except PowerFSError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
+    with powerfs_mounted(tmp_path / "disk", tmp_path / "mnt") as fs:
         yield fs
-    finally:
-        fs.unmount()
 
 
 def _remount(fs):

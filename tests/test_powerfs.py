@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from helpers import powerfs_mounted as mounted
 from powerfs import PowerFS, PowerFSError, build, run_then_kill
 
 try:  # the per-test limit, where pytest-timeout is installed (every wait below has its own timeout too)
@@ -64,18 +65,6 @@ def mnt(tmp_path):
     return tmp_path / "mnt"
 
 
-@contextlib.contextmanager
-def mounted(disk, mnt, **kwargs):
-    """PowerFS on ``disk``; a build or mount failure fails the test saying what to install (never a skip)."""
-    fs = PowerFS(disk, mnt, **kwargs)
-    try:
-        fs.mount()
-    except PowerFSError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
-        yield fs
-    finally:
-        fs.unmount()
 
 
 def fresh_disk(disk, files=None):
