@@ -25,7 +25,7 @@ from localmq.queues.readonly import _lock_holder  # the read-only view's F_GETLK
 from localmq._index import key_hash
 from localmq.layout import (
     CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, CTL_S_FLUSHED, CTL_S_HOUSEKEEPER, CTL_S_INDEXED, CTL_S_PUTS,
-    CTL_S_REPUT, CTL_S_WPOS, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE,
+    CTL_S_REPUT, CTL_S_WPOS, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE, REC_MIN_SIZE,
 )
 from localmq.status import GetStatus, RecordStatus
 from localmq.store.checkpoint import read_checkpoint
@@ -220,7 +220,8 @@ def _stats(args) -> int:
             u = mq.consume_queue(t, q).unit(mx - 1) if mx > 0 else None
             if u is not None and u[1] != CQ_BLANK_UNIT_SIZE:
                 dispatched = max(dispatched, u[0] + u[1])
-    end = files.walk_end()
+    # the end recovery would find: a torn write past what the queues reach ends the log (a crashed store)
+    end = files.walk_end(known_end=dispatched)
     apparent, allocated = _disk_use(files.root)
     try:
         cp = read_checkpoint(files.checkpoint)
@@ -483,12 +484,19 @@ def _has_data(mf, start: int, end: int) -> bool:
     return False
 
 
+def _record_extent(mf, pos: int, size: int) -> int:
+    """Where the record at ``pos`` ends by its TOTALSIZE (the segment's end when that is not a possible size)."""
+    total = int.from_bytes(mf.read(pos, 4), "big", signed=True) if pos + 4 <= size else 0
+    return pos + total if REC_MIN_SIZE <= total <= size - pos else size
+
+
 def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problems: list, notes: list,
-                       unknown: Optional[dict] = None) -> int:
+                       unknown: Optional[dict] = None, known_end: int = 0) -> int:
     """Walk every record of every segment below ``end`` with CRCs and header checks; returns records walked. A record
     localmq does not understand (``files.not_understood``: an unknown format, a V2 record naming a topic longer than
     localmq's names) is no problem: it goes to ``unknown`` ({offset: (magic, size, what)}) and the walk goes on after
-    it."""
+    it. An invalid record at or past ``known_end`` (how far the ConsumeQueues reach) with nothing after it is the
+    torn tail a crash leaves: a note, as recovery cuts it without loss."""
     if unknown is None:
         unknown = {}
     records = 0
@@ -528,18 +536,20 @@ def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problem
                 break  # a live store's committed end: past it a put may be half-copied
             if outcome == RecordStatus.BLANK or pos >= size:
                 pass
-            elif outcome in (RecordStatus.END, RecordStatus.TORN):
-                if _has_data(mf, pos + (1 if outcome == RecordStatus.TORN else 0), size):
-                    what = "zero bytes" if outcome == RecordStatus.END else "a torn record"
-                    problems.append(f"commit log offset {at:,} ({fpath}): {what} followed by more data")
+            elif outcome == RecordStatus.END:
+                if _has_data(mf, pos, size):
+                    problems.append(f"commit log offset {at:,} ({fpath}): zero bytes followed by more data")
                 else:
-                    if outcome == RecordStatus.TORN:
-                        notes.append(f"commit log offset {at:,}: a torn record at the end of the data (what a "
-                                     "crash leaves; recovery cuts it)")
                     data_ended_at = at
+            elif at >= known_end and not _has_data(mf, _record_extent(mf, pos, size), size):
+                # past what the ConsumeQueues reach, with nothing after it: a write a crash cut short, which the
+                # dispatcher never read (a SIGKILLed writer, RocketMQ's or ours). Recovery ends the log there
+                notes.append(f"commit log offset {at:,}: a torn record at the end of the data ({outcome}; what a "
+                             "crash leaves, never dispatched: recovery cuts it)")
+                data_ended_at = at
             else:
-                problems.append(f"commit log offset {at:,} ({fpath}): {outcome} record; the rest of this segment "
-                                "is not walked")
+                problems.append(f"commit log offset {at:,} ({fpath}): {outcome} record" + (
+                    " followed by more data" if at >= known_end else "; the rest of this segment is not walked"))
         finally:
             mf.close()
         done += files.segment_size
@@ -649,15 +659,16 @@ def _verify(args) -> int:
     state = _lock_state(files.root)
     if state == "live, held by one process":
         notes.append("the store is held by one live process: its last records may be in flux")
+    dispatched = files.dispatched_end()
     try:
-        end = files.walk_end()
+        end = files.walk_end(known_end=dispatched)
     except CorruptFrameError:
         end = files.segments[-1][0] + files.segment_size if files.segments else 0
     live = files.live_end is not None or state != "closed"
     total = sum(files.segment_size for _ in files.segments)
     progress = _Progress(args, "verify: commit log", total)
     unknown: Dict[int, Tuple[int, int, str]] = {}
-    records = _verify_commit_log(files, end, progress, problems, notes, unknown)
+    records = _verify_commit_log(files, end, progress, problems, notes, unknown, dispatched)
     progress.done()
     progress = _Progress(args, "verify: consume queues", len(files.queues()))
     units, lost = _verify_queues(files, end, live, progress, problems, notes, unknown)

@@ -297,18 +297,27 @@ class StoreFiles:
             return []
         return sorted({int(m.group(1)) for m in map(GAP_FILE_RE.fullmatch, names) if m})
 
-    def walk_end(self, start=None):
-        """Physical offset just after the last complete record (walking from ``start``, default the last segment).
+    def walk_end(self, start=None, known_end=None):
+        """Physical offset just after the last complete record (walking from ``start``, default the last segment
+        that holds data): the end recovery would find.
 
-        Zero bytes or a torn record at the end of the data stop the walk; a damaged record with data after it
-        raises CorruptFrameError. A record of a format localmq does not know (``_record.unknown_format``) is a
-        record: the walk steps over it (its TOTALSIZE frames it).
+        Zero bytes or a torn record at the end of the data stop the walk. Trailing segments that begin with zeros
+        (made ahead of need, as RocketMQ's AllocateMappedFileService does, and never written) hold no record: the
+        walk starts before them. A record of a format localmq does not know (``_record.unknown_format``) is a
+        record: the walk steps over it (its TOTALSIZE frames it). An invalid record at or past ``known_end`` (how
+        far the ConsumeQueues reach, ``dispatched_end()``; None: nowhere) is what a crash leaves, a torn write
+        never dispatched: the log ends there, as in recovery. Below it, it is damage: CorruptFrameError.
         """
         if not self.segments:
             return 0
         if self.live_end is not None and (start is None or start <= self.live_end):
             return self.live_end
-        first = len(self.segments) - 1 if start is None else max(0, (start - self.min_offset) // self.segment_size)
+        if start is None:
+            first = len(self.segments) - 1
+            while first > 0 and not self._begins_with_record(*self.segments[first]):
+                first -= 1
+        else:
+            first = max(0, (start - self.min_offset) // self.segment_size)
         end = self.segments[first][0]
         for base, fpath in self.segments[first:]:
             pos = (start - base) if start is not None and start > base else 0
@@ -332,10 +341,31 @@ class StoreFiles:
                     continue
                 if outcome in (RecordStatus.END, RecordStatus.TORN):
                     return base + pos
+                if known_end is not None and base + pos >= known_end:
+                    return base + pos
                 raise CorruptFrameError(f"{outcome} record at offset {base + pos} of the commit log ({fpath})",
                                         offset=base + pos, path=fpath)
             finally:
                 mf.close()
+        return end
+
+    def _begins_with_record(self, base, fpath):
+        """Whether the segment's first 8 bytes are not all zero (a record, or damage, starts there)."""
+        mf = self.map_segment(base, fpath)
+        try:
+            return mf.data_end(0) > 0 and mf.read(0, 8) != bytes(8)
+        finally:
+            mf.close()
+
+    def dispatched_end(self):
+        """How far the ConsumeQueues reach in the commit log: the end of the record of the last unit of every
+        queue, the largest (0 without queues). Records below it were read whole by the dispatcher."""
+        end = 0
+        for cq in self.queues():
+            hi = cq.max_offset()
+            u = cq.unit(hi - 1) if hi > cq.first_index else None
+            if u is not None and u[1] != CQ_BLANK_UNIT_SIZE:
+                end = max(end, u[0] + u[1])
         return end
 
     def boundary_at(self, target, queues=()):

@@ -45,6 +45,8 @@ import org.apache.rocketmq.store.stats.BrokerStatsManager;
  *                                            messages partly delivered by RocketMQ's ScheduleMessageService, retry
  *                                            and dead-letter send-backs), reopen, read every queue, write the manifest
  * read  &lt;storeDir&gt; &lt;out.json&gt; [topic key]...  recover a store (load + start), read every queue, query keys
+ * flood &lt;storeDir&gt;                           put messages until killed, printing "put N" after every 100 (the
+ *                                            crash tests SIGKILL it mid-run and look at the store it leaves)
  * </pre>
  *
  * Both modes use the same small sizes: 64 KiB CommitLog segments, 300-unit ConsumeQueue files, 5,000 hash slots
@@ -93,8 +95,11 @@ public final class StoreHarness {
             write(args[1], args[2], Long.parseLong(args[3]));
         } else if (args.length >= 3 && args[0].equals("read")) {
             read(args[1], args[2], Arrays.copyOfRange(args, 3, args.length));
+        } else if (args.length >= 2 && args[0].equals("flood")) {
+            flood(args[1]);
         } else {
-            System.err.println("usage: write <storeDir> <manifest.json> <seed> | read <storeDir> <out.json> [topic key]...");
+            System.err.println("usage: write <storeDir> <manifest.json> <seed> | read <storeDir> <out.json> [topic key]..."
+                + " | flood <storeDir>");
             System.exit(2);
         }
     }
@@ -543,6 +548,29 @@ public final class StoreHarness {
             }
         }
         return out;
+    }
+
+    /** Puts messages of random sizes to two topics x 4 queues, with keys, until the process is killed. */
+    static void flood(String dir) throws Exception {
+        Random rnd = new Random(7);
+        DefaultMessageStore store = open(dir, null);
+        for (int i = 0; ; i++) {
+            MessageExtBrokerInner msg = new MessageExtBrokerInner();
+            msg.setTopic(TOPICS[i % 2]);
+            msg.setQueueId(i % 4);
+            msg.setBody(body(rnd, i));
+            msg.setTags(TAGS[i % TAGS.length]);
+            msg.setKeys("flood-" + i);
+            msg.setBornTimestamp(System.currentTimeMillis());
+            msg.setBornHost(new InetSocketAddress("10.0.0.1", 40000));
+            msg.setStoreHost(new InetSocketAddress("10.0.0.2", 10911));
+            seal(msg);
+            put(store, msg, "flood");
+            if (i % 100 == 99) {
+                System.out.println("put " + (i + 1));
+                System.out.flush();
+            }
+        }
     }
 
     static void read(String dir, String outPath, String[] keys) throws Exception {

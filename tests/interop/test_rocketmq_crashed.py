@@ -1,0 +1,112 @@
+"""The CLI on a crashed RocketMQ store that nobody has recovered yet (issue 25 item 3).
+
+RocketMQ 4.9.8's own DefaultMessageStore (StoreHarness `flood`) puts messages until it is SIGKILLed. The store it
+leaves has the `abort` marker, a log that ends mid-segment and, made ahead of need by RocketMQ's
+AllocateMappedFileService, a next segment that was never written. `localmq stats` and `localmq verify` read it as
+it is: the log end they print must be the end that recovery finds, localmq's and RocketMQ's own, and the ordinary
+torn tail (a record the kill cut short) is a note, not damage. Neither command changes a byte.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import localmq
+
+from .test_rocketmq_store import SIZES, harness, run_harness  # noqa: F401 - harness is a fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str) -> tuple[int, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "localmq", *args, "--json"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode in (0, 1, 4), (args, r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    return r.returncode, json.loads(r.stdout)
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _flooded(harness: list[str], store: Path) -> None:
+    """RocketMQ puts until at least 2,000 messages (several 64 KiB segments) are in, then is SIGKILLed."""
+    jtmp = store.parent / "java-tmp"
+    jtmp.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([harness[0], f"-Djava.io.tmpdir={jtmp}", *harness[1:], "flood", str(store)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("put ") and int(line.split()[1]) >= 2000:
+                break
+        else:
+            raise AssertionError(f"StoreHarness flood ended ({proc.wait()}): {proc.stderr.read()[-4000:]}")
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert (store / "abort").exists()
+
+
+def _recovered_ends(harness: list[str], store: Path, tmp: Path) -> tuple[int, int]:
+    """(localmq's recovery end, RocketMQ's), each on a copy of the store."""
+    mine, theirs, out = tmp / "mine", tmp / "theirs", tmp / "read.json"
+    shutil.copytree(store, mine)
+    shutil.copytree(store, theirs)
+    with localmq.open(mine, **SIZES) as st:
+        assert st.recovery.mode == "abnormal"
+        end = st.recovery.end_offset
+        assert st.wait_for_dispatch(30)
+    run_harness(harness, "read", str(theirs), str(out))
+    shutil.rmtree(mine)
+    shutil.rmtree(theirs)
+    return end, json.loads(out.read_text(encoding="utf-8"))["maxPhyOffset"]
+
+
+def _check_cli(harness: list[str], store: Path, tmp: Path, torn_at: int | None) -> None:
+    before = _digest(store)
+    code, stats = _cli("stats", str(store))
+    assert code == 0, stats
+    vcode, verify = _cli("verify", str(store))
+    assert _digest(store) == before, "stats / verify changed a file"
+    mine, theirs = _recovered_ends(harness, store, tmp)
+    assert stats["commit_log"]["end"] == mine == theirs, (stats["commit_log"], mine, theirs)
+    assert stats["dispatch"]["behind_bytes"] == mine - stats["dispatch"]["dispatched_end"]
+    assert vcode == 0 and verify["ok"], verify
+    torn = [n for n in verify["notes"] if "torn record at the end of the data" in n]
+    if torn_at is not None:
+        assert mine == theirs == torn_at
+        assert torn and f"offset {torn_at:,}:" in torn[0], verify["notes"]
+
+
+def test_cli_on_a_crashed_rocketmq_store_prints_what_recovery_finds(harness: list[str], tmp_path: Path) -> None:
+    """As the kill left it (with whatever tail it cut), then with a torn last record: half of a record RocketMQ
+    wrote, copied after the end of the log (what a kill in the middle of a put's copy leaves)."""
+    store = tmp_path / "store"
+    _flooded(harness, store)
+    segments = sorted((store / "commitlog").iterdir())
+    assert len(segments) >= 3, segments
+    _check_cli(harness, store, tmp_path, None)
+
+    code, stats = _cli("stats", str(store))
+    end = stats["commit_log"]["end"]
+    seg_size = SIZES["mapped_file_size_commit_log"]
+    first = (store / "commitlog" / f"{0:020d}").read_bytes()
+    record = first[:int.from_bytes(first[:4], "big")]  # a whole record RocketMQ wrote
+    seg = store / "commitlog" / f"{end - end % seg_size:020d}"  # made ahead by RocketMQ if ``end`` starts it
+    assert seg.exists() and end % seg_size + len(record) <= seg_size, (end, len(record))
+    with open(seg, "r+b") as f:
+        f.seek(end % seg_size)
+        f.write(record[:len(record) // 2])
+    _check_cli(harness, store, tmp_path, end)
+    shutil.rmtree(store)
