@@ -16,6 +16,7 @@ from conftest import cut_dispatch
 from helpers import require
 from localmq import _record, _columns
 from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
+from localmq.store.files import StoreFiles
 
 pa = require("pyarrow")
 
@@ -395,6 +396,30 @@ def test_undispatched_records_are_read_from_a_stopped_store(undispatched):
     assert sorted(rows_of(t)) == sorted(r for r in want if int(r[3][5:]) >= 250)
     t = table(path, endingTimestamp=t250, topics="late")
     assert t.num_rows == 0
+
+
+def test_undispatched_records_end_at_a_torn_write(undispatched):
+    """A crashed store as a kill leaves it, not recovered: past the undispatched records, half of a record (a put
+    the kill cut short) and a next segment made ahead and never written. The read ends where recovery ends the
+    log, at the torn record, with every whole record (it raised CorruptFrameError on the torn one)."""
+    path, sent, _ = undispatched
+    files = StoreFiles(path)
+    end = files.walk_end()
+    base, seg = files.segments[-1]
+    with open(files.segments[0][1], "rb") as f:
+        first = f.read(4096)
+    record = first[:int.from_bytes(first[:4], "big")]
+    with open(seg, "r+b") as f:
+        f.seek(end - base)
+        f.write(record[:len(record) // 2])
+    with open(files.segment_path(base + SEG), "wb") as f:
+        f.truncate(SEG)
+    open(os.path.join(path, "abort"), "wb").close()
+    want = {(t, q, o, b"body-%06d" % i) for t, q, o, i in sent}
+    for mode in ("segment", "queue"):
+        assert sorted(rows_of(table(path, partitioning=mode))) == sorted(want)
+    with localmq.open(path, **OPTS) as st:  # recovery ends the log at the same offset
+        assert st.recovery.end_offset == end
 
 
 def test_undispatched_records_wait_while_a_writer_holds_the_store(tmp_path):

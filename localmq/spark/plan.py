@@ -154,7 +154,7 @@ def scan_tail(store, start, with_times=False):
     from localmq._columns import decode_range, RecordColumns, topic_codes
 
     start = max(start, store.min_offset)
-    end = store.walk_end(start)
+    end = store.walk_end(start, known_end=start)  # a torn write past the queues ends the log, as in recovery
     tail = Tail(start, max(start, end))
     found = {}
     for base, fpath in store.segments:
