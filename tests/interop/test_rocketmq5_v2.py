@@ -103,3 +103,69 @@ def test_localmq_v2_store_read_by_rocketmq5(tmp_path: Path, harness5: list[str])
     assert got == sorted(written)
     queries = [r for r in back if r[0] == "Q"]
     assert len(queries) == 400 and all(r[3] == "1" for r in queries)
+
+
+# -- the IndexFile with each side's default settings, RocketMQ 5.3.1 (4.9.8: tests/interop/test_rocketmq_index.py) --
+
+DEFAULT_SIZES = {"mapped_file_size_commit_log": 64 * 1024, "mapped_file_size_consume_queue": 20 * 300}
+ROCKETMQ_INDEX_FILE = 40 + 5_000_000 * 4 + 20_000_000 * 20
+
+
+def default_index(cmd: list[str]) -> list[str]:
+    return [cmd[0], "-Dlocalmq.interop.index=default", *cmd[1:]]
+
+
+def index_sizes(store: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted((store / "index").iterdir())}
+
+
+def test_keys_localmq_indexed_with_its_defaults_are_found_by_rocketmq5_with_its_defaults(
+        tmp_path: Path, harness5: list[str]) -> None:
+    """V1 and V2 records, localmq's default index geometry: RocketMQ 5.3.1 with its defaults finds every key, keeps
+    the file as it is, and localmq still finds every key afterwards."""
+    store = tmp_path / "lmq"
+    offsets = {}
+    with localmq.open(store, **DEFAULT_SIZES) as st:
+        for i in range(1200):
+            topic = LONG if i % 2 else SHORT
+            r = st.put(topic, b"m%d" % i, queue_id=i % 2, keys=[f"k{i}"])
+            offsets[(topic, f"k{i}")] = r.physical_offset
+        assert st.wait_for_index(60)
+    files = index_sizes(store)
+    assert list(files.values()) == [ROCKETMQ_INDEX_FILE], files
+    back = run5(default_index(harness5), "read", str(store), str(tmp_path / "read.tsv"), LONG, SHORT)
+    hits = {(r[1], r[2]): r[3] for r in back if r[0] == "Q"}
+    missing = [k for k in offsets if hits.get(k) != "1"]
+    assert not missing, f"RocketMQ 5.3.1 found {len(offsets) - len(missing)} of {len(offsets)} keys, {missing[:3]} not"
+    assert index_sizes(store) == files
+    with localmq.open(store, **DEFAULT_SIZES) as st:
+        assert st.wait_for_index(60)
+        lost = [k for k, off in offsets.items() if [m.physical_offset for m in st.query_message(*k)] != [off]]
+        assert not lost, f"{len(lost)} keys lost after RocketMQ 5.3.1 opened the store, first {lost[:3]}"
+
+
+def test_keys_rocketmq5_indexed_with_its_defaults_are_found_by_localmq_with_its_defaults(
+        tmp_path: Path, harness5: list[str]) -> None:
+    """RocketMQ 5.3.1's default index files: localmq finds every key, appends into them, and RocketMQ then finds the
+    keys localmq added as well as its own."""
+    store = tmp_path / "rmq5"
+    puts = run5(default_index(harness5), "write", str(store), str(tmp_path / "puts.tsv"), "800", LONG, SHORT)
+    before = index_sizes(store)
+    assert set(before.values()) == {ROCKETMQ_INDEX_FILE}, before
+    with localmq.open(store, **DEFAULT_SIZES) as st:
+        assert st.wait_for_index(60)
+        assert index_sizes(store) == before
+        wrong = [(p[1], p[7]) for p in puts
+                 if [m.physical_offset for m in st.query_message(p[1], p[7])] != [int(p[4])]]
+        assert not wrong, f"{len(wrong)} of {len(puts)} keys not found by localmq, first {wrong[:3]}"
+        added = {}
+        for i in range(300):
+            topic = LONG if i % 2 else SHORT
+            added[(topic, f"after{i}")] = st.put(topic, b"after %d" % i, queue_id=i % 2,
+                                                 keys=[f"after{i}"]).physical_offset
+        assert st.wait_for_index(60)
+    assert set(index_sizes(store).values()) == {ROCKETMQ_INDEX_FILE}
+    back = run5(default_index(harness5), "read", str(store), str(tmp_path / "read.tsv"), LONG, SHORT)
+    hits = {(r[1], r[2]): r[3] for r in back if r[0] == "Q"}
+    missing = [k for k in [*added, *((p[1], p[7]) for p in puts)] if hits.get(k) != "1"]
+    assert not missing, f"RocketMQ 5.3.1 missed {len(missing)} of {len(added) + len(puts)} keys, first {missing[:3]}"

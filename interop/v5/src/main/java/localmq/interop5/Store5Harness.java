@@ -32,11 +32,14 @@ import org.apache.rocketmq.store.stats.BrokerStatsManager;
  *                                                   query every key k&lt;i&gt; found; one line per message / query
  * </pre>
  * Lines: {@code M topic queueId queueOffset commitLogOffset storeSize base64(body) keys tags} and
- * {@code Q topic key hits}. 64 KiB CommitLog segments, 300-unit ConsumeQueue files, 5,000 slots / 20,000 items.
+ * {@code Q topic key hits}. 64 KiB CommitLog segments, 300-unit ConsumeQueue files, 5,000 slots / 20,000 items
+ * (RocketMQ's defaults with -Dlocalmq.interop.index=default).
  */
 public final class Store5Harness {
     static final int COMMIT_LOG_SIZE = 64 * 1024;
     static final int CONSUME_QUEUE_SIZE = 20 * 300;
+    /** -Dlocalmq.interop.index=default: RocketMQ's default IndexFile geometry (5,000,000 slots, 20,000,000 items). */
+    static final boolean DEFAULT_INDEX = "default".equals(System.getProperty("localmq.interop.index", ""));
 
     private Store5Harness() {
     }
@@ -64,8 +67,10 @@ public final class Store5Harness {
         config.setStorePathCommitLog(dir + File.separator + "commitlog");
         config.setMappedFileSizeCommitLog(COMMIT_LOG_SIZE);
         config.setMappedFileSizeConsumeQueue(CONSUME_QUEUE_SIZE);
-        config.setMaxHashSlotNum(5000);
-        config.setMaxIndexNum(20000);
+        if (!DEFAULT_INDEX) {
+            config.setMaxHashSlotNum(5000);
+            config.setMaxIndexNum(20000);
+        }
         config.setFlushDiskType(FlushDiskType.ASYNC_FLUSH);
         config.setHaListenPort(0);
         config.setMaxTopicLength(255);
