@@ -169,3 +169,15 @@ def test_keys_rocketmq5_indexed_with_its_defaults_are_found_by_localmq_with_its_
     hits = {(r[1], r[2]): r[3] for r in back if r[0] == "Q"}
     missing = [k for k in [*added, *((p[1], p[7]) for p in puts)] if hits.get(k) != "1"]
     assert not missing, f"RocketMQ 5.3.1 missed {len(missing)} of {len(added) + len(puts)} keys, first {missing[:3]}"
+
+
+def test_spark_reads_a_rocketmq5_v2_store(spark: Any, tmp_path: Path, harness5: list[str]) -> None:
+    """A real Spark session reads RocketMQ 5.3.1's V1 and V2 records through the data source: one row per put,
+    with the topic, queue, offsets, body and tag RocketMQ reported."""
+    store = tmp_path / "rmq5"
+    puts = run5(harness5, "write", str(store), str(tmp_path / "puts.tsv"), "300", LONG, SHORT)
+    rows = (spark.read.format("localmq").option("minPartitions", "2").load(str(store))
+            .selectExpr("topic", "partition", "offset", "physical_offset", "value", "tags").collect())
+    got = sorted((r.topic, r.partition, r.offset, r.physical_offset, bytes(r.value), r.tags) for r in rows)
+    assert got == sorted((p[1], int(p[2]), int(p[3]), int(p[4]), base64.b64decode(p[6]), p[8]) for p in puts)
+    assert {r.topic for r in rows} == {LONG, SHORT}
