@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 import localmq
+from helpers import queue_messages
 from localmq.errors import (
     ConfigError, CorruptStoreError, DamagedLogError, StoreLockedError, StoreSettingsError, UnsafePathError,
 )
@@ -159,6 +160,34 @@ def test_corrupt_record_is_refused(tmp_path):
     with pytest.raises(CorruptStoreError, match="not JSON"):
         localmq.open(root)
     assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"mapped_file_size_commit_log": SEG}])
+def test_record_that_contradicts_the_segments_is_damaged_and_the_segments_win(tmp_path, monkeypatch, kwargs):
+    """A flipped digit in the record's segment size still parses (8192 -> 9192): the segments tell the size the
+    data was written with, so the store opens with every message and the record is written again. A failed open
+    puts the damaged record's bytes back."""
+    root = tmp_path / "s"
+    written = make_store(root)
+    path = root / CONFIG_DIR / SETTINGS_FILE
+    damaged = path.read_bytes().replace(b"8192", b"9192")
+    assert damaged != path.read_bytes()
+    path.write_bytes(damaged)
+    with localmq.open(root, **kwargs) as st:
+        assert st.config.mapped_file_size_commit_log == SEG
+        got = [bytes(m.body) for q in (0, 1) for m in queue_messages(st, "orders", q)]
+        assert got == written
+    assert record(root)["settings"]["mapped_file_size_commit_log"] == SEG
+    # the same damage, then an open that fails after the record was written again: the damaged bytes come back
+    path.write_bytes(damaged)
+
+    def boom(self):
+        raise RuntimeError("clean service failed to start")
+
+    monkeypatch.setattr(LocalMessageQueue, "_start_clean_service", boom)
+    with pytest.raises(RuntimeError, match="clean service"):
+        localmq.open(root, **kwargs)
+    assert path.read_bytes() == damaged
 
 
 # -- stores without the record ------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable
 from localmq.store.recovery import check_segments, next_queue_offsets, recover_store, sync_directories
-from localmq.store.settings import explicit_settings, resolve_settings, write_settings
+from localmq.store.settings import explicit_settings, resolve_settings, settings_path, write_settings
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.undo import OpenUndo, check_writable_filesystem, missing_ancestor
 
@@ -180,8 +180,12 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         return resolve_settings(self.root, self.config, self._explicit)
 
     def _record_settings(self) -> None:
-        """Write ``config/localmq.json`` when the store has none (a new store, a RocketMQ broker's)."""
+        """Write ``config/localmq.json`` when the store has none (a new store, a RocketMQ broker's), or when it
+        contradicts the files (its old bytes come back if the open fails later)."""
         if self._write_record:
+            path = settings_path(self.root)
+            if self._undo is not None and os.path.isfile(path):
+                self._undo.keep(path)
             write_settings(self.root, self.config)
             self._write_record = False
 

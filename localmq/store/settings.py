@@ -5,7 +5,8 @@ ConsumeQueueExt settings); its files only make sense with them. localmq writes t
 store, and every later open takes them from there: a setting the caller did not pass comes from the record, one
 the caller passed with another value raises StoreSettingsError naming both. A store without the record (written
 by a RocketMQ broker or an older localmq) has its sizes read off its files (``infer_settings``), and the record is
-written by the first open that may write.
+written by the first open that may write. A record whose segment size contradicts the commit log segments (a
+flipped digit still parses) is damaged: the segments win, and the record is written again by that open.
 
 The record is JSON: ``{"version": 1, "settings": {"mapped_file_size_commit_log": 8192, ...}}``; names are
 StoreConfig's. It is written atomically (a temporary file, fsync, rename, fsync of ``config/``).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from typing import Any, Collection, Dict, Optional, Tuple
 
@@ -26,6 +28,8 @@ from localmq.layout import (
 )
 from localmq.store.files import numbered_files
 from localmq.store.index import geometry_from_content, index_file_size
+
+log = logging.getLogger("localmq.store")
 
 __all__ = ["FILE_SETTINGS", "settings_path", "read_settings", "infer_settings", "write_settings",
            "resolve_settings", "explicit_settings"]
@@ -197,6 +201,17 @@ def resolve_settings(root: str, config: StoreConfig, explicit: Collection[str]) 
     recorded = read_settings(root)
     source = "record" if recorded is not None else "files"
     known = recorded if recorded is not None else infer_settings(root)
+    rewrite = False
+    if recorded is not None and "mapped_file_size_commit_log" in recorded:
+        # the segments are what the data was written with: a record that contradicts them is damaged (a flipped
+        # digit still parses). The files win, and the record is written again once the store is open
+        seg = _segment_size(os.path.join(root, COMMITLOG_DIR))
+        if seg is not None and seg != recorded["mapped_file_size_commit_log"]:
+            log.error("settings record %s says mapped_file_size_commit_log=%d, but the commit log segments are %d "
+                      "bytes: the record is damaged; opening with %d and writing the record again",
+                      settings_path(root), recorded["mapped_file_size_commit_log"], seg, seg)
+            known = {**recorded, "mapped_file_size_commit_log": seg}
+            rewrite = True
     for name, value in known.items():
         given = getattr(config, name)
         if name in explicit and given != value:
@@ -211,4 +226,4 @@ def resolve_settings(root: str, config: StoreConfig, explicit: Collection[str]) 
             config = dataclasses.replace(config, **changes)
         except ConfigError as e:
             raise ConfigError(f"the settings of {root} ({source}) are not valid: {e}") from None
-    return config, recorded is None or any(n not in recorded for n in FILE_SETTINGS)
+    return config, rewrite or recorded is None or any(n not in recorded for n in FILE_SETTINGS)
