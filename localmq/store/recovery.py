@@ -12,6 +12,7 @@ import numpy as np
 from localmq._record import (
     decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records,
 )
+from localmq._columns import RecordColumns, decode_range, topic_codes
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import DamagedLogError, UnknownRecordFormatError, io_operation
 from localmq.store.files import not_understood, numbered_units
@@ -81,6 +82,40 @@ def next_queue_offsets(commitlog_dir: str, segment_size: int, start: int) -> Dic
         key = (m.topic, m.queue_id)
         out[key] = max(out.get(key, 0), m.queue_offset + 1)
     return out
+
+
+def _first_unit_lost(commit_log, queues, start: int, end: int) -> Optional[Tuple[int, str, int, int]]:
+    """(physical offset, topic, queue id, queue offset) of the first record in [start, end) that its ConsumeQueue
+    does not reach (its queue offset at or past the queue's end, or no queue), or None. A queue whose last units were zeroed reads as a queue
+    that ends there: without this check, a normal open dispatches from where the longest queue ends and those
+    messages are gone from the API although the log holds them. PREPARED and ROLLBACK records have no unit."""
+    cols = RecordColumns(65536)
+    size = commit_log.file_size
+    for mf in commit_log.files:
+        base = mf.file_from_offset
+        if base + size <= start or base >= end:
+            continue
+        pos, stop = max(0, start - base), min(size, end - base)
+        while pos < stop:
+            n, pos, reason = decode_range(mf, cols, pos, stop, base, False)
+            if n:
+                codes, names = topic_codes(cols)
+                txn = cols["sys_flag"] & SYSFLAG_TRANSACTION_MASK
+                indexed = (txn != SYSFLAG_TRANSACTION_PREPARED) & (txn != SYSFLAG_TRANSACTION_ROLLBACK)
+                qid, qoff = cols["queue_id"], cols["queue_offset"]
+                ends = np.empty(n, np.int64)
+                for code, name in enumerate(names):
+                    rows = codes == code
+                    for q in np.unique(qid[rows]).tolist():
+                        cq = queues.queues.get((name, q))
+                        ends[rows & (qid == q)] = -1 if cq is None else cq.max_offset
+                lost = np.flatnonzero(indexed & (qoff >= ends))
+                if lost.size:
+                    i = int(lost[0])
+                    return int(cols["physical_offset"][i]), names[codes[i]], int(qid[i]), int(qoff[i])
+            if reason != "full":
+                break
+    return None
 
 
 def _count_tail_records(mf, pos: int) -> int:
@@ -690,6 +725,16 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
             reput_from = min(reput_from, max(cl_min, cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min))
     if starts:
         reput_from = max(cl_min, min(reput_from, min(starts)))
+    if not abnormal and verify_queues and report.start_offset < reput_from:
+        # the walked segments: a queue whose last units were zeroed ends early; its records are dispatched again
+        lost = _first_unit_lost(commit_log, queues, report.start_offset, reput_from)
+        if lost is not None:
+            at, topic, qid, qoff = lost
+            what = (f"ends before queue offset {qoff}, whose record is at commit log offset {at} (its last units "
+                    f"damaged): the records from there on are dispatched again")
+            log.error("consume queue %s-%d %s", topic, qid, what)
+            report.cq_rebuilt.setdefault(f"{topic}-{qid}", what)
+            reput_from = at
     report.reput_from = reput_from
     return report
 
