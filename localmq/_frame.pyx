@@ -226,10 +226,11 @@ def read_frames(data, str topic, int queue_id, long long first_index, long long 
 
 
 def stored_message(str topic, body, dict props, int queue_id, long long queue_offset, long long store_ts,
-                   long long born_ts, int flag=0):
+                   long long born_ts, int flag=0, bytes raw=None):
     """A Message as the Memory queue stores it: ``props`` (a dict, not copied: the caller gives it away) holds the
-    properties; there is no physical offset (-1) and no message id."""
+    properties as a reader sees them; ``raw``, when given, the properties string as stored (it may hold pairs a
+    reader drops, such as an empty value). There is no physical offset (-1) and no message id."""
     cdef Message m = _new_message(topic, body, queue_id, queue_offset, -1, store_ts, born_ts, flag, len(body))
     m._props = props
-    m._props_raw = None
+    m._props_raw = raw
     return m

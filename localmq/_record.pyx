@@ -403,10 +403,12 @@ def decode_message_id(str msg_id):
 # ---------------------------------------------------------------------------------------------- properties
 
 def properties_to_bytes(props):
-    """Serialise a mapping as RocketMQ's properties string (``k\\x01v\\x02...``, no trailing 0x02), UTF-8.
+    """Serialise a mapping as RocketMQ's properties string (``k\\x01v\\x02...``, no trailing 0x02), UTF-8, as
+    ``MessageDecoder.messageProperties2String`` does: a None value is left out, an empty value is written
+    (``k\\x01``), and a reader (``parse_properties``, RocketMQ's ``string2messageProperties``) then drops it.
 
-    Raises InvalidPropertyError for empty names/values or ones containing 0x01/0x02, and
-    PropertiesSizeError when the result exceeds 32767 bytes.
+    Raises InvalidPropertyError for an empty name, a name or value that is not a str or contains 0x01/0x02
+    (none of those could be read back), and PropertiesSizeError when the result exceeds 32767 bytes.
     """
     if not props:
         return b""
@@ -416,8 +418,10 @@ def properties_to_bytes(props):
             continue
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidPropertyError(f"property names and values must be str: {k!r}={v!r}")
-        if not k or not v or "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
-            raise InvalidPropertyError(f"property {k!r}={v!r} is empty or contains a 0x01/0x02 separator")
+        if not k:
+            raise InvalidPropertyError(f"a property name must not be empty (value {v!r})")
+        if "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
+            raise InvalidPropertyError(f"property {k!r}={v!r} contains a 0x01/0x02 separator")
         parts.append(f"{k}\x01{v}")
     out = "\x02".join(parts).encode("utf-8")
     if len(out) > MAX_PROPERTIES_SIZE:
@@ -507,14 +511,15 @@ cdef class Message:
 
     @property
     def properties(self):
-        """All properties as a dict (a copy)."""
+        """All properties as a dict (a copy). A stored pair with an empty value is not in it: RocketMQ's reader
+        (``string2messageProperties``) drops it too; ``raw_properties`` keeps it."""
         if self._props is None:
             self._props = parse_properties(self._props_raw) if self._props_raw else {}
         return dict(self._props)
 
     @property
     def tags(self):
-        """The TAGS property, or None."""
+        """The TAGS property, or None (also for a stored empty tag, which RocketMQ reads as no tag)."""
         if self._props is None:
             self._props = parse_properties(self._props_raw) if self._props_raw else {}
         return self._props.get("TAGS")

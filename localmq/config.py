@@ -282,10 +282,12 @@ def batch_bodies(bodies: object) -> list[Any]:
 def message_properties(tags: object, keys: object, properties: object) -> dict[str, str]:
     """The properties of a message to put, TAGS and KEYS folded in, checked as every queue kind checks them.
 
-    ``tags`` a non-empty str or None; ``keys`` a str or an iterable of str (each non-empty, no space) or None;
-    ``properties`` a mapping of str to str or None. The values themselves (separators, size) are checked when
-    they are encoded (``_record.properties_to_bytes``). Raises ArgumentTypeError (a TypeError) for an argument of
-    the wrong type, naming it; InvalidPropertyError (a ValueError) for an empty tag or a bad key.
+    ``tags`` a str or None: an empty tag is stored as RocketMQ stores it (``TAGS\x01``, tagsCode 0) and reads back
+    as no tag, since RocketMQ's reader drops a pair with an empty value; ``keys`` a str or an iterable of str (each
+    non-empty, no space) or None; ``properties`` a mapping of str to str or None (an empty value is kept in the
+    same way). The values themselves (separators, size) are checked when they are encoded
+    (``_record.properties_to_bytes``). Raises ArgumentTypeError (a TypeError) for an argument of the wrong type,
+    naming it; InvalidPropertyError (a ValueError) for a bad key.
     """
     if properties is None:
         d: dict[str, str] = {}
@@ -297,8 +299,6 @@ def message_properties(tags: object, keys: object, properties: object) -> dict[s
     if tags is not None:
         if not isinstance(tags, str):
             raise ArgumentTypeError(f"tags must be a str, not {type(tags).__name__} {tags!r}", "tags")
-        if not tags:
-            raise InvalidPropertyError("tags must be a non-empty str (None for no tag)")
         d["TAGS"] = tags
     if keys is not None:
         if isinstance(keys, str):

@@ -62,7 +62,9 @@ class PropertiesSizeError(LocalMQError, ValueError):
 
 
 class InvalidPropertyError(LocalMQError, ValueError):
-    """A property name or value that is empty or contains the 0x01 / 0x02 separators, so it could not be read back."""
+    """A property that could not be read back: an empty name, a name or value containing the 0x01 / 0x02
+    separators, one that is not a str, or a bad key (empty, or with a space). An empty value (and an empty tag) is
+    stored, as RocketMQ stores it, and reads back as absent."""
 
 
 class CorruptFrameError(LocalMQError, ValueError):

@@ -98,7 +98,7 @@ def test_sizes(store_factory):
     with pytest.raises(localmq.InvalidPropertyError):
         st.put("t", b"x", properties={"k": "a\x01b"})
     with pytest.raises(localmq.InvalidPropertyError):
-        st.put("t", b"x", tags="")
+        st.put("t", b"x", properties={"": "v"})
     with pytest.raises(TypeError):
         st.put("t", 12345)
     with pytest.raises(TypeError):

@@ -80,7 +80,7 @@ def build_properties(tags: Optional[str], keys: Any, properties: Optional[Dict[s
     """
     d = message_properties(tags, keys, properties)
     if d:
-        properties_to_bytes(d)  # raises on separators, empty values, more than 32767 bytes
+        properties_to_bytes(d)  # raises on an empty name, separators, more than 32767 bytes
     return d
 
 
@@ -98,8 +98,9 @@ def producer_queue(mq: Any, state: Any, queue_id: Optional[int], queue_nums: Opt
 
 def _delay_property(value: Optional[str]) -> Optional[int]:
     """The delay level a DELAY property asks for: a positive decimal int, else None (RocketMQ delays a message
-    only when its level is > 0). Raises InvalidDelayError for a value that is not an int."""
-    if value is None:
+    only when its level is > 0; an empty value is no delay, as a broker's parsed properties have no DELAY then).
+    Raises InvalidDelayError for a value that is not an int."""
+    if not value:
         return None
     try:
         level = int(value)

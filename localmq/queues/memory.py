@@ -7,6 +7,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from localmq.store.commit_log import make_put_result
 from localmq._frame import stored_message
+from localmq._record import properties_to_bytes
 from localmq.layout import MAX_QUEUE_ID
 from localmq.status import GetStatus, PutStatus
 from localmq.config import batch_bodies, body_length, check_topic
@@ -19,6 +20,15 @@ MAX_GET_MESSAGES = (1 << 31) - 1  # the largest max_messages of get_message (an 
 _PUT_OK = PutStatus.PUT_OK
 # how many messages one get_message looks at when a tag filter skips them (as the ConsumeQueue scan's bound)
 _SCAN_LIMIT = 4096
+
+
+def _stored_properties(props: Dict[str, Any]) -> Tuple[Dict[str, str], Optional[bytes]]:
+    """(properties as a reader sees them, the stored string or None) of a put: a pair with an empty (or None) value
+    is dropped from what the message reads back, as RocketMQ's reader and the other queues drop it, while the
+    string (``raw_properties``) keeps an empty one, as they store it."""
+    if all(props.values()):
+        return props, None
+    return {k: v for k, v in props.items() if v}, properties_to_bytes(props)
 
 
 class _Bucket:
@@ -111,12 +121,12 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         b = self._bucket(topic, queue_id)
         check_int_range(flag, "flag", -(1 << 31), (1 << 31) - 1)
         body = self._body(body)
-        props = build_properties(tags, keys, properties)
+        props, raw = _stored_properties(build_properties(tags, keys, properties))
         now = int(time.time() * 1000)
         with b.lock:
             ts = b.last_ts = now if now > b.last_ts else b.last_ts
             off = len(b.messages)
-            b.messages.append(stored_message(b.topic, body, props, queue_id, off, ts, now, flag))
+            b.messages.append(stored_message(b.topic, body, props, queue_id, off, ts, now, flag, raw))
         self._published(1)
         return make_put_result(_PUT_OK, -1, off, len(body), ts, 1)
 
@@ -128,13 +138,13 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         b = self._bucket(topic, queue_id)
         check_int_range(flag, "flag", -(1 << 31), (1 << 31) - 1)
         bodies = [self._body(x, f"bodies[{i}]") for i, x in enumerate(batch_bodies(bodies))]
-        props = build_properties(tags, keys, properties)
+        props, raw = _stored_properties(build_properties(tags, keys, properties))
         now = int(time.time() * 1000)
         with b.lock:
             ts = b.last_ts = now if now > b.last_ts else b.last_ts
             first = len(b.messages)
             t = b.topic
-            b.messages.extend([stored_message(t, body, props, queue_id, first + i, ts, now, flag)
+            b.messages.extend([stored_message(t, body, props, queue_id, first + i, ts, now, flag, raw)
                                for i, body in enumerate(bodies)])
         self._published(len(bodies))
         return make_put_result(_PUT_OK, -1, first, sum(map(len, bodies)), ts, len(bodies))

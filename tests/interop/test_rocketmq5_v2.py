@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,40 @@ def test_spark_reads_a_rocketmq5_v2_store(spark: Any, tmp_path: Path, harness5: 
     got = sorted((r.topic, r.partition, r.offset, r.physical_offset, bytes(r.value), r.tags) for r in rows)
     assert got == sorted((p[1], int(p[2]), int(p[3]), int(p[4]), base64.b64decode(p[6]), p[8]) for p in puts)
     assert {r.topic for r in rows} == {LONG, SHORT}
+
+
+def crc_tail(record: bytes) -> bytes:
+    """Spec 1.10: the 20-byte ``__CRC32#`` tail RocketMQ 5.x appends with enabledAppendPropCRC: 0x01, then
+    ``crc32(record except the tail) & 0x7FFFFFFF`` as 10 decimal digits, least-significant first, then 0x02."""
+    crc = zlib.crc32(record[:-20]) & 0x7FFFFFFF
+    return b"__CRC32#\x01" + str(crc).zfill(10)[::-1].encode() + b"\x02"
+
+
+def test_rocketmq5_property_crc_tail_read_by_localmq(tmp_path: Path, harness5: list[str]) -> None:
+    """Issue 25, spec 1.10: records RocketMQ 5.3.1 writes with enabledAppendPropCRC=true (a ``__CRC32#`` property
+    tail) are read whole by localmq, V1 and V2, the tail in the raw properties; a plain open changes no byte and
+    RocketMQ reads every message afterwards."""
+    store = tmp_path / "rmq5crc"
+    crc_cmd = [harness5[0], "-Dlocalmq.interop5.propCRC=true", *harness5[1:]]
+    puts = run5(crc_cmd, "write", str(store), str(tmp_path / "puts.tsv"), "60", LONG, SHORT)
+    assert len(puts) == 60
+    seg0 = (store / "commitlog" / f"{0:020d}").read_bytes()
+    before = hashes(store / "commitlog")
+    verify = subprocess.run([sys.executable, "-m", "localmq", "verify", str(store)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    with localmq.open(store, **SIZES) as st:
+        for _, topic, qid, qoff, phys, size, body, keys, tags in puts:
+            (m,) = st.get_message(topic, int(qid), int(qoff), max_messages=1).messages
+            assert (m.topic, m.physical_offset, m.store_size) == (topic, int(phys), int(size))
+            assert bytes(m.body) == base64.b64decode(body) and m.keys == (keys,) and m.tags == tags
+            record = seg0[int(phys):int(phys) + int(size)]
+            assert record[4:8] == bytes.fromhex("daa320ab" if len(topic) > 127 else "daa320a7")
+            # the tail is the end of the record and of its properties, as the spec lays it out
+            assert record.endswith(crc_tail(record)) and m.raw_properties.endswith(crc_tail(record))
+            assert m.properties["__CRC32#"] == crc_tail(record)[9:19].decode()
+            assert set(m.properties) == {"KEYS", "TAGS", "__CRC32#"}
+    assert hashes(store / "commitlog") == before
+    back = run5(harness5, "read", str(store), str(tmp_path / "read.tsv"), LONG, SHORT)
+    got = sorted((r[1], int(r[2]), int(r[3]), int(r[4])) for r in back if r[0] == "M")
+    assert got == sorted((p[1], int(p[2]), int(p[3]), int(p[4])) for p in puts)

@@ -185,3 +185,40 @@ def test_localmq_killed_rocketmq_recovers(harness: list[str], tmp_path: Path) ->
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_empty_tag_and_property_values_read_by_rocketmq(harness: list[str], tmp_path: Path) -> None:
+    """Issue 25 item 5: localmq stores an empty tag and empty property values as ``name\\x01`` (spec 1.7); RocketMQ's
+    reader drops those pairs (no tag, the key absent), as localmq's does, and its ConsumeQueue has tagsCode 0 for
+    them, whether it reads localmq's units or dispatches the records itself (consumequeue/ removed)."""
+    store = tmp_path / "store"
+    puts = [("put", dict(tags="", properties={"a": "", "b": "x"})),
+            ("tagged", dict(tags="TAG1", properties={"a": ""})),
+            ("only-empty", dict(properties={"TAGS": "", "c": ""})),
+            ("plain", dict(tags="z"))]
+    with localmq.open(store, **SIZES) as st:
+        written = [st.put("empty", name.encode(), queue_id=1, **kw) for name, kw in puts]
+        written.append(st.put_batch("empty", [b"b1", b"b2"], queue_id=1, tags="", keys=["bk"],
+                                    properties={"a": ""}))
+        assert st.wait_for_dispatch(10)
+        ours = st.get_message("empty", 1, 0, 16).messages
+    assert [m.body for m in ours] == [b"put", b"tagged", b"only-empty", b"plain", b"b1", b"b2"]
+    assert [(m.tags, m.properties) for m in ours] == [
+        (None, {"b": "x"}), ("TAG1", {"TAGS": "TAG1"}), (None, {}), ("z", {"TAGS": "z"}),
+        (None, {"KEYS": "bk"}), (None, {"KEYS": "bk"})]
+    assert all(b"a\x01" in m.raw_properties.split(b"\x02") for m in ours if m.body != b"plain"
+               and m.body != b"only-empty")
+    tags_codes = [0, 2567159, 0, localmq.java_hash("z"), 0, 0]  # spec 2.2: "TAG1" -> 2567159; no tag -> 0
+    redispatched = tmp_path / "redispatched"
+    shutil.copytree(store, redispatched)
+    shutil.rmtree(redispatched / "consumequeue")
+    shutil.rmtree(redispatched / "index", ignore_errors=True)
+    for root in (store, redispatched):
+        out = root.parent / f"{root.name}.json"
+        run_harness(harness, "read", str(root), str(out))
+        q = json.loads(out.read_text(encoding="utf-8"))["queues"]["empty/1"]
+        assert [m["getStatus"] for m in q["messages"]] == ["FOUND"] * 6, root.name
+        assert [base64.b64decode(m["body"]) for m in q["messages"]] == [m.body for m in ours], root.name
+        assert [(m["tags"], m["properties"]) for m in q["messages"]] == [(m.tags, m.properties) for m in ours]
+        assert [u[2] for u in q["units"]] == tags_codes, root.name
+        assert [(u[0], u[1]) for u in q["units"]] == [(m.physical_offset, m.store_size) for m in ours], root.name

@@ -44,7 +44,8 @@ import org.apache.rocketmq.store.stats.BrokerStatsManager;
  * write &lt;storeDir&gt; &lt;manifest.json&gt; &lt;seed&gt;   put a seeded workload (plain, IPv6 hosts, batches, delayed
  *                                            messages partly delivered by RocketMQ's ScheduleMessageService, retry
  *                                            and dead-letter send-backs), reopen, read every queue, write the manifest
- * read  &lt;storeDir&gt; &lt;out.json&gt; [topic key]...  recover a store (load + start), read every queue, query keys
+ * read  &lt;storeDir&gt; &lt;out.json&gt; [topic key]...  recover a store (load + start), read every queue (its messages
+ *                                            and ConsumeQueue units), query keys
  * flood &lt;storeDir&gt;                           put messages until killed, printing "put N" after every 100 (the
  *                                            crash tests SIGKILL it mid-run and look at the store it leaves)
  * </pre>
@@ -576,7 +577,7 @@ public final class StoreHarness {
     static void read(String dir, String outPath, String[] keys) throws Exception {
         DefaultMessageStore store = open(dir, null);
         waitDispatched(store);
-        JSONObject queues = readAll(store, dir, false);
+        JSONObject queues = readAll(store, dir, true);
         JSONObject queried = new JSONObject(true);
         for (int i = 0; i + 1 < keys.length; i += 2) {
             queried.put(keys[i] + "/" + keys[i + 1], query(store, keys[i], keys[i + 1]));

@@ -31,6 +31,7 @@ import org.apache.rocketmq.store.stats.BrokerStatsManager;
  * read  &lt;storeDir&gt; &lt;out.tsv&gt; &lt;topic&gt;...            recover (load + start), read queues 0..7 of every topic,
  *                                                   query every key k&lt;i&gt; found; one line per message / query
  * </pre>
+ * With {@code -Dlocalmq.interop5.propCRC=true} the store has enabledAppendPropCRC on (the 5.x {@code __CRC32#} tail).
  * Lines: {@code M topic queueId queueOffset commitLogOffset storeSize base64(body) keys tags} and
  * {@code Q topic key hits}. 64 KiB CommitLog segments, 300-unit ConsumeQueue files, 5,000 slots / 20,000 items
  * (RocketMQ's defaults with -Dlocalmq.interop.index=default).
@@ -74,6 +75,8 @@ public final class Store5Harness {
         config.setFlushDiskType(FlushDiskType.ASYNC_FLUSH);
         config.setHaListenPort(0);
         config.setMaxTopicLength(255);
+        // -Dlocalmq.interop5.propCRC=true: RocketMQ appends its __CRC32# property tail to every record it writes
+        config.setEnabledAppendPropCRC(Boolean.getBoolean("localmq.interop5.propCRC"));
         DefaultMessageStore store = new DefaultMessageStore(config, new BrokerStatsManager("interop5", true),
             (topic, queueId, logicOffset, tagsCode, msgStoreTime, filterBitMap, properties) -> { }, new BrokerConfig(),
             new ConcurrentHashMap<>());
