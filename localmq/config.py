@@ -107,7 +107,7 @@ class StoreConfig:
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     # config/delayOffset.json written at most every this many ms while delayed messages are delivered (and at close),
     # after a commit log flush; a crash delivers again the messages re-put since the last write. RocketMQ's
-    # flushDelayOffsetInterval is 10 s (10 s of deliveries again after a crash); 0: after every delivery pass
+    # flushDelayOffsetInterval is 10 s (10 s of deliveries again after a crash); 0: a write after every re-put
     flush_delay_offset_interval: int = 100
     # transactional messages (RocketMQ 4.9.8 BrokerConfig): a half message is checked back once it is this old (ms),
     # at most this many times (then moved to TRANS_CHECK_MAX_TIME_TOPIC), by a pass every check interval (ms)

@@ -66,8 +66,8 @@ class ScheduleMessageService(ServiceThread):
 
     Offsets persist in ``<root>/config/delayOffset.json`` (``{"offsetTable":{1:N,...}}``, N the next unit to
     examine) when an offset moved and ``flush_interval_ms`` have passed on ``clock`` since the previous write:
-    checked before each re-put and at the end of each pass (the thread wakes for a write held back; 0: at the
-    end of every pass that moved an offset), and at shutdown. Each write first flushes the commit log
+    checked before each re-put and at the end of each pass (the thread wakes for a write held back; 0: a write
+    after every re-put, at most one message delivered twice), and at shutdown. Each write first flushes the commit log
     (``flush_log``), so an offset on disk never covers a re-put that is not: delivery is at least once, after a
     power cut too. After a crash a reopen delivers again what was re-put after the last completed write, that
     is only messages re-put while ``clock`` read less than that write's time + ``flush_interval_ms``: the
