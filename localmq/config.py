@@ -105,7 +105,10 @@ class StoreConfig:
     flush_consumer_offset_interval: int = 5000  # RocketMQ BrokerConfig: consumerOffset.json written every 5 s
     # RocketMQ's messageDelayLevel: level i (1-based) delays by the i-th token (units s, m, h, d; parse_delay_levels)
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-    flush_delay_offset_interval: int = 10_000  # RocketMQ: config/delayOffset.json written every 10 s (and at close)
+    # config/delayOffset.json written at most every this many ms while delayed messages are delivered (and at close),
+    # after a commit log flush; a crash delivers again the messages re-put since the last write. RocketMQ's
+    # flushDelayOffsetInterval is 10 s (10 s of deliveries again after a crash); 0: a write after every re-put
+    flush_delay_offset_interval: int = 100
     # transactional messages (RocketMQ 4.9.8 BrokerConfig): a half message is checked back once it is this old (ms),
     # at most this many times (then moved to TRANS_CHECK_MAX_TIME_TOPIC), by a pass every check interval (ms)
     transaction_timeout: int = 6000

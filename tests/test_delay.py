@@ -183,6 +183,76 @@ def test_sigkill_with_pending_delayed_messages_loses_none(tmp_path):
             assert int(m.properties["DELAY"]) == 1 + int(m.body[1:]) % 3
 
 
+_CHILD_STEPS = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    import localmq
+    k, groups, shared = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+    # the store's clock (due times and the write interval) is this list's value: ahead of every store time, so
+    # that no record looks stored in the future, and 30 s before any record of level 1 (60 s) is due
+    fake = [int(time.time() * 1000) + 30_000]
+    st = localmq.open(sys.argv[1], message_delay_level="60s", clock=lambda: fake[0], shared=shared,
+                      mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=6000)
+    p = st.create_producer(queue_id=0)
+    last = []
+    for g in range(groups):
+        while last and time.time() * 1000 < last[-1] + 150:  # groups stored >= 150 ms apart
+            time.sleep(0.01)
+        for i in range(k):
+            r = p.send("t", b"g%d-%d" % (g, i), delay_level=1)
+        last.append(r.store_timestamp)
+    print("sent", flush=True)
+    svc = st.schedule_service
+    for g in range(groups):
+        fake[0] = last[g] + 60_000   # group g due; group g + 1, stored >= 150 ms later, not yet
+        svc.wakeup()
+        print("step", g, flush=True)
+        while svc.stats()["delivered"] < (g + 1) * k:
+            time.sleep(0.002)
+    print("done", flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["local", "shared"])
+@pytest.mark.parametrize("kill_step,pause", [(7, 0.0), (9, 0.004)])
+def test_sigkill_redelivers_at_most_the_deliveries_of_one_interval(tmp_path, shared, kill_step, pause):
+    """After a SIGKILL a reopen delivers again only what was re-put after the last write of delayOffset.json.
+
+    The store's clock only takes the values the child gives it: group g (K messages) becomes due when the clock
+    moves to group g's last store time + 60 s, at least 150 ms (> flush_delay_offset_interval, 100 ms by default)
+    after the previous value, and only once group g - 1 is all delivered. ScheduleMessageService writes the
+    offsets before any re-put made >= 100 ms of that clock after its previous write, so every re-put not yet
+    written was made while the clock read one value: all belong to one group. Hence duplicates <= K wherever
+    the kill lands (in a pass, a write or a sleep); with RocketMQ's 10 s every group delivered so far came again.
+    """
+    k, groups = 20, 12
+    store = tmp_path / "s"
+    child = subprocess.Popen([sys.executable, "-c", _CHILD_STEPS, str(store), ROOT, str(k), str(groups),
+                              "1" if shared else "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "sent"
+        for g in range(kill_step + 1):
+            assert child.stdout.readline().strip() == f"step {g}"
+        time.sleep(pause)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+    written = read_config_json(str(store / "config" / "delayOffset.json"), default={}).get("offsetTable", {})
+    with localmq.open(store, message_delay_level="60s", clock=lambda: _now_ms() + 120_000, shared=shared,
+                      **SMALL) as st:
+        deadline = time.monotonic() + 20
+        while st.schedule_service.offsets.get(1, 0) < groups * k and time.monotonic() < deadline:
+            time.sleep(0.02)
+        bodies = [m.body for m in _messages(st, "t", 0)]
+    assert set(bodies) == {b"g%d-%d" % (g, i) for g in range(groups) for i in range(k)}  # none lost
+    duplicates = len(bodies) - len(set(bodies))
+    assert duplicates <= k, (duplicates, written)
+    # what came twice is the tail of what was delivered before the kill: the units past the written offset
+    assert sorted(set(b for b in bodies if bodies.count(b) > 1)) == sorted(bodies[written.get(1, 0):][:duplicates])
+
+
 def test_delay_seconds_maps_to_the_smallest_level_not_shorter(tmp_path):
     levels = parse_delay_levels(LEVELS)
     assert levels == (1000, 2000, 3000)
