@@ -34,7 +34,7 @@ from localmq.store.control_view import ControlView
 from localmq.store.files import ConsumeQueueFiles, StoreFiles, not_understood, numbered_files
 from localmq.store.index import IndexFile
 from localmq.store.readers import load_consume_queue, read_commitlog
-from localmq.store.settings import read_settings
+from localmq.store.settings import read_log_start, read_settings
 
 EXIT_OK, EXIT_FOUND_NOTHING, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 EXIT_DAMAGE = 1
@@ -665,6 +665,11 @@ def _verify(args) -> int:
     except CorruptFrameError:
         end = files.segments[-1][0] + files.segment_size if files.segments else 0
     live = files.live_end is not None or state != "closed"
+    log_start = read_log_start(files.root)
+    if log_start is not None and files.segments and files.min_offset > log_start:
+        problems.append(f"commit log segments missing at the start of the log: it starts at {files.min_offset:,}, "
+                        f"but localmq's retention moved it to {log_start:,} only (deleted by hand, lost, or by "
+                        f"RocketMQ's retention); the next open reports and accepts it")
     total = sum(files.segment_size for _ in files.segments)
     progress = _Progress(args, "verify: commit log", total)
     unknown: Dict[int, Tuple[int, int, str]] = {}

@@ -452,7 +452,7 @@ def test_reads_after_cleaning_and_reopen(make_store, tmp_path):
     assert st.offset_by_time(TOPIC, 0, 0) == 30
     st.close()
     st = make_store(clock, disk)
-    assert st.recovery.mode == "normal"
+    assert st.recovery.mode == "normal" and st.recovery.missing_head == []  # retention recorded the new start
     assert st.commit_log_min_offset == 3 * SEG and st.min_offset(TOPIC, 0) == 30
     got = []
     off = 30
@@ -465,6 +465,16 @@ def test_reads_after_cleaning_and_reopen(make_store, tmp_path):
     assert st.get_message(TOPIC, 0, 5).status is GetStatus.OFFSET_TOO_SMALL
     r = st.put(TOPIC, body(65))
     assert r.queue_offset == 65 and r.physical_offset == phys(65)
+    st.close()
+    # the first segment left now was not deleted by retention: reported, and only that one
+    os.unlink(root / "commitlog" / ("%020d" % (3 * SEG)))
+    st = make_store(clock, disk)
+    assert st.recovery.missing_head == ["%020d" % (3 * SEG)]
+    assert st.commit_log_min_offset == 4 * SEG and st.min_offset(TOPIC, 0) == 40
+    st.close()
+    st = make_store(clock, disk)
+    assert st.recovery.missing_head == []  # reported once: the record moved to the log's new start
+    st.close()
 
 
 def test_abnormal_recovery_with_the_first_segments_gone(make_store, tmp_path):

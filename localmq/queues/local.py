@@ -5,8 +5,9 @@ clients (QueueClientsMixin); the format, the put and get paths and recovery live
 """
 from __future__ import annotations
 
-import logging
 import errno
+import functools
+import logging
 import os
 import re
 import time
@@ -46,8 +47,12 @@ from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable
-from localmq.store.recovery import check_segments, next_queue_offsets, recover_store, sync_directories
-from localmq.store.settings import explicit_settings, resolve_settings, settings_path, write_settings
+from localmq.store.recovery import (
+    RecoveryReport, check_segments, next_queue_offsets, recover_store, sync_directories,
+)
+from localmq.store.settings import (
+    explicit_settings, read_log_start, resolve_settings, settings_path, write_log_start, write_settings,
+)
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.undo import OpenUndo, check_writable_filesystem, missing_ancestor
 
@@ -98,6 +103,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self.config = config
         self.root = os.path.abspath(os.fspath(path))
         self._undo: Optional[OpenUndo] = None
+        self._log_start: Optional[int] = None  # commit_log_start to record once the open succeeds (None: keep)
         self._closed = True
         self._lock = None
         self._reput_service: Optional[ReputMessageService] = None
@@ -182,12 +188,13 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
     def _record_settings(self) -> None:
         """Write ``config/localmq.json`` when the store has none (a new store, a RocketMQ broker's), or when it
         contradicts the files (its old bytes come back if the open fails later)."""
-        if self._write_record:
+        if self._write_record or self._log_start is not None:
             path = settings_path(self.root)
             if self._undo is not None and os.path.isfile(path):
                 self._undo.keep(path)
-            write_settings(self.root, self.config)
+            write_settings(self.root, self.config, self._log_start)
             self._write_record = False
+            self._log_start = None
 
     def _make_lock(self) -> StoreLock:
         return StoreLock(self.root)
@@ -237,6 +244,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         if not last_exit_ok:
             sync_directories(self.root)
         cl_min = self._cl_mfq.min_offset()
+        self._check_log_start(cl_min, report)
+        self._cl_mfq.before_head_delete = functools.partial(write_log_start, self.root)
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)
         self._reput = ReputCore(self._cl_mfq, self._cq_factory, report.reput_from,
@@ -277,6 +286,20 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,
                      report.end_offset)
         return last_exit_ok
+
+    def _check_log_start(self, cl_min: int, report: RecoveryReport) -> None:
+        """Segments below the first one that localmq's retention did not delete (the record's commit_log_start is
+        below it) are reported (``report.missing_head``, an ERROR): their messages are gone, as after retention,
+        but nobody asked for it. The record then moves to the log's start (once the open succeeds)."""
+        recorded = read_log_start(self.root)
+        if recorded is None or (self._cl_mfq.files and cl_min > recorded):
+            self._log_start = cl_min
+        if recorded is not None and self._cl_mfq.files and cl_min > recorded:
+            size = self._cl_mfq.file_size
+            report.missing_head = [f"{b:020d}" for b in range(recorded, cl_min, size)][:64]
+            log.error("commit log of %s: segments %s missing at the start of the log (%d bytes from offset %d): "
+                      "localmq's retention did not delete them (deleted by hand, lost, or by RocketMQ's retention); "
+                      "their messages are gone", self.root, report.missing_head, cl_min - recorded, recorded)
 
     def _check_log_on_disk(self) -> None:
         """The dispatcher stopped on an invalid record in the log this store wrote: a flush of the whole log tells

@@ -9,6 +9,7 @@ every process adopt the unit counts it publishes and sleep on a shared eventcoun
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -43,6 +44,7 @@ from localmq.store.index import IndexReader
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.recovery import RecoveryReport
+from localmq.store.settings import write_log_start
 from localmq.store.undo import OpenUndo
 
 log = logging.getLogger("localmq.shared")
@@ -236,6 +238,8 @@ class SharedMessageQueue(LocalMessageQueue):
         self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log,
                                        reserve_step=c.reserve_step_commit_log)
         self._cl_mfq.load_view(ctl.load(CTL_S_WPOS))
+        # the housekeeper's retention records where the log starts before it deletes segments
+        self._cl_mfq.before_head_delete = functools.partial(write_log_start, self.root)
         self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,
                                            c.reserve_step_consume_queue)
         self._cqs = self._cq_table.queues

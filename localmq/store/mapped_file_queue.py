@@ -111,6 +111,9 @@ class MappedFileQueue:
         # never retried (MappedFile.sync_error). ``on_sync_failure(error)`` is told once: the CommitLog refuses puts.
         self.sync_failure: Optional[BaseException] = None
         self.on_sync_failure: Optional[Callable[[BaseException], None]] = None
+        # Called with the offset the files will start at, durably, before ``delete_files`` deletes any (the commit
+        # log records it: a later open tells segments retention deleted from segments lost or deleted by hand).
+        self.before_head_delete: Optional[Callable[[int], None]] = None
 
     # -- load ---------------------------------------------------------------------------------------------
 
@@ -429,6 +432,8 @@ class MappedFileQueue:
         :raises OSError: when an unlink or the directory fsync fails.
         """
         res = DeleteResult()
+        if files and self.before_head_delete is not None:
+            self.before_head_delete(files[-1].file_from_offset + self.file_size)
         try:
             for i, mf in enumerate(files):
                 if i > 0 and between is not None and not between():

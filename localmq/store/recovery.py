@@ -64,6 +64,9 @@ class RecoveryReport:
     # commit log offsets of records whose topic or queue id the unit check found damaged (outvoted by their unit):
     # each such message is lost, and the dispatcher never indexes the record into the queue it names
     damaged_headers: List[int] = dataclasses.field(default_factory=list)
+    # segments missing at the start of the log that localmq's retention did not delete (the settings record's
+    # commit_log_start is below the first segment): deleted by hand, lost, or deleted by RocketMQ's retention
+    missing_head: List[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
 
     def as_dict(self) -> dict:

@@ -8,8 +8,10 @@ by a RocketMQ broker or an older localmq) has its sizes read off its files (``in
 written by the first open that may write. A record whose segment size contradicts the commit log segments (a
 flipped digit still parses) is damaged: the segments win, and the record is written again by that open.
 
-The record is JSON: ``{"version": 1, "settings": {"mapped_file_size_commit_log": 8192, ...}}``; names are
-StoreConfig's. It is written atomically (a temporary file, fsync, rename, fsync of ``config/``).
+The record is JSON: ``{"version": 1, "settings": {"mapped_file_size_commit_log": 8192, ...}, "commit_log_start":
+0}``; names are StoreConfig's. ``commit_log_start`` is where the commit log starts: the first segment's base when the
+record was first written, moved by localmq's retention before it deletes segments. A first segment above it was
+not deleted by localmq's retention (by hand, or lost): the open reports it (``RecoveryReport.missing_head``). It is written atomically (a temporary file, fsync, rename, fsync of ``config/``).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from localmq.store.index import geometry_from_content, index_file_size
 log = logging.getLogger("localmq.store")
 
 __all__ = ["FILE_SETTINGS", "settings_path", "read_settings", "infer_settings", "write_settings",
-           "resolve_settings", "explicit_settings"]
+           "resolve_settings", "explicit_settings", "read_log_start", "write_log_start"]
 
 # The StoreConfig fields that shape the files (sizes of segments and queue files, the index geometry, RocketMQ's
 # ConsumeQueueExt): a store must be opened with the values it was created with.
@@ -162,15 +164,53 @@ def _index_geometry(directory: str) -> Optional[Tuple[int, int]]:
     return None
 
 
-def write_settings(root: str, config: StoreConfig) -> str:
+def read_log_start(root: str) -> Optional[int]:
+    """The commit log offset the record says the log starts at (``commit_log_start``: the first segment's base
+    when localmq first opened the store, moved by localmq's retention before it deletes segments), or None
+    (no record, or one written before this was kept, or an unusable one: the open reports that)."""
+    try:
+        with open(settings_path(root), "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    value = doc.get("commit_log_start") if isinstance(doc, dict) else None
+    return value if type(value) is int and value >= 0 else None
+
+
+def write_log_start(root: str, offset: int) -> None:
+    """Record that the commit log starts at ``offset`` (durably, atomically), keeping the record's settings.
+    Retention calls it before it deletes the segments below ``offset``; nothing when the store has no record."""
+    path = settings_path(root)
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except FileNotFoundError:
+        return
+    except ValueError as e:
+        raise CorruptStoreError(f"settings record {path} is not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise CorruptStoreError(f"settings record {path} holds no version and settings")
+    doc["commit_log_start"] = int(offset)
+    _write_doc(root, doc)
+
+
+def write_settings(root: str, config: StoreConfig, log_start: Optional[int] = None) -> str:
     """Write the FILE_SETTINGS of ``config`` to ``<root>/config/localmq.json`` atomically (temporary file, fsync,
-    rename, fsync of the directory; ``config/`` is created when missing). Returns the path. Raises StoreIOError."""
+    rename, fsync of the directory; ``config/`` is created when missing), with ``log_start`` as
+    ``commit_log_start`` (None: the one the record has, if any). Returns the path. Raises StoreIOError."""
+    doc: Dict[str, Any] = {"version": SETTINGS_VERSION, "settings": {n: getattr(config, n) for n in FILE_SETTINGS}}
+    start = log_start if log_start is not None else read_log_start(root)
+    if start is not None:
+        doc["commit_log_start"] = start
+    return _write_doc(root, doc)
+
+
+def _write_doc(root: str, doc: Dict[str, Any]) -> str:
     cdir = os.path.join(root, CONFIG_DIR)
     if not os.path.isdir(cdir):
         with io_operation("mkdir", cdir):
             os.makedirs(cdir)
         fsync_dir(root)
-    doc = {"version": SETTINGS_VERSION, "settings": {n: getattr(config, n) for n in FILE_SETTINGS}}
     path = settings_path(root)
     tmp = path + ".tmp"
     with io_operation("write", tmp), open(tmp, "wb") as f:
