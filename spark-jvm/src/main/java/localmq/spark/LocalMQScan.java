@@ -1,5 +1,6 @@
 package localmq.spark;
 
+import java.io.File;
 import java.util.List;
 
 import org.apache.spark.sql.connector.read.Batch;
@@ -8,7 +9,10 @@ import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.types.StructType;
 
-/** A batch scan of a closed store: one partition per commit log segment, listed when the query plans. */
+/**
+ * A batch scan of a closed store: the commit log segments, listed when the query plans, cut into shares at record
+ * boundaries from the ConsumeQueues (a segment each without them).
+ */
 final class LocalMQScan implements Scan, Batch {
     private final StructType schema;
     private final ReadOptions options;
@@ -36,7 +40,9 @@ final class LocalMQScan implements Scan, Batch {
 
     @Override
     public InputPartition[] planInputPartitions() {
-        List<SegmentPartition> parts = StoreSegments.list(options);
+        // one share per core of the driver at least 2, as the Python source's default minPartitions
+        int wanted = Math.max(2, Runtime.getRuntime().availableProcessors());
+        List<SegmentPartition> parts = StoreSegments.split(StoreSegments.list(options), new File(options.path), wanted);
         return parts.toArray(new InputPartition[0]);
     }
 

@@ -59,6 +59,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             buf = ch.map(FileChannel.MapMode.READ_ONLY, 0, Math.min(ch.size(), part.size));
         }
         vectors = OnHeapColumnVector.allocateColumns(options.batchSize, schema);
+        pos = part.start;
         batch = new ColumnarBatch(vectors);
     }
 
@@ -71,9 +72,14 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             v.reset();
         }
         int rows = 0;
-        int end = buf.limit();
+        int limit = buf.limit();
+        int end = Math.min(part.end, limit);
         while (rows < options.batchSize && !done) {
-            CommitLogRecord.Status st = rec.parse(buf, pos, end, options.checkCrc);
+            CommitLogRecord.Status st = rec.parse(buf, pos, limit, options.checkCrc);
+            if (pos == part.start && part.start > 0 && st != CommitLogRecord.Status.OK) {
+                throw new CorruptRecordException("no record at offset " + (part.base + pos) + " of the commit log ("
+                        + part.path + "), where a ConsumeQueue unit cut the read: " + st, part.base + pos, part.path);
+            }
             switch (st) {
                 case OK:
                     if (rec.dispatched() && topicWanted()) {
@@ -88,7 +94,6 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
                                 + "store's recovery directory); set failOnDataLoss=false to read past it");
                     }
                     pos += rec.totalSize;
-                    done = pos >= end;
                     break;
                 case BLANK:
                 case END:
@@ -101,6 +106,12 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             }
             if (pos >= end) {
                 done = true;
+                if (pos > end && end < limit) {
+                    // the next share starts at ``end``: a walk that steps over it would read records twice
+                    throw new CorruptRecordException("a record runs over offset " + (part.base + end) + " of the commit "
+                            + "log (" + part.path + "), where a ConsumeQueue unit says a record starts",
+                            part.base + end, part.path);
+                }
             }
         }
         batch.setNumRows(rows);

@@ -77,11 +77,60 @@ final class StoreSegments {
                 throw new IllegalStateException("commit log segments of " + size + " bytes: the JVM reader maps a "
                         + "segment at once and takes segments below 2 GiB");
             }
-            out.add(new SegmentPartition(f.getPath(), base, (int) (long) size));
+            out.add(new SegmentPartition(f.getPath(), base, (int) (long) size, 0, (int) (long) size));
             prev = base;
             prevPath = f.getPath();
         }
         return out;
+    }
+
+    /**
+     * The segments cut into about {@code wanted} equal shares of the data (a multiple of it, none larger than a
+     * segment; the Python source's rule), at record boundaries the ConsumeQueues give. Records past the furthest
+     * one they index fall in the last share. Without ConsumeQueues a share is a segment.
+     */
+    static List<SegmentPartition> split(List<SegmentPartition> segments, File root, int wanted) {
+        if (segments.isEmpty()) {
+            return segments;
+        }
+        try (ConsumeQueueIndex cq = new ConsumeQueueIndex(root)) {
+            if (cq.isEmpty()) {
+                return segments;
+            }
+            long segSize = segments.get(0).size;
+            long lo = segments.get(0).base;
+            long hi = Math.min(cq.indexedEnd(), segments.get(segments.size() - 1).base + segSize);
+            long total = hi - lo;
+            if (total <= 0) {
+                return segments;
+            }
+            long count = wanted * ((total + wanted * segSize - 1) / (wanted * segSize));
+            long piece = Math.max(4096, (total + count - 1) / count);
+            List<Long> cuts = new ArrayList<>();
+            long target = lo + piece;
+            while (target < hi - piece / 4) {
+                long b = cq.boundaryAtOrAfter(target);
+                if (b < 0 || b >= hi) {
+                    break;
+                }
+                if (b > (cuts.isEmpty() ? lo : cuts.get(cuts.size() - 1))) {
+                    cuts.add(b);
+                }
+                target = Math.max(target + piece, b + 1);
+            }
+            List<SegmentPartition> out = new ArrayList<>();
+            for (SegmentPartition seg : segments) {
+                int start = 0;
+                for (long c : cuts) {
+                    if (c > seg.base && c < seg.base + seg.size) {
+                        out.add(new SegmentPartition(seg.path, seg.base, seg.size, start, (int) (c - seg.base)));
+                        start = (int) (c - seg.base);
+                    }
+                }
+                out.add(new SegmentPartition(seg.path, seg.base, seg.size, start, seg.size));
+            }
+            return out;
+        }
     }
 
     /** {@code mapped_file_size_commit_log} of the store's settings record, or null without one. */
