@@ -152,9 +152,41 @@ def cut_dispatch(path, phys):
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pyspark_jars_dir():
+    """The jars directory of the installed pyspark wheel (the Spark the JVM reader is compiled against)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
 @pytest.fixture(scope="session")
-def spark():
-    """One local Spark session (2 cores) for the whole run; skipped without pyspark or Java.
+def localmq_spark_jar():
+    """spark-jvm/target/localmq-spark.jar, built now with Maven against the pyspark wheel's jars (offline first, as
+    .ci/run builds the interop harnesses). A build failure fails every test that needs it, never a skip."""
+    require("pyspark")
+    mvn = shutil.which("mvn")
+    if mvn is None or not shutil.which("javac"):
+        pytest.fail("the JVM reader (spark-jvm/) needs a JDK 17 (`javac`) and Maven (`mvn`) on PATH: "
+                    "apt-get install openjdk-17-jdk-headless maven", pytrace=False)
+    import subprocess
+
+    pom = REPO / "spark-jvm" / "pom.xml"
+    cmd = [mvn, "-q", "-B", "-f", str(pom), f"-Dpyspark.jars={pyspark_jars_dir()}", "package"]
+    r = subprocess.run(cmd[:2] + ["-o"] + cmd[2:], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:  # offline needs Maven's plugins in ~/.m2 already: once online
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        pytest.fail(f"`{' '.join(cmd)}` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}",
+                    pytrace=False)
+    jar = REPO / "spark-jvm" / "target" / "localmq-spark.jar"
+    assert jar.is_file(), jar
+    return jar
+
+
+@pytest.fixture(scope="session")
+def spark(localmq_spark_jar):
+    """One local Spark session (2 cores) for the whole run, with the JVM reader's jar on ``spark.jars`` (one session
+    per process: tests read through ``format("localmq")``, the Python source, and ``format("localmq-jvm")``).
 
     Workers must import this checkout's localmq and its ``pyspark_localmq`` entry, so the repository root goes
     first on their PYTHONPATH.
@@ -174,7 +206,7 @@ def spark():
     session = (SparkSession.builder.master("local[2]").appName("localmq-tests")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.memory", "1g").getOrCreate())
+               .config("spark.driver.memory", "1g").config("spark.jars", str(localmq_spark_jar)).getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -1,0 +1,46 @@
+package localmq.spark;
+
+import java.util.Map;
+
+import org.apache.spark.sql.connector.catalog.Table;
+import org.apache.spark.sql.connector.catalog.TableProvider;
+import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.sources.DataSourceRegister;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+/**
+ * {@code spark.read.format("localmq-jvm").load(path)}: localmq's reader in the JVM (DataSource V2, columnar batches
+ * filled straight from read-only mappings of the commit log segments).
+ *
+ * <p>The short name is {@code localmq-jvm} because Spark 4 resolves {@code localmq} to the Python data source
+ * (found through the installed {@code pyspark_localmq} module); the full class name
+ * {@code localmq.spark.LocalMQTableProvider} works too. The columns, their names and types, and the options this
+ * reader takes mean what they mean to the Python source; a schema given with {@code .schema(...)} names a subset of
+ * the columns (each with its type), as there.
+ */
+public final class LocalMQTableProvider implements TableProvider, DataSourceRegister {
+    /** The name for {@code format(...)}. */
+    public static final String SHORT_NAME = "localmq-jvm";
+
+    @Override
+    public String shortName() {
+        return SHORT_NAME;
+    }
+
+    @Override
+    public StructType inferSchema(CaseInsensitiveStringMap options) {
+        return Column.fullSchema();
+    }
+
+    @Override
+    public Table getTable(StructType schema, Transform[] partitioning, Map<String, String> properties) {
+        Column.of(schema);  // a given schema is checked when the query is defined, not in a task
+        return new LocalMQTable(schema);
+    }
+
+    @Override
+    public boolean supportsExternalMetadata() {
+        return true;
+    }
+}
