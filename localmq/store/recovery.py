@@ -89,9 +89,10 @@ def next_queue_offsets(commitlog_dir: str, segment_size: int, start: int) -> Dic
 
 def _first_unit_lost(commit_log, queues, start: int, end: int) -> Optional[Tuple[int, str, int, int]]:
     """(physical offset, topic, queue id, queue offset) of the first record in [start, end) that its ConsumeQueue
-    does not reach (its queue offset at or past the queue's end, or no queue), or None. A queue whose last units were zeroed reads as a queue
-    that ends there: without this check, a normal open dispatches from where the longest queue ends and those
-    messages are gone from the API although the log holds them. PREPARED and ROLLBACK records have no unit."""
+    does not reach (its queue offset at or past the queue's end, or no queue), or None. A queue whose last units
+    were zeroed reads as a queue that ends there: without this check, a normal open dispatches from where the
+    longest queue ends and those messages are gone from the API although the log holds them. PREPARED and
+    ROLLBACK records have no unit."""
     cols = RecordColumns(65536)
     size = commit_log.file_size
     for mf in commit_log.files:

@@ -11,7 +11,8 @@ flipped digit still parses) is damaged: the segments win, and the record is writ
 The record is JSON: ``{"version": 1, "settings": {"mapped_file_size_commit_log": 8192, ...}, "commit_log_start":
 0}``; names are StoreConfig's. ``commit_log_start`` is where the commit log starts: the first segment's base when the
 record was first written, moved by localmq's retention before it deletes segments. A first segment above it was
-not deleted by localmq's retention (by hand, or lost): the open reports it (``RecoveryReport.missing_head``). It is written atomically (a temporary file, fsync, rename, fsync of ``config/``).
+not deleted by localmq's retention (by hand, or lost): the open reports it (``RecoveryReport.missing_head``). It
+is written atomically (a temporary file, fsync, rename, fsync of ``config/``).
 """
 from __future__ import annotations
 

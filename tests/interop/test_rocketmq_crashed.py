@@ -38,11 +38,11 @@ def _digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _flooded(harness: list[str], store: Path) -> None:
+def _flooded(cmd: list[str], store: Path) -> None:
     """RocketMQ puts until at least 2,000 messages (several 64 KiB segments) are in, then is SIGKILLed."""
     jtmp = store.parent / "java-tmp"
     jtmp.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([harness[0], f"-Djava.io.tmpdir={jtmp}", *harness[1:], "flood", str(store)],
+    proc = subprocess.Popen([cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], "flood", str(store)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -58,7 +58,7 @@ def _flooded(harness: list[str], store: Path) -> None:
     assert (store / "abort").exists()
 
 
-def _recovered_ends(harness: list[str], store: Path, tmp: Path) -> tuple[int, int]:
+def _recovered_ends(cmd: list[str], store: Path, tmp: Path) -> tuple[int, int]:
     """(localmq's recovery end, RocketMQ's), each on a copy of the store."""
     mine, theirs, out = tmp / "mine", tmp / "theirs", tmp / "read.json"
     shutil.copytree(store, mine)
@@ -67,19 +67,19 @@ def _recovered_ends(harness: list[str], store: Path, tmp: Path) -> tuple[int, in
         assert st.recovery.mode == "abnormal"
         end = st.recovery.end_offset
         assert st.wait_for_dispatch(30)
-    run_harness(harness, "read", str(theirs), str(out))
+    run_harness(cmd, "read", str(theirs), str(out))
     shutil.rmtree(mine)
     shutil.rmtree(theirs)
     return end, json.loads(out.read_text(encoding="utf-8"))["maxPhyOffset"]
 
 
-def _check_cli(harness: list[str], store: Path, tmp: Path, torn_at: int | None) -> None:
+def _check_cli(cmd: list[str], store: Path, tmp: Path, torn_at: int | None) -> None:
     before = _digest(store)
     code, stats = _cli("stats", str(store))
     assert code == 0, stats
     vcode, verify = _cli("verify", str(store))
     assert _digest(store) == before, "stats / verify changed a file"
-    mine, theirs = _recovered_ends(harness, store, tmp)
+    mine, theirs = _recovered_ends(cmd, store, tmp)
     assert stats["commit_log"]["end"] == mine == theirs, (stats["commit_log"], mine, theirs)
     assert stats["dispatch"]["behind_bytes"] == mine - stats["dispatch"]["dispatched_end"]
     assert vcode == 0 and verify["ok"], verify
@@ -89,7 +89,7 @@ def _check_cli(harness: list[str], store: Path, tmp: Path, torn_at: int | None) 
         assert torn and f"offset {torn_at:,}:" in torn[0], verify["notes"]
 
 
-def test_cli_on_a_crashed_rocketmq_store_prints_what_recovery_finds(harness: list[str], tmp_path: Path) -> None:
+def test_cli_on_a_crashed_rocketmq_store_prints_what_recovery_finds(harness: list[str], tmp_path: Path) -> None:  # noqa: F811
     """As the kill left it (with whatever tail it cut), then with a torn last record: half of a record RocketMQ
     wrote, copied after the end of the log (what a kill in the middle of a put's copy leaves)."""
     store = tmp_path / "store"
