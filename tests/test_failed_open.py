@@ -101,6 +101,8 @@ def _summary(st):
             "queues": {(t, q): st.max_offset(t, q) for t in "abc" for q in (0, 1)}}
 
 
+# about 90 opens through a FUSE file system each: 1-2 minutes on an idle 2-core VM, over 300 s under load
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("err", ["EIO", "ENOSPC"])
 def test_an_open_failing_at_any_file_operation_leaves_the_store_as_it_found_it(pfs, tmp_path, err):
     pristine = tmp_path / "pristine"
