@@ -14,7 +14,13 @@ cdef class MappedFile:
     cdef readonly int64_t file_from_offset
     cdef readonly int64_t file_size
     cdef uint8_t *addr
+    # The file's descriptor while the file is open, or -1 for a file mapped with keep_fd=False (a ConsumeQueue
+    # file: one per queue, so a store with many queues would hold as many descriptors): the mapping keeps the
+    # file's open file description alive in the kernel (msync goes through it), and the few calls that need a
+    # descriptor (fallocate, lseek SEEK_DATA) open the path for the call and check it is still the mapped inode.
     cdef int fd
+    cdef readonly bint keeps_fd
+    cdef object file_id               # (st_dev, st_ino) of the mapped file
     cdef bint writable
     # wrote_pos is published with a release store after a record is complete; readers on other threads
     # (the dispatcher) load it with acquire. Only the thread holding the owner's put lock stores it.
@@ -63,4 +69,6 @@ cdef class MappedFile:
     cdef int reserve_range(self, int64_t start, int64_t end) except -1
     cdef int prepare_c(self, int64_t start, int64_t end) noexcept nogil
     cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil
+    cdef int _reopen(self) except -1
+    cdef int _close_borrowed(self, int fd) except -1
     cdef int unpin(self) except -1

@@ -88,12 +88,17 @@ cdef class MappedFile:
     Reads are zero-copy: ``view(pos, size)`` (or ``memoryview(mf)``) exports the mapping; while any export is
     alive the mapping is never unmapped, ``close()``/``destroy()`` defer it to the release of the last export.
     Thread-safety: one writer (the owner's put lock); readers may run concurrently up to ``read_position``.
+
+    ``keep_fd=False`` closes the file's descriptor once it is mapped (ConsumeQueue files: a store holds one per
+    queue). Flushes then go through the mapping (msync, also for ``fsync``), and a reservation or a hole lookup
+    opens the file for that call only, refusing a path that no longer names the mapped inode (StoreIOError ESTALE).
     """
 
     def __cinit__(self, path, long long file_size, long long file_from_offset=-1, *, bint create=True,
-                  bint reserve=True, bint writable=True, long long reserve_step=0):
+                  bint reserve=True, bint writable=True, long long reserve_step=0, bint keep_fd=True):
         cdef void *p = NULL
         self.fd = -1
+        self.keeps_fd = keep_fd
         self.addr = NULL
         self.sync_lock = PyThread_allocate_lock()
         if self.sync_lock == NULL:
@@ -132,7 +137,9 @@ cdef class MappedFile:
         self.fd = fd
         try:
             with io_operation("fstat", self.path):
-                size = os.fstat(fd).st_size
+                stat = os.fstat(fd)
+            size = stat.st_size
+            self.file_id = (stat.st_dev, stat.st_ino)
             if size == 0 and writable and (create or reserve):
                 # a new file (where O_TMPFILE is not supported), or one whose creation was interrupted before it
                 # was sized
@@ -158,6 +165,57 @@ cdef class MappedFile:
         self.committed_pos = 0
         self.flushed_pos = 0
         self.wbuf = NULL
+        if not keep_fd:
+            # the mapping holds the open file description: msync and write-back go on without the descriptor. A
+            # new file's size was made durable above (_size_new), so nothing is left for close to report
+            self.fd = -1
+            try:
+                os.close(fd)
+            except OSError as e:  # Linux releases the descriptor even then
+                raise store_io_error(e, "close", self.path) from e
+
+    cdef int _reopen(self) except -1:
+        """A new descriptor of the mapped file, for one call of a file mapped with keep_fd=False; the caller closes
+        it. Raises StoreClosedError when the file is closed, StoreIOError when the open fails or when the path now
+        names another inode than the mapped one (ESTALE: the file was deleted and another took its name)."""
+        self._check_open()
+        with io_operation("open", self.path):
+            fd = os.open(self.path, (os.O_RDWR if self.writable else os.O_RDONLY) | os.O_CLOEXEC)
+        try:
+            with io_operation("fstat", self.path):
+                stat = os.fstat(fd)
+            if (stat.st_dev, stat.st_ino) != self.file_id:
+                raise store_io_error(_errno.ESTALE, "open (the name no longer holds the mapped file)", self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    cdef int _close_borrowed(self, int fd) except -1:
+        """Close a descriptor from ``_reopen``. A close can report a failed write-back of the file (FUSE and NFS write
+        dirty pages back on close): that is a failed flush of this file, kept in ``sync_error`` and never retried
+        into a success. An msync through the mapping's own file description first takes the kernel's record of the
+        error (Linux reports it once per open file), as the flush that would have met it did when the file kept its
+        descriptor; a later opener of the file then does not meet it again. Raises StoreIOError (close)."""
+        cdef int err
+        try:
+            os.close(fd)
+        except OSError as e:  # Linux released the descriptor anyway
+            err = e.errno or _errno.EIO
+            if self.addr != NULL and not self.unmap_pending:
+                self.exports += 1
+                try:
+                    with nogil:  # waits for the disk
+                        self.sync_c(True, 0, 0)
+                finally:
+                    self.unpin()
+            with nogil:  # sync_lock is held only by nogil code
+                PyThread_acquire_lock(self.sync_lock, WAIT_LOCK)
+                if self.sync_error == 0:
+                    self.sync_error = err
+                PyThread_release_lock(self.sync_lock)
+            raise store_io_error(e, "close", self.path) from e
+        return 0
 
     cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1:
         """Give a new, empty file its size: reserved whole, or sparse with the first step reserved; then make the
@@ -226,11 +284,19 @@ cdef class MappedFile:
         """fdatasync the file (``data_sync``) or msync(MS_SYNC) [off, off + length) of the mapping, under
         ``sync_lock``: 0, or the errno of this sync or of an earlier one that failed (``sync_error``, set here
         before the lock is released, so no other sync of the file can meanwhile take the reported error's place
-        for a success)."""
+        for a success). A file without its descriptor (keep_fd=False) is fdatasynced by an msync(MS_SYNC) of the
+        whole mapping: Linux runs the same range sync (vfs_fsync_range, datasync) on the file description the
+        mapping holds, which has seen every write-back error since the file was opened; a descriptor opened later
+        might not report an error the kernel already reported elsewhere."""
         cdef int rc, err = 0
         PyThread_acquire_lock(self.sync_lock, WAIT_LOCK)
         if self.sync_error != 0:
             err = self.sync_error
+        elif data_sync and self.fd < 0:
+            rc = lmq_msync(self.addr, 0, <size_t>self.file_size, 1)
+            if rc != 0:
+                err = errno
+                self.sync_error = err
         else:
             rc = lmq_fdatasync(self.fd, 0) if data_sync else lmq_msync(self.addr, <size_t>off, <size_t>length, 1)
             if rc != 0:
@@ -250,9 +316,15 @@ cdef class MappedFile:
         else:
             upto = min(self.file_size, (end + self.reserve_step - 1) // self.reserve_step * self.reserve_step
                        + self.reserve_step)
-        if end > self.file_size or self.fd < 0:
+        if end > self.file_size or self.addr == NULL or (self.fd < 0 and self.keeps_fd):
             raise ValueError(f"cannot reserve up to {end} in {self.path} ({self.file_size} bytes)")
-        c_fallocate(self.fd, self.reserved, upto - self.reserved, self.path)
+        cdef bint borrowed = self.fd < 0
+        cdef int fd = self._reopen() if borrowed else self.fd
+        try:
+            c_fallocate(fd, self.reserved, upto - self.reserved, self.path)
+        finally:
+            if borrowed:
+                self._close_borrowed(fd)
         self.reserved = upto
         return 0
 
@@ -507,9 +579,15 @@ cdef class MappedFile:
         gets OSError (ENOSPC, EFBIG) from the write, never a SIGBUS from the page fault."""
         if end <= self.reserved or start >= end:
             return 0
-        if self.fd < 0:
+        if self.fd < 0 and (self.keeps_fd or self.addr == NULL):
             raise ValueError(f"{self.path}: no descriptor to reserve blocks through")
-        c_fallocate(self.fd, start, end - start, self.path)
+        cdef bint borrowed = self.fd < 0
+        cdef int fd = self._reopen() if borrowed else self.fd
+        try:
+            c_fallocate(fd, start, end - start, self.path)
+        finally:
+            if borrowed:
+                self._close_borrowed(fd)
         return 0
 
     def data_ranges(self, long long start=0, long long end=-1):
@@ -523,24 +601,30 @@ cdef class MappedFile:
         out = []
         if start >= end:
             return out
-        if self.fd < 0 or not _HAVE_SEEK_DATA:
+        if (self.fd < 0 and self.keeps_fd) or not _HAVE_SEEK_DATA:
             return [(start, end)]
         cdef long long pos = start, lo, hi
-        while pos < end:
-            try:
-                lo = os.lseek(self.fd, pos, os.SEEK_DATA)
-            except OSError as e:
-                if e.errno == _errno.ENXIO:  # nothing but holes from pos to the end of the file
+        cdef bint borrowed = self.fd < 0
+        cdef int fd = self._reopen() if borrowed else self.fd
+        try:
+            while pos < end:
+                try:
+                    lo = os.lseek(fd, pos, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno == _errno.ENXIO:  # nothing but holes from pos to the end of the file
+                        break
+                    if e.errno in (_errno.EINVAL, _errno.EOPNOTSUPP):  # the file system cannot tell
+                        out.append((pos, end))
+                        break
+                    raise
+                if lo >= end:
                     break
-                if e.errno in (_errno.EINVAL, _errno.EOPNOTSUPP):  # the file system cannot tell
-                    out.append((pos, end))
-                    break
-                raise
-            if lo >= end:
-                break
-            hi = min(os.lseek(self.fd, lo, os.SEEK_HOLE), end)
-            out.append((lo, hi))
-            pos = hi
+                hi = min(os.lseek(fd, lo, os.SEEK_HOLE), end)
+                out.append((lo, hi))
+                pos = hi
+        finally:
+            if borrowed:
+                self._close_borrowed(fd)
         return out
 
     def data_end(self, long long start):
@@ -551,11 +635,20 @@ cdef class MappedFile:
             return start
         return ranges[0][1]
 
-    def has_data(self, long long start=0, long long end=-1):
-        """Whether any byte of [start, end) is non-zero; holes are skipped without being read (GIL released)."""
+    def _clip_ranges(self, ranges, long long start, long long end):
+        # the parts of ranges (a data_ranges answer the caller kept) inside [start, end)
+        self._check_open()
+        return [(max(lo, start), min(hi, end)) for lo, hi in ranges if lo < end and hi > start]
+
+    def has_data(self, long long start=0, long long end=-1, ranges=None):
+        """Whether any byte of [start, end) is non-zero; holes are skipped without being read (GIL released).
+        ``ranges``: this file's ``data_ranges`` as the caller already asked them (covering [start, end)), so that
+        the file is not asked again."""
         cdef long long lo, hi
         cdef int zero
-        for lo, hi in self.data_ranges(start, end):
+        if end < 0 or end > self.file_size:
+            end = self.file_size
+        for lo, hi in (self.data_ranges(start, end) if ranges is None else self._clip_ranges(ranges, start, end)):
             with nogil:  # up to a whole segment
                 zero = lmq_is_zero(self.addr + lo, <size_t>(hi - lo))
             if not zero:
@@ -617,16 +710,22 @@ cdef class MappedFile:
         return wrote
 
     def fsync(self):
-        """fdatasync the file descriptor (metadata-light flush of everything written). Raises StoreIOError as
-        ``flush`` does, and from then on at every call."""
+        """fdatasync the file descriptor (metadata-light flush of everything written; without a kept descriptor an
+        msync(MS_SYNC) of the whole mapping, see ``sync_c``). Raises StoreIOError as ``flush`` does, and from then
+        on at every call."""
         self._check_open()
         if self.sync_error != 0:
             raise_errno(self.sync_error, self.path, SYNC_FAILED_BEFORE)
         cdef int err
-        with nogil:
-            err = self.sync_c(True, 0, 0)
+        cdef bint mapped = self.fd < 0
+        self.exports += 1  # the mapping outlives the nogil block (close() defers the unmap)
+        try:
+            with nogil:  # waits for the disk
+                err = self.sync_c(True, 0, 0)
+        finally:
+            self.unpin()
         if err != 0:
-            raise_errno(err, self.path, "fdatasync")
+            raise_errno(err, self.path, "msync" if mapped else "fdatasync")
 
     # -- page cache helpers (warm-up, residency) ---------------------------------------------------------
 
@@ -716,12 +815,13 @@ cdef class MappedFile:
             raise ValueError("range outside the file")
         return memoryview(self)[pos:pos + size]
 
-    def read(self, long long pos, long long size):
-        """A bytes copy of [pos, pos+size); holes read as zeros without touching the mapping (``data_ranges``)."""
+    def read(self, long long pos, long long size, ranges=None):
+        """A bytes copy of [pos, pos+size); holes read as zeros without touching the mapping (``data_ranges``;
+        ``ranges``: as the caller already asked them, see ``has_data``)."""
         self._check_open()
         if pos < 0 or size < 0 or pos + size > self.file_size:
             raise ValueError("range outside the file")
-        ranges = self.data_ranges(pos, pos + size)
+        ranges = self.data_ranges(pos, pos + size) if ranges is None else self._clip_ranges(ranges, pos, pos + size)
         if ranges == [(pos, pos + size)]:
             return (<char *>self.addr)[pos:pos + size]
         out = bytearray(size)

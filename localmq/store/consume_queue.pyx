@@ -23,11 +23,13 @@ cnp.import_array()
 log = logging.getLogger("localmq.consume_queue")
 
 
-def _valid_prefix(mf, long long unit_per_file):
+def _valid_prefix(mf, long long unit_per_file, ranges):
     """(n, (offset, size) of unit n - 1) for the leading run of valid units (offset >= 0, size > 0) of a ConsumeQueue
-    file. Only its first run of data is read through the mapping (``MappedFile.data_end``): the unit after it lies in
-    a hole, which reads as zeros and ends the run; a unit across the run's end is read by ``MappedFile.read``."""
-    cdef long long data_hi = mf.data_end(0)
+    file whose data ranges are ``ranges`` (``MappedFile.data_ranges``). Only its first run of data is read through the
+    mapping: the unit after it lies in a hole, which reads as zeros and ends the run; a unit across the run's end is
+    read by ``MappedFile.read``. A sparse file's holes are never read (a 6,000,000-byte file with one unit costs one
+    page)."""
+    cdef long long data_hi = ranges[0][1] if ranges and ranges[0][0] == 0 else 0
     cdef long long whole = min(unit_per_file, data_hi // CQ_UNIT_SIZE)
     cdef long long n
     arr = np.frombuffer(mf, dtype=CQ_DTYPE, count=whole)
@@ -38,7 +40,7 @@ def _valid_prefix(mf, long long unit_per_file):
     finally:
         del arr
     if n == whole and whole < unit_per_file and data_hi > whole * CQ_UNIT_SIZE:
-        unit = np.frombuffer(mf.read(whole * CQ_UNIT_SIZE, CQ_UNIT_SIZE), dtype=CQ_DTYPE)[0]
+        unit = np.frombuffer(mf.read(whole * CQ_UNIT_SIZE, CQ_UNIT_SIZE, ranges), dtype=CQ_DTYPE)[0]
         if int(unit["offset"]) >= 0 and int(unit["size"]) > 0:
             n += 1
             last = (int(unit["offset"]), int(unit["size"]))
@@ -57,8 +59,9 @@ cdef class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(os.fspath(root), topic, str(queue_id))
+        # no descriptor per queue file kept open: a store holds as many queues as its users make
         self.mapped_file_queue = MappedFileQueue(self.directory, file_size, writable=writable,
-                                                 reserve_step=reserve_step)
+                                                 reserve_step=reserve_step, keep_fd=False)
         self.st.addr = NULL
         self.st.reserved = 0
         self.st.file_size = file_size
@@ -164,19 +167,32 @@ cdef class ConsumeQueue:
         damaged = False
         for i in range(start, len(files)):
             mf = files[i]
-            n_valid, last = _valid_prefix(mf, unit_per_file)
+            # the file's data extents, asked once (SEEK_DATA / SEEK_HOLE): the valid prefix and the check for units
+            # after it read only those
+            ranges = mf.data_ranges()
+            n_valid, last = _valid_prefix(mf, unit_per_file, ranges)
             if n_valid > 0 and last[1] != CQ_BLANK_UNIT_SIZE:
                 max_phys = last[0] + last[1]
             end_offset = mf.file_from_offset + n_valid * CQ_UNIT_SIZE
             if n_valid < unit_per_file:
                 # holes are skipped, not read: a sparse queue file is mostly holes (and on a full tmpfs reading
                 # one through the mapping is a SIGBUS)
-                damaged = mf.has_data(n_valid * CQ_UNIT_SIZE) or any(later.has_data() for later in files[i + 1:])
+                damaged = (mf.has_data(n_valid * CQ_UNIT_SIZE, -1, ranges)
+                           or any(later.has_data() for later in files[i + 1:]))
                 break
         if damaged:
             log.error("consume queue %s-%d: invalid unit at logical offset %d with units after it; cutting there "
                       "and rebuilding from the commit log", self.topic, self.queue_id, end_offset)
-        dropped = mfq.truncate_dirty_files(end_offset)
+        last_file = files[len(files) - 1]
+        if not damaged and last_file.file_from_offset <= end_offset < last_file.file_from_offset + self.st.file_size:
+            # the usual end: inside the last file, nothing but zeros after it there (has_data above), so cutting
+            # would zero nothing and drop no file
+            last_file.set_positions(end_offset - last_file.file_from_offset)
+            mfq.flushed_where = min(mfq.flushed_where, end_offset)
+            mfq.committed_where = min(mfq.committed_where, end_offset)
+            dropped = []
+        else:
+            dropped = mfq.truncate_dirty_files(end_offset)
         if dropped:
             log.warning("consume queue %s-%d: dropped files past logical offset %d: %s", self.topic,
                         self.queue_id, end_offset, dropped)

@@ -84,8 +84,12 @@ class MappedFileQueue:
     """
 
     def __init__(self, directory: str, file_size: int, *, reserve: bool = True, reserve_step: int = 0,
-                 allocator: Optional[Callable[[str, int, int], MappedFile]] = None, writable: bool = True):
+                 allocator: Optional[Callable[[str, int, int], MappedFile]] = None, writable: bool = True,
+                 keep_fd: bool = True):
         self.directory = os.fspath(directory)
+        # False: each file's descriptor is closed once it is mapped (MappedFile keep_fd), so that a store with many
+        # queues does not hold a descriptor per ConsumeQueue file
+        self.keep_fd = keep_fd
         # False: a read-only view (files opened O_RDONLY and mapped PROT_READ; nothing is created or resized)
         self.writable = writable
         self.file_size = int(file_size)
@@ -148,7 +152,7 @@ class MappedFileQueue:
                         f"segment {path} is {size} bytes but the configured size is {self.file_size}; "
                         f"open the store with the size it was written with")
                 mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve,
-                                reserve_step=self.reserve_step, writable=self.writable)
+                                reserve_step=self.reserve_step, writable=self.writable, keep_fd=self.keep_fd)
                 if files and mf.file_from_offset != files[-1].file_from_offset + self.file_size:
                     mf.close()
                     raise CorruptStoreError(
@@ -214,7 +218,7 @@ class MappedFileQueue:
             else:
                 mf = MappedFile(path, self.file_size, start_offset, create=True, reserve=self.reserve,
                                 reserve_step=self.reserve_step,
-                                writable=self.writable)
+                                writable=self.writable, keep_fd=self.keep_fd)
                 try:
                     fsync_dir(self.directory)
                 except BaseException:
@@ -249,7 +253,7 @@ class MappedFileQueue:
                     raise CorruptStoreError(f"segment {name} does not follow {files[-1].path} in {self.directory}")
                 mf = MappedFile(os.path.join(self.directory, name), fs, create=False, reserve=self.reserve,
                                 reserve_step=self.reserve_step,
-                                writable=self.writable)
+                                writable=self.writable, keep_fd=self.keep_fd)
                 mf.set_positions(min(fs, end - base))
                 if self.writable:
                     # not known to be on disk (the process that wrote it may have died before flushing): the next
@@ -273,7 +277,7 @@ class MappedFileQueue:
         path = os.path.join(self.directory, offset_to_file_name(base))
         # create=True opens an existing file as it is and sizes one whose creator died before sizing it
         mf = MappedFile(path, self.file_size, base, create=True, reserve=self.reserve, reserve_step=self.reserve_step,
-                        writable=self.writable)
+                        writable=self.writable, keep_fd=self.keep_fd)
         self.files.append(mf)
         return mf
 
