@@ -4,7 +4,8 @@ after each, the file descriptors and mappings the process holds (beyond those it
 growth and the store's disk use (``du``). Each phase runs in a fresh process, so the figures are the store's own.
 
 Usage: python perf/many_queues.py [N ...]   (default: 500 2000; issue 27's target is 25000)
-(measures the localmq of the checkout it lives in; the stores live in temporary directories, removed after; ``--rlimit-nofile K`` runs the phases under that limit.)
+(measures the localmq of the checkout it lives in; the stores live in temporary directories, removed after;
+``--rlimit-nofile K`` runs the phases under that limit.)
 """
 import json
 import os

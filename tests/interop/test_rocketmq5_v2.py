@@ -17,6 +17,8 @@ import pytest
 import localmq
 from localmq.store.readers import read_commitlog
 
+from . import test_rocketmq_index
+
 ROOT = Path(__file__).resolve().parents[2]
 POM = ROOT / "interop" / "v5" / "pom.xml"
 JAR = ROOT / "interop" / "v5" / "target" / "store5-harness.jar"
@@ -56,6 +58,23 @@ def hashes(directory: Path) -> dict[str, str]:
     return {f: hashlib.sha256((directory / f).read_bytes()).hexdigest() for f in sorted(os.listdir(directory))}
 
 
+def verify_exits_0(store: Path) -> None:
+    verify = subprocess.run([sys.executable, "-m", "localmq", "verify", str(store)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def each_put_read_back(st: Any, puts: list[list[str]]) -> Any:
+    """(put row, message) for each put RocketMQ reported, read with get_message; topic, offsets, size, body, keys
+    and tags checked against the row."""
+    for row in puts:
+        _, topic, qid, qoff, phys, size, body, keys, tags = row
+        (m,) = st.get_message(topic, int(qid), int(qoff), max_messages=1).messages
+        assert (m.topic, m.physical_offset, m.store_size) == (topic, int(phys), int(size))
+        assert bytes(m.body) == base64.b64decode(body) and m.keys == (keys,) and m.tags == tags
+        yield row, m
+
+
 def test_rocketmq5_v2_store_read_by_localmq_and_back(tmp_path: Path, harness5: list[str]) -> None:
     store = tmp_path / "rmq5"
     puts = run5(harness5, "write", str(store), str(tmp_path / "puts.tsv"), "600", LONG, SHORT)
@@ -63,15 +82,11 @@ def test_rocketmq5_v2_store_read_by_localmq_and_back(tmp_path: Path, harness5: l
     seg0 = (store / "commitlog" / f"{0:020d}").read_bytes()
     assert seg0[4:8] == bytes.fromhex("daa320ab"), "RocketMQ 5.3.1 wrote the long topic's first record as V2"
     before = hashes(store / "commitlog")
-    verify = subprocess.run([sys.executable, "-m", "localmq", "verify", str(store)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    verify_exits_0(store)
     # every message, every field RocketMQ reported at put time, through localmq's get path and readers
     with localmq.open(store, **SIZES) as st:
-        for _, topic, qid, qoff, phys, size, body, keys, tags in puts:
-            (m,) = st.get_message(topic, int(qid), int(qoff), max_messages=1).messages
-            assert (m.topic, m.physical_offset, m.store_size) == (topic, int(phys), int(size))
-            assert bytes(m.body) == base64.b64decode(body) and m.keys == (keys,) and m.tags == tags
+        for _ in each_put_read_back(st, puts):
+            pass
         assert st.wait_for_index(60)
         for _, topic, _, _, phys, _, _, keys, _ in puts[::37]:
             assert [m.physical_offset for m in st.query_message(topic, keys)] == [int(phys)]
@@ -108,16 +123,10 @@ def test_localmq_v2_store_read_by_rocketmq5(tmp_path: Path, harness5: list[str])
 
 # -- the IndexFile with each side's default settings, RocketMQ 5.3.1 (4.9.8: tests/interop/test_rocketmq_index.py) --
 
-DEFAULT_SIZES = {"mapped_file_size_commit_log": 64 * 1024, "mapped_file_size_consume_queue": 20 * 300}
-ROCKETMQ_INDEX_FILE = 40 + 5_000_000 * 4 + 20_000_000 * 20
-
-
-def default_index(cmd: list[str]) -> list[str]:
-    return [cmd[0], "-Dlocalmq.interop.index=default", *cmd[1:]]
-
-
-def index_sizes(store: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_size for p in sorted((store / "index").iterdir())}
+DEFAULT_SIZES = test_rocketmq_index.SIZES  # the harness's small commit log and queue files, the index left default
+ROCKETMQ_INDEX_FILE = test_rocketmq_index.ROCKETMQ_INDEX_FILE
+default_index = test_rocketmq_index.default_index
+index_sizes = test_rocketmq_index.index_files
 
 
 def test_keys_localmq_indexed_with_its_defaults_are_found_by_rocketmq5_with_its_defaults(
@@ -201,14 +210,9 @@ def test_rocketmq5_property_crc_tail_read_by_localmq(tmp_path: Path, harness5: l
     assert len(puts) == 60
     seg0 = (store / "commitlog" / f"{0:020d}").read_bytes()
     before = hashes(store / "commitlog")
-    verify = subprocess.run([sys.executable, "-m", "localmq", "verify", str(store)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    verify_exits_0(store)
     with localmq.open(store, **SIZES) as st:
-        for _, topic, qid, qoff, phys, size, body, keys, tags in puts:
-            (m,) = st.get_message(topic, int(qid), int(qoff), max_messages=1).messages
-            assert (m.topic, m.physical_offset, m.store_size) == (topic, int(phys), int(size))
-            assert bytes(m.body) == base64.b64decode(body) and m.keys == (keys,) and m.tags == tags
+        for (_, topic, _, _, phys, size, *_), m in each_put_read_back(st, puts):
             record = seg0[int(phys):int(phys) + int(size)]
             assert record[4:8] == bytes.fromhex("daa320ab" if len(topic) > 127 else "daa320a7")
             # the tail is the end of the record and of its properties, as the spec lays it out
