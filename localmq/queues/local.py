@@ -292,9 +292,10 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         below it) are reported (``report.missing_head``, an ERROR): their messages are gone, as after retention,
         but nobody asked for it. The record then moves to the log's start (once the open succeeds)."""
         recorded = read_log_start(self.root)
-        if recorded is None or (self._cl_mfq.files and cl_min > recorded):
+        missing = recorded is not None and bool(self._cl_mfq.files) and cl_min > recorded
+        if recorded is None or missing:
             self._log_start = cl_min
-        if recorded is not None and self._cl_mfq.files and cl_min > recorded:
+        if missing:
             size = self._cl_mfq.file_size
             report.missing_head = [f"{b:020d}" for b in range(recorded, cl_min, size)][:64]
             log.error("commit log of %s: segments %s missing at the start of the log (%d bytes from offset %d): "

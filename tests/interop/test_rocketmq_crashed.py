@@ -42,15 +42,17 @@ def _flooded(cmd: list[str], store: Path) -> None:
     """RocketMQ puts until at least 2,000 messages (several 64 KiB segments) are in, then is SIGKILLed."""
     jtmp = store.parent / "java-tmp"
     jtmp.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], "flood", str(store)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = store.parent / "flood.stderr"  # a file, not a pipe nobody reads while the JVM runs (a full pipe blocks it)
+    with open(err, "wb") as errf:
+        proc = subprocess.Popen([cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], "flood", str(store)],
+                                stdout=subprocess.PIPE, stderr=errf, text=True)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("put ") and int(line.split()[1]) >= 2000:
                 break
         else:
-            raise AssertionError(f"StoreHarness flood ended ({proc.wait()}): {proc.stderr.read()[-4000:]}")
+            raise AssertionError(f"StoreHarness flood ended ({proc.wait(60)}): {err.read_text()[-4000:]}")
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
