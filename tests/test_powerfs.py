@@ -596,6 +596,27 @@ def test_fault_injection_can_count_only_some_kinds(disk, mnt):
         assert fs.counters()["injected"] == 1
 
 
+def test_fault_injection_can_count_only_the_operations_on_one_file(disk, mnt):
+    with mounted(disk, mnt) as fs:
+        fds = {}
+        for name in ("a", "b"):
+            fds[name] = os.open(mnt / name, os.O_CREAT | os.O_RDWR, 0o644)
+        fs.fail(2, "EIO", ["write", "fsync"], path=mnt / "b")
+        for _ in range(3):
+            os.write(fds["a"], b"a")
+            os.fsync(fds["a"])  # not counted: another file
+        os.write(fds["b"], b"1")
+        with pytest.raises(OSError) as e:
+            os.fsync(fds["b"])
+        assert e.value.errno == errno.EIO
+        os.write(fds["a"], b"a")
+        os.fsync(fds["a"])
+        for fd in fds.values():
+            os.close(fd)
+        assert fs.counters()["injected"] == 1
+        assert (mnt / "a").read_bytes() == b"aaaa"
+
+
 def test_a_failed_fsync_drops_the_pages_by_default_as_linux_does(disk, mnt):
     fresh_disk(disk, {"f": b"x" * PAGE})
     with mounted(disk, mnt) as fs:

@@ -314,14 +314,17 @@ class PowerFS:
         self.command(f"cut {mode} {int(seed)}")
         self.unmount()
 
-    def fail(self, k, errno, ops=None):
+    def fail(self, k, errno, ops=None, path=None):
         """Fail the ``k``-th (1-based) mutating operation from now with ``errno`` (a number or a name such as
-        "ENOSPC"), counting only the kinds in ``ops`` (e.g. ["write", "fsync"]) if given.  One shot."""
+        "ENOSPC"), counting only the kinds in ``ops`` (e.g. ["write", "fsync"]) if given, and with ``path`` (a file
+        under the mount point) only the writes, fsyncs, fallocates and truncates of that file.  One shot."""
         if isinstance(errno, int):
             errno = _errno.errorcode.get(errno, str(errno))
         line = f"fail {int(k)} {errno}"
-        if ops:
-            line += " " + ",".join(ops)
+        if ops or path is not None:
+            line += " " + ",".join(ops or ("write", "fsync", "fallocate", "truncate"))
+        if path is not None:
+            line += f" {os.stat(self.backing / Path(path).relative_to(self.mountpoint)).st_ino}"
         self.command(line)
 
     def fail_off(self):

@@ -22,7 +22,8 @@
  *  - The control file /.powerfs (not listed by readdir) takes text commands and reads back the state:
  *        cut all|random|torn SEED        power cut: drop (some of) what is not durable; then every operation fails
  *                                         with EIO and BACKING holds exactly what a machine would find after reboot
- *        fail K ERRNO [OP,OP...]          fail the K-th mutating operation (of those kinds) from now with ERRNO
+ *        fail K ERRNO [OP,OP... [INO]]    fail the K-th mutating operation (of those kinds) from now with ERRNO;
+ *                                         with INO, count only operations on the open file of that backing inode
  *        fail off
  *        fsync_error drop|keep            what a failed fsync leaves (node_failed_sync); default drop
  *        capacity BYTES|off               ENOSPC when the files' apparent sizes would grow past BYTES in total
@@ -141,6 +142,7 @@ static struct {
     uint64_t fail_k, fail_seen, injected;
     int fail_errno;
     unsigned fail_mask;
+    ino_t fail_ino; /* 0: any file */
     int fsync_error_keep;
     /* capacity: 0 = off */
     uint64_t capacity;
@@ -275,12 +277,13 @@ static int dir_is_empty(int dirfd, const char *name)
 /* ---------------------------------------------------------------------------------------------------------------- */
 /* Operation counters and fault injection (SQLite's "fail the K-th I/O" sweep).                                       */
 
-/* Count one mutating operation of KIND; return the errno to fail it with, or 0. */
-static int inject(enum opkind kind)
+/* Count one mutating operation of KIND (on the open file N, or NULL for an operation on a path); return the errno to
+ * fail it with, or 0. */
+static int inject_on(enum opkind kind, const struct node *n)
 {
     S.ops++;
     S.per_kind[kind]++;
-    if (S.fail_k && (S.fail_mask & (1u << kind))) {
+    if (S.fail_k && (S.fail_mask & (1u << kind)) && (!S.fail_ino || (n && n->ino == S.fail_ino))) {
         S.fail_seen++;
         if (S.fail_seen == S.fail_k) {
             S.injected++;
@@ -290,6 +293,7 @@ static int inject(enum opkind kind)
     }
     return 0;
 }
+static int inject(enum opkind kind) { return inject_on(kind, NULL); }
 
 /* ---------------------------------------------------------------------------------------------------------------- */
 /* Nodes: the per-inode overlay of unsynced file data and size.                                                      */
@@ -951,7 +955,7 @@ static int ctl_command(char *line)
         S.fail_k = 0;
         return 0;
     }
-    if (strcmp(argv[0], "fail") == 0 && (argc == 3 || argc == 4)) {
+    if (strcmp(argv[0], "fail") == 0 && (argc == 3 || argc == 4 || argc == 5)) {
         char *end;
         unsigned long long k = strtoull(argv[1], &end, 10);
         int e = parse_errno(argv[2]);
@@ -972,9 +976,16 @@ static int ctl_command(char *line)
         } else {
             mask = (1u << NKINDS) - 1;
         }
+        ino_t ino = 0;
+        if (argc == 5) {
+            ino = (ino_t)strtoull(argv[4], &end, 10);
+            if (*end || ino == 0)
+                return -EINVAL;
+        }
         S.fail_k = k;
         S.fail_errno = e;
         S.fail_mask = mask;
+        S.fail_ino = ino;
         S.fail_seen = 0;
         return 0;
     }
@@ -1356,7 +1367,7 @@ static int do_truncate(const char *path, off_t size, struct fuse_file_info *fi)
         if (!(n = node_get_fd(fd)))
             return -errno;
     }
-    int e = inject(K_TRUNCATE);
+    int e = inject_on(K_TRUNCATE, n);
     int r = e ? -e : check_capacity(n, size);
     if (r == 0)
         node_truncate(n, size);
@@ -1451,7 +1462,7 @@ static int do_write(const char *buf, size_t size, off_t off, struct fuse_file_in
 {
     if (NODE(fi) == &ctl_node)
         return ctl_write(buf, size);
-    int e = inject(K_WRITE);
+    int e = inject_on(K_WRITE, NODE(fi));
     if (e)
         return -e;
     return node_write(NODE(fi), buf, size, off);
@@ -1495,7 +1506,7 @@ static int do_fsync(struct fuse_file_info *fi)
     struct node *n = NODE(fi);
     if (n == &ctl_node)
         return 0;
-    int e = inject(K_FSYNC);
+    int e = inject_on(K_FSYNC, n);
     if (e) {
         node_failed_sync(n);
         return -e;
@@ -1521,7 +1532,7 @@ static int do_fallocate(int mode, off_t off, off_t len, struct fuse_file_info *f
         return -EOPNOTSUPP;
     if ((mode & FALLOC_FL_PUNCH_HOLE) && !(mode & FALLOC_FL_KEEP_SIZE))
         return -EOPNOTSUPP;
-    int e = inject(K_FALLOCATE);
+    int e = inject_on(K_FALLOCATE, n);
     if (e)
         return -e;
     int grows = !(mode & FALLOC_FL_KEEP_SIZE) && off + len > n->size;
