@@ -27,7 +27,7 @@ from localmq.layout import (
     CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, CTL_S_FLUSHED, CTL_S_HOUSEKEEPER, CTL_S_INDEXED, CTL_S_PUTS,
     CTL_S_REPUT, CTL_S_WPOS, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE, REC_MIN_SIZE,
 )
-from localmq.status import GetStatus, RecordStatus
+from localmq.status import GetStatus, RecordStatus, Stop
 from localmq.store.checkpoint import read_checkpoint
 from localmq.store.config_json import loads as config_loads, read_offset_table
 from localmq.store.control_view import ControlView
@@ -574,7 +574,7 @@ def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress,
         for i, cq in enumerate(queues):
             progress.update(i)
             loaded = load_consume_queue(cq.path)
-            if loaded.stop_reason != "end" and not live:
+            if loaded.stop_reason != Stop.END and not live:
                 problems.append(f"consume queue {cq.topic}/{cq.queue_id}: {loaded.stop_reason} after queue offset "
                                 f"{loaded.max_queue_offset:,} ({cq.path})")
             units = loaded.units

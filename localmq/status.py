@@ -39,16 +39,6 @@ class PutStatus(_StatusEnum):
     OS_PAGECACHE_BUSY = 8  # 4.x name
 
 
-class AppendMessageStatus(_StatusEnum):
-    """Outcome of appending one record (or batch) to one MappedFile."""
-
-    PUT_OK = 0
-    END_OF_FILE = 1
-    MESSAGE_SIZE_EXCEEDED = 2
-    PROPERTIES_SIZE_EXCEEDED = 3
-    UNKNOWN_ERROR = 4
-
-
 class GetStatus(_StatusEnum):
     """RocketMQ's GetMessageStatus (4.x)."""
 
@@ -179,5 +169,5 @@ class TransactionSendResult(Generic[_M]):
                 f"half_offset={getattr(self.half, 'queue_offset', None)}, committed={self.commit is not None})")
 
 
-__all__ = ["PutStatus", "AppendMessageStatus", "GetStatus", "RecordStatus", "Stop", "ConsumeStatus", "GetResult",
+__all__ = ["PutStatus", "GetStatus", "RecordStatus", "Stop", "ConsumeStatus", "GetResult",
            "LocalTransactionState", "TransactionSendResult"]

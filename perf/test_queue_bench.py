@@ -114,7 +114,7 @@ def _segment_of(store, caveats):
 
 
 def _localmq_decoder(caveats):
-    """(RecordColumns, decode_range) from ``localmq``, or from ``localmq._codec`` with the gap noted."""
+    """(RecordColumns, decode_range) from ``localmq``, or from ``localmq._columns`` with the gap noted."""
     import localmq
 
     try:
@@ -122,7 +122,7 @@ def _localmq_decoder(caveats):
     except AttributeError as e:
         from localmq import _columns
 
-        caveats.add(f"from localmq._codec ({e})")
+        caveats.add(f"from localmq._columns ({e})")
         return _columns.RecordColumns, _columns.decode_range
 
 

@@ -170,3 +170,62 @@ def test_layout_constants_are_written_once(pattern):
                 if re.search(pattern, code) and not code.strip().startswith(('"', "'")):
                     hits.append(f"{os.path.relpath(p, ROOT)}:{i}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+# -- the map: ARCHITECTURE.md names every module in its layer's row and every thread in its threads table ----------
+
+ARCHITECTURE = os.path.join(os.path.dirname(ROOT), "ARCHITECTURE.md")
+
+
+def _table(heading):
+    """{first cell: whole row} of the first Markdown table under ``## heading`` in ARCHITECTURE.md."""
+    with open(ARCHITECTURE) as f:
+        text = f.read()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    return {row.split("|")[1].strip(): row for row in rows[1:]}
+
+
+def test_every_module_is_on_the_map_in_its_layer():
+    rows = _table("Layers")
+    missing = []
+    for name in sorted(module_files()):
+        if name != "localmq" and name.rsplit(".", 1)[-1] == "__init__":
+            continue
+        layer = LAYERS[layer_of(name)][0]
+        stem = "__init__" if name == "localmq" else name.rsplit(".", 1)[-1]
+        if name.startswith("localmq.") and name.count(".") == 1 and stem in ("spark", "queues", "client", "services",
+                                                                              "store"):
+            continue  # a package: its modules are named
+        pattern = rf"`(?:[\w/]+/)?{re.escape(stem)}(?:\.pyx|\.pxd|\.py)?`"
+        if not re.search(pattern, rows[layer]):
+            missing.append(f"{name} (layer {layer})")
+    assert not missing, "modules missing from ARCHITECTURE.md's layer table:\n" + "\n".join(missing)
+
+
+def _thread_names():
+    """Every ServiceThread subclass (by class name) and every thread started by name (``name="localmq-..."``)."""
+    found = set()
+    for paths in module_files().values():
+        for p in paths:
+            if not p.endswith(".py"):
+                continue
+            with open(p) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef) and any(
+                        getattr(b, "id", getattr(b, "attr", None)) == "ServiceThread" for b in node.bases):
+                    found.add(node.name)
+                elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Thread":
+                    for kw in node.keywords:
+                        if kw.arg == "name" and isinstance(kw.value, ast.Constant):
+                            found.add(kw.value.value)
+    return found
+
+
+def test_every_thread_is_on_the_map():
+    table = "\n".join(_table("Threads").values())
+    names = _thread_names()
+    assert len(names) >= 14, names  # the scan itself works
+    missing = sorted(n for n in names if f"`{n}`" not in table)
+    assert not missing, "threads missing from ARCHITECTURE.md's threads table:\n" + "\n".join(missing)

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 from localmq._columns import decode_range, RecordColumns
 from localmq.errors import CorruptFrameError, StoreClosedError
+from localmq.status import Stop
 from localmq.services.service_thread import ServiceThread
 
 log = logging.getLogger("localmq.index")
@@ -138,10 +139,10 @@ class IndexDispatchService(ServiceThread):
             if n:
                 self.keys += self.index.build(view, cols)
                 self.records += n
-        if reason == "blank":
+        if reason == Stop.BLANK:
             self._offset = base + size
             return True
-        if reason in ("torn", "corrupt"):
+        if reason in (Stop.TORN, Stop.CORRUPT):
             raise CorruptFrameError(f"index service found a {reason} record at commit log offset {base + pos}",
                                     offset=base + pos, path=seg.path)
         self._offset = base + pos

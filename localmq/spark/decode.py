@@ -13,6 +13,7 @@ from localmq.filter import compile_sql92
 from localmq.layout import CQ_EXT_ADDRESS_MAX, file_name
 from localmq.spark.plan import OffsetRangeError, QueueRange, SegmentRange, SegmentRanges, dispatched
 from localmq.store.files import ConsumeQueueFiles, map_segment, points_at_records
+from localmq.status import RecordStatus, Stop
 
 __all__ = ["COLUMNS", "TIMESTAMP_TYPE_LOG_APPEND", "arrow_schema", "spark_ddl", "read_partition"]
 
@@ -212,11 +213,11 @@ def _tag_units(part, tags_codes):
 
 def _range_done(part, reason, nxt):
     """Whether a walk of ``part`` that stopped at ``nxt`` for ``reason`` read it all; raises for damage in it."""
-    if reason == "blank" or (reason == "end" and nxt >= part.end):
+    if reason == Stop.BLANK or (reason == Stop.END and nxt >= part.end):
         return True
-    if reason in ("full", "fallback"):
+    if reason in (Stop.FULL, Stop.FALLBACK):
         return False
-    what = "zero bytes" if reason == "end" else f"a {reason} record"
+    what = "zero bytes" if reason == Stop.END else f"a {reason} record"
     raise CorruptFrameError(f"{what} at offset {part.base + nxt} of the commit log, inside the range "
                             f"planned to read ({part.path})", offset=part.base + nxt, path=part.path)
 
@@ -304,7 +305,7 @@ def _scan_segment(mf, part, columns, schema, batch_size, fields, flt):
         if _range_done(part, reason, nxt):
             return None
         pos = nxt
-        if reason == "fallback":
+        if reason == Stop.FALLBACK:
             return pos
 
 
@@ -391,7 +392,7 @@ def _read_queue(part, columns, schema, batch_size):
                 if fields is not None:
                     n, done, reason, out = _columns.scan_positions(mf, r_p[i:stop] - base, r_s[i:stop], base,
                                                                  part.check_crc, fields, hint)
-                    if reason == "full":  # 2 GiB of bodies: this batch ends early, the next starts there
+                    if reason == Stop.FULL:  # 2 GiB of bodies: this batch ends early, the next starts there
                         stop, reason = i + n, "end"
                     got_offsets, got_ids = out["queue_offset"], out["queue_id"]
                 else:
@@ -399,11 +400,11 @@ def _read_queue(part, columns, schema, batch_size):
                     n, done, reason = _columns.decode_positions(mf, cols, r_p[i:stop] - base, r_s[i:stop], base,
                                                               part.check_crc)
                     got_offsets, got_ids = cols["queue_offset"], cols["queue_id"]
-                if reason != "end":
+                if reason != Stop.END:
                     k = i + done
                     at = int(r_p[k])
                     status, size = scan_record(mf, at - base) if 0 <= at - base < seg else ("torn", 0)
-                    if status == "gap" and size == int(r_s[k]):
+                    if status == RecordStatus.GAP and size == int(r_s[k]):
                         _lost(part, int(r_q[k]), int(r_q[k]) + 1,
                               f"the message was lost to damage in the commit log: a gap record stands at offset {at}")
                         r_q, r_p, r_s = np.delete(r_q, k), np.delete(r_p, k), np.delete(r_s, k)

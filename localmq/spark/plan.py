@@ -13,6 +13,7 @@ from localmq.layout import (
 from localmq.spark.options import DEFAULT_SEGMENT, EARLIEST, LATEST, ReadOptions
 from localmq.store.files import ConsumeQueueFiles, StoreFiles
 from localmq.store.settings import read_settings
+from localmq.status import Stop
 
 __all__ = [
     "StoreFiles", "ConsumeQueueFiles", "ReadOptions", "SegmentRange", "SegmentRanges", "QueueRange",
@@ -177,7 +178,7 @@ def scan_tail(store, start, with_times=False):
                         q = qoff[m]
                         found.setdefault((names[k >> 32], k & 0xFFFFFFFF), []).append(
                             (int(q.min()), int(q.max()) + 1, (q, ts[m]) if with_times else None))
-                if reason != "full":
+                if reason != Stop.FULL:
                     break  # blank (end of this segment) or the end walked to above
         finally:
             mf.close()

@@ -11,6 +11,7 @@ import numpy as np
 
 from localmq import _record
 from localmq.errors import CorruptFrameError, CorruptStoreError, UnknownRecordFormatError
+from localmq.status import RecordStatus
 from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_EXT_SIZE, CQ_UNIT_SIZE
 from localmq.store.control_view import committed_end
 from localmq.store.files import list_segments
@@ -111,7 +112,7 @@ def _relocated(msg, offset):
     """A copy of ``msg`` whose physical offset (and so msg id) is ``offset``."""
     rebuild, args = msg.__reduce__()
     args = list(args)
-    # _codec's rebuild arguments start: topic, body, properties, queue id, queue offset, physical offset
+    # Message's rebuild arguments (_record.pyx) start: topic, body, properties, queue id, queue offset, physical offset
     args[5] = offset
     return rebuild(*args)
 
@@ -219,7 +220,7 @@ class CommitLogReader:
                                                     copy=self.copy)
                     except CorruptFrameError:
                         status, size = _record.scan_record(seg.mm, pos, False)
-                        if status == "gap" and pos + size <= n:
+                        if status == RecordStatus.GAP and pos + size <= n:
                             # damaged bytes recovery quarantined; the records after them are valid
                             self.gap_records.append((base + pos, size))
                             pos += size
@@ -243,12 +244,12 @@ class CommitLogReader:
                     break
                 # Why did the walk stop at pos? Torn and corrupt records are told apart by what follows them.
                 status, size = _record.scan_record(seg.mm, pos, self.check_crc)
-                if status == "blank":
+                if status == RecordStatus.BLANK:
                     self.stop_offset = base + n
                     continue
-                if status == "end":
+                if status == RecordStatus.END:
                     tail = pos
-                elif status == "torn":
+                elif status == RecordStatus.TORN:
                     tail = n
                 elif status in ("bad length", "bad crc"):
                     tail = pos + size
@@ -256,7 +257,7 @@ class CommitLogReader:
                     tail = min(n, pos + 8)
                 offset = base + pos
                 self.stop_offset = offset
-                magic = _record.unknown_format(seg.mm, pos, limit) if status == "bad magic" else None
+                magic = _record.unknown_format(seg.mm, pos, limit) if status == RecordStatus.BAD_MAGIC else None
                 if magic is not None:
                     # a record of a format localmq does not know (README, Recovery): not damage, and not skipped
                     self.stop_reason = "unknown format"
@@ -268,7 +269,7 @@ class CommitLogReader:
                     raise UnknownRecordFormatError(text, offset=offset, path=seg_file.path, magic=magic,
                                                    size=int.from_bytes(seg.mm[pos:pos + 4], "big", signed=True))
                 if not seg.has_data(tail) and not self._later_segments_hold_data(index):
-                    if status == "end":
+                    if status == RecordStatus.END:
                         self.stop_reason = "end"
                     else:
                         self.stop_reason = "torn"
@@ -276,7 +277,7 @@ class CommitLogReader:
                                     seg_file.path, status, offset)
                     return
                 self.stop_reason = "corrupt"
-                what = "zero bytes" if status == "end" else f"{status} record"
+                what = "zero bytes" if status == RecordStatus.END else f"{status} record"
                 text = f"{what} at offset {offset} of the commit log, followed by more data ({seg_file.path})"
                 if self.on_corrupt == "stop":
                     log.warning("commit log: %s; stopping there", text)

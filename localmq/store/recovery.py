@@ -15,6 +15,7 @@ from localmq._record import (
 from localmq._columns import RecordColumns, decode_range, topic_codes
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import DamagedLogError, UnknownRecordFormatError, io_operation
+from localmq.status import RecordStatus, Stop
 from localmq.store.files import not_understood, numbered_units
 from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.readers import read_commitlog
@@ -117,7 +118,7 @@ def _first_unit_lost(commit_log, queues, start: int, end: int) -> Optional[Tuple
                 if lost.size:
                     i = int(lost[0])
                     return int(cols["physical_offset"][i]), names[codes[i]], int(qid[i]), int(qoff[i])
-            if reason != "full":
+            if reason != Stop.FULL:
                 break
     return None
 
@@ -285,12 +286,12 @@ def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryRep
         data_end = mf.data_end(pos)
         pos, status, n, _, _ = walk_records(mf, pos, data_end, check_crc, True)
         report.records_checked += n
-        if status == "end" and data_end <= pos < size and mf.data_end(pos) > pos:
+        if status == RecordStatus.END and data_end <= pos < size and mf.data_end(pos) > pos:
             # a gap record (an earlier recovery's) stepped over a hole into the next run of data: the walk goes on
             # there. Taking this for zeros where a record starts cut the log, or wrote a gap over the valid record
             # the gap ends at, at every later open (tests/test_power_loss.py)
             continue
-        if status == "blank" or pos >= size:
+        if status == RecordStatus.BLANK or pos >= size:
             # the segment ends with its blank record: it is complete
             if progress is not None:
                 progress(i - first_index + 1, total_files - first_index)
@@ -319,7 +320,7 @@ def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryRep
                                     "quarantine_path": path, "record": record})
                 log.error("commit log: %s at offset %d; %d bytes up to the next valid record at %d replaced by a "
                           "gap record (copy kept in %s); the records after it are kept", "zero bytes"
-                          if status == "end" else f"{status} record", at, resume - at, resume, path)
+                          if status == RecordStatus.END else f"{status} record", at, resume - at, resume, path)
                 i, pos = j, q
                 continue
         process = at
@@ -409,7 +410,7 @@ def _repair_segment(root: str, mfq, i: int, check_crc: bool, report: RecoveryRep
     while pos < size:
         pos, status, n, _, _ = walk_records(mf, pos, mf.data_end(pos), check_crc, True)
         report.records_checked += n
-        if status == "blank" or pos >= size:
+        if status == RecordStatus.BLANK or pos >= size:
             return
         refuse_unknown(mf, pos, status, mf.data_end(pos))
         at = base + pos
@@ -427,7 +428,8 @@ def _repair_segment(root: str, mfq, i: int, check_crc: bool, report: RecoveryRep
                             "record": record})
         log.error("commit log: %s at offset %d (segment %s, older than the recovery walk, found through the "
                   "ConsumeQueues); replaced by a gap record, copy kept in %s; the records after it are kept",
-                  "zero bytes" if status == "end" else f"{status} record", at, os.path.basename(mf.path), path)
+                  "zero bytes" if status == RecordStatus.END else f"{status} record", at, os.path.basename(mf.path),
+                  path)
         if j != i:
             return
         pos = q
@@ -456,7 +458,7 @@ def _damaged_old_segments(commit_log, queues, walked_from: int, end: int) -> Lis
         mf = files[k]
         pos = unit[0] - mf.file_from_offset
         status, size = scan_record(mf, pos, False)
-        if status == "ok":  # the structure holds: is the topic a name a writer accepts?
+        if status == RecordStatus.OK:  # the structure holds: is the topic a name a writer accepts?
             status = walk_records(mf, pos, min(pos + size, mf.data_end(pos)), False, True)[1]
         if status not in ("ok", "end"):
             found.add(k)
