@@ -195,7 +195,7 @@ class Consumer:
         self._wait_slice = min(0.5, consumer_retention_ms / 3000.0)
         self._lock = threading.RLock()   # one poll / commit / seek / close at a time; released while waiting
         # manual_ack: cursors' pending/inflight (ack() from any thread); taken inside _lock and the scheduler lock,
-        # never around a store call. Lock order: _lock -> scheduler lock -> _ack_lock; _nack_lock -> _ack_lock.
+        # never around a store call. Lock order: ARCHITECTURE.md, Locks.
         self._ack_lock = threading.Lock()
         self._nack_lock = threading.Lock()  # one send-back at a time (a message is never sent back twice)
         self.acked = 0

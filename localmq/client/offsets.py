@@ -26,7 +26,7 @@ class ConsumerOffsetManager:
     message a consumer may have read durable first, so that after a power cut a committed offset never points past
     the messages that survived (else, once new puts reuse the lost offsets, the group would skip them).
 
-    Thread-safety: every method may be called from any thread. Lock order: ``_persist_lock`` -> ``_lock``.
+    Thread-safety: every method may be called from any thread. Lock order: ARCHITECTURE.md, Locks.
     Concurrent ``persist()`` calls share one write (a caller whose change another write already covered returns
     at once), as RocketMQ's group commit does for messages.
     """

@@ -58,7 +58,7 @@ class ConsumerScheduler:
     committing them (so the next owner resumes where it stopped).
 
     Thread-safety: every method may be called from any thread; ``lock`` is the one lock (consumers take it around
-    delivery; lock order: scheduler lock -> nothing else).
+    delivery; under it a consumer may take its ``_ack_lock``, nothing else: ARCHITECTURE.md, Locks).
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):

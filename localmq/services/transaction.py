@@ -128,7 +128,7 @@ class TransactionalMessageCheckService(ServiceThread):
     producer of the group is online, and is discarded after ``check_max`` checks.
 
     Thread-safety: ``end_transaction`` may be called from any thread; commits and op records are written under
-    ``_end_lock`` (lock order: ``_end_lock`` -> the store's put lock). Listeners are called without any lock.
+    ``_end_lock``, taken before the store's put lock (ARCHITECTURE.md, Locks). Listeners are called without any lock.
     """
 
     def __init__(self, *, read: Callable[[int], Optional[Message]], put: Callable[..., Any],

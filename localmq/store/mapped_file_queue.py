@@ -78,7 +78,7 @@ class MappedFileQueue:
 
     ``files`` is the ordered list of MappedFile (readers index it by offset under the GIL). Creating,
     truncating and deleting files happen under ``lock``; the put path takes the owner's put lock first
-    (lock order: owner put lock -> this lock). Retention removes files from the head by assigning a new list
+    (ARCHITECTURE.md, Locks). Retention removes files from the head by assigning a new list
     (never by mutating the one a reader may be iterating); a file whose destroy a reader defers leaves
     ``files`` at once and waits in ``hanged`` (see ``retry_delete_hanged``).
     """
@@ -100,7 +100,7 @@ class MappedFileQueue:
         self.hanged: List[MappedFile] = []
         self.lock = threading.RLock()
         # Serialises flush() callers (the flush service, SYNC_FLUSH group commit, store.flush(), close());
-        # taken alone, never while holding `lock` or a put lock.
+        # taken alone, never while holding `lock` or a put lock (ARCHITECTURE.md, Locks).
         self.flush_lock = threading.Lock()
         # Serialises commit() callers (transient store pool); same rule.
         self.commit_lock = threading.Lock()
