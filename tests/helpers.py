@@ -84,18 +84,22 @@ def golden_record(*, topic=b"abc", body=b"Once, there was a chance for me!", pro
     return struct.pack(">i", len(rec) + 4) + rec
 
 
-def queue_messages(st, topic, queue_id=0, wait=True):
-    """Every message of (topic, queue id) from its first offset, read with ``get_message`` until it finds no more;
-    first waits for the dispatcher to catch up when ``wait``."""
+def queue_messages(st, topic, queue_id=0, wait=True, start=0, max_messages=32, **get_kw):
+    """Every message of (topic, queue id) from ``start``, read with ``get_message`` a batch at a time (``get_kw``:
+    a tag expression, say) to the queue's end: OFFSET_OVERFLOW_ONE, or a queue that does not exist or is empty.
+    Any other outcome than FOUND / NO_MATCHED_MESSAGE, or a batch that does not move on, fails the test. First
+    waits for the dispatcher to catch up when ``wait``."""
     from localmq.status import GetStatus
 
     if wait and not st.wait_for_dispatch(10):
         raise AssertionError("dispatch did not catch up")
-    out, off = [], 0
+    out, off = [], start
     while True:
-        r = st.get_message(topic, queue_id, off)
-        if r.status is not GetStatus.FOUND:
+        r = st.get_message(topic, queue_id, off, max_messages, **get_kw)
+        if r.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MATCHED_LOGIC_QUEUE, GetStatus.NO_MESSAGE_IN_QUEUE):
             return out
+        assert r.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE), (topic, queue_id, off, r)
+        assert r.next_begin_offset > off, (topic, queue_id, off, r)
         out += r.messages
         off = r.next_begin_offset
 

@@ -12,8 +12,9 @@ import localmq
 from localmq.config import parse_delay_levels
 from localmq.errors import ConfigError, InvalidDelayError
 from localmq.services.schedule import level_for_delay
-from localmq.status import GetStatus
 from localmq.store.config_json import read_config_json
+
+from helpers import queue_messages
 
 LEVELS = "1s 2s 3s"
 SMALL = {"mapped_file_size_commit_log": 1 << 20, "mapped_file_size_consume_queue": 6000}
@@ -28,22 +29,10 @@ def _now_ms():
     return int(time.time() * 1000)
 
 
-def _messages(st, topic, queue_id):
-    if not st.wait_for_dispatch(10):
-        raise AssertionError("dispatch did not catch up")
-    out, off = [], 0
-    while True:
-        r = st.get_message(topic, queue_id, off)
-        if r.status is not GetStatus.FOUND:
-            return out
-        out += r.messages
-        off = r.next_begin_offset
-
-
 def _wait_count(st, topic, queue_id, n, timeout=15.0):
     deadline = time.monotonic() + timeout
     while True:
-        got = _messages(st, topic, queue_id)
+        got = queue_messages(st, topic, queue_id)
         if len(got) >= n or time.monotonic() > deadline:
             return got
         time.sleep(0.05)
@@ -55,7 +44,7 @@ def test_delayed_message_invisible_before_its_time_and_delivered_after(tmp_path)
         r = p.send("orders", b"late", tags="tagA", keys=["k1", "k2"], properties={"color": "red"},
                    delay_level=2)
         assert r.ok
-        sched = _messages(st, "SCHEDULE_TOPIC_XXXX", 1)  # queue id = level - 1
+        sched = queue_messages(st, "SCHEDULE_TOPIC_XXXX", 1)  # queue id = level - 1
         assert len(sched) == 1
         s = sched[0]
         assert s.topic == "SCHEDULE_TOPIC_XXXX" and s.queue_id == 1 and s.body == b"late"
@@ -67,7 +56,7 @@ def test_delayed_message_invisible_before_its_time_and_delivered_after(tmp_path)
         seen_at = None
         while seen_at is None:
             now = _now_ms()
-            got = _messages(st, "orders", 3)
+            got = queue_messages(st, "orders", 3)
             if got:
                 seen_at = now
                 break
@@ -90,8 +79,8 @@ def test_schedule_topic_cq_tags_code_is_deliver_time_default_levels(tmp_path):
         p = st.create_producer(queue_id=0)
         p.send("t", b"a", delay_level=1)
         p.send("t", b"b", delay_level=99)  # clamped to the largest level (18), as RocketMQ does
-        (a,) = _messages(st, "SCHEDULE_TOPIC_XXXX", 0)
-        (b,) = _messages(st, "SCHEDULE_TOPIC_XXXX", 17)
+        (a,) = queue_messages(st, "SCHEDULE_TOPIC_XXXX", 0)
+        (b,) = queue_messages(st, "SCHEDULE_TOPIC_XXXX", 17)
         assert b.properties["DELAY"] == "18"
         assert st.consume_queue("SCHEDULE_TOPIC_XXXX", 0).unit(0)[2] == a.store_timestamp + 1000
         assert st.consume_queue("SCHEDULE_TOPIC_XXXX", 17).unit(0)[2] == b.store_timestamp + 7_200_000
@@ -106,7 +95,7 @@ def test_schedule_topic_cq_tags_code_follows_the_stores_own_levels(tmp_path):
         p = st.create_producer(queue_id=0)
         for level in (1, 2, 3, 7):
             p.send("t", b"%d" % level, delay_level=level)
-        got = {lv: _messages(st, "SCHEDULE_TOPIC_XXXX", lv - 1) for lv in (1, 2, 3)}
+        got = {lv: queue_messages(st, "SCHEDULE_TOPIC_XXXX", lv - 1) for lv in (1, 2, 3)}
         assert [len(v) for v in got.values()] == [1, 1, 2]   # level 7 clamped to 3
         for lv, ms in ((1, 2000), (2, 3_600_000), (3, 3 * 86_400_000)):
             cq = st.consume_queue("SCHEDULE_TOPIC_XXXX", lv - 1)
@@ -140,7 +129,7 @@ def test_delay_offset_json_format_and_no_redelivery_after_reopen(tmp_path):
     with _open(tmp_path) as st:
         assert st.schedule_service.offsets == {1: 1, 2: 1}
         time.sleep(1.5)  # one level-1 delay and many 100 ms passes: nothing may be delivered again
-        assert [m.body for m in _messages(st, "t", 0)] == [b"one", b"two"]
+        assert [m.body for m in queue_messages(st, "t", 0)] == [b"one", b"two"]
         st.create_producer(queue_id=0).send("t", b"three", delay_level=1)
         assert [m.body for m in _wait_count(st, "t", 0, 3)] == [b"one", b"two", b"three"]
     assert read_config_json(str(path)) == {"offsetTable": {1: 2, 2: 1}}
@@ -245,7 +234,7 @@ def test_sigkill_redelivers_at_most_the_deliveries_of_one_interval(tmp_path, sha
         deadline = time.monotonic() + 20
         while st.schedule_service.offsets.get(1, 0) < groups * k and time.monotonic() < deadline:
             time.sleep(0.02)
-        bodies = [m.body for m in _messages(st, "t", 0)]
+        bodies = [m.body for m in queue_messages(st, "t", 0)]
     assert set(bodies) == {b"g%d-%d" % (g, i) for g in range(groups) for i in range(k)}  # none lost
     duplicates = len(bodies) - len(set(bodies))
     assert duplicates <= k, (duplicates, written)
@@ -262,11 +251,11 @@ def test_delay_seconds_maps_to_the_smallest_level_not_shorter(tmp_path):
     with _open(tmp_path) as st:
         p = st.create_producer(queue_id=1)
         p.send("t", b"x", delay=1.5)
-        (s,) = _messages(st, "SCHEDULE_TOPIC_XXXX", 1)
+        (s,) = queue_messages(st, "SCHEDULE_TOPIC_XXXX", 1)
         assert s.properties["DELAY"] == "2" and s.properties["REAL_QID"] == "1"
         m = p.create_message("t", b"y", tags="tg", properties={"k": "v"})
         p.send(m, delay=0.5)
-        (s2,) = _messages(st, "SCHEDULE_TOPIC_XXXX", 0)
+        (s2,) = queue_messages(st, "SCHEDULE_TOPIC_XXXX", 0)
         assert s2.properties["REAL_TOPIC"] == "t" and s2.tags == "tg" and s2.properties["k"] == "v"
         with pytest.raises(InvalidDelayError):
             p.send("t", b"x", delay=4)

@@ -15,6 +15,7 @@ import pytest
 import localmq
 from localmq._record import decode_message, encode_message, scan_record, walk_records
 from localmq.store.readers import read_commitlog
+from helpers import queue_messages
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -91,13 +92,7 @@ def test_encode_writes_v2_for_long_topics_only():
 
 def get_all(st, topic, q):
     """Every message of queue (topic, q), through get_message (a batch at a time)."""
-    out, off = [], 0
-    while True:
-        got = st.get_message(topic, q, off, max_messages=32)
-        if not got.messages:
-            return out
-        out += got.messages
-        off = got.next_begin_offset
+    return queue_messages(st, topic, q, wait=False)
 
 
 def sha(path):

@@ -43,13 +43,7 @@ def snapshot(root):
 
 
 def read_queue(st, topic, qid):
-    out, off = [], 0
-    while True:
-        g = st.get_message(topic, qid, off, max_messages=64)
-        if g.status is not localmq.GetStatus.FOUND:
-            return out
-        out += [m.body for m in g.messages]
-        off = g.next_begin_offset
+    return [m.body for m in queue_messages(st, topic, qid, wait=False)]
 
 
 def sizes(directory):

@@ -11,20 +11,13 @@ import pytest
 
 import localmq
 from localmq import GetStatus, PutStatus
+from helpers import queue_messages
 
 SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=200)
 
 
 def read_all(st, topic, queue_id, start=0, **kw):
-    out, off = [], start
-    while True:
-        g = st.get_message(topic, queue_id, off, 32, **kw)
-        if g.status is GetStatus.OFFSET_OVERFLOW_ONE:
-            return out
-        assert g.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE), g
-        out.extend(g.messages)
-        assert g.next_begin_offset > off
-        off = g.next_begin_offset
+    return queue_messages(st, topic, queue_id, wait=False, start=start, **kw)
 
 
 def make_body(topic, q, i, rng):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import wait_until
+from helpers import queue_messages, wait_until
 
 import localmq
 from localmq import PutStatus
@@ -299,13 +299,7 @@ def test_mlock_refused_degrades_to_one_warning(tmp_path):
 # -- disk full --------------------------------------------------------------------------------------------------
 
 def _read_all(st, topic):
-    got, off = [], 0
-    while True:
-        r = st.get_message(topic, 0, off)
-        if not r.messages:
-            return got
-        got += [m.body for m in r.messages]
-        off = r.next_begin_offset
+    return [m.body for m in queue_messages(st, topic, 0, wait=False)]
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from helpers import kill_when_ready
+from helpers import kill_when_ready, queue_messages
 
 import localmq
 from localmq import GetStatus
@@ -18,14 +18,7 @@ FIXTURE_BODY = b"Once, there was a chance for me!"
 
 
 def read_all(st, topic, queue_id, **kw):
-    out, off = [], 0
-    while True:
-        g = st.get_message(topic, queue_id, off, 32, **kw)
-        if g.status is GetStatus.OFFSET_OVERFLOW_ONE or g.status is GetStatus.NO_MATCHED_LOGIC_QUEUE:
-            return out
-        assert g.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE), g
-        out.extend(g.messages)
-        off = g.next_begin_offset
+    return queue_messages(st, topic, queue_id, wait=False, **kw)
 
 
 def test_open_store_written_by_rocketmq(fixtures_dir, tmp_path):
