@@ -108,12 +108,12 @@ def _first_unit_lost(commit_log, queues, start: int, end: int) -> Optional[Tuple
                 txn = cols["sys_flag"] & SYSFLAG_TRANSACTION_MASK
                 indexed = (txn != SYSFLAG_TRANSACTION_PREPARED) & (txn != SYSFLAG_TRANSACTION_ROLLBACK)
                 qid, qoff = cols["queue_id"], cols["queue_offset"]
-                ends = np.empty(n, np.int64)
-                for code, name in enumerate(names):
-                    rows = codes == code
-                    for q in np.unique(qid[rows]).tolist():
-                        cq = queues.queues.get((name, q))
-                        ends[rows & (qid == q)] = -1 if cq is None else cq.max_offset
+                # each record's queue end: one look-up per (topic, queue id) of the range, spread back by np.unique
+                keys, where = np.unique(codes.astype(np.int64) << 32 | (qid.astype(np.int64) & 0xFFFFFFFF),
+                                        return_inverse=True)
+                cqs = (queues.queues.get((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1)))
+                       for k in keys.tolist())
+                ends = np.array([-1 if cq is None else cq.max_offset for cq in cqs], np.int64)[where]
                 lost = np.flatnonzero(indexed & (qoff >= ends))
                 if lost.size:
                     i = int(lost[0])
