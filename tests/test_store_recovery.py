@@ -265,6 +265,32 @@ def test_lost_consume_queue_is_rebuilt(tmp_path):
         assert got == [w[5] for w in written if w[0] == "a" and w[1] == 0]
 
 
+
+@pytest.mark.parametrize("victim_index", [0, 2])
+def test_lost_consume_queue_whose_first_record_is_damaged_starts_with_a_lost_unit(tmp_path, victim_index):
+    """A power cut can lose a queue's file and the page of the log holding its first records: recovery re-dispatches
+    the log into a new queue and finds a gap record where those records were. The queue still starts at offset 0:
+    its first units are lost units (a get there raises CorruptMessageError), not blank padding that would move its
+    min offset and hide the loss (found by tests/test_power_loss.py)."""
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = _fill(st, 300)
+    victim = written[victim_index]  # ("a", 0, 0, ...) and ("a", 0, 1, ...): the first or second record of a-0
+    assert victim[:2] == ("a", 0)
+    seg, pos = _segment_of(root, victim[3])
+    with open(seg, "r+b") as f:  # a body byte: the CRC fails, recovery replaces the record by a gap record
+        at = pos + victim[4] - 2 - 1 - len(victim[0]) - len(victim[5]) + 3
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x55]))
+    shutil.rmtree(root / "consumequeue" / "a")
+    (root / "abort").touch()
+    with localmq.open(root, **SMALL) as st:
+        assert [(g["offset"], g["bytes"]) for g in st.recovery.gaps] == [(victim[3], victim[4])]
+        assert st.min_offset("a", 0) == 0
+        _check_kept(st, written, {victim_index})
+
 WRITER = textwrap.dedent("""
     import os, sys, threading, zlib, localmq
     root, mode, n_threads, session = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -434,12 +434,13 @@ cdef class ConsumeQueue:
         A unit ahead of max_offset fills the missing units and logs an error (they are counted in ``gap_units``);
         it never leaves zero units that would end the queue early. With ``lost_at`` (a gap record of ``lost_size``
         bytes: damaged records recovery quarantined) the missing units point at it, so a get there raises
-        CorruptMessageError naming the loss; otherwise they are blank padding units.
+        CorruptMessageError naming the loss, also before an empty queue's first unit; otherwise they are blank
+        padding units (an empty queue then starts at ``queue_offset``, as RocketMQ's pre-blank does).
         """
         mx = lmq_load_acq(&self.st.max_offset)
         if queue_offset < mx or phys + size <= self.st.max_physic_offset:
             return False
-        if queue_offset > mx and mx > 0:
+        if queue_offset > mx and (mx > 0 or lost_at >= 0):
             if lost_at >= 0:
                 log.error("consume queue %s-%d: units %d..%d were lost to damage in the commit log (gap record at "
                           "offset %d); a get there raises CorruptMessageError", self.topic, self.queue_id, mx,

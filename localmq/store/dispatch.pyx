@@ -407,7 +407,9 @@ cdef class ReputCore:
                 # after it): the gap's other lost messages lie in the gap too, not only after it
                 last_end = self.gap_at
             room = (off - last_end) // REC_MIN_SIZE if mx > 0 else off // REC_MIN_SIZE
-            lost = self.gap_at if 0 <= cq.max_physic_offset and last_end <= self.gap_at else -1
+            # an empty queue (a new one, or one whose file a power cut lost) whose first record comes after a gap:
+            # its missing first units may lie in the gap too, and are lost units, not padding that moves its start
+            lost = self.gap_at if 0 <= self.gap_at and last_end <= self.gap_at else -1
             # Units go missing only where a gap record lies since the queue's last unit, where retention removed
             # records before they were dispatched (jumped), or before a queue's first unit; any other jump ahead is
             # a damaged QUEUEOFFSET (trusting it would index every later record of the queue one place off)
