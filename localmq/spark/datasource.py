@@ -95,7 +95,8 @@ class LocalMQFilteringReader(LocalMQReader):
 
         opts = self.opts
         for f in filters:
-            col = f.attribute[0] if len(f.attribute) == 1 else None
+            attribute = getattr(f, "attribute", ())  # Not has a child filter, no column
+            col = attribute[0] if len(attribute) == 1 else None
             if col == "topic" and isinstance(f, (EqualTo, In)):
                 wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
                 wanted = {t for t in wanted if isinstance(t, str)}
