@@ -450,6 +450,8 @@ def plan_batch(opts):
     for key, (s, e) in covered.items():
         cq = state[key][0]
         u = cq.unit(s)
+        if u is None:  # no file of the queue holds unit s (a file missing among its names): was a TypeError here
+            raise CorruptStoreError(f"consume queue {cq.path}: unit {s}, the first planned to be read, is missing")
         lo_phys = u[0] if lo_phys is None else min(lo_phys, u[0])
         hi_phys = max(hi_phys, cq.end_phys(e))
     if lo_phys is None:
