@@ -1,5 +1,6 @@
 """Type stub of localmq._shm (the multi-process control file)."""
 import os
+import weakref
 from typing import Literal, Optional, Union
 
 from typing_extensions import disjoint_base
@@ -62,3 +63,7 @@ class ControlFile:
     def close(self) -> None: ...
     def __enter__(self) -> "ControlFile": ...
     def __exit__(self, *exc: object) -> None: ...
+
+# (st_dev, st_ino) of the control files this process has open, and the open ControlFile of each
+_open_files: set[tuple[int, int]]
+_by_key: weakref.WeakValueDictionary[tuple[int, int], ControlFile]

@@ -509,6 +509,22 @@ def test_pushed_filters_narrow_the_plan(written):
     assert planmod.plan_batch(reader.opts).offsets == {("orders", 2): (3, 100)}
 
 
+def test_pushed_not_filter_is_handed_back(written):
+    """A pushed Not filter (``topic <> 'x'``) names no column of its own: it prunes nothing and goes back to Spark
+    (it raised AttributeError)."""
+    require("pyspark")
+    from pyspark.sql.datasource import EqualTo, Not
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from localmq.spark.datasource import LocalMQFilteringReader
+
+    path, _ = written
+    reader = LocalMQFilteringReader(dict(OPTS, path=path), StructType([StructField("topic", StringType())]))
+    filters = [Not(EqualTo(("topic",), "orders"))]
+    assert list(reader.pushFilters(filters)) == filters
+    assert reader.opts.topics is None and not reader.opts.pushed
+
+
 # ---------------------------------------------------------------------------------------------- single-pass scan
 # The cheap columns are read by one walk (_columns.scan_range) instead of decode_range + gathers; what it yields
 # must be the general path's output, byte for byte, errors included.

@@ -2,9 +2,11 @@
 
 import dataclasses
 import math
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from localmq.errors import ConfigError
 from localmq.spark.decode import COLUMN_TYPES, read_partition, spark_ddl
@@ -14,12 +16,23 @@ from localmq.spark.plan import (
     split_ranges, store_state, tail_partitions,
 )
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import Filter
+    from pyspark.sql.types import StructType
+
+    from localmq.spark.plan import Key, State, Tail
+    from localmq.store.files import StoreFiles
+
+    OffsetsJson = dict[str, dict[str, int]]     # Spark's offsets: {"topic": {"queueId": offset}}
+
 __all__ = ["LocalMQDataSource", "LocalMQReader", "LocalMQFilteringReader", "LocalMQStreamReader"]
 
 
-def _columns(schema):
+def _columns(schema: "StructType") -> list[str]:
     """Names of the requested columns; each must be one of the source's columns with its type."""
-    names = []
+    names: list[str] = []
     for f in schema.fields:
         want = COLUMN_TYPES.get(f.name)
         if want is None:
@@ -42,10 +55,10 @@ class LocalMQDataSource(DataSource):
     """
 
     @classmethod
-    def name(cls):
+    def name(cls) -> str:
         return "localmq"
 
-    def schema(self):
+    def schema(self) -> str:
         # fail here, at load(), for a path that is not a store or a wrong segment size (the offsets options are
         # checked by the batch or stream reader: they differ between the two)
         opts = {str(k).lower(): v for k, v in dict(self.options).items()}
@@ -55,27 +68,27 @@ class LocalMQDataSource(DataSource):
         open_store_files(ReadOptions.parse(given))
         return spark_ddl()
 
-    def reader(self, schema):
+    def reader(self, schema: "StructType") -> "LocalMQReader":
         opts = {str(k).lower(): v for k, v in dict(self.options).items()}
         if str(opts.get("pushfilters", "false")).strip().lower() in ("true", "1", "yes"):
             return LocalMQFilteringReader(self.options, schema)
         return LocalMQReader(self.options, schema)
 
-    def streamReader(self, schema):
+    def streamReader(self, schema: "StructType") -> "LocalMQStreamReader":
         return LocalMQStreamReader(self.options, schema)
 
 
 class LocalMQReader(DataSourceReader):
     """Batch reader: partitions are planned when the query runs, over what the store holds then."""
 
-    def __init__(self, options, schema):
+    def __init__(self, options: Mapping[str, str], schema: "StructType") -> None:
         self.opts = ReadOptions.parse(options)
         self.columns = _columns(schema)
 
-    def partitions(self):
+    def partitions(self) -> list[InputPartition]:
         return [InputPartition(p) for p in plan_batch(self.opts).partitions]
 
-    def read(self, partition):
+    def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
         if partition.value is None:
             return iter(())
         return read_partition(partition.value, self.columns, self.opts.batch_size)
@@ -86,7 +99,7 @@ class LocalMQFilteringReader(LocalMQReader):
     only when ``spark.sql.python.filterPushdown.enabled`` is true and refuses a reader that has the method while
     it is false, which is why the plain reader does not have it."""
 
-    def pushFilters(self, filters):
+    def pushFilters(self, filters: list["Filter"]) -> Iterator["Filter"]:
         """Prune by ``topic``, ``partition`` and ``offset`` comparisons. Every filter is also returned, so Spark
         still applies it to the rows: pruning only skips what cannot match, so the result stays exact."""
         from pyspark.sql.datasource import (
@@ -95,16 +108,17 @@ class LocalMQFilteringReader(LocalMQReader):
 
         opts = self.opts
         for f in filters:
-            col = f.attribute[0] if len(f.attribute) == 1 else None
+            attribute: tuple[str, ...] = getattr(f, "attribute", ())  # Not has a child filter, no column
+            col = attribute[0] if len(attribute) == 1 else None
             if col == "topic" and isinstance(f, (EqualTo, In)):
                 wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
                 wanted = {t for t in wanted if isinstance(t, str)}
                 opts.topics = tuple(sorted(wanted if opts.topics is None else wanted & set(opts.topics)))
                 opts.pushed = True
             elif col == "partition" and isinstance(f, (EqualTo, In)):
-                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
-                wanted = frozenset(q for q in wanted if isinstance(q, int))
-                opts.queue_ids = wanted if opts.queue_ids is None else opts.queue_ids & wanted
+                values = {f.value} if isinstance(f, EqualTo) else set(f.value)
+                wanted_ids = frozenset(q for q in values if isinstance(q, int))
+                opts.queue_ids = wanted_ids if opts.queue_ids is None else opts.queue_ids & wanted_ids
                 opts.pushed = True
             elif (col == "offset" and isinstance(f, (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan,
                                                      LessThanOrEqual))
@@ -118,14 +132,14 @@ class LocalMQFilteringReader(LocalMQReader):
             yield f
 
 
-def _to_json(offsets):
-    out = {}
+def _to_json(offsets: Mapping["Key", int]) -> "OffsetsJson":
+    out: OffsetsJson = {}
     for (topic, qid), off in sorted(offsets.items()):
         out.setdefault(topic, {})[str(qid)] = int(off)
     return out
 
 
-def _from_json(doc):
+def _from_json(doc: Mapping[str, Mapping[str, Any]] | None) -> dict["Key", int]:
     return {(topic, int(q)): int(off) for topic, queues in (doc or {}).items() for q, off in queues.items()}
 
 
@@ -137,12 +151,12 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     had when the query started.
     """
 
-    def __init__(self, options, schema):
+    def __init__(self, options: Mapping[str, str], schema: "StructType") -> None:
         self.opts = ReadOptions.parse(options, streaming=True)
         self.columns = _columns(schema)
-        self._target = None
+        self._target: dict[Key, int] | None = None
 
-    def _state(self, force_tail=False):
+    def _state(self, force_tail: bool = False) -> tuple["StoreFiles", "State", "Tail | None"]:
         store = open_store_files(self.opts)
         opts = self.opts
         if force_tail and opts.include_undispatched is not False:
@@ -150,13 +164,13 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state, _, tail = store_state(store, opts)
         return store, state, tail
 
-    def initialOffset(self):
+    def initialOffset(self) -> "OffsetsJson":
         store, state, tail = self._state()
         opts = self.opts
         starting = opts.starting
         if isinstance(starting, dict):
             check_offsets_json(starting, state, "startingOffsets")
-        out = {}
+        out: dict[Key, int] = {}
         for key, (_cq, lo, hi) in state.items():
             if opts.starting_timestamp is not None:
                 out[key] = offset_for_time(store, state, tail, key, opts.starting_timestamp)
@@ -169,25 +183,25 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 out[key] = lo if s == -2 else hi if s == LATEST else s
         return _to_json(out)
 
-    def _latest(self):
+    def _latest(self) -> dict["Key", tuple[int, int]]:
         _, state, _ = self._state()
         return {k: (lo, hi) for k, (_, lo, hi) in state.items()}
 
-    def getDefaultReadLimit(self):
+    def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_offsets_per_trigger:
             return ReadMaxRows(self.opts.max_offsets_per_trigger)
         return ReadAllAvailable()
 
-    def prepareForTriggerAvailableNow(self):
+    def prepareForTriggerAvailableNow(self) -> None:
         self._target = {k: hi for k, (_, hi) in self._latest().items()}
 
-    def reportLatestOffset(self):
+    def reportLatestOffset(self) -> "OffsetsJson":
         return _to_json({k: hi for k, (_, hi) in self._latest().items()})
 
-    def latestOffset(self, start, limit):
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> "OffsetsJson":
         begin = _from_json(start)
         latest = self._latest()
-        end = {}
+        end: dict[Key, int] = {}
         for key, (lo, hi) in latest.items():
             if self._target is not None:
                 if key not in self._target:
@@ -209,13 +223,13 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     end[k] = end[k] - lags[k] + share[k]
         return _to_json(end)
 
-    def partitions(self, start, end):
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin, stop = _from_json(start), _from_json(end)
         store, state, tail = self._state()
         if any(key not in state or e > state[key][2] for key, e in stop.items()):
             # planned from records a dispatcher had not indexed, and still has not: read them from the log
             store, state, tail = self._state(force_tail=True)
-        offsets = {}
+        offsets: dict[Key, tuple[int, int]] = {}
         for key, e in stop.items():
             if key not in state:
                 if e > begin.get(key, e):
@@ -245,16 +259,16 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parts += tail_partitions(store, tail, beyond, self.opts, 1)
         return [InputPartition(p) for p in parts]
 
-    def read(self, partition):
+    def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
         return read_partition(partition.value, self.columns, self.opts.batch_size)
 
-    def commit(self, end):
+    def commit(self, end: dict[str, Any]) -> None:
         pass  # read-only: nothing to release
 
-    def stop(self):
+    def stop(self) -> None:
         pass
 
 
-def register(spark):
+def register(spark: "SparkSession") -> None:
     """Register the ``localmq`` data source with ``spark`` (not needed when ``pyspark_localmq`` is importable)."""
     spark.dataSource.register(LocalMQDataSource)

@@ -3,17 +3,25 @@
 import itertools
 import logging
 import os
+from collections.abc import Generator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from localmq import _columns
 from localmq._record import java_hash, scan_record
 from localmq.errors import CorruptFrameError, CorruptStoreError
 from localmq.filter import compile_sql92
 from localmq.layout import CQ_EXT_ADDRESS_MAX, file_name
-from localmq.spark.plan import OffsetRangeError, QueueRange, SegmentRange, SegmentRanges, dispatched
+from localmq.spark.plan import OffsetRangeError, Partition, QueueRange, SegmentRange, SegmentRanges, dispatched
 from localmq.store.files import ConsumeQueueFiles, map_segment, points_at_records
 from localmq.status import RecordStatus, Stop
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from localmq._mapped_file import MappedFile
 
 __all__ = ["COLUMNS", "TIMESTAMP_TYPE_LOG_APPEND", "arrow_schema", "spark_ddl", "read_partition"]
 
@@ -34,13 +42,13 @@ TIMESTAMP_TYPE_LOG_APPEND = 1
 _I64_MAX = np.iinfo(np.int64).max
 
 
-def spark_ddl(columns=None):
+def spark_ddl(columns: Iterable[str] | None = None) -> str:
     """The Spark DDL schema string of ``columns`` (default: all, in order)."""
     names = [c for c, _ in COLUMNS] if columns is None else list(columns)
     return ", ".join(f"`{c}` {COLUMN_TYPES[c]}" for c in names)
 
 
-def _arrow_type(sql):
+def _arrow_type(sql: str) -> "pa.DataType":
     import pyarrow as pa
 
     return {
@@ -50,7 +58,7 @@ def _arrow_type(sql):
     }[sql]
 
 
-def arrow_schema(columns=None):
+def arrow_schema(columns: Iterable[str] | None = None) -> "pa.Schema":
     """The pyarrow schema of ``columns`` (default: all): what Spark expects for the Spark schema of the same names."""
     import pyarrow as pa
 
@@ -61,36 +69,38 @@ def arrow_schema(columns=None):
 # ---------------------------------------------------------------------------------------------- batches
 
 
-def _buf(a):
+def _buf(a: npt.NDArray[Any]) -> "pa.Buffer":
     import pyarrow as pa
 
     return pa.py_buffer(a)
 
 
-def _binary(pa_type, n, offs, data, valid=None, nulls=0):
+def _binary(pa_type: "pa.DataType", n: int, offs: npt.NDArray[np.int32], data: npt.NDArray[np.uint8],
+            valid: npt.NDArray[np.uint8] | None = None, nulls: int = 0) -> "pa.Array":
     import pyarrow as pa
 
     return pa.Array.from_buffers(pa_type, n, [None if valid is None else _buf(valid), _buf(offs), _buf(data)],
                                  null_count=nulls)
 
 
-def _fixed(pa_type, values):
+def _fixed(pa_type: "pa.DataType", values: npt.NDArray[Any]) -> "pa.Array":
     import pyarrow as pa
 
     return pa.Array.from_buffers(pa_type, len(values), [None, _buf(np.ascontiguousarray(values))], null_count=0)
 
 
-def record_batch(cols, rows, columns, schema):
+def record_batch(cols: _columns.RecordColumns, rows: npt.NDArray[np.integer[Any]] | None, columns: Iterable[str],
+                 schema: "pa.Schema") -> "pa.RecordBatch":
     """One RecordBatch of the decoded rows of ``cols`` (all, or the int64 indices ``rows``), columns as named."""
     import pyarrow as pa
 
     n = cols.count if rows is None else len(rows)
 
-    def col(name):
+    def col(name: str) -> npt.NDArray[Any]:
         a = cols[name]
         return a if rows is None else a[rows]
 
-    out = []
+    out: list[pa.Array] = []
     for name in columns:
         t = schema.field(name).type
         if name == "value":
@@ -134,7 +144,7 @@ def record_batch(cols, rows, columns, schema):
     return pa.RecordBatch.from_arrays(out, schema=schema)
 
 
-def _segment_rows(cols, part):
+def _segment_rows(cols: _columns.RecordColumns, part: SegmentRange) -> npt.NDArray[np.intp] | None:
     """Indices of the rows ``part``'s filters keep, or None for all of them.
 
     PREPARED and ROLLBACK transactional records are never rows: a dispatcher does not index them, so they have
@@ -171,12 +181,13 @@ def _segment_rows(cols, part):
     return np.flatnonzero(keep)
 
 
-def _filtered(part):
+def _filtered(part: SegmentRange | QueueRange) -> bool:
     """Whether ``part`` keeps rows by their content (a tags or SQL92 filter): those need the properties decoded."""
     return part.tag_names is not None or part.sql is not None
 
 
-def _content_rows(cols, part, rows):
+def _content_rows(cols: _columns.RecordColumns, part: SegmentRange | QueueRange,
+                  rows: npt.NDArray[np.integer[Any]] | None) -> npt.NDArray[np.integer[Any]] | None:
     """``rows`` (indices, or None for all) narrowed to those ``part``'s tags and SQL92 filters keep.
 
     Tags: the TAGS value must be one of the names exactly (bytes compared; no TAGS, no match), as a consumer's
@@ -203,15 +214,16 @@ def _content_rows(cols, part, rows):
     return idx
 
 
-def _tag_units(part, tags_codes):
+def _tag_units(part: QueueRange, tags_codes: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.bool_]:
     """A bool mask of the units whose tags code may be one of ``part``'s tags (the ConsumeQueue step of a tag
     subscription): the int32 hash code matches, or the unit holds no tags code (a ConsumeQueueExt address)."""
+    assert part.tag_names is not None  # called for a tag subscription only
     codes = np.array(sorted({java_hash(t) for t in part.tag_names}), np.int32)
     tags_codes = tags_codes.astype(np.int64)
     return (tags_codes <= CQ_EXT_ADDRESS_MAX) | np.isin(tags_codes.astype(np.int32), codes)
 
 
-def _range_done(part, reason, nxt):
+def _range_done(part: SegmentRange, reason: Stop, nxt: int) -> bool:
     """Whether a walk of ``part`` that stopped at ``nxt`` for ``reason`` read it all; raises for damage in it."""
     if reason == Stop.BLANK or (reason == Stop.END and nxt >= part.end):
         return True
@@ -230,7 +242,7 @@ _SCAN_FIELDS = {
 }
 
 
-def _utf8(topic):
+def _utf8(topic: str) -> bytes | None:
     """``topic`` as the bytes a record holds, or None when a raw-bytes comparison could disagree with the numpy
     filter, which compares topics decoded with errors="replace" (a name holding U+FFFD, or not encodable)."""
     if "\ufffd" in topic:
@@ -241,19 +253,20 @@ def _utf8(topic):
         return None
 
 
-def _scan_fields(columns, *always):
+def _scan_fields(columns: Iterable[str], *always: str) -> tuple[str, ...] | None:
     """The codec fields a single-pass scan fills for ``columns`` (and ``always``), or None when it cannot."""
     if not all(c in _SCAN_FIELDS for c in columns):
         return None
-    return tuple(dict.fromkeys([_SCAN_FIELDS[c] for c in columns if _SCAN_FIELDS[c] is not None] + list(always)))
+    return tuple(dict.fromkeys([f for c in columns if (f := _SCAN_FIELDS[c]) is not None] + list(always)))
 
 
-def _scan_setup(part, columns):
+def _scan_setup(part: SegmentRange, columns: Iterable[str]) -> tuple[tuple[str, ...], _columns.RowFilter] | None:
     """(codec fields, RowFilter) for scanning ``part`` in one pass, or None when only the general path can."""
     fields = _scan_fields(columns)
     if fields is None or _filtered(part):
         return None
-    topics = bounds = None
+    topics: list[bytes | None] | None = None
+    bounds: dict[tuple[bytes, int], tuple[int, int]] | None = None
     if part.topics is not None:
         topics = [_utf8(t) for t in part.topics]
         if None in topics:
@@ -266,23 +279,24 @@ def _scan_setup(part, columns):
                 return None
             bounds[(raw, q)] = v
     try:
-        flt = _columns.RowFilter(topics, bounds, part.min_ts, part.max_ts)
+        flt = _columns.RowFilter(cast("list[bytes] | None", topics),  # None in topics returned above
+                                 bounds, part.min_ts, part.max_ts)
     except (ValueError, OverflowError):
         return None  # a negative queue id or a bound beyond int64: the numpy filter's own rules apply
     return fields, flt
 
 
-def _scan_batch(n, out, columns, schema):
+def _scan_batch(n: int, out: dict[str, Any], columns: Iterable[str], schema: "pa.Schema") -> "pa.RecordBatch":
     """One RecordBatch of ``n`` rows from the arrays ``_columns.scan_range`` returned, columns as named."""
     import pyarrow as pa
 
-    arrays = []
+    arrays: list[pa.Array] = []
     for name in columns:
         t = schema.field(name).type
         field = _SCAN_FIELDS[name]
         if field in ("body", "topic"):
             arrays.append(_binary(t, n, *out[field]))
-        elif name == "timestampType":
+        elif field is None:  # timestampType, the one column of no codec field
             arrays.append(_fixed(t, np.full(n, TIMESTAMP_TYPE_LOG_APPEND, np.int32)))
         elif name in ("timestamp", "born_timestamp"):
             arrays.append(_fixed(t, out[field] * 1000))
@@ -291,7 +305,8 @@ def _scan_batch(n, out, columns, schema):
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _scan_segment(mf, part, columns, schema, batch_size, fields, flt):
+def _scan_segment(mf: "MappedFile", part: SegmentRange, columns: list[str], schema: "pa.Schema", batch_size: int,
+                  fields: tuple[str, ...], flt: _columns.RowFilter) -> Generator["pa.RecordBatch", None, int | None]:
     """Yield ``part``'s batches from single-pass scans; returns where the general path must go on, or None."""
     pos, hint = part.start, 0
     while True:
@@ -309,10 +324,12 @@ def _scan_segment(mf, part, columns, schema, batch_size, fields, flt):
             return pos
 
 
-def _read_segment(part, columns, schema, batch_size):
+def _read_segment(part: SegmentRange, columns: list[str], schema: "pa.Schema",
+                  batch_size: int) -> Iterator["pa.RecordBatch"]:
     """Batches of a SegmentRange: single-pass scans when its columns and filters allow, else decode_range."""
     mf = map_segment(part.path, part.size, part.base)
     try:
+        pos: int | None
         pos = part.start
         scan = _scan_setup(part, columns)
         if scan is not None:
@@ -333,10 +350,12 @@ def _read_segment(part, columns, schema, batch_size):
         mf.close()
 
 
-def _queue_units(part):
+def _queue_units(part: QueueRange) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """(queue offsets, physical offsets, sizes) of ``part``'s units, native int arrays; lost ranges handled."""
     cq = ConsumeQueueFiles(part.topic, part.queue_id, part.cq_path)
-    offs, phys, sizes = [], [], []
+    offs: list[npt.NDArray[np.int64]] = []
+    phys: list[npt.NDArray[np.int64]] = []
+    sizes: list[npt.NDArray[np.int32]] = []
     for i, stop, units in cq.unit_runs(part.start, part.end):
         if units is None:
             _lost(part, i, stop, "its ConsumeQueue file is gone")
@@ -353,14 +372,15 @@ def _queue_units(part):
     return np.concatenate(offs), np.concatenate(phys), np.concatenate(sizes)
 
 
-def _lost(part, first, stop, why):
+def _lost(part: QueueRange, first: int, stop: int, why: str) -> None:
     msg = f"{part.topic} queue {part.queue_id}: offsets {first}..{stop} are gone ({why})"
     if part.fail_on_data_loss:
         raise OffsetRangeError(msg + "; set failOnDataLoss=false to skip them")
     log.warning("%s; skipping them", msg)
 
 
-def _read_queue(part, columns, schema, batch_size):
+def _read_queue(part: QueueRange, columns: list[str], schema: "pa.Schema",
+                batch_size: int) -> Iterator["pa.RecordBatch"]:
     """Batches of a QueueRange: its units' records, each checked against its unit (size, queue id, offset)."""
     qoffs, phys, sizes = _queue_units(part)
     if not len(phys):
@@ -393,7 +413,7 @@ def _read_queue(part, columns, schema, batch_size):
                     n, done, reason, out = _columns.scan_positions(mf, r_p[i:stop] - base, r_s[i:stop], base,
                                                                  part.check_crc, fields, hint)
                     if reason == Stop.FULL:  # 2 GiB of bodies: this batch ends early, the next starts there
-                        stop, reason = i + n, "end"
+                        stop, reason = i + n, Stop.END
                     got_offsets, got_ids = out["queue_offset"], out["queue_id"]
                 else:
                     cols = _columns.RecordColumns(stop - i)
@@ -429,7 +449,8 @@ def _read_queue(part, columns, schema, batch_size):
             mf.close()
 
 
-def read_partition(part, columns=None, batch_size=65536):
+def read_partition(part: Partition, columns: Iterable[str] | None = None,
+                   batch_size: int = 65536) -> Iterator["pa.RecordBatch"]:
     """Decode one planned partition (SegmentRange, SegmentRanges or QueueRange) into pyarrow RecordBatches.
 
     :param columns: the column names to produce (default all of ``COLUMNS``, in that order).

@@ -3,7 +3,9 @@
 import errno
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal, Union
 
 from localmq.errors import ConfigError, FilterSyntaxError, NotAStoreError
 from localmq.filter import compile_sql92, tag_names
@@ -11,12 +13,17 @@ from localmq.store.files import DEFAULT_SEGMENT_SIZE
 
 __all__ = ["ReadOptions", "DEFAULT_SEGMENT", "EARLIEST", "LATEST"]
 
+# {(topic, queue id): offset}, -2 earliest and -1 latest
+Offsets = dict[tuple[str, int], int]
+# a startingOffsets / endingOffsets option: "earliest", "latest" or per-queue offsets
+OffsetSpec = Union[Literal["earliest", "latest"], Offsets]
+
 DEFAULT_SEGMENT = DEFAULT_SEGMENT_SIZE
 EARLIEST = -2
 LATEST = -1
 
 
-def _bool(value, name):
+def _bool(value: object, name: str) -> bool:
     """An option's true / false (also 1 / 0, yes / no); ConfigError otherwise."""
     text = str(value).strip().lower()
     if text in ("true", "1", "yes"):
@@ -26,7 +33,7 @@ def _bool(value, name):
     raise ConfigError(f"option {name} must be true or false, not {value!r}")
 
 
-def _int(value, name, minimum=None):
+def _int(value: object, name: str, minimum: int | None = None) -> int:
     """An option's integer, at least ``minimum`` when given; ConfigError otherwise."""
     try:
         out = int(str(value).strip())
@@ -37,13 +44,13 @@ def _int(value, name, minimum=None):
     return out
 
 
-def _offsets_spec(value, name):
+def _offsets_spec(value: object, name: str) -> OffsetSpec | None:
     """"earliest", "latest" or a JSON {"topic": {"queueId": offset}} (-2 earliest, -1 latest)."""
     if value is None:
         return None
     text = str(value).strip()
     if text.lower() in ("earliest", "latest"):
-        return text.lower()
+        return "earliest" if text.lower() == "earliest" else "latest"
     try:
         spec = json.loads(text)
     except ValueError:
@@ -51,7 +58,7 @@ def _offsets_spec(value, name):
                           f'{{"topic":{{"0":23}}}}, not {value!r}') from None
     if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
         raise ConfigError(f'option {name}: JSON must map topics to {{"queueId": offset}} objects, not {value!r}')
-    out = {}
+    out: Offsets = {}
     for topic, queues in spec.items():
         for qid, off in queues.items():
             out[(str(topic), _int(qid, f"{name} queue id of {topic}", 0))] = _int(off, f"{name} offset", -2)
@@ -63,30 +70,30 @@ class ReadOptions:
     """Parsed reader options (names as Spark's Kafka source where one exists; case-insensitive)."""
 
     path: str
-    topics: tuple = None
-    starting: object = "earliest"       # "earliest" | "latest" | {(topic, qid): offset}
-    ending: object = "latest"
-    starting_timestamp: int = None
-    ending_timestamp: int = None
-    max_offsets_per_trigger: int = None
+    topics: tuple[str, ...] | None = None
+    starting: OffsetSpec = "earliest"       # "earliest" | "latest" | {(topic, qid): offset}
+    ending: Literal["latest"] | Offsets = "latest"    # (never "earliest")
+    starting_timestamp: int | None = None
+    ending_timestamp: int | None = None
+    max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
-    segment_size: int = None            # None: the store's settings record, else the size of its segment files
+    segment_size: int | None = None     # None: the store's settings record, else the size of its segment files
     batch_size: int = 65536
-    min_partitions: int = None
+    min_partitions: int | None = None
     partitioning: str = "auto"          # "auto" | "segment" | "queue"
     check_crc: bool = True
-    include_undispatched: object = "auto"   # "auto" | True | False: records past the ConsumeQueues (see Tail)
+    include_undispatched: Literal["auto"] | bool = "auto"   # records past the ConsumeQueues (see Tail)
     # pushed-down filters (batch, spark.sql.python.filterPushdown.enabled): queue ids, offsets [lo, hi)
-    queue_ids: frozenset = None
+    queue_ids: frozenset[int] | None = None
     offset_lo: int = 0
-    offset_hi: int = None
+    offset_hi: int | None = None
     pushed: bool = False                    # filters narrowed the topics or queues read
     # message filters, as a consumer's subscription: tags "a || b" (None: every tag), a SQL92 expression
-    tag_names: frozenset = None
-    sql: str = None
+    tag_names: frozenset[str] | None = None
+    sql: str | None = None
 
     @classmethod
-    def parse(cls, options, *, streaming=False):
+    def parse(cls, options: Mapping[Any, Any] | None, *, streaming: bool = False) -> "ReadOptions":
         """Build from a Spark options mapping. Raises ConfigError for unknown names or values, NotAStoreError without
         a path."""
         opts = {str(k).lower(): v for k, v in dict(options or {}).items()}
@@ -103,11 +110,12 @@ class ReadOptions:
         out = cls(path=os.fspath(path), topics=topics)
         out.starting = _offsets_spec(opts.get("startingoffsets"), "startingOffsets") or (
             "latest" if streaming else "earliest")
-        out.ending = _offsets_spec(opts.get("endingoffsets"), "endingOffsets") or "latest"
+        ending = _offsets_spec(opts.get("endingoffsets"), "endingOffsets") or "latest"
         if streaming and "endingoffsets" in opts:
             raise ConfigError("endingOffsets is for batch reads only")
-        if out.ending == "earliest":
+        if ending == "earliest":
             raise ConfigError("endingOffsets cannot be 'earliest'")
+        out.ending = ending
         if isinstance(out.ending, dict) and any(v == EARLIEST for v in out.ending.values()):
             raise ConfigError("endingOffsets cannot use -2 (earliest)")
         if isinstance(out.starting, dict) and any(v == LATEST for v in out.starting.values()) and not streaming:
@@ -163,7 +171,7 @@ class ReadOptions:
         return out
 
     @property
-    def target_partitions(self):
+    def target_partitions(self) -> int:
         """Partitions a read aims at: ``minPartitions``, else the CPU count (at least 2)."""
         return self.min_partitions or max(2, os.cpu_count() or 2)
 
@@ -179,7 +187,7 @@ OPTION_NAMES = {
 }
 
 
-def check_option_names(opts):
+def check_option_names(opts: Mapping[str, object]) -> None:
     """ConfigError for an option name the reader does not take (a misspelling was silently ignored before),
     naming the closest known one."""
     import difflib

@@ -4,16 +4,22 @@ import bisect
 import logging
 import math
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 from localmq.errors import ConfigError, CorruptStoreError
 from localmq.layout import (
     LOCK_FILE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
-from localmq.spark.options import DEFAULT_SEGMENT, EARLIEST, LATEST, ReadOptions
+from localmq.spark.options import DEFAULT_SEGMENT, EARLIEST, LATEST, OffsetSpec, Offsets, ReadOptions
 from localmq.store.files import ConsumeQueueFiles, StoreFiles
 from localmq.store.settings import read_settings
 from localmq.status import Stop
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "StoreFiles", "ConsumeQueueFiles", "ReadOptions", "SegmentRange", "SegmentRanges", "QueueRange",
@@ -24,6 +30,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("localmq.spark")
+
+Key = tuple[str, int]                       # (topic, queue id)
+Ranges = dict[Key, tuple[int, int]]         # {(topic, queue id): (start, end)} of queue offsets
+# {(topic, queue id): (ConsumeQueue or None when only the tail has the queue, first offset, end offset)}
+State = dict[Key, tuple[ConsumeQueueFiles | None, int, int]]
 
 
 class OffsetRangeError(CorruptStoreError):
@@ -47,20 +58,20 @@ class SegmentRange:
     size: int
     start: int
     end: int
-    topics: tuple = None
-    bounds: dict = None
-    min_ts: int = None
-    max_ts: int = None
+    topics: tuple[str, ...] | None = None
+    bounds: Ranges | None = None
+    min_ts: int | None = None
+    max_ts: int | None = None
     check_crc: bool = True
-    tag_names: frozenset = None     # rows whose TAGS is one of these (None: every row)
-    sql: str = None                 # rows whose properties match this SQL92 expression (None: every row)
+    tag_names: frozenset[str] | None = None     # rows whose TAGS is one of these (None: every row)
+    sql: str | None = None          # rows whose properties match this SQL92 expression (None: every row)
 
 
 @dataclass(frozen=True)
 class SegmentRanges:
     """One partition over the end of a segment and the start of the next (or more): SegmentRanges read in order."""
 
-    ranges: tuple
+    ranges: tuple[SegmentRange, ...]
 
 
 @dataclass(frozen=True)
@@ -76,21 +87,25 @@ class QueueRange:
     end: int
     fail_on_data_loss: bool = True
     check_crc: bool = True
-    tag_names: frozenset = None     # units whose tags code is one of these tags' hash codes, then rows by TAGS
-    sql: str = None                 # rows whose properties match this SQL92 expression
+    tag_names: frozenset[str] | None = None     # units whose tags code is one of these tags' hash codes, then rows
+    sql: str | None = None          # rows whose properties match this SQL92 expression
+
+
+# one planned partition: what a task reads
+Partition = Union[SegmentRange, SegmentRanges, QueueRange]
 
 
 @dataclass
 class Plan:
     """What a batch read will return: per-queue offsets (when ConsumeQueues exist) and the partitions."""
 
-    partitions: list
-    offsets: dict = field(default_factory=dict)    # {(topic, qid): (start, end)}
+    partitions: list["Partition"]
+    offsets: Ranges = field(default_factory=dict)    # {(topic, qid): (start, end)}
     mode: str = "segment"
     bound: int = 0
 
 
-def queue_state(store, topics):
+def queue_state(store: StoreFiles, topics: Iterable[str] | None) -> tuple[State, int]:
     """{(topic, qid): (cq, min, max)} consistent with one commit-log bound (two passes, see below).
 
     The dispatcher indexes the log in order, so every record below the furthest unit end seen in a first
@@ -103,7 +118,7 @@ def queue_state(store, topics):
         m = cq.max_offset()
         if m > 0:
             bound = max(bound, cq.end_phys(m))
-    state = {}
+    state: State = {}
     for cq in store.queues(topics if topics is None else set(topics)):
         m = cq.offset_before(bound, cq.max_offset())
         lo = cq.min_offset(store.min_offset, m)
@@ -111,7 +126,7 @@ def queue_state(store, topics):
     return state, bound
 
 
-def writer_active(root):
+def writer_active(root: str) -> bool | None:
     """Whether a process on this host holds the store's ``lock`` file (a localmq writer or a RocketMQ broker).
 
     Read from /proc/locks, so the lock file is never opened: closing a descriptor of it would drop this process's
@@ -143,11 +158,11 @@ class Tail:
 
     start: int
     end: int
-    queues: dict = field(default_factory=dict)
-    times: dict = field(default_factory=dict)
+    queues: Ranges = field(default_factory=dict)
+    times: "dict[Key, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]" = field(default_factory=dict)
 
 
-def scan_tail(store, start, with_times=False):
+def scan_tail(store: StoreFiles, start: int, with_times: bool = False) -> Tail:
     """Walk and decode the records from ``start`` to the end of the complete records (Tail); ``times`` is only
     filled ``with_times`` (16 bytes a record, for offset-by-time)."""
     import numpy as np
@@ -157,7 +172,7 @@ def scan_tail(store, start, with_times=False):
     start = max(start, store.min_offset)
     end = store.walk_end(start, known_end=start)  # a torn write past the queues ends the log, as in recovery
     tail = Tail(start, max(start, end))
-    found = {}
+    found: dict[Key, list[tuple[int, int, tuple[npt.NDArray[Any], npt.NDArray[Any]] | None]]] = {}
     for base, fpath in store.segments:
         s, e = max(start, base), min(end, base + store.segment_size)
         if s >= e:
@@ -185,18 +200,20 @@ def scan_tail(store, start, with_times=False):
     for k, parts in found.items():
         tail.queues[k] = (min(a for a, _, _ in parts), max(b for _, b, _ in parts))
         if with_times:
-            tail.times[k] = (np.concatenate([t[0] for _, _, t in parts]), np.concatenate([t[1] for _, _, t in parts]))
+            runs = [t for _, _, t in parts if t is not None]  # all of them: found with_times
+            tail.times[k] = (np.concatenate([q for q, _ in runs]), np.concatenate([ts for _, ts in runs]))
     return tail
 
 
-def dispatched(sys_flag):
+def dispatched(sys_flag: "npt.NDArray[np.integer[Any]]") -> "npt.NDArray[np.bool_]":
     """Rows a dispatcher indexes (a bool array of a sys_flag array): all but PREPARED and ROLLBACK transactional
     records (RocketMQ's rule)."""
     txn = sys_flag & SYSFLAG_TRANSACTION_MASK
-    return (txn != SYSFLAG_TRANSACTION_PREPARED) & (txn != SYSFLAG_TRANSACTION_ROLLBACK)
+    keep: npt.NDArray[np.bool_] = (txn != SYSFLAG_TRANSACTION_PREPARED) & (txn != SYSFLAG_TRANSACTION_ROLLBACK)
+    return keep
 
 
-def store_state(store, opts):
+def store_state(store: StoreFiles, opts: ReadOptions) -> tuple[State, int, Tail | None]:
     """(state, bound, tail): ``queue_state`` plus, when ``opts.include_undispatched`` allows (auto: no writer holds
     the store), the records past the ConsumeQueues, whose queues' ends are moved past them; a queue that only
     the tail has gets state (None, first, end). ``tail`` is None when not read.
@@ -222,14 +239,14 @@ def store_state(store, opts):
     return state, bound, tail
 
 
-def _pushed_queues(state, opts):
+def _pushed_queues(state: State, opts: ReadOptions) -> State:
     if opts.queue_ids is not None:
         for key in [k for k in state if k[1] not in opts.queue_ids]:
             del state[key]
     return state
 
 
-def _cq_end(state, tail, key):
+def _cq_end(state: State, tail: Tail | None, key: Key) -> int:
     """The end of what ``key``'s ConsumeQueue covers (where its tail part begins)."""
     cq, lo, hi = state[key]
     if tail is not None and key in tail.queues:
@@ -237,7 +254,7 @@ def _cq_end(state, tail, key):
     return hi
 
 
-def offset_for_time(store, state, tail, key, ts):
+def offset_for_time(store: StoreFiles, state: State, tail: Tail | None, key: Key, ts: int) -> int:
     """The first offset of ``key`` whose store time is >= ``ts`` (its end when none): ConsumeQueue, then tail."""
     import numpy as np
 
@@ -255,9 +272,10 @@ def offset_for_time(store, state, tail, key, ts):
     return hi
 
 
-def split_ranges(state, tail, offsets):
+def split_ranges(state: State, tail: Tail | None, offsets: Ranges) -> tuple[Ranges, Ranges]:
     """Split per-queue [start, end) into the part the ConsumeQueues cover and the part only the tail has."""
-    covered, beyond = {}, {}
+    covered: Ranges = {}
+    beyond: Ranges = {}
     for key, (s, e) in offsets.items():
         cq_hi = _cq_end(state, tail, key)
         if state[key][0] is not None and s < min(e, cq_hi):
@@ -267,16 +285,19 @@ def split_ranges(state, tail, offsets):
     return covered, beyond
 
 
-def tail_partitions(store, tail, beyond, opts, parts_wanted):
+def tail_partitions(store: StoreFiles, tail: Tail | None, beyond: Ranges, opts: ReadOptions,
+                    parts_wanted: int) -> list[Partition]:
     """SegmentRange partitions over the tail keeping only the rows in ``beyond``'s per-queue ranges."""
     if not beyond:
         return []
+    assert tail is not None  # split_ranges finds offsets beyond the ConsumeQueues only in a tail
     bounds = {key: beyond.get(key, (0, 0)) for key in tail.queues}
     bounds.update(beyond)
     return segment_partitions(store, tail.start, tail.end, opts, parts_wanted, (), bounds)
 
 
-def resolve_offsets(store, opts, state, starting=None, ending=None, tail=None):
+def resolve_offsets(store: StoreFiles, opts: ReadOptions, state: State, starting: OffsetSpec | None = None,
+                    ending: Literal["latest"] | Offsets | None = None, tail: Tail | None = None) -> Ranges:
     """Per-queue [start, end) offsets for ``opts`` (earliest / latest / JSON / timestamps), checking data loss.
 
     A JSON ``startingOffsets`` / ``endingOffsets`` must name every queue of the topics read (Kafka's rule), so
@@ -288,7 +309,7 @@ def resolve_offsets(store, opts, state, starting=None, ending=None, tail=None):
             check_offsets_json(spec, state, name, narrowed=opts.pushed)
     starting = opts.starting if starting is None else starting
     ending = opts.ending if ending is None else ending
-    out = {}
+    out: Ranges = {}
     for key, (_cq, lo, hi) in state.items():
         s = lo if starting == "earliest" else hi if starting == "latest" else starting[key]
         e = hi if ending == "latest" else ending[key]
@@ -315,9 +336,9 @@ def resolve_offsets(store, opts, state, starting=None, ending=None, tail=None):
     return out
 
 
-def check_offsets_json(spec, state, name, narrowed=False):
+def check_offsets_json(spec: Offsets, state: State, name: str, narrowed: bool = False) -> None:
     """A JSON offsets spec names exactly the queues being read (Kafka: "you must specify all TopicPartitions")."""
-    def show(keys):
+    def show(keys: Iterable[Key]) -> str:
         return ", ".join(f"{t}/{q}" for t, q in sorted(keys))
 
     missing = [k for k in state if k not in spec]
@@ -329,16 +350,18 @@ def check_offsets_json(spec, state, name, narrowed=False):
         raise ConfigError(f"{name} names queues the store does not have (or topics not read): {show(unknown)}")
 
 
-def queue_partitions(store, state, offsets, opts, parts_wanted):
+def queue_partitions(store: StoreFiles, state: State, offsets: Ranges, opts: ReadOptions,
+                     parts_wanted: int) -> list[Partition]:
     """QueueRange partitions: each queue's range split so the whole read spreads over ``parts_wanted`` tasks."""
     total = sum(e - s for s, e in offsets.values())
     if total == 0:
         return []
     per = max(4096, math.ceil(total / max(1, parts_wanted)))
-    out = []
+    out: list[Partition] = []
     for key, (s, e) in sorted(offsets.items()):
         cq = state[key][0]
         while s < e:
+            assert cq is not None  # the offsets are ranges ConsumeQueues cover (split_ranges)
             stop = min(e, s + per)
             out.append(QueueRange(cq.topic, cq.queue_id, cq.path, store.commitlog, store.segment_size, s, stop,
                                   opts.fail_on_data_loss, opts.check_crc, opts.tag_names, opts.sql))
@@ -346,7 +369,9 @@ def queue_partitions(store, state, offsets, opts, parts_wanted):
     return out
 
 
-def segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues=(), bounds=None, with_ts=False):
+def segment_partitions(store: StoreFiles, lo_phys: int, hi_phys: int, opts: ReadOptions, parts_wanted: int,
+                       queues: Sequence[ConsumeQueueFiles] = (), bounds: Ranges | None = None,
+                       with_ts: bool = False) -> list[Partition]:
     """Partitions covering records in [lo_phys, hi_phys), cut at record boundaries into equal byte shares.
 
     The count is a multiple of ``parts_wanted`` (each task of a wave gets the same share) and no share exceeds
@@ -367,7 +392,7 @@ def segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues=(), b
     wanted = max(1, parts_wanted)
     count = wanted * math.ceil(total / (wanted * store.segment_size))
     piece = max(4096, math.ceil(total / count))
-    cuts = []
+    cuts: list[int] = []
     target = lo_phys + piece
     while target < hi_phys - piece // 4:
         b = store.boundary_at(target, queues)
@@ -376,7 +401,7 @@ def segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues=(), b
         if b > (cuts[-1] if cuts else lo_phys):
             cuts.append(b)
         target = max(target + piece, b + 1)
-    groups = [[] for _ in range(len(cuts) + 1)]
+    groups: list[list[SegmentRange]] = [[] for _ in range(len(cuts) + 1)]
     topics = opts.topics
     for base, fpath in store.segments:
         s, e = max(lo_phys, base), min(hi_phys, base + store.segment_size)
@@ -392,7 +417,7 @@ def segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues=(), b
     return [g[0] if len(g) == 1 else SegmentRanges(tuple(g)) for g in groups if g]
 
 
-def open_store_files(opts):
+def open_store_files(opts: ReadOptions) -> StoreFiles:
     """StoreFiles of ``opts.path`` with the segment size from ``mapped_file_size_commit_log``, else the store's
     settings record (config/localmq.json), else the size of its segment files: a store written with other sizes
     needs no option."""
@@ -402,7 +427,7 @@ def open_store_files(opts):
     return StoreFiles(opts.path, size)
 
 
-def plan_batch(opts):
+def plan_batch(opts: ReadOptions) -> Plan:
     """Plan a batch read of ``opts.path``: a consistent prefix of the store as it is now.
 
     With ConsumeQueues, per-queue offsets come from them and the commit log is read up to the furthest record
@@ -419,6 +444,7 @@ def plan_batch(opts):
     if not state and not store.queues():
         # no ConsumeQueues (a bare commit log): scan it, with offsets and times as row filters
         if isinstance(opts.starting, dict) or isinstance(opts.ending, dict):
+            bounds: Ranges | None
             bounds = {}
             for key, s in (opts.starting.items() if isinstance(opts.starting, dict) else ()):
                 bounds[key] = (max(s, 0), -1)
@@ -446,10 +472,14 @@ def plan_batch(opts):
         return Plan(queue_partitions(store, state, covered, opts, parts_wanted) + parts, offsets, "queue", bound)
     exact = all(covered.get(k) == (lo, _cq_end(state, tail, k)) for k, (cq, lo, _) in state.items()
                 if cq is not None and lo < _cq_end(state, tail, k))
-    lo_phys, hi_phys = None, 0
+    lo_phys: int | None = None
+    hi_phys = 0
     for key, (s, e) in covered.items():
         cq = state[key][0]
+        assert cq is not None  # covered: ranges of queues with a ConsumeQueue (split_ranges)
         u = cq.unit(s)
+        if u is None:  # no file of the queue holds unit s (a file missing among its names): was a TypeError here
+            raise CorruptStoreError(f"consume queue {cq.path}: unit {s}, the first planned to be read, is missing")
         lo_phys = u[0] if lo_phys is None else min(lo_phys, u[0])
         hi_phys = max(hi_phys, cq.end_phys(e))
     if lo_phys is None:

@@ -1,15 +1,22 @@
 """``read_commitlog``: a store as a DataFrame through ``mapInArrow``, and the same decode without Spark."""
 
+import os
 import pickle
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from localmq.spark.decode import read_partition, spark_ddl
 from localmq.spark.options import ReadOptions
-from localmq.spark.plan import plan_batch
+from localmq.spark.plan import Plan, plan_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["read_commitlog", "arrow_batches", "plan"]
 
 
-def _split(path, options):
+def _split(path: str | os.PathLike[str], options: Mapping[str, Any]) -> tuple[ReadOptions, list[str] | None]:
     options = dict(options)
     columns = options.pop("columns", None)
     if isinstance(columns, str):
@@ -25,13 +32,13 @@ def _split(path, options):
     return ReadOptions.parse({k: str(v) for k, v in options.items()}), columns
 
 
-def plan(path, **options):
+def plan(path: str | os.PathLike[str], **options: Any) -> Plan:
     """The batch Plan (partitions, per-queue offsets) that a read with these options would use."""
     opts, _ = _split(path, options)
     return plan_batch(opts)
 
 
-def arrow_batches(path, **options):
+def arrow_batches(path: str | os.PathLike[str], **options: Any) -> Iterator["pa.RecordBatch"]:
     """pyarrow RecordBatches of the store at ``path``, read here partition after partition.
 
     Takes the data source's options (``topics``, ``startingOffsets``, ``mapped_file_size_commit_log``, ...)
@@ -42,7 +49,7 @@ def arrow_batches(path, **options):
         yield from read_partition(part, columns, opts.batch_size)
 
 
-def read_commitlog(spark, path, **options):
+def read_commitlog(spark: "SparkSession", path: str | os.PathLike[str], **options: Any) -> "DataFrame":
     """A DataFrame of the messages of the store at ``path``, decoded on the executors with ``mapInArrow``.
 
     The driver plans partitions (commit-log byte ranges that start at record boundaries known from the
@@ -65,7 +72,7 @@ def read_commitlog(spark, path, **options):
     rdd = spark.sparkContext.parallelize([(pickle.dumps(p),) for p in parts], max(1, len(parts)))
     descriptors = spark.createDataFrame(rdd, "part binary")
 
-    def decode(batches):
+    def decode(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
         for b in batches:
             for blob in b.column(0).to_pylist():
                 yield from read_partition(pickle.loads(blob), columns, batch_size)

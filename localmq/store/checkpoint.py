@@ -4,6 +4,7 @@ import errno
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import CorruptStoreError, NotAStoreError, StoreClosedError, StoreIOError, io_operation
@@ -15,7 +16,7 @@ __all__ = ["CHECKPOINT_FILE_SIZE", "Checkpoint", "StoreCheckpoint", "read_checkp
 RECOVERY_SLACK_MS = 3000
 
 
-def _min_timestamp(physic, logics):
+def _min_timestamp(physic: int, logics: int) -> int:
     return max(0, min(physic, logics) - RECOVERY_SLACK_MS)
 
 
@@ -30,23 +31,23 @@ class Checkpoint:
     confirm_phy_offset: int = 0
 
     @property
-    def min_timestamp(self):
+    def min_timestamp(self) -> int:
         """max(0, min(physic, logics) - 3000): records stored before this time are known to be dispatched."""
         return _min_timestamp(self.physic_msg_timestamp, self.logics_msg_timestamp)
 
     @property
-    def min_timestamp_index(self):
+    def min_timestamp_index(self) -> int:
         """min(min_timestamp, index): the same bound when the index must be safe too."""
         return min(self.min_timestamp, self.index_msg_timestamp)
 
 
-def _unpack(data, path):
+def _unpack(data: bytes, path: str) -> tuple[Any, ...]:
     if len(data) < CHECKPOINT.size:
         raise CorruptStoreError(f"checkpoint {path} holds {len(data)} bytes, fewer than {CHECKPOINT.size}")
     return CHECKPOINT.unpack_from(data, 0)
 
 
-def read_checkpoint(path):
+def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read a checkpoint file without writing to it (works on read-only copies).
 
     :param path: the ``checkpoint`` file.
@@ -80,7 +81,13 @@ class StoreCheckpoint:
     :raises OSError: when the file cannot be opened, sized or synced (e.g. PermissionError on a read-only file).
     """
 
-    def __init__(self, path):
+    physic_msg_timestamp: int
+    logics_msg_timestamp: int
+    index_msg_timestamp: int
+    master_flushed_offset: int
+    confirm_phy_offset: int
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         # Serialises flush() and close(); no other lock is taken while it is held.
         self._lock = threading.Lock()
@@ -112,26 +119,26 @@ class StoreCheckpoint:
          self.master_flushed_offset, self.confirm_phy_offset) = values
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """True once ``close()`` has run."""
         return self._fd < 0
 
     @property
-    def min_timestamp(self):
+    def min_timestamp(self) -> int:
         """max(0, min(physic, logics) - 3000) from the current field values."""
         return _min_timestamp(self.physic_msg_timestamp, self.logics_msg_timestamp)
 
     @property
-    def min_timestamp_index(self):
+    def min_timestamp_index(self) -> int:
         """min(min_timestamp, index_msg_timestamp) from the current field values."""
         return min(self.min_timestamp, self.index_msg_timestamp)
 
-    def snapshot(self):
+    def snapshot(self) -> Checkpoint:
         """The current field values as a frozen ``Checkpoint`` (not necessarily flushed yet)."""
         return Checkpoint(self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
                           self.master_flushed_offset, self.confirm_phy_offset)
 
-    def flush(self):
+    def flush(self) -> None:
         """Write the five fields at offset 0 and fdatasync the file.
 
         :raises StoreClosedError: after ``close()``.
@@ -150,19 +157,19 @@ class StoreCheckpoint:
                                    operation="write")
             fdatasync(self._fd, path=self.path)
 
-    def close(self):
+    def close(self) -> None:
         """Close the file without writing (call ``flush()`` first to persist the fields). Idempotent."""
         with self._lock:
             if self._fd >= 0:
                 fd, self._fd = self._fd, -1
                 os.close(fd)
 
-    def __enter__(self):
+    def __enter__(self) -> "StoreCheckpoint":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"StoreCheckpoint({self.path!r}, physic={self.physic_msg_timestamp}, "
                 f"logics={self.logics_msg_timestamp}, index={self.index_msg_timestamp})")

@@ -8,7 +8,12 @@ import numbers
 import os
 import re
 from collections.abc import Mapping
-from json.decoder import scanstring
+from typing import TYPE_CHECKING, Any, NoReturn, cast, overload
+
+if TYPE_CHECKING:  # typeshed declares scanstring only in _json, which json.decoder re-exports
+    from _json import scanstring
+else:
+    from json.decoder import scanstring
 
 from localmq._native import fdatasync, fsync_dir
 from localmq.errors import CorruptStoreError, NotAStoreError, io_operation
@@ -36,16 +41,16 @@ class _Parser:
 
     __slots__ = ("text",)
 
-    def __init__(self, text):
+    def __init__(self, text: str) -> None:
         self.text = text
 
-    def fail(self, msg, pos):
+    def fail(self, msg: str, pos: int) -> NoReturn:
         raise json.JSONDecodeError(msg, self.text, pos)
 
-    def skip(self, pos):
-        return _WS.match(self.text, pos).end()
+    def skip(self, pos: int) -> int:
+        return cast(re.Match[str], _WS.match(self.text, pos)).end()  # _WS matches the empty string: never None
 
-    def value(self, pos):
+    def value(self, pos: int) -> tuple[Any, int]:
         text = self.text
         pos = self.skip(pos)
         if pos >= len(text):
@@ -67,7 +72,7 @@ class _Parser:
             return float(m.group()), m.end()
         return int(m.group()), m.end()
 
-    def key(self, pos):
+    def key(self, pos: int) -> tuple[str | int, int]:
         text = self.text
         if text[pos] == '"':
             return scanstring(text, pos + 1, False)
@@ -76,9 +81,9 @@ class _Parser:
             self.fail("expected a quoted or integer key", pos)
         return int(m.group()), m.end()
 
-    def obj(self, pos):
+    def obj(self, pos: int) -> tuple[dict[str | int, Any], int]:
         text = self.text
-        out = {}
+        out: dict[str | int, Any] = {}
         pos = self.skip(pos)
         if text.startswith("}", pos):
             return out, pos + 1
@@ -101,9 +106,9 @@ class _Parser:
             else:
                 self.fail("expected ',' or '}'", pos)
 
-    def array(self, pos):
+    def array(self, pos: int) -> tuple[list[Any], int]:
         text = self.text
-        out = []
+        out: list[Any] = []
         pos = self.skip(pos)
         if text.startswith("]", pos):
             return out, pos + 1
@@ -119,7 +124,7 @@ class _Parser:
                 self.fail("expected ',' or ']'", pos)
 
 
-def loads(text):
+def loads(text: str | bytes | bytearray | memoryview) -> Any:
     """Parse RocketMQ config JSON, accepting unquoted integer map keys such as ``{0:250,1:250}``.
 
     :param text: the document (str, or UTF-8 bytes).
@@ -145,7 +150,7 @@ def loads(text):
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def _dump(value, level, out):
+def _dump(value: object, level: int, out: list[str]) -> None:
     if value is None:
         out.append("null")
     elif value is True:
@@ -181,7 +186,7 @@ def _dump(value, level, out):
         raise TypeError(f"cannot write {type(value).__name__} as config JSON")
 
 
-def _dump_map(mapping, level, out):
+def _dump_map(mapping: Mapping[Any, Any], level: int, out: list[str]) -> None:
     # fastjson drops null-valued entries; string keys start a new indented line, while integer keys follow
     # the previous entry on the same line (the `{0:250,1:250\n\t\t}` shape of consumerOffset.json).
     items = [(k, v) for k, v in mapping.items() if v is not None]
@@ -208,7 +213,7 @@ def _dump_map(mapping, level, out):
     out.append("\n" + "\t" * level + "}")
 
 
-def dumps(obj):
+def dumps(obj: object) -> str:
     """Serialise ``obj`` the way RocketMQ's fastjson ``toJSONString(obj, prettyFormat=true)`` lays it out.
 
     Tabs for indentation, no space after ``:``, no trailing newline, ``{}`` / ``[]`` when empty, int dict keys
@@ -222,7 +227,7 @@ def dumps(obj):
     :raises TypeError: for a value or key type that config JSON cannot hold.
     :raises ValueError: for NaN or infinity.
     """
-    out = []
+    out: list[str] = []
     _dump(obj, 0, out)
     return "".join(out)
 
@@ -230,7 +235,7 @@ def dumps(obj):
 # ---------------------------------------------------------------------------------------------- files
 
 
-def _parse_file(path):
+def _parse_file(path: str) -> tuple[Any, str | None]:
     """Return (value, None) or (None, reason) for one candidate file; FileNotFoundError propagates."""
     with open(path, "rb") as f:
         raw = f.read()
@@ -242,7 +247,7 @@ def _parse_file(path):
         return None, f"unparsable ({exc})"
 
 
-def read_config_json(path, *, default=_MISSING):
+def read_config_json(path: str | os.PathLike[str], *, default: Any = _MISSING) -> Any:
     """Load a RocketMQ config file, falling back to ``<path>.bak`` as the broker does.
 
     The backup is used when the main file is missing, empty or cannot be parsed (a warning is logged).
@@ -255,7 +260,7 @@ def read_config_json(path, *, default=_MISSING):
     """
     path = os.fspath(path)
     bak = path + ".bak"
-    problems = []
+    problems: list[tuple[str, str]] = []
     for candidate in (path, bak):
         try:
             value, problem = _parse_file(candidate)
@@ -275,7 +280,7 @@ def read_config_json(path, *, default=_MISSING):
     raise CorruptStoreError(f"config {path} and its backup are unusable: {detail}")
 
 
-def _offset(value):
+def _offset(value: object) -> int | None:
     """An offset of an offsetTable as an int (fastjson writes longs; a float with no fraction is taken), or None."""
     if isinstance(value, bool):
         return None
@@ -286,7 +291,14 @@ def _offset(value):
     return None
 
 
-def read_offset_table(path, *, key_type=str):
+@overload
+def read_offset_table(path: str | os.PathLike[str], *,
+                      key_type: type[str] = ...) -> tuple[dict[str, dict[int, int]], dict[str, Any]]: ...
+@overload
+def read_offset_table(path: str | os.PathLike[str], *,
+                      key_type: type[int]) -> tuple[dict[int, int], dict[str, Any]]: ...
+def read_offset_table(path: str | os.PathLike[str], *,
+                      key_type: type[str] | type[int] = str) -> tuple[dict[Any, Any], dict[str, Any]]:
     """The ``offsetTable`` of a RocketMQ offsets file (``consumerOffset.json``: ``{"topic@group": {queueId: offset}}``;
     ``delayOffset.json``: ``{level: offset}``, with ``key_type=int``) and the document's other members.
 
@@ -309,7 +321,7 @@ def read_offset_table(path, *, key_type=str):
         return {}, extra
     if not isinstance(table, dict):
         raise CorruptStoreError(f"{path}: offsetTable must be an object, not {type(table).__name__}")
-    out = {}
+    out: dict[Any, Any] = {}
     for key, row in table.items():
         if key_type is int:
             k, v = _offset(key), _offset(row)
@@ -321,7 +333,7 @@ def read_offset_table(path, *, key_type=str):
         if not isinstance(key, str) or not isinstance(row, dict):
             raise CorruptStoreError(f"{path}: offsetTable entry {key!r} must map \"topic@group\" to an object of "
                                     f"queue id: offset, not {json.dumps(row)}")
-        queues = {}
+        queues: dict[int, int] = {}
         for q, o in row.items():
             qid, off = _offset(q), _offset(o)
             if qid is None or off is None:
@@ -332,14 +344,14 @@ def read_offset_table(path, *, key_type=str):
     return out, extra
 
 
-def _write_all(fd, data):
+def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
         view = view[n:]
 
 
-def _write_synced(path, data):
+def _write_synced(path: str, data: bytes) -> None:
     with io_operation("open", path):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -350,7 +362,7 @@ def _write_synced(path, data):
         os.close(fd)
 
 
-def write_config_json(path, obj):
+def write_config_json(path: str | os.PathLike[str], obj: object) -> None:
     """Durably replace a config file, keeping the previous content in ``<path>.bak``.
 
     Steps: write ``<path>.tmp`` and fsync it; copy the current file (if any) to ``<path>.bak`` and fsync it;

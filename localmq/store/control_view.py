@@ -24,7 +24,7 @@ _FLOCK = struct.Struct("hh4xqqi4x")
 def _held_by_others(fd: int, byte: int) -> bool:
     """Does another process hold any lock on ``byte`` of ``fd``'s file (F_GETLK, which takes no lock)?"""
     req = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, byte, 1, 0)
-    l_type = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, req))[0]
+    l_type: int = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, req))[0]
     return l_type != fcntl.F_UNLCK
 
 
@@ -39,7 +39,7 @@ class ControlView:
         self.path = path
 
     @classmethod
-    def open(cls, root: str) -> Optional["ControlView"]:
+    def open(cls, root: str) -> Optional[ControlView | _OpenFileView]:
         path = os.path.join(root, CTL_FILE)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -54,7 +54,7 @@ class ControlView:
                 os.close(fd)
                 if cf is None or cf.closed:
                     raise ControlFileError(f"{path} is open in this process by a shared store: read through that one")
-                return _OpenFileView(cf)  # type: ignore[return-value]
+                return _OpenFileView(cf)
             if st.st_size < CTL_FILE_SIZE or not _held_by_others(fd, CTL_LOCK_BYTE_OPEN):
                 os.close(fd)
                 return None
@@ -71,7 +71,8 @@ class ControlView:
 
     def load(self, off: int) -> int:
         """The int64 at byte ``off`` (an aligned 8-byte load: whole on every platform localmq runs on)."""
-        return _I64.unpack_from(self.mm, off)[0]
+        value: int = _I64.unpack_from(self.mm, off)[0]
+        return value
 
     def dispatched(self, topic: str, queue_id: int) -> Optional[int]:
         """Units in (topic, queue)'s ConsumeQueue as published by the housekeeper; None when the topic has no row."""
@@ -104,7 +105,7 @@ class ControlView:
 class _OpenFileView:
     """ControlView's reads over the ControlFile this process already has open (a shared store of this process)."""
 
-    def __init__(self, cf) -> None:
+    def __init__(self, cf: _shm.ControlFile) -> None:
         self.cf = cf
 
     def load(self, off: int) -> int:

@@ -3,9 +3,12 @@
 import errno
 import os
 import re
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from localmq._mapped_file import MappedFile
 from localmq._record import decode_message, scan_record, unknown_format, walk_records
@@ -19,6 +22,9 @@ from localmq.layout import (
 from localmq.status import RecordStatus
 from localmq.store.control_view import committed_end
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
 __all__ = [
     "DEFAULT_SEGMENT_SIZE", "SegmentFile", "numbered_files", "list_segments", "StoreFiles", "ConsumeQueueFiles",
     "points_at_records", "map_segment", "unsafe_entries", "numbered_units",
@@ -26,9 +32,11 @@ __all__ = [
 
 DEFAULT_SEGMENT_SIZE = StoreConfig.mapped_file_size_commit_log
 # the part of a unit binary searches read: its commit log offset and size (the tags code is not needed)
-_UNIT_HEAD_SIZE = CQ_DTYPE.fields["tags_code"][1]
+_CQ_FIELDS = CQ_DTYPE.fields
+assert _CQ_FIELDS is not None  # a structured dtype (numpy types ``fields`` as Optional)
+_UNIT_HEAD_SIZE = _CQ_FIELDS["tags_code"][1]
 _UNIT_HEAD = np.dtype({"names": ["offset", "size"], "formats": [CQ_DTYPE["offset"], CQ_DTYPE["size"]],
-                       "offsets": [CQ_DTYPE.fields["offset"][1], CQ_DTYPE.fields["size"][1]],
+                       "offsets": [_CQ_FIELDS["offset"][1], _CQ_FIELDS["size"][1]],
                        "itemsize": _UNIT_HEAD_SIZE})
 
 
@@ -36,7 +44,8 @@ _UNIT_HEAD = np.dtype({"names": ["offset", "size"], "formats": [CQ_DTYPE["offset
 _LONG_TOPIC_RE = re.compile(rb"[%|a-zA-Z0-9_-]+")
 
 
-def not_understood(data, pos, status, end):
+def not_understood(data: "ReadableBuffer", pos: int, status: RecordStatus,
+                   end: int) -> tuple[int, int, str] | None:
     """(magic, TOTALSIZE, what) of the record at ``data[pos:]`` (a segment; ``end``: the end of its written data)
     where a walk stopped with ``status`` when localmq does not understand it rather than finds it damaged, else None:
     a record of an unknown format (status "bad magic": ``_record.unknown_format``, README Recovery), or a whole,
@@ -54,7 +63,9 @@ def not_understood(data, pos, status, end):
         m = decode_message(data, pos, check_crc=True, copy=True)
     except CorruptFrameError:
         return None
-    tb = m.topic.encode("utf-8", "surrogateescape") if m is not None else b""
+    if m is None:  # a blank record: no topic (as b"", below)
+        return None
+    tb = m.topic.encode("utf-8", "surrogateescape")
     if len(tb) <= MAX_TOPIC_NAME_BYTES or _LONG_TOPIC_RE.fullmatch(tb) is None:
         return None
     return (MESSAGE_MAGIC_CODE_V2 & 0xFFFFFFFF, m.store_size,
@@ -71,7 +82,7 @@ class SegmentFile:
     size: int
 
 
-def numbered_files(directory):
+def numbered_files(directory: str) -> list[SegmentFile]:
     """SegmentFiles of the 20-digit files of ``directory``, sorted by base; [] when it has none or is missing."""
     out = []
     try:
@@ -85,12 +96,12 @@ def numbered_files(directory):
     return out
 
 
-def unsafe_entries(root):
+def unsafe_entries(root: str | os.PathLike[str]) -> list[str]:
     """The store's own entries under ``root`` (commitlog/, consumequeue/ down to the unit files, the ext queues,
     index/, config/, recovery/, checkpoint, abort, lock) that are symlinks or resolve outside ``root``: localmq must
     never write, truncate or delete through them. Returns their paths (empty for a safe store)."""
     root = os.path.realpath(os.fspath(root))
-    bad = []
+    bad: list[str] = []
     for name in (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, INDEX_DIR, CONFIG_DIR, RECOVERY_DIR,
                  CHECKPOINT_FILE, ABORT_FILE, LOCK_FILE):
         top = os.path.join(root, name)
@@ -111,7 +122,7 @@ def unsafe_entries(root):
     return bad
 
 
-def numbered_units(cq_root):
+def numbered_units(cq_root: str) -> bool:
     """True when some ``<cq_root>/<topic>/<queue>/`` holds a non-empty 20-digit unit file."""
     try:
         topics = os.listdir(cq_root)
@@ -127,7 +138,7 @@ def numbered_units(cq_root):
     return False
 
 
-def list_segments(path, what):
+def list_segments(path: str | os.PathLike[str], what: str) -> list[SegmentFile]:
     """SegmentFiles of a directory of 20-digit files, or the one file ``path`` (base: its name when 20 digits,
     else 0). Raises NotAStoreError when the path is missing or the directory holds no such files."""
     path = os.fspath(path)
@@ -146,26 +157,27 @@ def list_segments(path, what):
     raise NotAStoreError(errno.ENOENT, f"no {what} here", path)
 
 
-def map_segment(path, segment_size, base):
+def map_segment(path: str, segment_size: int, base: int) -> MappedFile:
     """A read-only MappedFile of the commit log segment at ``path`` (no creation, no lock); close it after use.
     FileNotFoundError when it is gone."""
     return MappedFile(path, segment_size, base, create=False, writable=False)
 
 
-def points_at_records(units):
+def points_at_records(units: npt.NDArray[np.void]) -> bool:
     """Whether every unit of a CQ_DTYPE array points at a record (size > 0, not a padding unit)."""
     sizes = units["size"]
     return not ((sizes <= 0).any() or (sizes == CQ_BLANK_UNIT_SIZE).any())
 
 
-def _segments(files, segment_size, live_end):
+def _segments(files: list[SegmentFile], segment_size: int | None,
+              live_end: int | None) -> tuple[int, list[tuple[int, str]]]:
     """(segment size, [(base, path)]) of a listing of commit log segments, checked: one size (given, or the largest
     file's), names multiples of it, no hole. An empty last file (a creation interrupted or under way) and, in a live
     store (``live_end`` not None), files at or past the segment holding ``live_end`` are left out."""
     if segment_size is None:
         segment_size = max((f.size for f in files), default=0) or DEFAULT_SEGMENT_SIZE
     segment_size = int(segment_size)
-    segments = []
+    segments: list[tuple[int, str]] = []
     for i, (base, fpath, size) in enumerate((f.base, f.path, f.size) for f in files):
         if size == 0 and i == len(files) - 1:
             continue  # a segment whose creation was interrupted or is under way: no data yet
@@ -193,7 +205,7 @@ class StoreFiles:
     CorruptStoreError for segments of another size, misnamed or with gaps.
     """
 
-    def __init__(self, path, segment_size=None):
+    def __init__(self, path: str | os.PathLike[str], segment_size: int | None = None) -> None:
         path = os.fspath(path)
         if not os.path.isdir(path):
             if os.path.exists(path):
@@ -230,17 +242,17 @@ class StoreFiles:
 
     # -- paths ----------------------------------------------------------------------------------------------------
 
-    def config_path(self, name):
+    def config_path(self, name: str) -> str:
         """The path of a config file, e.g. ``config_path("consumerOffset.json")``."""
         return os.path.join(self.config, name)
 
-    def segment_path(self, base):
+    def segment_path(self, base: int) -> str:
         """The path of the commit log segment starting at ``base`` (whether or not it exists)."""
         return os.path.join(self.commitlog, file_name(base))
 
-    def index_files(self):
+    def index_files(self) -> list[SegmentFile]:
         """SegmentFiles of the index files (17-digit creation-time names; ``base`` is that number), by name."""
-        out = []
+        out: list[SegmentFile] = []
         try:
             names = sorted(os.listdir(self.index))
         except FileNotFoundError:
@@ -254,11 +266,11 @@ class StoreFiles:
     # -- commit log -----------------------------------------------------------------------------------------------
 
     @property
-    def min_offset(self):
+    def min_offset(self) -> int:
         """Base of the first segment (0 without segments)."""
         return self.segments[0][0] if self.segments else 0
 
-    def segment_of(self, phys):
+    def segment_of(self, phys: int) -> tuple[int, str] | None:
         """(base, path) of the segment holding physical offset ``phys``, or None when it is gone."""
         if not self.segments:
             return None
@@ -267,11 +279,11 @@ class StoreFiles:
             return self.segments[i]
         return None
 
-    def map_segment(self, base, fpath):
+    def map_segment(self, base: int, fpath: str) -> MappedFile:
         """A read-only MappedFile of the segment (base, path); close it after use."""
         return map_segment(fpath, self.segment_size, base)
 
-    def store_timestamp(self, phys):
+    def store_timestamp(self, phys: int) -> int | None:
         """Store time (ms) of the record at ``phys``; None when its segment is gone. CorruptFrameError when no
         whole record is there."""
         seg = self.segment_of(phys)
@@ -288,7 +300,7 @@ class StoreFiles:
             raise CorruptFrameError(f"blank record at offset {phys}, not a message", offset=phys, path=seg[1])
         return msg.store_timestamp
 
-    def gap_offsets(self):
+    def gap_offsets(self) -> list[int]:
         """Commit log offsets of the gap records recovery wrote (damaged records whose bytes it copied to
         ``recovery/commitlog-gap-*``; every walker steps over them), sorted."""
         try:
@@ -297,7 +309,7 @@ class StoreFiles:
             return []
         return sorted({int(m.group(1)) for m in map(GAP_FILE_RE.fullmatch, names) if m})
 
-    def walk_end(self, start=None, known_end=None):
+    def walk_end(self, start: int | None = None, known_end: int | None = None) -> int:
         """Physical offset just after the last complete record (walking from ``start``, default the last segment
         that holds data): the end recovery would find.
 
@@ -349,7 +361,7 @@ class StoreFiles:
                 mf.close()
         return end
 
-    def _begins_with_record(self, base, fpath):
+    def _begins_with_record(self, base: int, fpath: str) -> bool:
         """Whether the segment's first 8 bytes are not all zero (a record, or damage, starts there)."""
         mf = self.map_segment(base, fpath)
         try:
@@ -357,7 +369,7 @@ class StoreFiles:
         finally:
             mf.close()
 
-    def dispatched_end(self):
+    def dispatched_end(self) -> int:
         """How far the ConsumeQueues reach in the commit log: the end of the record of the last unit of every
         queue, the largest (0 without queues). Records below it were read whole by the dispatcher."""
         end = 0
@@ -368,7 +380,7 @@ class StoreFiles:
                 end = max(end, u[0] + u[1])
         return end
 
-    def boundary_at(self, target, queues=()):
+    def boundary_at(self, target: int, queues: Sequence["ConsumeQueueFiles"] = ()) -> int | None:
         """The first record boundary at or after physical offset ``target`` (from ConsumeQueues, else a walk)."""
         best = None
         for q in queues:
@@ -397,9 +409,9 @@ class StoreFiles:
 
     # -- consume queues -------------------------------------------------------------------------------------------
 
-    def queues(self, topics=None):
+    def queues(self, topics: Container[str] | None = None) -> list["ConsumeQueueFiles"]:
         """ConsumeQueueFiles of every (topic, queue id) directory that holds files, optionally only ``topics``."""
-        out = []
+        out: list[ConsumeQueueFiles] = []
         try:
             topic_names = sorted(os.listdir(self.consumequeue))
         except FileNotFoundError:
@@ -424,7 +436,7 @@ class ConsumeQueueFiles:
     ``files``: (base, path) of its non-empty files; ``file_size``: the largest file's size.
     """
 
-    def __init__(self, topic, queue_id, path):
+    def __init__(self, topic: str, queue_id: int, path: str) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.path = path
@@ -435,7 +447,7 @@ class ConsumeQueueFiles:
             if b % CQ_UNIT_SIZE:
                 raise CorruptStoreError(f"consume queue file {p}: name is not a multiple of {CQ_UNIT_SIZE}")
 
-    def _file_of(self, index):
+    def _file_of(self, index: int) -> tuple[int, str] | None:
         if not self.files or self.file_size <= 0:
             return None
         logical = index * CQ_UNIT_SIZE
@@ -450,18 +462,19 @@ class ConsumeQueueFiles:
         return None
 
     @property
-    def first_index(self):
+    def first_index(self) -> int:
         """The queue offset of the first file's first unit (0 without files)."""
         return self.files[0][0] // CQ_UNIT_SIZE if self.files else 0
 
     @staticmethod
-    def _head(fd, at):
+    def _head(fd: int, at: int) -> tuple[int, int] | None:
         raw = os.pread(fd, _UNIT_HEAD_SIZE, at)
         if len(raw) < _UNIT_HEAD_SIZE:
             return None
-        return np.frombuffer(raw, _UNIT_HEAD)[0].item()
+        head: tuple[int, int] = np.frombuffer(raw, _UNIT_HEAD)[0].item()
+        return head
 
-    def unit(self, index):
+    def unit(self, index: int) -> tuple[int, int] | None:
         """(physical offset, size) of unit ``index``; None when its file is gone or it is past the end."""
         f = self._file_of(index)
         if f is None:
@@ -469,7 +482,7 @@ class ConsumeQueueFiles:
         with open(f[1], "rb") as fh:
             return self._head(fh.fileno(), index * CQ_UNIT_SIZE - f[0])
 
-    def unit_runs(self, start, end):
+    def unit_runs(self, start: int, end: int) -> Iterator[tuple[int, int, npt.NDArray[np.void] | None]]:
         """Yield (first, stop, units) covering queue offsets [start, end) file by file: ``units`` a CQ_DTYPE array
         of the units read (fewer than stop - first when the file is short), or None when the file is gone."""
         i = start
@@ -488,7 +501,7 @@ class ConsumeQueueFiles:
             yield i, stop, np.frombuffer(raw, CQ_DTYPE, count=len(raw) // CQ_UNIT_SIZE)
             i = stop
 
-    def _count_valid(self, base, fpath):
+    def _count_valid(self, base: int, fpath: str) -> int:
         """Units written in one file: a valid prefix (offset >= 0, size > 0) followed by zeros."""
         lo, hi = 0, self.file_size // CQ_UNIT_SIZE
         with open(fpath, "rb") as fh:
@@ -502,7 +515,7 @@ class ConsumeQueueFiles:
                     hi = mid
         return lo
 
-    def max_offset(self):
+    def max_offset(self) -> int:
         """The queue offset after the last written unit."""
         for base, fpath in reversed(self.files):
             n = self._count_valid(base, fpath)
@@ -510,7 +523,7 @@ class ConsumeQueueFiles:
                 return base // CQ_UNIT_SIZE + n
         return self.first_index
 
-    def min_offset(self, commitlog_min, max_offset=None):
+    def min_offset(self, commitlog_min: int, max_offset: int | None = None) -> int:
         """The first queue offset whose record is still in the commit log (and not a padding unit)."""
         if not self.files:
             return 0
@@ -525,7 +538,7 @@ class ConsumeQueueFiles:
                 hi = mid
         return lo
 
-    def offset_before(self, phys_bound, max_offset):
+    def offset_before(self, phys_bound: int, max_offset: int) -> int:
         """The queue offset after the last unit whose record ends at or below ``phys_bound``."""
         lo, hi = self.first_index, max_offset
         while lo < hi:
@@ -537,7 +550,7 @@ class ConsumeQueueFiles:
                 lo = mid + 1
         return lo
 
-    def first_unit_at_or_after(self, phys):
+    def first_unit_at_or_after(self, phys: int) -> int | None:
         """Physical offset of the first unit at or after ``phys``, or None."""
         hi = self.max_offset()
         lo = self.first_index
@@ -551,7 +564,7 @@ class ConsumeQueueFiles:
         u = self.unit(lo) if lo < self.max_offset() else None
         return None if u is None else u[0]
 
-    def offset_for_time(self, store, ts, lo, hi):
+    def offset_for_time(self, store: StoreFiles, ts: int, lo: int, hi: int) -> int:
         """The first queue offset in [lo, hi) whose record's store time is >= ``ts`` (``hi`` when none)."""
         while lo < hi:
             mid = (lo + hi) // 2
@@ -563,7 +576,7 @@ class ConsumeQueueFiles:
                 hi = mid
         return lo
 
-    def end_phys(self, offset):
+    def end_phys(self, offset: int) -> int:
         """Physical offset just after the record of unit ``offset - 1`` (0 for an empty range)."""
         u = self.unit(offset - 1) if offset > 0 else None
         return 0 if u is None else u[0] + u[1]

@@ -42,9 +42,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 import numpy as np
+import numpy.typing as npt
 
 from localmq import _index
 from localmq._mapped_file import MappedFile
@@ -57,6 +58,13 @@ from localmq.layout import (
     INDEX_DIR, INDEX_HEADER, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_ITEMS_PER_SLOT, INDEX_MAX_FILE_SIZE,
     INDEX_NAME_DIGITS, INDEX_SLOT_SIZE,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+    from localmq._columns import RecordColumns
+    from localmq._record import Message
+    from localmq.store.checkpoint import StoreCheckpoint
 
 log = logging.getLogger("localmq.index")
 
@@ -81,7 +89,8 @@ def check_geometry(hash_slot_num: int, index_num: int) -> None:
                           "positions")
 
 
-def infer_geometry(size: int, hash_slot_num: Optional[int] = None, index_num: Optional[int] = None):
+def infer_geometry(size: int, hash_slot_num: Optional[int] = None,
+                   index_num: Optional[int] = None) -> tuple[int, int]:
     """(slots, items) of an index file of ``size`` bytes.
 
     With both given they must match the size. Otherwise: the given one fixes the other; with neither,
@@ -167,11 +176,11 @@ def _written_with(path: str, slots: int) -> bool:
         return count < 2 or _probe(f.fileno(), slots, count, end_phy)
 
 
-def _data_ranges(fd: int, start: int, end: int) -> List[tuple]:
+def _data_ranges(fd: int, start: int, end: int) -> List[tuple[int, int]]:
     """[lo, hi) pieces of [start, end) holding data (SEEK_DATA / SEEK_HOLE), or the whole range where unknown."""
     if not hasattr(os, "SEEK_DATA"):
         return [(start, end)]
-    out = []
+    out: List[tuple[int, int]] = []
     pos = start
     while pos < end:
         try:
@@ -188,7 +197,7 @@ def _data_ranges(fd: int, start: int, end: int) -> List[tuple]:
     return out
 
 
-def geometry_from_content(path: str) -> Optional[tuple]:
+def geometry_from_content(path: str) -> Optional[tuple[int, int]]:
     """(slots, items) of an index file, read off its content, or None when it cannot be told (no item, or more
     than one geometry fits). RocketMQ's files do not record their geometry and a size fits many; but the last
     item written holds the header's endPhyOffset, and its key's slot points at it. Candidates are tried in the
@@ -250,7 +259,7 @@ class IndexHeader:
     index_count: int
 
 
-def _pages_with_blocks(mf: MappedFile) -> np.ndarray:
+def _pages_with_blocks(mf: MappedFile) -> npt.NDArray[np.uint8]:
     """One byte per 4 KiB page of ``mf``: 1 where its data extents (SEEK_DATA) say it has blocks."""
     pages = np.zeros((mf.file_size + _PAGE - 1) // _PAGE, np.uint8)
     for lo, hi in mf.data_ranges():
@@ -261,7 +270,7 @@ def _pages_with_blocks(mf: MappedFile) -> np.ndarray:
 _PAGE = 4096
 
 
-def _time_matched(times, begin: int, end: int) -> bool:
+def _time_matched(times: tuple[int, int], begin: int, end: int) -> bool:
     b, e = times
     return (begin < b and end > e) or b <= begin <= e or b <= end <= e
 
@@ -341,7 +350,7 @@ class IndexFile:
 
     @property
     def path(self) -> str:
-        return self.mapped_file.path
+        return os.fspath(self.mapped_file.path)  # a str already: the stub types MappedFile.path wider
 
     @property
     def file_name(self) -> str:
@@ -355,7 +364,7 @@ class IndexFile:
             v[5] = 1
         return IndexHeader(*v)
 
-    def _times(self):
+    def _times(self) -> tuple[int, int]:
         """(beginTimestamp, endTimestamp) straight from the mapping (the query path)."""
         return INDEX_HEADER.unpack(self.mapped_file.read(0, INDEX_HEADER_SIZE))[:2]
 
@@ -391,9 +400,10 @@ class IndexFile:
     def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> List[int]:
         """Offsets of items of the full index key ``key`` in [begin, end], newest first (hash matches: the
         caller checks the records). Empty when the file is being destroyed."""
-        return self._select(_index.key_hash(key), max_num, begin, end).tolist()
+        offsets: List[int] = self._select(_index.key_hash(key), max_num, begin, end).tolist()
+        return offsets
 
-    def _select(self, h: int, max_num: int, begin: int, end: int) -> np.ndarray:
+    def _select(self, h: int, max_num: int, begin: int, end: int) -> npt.NDArray[np.int64]:
         try:
             return _index.select_offsets(self.mapped_file, self.hash_slot_num, h, begin, end, max_num, self.pages)
         except ValueError:
@@ -428,8 +438,8 @@ class IndexQueries:
 
     # -- queries ----------------------------------------------------------------------------------------------
 
-    def query_messages(self, commit_log_files: list, seg_size: int, topic: str, key: str, max_num: int, begin: int,
-                       end: int, uniq_only: bool) -> list:
+    def query_messages(self, commit_log_files: List[MappedFile], seg_size: int, topic: str, key: str, max_num: int,
+                       begin: int, end: int, uniq_only: bool) -> List[Message]:
         """Messages of ``topic`` whose KEYS hold ``key`` (unless ``uniq_only``) or whose UNIQ_KEY is ``key``, stored
         within [begin, end] ms: candidates from ``query_offsets``, each read from the commit log (its MappedFiles,
         ``seg_size`` bytes each) and kept only on an exact match, so hash collisions never show. At most
@@ -437,7 +447,7 @@ class IndexQueries:
         cap = max_num + 16
         while True:
             offsets = self.query_offsets(topic, key, cap, begin, end)
-            found = []
+            found: List[Message] = []
             for off in offsets:
                 m = read_record(commit_log_files, seg_size, off, True)
                 if (m is None or m.physical_offset != off or m.topic != topic
@@ -524,7 +534,7 @@ class IndexService(IndexQueries):
     Raises ConfigError for a bad geometry.
     """
 
-    def __init__(self, root: str, hash_slot_num: int, index_num: int, checkpoint,
+    def __init__(self, root: str, hash_slot_num: int, index_num: int, checkpoint: StoreCheckpoint,
                  clock: Optional[Callable[[], int]] = None, grow: bool = False):
         check_geometry(hash_slot_num, index_num)
         # grow: a store's first index file is 1/256 of the configured geometry (4 items a slot, so later opens
@@ -545,7 +555,7 @@ class IndexService(IndexQueries):
         self.deleted_files = 0
         self._last_name_ms = 0
 
-    def _next_geometry(self, prev) -> tuple:
+    def _next_geometry(self, prev: Optional[IndexFile]) -> tuple[int, int]:
         """(slots, items) of the next file: the configured geometry, or with ``grow`` one that starts small and
         quadruples."""
         if not self.grow:
@@ -579,6 +589,8 @@ class IndexService(IndexQueries):
                     os.unlink(path)
                     self.deleted_on_load.append(path)
                     continue
+                hs: Optional[int]
+                n: Optional[int]
                 hs = self.hash_slot_num
                 n = self.index_num
                 if os.path.getsize(path) != index_file_size(hs, n):
@@ -677,7 +689,7 @@ class IndexService(IndexQueries):
                 self.checkpoint.flush()
         return f
 
-    def build(self, data, cols) -> int:
+    def build(self, data: ReadableBuffer, cols: RecordColumns) -> int:
         """Index every row of ``cols`` (RecordColumns decoded from ``data``). Returns keys added.
 
         Raises OSError when a new file cannot be created (rows before it are indexed; call again).
@@ -744,7 +756,7 @@ class IndexService(IndexQueries):
         for f in files:
             f.close()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int | List[str]]:
         files = self.files
         last = files[-1].header if files else None
         return {

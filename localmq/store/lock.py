@@ -29,7 +29,7 @@ class StoreLock:
     # (st_dev, st_ino) of every lock file this process holds -> "exclusive" or "shared". Who asks about a lock file
     # must not open it when this process holds it: closing any descriptor of a file drops the process's POSIX locks
     # on it (fcntl's rule), which would let a broker or another process in.
-    held: dict = {}
+    held: dict[tuple[int, int], str] = {}
 
     def __init__(self, root: str, shared: bool = False) -> None:
         self.path = os.path.join(root, LOCK_FILE)
@@ -39,6 +39,8 @@ class StoreLock:
             fd = self._acquire(root, shared)
             # a failed open removes the lock file it created, under the lock: a lock taken on that removed file
             # keeps nobody out, so take it again on the file now at the path
+            st: os.stat_result | None
+            now: os.stat_result | None
             try:
                 st, now = os.fstat(fd), os.stat(self.path)
             except FileNotFoundError:

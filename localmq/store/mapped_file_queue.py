@@ -130,7 +130,7 @@ class MappedFileQueue:
         if not os.path.isdir(self.directory):
             return 0
         names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit())
-        files = []
+        files: List[MappedFile] = []
         try:
             for i, name in enumerate(names):
                 path = os.path.join(self.directory, name)
@@ -384,7 +384,7 @@ class MappedFileQueue:
                 else:
                     keep.append(mf)
             self.files = keep
-            removed = [mf.path for mf in drop]
+            removed = [os.fspath(mf.path) for mf in drop]  # (a str: the stub types MappedFile.path wider)
             for mf in reversed(drop):
                 if keep_names:
                     mf.close()
@@ -449,7 +449,7 @@ class MappedFileQueue:
                         break  # the list changed under us (truncation): keep it as it is
                     self.files = cur[1:]
                 if mf.destroy(forcibly_ms, now_ms):
-                    res.deleted.append(mf.path)
+                    res.deleted.append(os.fspath(mf.path))
                 else:
                     self.hanged = self.hanged + [mf]
                     res.hanged = True
@@ -498,10 +498,11 @@ class MappedFileQueue:
         if not hanged:
             return []
         interval = _NEVER_MS if forcibly_ms is None else forcibly_ms
-        gone, still = [], []
+        gone: List[str] = []
+        still: List[MappedFile] = []
         for mf in hanged:
             if mf.destroy(interval, now_ms):
-                gone.append(mf.path)
+                gone.append(os.fspath(mf.path))
             else:
                 still.append(mf)
         self.hanged = still

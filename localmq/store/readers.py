@@ -5,16 +5,19 @@ import logging
 import mmap
 import os
 from collections import namedtuple
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from localmq import _record
 from localmq.errors import CorruptFrameError, CorruptStoreError, UnknownRecordFormatError
 from localmq.status import RecordStatus
 from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_EXT_SIZE, CQ_UNIT_SIZE
 from localmq.store.control_view import committed_end
-from localmq.store.files import list_segments
+from localmq.store.files import SegmentFile, list_segments
 
 __all__ = [
     "CQ_DTYPE", "CQ_UNIT_SIZE", "EXT_ADDRESS_MAX", "CommitLogReader", "ConsumeQueueUnits", "CqExtUnit",
@@ -37,9 +40,9 @@ CqExtUnit.__doc__ = "One ConsumeQueueExt unit: absolute ext address, tagsCode, s
 # ---------------------------------------------------------------------------------------------- segment files
 
 
-def _find_gaps(segments, file_size, what):
+def _find_gaps(segments: Sequence[SegmentFile], file_size: int, what: str) -> list[tuple[int, int]]:
     """(expected base, actual base) for each neighbour pair whose names are not ``file_size`` apart."""
-    gaps = []
+    gaps: list[tuple[int, int]] = []
     if file_size <= 0:
         return gaps
     for prev, cur in zip(segments, segments[1:]):
@@ -54,17 +57,18 @@ def _find_gaps(segments, file_size, what):
 class _MappedSegment:
     """A read-only mapping of one segment file (no mapping for an empty file)."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDONLY)
         try:
             self.size = os.fstat(self.fd).st_size
-            self.mm = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) if self.size else None
+            self.mm: mmap.mmap | None = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) if self.size else None
         except BaseException:
             os.close(self.fd)
             raise
 
-    def _any_nonzero(self, start, end):
+    def _any_nonzero(self, start: int, end: int) -> bool:
+        assert self.mm is not None  # called for data found in the file: it is not empty, so it is mapped
         while start < end:
             stop = min(end, start + _SCAN_CHUNK)
             # the array is a view of the mapping; it is dropped before the mapping can be closed
@@ -73,7 +77,7 @@ class _MappedSegment:
             start = stop
         return False
 
-    def has_data(self, start=0, end=None):
+    def has_data(self, start: int = 0, end: int | None = None) -> bool:
         """True when any byte in [start, end) is non-zero. File holes are skipped without being read."""
         end = self.size if end is None else min(end, self.size)
         pos = start
@@ -95,7 +99,7 @@ class _MappedSegment:
             pos = stop
         return False
 
-    def close(self):
+    def close(self) -> None:
         mm, self.mm = self.mm, None
         if mm is not None:
             try:
@@ -108,10 +112,11 @@ class _MappedSegment:
             os.close(fd)
 
 
-def _relocated(msg, offset):
+def _relocated(msg: _record.Message, offset: int) -> _record.Message:
     """A copy of ``msg`` whose physical offset (and so msg id) is ``offset``."""
-    rebuild, args = msg.__reduce__()
-    args = list(args)
+    rebuild: Callable[..., _record.Message]
+    rebuild, fields = msg.__reduce__()
+    args = list(fields)
     # Message's rebuild arguments (_record.pyx) start: topic, body, properties, queue id, queue offset, physical offset
     args[5] = offset
     return rebuild(*args)
@@ -140,7 +145,8 @@ class CommitLogReader:
     Not thread-safe: iterate it from one thread.
     """
 
-    def __init__(self, path, *, mapped_file_size=None, check_crc=True, copy=True, on_corrupt="raise", start=0):
+    def __init__(self, path: str | os.PathLike[str], *, mapped_file_size: int | None = None, check_crc: bool = True,
+                 copy: bool = True, on_corrupt: Literal["raise", "stop"] = "raise", start: int = 0) -> None:
         if on_corrupt not in ("raise", "stop"):
             raise ValueError(f"on_corrupt must be 'raise' or 'stop', not {on_corrupt!r}")
         self.path = os.fspath(path)
@@ -155,36 +161,36 @@ class CommitLogReader:
         # may be half-copied, which would look like damage); None: the files are the whole truth
         self.end = committed_end(os.path.dirname(os.path.abspath(self.path))) if os.path.isdir(self.path) else None
         self.gaps = _find_gaps(self._segments, self.mapped_file_size, "commit log")
-        self.stop_reason = None
-        self.stop_offset = None
+        self.stop_reason: str | None = None
+        self.stop_offset: int | None = None
         self.segments_read = 0
         self.messages_read = 0
-        self.gap_records: list = []  # (offset, size) of gap records stepped over
+        self.gap_records: list[tuple[int, int]] = []  # (offset, size) of gap records stepped over
         self._relocation_logged = False
         self._gen = self._run()
 
     @property
-    def segments(self):
+    def segments(self) -> list[str]:
         """Paths of the segment files, in offset order."""
         return [s.path for s in self._segments]
 
-    def __iter__(self):
+    def __iter__(self) -> "CommitLogReader":
         return self
 
-    def __next__(self):
+    def __next__(self) -> _record.Message:
         return next(self._gen)
 
-    def close(self):
+    def close(self) -> None:
         """Stop reading and release the open segment. Idempotent."""
         self._gen.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "CommitLogReader":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _later_segments_hold_data(self, index):
+    def _later_segments_hold_data(self, index: int) -> bool:
         for seg_file in self._segments[index + 1:]:
             if seg_file.size == 0:
                 continue
@@ -196,7 +202,7 @@ class CommitLogReader:
                 seg.close()
         return False
 
-    def _run(self):
+    def _run(self) -> Generator[_record.Message, None, None]:
         end = self.end
         start = self.start
         for index, seg_file in enumerate(self._segments):
@@ -211,6 +217,7 @@ class CommitLogReader:
                 self.stop_offset = base
                 if n == 0:
                     continue
+                assert seg.mm is not None  # not empty, so mapped
                 limit = n if end is None else min(n, end - base)
                 pos = max(0, start - base)
                 self.stop_offset = base + pos
@@ -287,7 +294,7 @@ class CommitLogReader:
                 seg.close()
         self.stop_reason = "end"
 
-    def _relocate(self, msg, offset, path):
+    def _relocate(self, msg: _record.Message, offset: int, path: str) -> _record.Message:
         if not self._relocation_logged:
             self._relocation_logged = True
             log.warning("commit log %s: stored physical offset %d differs from the file position %d; "
@@ -295,7 +302,9 @@ class CommitLogReader:
         return _relocated(msg, offset)
 
 
-def read_commitlog(path, *, mapped_file_size=None, check_crc=True, copy=True, on_corrupt="raise", start=0):
+def read_commitlog(path: str | os.PathLike[str], *, mapped_file_size: int | None = None, check_crc: bool = True,
+                   copy: bool = True, on_corrupt: Literal["raise", "stop"] = "raise",
+                   start: int = 0) -> CommitLogReader:
     """Iterate the messages of a RocketMQ commit log, read-only.
 
     :param path: a ``commitlog`` directory (segment files named by their 20-digit base offset) or one segment
@@ -335,25 +344,25 @@ class ConsumeQueueUnits:
     "partial" (a file length that is not a multiple of 20).
     """
 
-    units: np.ndarray
+    units: npt.NDArray[np.void]
     queue_offset_base: int
-    files: tuple
+    files: tuple[str, ...]
     stop_reason: str
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.units)
 
     @property
-    def max_queue_offset(self):
+    def max_queue_offset(self) -> int:
         """The queue offset after the last valid unit (RocketMQ's maxOffsetInQueue)."""
         return self.queue_offset_base + len(self.units)
 
-    def queue_offsets(self):
+    def queue_offsets(self) -> npt.NDArray[np.int64]:
         """int64 array of the queue offsets of ``units``."""
         return np.arange(self.queue_offset_base, self.max_queue_offset, dtype=np.int64)
 
 
-def load_consume_queue(path):
+def load_consume_queue(path: str | os.PathLike[str]) -> ConsumeQueueUnits:
     """Read the valid units of a consume queue with their queue offsets.
 
     Units are read while valid (offset >= 0 and size > 0, so the blank padding unit ``(0, 0x7FFFFFFF, 0)``
@@ -366,10 +375,10 @@ def load_consume_queue(path):
     :raises CorruptStoreError: when a file name is not a multiple of 20.
     """
     segments = list_segments(path, "consume queue")
-    arrays = []
-    files = []
+    arrays: list[npt.NDArray[np.void]] = []
+    files: list[str] = []
     reason = "end"
-    expected = None
+    expected: int | None = None
     for seg in segments:
         if seg.base % CQ_UNIT_SIZE:
             raise CorruptStoreError(f"consume queue file {seg.path}: name is not a multiple of {CQ_UNIT_SIZE}")
@@ -407,7 +416,7 @@ def load_consume_queue(path):
     return ConsumeQueueUnits(units, segments[0].base // CQ_UNIT_SIZE, tuple(files), reason)
 
 
-def read_consume_queue(path):
+def read_consume_queue(path: str | os.PathLike[str]) -> npt.NDArray[np.void]:
     """The valid units of a consume queue directory or file as a numpy structured array.
 
     :param path: as for ``load_consume_queue``.
@@ -418,7 +427,11 @@ def read_consume_queue(path):
     return load_consume_queue(path).units
 
 
-def is_ext_address(tags_code):
+@overload
+def is_ext_address(tags_code: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.bool_]: ...
+@overload
+def is_ext_address(tags_code: int | np.integer[Any]) -> bool: ...
+def is_ext_address(tags_code: int | np.integer[Any] | npt.NDArray[np.integer[Any]]) -> bool | npt.NDArray[np.bool_]:
     """Whether a CQ tagsCode is a ConsumeQueueExt address (<= -2**31 - 1) rather than a tag hash.
 
     :param tags_code: an int, a numpy integer or an integer array.
@@ -429,7 +442,11 @@ def is_ext_address(tags_code):
     return bool(tags_code <= EXT_ADDRESS_MAX)
 
 
-def ext_offset(tags_code):
+@overload
+def ext_offset(tags_code: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int64]: ...
+@overload
+def ext_offset(tags_code: int | np.integer[Any]) -> int: ...
+def ext_offset(tags_code: int | np.integer[Any] | npt.NDArray[np.integer[Any]]) -> int | npt.NDArray[np.int64]:
     """The absolute ConsumeQueueExt offset that an ext address encodes (tags_code - Long.MIN_VALUE).
 
     :param tags_code: an ext address (int or numpy integer), or an integer array.
@@ -447,7 +464,7 @@ def ext_offset(tags_code):
     return value + _SIGN_BIT
 
 
-def read_consume_queue_ext(path):
+def read_consume_queue_ext(path: str | os.PathLike[str]) -> list[CqExtUnit]:
     """The units of a ConsumeQueueExt directory or file, in address order.
 
     Each unit is int16 size, int64 tagsCode, int64 msgStoreTime, int16 bitMapSize and the bitmap. In each file
@@ -461,7 +478,7 @@ def read_consume_queue_ext(path):
     :raises NotAStoreError: when the path is missing or holds no ext files.
     :raises CorruptFrameError: for a unit whose size or bitmap size is impossible (with offset and path).
     """
-    out = []
+    out: list[CqExtUnit] = []
     segments = list_segments(path, "consume queue ext")
     for index, seg in enumerate(segments):
         with open(seg.path, "rb") as f:

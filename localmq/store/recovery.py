@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -25,10 +25,15 @@ from localmq.layout import (
     SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
 )
 
-if TYPE_CHECKING:  # annotations only: both modules import nothing of this one
+if TYPE_CHECKING:  # annotations only: these modules import nothing of this one
+    from localmq._mapped_file import MappedFile
+    from localmq.store.consume_queue import ConsumeQueue
     from localmq.store.consume_queue_table import ConsumeQueueTable
     from localmq.store.mapped_file_queue import MappedFileQueue
     from localmq.store.undo import OpenUndo
+
+    # get.first_bad_unit: (cq, commit log files, segment size, start, end, log end) -> (index or -1, why)
+    _FirstBadUnit = Callable[[ConsumeQueue, List[MappedFile], int, int, int, int], Tuple[int, Optional[str]]]
 
 log = logging.getLogger("localmq.recovery")
 
@@ -55,7 +60,7 @@ class RecoveryReport:
     salvaged: List[str] = dataclasses.field(default_factory=list)  # log damage accepted with salvage=True
     # damaged regions in the middle of the log: each {"offset", "bytes", "reason", "quarantine_path"}; the records
     # after one are kept (resynchronised), its bytes copied aside and replaced by a gap record
-    gaps: List[dict] = dataclasses.field(default_factory=list)
+    gaps: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     cq_lost_units: Dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> units pointing into a gap
     reput_from: int = 0
     redispatched: int = 0
@@ -70,7 +75,7 @@ class RecoveryReport:
     missing_head: List[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -88,7 +93,8 @@ def next_queue_offsets(commitlog_dir: str, segment_size: int, start: int) -> Dic
     return out
 
 
-def _first_unit_lost(commit_log, queues, start: int, end: int) -> Optional[Tuple[int, str, int, int]]:
+def _first_unit_lost(commit_log: MappedFileQueue, queues: ConsumeQueueTable, start: int,
+                     end: int) -> Optional[Tuple[int, str, int, int]]:
     """(physical offset, topic, queue id, queue offset) of the first record in [start, end) that its ConsumeQueue
     does not reach (its queue offset at or past the queue's end, or no queue), or None. A queue whose last units
     were zeroed reads as a queue that ends there: without this check, a normal open dispatches from where the
@@ -123,7 +129,7 @@ def _first_unit_lost(commit_log, queues, start: int, end: int) -> Optional[Tuple
     return None
 
 
-def _count_tail_records(mf, pos: int) -> int:
+def _count_tail_records(mf: MappedFile, pos: int) -> int:
     """Whole records (structure intact, CRC ignored) that follow a damaged one at ``pos`` in ``mf``."""
     status, size = scan_record(mf, pos, False)
     if status not in ("ok", "bad crc") or size <= 0:
@@ -134,10 +140,10 @@ def _count_tail_records(mf, pos: int) -> int:
     return count + n
 
 
-def _quarantine(root: str, mfq, start: int) -> tuple[Optional[str], int]:
+def _quarantine(root: str, mfq: MappedFileQueue, start: int) -> tuple[Optional[str], int]:
     """Copy the non-zero bytes from absolute offset ``start`` to the end of written data into
     ``<root>/recovery/`` before they are cut. Returns (path or None, bytes copied)."""
-    chunks = []
+    chunks: List[Tuple[int, bytes]] = []
     for mf in mfq.files:
         base = mf.file_from_offset
         if base + mf.file_size <= start:
@@ -166,10 +172,10 @@ def _quarantine(root: str, mfq, start: int) -> tuple[Optional[str], int]:
     return path, total
 
 
-def _quarantine_gap(root: str, mfq, start: int, end: int) -> str:
+def _quarantine_gap(root: str, mfq: MappedFileQueue, start: int, end: int) -> str:
     """Copy the damaged bytes [start, end) of the log into ``<root>/recovery/commitlog-gap-<start>-<ms>.bin`` (same
     chunk format as a cut tail; all-zero pieces are left out) before a gap record replaces them; returns its path."""
-    chunks = []
+    chunks: List[Tuple[int, bytes]] = []
     for mf in mfq.files:
         base = mf.file_from_offset
         lo, hi = max(start, base), min(end, base + mf.file_size)
@@ -192,7 +198,7 @@ def _quarantine_gap(root: str, mfq, start: int, end: int) -> str:
     return path
 
 
-def refuse_unknown(mf, pos: int, status: str, data_end: int) -> None:
+def refuse_unknown(mf: MappedFile, pos: int, status: RecordStatus, data_end: int) -> None:
     """Raise UnknownRecordFormatError when the walk stopped (``status``) at ``mf`` + ``pos`` on a record localmq does
     not understand (``files.not_understood``: an unknown format, or a V2 record naming a topic longer than localmq's
     names): it is not damage, and nothing may replace it. Called before any byte of the damage handling is
@@ -208,7 +214,8 @@ def refuse_unknown(mf, pos: int, status: str, data_end: int) -> None:
         f"the records localmq knows", offset=at, path=mf.path, magic=magic, size=size)
 
 
-def _resync(files, i: int, pos: int, limit: int, agrees: Callable[[object, int], bool]):
+def _resync(files: List[MappedFile], i: int, pos: int, limit: int,
+            agrees: Callable[[MappedFile, int], bool]) -> Optional[Tuple[int, int]]:
     """The first record after the damage at ``files[i]`` + ``pos`` that was written where it lies (magic, length and
     body CRC valid, PHYSICALOFFSET equal to its place) and whose queue offset agrees with its ConsumeQueue, looking
     no further than ``limit`` (how far the log is known to reach); (segment index, position) or None."""
@@ -231,15 +238,15 @@ def _resync(files, i: int, pos: int, limit: int, agrees: Callable[[object, int],
     return None
 
 
-def _mark_gap(files, i: int, pos: int, j: int, q: int) -> Optional[tuple]:
+def _mark_gap(files: List[MappedFile], i: int, pos: int, j: int, q: int) -> Optional[Tuple[int, ...]]:
     """Replace the damaged bytes from ``files[i]`` + ``pos`` to ``files[j]`` + ``q`` by records every walker steps
     over: gap records (RocketMQ reads one as a blank and goes on in the next segment), a blank record where fewer
     than a gap record's bytes are left before a segment's end. Returns (offset, size) of the last gap record written,
     or () when none was; None when a piece is too short to hold a record (nothing written).
     """
     size = files[i].file_size
-    pieces = []
-    record: tuple = ()
+    pieces: List[Tuple[MappedFile, int, bytes]] = []
+    record: Tuple[int, ...] = ()
     for k in range(i, j + 1):
         lo = pos if k == i else 0
         hi = q if k == j else size
@@ -264,9 +271,9 @@ def _mark_gap(files, i: int, pos: int, j: int, q: int) -> Optional[tuple]:
     return record
 
 
-def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryReport,
+def _walk(root: str, mfq: MappedFileQueue, first_index: int, check_crc: bool, report: RecoveryReport,
           progress: Optional[Callable[[int, int], None]], known_end: int,
-          agrees: Callable[[object, int], bool], undo: Optional["OpenUndo"] = None) -> int:
+          agrees: Callable[[MappedFile, int], bool], undo: Optional["OpenUndo"] = None) -> int:
     """Walk records from segment ``first_index`` on; returns the end of the last valid record.
 
     Damage with valid records after it (below ``known_end``: how far the ConsumeQueues say the log reached) is
@@ -326,7 +333,7 @@ def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryRep
         process = at
         if progress is not None:
             progress(total_files - first_index, total_files - first_index)
-        if status != "end":
+        if status != RecordStatus.END:
             report.stop_reason = status
             report.dropped_at = process
             report.dropped_records = _count_tail_records(mf, pos)
@@ -339,9 +346,9 @@ def _walk(root: str, mfq, first_index: int, check_crc: bool, report: RecoveryRep
     return process
 
 
-def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, checkpoint_min_ts: int,
+def recover_commit_log(root: str, mfq: MappedFileQueue, *, abnormal: bool, check_crc: bool, checkpoint_min_ts: int,
                        progress: Optional[Callable[[int, int], None]] = None, known_end: int = 0,
-                       agrees: Optional[Callable[[object, int], bool]] = None,
+                       agrees: Optional[Callable[[MappedFile, int], bool]] = None,
                        keep_segment_names: bool = False, undo: Optional["OpenUndo"] = None) -> RecoveryReport:
     """Find the end of valid data in the commit log, quarantine and cut what follows it; damage in the middle
     (valid records after it, below ``known_end``: what the dispatcher had read) becomes a gap record instead
@@ -398,8 +405,8 @@ def recover_commit_log(root: str, mfq, *, abnormal: bool, check_crc: bool, check
 
 
 
-def _repair_segment(root: str, mfq, i: int, check_crc: bool, report: RecoveryReport, known_end: int,
-                    agrees: Callable[[object, int], bool], undo: Optional["OpenUndo"] = None) -> None:
+def _repair_segment(root: str, mfq: MappedFileQueue, i: int, check_crc: bool, report: RecoveryReport, known_end: int,
+                    agrees: Callable[[MappedFile, int], bool], undo: Optional["OpenUndo"] = None) -> None:
     """Walk segment ``i`` (one the recovery walk did not cover: older than its start) and replace each damaged region
     by a gap record, as the walk does (quarantined copy, ``report.gaps``): up to the next record written where it
     lies in the segment, else to the segment's end (the next segment starts with a record)."""
@@ -435,7 +442,8 @@ def _repair_segment(root: str, mfq, i: int, check_crc: bool, report: RecoveryRep
         pos = q
 
 
-def _damaged_old_segments(commit_log, queues, walked_from: int, end: int) -> List[int]:
+def _damaged_old_segments(commit_log: MappedFileQueue, queues: ConsumeQueueTable, walked_from: int,
+                          end: int) -> List[int]:
     """Indexes of the commit log segments before ``walked_from`` (which the recovery walk did not cover) that hold
     the record of a ConsumeQueue's first bad unit, where that record does not parse: damage in an old segment, found
     through the queues (a zeroed page, a flipped length byte, a topic name no writer accepts), to be repaired before
@@ -445,7 +453,7 @@ def _damaged_old_segments(commit_log, queues, walked_from: int, end: int) -> Lis
     files, seg_size = commit_log.files, commit_log.file_size
     if not files or walked_from <= files[0].file_from_offset:
         return []
-    found = set()
+    found: set[int] = set()
     for cq in queues.queues.values():
         if not cq.mapped_file_queue.files:
             continue
@@ -465,7 +473,7 @@ def _damaged_old_segments(commit_log, queues, walked_from: int, end: int) -> Lis
     return sorted(found)
 
 
-def _header_outvoted(commit_log, queues, cq, idx: int) -> bool:
+def _header_outvoted(commit_log: MappedFileQueue, queues: ConsumeQueueTable, cq: ConsumeQueue, idx: int) -> bool:
     """Whether unit ``idx`` of ``cq`` outvotes its record: the record lies where the unit says, has the unit's size,
     queue offset and a valid body, but names another topic or queue id, and that queue (if it exists) has no unit
     for it there. One header field the body CRC does not cover (QUEUEID, a topic letter) is damaged: the message is
@@ -495,8 +503,8 @@ def _header_outvoted(commit_log, queues, cq, idx: int) -> bool:
     return theirs is not None and theirs[0] != phys
 
 
-def _first_bad_unit(first_bad_unit, cq, files, seg_size: int, start: int, end: int,
-                    gaps: List[dict]) -> Tuple[int, Optional[str]]:
+def _first_bad_unit(first_bad_unit: _FirstBadUnit, cq: ConsumeQueue, files: List[MappedFile], seg_size: int,
+                    start: int, end: int, gaps: List[Dict[str, Any]]) -> Tuple[int, Optional[str]]:
     """``get.first_bad_unit`` from ``start``, and also the first unit pointing inside a region that this recovery
     replaced by a gap record (other than a lost unit pointing at the gap record itself), whichever comes first.
     Such a unit may still find a whole record there (a record whose bytes in a lost page were zeros anyway, or one
@@ -524,7 +532,8 @@ def _first_bad_unit(first_bad_unit, cq, files, seg_size: int, start: int, end: i
                                f"({region['bytes']} bytes) that recovery replaced by a gap record")
 
 
-def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryReport) -> List[int]:
+def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: int, cl_min: int,
+                   report: RecoveryReport) -> List[int]:
     """Check every ConsumeQueue against the recovered log (derived data: the log is the truth) and cut each one
     at its first unit that does not match its record; returns the commit log offsets the dispatcher must start
     from (at the latest) so that the cut queues are rebuilt. Fills ``report.cq_rebuilt``."""
@@ -574,6 +583,7 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
             if gap is not None and cq.mark_lost(idx, *gap["record"]):
                 lost += 1
             elif _header_outvoted(commit_log, queues, cq, idx):
+                assert unit is not None  # _header_outvoted is False without a unit
                 lost += 1
                 report.damaged_headers.append(unit[0])
                 log.error("consume queue %s: unit %d points at a record whose topic or queue id does not match while "
@@ -601,7 +611,7 @@ def _verify_queues(commit_log, queues, end: int, cl_min: int, report: RecoveryRe
     return starts
 
 
-def _rewrite_units(cq, phy_offset: int) -> int:
+def _rewrite_units(cq: ConsumeQueue, phy_offset: int) -> int:
     """After an unclean exit: write the units of the records at or past ``phy_offset`` (the recovery walk's start)
     again, byte for byte, and lower their files' flushed positions, so that the next flush writes them. A unit that a
     process wrote but could not flush (a failed msync is never retried, and Linux forgets the pages it could not
@@ -614,7 +624,8 @@ def _rewrite_units(cq, phy_offset: int) -> int:
         if mf.file_from_offset >= end:
             continue
         n = min(mf.file_size, end - mf.file_from_offset) // CQ_UNIT_SIZE
-        arr = np.frombuffer(mf, dtype=CQ_DTYPE)
+        # numpy types its buffer argument as the buffer protocol (MappedFile.__buffer__) only from Python 3.12 on
+        arr = np.frombuffer(mf, dtype=CQ_DTYPE)  # type: ignore[call-overload, unused-ignore]
         try:
             past = np.flatnonzero(arr["offset"][:n] >= phy_offset)
             first = int(past[0]) if len(past) else n
@@ -674,7 +685,7 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         log.error("salvage: %s; the queues are cut to the log", msg)
     known_end = max((cq.max_physic_offset for k, cq in queues.queues.items() if k not in damaged), default=0)
 
-    def agrees(mf, q: int) -> bool:
+    def agrees(mf: MappedFile, q: int) -> bool:
         # a resynchronisation candidate's queue offset must agree with its queue: a unit it has for that offset
         # points at this record (a unit that is blank or lost says nothing)
         try:
@@ -725,10 +736,10 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         reput_from = min(reput_from, report.start_offset)
     for key in damaged:
         # a queue cut short by damage in its middle is rebuilt from the log from where it now ends
-        cq = queues.queues.get(key)
+        q = queues.queues.get(key)
         report.cq_damaged.append(f"{key[0]}-{key[1]}")
-        if cq is not None:
-            reput_from = min(reput_from, max(cl_min, cq.max_physic_offset if cq.max_physic_offset >= 0 else cl_min))
+        if q is not None:
+            reput_from = min(reput_from, max(cl_min, q.max_physic_offset if q.max_physic_offset >= 0 else cl_min))
     if starts:
         reput_from = max(cl_min, min(reput_from, min(starts)))
     if not abnormal and verify_queues and report.start_offset < reput_from:

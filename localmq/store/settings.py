@@ -107,7 +107,7 @@ def _segment_size(directory: str) -> Optional[int]:
 def _queue_file_size(root: str) -> Optional[int]:
     """The one size of the non-empty files of every queue under ``root`` (ConsumeQueue or ConsumeQueueExt),
     or None when there are none or they differ."""
-    sizes = set()
+    sizes: set[int] = set()
     try:
         topics = os.listdir(root)
     except FileNotFoundError:
@@ -224,7 +224,7 @@ def _write_doc(root: str, doc: Dict[str, Any]) -> str:
     return path
 
 
-def explicit_settings(config: Optional[StoreConfig], kwargs: Collection[str]) -> frozenset:
+def explicit_settings(config: Optional[StoreConfig], kwargs: Collection[str]) -> frozenset[str]:
     """The FILE_SETTINGS a caller chose: the keyword arguments given to open, or, for a StoreConfig object, its
     fields that differ from the defaults (a field left at its default cannot be told from one set to it)."""
     if config is None:

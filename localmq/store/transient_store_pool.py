@@ -26,7 +26,7 @@ class TransientStorePool:
         self.pool_size = pool_size
         self.file_size = file_size
         self.lock = lock
-        self._free: deque = deque()
+        self._free: deque[WriteBuffer] = deque()
         self._created = 0
         self._mutex = threading.Lock()
         self._warned = False

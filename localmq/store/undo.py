@@ -79,7 +79,7 @@ class OpenUndo:
     Only the process that holds the store alone may restore: another writer's files would look new.
     """
 
-    def __init__(self, root: str, created_root: Optional[str] = None, created: tuple = (),
+    def __init__(self, root: str, created_root: Optional[str] = None, created: tuple[str, ...] = (),
                  listing: bool = True) -> None:
         self.root = root
         self.created_root = created_root
@@ -93,7 +93,7 @@ class OpenUndo:
         if listing:
             self._take(self.created)
 
-    def _take(self, created: tuple) -> None:
+    def _take(self, created: tuple[str, ...]) -> None:
         for name in STORE_ENTRIES:
             top = os.path.join(self.root, name)
             if not os.path.lexists(top) or top in created:
@@ -113,7 +113,7 @@ class OpenUndo:
                     # one RocketMQ and other processes test), and a failed open writes no byte there anyway.
                     self.keep(top)
 
-    def retake(self, created: tuple = ()) -> None:
+    def retake(self, created: tuple[str, ...] = ()) -> None:
         """List the entries now (the opener holds the store alone from here on); ``created`` are more paths this
         open made."""
         self.created += tuple(created)
@@ -194,7 +194,7 @@ class OpenUndo:
                         touched.add(os.path.dirname(path))
                 except OSError:
                     log.exception("removing %s after a failed open", path)
-            names: tuple = ()
+            names: tuple[str, ...] = ()
         else:
             names = STORE_ENTRIES
         for name in names:
