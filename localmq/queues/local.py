@@ -424,7 +424,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             self._commit_service.start()
             self._services.append(self._commit_service)
         self._cq_flush_service = FlushConsumeQueueService(lambda: self._cqs.values(), c, self.checkpoint,
-                                                          self.checkpoint.flush)
+                                                          self.checkpoint.flush, self._cq_table.sync_names)
         self._cq_flush_service.start()
         self._services.append(self._cq_flush_service)
 
@@ -1081,6 +1081,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             while not cq.flush(0):
                 pass
             logics_ts = max(logics_ts, ts)
+        self._cq_table.sync_names()
         cp = self.checkpoint
         if self._cl_mfq.store_timestamp and failure is None:
             cp.physic_msg_timestamp = self._cl_mfq.store_timestamp

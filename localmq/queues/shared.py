@@ -336,7 +336,7 @@ class SharedMessageQueue(LocalMessageQueue):
         self._hk_flush.start()
         self._hk_services.append(self._hk_flush)
         self._cq_flush_service = FlushConsumeQueueService(lambda: self._cqs.values(), c, self.checkpoint,
-                                                          self.checkpoint.flush)
+                                                          self.checkpoint.flush, self._cq_table.sync_names)
         self._cq_flush_service.start()
         self._hk_services.append(self._cq_flush_service)
         before = len(self._services)

@@ -274,9 +274,12 @@ class FlushConsumeQueueService(ServiceThread):
     ms; after a thorough pass the checkpoint's logical timestamp moves and the checkpoint file is synced.
     """
 
-    def __init__(self, queues: Callable[[], Iterable], config, checkpoint, flush_checkpoint: Callable[[], None]):
+    def __init__(self, queues: Callable[[], Iterable], config, checkpoint, flush_checkpoint: Callable[[], None],
+                 sync_names: Callable[[], int] = lambda: 0):
         super().__init__("FlushConsumeQueueService")
         self.queues = queues
+        # makes the names of queue files created since the last pass durable (ConsumeQueueTable.sync_names)
+        self.sync_names = sync_names
         self.config = config
         self.checkpoint = checkpoint
         self.flush_checkpoint = flush_checkpoint
@@ -301,6 +304,8 @@ class FlushConsumeQueueService(ServiceThread):
                     logics_ts = ts
             self.flushes += 1
             if least_pages == 0:
+                # the files whose times were claimed above existed before this: their names are durable after it
+                self.sync_names()
                 if logics_ts:
                     self.checkpoint.logics_msg_timestamp = logics_ts
                 self.flush_checkpoint()

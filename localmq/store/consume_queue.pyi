@@ -10,7 +10,7 @@ from typing_extensions import Self, disjoint_base
 
 from localmq._shm import ControlFile
 from localmq.layout import CQ_DTYPE as CQ_DTYPE
-from localmq.store.mapped_file_queue import MappedFileQueue
+from localmq.store.mapped_file_queue import DeferredDirSyncs, MappedFileQueue
 
 log: logging.Logger
 
@@ -29,7 +29,8 @@ class ConsumeQueue:
     @property
     def gap_units(self) -> int: ...
     def __new__(cls, topic: str, queue_id: int, root: str | os.PathLike[str], file_size: int, *,
-                writable: bool = True, reserve_step: int = 0) -> Self: ...
+                writable: bool = True, reserve_step: int = 0,
+                dir_syncs: Optional[DeferredDirSyncs] = None) -> Self: ...
     @property
     def max_offset(self) -> int: ...
     @property

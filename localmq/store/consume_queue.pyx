@@ -55,13 +55,15 @@ cdef class ConsumeQueue:
     """
 
     def __cinit__(self, str topic, int queue_id, root, long long file_size, *, bint writable=True,
-                  long long reserve_step=0):
+                  long long reserve_step=0, object dir_syncs=None):
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(os.fspath(root), topic, str(queue_id))
         # no descriptor per queue file kept open: a store holds as many queues as its users make
+        # dir_syncs (a DeferredDirSyncs): the fsyncs that make a new file's name durable wait for the next
+        # checkpoint instead of running on the dispatcher's thread
         self.mapped_file_queue = MappedFileQueue(self.directory, file_size, writable=writable,
-                                                 reserve_step=reserve_step, keep_fd=False)
+                                                 reserve_step=reserve_step, keep_fd=False, dir_syncs=dir_syncs)
         self.st.addr = NULL
         self.st.reserved = 0
         self.st.file_size = file_size

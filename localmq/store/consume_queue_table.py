@@ -11,6 +11,7 @@ from localmq.config import check_topic
 from localmq.errors import CorruptStoreError
 from localmq.layout import MAX_QUEUE_ID, TOPIC_RE
 from localmq.store.consume_queue import ConsumeQueue
+from localmq.store.mapped_file_queue import DeferredDirSyncs
 
 log = logging.getLogger("localmq.store")
 
@@ -27,6 +28,8 @@ class ConsumeQueueTable:
         self.root = root
         self.file_size = file_size
         self.reserve_step = reserve_step  # > 0: queue files are sparse, their blocks reserved ahead step by step
+        # the names of new queue files are made durable together, before a checkpoint vouches for them (sync_names)
+        self.dir_syncs = DeferredDirSyncs()
         self.queues: Dict[Tuple[str, int], ConsumeQueue] = {}
         self.skipped_dirs: List[str] = []
         # (topic, queue id) -> why its files could not be loaded (wrong size, a missing file between others):
@@ -52,7 +55,8 @@ class ConsumeQueueTable:
                     self.skipped_dirs.append(os.path.join(tdir, q))
                     log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
                     continue
-                cq = ConsumeQueue(topic, int(q), root, self.file_size, reserve_step=self.reserve_step)
+                cq = ConsumeQueue(topic, int(q), root, self.file_size, reserve_step=self.reserve_step,
+                                  dir_syncs=self.dir_syncs)
                 try:
                     cq.load()
                 except CorruptStoreError as e:
@@ -65,7 +69,8 @@ class ConsumeQueueTable:
                         if len(name) == 20 and name.isdigit() and os.path.isfile(path) and not os.path.islink(path):
                             os.unlink(path)
                     fsync_dir(qdir)
-                    cq = ConsumeQueue(topic, int(q), root, self.file_size, reserve_step=self.reserve_step)
+                    cq = ConsumeQueue(topic, int(q), root, self.file_size, reserve_step=self.reserve_step,
+                                      dir_syncs=self.dir_syncs)
                     self.damaged[(topic, int(q))] = str(e)
                 self.queues[(topic, int(q))] = cq
 
@@ -78,7 +83,8 @@ class ConsumeQueueTable:
                 cq = self.queues.get(key)
                 if cq is None:
                     check_topic(topic)
-                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step)
+                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step,
+                                      dir_syncs=self.dir_syncs)
                     self.queues[key] = cq
         return cq
 
@@ -92,11 +98,17 @@ class ConsumeQueueTable:
                 cq = self.queues.get(key)
                 if cq is None:
                     check_topic(topic)
-                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step)
+                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step,
+                                      dir_syncs=self.dir_syncs)
                     cq.load()
                     adopt(cq)
                     self.queues[key] = cq
         return cq
+
+    def sync_names(self) -> int:
+        """Make the names of the queue files created since the last call durable (directory fsyncs); returns how many
+        directories were synced. Called before the checkpoint's logical timestamp moves past what they hold."""
+        return self.dir_syncs.sync()
 
     def destroy_all(self) -> None:
         """Delete every queue's files (a store whose commit log is gone: the units could point nowhere)."""
