@@ -1,4 +1,4 @@
-"""Stub for the compiled localmq.store.commit_log: the CommitLog put path, PutResult and the group commit."""
+"""Stub for the compiled localmq.store.commit_log: the CommitLog put path and the group commit."""
 import logging
 from typing import Any, Callable, Iterable, Mapping, Optional, Tuple, Union
 
@@ -9,32 +9,12 @@ from localmq._native import Event
 from localmq._shm import ControlFile
 from localmq.status import PutStatus
 from localmq.store.mapped_file_queue import MappedFileQueue
+from localmq.store.put_result import PutResult
 
 log: logging.Logger
 
 _Body = Union[bytes, bytearray, memoryview]
 _Keys = Union[str, Iterable[str], None]
-
-@disjoint_base
-class PutResult:
-    """Result of a put or put_batch."""
-
-    status: PutStatus
-    uniq_key: Optional[str]
-    @property
-    def physical_offset(self) -> int: ...
-    @property
-    def queue_offset(self) -> int: ...
-    @property
-    def wrote_bytes(self) -> int: ...
-    @property
-    def store_timestamp(self) -> int: ...
-    @property
-    def msg_num(self) -> int: ...
-    @property
-    def msg_id(self) -> Optional[str]: ...
-    @property
-    def ok(self) -> bool: ...
 
 @disjoint_base
 class GroupCommit:
@@ -143,9 +123,6 @@ class CommitLog:
     def put_ext(self, topic: str, body: _Body, *, queue_id: int = 0, tags: Optional[str] = None, keys: _Keys = None,
                 properties: Optional[Mapping[str, str]] = None, flag: int = 0, extra: PutExtra) -> PutResult: ...
     def close(self) -> None: ...
-
-def make_put_result(status: PutStatus, physical_offset: int, queue_offset: int, wrote_bytes: int,
-                    store_timestamp: int, msg_num: int = 1) -> PutResult: ...
 
 @disjoint_base
 class CommitLogFront:

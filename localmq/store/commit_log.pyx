@@ -20,7 +20,7 @@ from localmq._layout cimport (
     SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
 )
-from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_record
+from localmq._record cimport calc_msg_length, write_blank, write_record
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
     lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_fail, lmq_gc_failed, lmq_gc_pause, lmq_gc_flushed,
@@ -34,6 +34,7 @@ from localmq._shm cimport (
     lmq_shm_event_seq, lmq_shm_event_wait, lmq_shm_lock_consistent, lmq_shm_lock_release, lmq_shm_monotonic_ns,
     topic_row_add, topic_row_c,
 )
+from localmq.store.put_result cimport PutResult, failed_result
 
 from localmq._record import pack_host, properties_to_bytes
 from localmq.config import (
@@ -205,52 +206,6 @@ cdef inline int64_t store_time(CommitLog self) noexcept:
         shared_ts[0] = ts
     self.last_store_ts = ts
     return ts
-
-
-@cython.freelist(256)
-cdef class PutResult:
-    """Result of a put or put_batch: ``status`` (PutStatus), ``physical_offset`` and ``queue_offset`` of the first
-    message, ``wrote_bytes``, ``store_timestamp``, ``msg_num``, and ``msg_id`` (comma-joined ids for a batch).
-    ``uniq_key``: the client message id (UNIQ_KEY) a Producer's ``send`` gave the message (RocketMQ's
-    SendResult.getMsgId), None for a plain put."""
-
-    cdef public object status
-    cdef public object uniq_key
-    cdef readonly long long physical_offset
-    cdef readonly long long queue_offset
-    cdef readonly long long wrote_bytes
-    cdef readonly long long store_timestamp
-    cdef readonly int msg_num
-    cdef bytes _host
-    cdef bytes _offsets    # a batch's physical offsets (native int64 each), None for one message or > 4096
-
-    @property
-    def msg_id(self):
-        if self.physical_offset < 0 or self._host is None:
-            return None
-        cdef const uint8_t *h = <const uint8_t *>PyBytes_AS_STRING(self._host)
-        cdef int n = PyBytes_GET_SIZE(self._host)
-        if self._offsets is None:
-            return msg_id_of_c(h, n, self.physical_offset)
-        cdef const int64_t *offs = <const int64_t *>PyBytes_AS_STRING(self._offsets)
-        cdef Py_ssize_t i
-        return ",".join([msg_id_of_c(h, n, offs[i]) for i in range(PyBytes_GET_SIZE(self._offsets) // sizeof(int64_t))])
-
-    @property
-    def ok(self):
-        return self.status is PUT_OK
-
-    def __repr__(self):
-        return (f"PutResult(status={self.status.name}, physical_offset={self.physical_offset}, "
-                f"queue_offset={self.queue_offset}, wrote_bytes={self.wrote_bytes}, msg_num={self.msg_num})")
-
-
-cdef PutResult failed_result(object status):
-    cdef PutResult r = PutResult.__new__(PutResult)
-    r.status = status
-    r.physical_offset = -1
-    r.queue_offset = -1
-    return r
 
 
 cdef class GroupCommit:
@@ -1371,19 +1326,6 @@ cdef class CommitLog:
         self.closed = True
         self.cur = None
         PyThread_release_lock(self.lock)
-
-
-def make_put_result(status, long long physical_offset, long long queue_offset, long long wrote_bytes,
-                    long long store_timestamp, int msg_num=1):
-    """A PutResult for queues other than the CommitLog (Memory, Embedded): no store host, so ``msg_id`` is None."""
-    cdef PutResult r = PutResult.__new__(PutResult)
-    r.status = status
-    r.physical_offset = physical_offset
-    r.queue_offset = queue_offset
-    r.wrote_bytes = wrote_bytes
-    r.store_timestamp = store_timestamp
-    r.msg_num = msg_num
-    return r
 
 
 cdef inline TopicEntry begin_put(CommitLog self, str topic, object queue_id, object flag, int *qid, int *fl):
