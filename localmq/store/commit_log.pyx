@@ -34,7 +34,7 @@ from localmq._shm cimport (
     lmq_shm_event_seq, lmq_shm_event_wait, lmq_shm_lock_consistent, lmq_shm_lock_release, lmq_shm_monotonic_ns,
     topic_row_add, topic_row_c,
 )
-from localmq.store.put_result cimport PutResult, failed_result
+from localmq.store.put_result cimport PutResult, failed_result, new_result
 
 from localmq._record import pack_host, properties_to_bytes
 from localmq.config import (
@@ -939,7 +939,7 @@ cdef class CommitLog:
             lmq_shm_event_notify(cb + CTL_EVENT_OFF)
         if self.dispatch_event != NULL:
             lmq_event_signal_if_waiting(self.dispatch_event)
-        r = PutResult.__new__(PutResult)
+        r = new_result()
         r.status = PUT_OK
         r.physical_offset = phys
         r.queue_offset = qoff
@@ -1105,7 +1105,7 @@ cdef class CommitLog:
             lmq_shm_event_notify(cb + CTL_EVENT_OFF)
         if self.dispatch_event != NULL:
             lmq_event_signal_if_waiting(self.dispatch_event)
-        r = PutResult.__new__(PutResult)
+        r = new_result()
         r.physical_offset = first_phys
         r.queue_offset = first_qoff
         r.wrote_bytes = wrote

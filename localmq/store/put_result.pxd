@@ -11,4 +11,5 @@ cdef class PutResult:
     cdef bytes _host
     cdef bytes _offsets    # a batch's physical offsets (native int64 each), None for one message or > 4096
 
+cdef PutResult new_result()
 cdef PutResult failed_result(object status)

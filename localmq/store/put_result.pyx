@@ -39,6 +39,12 @@ cdef class PutResult:
                 f"queue_offset={self.queue_offset}, wrote_bytes={self.wrote_bytes}, msg_num={self.msg_num})")
 
 
+cdef PutResult new_result():
+    # the put path's allocation (from the freelist): here, where the type's tp_new is a direct call, not in the
+    # cimporting module, which would call it through the type object and test the type of what it returns
+    return PutResult.__new__(PutResult)
+
+
 cdef PutResult failed_result(object status):
     cdef PutResult r = PutResult.__new__(PutResult)
     r.status = status
