@@ -48,12 +48,6 @@ from localmq.errors import (
     PropertiesSizeError, StoreClosedError, TopicTableFullError, store_io_error,
 )
 
-# SYNC_FLUSH group commit: how far ahead of the log's end the range is kept written (zeros) and flushed, and when to
-# extend it
-cdef enum:
-    SYNC_PREPARE_CHUNK = 1 << 20
-    SYNC_PREPARE_LOW = 1 << 19
-
 # Every CommitLog of this process. A forked child inherits them with their mappings but without the parent's put lock
 # holder, dispatcher or later queue offsets: a put there would reuse the parent's offsets and overwrite its records,
 # so after a fork every inherited CommitLog refuses puts (ForkedStoreError). The put path already tests ``closed``;
@@ -263,7 +257,7 @@ cdef class GroupCommit:
         fails (nothing is published for the failed range).
         """
         cdef int64_t base = mf.file_from_offset, size = mf.file_size
-        cdef int64_t wrote, flushed, ts, t = target, pstart, pend
+        cdef int64_t wrote, flushed, ts, t = target
         cdef int status = 0, rc = 0, err = 0
         cdef long long rounds = 0
         if mf.addr == NULL:
@@ -294,17 +288,12 @@ cdef class GroupCommit:
                         mf.flushed_store_timestamp = ts
                         rounds += 1
                     lmq_gc_done(self.gc, base + wrote)  # publish and release the claim
-                    if mf.prepared_pos < wrote + SYNC_PREPARE_LOW and mf.prepared_pos < size:
-                        # the next MiB written once and flushed: see prepare_ahead in services/flush.py
-                        pstart = mf.prepared_pos if mf.prepared_pos > wrote else wrote
-                        pend = pstart + SYNC_PREPARE_CHUNK
-                        if mf.prepare_c(pstart, pend if pend < size else size) != 0:
-                            mf.prepared_pos = size
-                            if mf.sync_error != 0:  # its fdatasync failed (and consumed the file's error)
-                                rc = -1
-                                err = mf.sync_error
-                                lmq_gc_fail(self.gc, err, base)
-                                break
+                    # the next MiB ahead of the log written once and flushed (MappedFile.prepare_ahead_c)
+                    if mf.prepare_ahead_c(wrote) != 0 and mf.sync_error != 0:
+                        rc = -1  # its fdatasync failed (and consumed the file's error)
+                        err = mf.sync_error
+                        lmq_gc_fail(self.gc, err, base)
+                        break
                     if t > base + wrote or wrote >= size:
                         status = 0
                         break
@@ -1188,7 +1177,6 @@ cdef class CommitLog:
         cdef int64_t a_start, a0, want, w, end, rel, now, t_pub, t0, left, covered
         cdef int64_t group = self.sync_group
         cdef int64_t ewma = self.sync_fsync_ns
-        cdef int64_t pstart, pend
         cdef uint32_t seen
         cdef int status = 0, rc = 0, err = 0
         cdef long long rounds = 0
@@ -1264,16 +1252,12 @@ cdef class CommitLog:
                     # 4. keep the next MiB ahead of the log written once (zeros) and on disk: a fallocated range is
                     # "unwritten" to ext4/xfs, and the first fdatasync over each new page of it must also commit
                     # the extent conversion to the journal (measured here: 190 -> 120 us per group commit)
-                    if mf.prepared_pos < rel + SYNC_PREPARE_LOW and mf.prepared_pos < size:
+                    if mf.prepare_due(rel):
                         t0 = lmq_shm_monotonic_ns()
-                        pstart = mf.prepared_pos if mf.prepared_pos > rel else rel
-                        pend = pstart + SYNC_PREPARE_CHUNK
-                        if mf.prepare_c(pstart, pend if pend < size else size) != 0:
-                            mf.prepared_pos = size  # a full disk or an old kernel: flush as before, without it
-                            if mf.sync_error != 0:  # its fdatasync failed (and consumed the file's error)
-                                rc = -1
-                                err = mf.sync_error
-                                break
+                        if mf.prepare_ahead_c(rel) != 0 and mf.sync_error != 0:
+                            rc = -1  # its fdatasync failed (and consumed the file's error)
+                            err = mf.sync_error
+                            break
                         self.sync_prepare_ns += lmq_shm_monotonic_ns() - t0
                     if w >= base + size:
                         status = 0  # mf is flushed to its end: the caller moves on to the next segment
