@@ -68,6 +68,7 @@ extensions = [
     ext("localmq.store.consume_queue"),
     ext("localmq.store.get"),
     ext("localmq.store.put_result"),
+    ext("localmq.store.group_commit"),
     ext("localmq.store.commit_log"),
     ext("localmq.store.dispatch"),
 ]

@@ -39,10 +39,11 @@ from localmq.services.transaction import TRANS_CHECK_GROUP, TransactionalMessage
 from localmq.status import GetResult, GetStatus, PutStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
-from localmq.store.commit_log import CommitLog, CommitLogFront, GroupCommit, PutExtra
+from localmq.store.commit_log import CommitLog, CommitLogFront, PutExtra
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
+from localmq.store.group_commit import GroupCommit
 from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
