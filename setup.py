@@ -67,6 +67,8 @@ extensions = [
     ext("localmq._index"),
     ext("localmq.store.consume_queue"),
     ext("localmq.store.get"),
+    ext("localmq.store.put_result"),
+    ext("localmq.store.group_commit"),
     ext("localmq.store.commit_log"),
     ext("localmq.store.dispatch"),
 ]

@@ -9,7 +9,7 @@ from localmq._record import (
     properties_to_bytes, tags_hash,
 )
 from localmq._columns import decode_range, RecordColumns
-from localmq.store.commit_log import PutResult
+from localmq.store.put_result import PutResult
 from localmq.status import ConsumeStatus, GetResult, GetStatus, PutStatus
 from localmq.status import LocalTransactionState, TransactionSendResult
 from localmq.config import FlushDiskType, StoreConfig

@@ -68,6 +68,8 @@ cdef class MappedFile:
     cdef int ensure_reserved(self, int64_t end) except -1
     cdef int reserve_range(self, int64_t start, int64_t end) except -1
     cdef int prepare_c(self, int64_t start, int64_t end) noexcept nogil
+    cdef bint prepare_due(self, int64_t pos) noexcept nogil
+    cdef int prepare_ahead_c(self, int64_t pos) noexcept nogil
     cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil
     cdef int _reopen(self) except -1
     cdef int _close_borrowed(self, int fd) except -1

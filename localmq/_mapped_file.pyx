@@ -32,6 +32,12 @@ FILE_NAME_DIGITS = 20
 SYNC_FAILED_BEFORE = "flush (an earlier msync or fdatasync of this file failed; it is never retried)"
 _HAVE_SEEK_DATA = hasattr(os, "SEEK_DATA")
 
+# SYNC_FLUSH (prepare_ahead_c): the range ahead of the log's end kept written once (zeros) and flushed, and how little
+# of it may be left before it is extended
+cdef enum:
+    PREPARE_CHUNK = 1 << 20
+    PREPARE_LOW = 1 << 19
+
 
 def offset_to_file_name(long long offset):
     """20-digit zero-padded decimal name of a file starting at ``offset``."""
@@ -358,6 +364,52 @@ cdef class MappedFile:
         try:
             with nogil:
                 err = self.prepare_c(start, end)
+        finally:
+            self.unpin()
+        if err != 0:
+            raise_errno(err, self.path, "fdatasync" if self.sync_error == err else "prepare")
+        return self.prepared_pos
+
+    cdef bint prepare_due(self, int64_t pos) noexcept nogil:
+        # less than PREPARE_LOW prepared beyond the log's end ``pos``, and the file not prepared to its end
+        return self.prepared_pos < pos + PREPARE_LOW and self.prepared_pos < self.file_size
+
+    cdef int prepare_ahead_c(self, int64_t pos) noexcept nogil:
+        """The step every SYNC_FLUSH flusher takes between flushes (the group commit loops in C, the
+        GroupCommitService when idle): when less than PREPARE_LOW bytes beyond the log's end ``pos`` are prepared,
+        prepare the next PREPARE_CHUNK (``prepare_c``). A fallocated range is "unwritten" to ext4 and xfs: without
+        this, each fdatasync that reaches a new page must also commit the extent conversion to the journal
+        (measured: 190 -> 120 us per fdatasync of 3 KiB). The caller pins the mapping.
+
+        Returns 0, or the errno of a failed prepare: the file is then not prepared again (a full disk, a kernel
+        without MADV_POPULATE_WRITE: flushes go on without it). When that errno is the file's ``sync_error``, the
+        fdatasync failed: a failed flush of the file (it may have consumed the error of a page a put wrote), which
+        the caller reports as one."""
+        cdef int64_t start, end
+        cdef int err
+        if not self.prepare_due(pos):
+            return 0
+        start = self.prepared_pos if self.prepared_pos > pos else pos
+        end = start + PREPARE_CHUNK
+        err = self.prepare_c(start, end if end < self.file_size else self.file_size)
+        if err != 0:
+            self.prepared_pos = self.file_size
+        return err
+
+    def prepare_ahead(self, long long pos):
+        """``prepare_ahead_c`` with the GIL released, for a flusher in Python; returns ``prepared_pos``. Raises
+        OSError (``sync_error`` is set when the fdatasync failed), or StoreClosedError; either way the file is not
+        prepared again."""
+        cdef int err
+        if not self.prepare_due(pos):
+            return self.prepared_pos
+        if self.addr == NULL or self.unmap_pending:
+            self.prepared_pos = self.file_size
+            self._check_open()
+        self.exports += 1
+        try:
+            with nogil:
+                err = self.prepare_ahead_c(pos)
         finally:
             self.unpin()
         if err != 0:

@@ -12,7 +12,7 @@ from helpers import queue_messages, wait_until
 
 import localmq
 from localmq import PutStatus
-from localmq.store.commit_log import GroupCommit
+from localmq.store.group_commit import GroupCommit
 from localmq.store.checkpoint import read_checkpoint
 
 SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=2000)

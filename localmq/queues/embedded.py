@@ -11,7 +11,7 @@ import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from localmq.store.undo import check_writable_filesystem, missing_ancestor
-from localmq.store.commit_log import make_put_result
+from localmq.store.put_result import make_put_result
 from localmq.layout import (
     FRAME_BODY_AT, FRAME_BODY_LEN, FRAME_BODY_LEN_AT, FRAME_OVERHEAD, FRAME_STORE_TS, frame_store_ts_at,
 )

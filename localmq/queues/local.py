@@ -39,14 +39,16 @@ from localmq.services.transaction import TRANS_CHECK_GROUP, TransactionalMessage
 from localmq.status import GetResult, GetStatus, PutStatus
 from localmq.store import get
 from localmq.store.checkpoint import StoreCheckpoint
-from localmq.store.commit_log import CommitLog, CommitLogFront, GroupCommit, PutExtra, PutResult
+from localmq.store.commit_log import CommitLog, CommitLogFront, PutExtra
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
+from localmq.store.group_commit import GroupCommit
 from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable
+from localmq.store.put_result import PutResult
 from localmq.store.recovery import (
     RecoveryReport, check_segments, next_queue_offsets, recover_store, sync_directories,
 )

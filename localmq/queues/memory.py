@@ -5,7 +5,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from localmq.store.commit_log import make_put_result
+from localmq.store.put_result import make_put_result
 from localmq._frame import stored_message
 from localmq._record import properties_to_bytes
 from localmq.layout import MAX_QUEUE_ID

@@ -35,12 +35,6 @@ class _Thorough:
         return least
 
 
-# SYNC_FLUSH: the range ahead of the log's end kept written (zeros) and flushed, and when to extend it (the shared
-# group commit in commit_log.pyx uses the same figures)
-PREPARE_CHUNK = 1 << 20
-PREPARE_LOW = 1 << 19
-
-
 def _log_failure(service: ServiceThread, e: BaseException, what: str) -> None:
     """Count a failed pass; log it unless it repeats the last one (a segment whose flush failed fails every pass
     from then on: MappedFile.sync_error)."""
@@ -51,25 +45,17 @@ def _log_failure(service: ServiceThread, e: BaseException, what: str) -> None:
 
 
 def prepare_ahead(mf, service: ServiceThread, mfq=None) -> None:
-    """Write the next MiB after the log's end in ``mf`` once (a prefault: zeros, no byte changed) and fdatasync it
-    when less than half a MiB is left prepared. A fallocated range is "unwritten" to ext4 and xfs: without this,
-    each SYNC_FLUSH fdatasync that reaches a new page must also commit the extent conversion to the journal
-    (measured: 190 -> 120 us per fdatasync of 3 KiB). Errors (a full disk, a kernel without MADV_POPULATE_WRITE)
-    stop the preparing of this segment; flushes go on without it. A failed fdatasync is a failed flush of the
-    segment (it may have consumed the error of a page a put wrote): reported to ``mfq.report_sync_failure``."""
+    """Keep the range ahead of the log's end in ``mf`` written once and flushed (``MappedFile.prepare_ahead``, the
+    step the group commit loops take in C). Errors (a full disk, a kernel without MADV_POPULATE_WRITE) stop the
+    preparing of this segment; flushes go on without it. A failed fdatasync is a failed flush of the segment (it
+    may have consumed the error of a page a put wrote): reported to ``mfq.report_sync_failure``."""
     if mf is None:
         return
-    size = mf.file_size
-    wrote = mf.wrote_position
-    if mf.prepared_pos >= size or mf.prepared_pos >= wrote + PREPARE_LOW:
-        return
-    start = max(mf.prepared_pos, wrote)
     try:
-        mf.prepare(start, min(size, start + PREPARE_CHUNK))
+        mf.prepare_ahead(mf.wrote_position)
     except (OSError, StoreClosedError) as e:
         service.last_error = e
         log.info("%s: not preparing %s ahead of the log any more: %s", service.name, mf.path, e)
-        mf.give_up_prepare()
         if isinstance(e, OSError) and mf.sync_error and mfq is not None:
             mfq.report_sync_failure(e)
 

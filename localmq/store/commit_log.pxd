@@ -1,7 +1,8 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from localmq._mapped_file cimport MappedFile
-from localmq._os cimport lmq_event, lmq_gc
+from localmq._os cimport lmq_event
 from localmq._shm cimport ControlFile, WriteLock
+from localmq.store.group_commit cimport GroupCommit
 
 cdef extern from "pythread.h":
     ctypedef void *PyThread_type_lock
@@ -13,10 +14,6 @@ cdef class TopicEntry:
     cdef int32_t n_queues
     cdef bint shared                # next_offsets lies in the control file's topic table (not ours to free)
     cdef int ensure(self, int32_t queue_id) except -1
-
-cdef class GroupCommit:
-    cdef lmq_gc *gc
-    cdef int wait_c(self, int64_t target, int64_t timeout_us) noexcept nogil
 
 
 cdef class PutExtra:

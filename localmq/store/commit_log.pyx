@@ -20,13 +20,11 @@ from localmq._layout cimport (
     SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
 )
-from localmq._record cimport calc_msg_length, msg_id_of_c, write_blank, write_record
+from localmq._record cimport calc_msg_length, write_blank, write_record
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport (
-    lmq_event_signal_if_waiting, lmq_gc_close, lmq_gc_done, lmq_gc_fail, lmq_gc_failed, lmq_gc_pause, lmq_gc_flushed,
-    lmq_gc_free, lmq_gc_new, lmq_gc_next, lmq_gc_publish, lmq_gc_set_file, lmq_gc_wait, lmq_fetch_add,
-    lmq_load_acq, lmq_load_sc, lmq_now_ms, lmq_set_timer_slack_ns, lmq_store_max, lmq_store_rel,
-    lmq_store_sc,
+    lmq_event_signal_if_waiting, lmq_fetch_add, lmq_load_acq, lmq_load_sc, lmq_now_ms, lmq_set_timer_slack_ns,
+    lmq_store_max, lmq_store_rel, lmq_store_sc,
 )
 from localmq._native cimport Event, raise_errno
 from localmq._shm cimport (
@@ -34,6 +32,7 @@ from localmq._shm cimport (
     lmq_shm_event_seq, lmq_shm_event_wait, lmq_shm_lock_consistent, lmq_shm_lock_release, lmq_shm_monotonic_ns,
     topic_row_add, topic_row_c,
 )
+from localmq.store.put_result cimport PutResult, failed_result, new_result
 
 from localmq._record import pack_host, properties_to_bytes
 from localmq.config import (
@@ -46,12 +45,6 @@ from localmq.errors import (
     InvalidTopicError, MessageSizeError,
     PropertiesSizeError, StoreClosedError, TopicTableFullError, store_io_error,
 )
-
-# SYNC_FLUSH group commit: how far ahead of the log's end the range is kept written (zeros) and flushed, and when to
-# extend it
-cdef enum:
-    SYNC_PREPARE_CHUNK = 1 << 20
-    SYNC_PREPARE_LOW = 1 << 19
 
 # Every CommitLog of this process. A forked child inherits them with their mappings but without the parent's put lock
 # holder, dispatcher or later queue offsets: a put there would reuse the parent's offsets and overwrite its records,
@@ -205,211 +198,6 @@ cdef inline int64_t store_time(CommitLog self) noexcept:
         shared_ts[0] = ts
     self.last_store_ts = ts
     return ts
-
-
-@cython.freelist(256)
-cdef class PutResult:
-    """Result of a put or put_batch: ``status`` (PutStatus), ``physical_offset`` and ``queue_offset`` of the first
-    message, ``wrote_bytes``, ``store_timestamp``, ``msg_num``, and ``msg_id`` (comma-joined ids for a batch).
-    ``uniq_key``: the client message id (UNIQ_KEY) a Producer's ``send`` gave the message (RocketMQ's
-    SendResult.getMsgId), None for a plain put."""
-
-    cdef public object status
-    cdef public object uniq_key
-    cdef readonly long long physical_offset
-    cdef readonly long long queue_offset
-    cdef readonly long long wrote_bytes
-    cdef readonly long long store_timestamp
-    cdef readonly int msg_num
-    cdef bytes _host
-    cdef bytes _offsets    # a batch's physical offsets (native int64 each), None for one message or > 4096
-
-    @property
-    def msg_id(self):
-        if self.physical_offset < 0 or self._host is None:
-            return None
-        cdef const uint8_t *h = <const uint8_t *>PyBytes_AS_STRING(self._host)
-        cdef int n = PyBytes_GET_SIZE(self._host)
-        if self._offsets is None:
-            return msg_id_of_c(h, n, self.physical_offset)
-        cdef const int64_t *offs = <const int64_t *>PyBytes_AS_STRING(self._offsets)
-        cdef Py_ssize_t i
-        return ",".join([msg_id_of_c(h, n, offs[i]) for i in range(PyBytes_GET_SIZE(self._offsets) // sizeof(int64_t))])
-
-    @property
-    def ok(self):
-        return self.status is PUT_OK
-
-    def __repr__(self):
-        return (f"PutResult(status={self.status.name}, physical_offset={self.physical_offset}, "
-                f"queue_offset={self.queue_offset}, wrote_bytes={self.wrote_bytes}, msg_num={self.msg_num})")
-
-
-cdef PutResult failed_result(object status):
-    cdef PutResult r = PutResult.__new__(PutResult)
-    r.status = status
-    r.physical_offset = -1
-    r.queue_offset = -1
-    return r
-
-
-cdef class GroupCommit:
-    """The SYNC_FLUSH rendezvous between putting threads and the GroupCommitService (a C mutex + two conds).
-
-    A put waits (GIL released) until the published flushed offset covers its last byte; the service takes the
-    highest requested offset with ``next_request``, flushes, and ``publish``es, waking every covered waiter at
-    once. Thread-safe; ``close()`` releases all waiters (those not covered see a timeout status).
-    """
-
-    def __cinit__(self, long long flushed=0):
-        self.gc = lmq_gc_new(flushed)
-        if self.gc == NULL:
-            raise MemoryError()
-
-    def __dealloc__(self):
-        # No wait here: nothing can still be flushing through an object nobody references (the service and
-        # every waiting put hold references), and waiting with the GIL held could only deadlock.
-        if self.gc != NULL:
-            lmq_gc_free(self.gc)
-            self.gc = NULL
-
-    cdef int wait_c(self, int64_t target, int64_t timeout_us) noexcept nogil:
-        return lmq_gc_wait(self.gc, target, timeout_us)
-
-    def wait(self, long long target, double timeout_s):
-        """Block until ``target`` is flushed; returns 0, or errno ETIMEDOUT / ESHUTDOWN, or the errno of a failed
-        flush (``failure()``)."""
-        cdef int rc
-        cdef int64_t us = <int64_t>(timeout_s * 1e6)
-        with nogil:  # a flush takes a disk round trip
-            rc = lmq_gc_wait(self.gc, target, us)
-        return rc
-
-    def next_request(self, long long timeout_us):
-        """Flusher side: the highest offset waited for beyond the flushed one, 0 on timeout, -1 once closed.
-
-        A positive answer claims the next flush: pass it to ``serve`` (which releases the claim) or call
-        ``done``."""
-        cdef int64_t r
-        with nogil:  # idle most of the time
-            r = lmq_gc_next(self.gc, timeout_us)
-        return r
-
-    def serve(self, MappedFile mf, long long target, long long idle_us):
-        """Flusher side: flush ``mf`` for ``target`` and every later request that ``mf`` covers, without the GIL.
-
-        Each round fdatasyncs ``mf`` (measured here: group commit with fdatasync of the file reached 45k msgs/s
-        with 16 threads against 27k with msync of the range; both write the same dirty pages, all below wrote)
-        once [flushed, wrote) is non-empty and publishes the new flushed offset, so the requests that
-        arrived during one msync share the next. Returns (flushed absolute offset, status): status 0 when a
-        request lies beyond ``mf`` (or ``mf`` is full and flushed: move to the next segment), 1 after ``idle_us``
-        without a request, -1 once closed; and the number of msyncs. The caller holds the queue's flush lock. Raises
-        OSError when msync
-        fails (nothing is published for the failed range).
-        """
-        cdef int64_t base = mf.file_from_offset, size = mf.file_size
-        cdef int64_t wrote, flushed, ts, t = target, pstart, pend
-        cdef int status = 0, rc = 0, err = 0
-        cdef long long rounds = 0
-        if mf.addr == NULL:
-            lmq_gc_done(self.gc, lmq_gc_flushed(self.gc))  # give the caller's claim back
-            raise StoreClosedError(f"mapped file {mf.path} is closed")
-        if mf.sync_error != 0:  # an earlier flush of it failed: never retried
-            lmq_gc_fail(self.gc, mf.sync_error, base)
-            lmq_gc_done(self.gc, lmq_gc_flushed(self.gc))
-            raise_errno(mf.sync_error, mf.path, "flush (an earlier msync or fdatasync of this file failed; "
-                                                "it is never retried)")
-        mf.exports += 1  # keeps the mapping alive through the nogil loop (close() defers its unmap)
-        try:
-            with nogil:  # the whole group-commit loop: requests, msync, publish; puts never wait for our GIL
-                while True:
-                    wrote = lmq_load_acq(&mf.wrote_pos)
-                    flushed = mf.flushed_pos
-                    if wrote > flushed:
-                        ts = mf.store_timestamp
-                        # under the file's sync lock: a success can never stand for pages that another sync of the
-                        # file lost and reported (sync_error is set before the lock is released)
-                        err = mf.sync_c(True, 0, 0)
-                        if err != 0:
-                            rc = -1
-                            lmq_gc_fail(self.gc, err, base)  # never retried: the waiters get the error
-                            lmq_gc_done(self.gc, base + flushed)  # release the claim
-                            break
-                        mf.flushed_pos = wrote
-                        mf.flushed_store_timestamp = ts
-                        rounds += 1
-                    lmq_gc_done(self.gc, base + wrote)  # publish and release the claim
-                    if mf.prepared_pos < wrote + SYNC_PREPARE_LOW and mf.prepared_pos < size:
-                        # the next MiB written once and flushed: see prepare_ahead in services/flush.py
-                        pstart = mf.prepared_pos if mf.prepared_pos > wrote else wrote
-                        pend = pstart + SYNC_PREPARE_CHUNK
-                        if mf.prepare_c(pstart, pend if pend < size else size) != 0:
-                            mf.prepared_pos = size
-                            if mf.sync_error != 0:  # its fdatasync failed (and consumed the file's error)
-                                rc = -1
-                                err = mf.sync_error
-                                lmq_gc_fail(self.gc, err, base)
-                                break
-                    if t > base + wrote or wrote >= size:
-                        status = 0
-                        break
-                    t = lmq_gc_next(self.gc, idle_us)
-                    if t == 0:
-                        status = 1
-                        break
-                    if t < 0:
-                        status = -1
-                        break
-        finally:
-            mf.unpin()
-        if rc != 0:
-            raise_errno(err, mf.path, "fdatasync")
-        return base + mf.flushed_pos, status, rounds
-
-    def publish(self, long long flushed):
-        """Announce that everything below ``flushed`` is on disk (wakes the waiters it covers). Ignored after
-        ``fail``."""
-        lmq_gc_publish(self.gc, flushed)
-
-    def fail(self, int err, long long base):
-        """A flush of the segment at ``base`` failed with ``err``: nothing is published from now on, every waiter not
-        covered yet returns ``err`` at once (its put answers FLUSH_DISK_TIMEOUT), and ``next_request`` hands out no
-        request again. A retried flush that succeeds proves nothing (the kernel may have dropped the pages the
-        failed one could not write), so there is no way back but closing the store."""
-        lmq_gc_fail(self.gc, err, base)
-
-    def failure(self):
-        """(errno, segment base offset) of the first failed flush, or None."""
-        cdef int64_t base = 0
-        cdef int err = lmq_gc_failed(self.gc, &base)
-        return None if err == 0 else (err, base)
-
-    def pause(self):
-        """Hold off every flush (waits for the running one) until ``done``: what a stuck disk looks like to
-        the puts (tests), or a moment in which the files do not change on disk."""
-        with nogil:  # may wait for a running fdatasync
-            lmq_gc_pause(self.gc)
-
-    def done(self, long long flushed):
-        """Release a claim taken by ``next_request`` (publishing ``flushed``)."""
-        lmq_gc_done(self.gc, flushed)
-
-    def set_file(self, MappedFile mf):
-        """The writer moved to ``mf``: waiting puts may flush its descriptor themselves."""
-        lmq_gc_set_file(self.gc, mf.fd, mf.file_from_offset, mf.file_from_offset + mf.file_size)
-
-    def close(self, double timeout_s=10.0):
-        """Release every waiter for good; returns True once no flush is running (then files may be closed),
-        False if one still runs after ``timeout_s``."""
-        cdef int rc
-        cdef int64_t us = <int64_t>(timeout_s * 1e6)
-        with nogil:  # may wait for a leader's fdatasync
-            rc = lmq_gc_close(self.gc, us)
-        return rc == 0
-
-    @property
-    def flushed(self):
-        return lmq_gc_flushed(self.gc)
 
 
 cdef class TopicEntry:
@@ -984,7 +772,7 @@ cdef class CommitLog:
             lmq_shm_event_notify(cb + CTL_EVENT_OFF)
         if self.dispatch_event != NULL:
             lmq_event_signal_if_waiting(self.dispatch_event)
-        r = PutResult.__new__(PutResult)
+        r = new_result()
         r.status = PUT_OK
         r.physical_offset = phys
         r.queue_offset = qoff
@@ -1150,7 +938,7 @@ cdef class CommitLog:
             lmq_shm_event_notify(cb + CTL_EVENT_OFF)
         if self.dispatch_event != NULL:
             lmq_event_signal_if_waiting(self.dispatch_event)
-        r = PutResult.__new__(PutResult)
+        r = new_result()
         r.physical_offset = first_phys
         r.queue_offset = first_qoff
         r.wrote_bytes = wrote
@@ -1233,7 +1021,6 @@ cdef class CommitLog:
         cdef int64_t a_start, a0, want, w, end, rel, now, t_pub, t0, left, covered
         cdef int64_t group = self.sync_group
         cdef int64_t ewma = self.sync_fsync_ns
-        cdef int64_t pstart, pend
         cdef uint32_t seen
         cdef int status = 0, rc = 0, err = 0
         cdef long long rounds = 0
@@ -1309,16 +1096,12 @@ cdef class CommitLog:
                     # 4. keep the next MiB ahead of the log written once (zeros) and on disk: a fallocated range is
                     # "unwritten" to ext4/xfs, and the first fdatasync over each new page of it must also commit
                     # the extent conversion to the journal (measured here: 190 -> 120 us per group commit)
-                    if mf.prepared_pos < rel + SYNC_PREPARE_LOW and mf.prepared_pos < size:
+                    if mf.prepare_due(rel):
                         t0 = lmq_shm_monotonic_ns()
-                        pstart = mf.prepared_pos if mf.prepared_pos > rel else rel
-                        pend = pstart + SYNC_PREPARE_CHUNK
-                        if mf.prepare_c(pstart, pend if pend < size else size) != 0:
-                            mf.prepared_pos = size  # a full disk or an old kernel: flush as before, without it
-                            if mf.sync_error != 0:  # its fdatasync failed (and consumed the file's error)
-                                rc = -1
-                                err = mf.sync_error
-                                break
+                        if mf.prepare_ahead_c(rel) != 0 and mf.sync_error != 0:
+                            rc = -1  # its fdatasync failed (and consumed the file's error)
+                            err = mf.sync_error
+                            break
                         self.sync_prepare_ns += lmq_shm_monotonic_ns() - t0
                     if w >= base + size:
                         status = 0  # mf is flushed to its end: the caller moves on to the next segment
@@ -1371,19 +1154,6 @@ cdef class CommitLog:
         self.closed = True
         self.cur = None
         PyThread_release_lock(self.lock)
-
-
-def make_put_result(status, long long physical_offset, long long queue_offset, long long wrote_bytes,
-                    long long store_timestamp, int msg_num=1):
-    """A PutResult for queues other than the CommitLog (Memory, Embedded): no store host, so ``msg_id`` is None."""
-    cdef PutResult r = PutResult.__new__(PutResult)
-    r.status = status
-    r.physical_offset = physical_offset
-    r.queue_offset = queue_offset
-    r.wrote_bytes = wrote_bytes
-    r.store_timestamp = store_timestamp
-    r.msg_num = msg_num
-    return r
 
 
 cdef inline TopicEntry begin_put(CommitLog self, str topic, object queue_id, object flag, int *qid, int *fl):
