@@ -98,13 +98,19 @@ cdef class GroupCommit:
                         mf.flushed_pos = wrote
                         mf.flushed_store_timestamp = ts
                         rounds += 1
+                    if mf.prepare_due(wrote):
+                        # the next MiB ahead of the log written once and flushed (MappedFile.prepare_ahead_c), with
+                        # the waiters woken but the claim kept: a lone put cannot lead an fdatasync of the file
+                        # meanwhile (the C leader takes no sync lock), which could return success after this
+                        # fdatasync consumed a write-back error of the put's pages
+                        lmq_gc_publish(self.gc, base + wrote)
+                        if mf.prepare_ahead_c(wrote) != 0 and mf.sync_error != 0:
+                            rc = -1  # its fdatasync failed (and consumed the file's error)
+                            err = mf.sync_error
+                            lmq_gc_fail(self.gc, err, base)
+                            lmq_gc_done(self.gc, base + wrote)
+                            break
                     lmq_gc_done(self.gc, base + wrote)  # publish and release the claim
-                    # the next MiB ahead of the log written once and flushed (MappedFile.prepare_ahead_c)
-                    if mf.prepare_ahead_c(wrote) != 0 and mf.sync_error != 0:
-                        rc = -1  # its fdatasync failed (and consumed the file's error)
-                        err = mf.sync_error
-                        lmq_gc_fail(self.gc, err, base)
-                        break
                     if t > base + wrote or wrote >= size:
                         status = 0
                         break
