@@ -37,6 +37,7 @@ retried into a false success), and for every other (mode, errno, kind) the first
 a fifth of the others (``LOCALMQ_FAULT_SWEEP_SEED``, default 24; ``LOCALMQ_FAULT_SWEEP_FRACTION``, default 0.2):
 about 290 runs, 2 to 4 minutes here. ``LOCALMQ_FAULT_SWEEP_REPORT=path`` writes the table and every run as JSON.
 """
+import contextlib
 import errno as errno_mod
 import json
 import math
@@ -439,6 +440,38 @@ def test_a_consume_queue_that_could_not_be_flushed_is_written_again_by_the_next_
     _remount(pfs)
     with localmq.open(root, flush_disk_type="SYNC_FLUSH", **SMALL) as st:
         assert _bodies(st) == bodies
+
+
+@pytest.mark.parametrize("flush_first", [True, False])
+def test_new_queues_sync_their_names_in_one_batch_before_the_checkpoint(pfs, flush_first):
+    """Issue 27: a new queue's file and directories cost no directory fsync on the dispatcher's thread; flush()
+    makes every new name durable at once, before the checkpoint. A cut after it keeps the queue files; a cut before
+    it may lose them, and recovery rebuilds them from the (SYNC_FLUSH) log: no message is lost either way."""
+    import localmq
+
+    root = pfs.mountpoint / "s"
+    st = localmq.open(root, flush_disk_type="SYNC_FLUSH", **SMALL)
+    st.put("t0", b"first")
+    assert st.wait_for_dispatch(10)
+    before = pfs.counters()["fsyncdir"]
+    topics = [f"t{i}" for i in range(1, 21)]
+    for t in topics:
+        st.put(t, t.encode())
+    assert st.wait_for_dispatch(10)
+    assert pfs.counters()["fsyncdir"] - before < len(topics)  # was 2 or 3 per new queue
+    if flush_first:
+        st.flush()
+    pfs.cut("all")
+    with contextlib.suppress(OSError):  # cleanup only: every operation fails after the cut
+        st.close()
+    kept = sorted(p.parent.parent.name for p in (pfs.backing / "s" / "consumequeue").rglob("0" * 20))
+    if flush_first:
+        assert kept == sorted(["t0"] + topics)  # the names flush() made durable survive the cut
+    _remount(pfs)
+    with localmq.open(root, flush_disk_type="SYNC_FLUSH", **SMALL) as st:
+        assert st.recovery.mode == "abnormal"
+        for t in ["t0"] + topics:
+            assert _bodies(st, t) == [b"first" if t == "t0" else t.encode()], t
 
 
 def test_a_directory_whose_name_could_not_be_synced_is_synced_by_the_next_try(pfs):

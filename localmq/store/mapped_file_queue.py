@@ -40,16 +40,23 @@ _unsynced_dirs: Set[str] = set()
 _unsynced_lock = threading.Lock()
 
 
+def _not_made(directory: str) -> List[str]:
+    """``directory`` and each of its parents that does not exist yet (deepest first)."""
+    out = []
+    d = directory
+    while not os.path.isdir(d):
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
+
+
 def makedirs_durable(directory: str) -> None:
     """makedirs, then fsync the parent of every directory created so the new entries survive a power loss. A failed
     fsync (StoreIOError) is tried again by the next call for that directory or one below it."""
     directory = os.path.abspath(directory)
     with _unsynced_lock:
         missing = [d for d in _unsynced_dirs if directory == d or directory.startswith(d + os.sep)]
-    d = directory
-    while not os.path.isdir(d):
-        missing.append(d)
-        d = os.path.dirname(d)
+    missing += _not_made(directory)
     if not missing:
         return
     missing = sorted(set(missing), key=len)  # parents first
@@ -74,16 +81,13 @@ class DeferredDirSyncs:
         self._dirs: Set[str] = set()
 
     def makedirs(self, directory: str) -> None:
-        """makedirs; the parent of every directory it made (and of any made earlier not synced yet) is queued."""
+        """makedirs; the parent of every directory it makes is queued (before the directories are made: a makedirs
+        that fails half way has made some of them)."""
         directory = os.path.abspath(directory)
-        made = []
-        d = directory
-        while not os.path.isdir(d):
-            made.append(d)
-            d = os.path.dirname(d)
+        made = _not_made(directory)
         if not made:
             return
-        with self._lock:  # before makedirs: one that fails half way has made some of them
+        with self._lock:
             self._dirs.update(os.path.dirname(m) for m in made)
         with io_operation("mkdir", directory):
             os.makedirs(directory, exist_ok=True)
@@ -92,10 +96,6 @@ class DeferredDirSyncs:
         """Queue an fsync of ``directory`` (a file was linked into it)."""
         with self._lock:
             self._dirs.add(os.path.abspath(directory))
-
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._dirs)
 
     def sync(self) -> int:
         """fsync every queued directory (one removed since, with the files in it, needs none); returns how many.
