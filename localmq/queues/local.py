@@ -23,8 +23,8 @@ from localmq.errors import (
     StoreClosedError, io_operation, LocalMQError, store_io_error,
 )
 from localmq.layout import (
-    ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, LOCK_FILE,
-    MAX_QUEUE_ID, SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_MASK,
+    ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE,
+    LOCK_FILE, MAX_QUEUE_ID, SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_MASK,
 )
 from localmq.queues.base import ProcessBoundMixin, QueueClientsMixin, tag_names
 from localmq.services.allocate import AllocateMappedFileService
@@ -172,6 +172,11 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
                 # a system call the open made on one of the store's files: typed, naming its file and errno
                 raise store_io_error(e, "open the store: a file operation", e.filename or self.root) from e
             raise
+        if self._undo is not None:
+            self._undo.done()
+            table = getattr(self, "_cq_table", None)
+            if table is not None:
+                table.watch_rewrites(None)
         self._undo = None
         self._lock.stamp()
         self._closed = False
@@ -236,6 +241,9 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,
                                            c.reserve_step_consume_queue)
         self._cqs = self._cq_table.queues   # (topic, queue id) -> ConsumeQueue; read without a lock
+        if self._undo is not None:
+            # a failed open gives the queue files it cut or deleted their bytes back
+            self._cq_table.watch_rewrites(self._undo.save_derived)
         self._cq_table.load()
         report = recover_store(self.root, self._cl_mfq, self._cq_table, abnormal=not last_exit_ok,
                                check_crc=c.check_crc_on_recover, checkpoint_min_ts=self.checkpoint.min_timestamp,
@@ -257,6 +265,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._reput.skip_offsets = set(report.damaged_headers) or None
         for cq in self._cqs.values():
             self._reput.register(cq)
+        if self._undo is not None:
+            self._mark_queue_ends(self._undo)
         undispatched: Dict[Tuple[str, int], int] = {}
         try:
             report.redispatched = self._reput.run_until_caught_up()
@@ -288,6 +298,15 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,
                      report.end_offset)
         return last_exit_ok
+
+    def _mark_queue_ends(self, undo: OpenUndo) -> None:
+        """Where re-dispatch starts appending to each queue's last file (zeros from there on): a failed open zeroes
+        them again (OpenUndo.mark_derived_end)."""
+        for cq in self._cqs.values():
+            last = cq.mapped_file_queue.last()
+            if last is not None:
+                pos = cq.max_offset * CQ_UNIT_SIZE - last.file_from_offset
+                undo.mark_derived_end(os.fspath(last.path), min(last.file_size, max(0, pos)))
 
     def _check_log_start(self, cl_min: int, report: RecoveryReport) -> None:
         """Segments below the first one that localmq's retention did not delete (the record's commit_log_start is
@@ -375,17 +394,23 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         self._opened_at = time.time()
 
     def _go_live(self, last_exit_ok: bool) -> None:
-        """Mark the store running (``abort``), start the dispatcher and the services, set up reads."""
+        """Mark the store running (``abort``), load the index, start the dispatcher and the services, set up
+        reads. What reads or drops files comes before the threads that write into them (the index dispatcher, the
+        delayed-message service, which puts) start: an open that fails before them has changed nothing it cannot
+        undo."""
         self._mark_running()
+        self._load_index(last_exit_ok)
+        schedule = self._make_schedule_service()
         self.commit_log.set_dispatch_event(self._reput.wake_event)
         self._reput_service = ReputMessageService(self._reput, check_disk=self._check_log_on_disk)
         self._reput_service.start()
         self._services.append(self._reput_service)
         self._start_services()
-        self._start_index_service(last_exit_ok)
         self._setup_reads()
         self._start_clean_service()
-        self._start_schedule_service()
+        self._start_index_dispatch()
+        schedule.start()
+        self._services.append(schedule)
         self._start_transaction_service()
 
     def _start_services(self) -> None:
@@ -471,13 +496,19 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
 
     # -- delayed messages (ScheduleMessageService) ------------------------------------------------------------------
 
-    def _start_schedule_service(self) -> ScheduleMessageService:
-        """Start the thread that moves due delayed messages to their real topic (services/schedule.py)."""
+    def _make_schedule_service(self) -> ScheduleMessageService:
+        """The service that moves due delayed messages to their real topic (services/schedule.py), its offsets
+        loaded (``delayOffset.json``), not started."""
         c = self.config
         svc = ScheduleMessageService(
             self.root, self.delay_levels_ms(), self._schedule_cq, self._schedule_read, self.put_ext,
             self._flush_log, c.flush_delay_offset_interval, self._clock)
         self.schedule_service = svc
+        return svc
+
+    def _start_schedule_service(self) -> ScheduleMessageService:
+        """Start the thread that moves due delayed messages to their real topic."""
+        svc = self._make_schedule_service()
         svc.start()
         self._services.append(svc)
         return svc
@@ -595,15 +626,27 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
     # -- index (IndexService: query by key, look up by message id) ---------------------------------------------
 
     def _start_index_service(self, last_exit_ok: bool) -> None:
-        """Load the index files (dropping those an unclean exit may have torn) and start the thread that
-        indexes KEYS and UNIQ_KEY from where the index ends (see localmq.store.index)."""
+        """Load the index files and start the thread that indexes them (``_load_index``, ``_start_index_dispatch``)."""
+        self._load_index(last_exit_ok)
+        self._start_index_dispatch()
+
+    def _load_index(self, last_exit_ok: bool) -> None:
+        """Load the index files, dropping those an unclean exit may have torn (set aside while an open that may
+        fail runs: OpenUndo.set_aside)."""
         c = self.config
         if not c.message_index_enable:
             return
         svc = IndexService(self.root, c.max_hash_slot_num, c.max_index_num, self.checkpoint,
                            grow=c.grow_index_files)
-        svc.load(last_exit_ok, self._cl_mfq.max_offset())
+        undo = self._undo
+        svc.load(last_exit_ok, self._cl_mfq.max_offset(), undo.set_aside if undo is not None else os.unlink)
         self.index_service = svc
+
+    def _start_index_dispatch(self) -> None:
+        """Start the thread that indexes KEYS and UNIQ_KEY from where the index ends (see localmq.store.index)."""
+        svc = self.index_service
+        if svc is None:
+            return
         self._index_dispatch = IndexDispatchService(svc, self._cl_mfq, svc.resume_offset(self._cl_mfq.min_offset()))
         self._index_dispatch.start()
         self._services.append(self._index_dispatch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from localmq._native import fsync_dir
 from localmq.config import check_topic
@@ -36,6 +36,21 @@ class ConsumeQueueTable:
         # they were deleted, recovery rebuilds the queue from the commit log
         self.damaged: Dict[Tuple[str, int], str] = {}
         self._lock = threading.Lock()
+        # while an open that may fail runs: told (path, start, -1) before a queue file is cut or deleted
+        # (OpenUndo.save_derived; see MappedFileQueue.before_rewrite)
+        self.before_rewrite: Optional[Callable[[str, int, int], None]] = None
+
+    def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step,
+                          dir_syncs=self.dir_syncs)
+        cq.mapped_file_queue.before_rewrite = self.before_rewrite
+        return cq
+
+    def watch_rewrites(self, before_rewrite: Optional[Callable[[str, int, int], None]]) -> None:
+        """Tell ``before_rewrite`` of every cut or deletion of a queue file from now on (None: stop telling)."""
+        self.before_rewrite = before_rewrite
+        for cq in list(self.queues.values()):
+            cq.mapped_file_queue.before_rewrite = before_rewrite
 
     def load(self) -> None:
         """Map every queue found under ``root`` (files as they are; ``ConsumeQueue.recover`` checks them)."""
@@ -55,8 +70,7 @@ class ConsumeQueueTable:
                     self.skipped_dirs.append(os.path.join(tdir, q))
                     log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
                     continue
-                cq = ConsumeQueue(topic, int(q), root, self.file_size, reserve_step=self.reserve_step,
-                                  dir_syncs=self.dir_syncs)
+                cq = self._new(topic, int(q))
                 try:
                     cq.load()
                 except CorruptStoreError as e:
@@ -67,10 +81,11 @@ class ConsumeQueueTable:
                     for name in os.listdir(qdir):
                         path = os.path.join(qdir, name)
                         if len(name) == 20 and name.isdigit() and os.path.isfile(path) and not os.path.islink(path):
+                            if self.before_rewrite is not None:
+                                self.before_rewrite(path, 0, -1)
                             os.unlink(path)
                     fsync_dir(qdir)
-                    cq = ConsumeQueue(topic, int(q), root, self.file_size, reserve_step=self.reserve_step,
-                                      dir_syncs=self.dir_syncs)
+                    cq = self._new(topic, int(q))
                     self.damaged[(topic, int(q))] = str(e)
                 self.queues[(topic, int(q))] = cq
 
@@ -83,8 +98,7 @@ class ConsumeQueueTable:
                 cq = self.queues.get(key)
                 if cq is None:
                     check_topic(topic)
-                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step,
-                                      dir_syncs=self.dir_syncs)
+                    cq = self._new(topic, queue_id)
                     self.queues[key] = cq
         return cq
 
@@ -98,8 +112,7 @@ class ConsumeQueueTable:
                 cq = self.queues.get(key)
                 if cq is None:
                     check_topic(topic)
-                    cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step,
-                                      dir_syncs=self.dir_syncs)
+                    cq = self._new(topic, queue_id)
                     cq.load()
                     adopt(cq)
                     self.queues[key] = cq

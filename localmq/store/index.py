@@ -567,10 +567,12 @@ class IndexService(IndexQueries):
 
     # -- load / recovery ------------------------------------------------------------------------------------
 
-    def load(self, last_exit_ok: bool, commit_log_max_offset: int) -> None:
+    def load(self, last_exit_ok: bool, commit_log_max_offset: int,
+             remove: Callable[[str], None] = os.unlink) -> None:
         """Map the files of ``<root>/index`` (sorted by name). After an unclean exit, delete those past the
         checkpoint's index time or not full; always delete those whose entries reach ``commit_log_max_offset``
-        (see the module docstring). Names that are not 17 digits are ignored with a warning.
+        (see the module docstring). Names that are not 17 digits are ignored with a warning. ``remove`` deletes a
+        file (an open that may fail sets it aside instead: OpenUndo.set_aside).
 
         Raises CorruptStoreError for a file whose size fits no geometry, OSError when one cannot be mapped.
         """
@@ -586,7 +588,7 @@ class IndexService(IndexQueries):
                     continue
                 if os.path.getsize(path) == 0:
                     log.warning("removing the empty index file %s (interrupted creation)", path)
-                    os.unlink(path)
+                    remove(path)
                     self.deleted_on_load.append(path)
                     continue
                 hs: Optional[int]
@@ -605,7 +607,7 @@ class IndexService(IndexQueries):
                               "are indexed again from the commit log", path, e, len(later) - 1)
                     for p in later:
                         if os.path.isfile(p) and not os.path.islink(p):
-                            os.unlink(p)
+                            remove(p)
                             self.deleted_on_load.append(p)
                     fsync_dir(self.directory)
                     break
@@ -629,7 +631,8 @@ class IndexService(IndexQueries):
                 "deleting index file %s (%s); its keys are indexed again from the commit log", f.path,
                 "unclean exit" if not last_exit_ok else "it points past the commit log end")
             self.deleted_on_load.append(f.path)
-            f.destroy(0)
+            f.close()   # nobody else holds it yet: unmapped now
+            remove(f.path)
         if keep < len(files):
             fsync_dir(self.directory)
         self.files = files[:keep]

@@ -172,6 +172,9 @@ class MappedFileQueue:
         # Called with the offset the files will start at, durably, before ``delete_files`` deletes any (the commit
         # log records it: a later open tells segments retention deleted from segments lost or deleted by hand).
         self.before_head_delete: Optional[Callable[[int], None]] = None
+        # Called with (path, start, -1) before ``truncate_dirty_files``, ``delete_last`` or ``destroy`` zero a
+        # file's bytes from ``start`` on or delete it: an open that may fail saves them (OpenUndo.save_derived).
+        self.before_rewrite: Optional[Callable[[str, int, int], None]] = None
 
     # -- load ---------------------------------------------------------------------------------------------
 
@@ -436,6 +439,8 @@ class MappedFileQueue:
                 if tail > offset:
                     if offset >= mf.file_from_offset:
                         pos = offset - mf.file_from_offset
+                        if self.before_rewrite is not None:
+                            self.before_rewrite(os.fspath(mf.path), pos, -1)
                         mf.set_positions(pos)
                         mf.zero_tail(pos)
                         keep.append(mf)
@@ -443,6 +448,9 @@ class MappedFileQueue:
                         drop.append(mf)
                 else:
                     keep.append(mf)
+            if self.before_rewrite is not None:
+                for mf in drop:
+                    self.before_rewrite(os.fspath(mf.path), 0, -1)
             self.files = keep
             removed = [os.fspath(mf.path) for mf in drop]  # (a str: the stub types MappedFile.path wider)
             for mf in reversed(drop):
@@ -586,6 +594,8 @@ class MappedFileQueue:
         """Delete the last file (its name durably: the directory is fsynced)."""
         with self.lock:
             if self.files:
+                if self.before_rewrite is not None:
+                    self.before_rewrite(os.fspath(self.files[-1].path), 0, -1)
                 mf = self.files.pop()
                 mf.destroy(1000)
                 fsync_dir(self.directory)
@@ -593,6 +603,9 @@ class MappedFileQueue:
     def destroy(self) -> None:
         """Delete every segment and the list."""
         with self.lock:
+            if self.before_rewrite is not None:
+                for mf in self.files:
+                    self.before_rewrite(os.fspath(mf.path), 0, -1)
             for mf in self.files:
                 mf.destroy(1000)
             self.files = []

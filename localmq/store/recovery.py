@@ -580,6 +580,8 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
             # the queue kept every empty unit after it: tests/test_power_loss.py)
             gap = None if unit is None or unit[1] <= 0 or not report.gaps else next(
                 (g for g in report.gaps if g["record"] and g["offset"] <= unit[0] < g["offset"] + g["bytes"]), None)
+            if gap is not None and queues.before_rewrite is not None:
+                _announce_unit(queues.before_rewrite, cq, idx)
             if gap is not None and cq.mark_lost(idx, *gap["record"]):
                 lost += 1
             elif _header_outvoted(commit_log, queues, cq, idx):
@@ -609,6 +611,13 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
             # already in a queue are skipped as duplicates)
             starts.append(max(cl_min, cq.max_physic_offset))
     return starts
+
+
+def _announce_unit(before_rewrite: Callable[[str, int, int], None], cq: ConsumeQueue, idx: int) -> None:
+    """Tell ``before_rewrite`` (an open that may fail: OpenUndo.save_derived) that unit ``idx`` is rewritten."""
+    mf = cq.mapped_file_queue.find(idx * CQ_UNIT_SIZE)
+    if mf is not None:
+        before_rewrite(os.fspath(mf.path), idx * CQ_UNIT_SIZE - mf.file_from_offset, CQ_UNIT_SIZE)
 
 
 def _rewrite_units(cq: ConsumeQueue, phy_offset: int) -> int:

@@ -17,6 +17,9 @@ __all__ = ["OpenUndo", "missing_ancestor", "read_quarantine", "STORE_ENTRIES"]
 
 log = logging.getLogger("localmq.store")
 
+# the names of derived files an open set aside in recovery/ (OpenUndo.set_aside) start with it
+UNDO_PREFIX = "undo-"
+
 # Everything an open may create or change under a store's root; nothing else there is touched.
 STORE_ENTRIES = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, INDEX_DIR, CONFIG_DIR, RECOVERY_DIR,
                  CHECKPOINT_FILE, ABORT_FILE, LOCK_FILE, CTL_FILE)
@@ -72,9 +75,10 @@ class OpenUndo:
     from the quarantine copies recovery made first, entries that were not listed are removed (files, then their
     directories, deepest first; the quarantine copies too), files that grew are cut back to their listed size
     (growing only appends zeros: a segment sized at load, a checkpoint extended to 4 KiB), files saved with
-    ``keep()`` get their bytes back, and the root and the parents the open created are removed. Derived files that
-    recovery cut or deleted (ConsumeQueue units, index files) are not restored: the next open rebuilds them from
-    the commit log as this one did.
+    ``keep()`` get their bytes back, and the root and the parents the open created are removed. Derived files
+    (ConsumeQueues, index files) that the open rewrote in place or deleted get their bytes back too: each change
+    is announced first (``save_derived`` saves the bytes it replaces, ``mark_derived_end`` where re-dispatch starts
+    appending, ``set_aside`` moves a file away instead of deleting it), and they are undone newest first.
 
     Only the process that holds the store alone may restore: another writer's files would look new.
     """
@@ -90,6 +94,10 @@ class OpenUndo:
         self.kept: Dict[str, bytes] = {}
         # commit log regions recovery rewrote: (segment directory, segment size, start, end, quarantine copy)
         self.log_repairs: List[Tuple[str, int, int, int, Optional[str]]] = []
+        # derived files' regions the open rewrote, oldest first: (path, start, end or -1 for the file's end, the
+        # non-zero chunks they held as (offset, bytes))
+        self.derived: List[Tuple[str, int, int, List[Tuple[int, bytes]]]] = []
+        self.set_aside_files: List[Tuple[str, str]] = []   # (path, where it was moved), oldest first
         if listing:
             self._take(self.created)
 
@@ -133,6 +141,86 @@ class OpenUndo:
         bytes), or None when they are all zeros. Call it once the copy is durable, before the first write."""
         if self.listing:
             self.log_repairs.append((directory, file_size, start, end, copy))
+
+    def save_derived(self, path: str, start: int, length: int = -1) -> None:
+        """The open is about to rewrite the derived file ``path`` (a ConsumeQueue file) from ``start`` on: ``length``
+        bytes, or to its end (zeroed or deleted) when -1. Its non-zero bytes there are kept (in memory: a queue's
+        cut tail, a unit) for ``restore``. A file the listing does not know (made by this open) needs nothing."""
+        if not self.listing or path not in self.files:
+            return
+        end = -1 if length < 0 else start + length
+        self.derived.append((path, start, end, list(_data_chunks(path, start, end))))
+
+    def mark_derived_end(self, path: str, pos: int) -> None:
+        """Re-dispatch is about to append units to ``path`` from ``pos`` on, where it holds only zeros (recovery
+        found or made it so): ``restore`` zeroes the file from there again."""
+        if self.listing and path in self.files:
+            self.derived.append((path, pos, -1, []))
+
+    def set_aside(self, path: str) -> None:
+        """Move the derived file ``path`` (an index file recovery drops) into ``recovery/`` instead of deleting
+        it: ``restore`` moves it back, ``done`` deletes it. Without a listing (another writer may be at work) it is
+        deleted at once."""
+        if not self.listing or path not in self.files:
+            os.unlink(path)
+            return
+        aside = os.path.join(self.root, RECOVERY_DIR)
+        os.makedirs(aside, exist_ok=True)
+        dest = os.path.join(aside, f"{UNDO_PREFIX}{len(self.set_aside_files)}-{os.path.basename(path)}")
+        os.rename(path, dest)
+        self.set_aside_files.append((path, dest))
+
+    def done(self) -> None:
+        """The open succeeded: delete what ``set_aside`` kept (and what an open that died left there)."""
+        self.derived.clear()
+        if not self.listing:
+            return
+        aside = os.path.join(self.root, RECOVERY_DIR)
+        try:
+            names = [n for n in os.listdir(aside) if n.startswith(UNDO_PREFIX)]
+        except FileNotFoundError:
+            return
+        for n in names:
+            try:
+                os.unlink(os.path.join(aside, n))
+            except OSError:
+                log.warning("cannot delete %s (a derived file a failed open kept)", os.path.join(aside, n),
+                            exc_info=True)
+        if names:
+            try:
+                fsync_dir(aside)
+            except OSError:
+                log.warning("cannot fsync %s after deleting the files a failed open kept", aside, exc_info=True)
+        self.set_aside_files.clear()
+
+    def _restore_derived(self, undone: List[str], touched: Set[str]) -> None:
+        """Undo the derived files' changes, the newest first: files set aside move back, rewritten regions get
+        their bytes back (zeros, then the saved chunks), each file at its listed size."""
+        for path, dest in reversed(self.set_aside_files):
+            os.replace(dest, path)
+            undone.append(path)
+            touched.update((os.path.dirname(path), os.path.dirname(dest)))
+        self.set_aside_files.clear()
+        synced: Set[str] = set()
+        for path, start, end, chunks in reversed(self.derived):
+            size = self.files[path]
+            created = not os.path.lexists(path)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+                _zero_data(fd, start, size if end < 0 else min(end, size))
+                for off, data in chunks:
+                    os.pwrite(fd, data, off)
+                if path not in synced:
+                    os.fsync(fd)
+                    synced.add(path)
+            finally:
+                os.close(fd)
+            undone.append(path)
+            if created:
+                touched.add(os.path.dirname(path))
+        self.derived.clear()
 
     def _restore_log(self, undone: List[str], touched: Set[str]) -> None:
         """Write back the commit log bytes recovery rewrote, the last repair first: every listed segment in the
@@ -185,6 +273,11 @@ class OpenUndo:
             self._restore_log(undone, touched)
         except (OSError, ValueError):
             log.exception("writing back the commit log bytes recovery had rewritten in %s", self.root)
+        try:
+            self._restore_derived(undone, touched)
+        except OSError:
+            log.exception("writing back the derived files (ConsumeQueues, index) the open had changed in %s",
+                          self.root)
         if not self.listing:
             for path in self.created:
                 try:
@@ -250,6 +343,48 @@ class OpenUndo:
             undone.append(path)
         elif st.st_size < size:
             log.error("%s shrank from %d to %d bytes during a failed open", path, size, st.st_size)
+
+
+def _data_chunks(path: str, start: int, end: int) -> Iterator[Tuple[int, bytes]]:
+    """The non-zero data of ``path`` in [start, end) (end -1: the file's end) as (offset, bytes) chunks of at most
+    1 MiB; holes are skipped without reading them."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        end = size if end < 0 else min(end, size)
+        pos = start
+        while pos < end:
+            try:
+                pos = os.lseek(fd, pos, os.SEEK_DATA)
+                stop = min(end, os.lseek(fd, pos, os.SEEK_HOLE))
+            except OSError as e:
+                if e.errno == errno.ENXIO:   # no data after pos
+                    return
+                if e.errno != errno.EINVAL:
+                    raise
+                stop = end  # a file system without SEEK_DATA: read it all
+            while pos < min(stop, end):
+                data = os.pread(fd, min(1 << 20, min(stop, end) - pos), pos)
+                if not data:
+                    return
+                if data.strip(b"\0"):
+                    yield pos, data
+                pos += len(data)
+    finally:
+        os.close(fd)
+
+
+def _zero_data(fd: int, start: int, end: int) -> None:
+    """Zero [start, end) of the open file ``fd`` where it holds data (a hole reads as zeros already)."""
+    pos = start
+    while pos < end:
+        n = min(1 << 20, end - pos)
+        data = os.pread(fd, n, pos)
+        if not data:
+            return
+        if data.strip(b"\0"):
+            os.pwrite(fd, bytes(len(data)), pos)
+        pos += len(data)
 
 
 def _remove_tree(path: str) -> None:
