@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from localmq._shm import OWNER_DIED, ControlFile
 from localmq.client.offsets import Bucket, ConsumerOffsetManager
@@ -210,8 +210,10 @@ class SharedOffsetManager(ConsumerOffsetManager):
     process at a time (an fcntl lock on a byte of the control file). The first process of a run loads the file
     into the table."""
 
-    def __init__(self, table: SharedClientTable, path: Optional[str], flush_interval_ms: int = 5000) -> None:
-        super().__init__(path, flush_interval_ms)   # parses the file: the table's first content
+    def __init__(self, table: SharedClientTable, path: Optional[str], flush_interval_ms: int = 5000, *,
+                 before_write: Optional[Callable[[], None]] = None) -> None:
+        # parses the file: the table's first content
+        super().__init__(path, flush_interval_ms, before_write=before_write)
         self.clients = table
         with table as doc:
             if "offsets" not in doc:
@@ -266,6 +268,10 @@ class SharedOffsetManager(ConsumerOffsetManager):
                          sorted(doc.get("offsets", {}).items())}
                 out = dict(doc.get("offsets_extra", {}))
             out["offsetTable"] = table
+            if self.before_write is not None:
+                # after the table was taken (as ConsumerOffsetManager.persist): every message its offsets cover, put
+                # by any process, is made durable before the file says it was consumed
+                self.before_write()
             ctl = self.clients.ctl
             deadline = time.monotonic() + 30.0
             while not ctl.range_lock(CTL_LOCK_BYTE_OFFSETS, 2):  # one writer of the file among the processes

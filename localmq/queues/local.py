@@ -526,7 +526,11 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         return get.read_record(mfq.files, mfq.file_size, physical_offset, True)
 
     def _flush_log(self) -> None:
-        """Commit and flush the commit log (before delayOffset.json records re-puts as done)."""
+        """Commit and flush the commit log (before delayOffset.json records re-puts as done, before a consumer's
+        offsets are written). In a shared store the view moves to the committed end first: the records of every
+        process are flushed, not only this one's (a consumer reads them all; the power cuts of
+        tests/test_power_loss_shared.py found offsets written ahead of the records that survived)."""
+        self.commit_log.sync_view()
         if self._pool is not None:
             self._cl_mfq.commit_all()
         self._cl_mfq.flush_all()
@@ -1115,6 +1119,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
     def _flush_all(self) -> None:
         failure = self._cl_mfq.sync_failure
         if failure is None:
+            self.commit_log.sync_view()  # a shared store: every process's records (see _flush_log)
             if self._pool is not None:
                 self._cl_mfq.commit_all()
             self._cl_mfq.flush_all()

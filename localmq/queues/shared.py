@@ -384,7 +384,10 @@ class SharedMessageQueue(LocalMessageQueue):
         assert self._ctl is not None
         table = SharedClientTable(self._ctl, self.config.shared_lock_timeout)
         scheduler = SharedConsumerScheduler(table)
-        offsets = SharedOffsetManager(table, self.offset_store_path, flush_interval_ms)
+        # the commit log flushed (every process's records: _flush_log moves the view first) before each write of
+        # consumerOffset.json, as an exclusive store's manager does (tests/test_power_loss_shared.py)
+        offsets = SharedOffsetManager(table, self.offset_store_path, flush_interval_ms,
+                                      before_write=self.flush_before_offsets)
         return offsets, scheduler
 
     def _allocate_ahead(self) -> None:
