@@ -30,7 +30,8 @@ same kind of state, not always the same bytes. The backing directories go to /de
 After the loop, each bug the cuts found is reproduced on its own (deterministically where the cuts could not be):
 "what the cuts found". tests/powerfs/README.md ends with the figures of these runs.
 
-Shared stores (``shared=True``) are left out: they refuse FUSE mounts (UnsupportedFilesystemError).
+Shared stores (``shared=True``) refuse FUSE mounts (UnsupportedFilesystemError): tests/test_power_loss_shared.py
+cuts them on ext4 over a loop device whose image lies on powerfs, with this module's checks.
 """
 import ctypes
 import json
