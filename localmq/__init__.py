@@ -10,7 +10,7 @@ from localmq._record import (
 )
 from localmq._columns import decode_range, RecordColumns
 from localmq.store.put_result import PutResult
-from localmq.status import ConsumeStatus, GetResult, GetStatus, PutStatus
+from localmq.status import ConsumeStatus, GetBodiesResult, GetResult, GetStatus, PutStatus
 from localmq.status import LocalTransactionState, TransactionSendResult
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
@@ -87,7 +87,7 @@ __all__ = [
     "open", "LocalMessageQueue", "SharedMessageQueue", "MemoryMessageQueue", "EmbeddedMessageQueue", "MessageStore",
     "Producer",
     "Consumer", "ConsumerScheduler", "ConsumerOffsetManager", "QueueReassignedError", "StoreConfig", "FlushDiskType",
-    "PutStatus", "GetStatus",
+    "PutStatus", "GetStatus", "GetBodiesResult",
     "PutResult", "GetResult", "Message", "RecordColumns", "decode_range", "decode_message", "encode_message",
     "encode_blank", "decode_message_id", "java_hash", "tags_hash", "parse_properties", "properties_to_bytes",
     "read_commitlog", "read_consume_queue", "read_consume_queue_ext", "read_checkpoint", "StoreCheckpoint",

@@ -6,7 +6,7 @@ values ("end", "torn", ...), so code and users that compared against those strin
 from __future__ import annotations
 
 import enum
-from typing import Generic, Iterator, List, TypeVar
+from typing import Any, Dict, Generic, Iterator, List, Optional, TypeVar
 
 _M = TypeVar("_M")  # the message type: localmq.Message (status.py imports nothing of localmq)
 
@@ -136,6 +136,41 @@ class GetResult(Generic[_M]):
         return (f"GetResult(status={self.status.name}, messages={len(self.messages)}, "
                 f"next_begin_offset={self.next_begin_offset}, min_offset={self.min_offset}, "
                 f"max_offset={self.max_offset})")
+
+
+class GetBodiesResult:
+    """Result of ``get_bodies``: ``status`` (GetStatus), ``bodies`` (list of bytes, as stored: a compressed body
+    stays zlib bytes), ``fields`` ({name: list} for each field asked for, parallel to ``bodies``),
+    ``next_begin_offset``, ``min_offset``, ``max_offset`` and ``compressed``, as ``get_message``'s GetResult."""
+
+    __slots__ = ("status", "bodies", "fields", "next_begin_offset", "min_offset", "max_offset", "compressed")
+
+    def __init__(self, status: GetStatus, bodies: List[bytes], next_begin_offset: int, min_offset: int,
+                 max_offset: int, compressed: int = 0, fields: Optional[Dict[str, List[Any]]] = None) -> None:
+        #: how many of ``bodies`` are zlib-compressed (sysflag COMPRESSED; ``fields=("sys_flag",)`` tells which)
+        self.compressed = compressed
+        self.status = status
+        self.bodies = bodies
+        self.fields = fields if fields is not None else {}
+        self.next_begin_offset = next_begin_offset
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+
+    @property
+    def found(self) -> bool:
+        """True when ``status`` is FOUND."""
+        return self.status is GetStatus.FOUND
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.bodies)
+
+    def __repr__(self) -> str:
+        return (f"GetBodiesResult(status={self.status.name}, bodies={len(self.bodies)}, "
+                f"fields={sorted(self.fields)}, next_begin_offset={self.next_begin_offset}, "
+                f"min_offset={self.min_offset}, max_offset={self.max_offset})")
 
 
 class LocalTransactionState(_StatusEnum):

@@ -15,6 +15,10 @@ BODY_SIZES = [100, 1024]
 # Messages per round; `slow` stores (an fsync, a file rename or a sqlite transaction per message) get
 # 1/SLOW_DIVISOR of them.
 MESSAGES = {100: 300, 1024: 300} if QUICK else {100: 100_000, 1024: 50_000}
+# LOCALMQ_BENCH_MESSAGES=1000000: messages per round of 100 B bodies (1 KiB rounds get half as many)
+if os.environ.get("LOCALMQ_BENCH_MESSAGES"):
+    _n = int(os.environ["LOCALMQ_BENCH_MESSAGES"])
+    MESSAGES = {100: _n, 1024: max(_n // 2, 1)}
 SLOW_DIVISOR = 3 if QUICK else 20
 ROUNDS = 2 if QUICK else 9  # rounds of the fast stores are 15-60 ms: more of them steady the median
 SLOW_ROUNDS = 2 if QUICK else 5

@@ -54,7 +54,7 @@ class LocalMQ(Store):
 
     name = "localmq"
     batch_api = "put_batch(topic, bodies)"
-    read_api = "get_message(topic, 0, offset, 32), every .body"
+    read_api = "get_bodies(topic, 0, offset, 1024): lists of bytes bodies"
 
     def open(self, directory, count=0, body_size=0):
         import localmq
@@ -86,6 +86,17 @@ class LocalMQ(Store):
         self.st.wait_for_dispatch()
 
     def read_all(self):
+        get = self.st.get_bodies
+        offset = 0
+        while True:
+            g = get(TOPIC, 0, offset, 1024)
+            if not g.bodies:
+                return
+            yield from g.bodies
+            offset = g.next_begin_offset
+
+    def read_all_messages(self):
+        """Every body through ``get_message`` in batches of 32 (RocketMQ's pull), one Message per body."""
         get = self.st.get_message
         offset = 0
         while True:
@@ -99,6 +110,17 @@ class LocalMQ(Store):
 
     def close(self):
         self.st.close()
+
+
+class LocalMQGetMessage(LocalMQ):
+    """localmq read back through ``get_message`` (Message objects, batches of 32), the read API before get_bodies;
+    only ``test_read_all_localmq_get_message`` and perf/read_instructions.py use it."""
+
+    name = "localmq get_message"
+    read_api = "get_message(topic, 0, offset, 32), every .body"
+
+    def read_all(self):
+        return self.read_all_messages()
 
 
 class PersistQueueFile(Store):
@@ -403,3 +425,5 @@ PEERS = {
     "mmap_log": MmapLog,
 }
 IMPLEMENTATIONS = {"localmq": LocalMQ, **PEERS}
+# read-only variants, outside the parametrized scenarios (test_read_all_localmq_get_message, read_instructions.py)
+READ_VARIANTS = {"localmq_get_message": LocalMQGetMessage}

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import BATCH, DECODE_ROUNDS, make_bodies, message_count
-from peers import LocalMQ, MmapLog, mmap_decode_numpy_fixed, mmap_decode_struct
+from peers import LocalMQ, LocalMQGetMessage, MmapLog, mmap_decode_numpy_fixed, mmap_decode_struct
 
 
 def chunks(bodies):
@@ -83,7 +83,7 @@ def test_put_batch(impl, body_size, bench):
 
 def test_read_all(impl, body_size, bench):
     """Scenario 3: read back N messages written (untimed) by put_batch, touching every body
-    (localmq: get_message in batches of 32; peers: ``Store.read_api``)."""
+    (localmq: get_bodies in batches of 1024; peers: ``Store.read_api``)."""
     bodies = make_bodies(message_count(impl, body_size), body_size)
     batches = chunks(bodies)
 
@@ -94,6 +94,22 @@ def test_read_all(impl, body_size, bench):
 
     bench.run(scenario="read", cls=impl, body_size=body_size, count=len(bodies), prepare=prepare,
               target=lambda store: consume(store.read_all()), verify=verify_read(bodies), note=impl.read_api)
+
+
+def test_read_all_localmq_get_message(need_localmq, body_size, bench):
+    """Scenario 3, localmq through ``get_message`` (batches of 32, a Message per body, every ``.body``): the read
+    API before ``get_bodies``, kept measurable beside it (row "localmq get_message")."""
+    bodies = make_bodies(message_count(LocalMQGetMessage, body_size), body_size)
+    batches = chunks(bodies)
+
+    def prepare(store):
+        for batch in batches:
+            store.put_batch(batch)
+        store.wait_visible()
+
+    bench.run(scenario="read", cls=LocalMQGetMessage, body_size=body_size, count=len(bodies), prepare=prepare,
+              target=lambda store: consume(store.read_all()), verify=verify_read(bodies),
+              note=LocalMQGetMessage.read_api)
 
 
 # Scenario 4: columnar decode of a whole written range. Only the hand-written mmap log has a byte range a user

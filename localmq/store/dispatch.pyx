@@ -240,8 +240,9 @@ cdef class ReputCore:
     # -- the loop --------------------------------------------------------------------------------------------
 
     cdef int _run_nogil(self, int64_t max_records, bint idle_wait) noexcept nogil:
-        """Dispatch without the GIL. With ``idle_wait`` it stays here when caught up: it polls every 20 us for
-        about 1 ms (a busy producer then never pays for a wake-up), then sleeps on the event that puts signal.
+        """Dispatch without the GIL. With ``idle_wait`` it stays here when caught up: after it dispatched something
+        it polls every 20 us for about 1 ms (a busy producer then never pays for a wake-up), then sleeps on the
+        event that puts signal, waking every ``idle_wait_us`` only to look for a put whose signal it missed.
         It returns to Python only for a slow path, to notify waiters after progress, or to stop."""
         cdef int64_t n = 0, rel, end, qo, r, w
         cdef int rc, idle_polls = 0
@@ -279,16 +280,17 @@ cdef class ReputCore:
                     return R_NEED_SEGMENT
                 if not idle_wait or (n > 0 and self.waiters > 0):
                     return R_PROGRESS if n > 0 else R_CAUGHT_UP
+                # idle_polls stays at 50 after a wait: a store with nothing to dispatch sleeps on the event (its
+                # timeout only covers a wake-up lost between the check above and the sleep) instead of polling
+                # again for 1 ms after every timeout; a record dispatched starts the polling anew
                 if idle_polls < 50:
                     idle_polls += 1
                     lmq_sleep_us(20)
                 elif self.cb != NULL:
-                    idle_polls = 0
                     seen = lmq_shm_event_seq(self.cb + CTL_EVENT_OFF)
                     if lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS)) <= self.seg_base + end:
                         lmq_shm_event_wait(self.cb + CTL_EVENT_OFF, seen, self.idle_wait_us)
                 else:
-                    idle_polls = 0
                     lmq_event_wait(self.event, self.idle_wait_us)
                 continue
             idle_polls = 0

@@ -5,7 +5,7 @@ from typing_extensions import Self, disjoint_base
 
 from localmq._mapped_file import MappedFile
 from localmq._record import Message
-from localmq.status import GetResult
+from localmq.status import GetBodiesResult, GetResult
 from localmq.store.consume_queue import ConsumeQueue
 
 @disjoint_base
@@ -29,6 +29,12 @@ def get_message(cq: ConsumeQueue, commit_log_files: List[MappedFile], seg_size: 
                 tag_hashes: Tuple[int, ...], tag_names: Optional[AbstractSet[str]], limits: GetLimits,
                 commit_log_max: int, copy_body: bool, min_offset: int, max_offset: int,
                 check_crc: bool = False) -> GetResult[Message]: ...
+BODY_FIELDS: Tuple[str, ...]
+
+def get_bodies(cq: ConsumeQueue, commit_log_files: List[MappedFile], seg_size: int, offset: int, max_messages: int,
+               tag_hashes: Tuple[int, ...], tag_names: Optional[AbstractSet[str]], limits: GetLimits,
+               commit_log_max: int, min_offset: int, max_offset: int, check_crc: bool,
+               fields: Tuple[str, ...]) -> GetBodiesResult: ...
 def check_unit(cq: ConsumeQueue, commit_log_files: List[MappedFile], seg_size: int, index: int, phys: int,
                size: int) -> Optional[str]: ...
 def first_bad_unit(cq: ConsumeQueue, commit_log_files: List[MappedFile], seg_size: int, start: int, end: int,

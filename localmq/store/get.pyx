@@ -5,6 +5,7 @@ Each unit's record is checked against the unit (a valid record of the unit's siz
 record pages are faulted in with the GIL released (a read-ahead window of READ_AHEAD bytes), so a get that reads
 from disk does not stall the other threads of the process.
 """
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memcmp
@@ -18,12 +19,23 @@ from localmq._record cimport (
 )
 from localmq.store.consume_queue cimport ConsumeQueue
 
-from localmq.errors import CorruptMessageError, StoreClosedError
-from localmq.status import GetResult, GetStatus, RecordStatus
+from localmq._record import parse_properties
+from localmq.errors import ArgumentRangeError, CorruptMessageError, StoreClosedError
+from localmq.status import GetBodiesResult, GetResult, GetStatus, RecordStatus
 
 cdef enum:
     READ_AHEAD = 64 * 1024     # bytes of a segment faulted in (GIL released) ahead of the record being read
     MIN_SCAN_UNITS = 800       # units one get looks at, at least (RocketMQ: 16000 bytes of units)
+
+# get_bodies fields: the names of Message's attributes they equal
+cdef enum:
+    F_QUEUE_OFFSET, F_PHYSICAL_OFFSET, F_STORE_TIMESTAMP, F_BORN_TIMESTAMP, F_STORE_SIZE, F_FLAG, F_SYS_FLAG,
+    F_RECONSUME_TIMES, F_BODY_CRC, F_RAW_PROPERTIES, F_TAGS, F_PROPERTIES, N_FIELDS
+
+#: the names get_bodies takes in ``fields``; each list holds what the Message's attribute of that name would
+BODY_FIELDS = ("queue_offset", "physical_offset", "store_timestamp", "born_timestamp", "store_size", "flag",
+               "sys_flag", "reconsume_times", "body_crc", "raw_properties", "tags", "properties")
+cdef dict _FIELD_CODES = {name: code for code, name in enumerate(BODY_FIELDS)}
 
 cdef object FOUND = GetStatus.FOUND
 cdef object NO_MATCHED = GetStatus.NO_MATCHED_MESSAGE
@@ -151,6 +163,35 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
     Returns GetResult (status FOUND, NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING or OFFSET_FOUND_NULL). Raises
     CorruptMessageError, ValueError for > 64 tags.
     """
+    return _get(cq, commit_log_files, seg_size, offset, max_messages, tag_hashes, tag_names, limits, commit_log_max,
+                copy_body, min_offset, max_offset, check_crc, None)
+
+
+def get_bodies(ConsumeQueue cq, list commit_log_files, long long seg_size, long long offset, int max_messages,
+               tuple tag_hashes, object tag_names, GetLimits limits not None, long long commit_log_max,
+               long long min_offset, long long max_offset, bint check_crc, tuple fields):
+    """``get_message`` that hands out each message's body as ``bytes`` (a copy: nothing refers to the mapping
+    once it returns) and, per name in ``fields`` (BODY_FIELDS), a list of that field, instead of Message objects.
+
+    The same units, the same checks of each unit against its record (and CRC with ``check_crc``), the same stops,
+    statuses and CorruptMessageError as ``get_message`` over the same arguments. Returns GetBodiesResult. Raises
+    CorruptMessageError, ArgumentRangeError for a name not in BODY_FIELDS, ValueError for > 64 tags.
+    """
+    cdef list codes = []
+    for name in fields:
+        code = _FIELD_CODES.get(name) if isinstance(name, str) else None
+        if code is None:
+            raise ArgumentRangeError(f"unknown field {name!r} (one of {', '.join(BODY_FIELDS)})", "fields")
+        codes.append(code)
+    return _get(cq, commit_log_files, seg_size, offset, max_messages, tag_hashes, tag_names, limits, commit_log_max,
+                True, min_offset, max_offset, check_crc, (fields, codes))
+
+
+cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64_t offset, int max_messages,
+                 tuple tag_hashes, object tag_names, GetLimits limits, int64_t commit_log_max, bint copy_body,
+                 int64_t min_offset, int64_t max_offset, bint check_crc, tuple bodies_of):
+    """The loop of get_message (``bodies_of`` None: Message objects into a GetResult) and get_bodies (``bodies_of``
+    (names, field codes): bytes bodies and the fields' lists into a GetBodiesResult)."""
     cdef int64_t mx = lmq_load_acq(&cq.st.max_offset)
     cdef int64_t scan_units = max(MIN_SCAN_UNITS, max_messages)
     cdef int64_t end = offset + scan_units
@@ -177,6 +218,18 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
     cdef object bad_path = None
     cdef int64_t log_min = -1
     cdef object mfq = cq.mapped_file_queue
+    cdef bint as_bodies = bodies_of is not None
+    cdef list cols = None   # get_bodies: one list per asked field, in the order of ``codes``
+    cdef int fcodes[N_FIELDS]
+    cdef int nf = 0
+    if as_bodies:
+        codes = bodies_of[1]
+        nf = len(codes)
+        if nf > N_FIELDS:
+            raise ArgumentRangeError(f"at most {N_FIELDS} fields", "fields")
+        for k in range(nf):
+            fcodes[k] = codes[k]
+        cols = [[] for _ in range(nf)]
     if PyList_GET_SIZE(commit_log_files) > 0:
         log_min = (<MappedFile>PyList_GET_ITEM(commit_log_files, 0)).file_from_offset
     if nh > 64:
@@ -193,8 +246,8 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
                 if count == 0:
                     # the unit's file is gone: the next pull starts at the next file
                     units_per_file = fs // CQ_UNIT_SIZE
-                    return GetResult(FOUND_NULL, out, (offset // units_per_file + 1) * units_per_file,
-                                     min_offset, max_offset)
+                    return _result(bodies_of, FOUND_NULL, out, cols,
+                                   (offset // units_per_file + 1) * units_per_file, min_offset, max_offset, 0)
                 break
             cq_base = cqf.file_from_offset
             cq_end = cq_base + fs
@@ -269,21 +322,64 @@ def get_message(ConsumeQueue cq, list commit_log_files, long long seg_size, long
                 continue
         # a zero-copy body is a slice of the pin: it keeps the mapping alive without a new export, which
         # __getbuffer__ would refuse once a destroy() is pending
-        out.append(message_from_view(&v, topic, copy_body, pinned))
+        if as_bodies:
+            # a copy: the body outlives the pin (the caller may hold it across a segment's deletion)
+            out.append(PyBytes_FromStringAndSize(<const char *>v.body, v.body_len))
+            for k in range(nf):
+                (<list>PyList_GET_ITEM(cols, k)).append(_field(&v, fcodes[k]))
+        else:
+            out.append(message_from_view(&v, topic, copy_body, pinned))
         if v.sys_flag & SYSFLAG_COMPRESSED:
             compressed += 1
         count += 1
         bytes_total += size
         i += 1
     if count > 0:
-        return GetResult(FOUND, out, i, min_offset, max_offset, compressed)
+        return _result(bodies_of, FOUND, out, cols, i, min_offset, max_offset, compressed)
     if bad is not None:
         raise CorruptMessageError(
             f"consume queue {topic}-{qid} unit {i} (commit log offset {phys}, size {size}): {bad}",
             offset=phys, path=bad_path, topic=topic, queue_id=qid, queue_offset=i, reason=bad)
     if removing:
-        return GetResult(REMOVING, out, i, min_offset, max_offset)
-    return GetResult(NO_MATCHED, out, i, min_offset, max_offset)
+        return _result(bodies_of, REMOVING, out, cols, i, min_offset, max_offset, 0)
+    return _result(bodies_of, NO_MATCHED, out, cols, i, min_offset, max_offset, 0)
+
+
+cdef object _result(tuple bodies_of, object status, list out, list cols, int64_t next_begin, int64_t min_offset,
+                    int64_t max_offset, int compressed):
+    if bodies_of is None:
+        return GetResult(status, out, next_begin, min_offset, max_offset, compressed)
+    return GetBodiesResult(status, out, next_begin, min_offset, max_offset, compressed,
+                           dict(zip(bodies_of[0], cols)))
+
+
+cdef object _field(const RecordView *v, int code):
+    """Field ``code`` (F_*) of the parsed record ``v``, as Message has it."""
+    if code == F_QUEUE_OFFSET:
+        return v.queue_offset
+    if code == F_PHYSICAL_OFFSET:
+        return v.physical_offset
+    if code == F_STORE_TIMESTAMP:
+        return v.store_timestamp
+    if code == F_BORN_TIMESTAMP:
+        return v.born_timestamp
+    if code == F_STORE_SIZE:
+        return v.total_size
+    if code == F_FLAG:
+        return v.flag
+    if code == F_SYS_FLAG:
+        return v.sys_flag
+    if code == F_RECONSUME_TIMES:
+        return v.reconsume_times
+    if code == F_BODY_CRC:
+        return v.body_crc
+    raw = PyBytes_FromStringAndSize(<const char *>v.props, v.props_len) if v.props_len > 0 else b""
+    if code == F_RAW_PROPERTIES:
+        return raw
+    props = parse_properties(raw) if raw else {}
+    if code == F_TAGS:
+        return props.get("TAGS")
+    return props
 
 
 def read_record(list commit_log_files, long long seg_size, long long phys, bint copy_body=True):
