@@ -20,6 +20,9 @@ cdef class MappedFile:
     # descriptor (fallocate, lseek SEEK_DATA) open the path for the call and check it is still the mapped inode.
     cdef int fd
     cdef readonly bint keeps_fd
+    # False: a new file's size is not fdatasynced at creation; the owner makes it durable later, before the file's
+    # name (DeferredDirSyncs: ConsumeQueue files, synced in a batch before the checkpoint vouches for them)
+    cdef bint sync_size
     cdef object file_id               # (st_dev, st_ino) of the mapped file
     cdef bint writable
     # wrote_pos is published with a release store after a record is complete; readers on other threads

@@ -98,13 +98,16 @@ cdef class MappedFile:
     ``keep_fd=False`` closes the file's descriptor once it is mapped (ConsumeQueue files: a store holds one per
     queue). Flushes then go through the mapping (msync, also for ``fsync``), and a reservation or a hole lookup
     opens the file for that call only, refusing a path that no longer names the mapped inode (StoreIOError ESTALE).
+    ``sync_size=False`` leaves a new file's size to the owner to make durable (an fdatasync) before its name.
     """
 
     def __cinit__(self, path, long long file_size, long long file_from_offset=-1, *, bint create=True,
-                  bint reserve=True, bint writable=True, long long reserve_step=0, bint keep_fd=True):
+                  bint reserve=True, bint writable=True, long long reserve_step=0, bint keep_fd=True,
+                  bint sync_size=True):
         cdef void *p = NULL
         self.fd = -1
         self.keeps_fd = keep_fd
+        self.sync_size = sync_size
         self.addr = NULL
         self.sync_lock = PyThread_allocate_lock()
         if self.sync_lock == NULL:
@@ -173,7 +176,8 @@ cdef class MappedFile:
         self.wbuf = NULL
         if not keep_fd:
             # the mapping holds the open file description: msync and write-back go on without the descriptor. A
-            # new file's size was made durable above (_size_new), so nothing is left for close to report
+            # new file's size was made durable above (_size_new) or is its owner's to sync (sync_size=False): a
+            # write-back error of it would reach the owner's fdatasync or the next msync
             self.fd = -1
             try:
                 os.close(fd)
@@ -236,7 +240,8 @@ cdef class MappedFile:
             if reserve:
                 self.reserved = min(self.file_size, reserve_step)
                 c_fallocate(fd, 0, self.reserved, self.path)
-        c_fdatasync(fd, False, self.path)
+        if self.sync_size:
+            c_fdatasync(fd, False, self.path)
         return 0
 
     cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2:
