@@ -445,8 +445,9 @@ def test_a_consume_queue_that_could_not_be_flushed_is_written_again_by_the_next_
 @pytest.mark.parametrize("flush_first", [True, False])
 def test_new_queues_sync_their_names_in_one_batch_before_the_checkpoint(pfs, flush_first):
     """Issue 27: a new queue's file and directories cost no directory fsync and no fdatasync of the file's size on
-    the dispatcher's thread; flush() makes every new size and name durable at once, before the checkpoint. A cut after it keeps the queue files; a cut before
-    it may lose them, and recovery rebuilds them from the (SYNC_FLUSH) log: no message is lost either way."""
+    the dispatcher's thread; flush() makes every new size and name durable at once, before the checkpoint. A cut
+    after it keeps the queue files; a cut before it may lose them, and recovery rebuilds them from the (SYNC_FLUSH)
+    log: no message is lost either way."""
     import localmq
 
     root = pfs.mountpoint / "s"
