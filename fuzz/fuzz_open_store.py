@@ -1,16 +1,19 @@
 """Fuzz target: open a damaged store and read every queue (recovery, resynchronisation, the unit checks, get).
 
 A small store (64 KiB segments, 20-unit ConsumeQueue files, 3 topics, 600 messages with unique bodies) is written
-once per process. Each input is a list of damages to a fresh copy of it: (file, position, bytes) writes, zeroed runs
-and truncations; then the copy is opened and every queue is read to its end through ``get_message``. The rule: only
-LocalMQError subclasses come out (a CorruptMessageError is skipped with its ``next_offset``), and every body read is
-one that was written (damage never turns into wrong data).
+once per process; beside it, the power-cut images of fuzz/power_images.py (the same messages put on powerfs, the
+power cut at a seeded moment: stores as a crash left them, made once per machine and cached). Each input picks one
+of these bases (its first byte), then lists damages to a fresh copy of it: (file, position, bytes) writes, zeroed
+runs and truncations; then the copy is opened and every queue is read to its end through ``get_message``. The rule:
+only LocalMQError subclasses come out (a CorruptMessageError is skipped with its ``next_offset``), and every body
+read is one that was written (damage never turns into wrong data).
 """
 import atexit
 import os
 import shutil
 import tempfile
 
+import power_images
 from common import Input, main
 
 import localmq
@@ -33,32 +36,38 @@ def _store_dir():
     return None
 
 
-def _base_store():
-    """(path, files, written bodies) of the pristine store, built on first use."""
+BODIES = [b"m%04d-" % i + bytes([i % 251]) * (i % 97) for i in range(600)]
+
+
+def _files(root):
+    return sorted(os.path.relpath(os.path.join(p, n), root) for p, _, ns in os.walk(root) for n in ns if n != "lock")
+
+
+def _bases():
+    """([(path, files)] of the pristine store and of the power-cut images, written bodies), built on first use."""
     global _base
     if _base is None:
         d = tempfile.mkdtemp(prefix="localmq-fuzz-open-", dir=_store_dir())
         atexit.register(shutil.rmtree, d, True)
         root = os.path.join(d, "base")
-        written = set()
         with localmq.open(root, **CONFIG) as st:
-            for i in range(600):
-                body = b"m%04d-" % i + bytes([i % 251]) * (i % 97)
+            for i, body in enumerate(BODIES):
                 st.put(("a", "b", "c")[i % 3], body, queue_id=i % 2, keys=f"k{i}" if i % 5 == 0 else None)
-                written.add(body)
-        files = sorted(os.path.relpath(os.path.join(p, n), root) for p, _, ns in os.walk(root) for n in ns
-                       if n != "lock")
-        _base = (root, files, written)
+        roots = [root] + power_images.images(CONFIG, BODIES)
+        _base = ([(r, _files(r)) for r in roots], set(BODIES))
     return _base
 
 
 def TestOneInput(data):
-    root, files, written = _base_store()
-    work = root + "-work"
-    shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(root, work)
+    bases, written = _bases()
     inp = Input(data)
-    for _ in range(inp.int(1, False) % 4 + 1):
+    root, files = bases[inp.int(1, False) % len(bases)]
+    work = os.path.join(os.path.dirname(bases[0][0]), "work")
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(root, work, symlinks=True)
+    for _ in range(inp.int(1, False) % 5):  # none: the base as it is (a power-cut image opened as the cut left it)
+        if not files:
+            break
         path = os.path.join(work, inp.choice(files))
         if not os.path.exists(path):
             continue
@@ -104,7 +113,9 @@ def TestOneInput(data):
 
 
 def seeds():
-    return [bytes([1, 0, 0, 0, 0, 0, 0]), bytes(16), bytes(range(64))]
+    # every base opened as it is, then with damage
+    return ([bytes([k, 0]) for k in range(1 + power_images.COUNT)]
+            + [bytes([0, 1, 0, 0, 0, 0, 0, 0]), bytes([0]) + bytes(16), bytes(range(64))])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""Power-cut images for fuzz_open_store: stores as a power cut left them, made on the power-cut file system of
+tests/powerfs (issue 24, item 5: "add power-cut images as seeds").
+
+``images(config, bodies)`` returns the directories of ``COUNT`` stores, each written on a powerfs mount by putting
+``bodies`` in order (SYNC_FLUSH or ASYNC_FLUSH, flushes every 10 or 200 ms), with the power cut (``all``, ``random``
+or ``torn``: unsynced pages and directory entries lost, kept or torn) after a seeded number of them, while the
+store's threads (dispatch, flushes, allocation ahead) work; what the backing directory then holds is the image.
+They are made once per machine and cached (``LOCALMQ_FUZZ_POWER_DIR``, default ``~/.cache/localmq-fuzz-power``,
+one subdirectory per version of this recipe and of the store it is given, made under a lock so that parallel fuzz
+jobs share one); building and mounting powerfs needs fuse3 and libfuse3-dev (tests/powerfs/README.md). A failure to
+build them raises: the target never runs without its seeds.
+"""
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+COUNT = 12
+MODES = ("all", "random", "torn")
+_RECIPE = 2  # bump when the way images are made changes
+
+
+def _cache_root():
+    return os.environ.get("LOCALMQ_FUZZ_POWER_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                       "localmq-fuzz-power")
+
+
+def _make_one(localmq, PowerFS, base, config, bodies, n):
+    """Write the n-th image into ``base/disk`` (the powerfs backing directory) and return that directory."""
+    rng = random.Random(f"power-image/{n}")
+    disk, mnt = os.path.join(base, "disk"), os.path.join(base, "mnt")
+    os.makedirs(disk)
+    cfg = dict(config, flush_disk_type=rng.choice(["SYNC_FLUSH", "ASYNC_FLUSH"]),
+               flush_interval_consume_queue=rng.choice([10, 200]), flush_interval_commit_log=rng.choice([10, 200]))
+    fs = PowerFS(disk, mnt)
+    fs.mount()
+    try:
+        st = localmq.open(os.path.join(mnt, "store"), **cfg)
+        cut_at = rng.randrange(1, len(bodies))
+        for i, body in enumerate(bodies):
+            if i == cut_at:
+                # the dispatcher, the flush services and allocation ahead are at work meanwhile
+                fs.cut(MODES[n % len(MODES)], rng.randrange(1 << 31))
+                break
+            st.put(("a", "b", "c")[i % 3], body, queue_id=i % 2, keys=f"k{i}" if i % 5 == 0 else None)
+            if rng.random() < 0.02:
+                time.sleep(rng.uniform(0.001, 0.05))  # let a flush interval pass now and then
+        with contextlib.suppress(Exception):  # cleanup only: the file system answers EIO after the cut
+            st.close()
+    finally:
+        fs.unmount()
+    return os.path.join(disk, "store")
+
+
+def images(config, bodies):
+    """The directories of the power-cut images (made and cached on first use)."""
+    key = hashlib.sha256(json.dumps([_RECIPE, COUNT, sorted(config.items()),
+                                     hashlib.sha256(b"".join(bodies)).hexdigest()]).encode()).hexdigest()[:16]
+    cache = os.path.join(_cache_root(), key)
+    done = os.path.join(cache, "done")
+    if not os.path.exists(done):
+        os.makedirs(cache, exist_ok=True)
+        with open(os.path.join(cache, ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(done):
+                _build(cache, config, bodies)
+    return sorted(os.path.join(cache, d) for d in os.listdir(cache) if d.startswith("image-"))
+
+
+def _build(cache, config, bodies):
+    here = os.path.dirname(os.path.abspath(__file__))
+    tests = os.path.join(os.path.dirname(here), "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import localmq
+    from powerfs import PowerFS
+
+    for d in os.listdir(cache):
+        if d.startswith("image-"):
+            shutil.rmtree(os.path.join(cache, d))
+    for n in range(COUNT):
+        base = tempfile.mkdtemp(prefix="localmq-fuzz-power-")
+        try:
+            store = _make_one(localmq, PowerFS, base, config, bodies, n)
+            if os.path.isdir(store):  # a cut may take the store's directory entry itself
+                shutil.copytree(store, os.path.join(cache, f"image-{n:02d}"), symlinks=True)
+            else:
+                os.makedirs(os.path.join(cache, f"image-{n:02d}"))
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+    open(os.path.join(cache, "done"), "w").close()
