@@ -2,6 +2,7 @@
 shared vectors: RocketMQ's own stores, localmq stores with IPv6 hosts, V2 records, compressed bodies, transactions,
 empty bodies and odd properties, gap records, a bad CRC. Every column is compared, row by row (issue 28)."""
 import os
+import re
 import shutil
 import struct
 import zlib
@@ -9,6 +10,7 @@ import zlib
 import pytest
 
 import localmq
+from localmq.spark.read import plan
 from localmq.store.commit_log import PutExtra
 
 JVM = "localmq-jvm"
@@ -101,8 +103,9 @@ def test_localmq_store_every_column(spark, vectors):
     path, expected = vectors
     segments = len(os.listdir(path / "commitlog"))
     assert segments >= 3
-    # segments are cut into shares at record boundaries the ConsumeQueues give
-    assert spark.read.format(JVM).load(str(path)).rdd.getNumPartitions() > segments
+    # partitions are planned as the Python source plans them (shares of the log cut at record boundaries)
+    planned = len(plan(str(path)).partitions)
+    assert spark.read.format(JVM).load(str(path)).rdd.getNumPartitions() == planned >= 2
     rows = same_rows(spark, path, expect_rows=expected)
     by_topic = {}
     for r in rows:
@@ -145,12 +148,8 @@ def test_given_schema_and_bad_options(spark, vectors):
     for schema, message in (("nope int", "localmq has no column 'nope'"), ("value string", "is binary, not string")):
         with pytest.raises(Exception, match=message):
             spark.read.format(JVM).schema(schema).load(str(path)).collect()
-    with pytest.raises(Exception, match="unknown localmq option 'chekcrc'"):
-        spark.read.format(JVM).option("chekCRC", "false").load(str(path)).collect()
-    with pytest.raises(Exception, match="option checkCRC must be true or false"):
-        spark.read.format(JVM).option("checkCRC", "maybe").load(str(path)).collect()
-    with pytest.raises(Exception, match="option startingoffsets is not supported by localmq's JVM reader yet"):
-        spark.read.format(JVM).option("startingOffsets", "earliest").load(str(path)).collect()
+    with pytest.raises(Exception, match="option tags is not supported by localmq's JVM reader yet"):
+        spark.read.format(JVM).option("tags", "a || b").load(str(path)).collect()
     with pytest.raises(Exception, match="mapped_file_size_commit_log=65536"):
         spark.read.format(JVM).option("mapped_file_size_commit_log", 1 << 20).load(str(path)).collect()
     with pytest.raises(Exception, match="no commitlog directory"):
@@ -200,3 +199,160 @@ def test_gap_records(spark, tmp_path):
             spark.read.format(fmt).load(str(root)).collect()
     rows = same_rows(spark, root, failOnDataLoss="false")
     assert 3000 - 80 < len(rows) < 3000
+
+
+# ------------------------------------------------------------------------------------------------ options (issue 28)
+
+
+def error_of(spark, fmt, path, **options):
+    """The exception reading ``path`` through ``fmt`` with ``options`` raises (a read that succeeds fails the test)."""
+    with pytest.raises(Exception) as e:
+        spark.read.format(fmt).options(**{k: str(v) for k, v in options.items()}).load(str(path)).collect()
+    return e.value
+
+
+def same_error(spark, path, py_type, jvm_type, pattern, **options):
+    """Both readers refuse the read: the Python source with ``py_type`` (localmq.errors), the JVM reader with the
+    Java exception ``jvm_type``, both messages matching ``pattern``, and the Python message's own text (its first line)
+    found in the JVM's."""
+    py = str(error_of(spark, "localmq", path, **options))
+    jvm = error_of(spark, JVM, path, **options)
+    text = str(jvm)
+    assert re.search(pattern, py), py
+    assert re.search(pattern, text), text
+    assert f"{py_type}: " in py, py
+    assert jvm_type in text or jvm_type in type(jvm).__name__, (type(jvm), text)
+    message = py.split(f"{py_type}: ", 1)[1].splitlines()[0].strip()
+    assert message in text, (message, text)
+
+
+def partitions(spark, fmt, path, **options):
+    df = spark.read.format(fmt).options(**{k: str(v) for k, v in options.items()}).load(str(path))
+    return df.rdd.getNumPartitions()
+
+
+def same_plan_and_rows(spark, path, expect_rows=None, **options):
+    """The JVM reader plans as many partitions as the Python source's plan (plan_batch) and gives the same rows."""
+    planned = len(plan(str(path), **options).partitions)
+    assert partitions(spark, JVM, path, **options) == planned, options
+    return same_rows(spark, path, expect_rows=expect_rows, **options)
+
+
+ORDERS_FROM = '{"orders": {"0": 10, "1": -2, "2": 5}}'
+ORDERS_TO = '{"orders": {"0": 50, "1": -1, "2": 7}}'
+
+
+@pytest.mark.parametrize("options, rows", [
+    ({"startingOffsets": ORDERS_FROM, "endingOffsets": ORDERS_TO}, 40 + 100 + 2),
+    ({"startingOffsets": ORDERS_FROM, "endingOffsets": ORDERS_TO, "partitioning": "queue", "minPartitions": 3},
+     142),
+    ({"startingOffsets": ORDERS_FROM, "endingOffsets": ORDERS_TO, "partitioning": "segment", "minPartitions": 5},
+     142),
+    ({"topics": "orders, txn", "startingOffsets": '{"orders": {"0": 90, "1": 99, "2": 0}, "txn": {"0": 1}}'},
+     10 + 1 + 100 + 1),
+    ({"topics": "txn,raw", "endingOffsets": '{"txn": {"0": 1}, "raw": {"0": -1}}'}, 1 + 2),
+    ({"startingOffsets": "earliest", "endingOffsets": "latest", "partitioning": "queue"}, None),
+    ({"partitioning": "queue", "minPartitions": 1}, None),
+    ({"partitioning": "queue", "minPartitions": 7, "batchSize": 3}, None),
+    ({"partitioning": "segment", "minPartitions": 3}, None),
+    ({"partitioning": "auto", "minPartitions": 1, "maxOffsetsPerTrigger": 5}, None),
+])
+def test_offsets_and_partitioning_options(spark, vectors, options, rows):
+    """startingOffsets / endingOffsets (JSON, -2 / -1, the JSON's topics read without a topics option), partitioning
+    (queue, segment, auto) and minPartitions: the same partitions planned and the same rows."""
+    path, expected = vectors
+    same_plan_and_rows(spark, path, expect_rows=expected if rows is None else rows, **options)
+
+
+@pytest.fixture
+def timed(tmp_path):
+    """A closed store of 3 bursts of puts 30 ms apart (2 topics x 2 queues, 8 KiB segments); returns (path, the
+    store times of the first message of bursts 2 and 3)."""
+    import time
+
+    path = tmp_path / "timed"
+    cuts = []
+    with localmq.open(path, mapped_file_size_commit_log=8192) as st:
+        for burst in range(3):
+            if burst:
+                time.sleep(0.03)
+            for i in range(60):
+                r = st.put("a" if i % 3 else "b", b"burst %d message %d" % (burst, i), queue_id=i % 2)
+                if i == 0 and burst:
+                    cuts.append(r.store_timestamp)
+        st.wait_for_dispatch()
+    return path, cuts
+
+
+def test_timestamp_options(spark, timed):
+    path, (t1, t2) = timed
+    same_plan_and_rows(spark, path, expect_rows=120, startingTimestamp=t1)
+    same_plan_and_rows(spark, path, expect_rows=60, startingTimestamp=t1, endingTimestamp=t2)
+    same_plan_and_rows(spark, path, expect_rows=40, startingTimestamp=t1, endingTimestamp=t2, topics="a",
+                       partitioning="queue")
+    same_plan_and_rows(spark, path, expect_rows=0, startingTimestamp=t2 + 10 ** 6)
+    # a bare commit log (no ConsumeQueues): times and offsets are row filters
+    shutil.rmtree(path / "consumequeue")
+    same_plan_and_rows(spark, path, expect_rows=60, startingTimestamp=t1, endingTimestamp=t2)
+    same_plan_and_rows(spark, path, expect_rows=(60 - 50) + 15,  # 60 messages of topic a in each queue
+                       startingOffsets='{"a": {"0": 50, "1": -2}}', endingOffsets='{"a": {"0": 90, "1": 15}}')
+
+
+BAD_OPTIONS = [
+    ({"chekCRC": "false"}, r"unknown localmq option\(s\): 'chekcrc' \(did you mean 'checkCRC'\?\)"),
+    ({"startingOffset": "earliest"}, r"did you mean 'startingOffsets'\?"),
+    ({"subscribe": "orders"}, "option subscribe is Kafka's; localmq takes 'topics'"),
+    ({"startingOffsets": "nonsense"}, "option startingOffsets must be 'earliest', 'latest' or JSON like"),
+    ({"endingOffsets": "[1, 2]"}, "option endingOffsets: JSON must map topics to"),
+    ({"startingOffsets": '{"orders": 3}'}, "option startingOffsets: JSON must map topics to"),
+    ({"startingOffsets": '{"orders": {"x": 1}}'}, "option startingOffsets queue id of orders must be an integer"),
+    ({"startingOffsets": '{"orders": {"0": -3}}'}, "option startingOffsets offset must be >= -2, not -3"),
+    ({"startingOffsets": '{"orders": {"0": "ten"}}'}, "option startingOffsets offset must be an integer"),
+    ({"endingOffsets": "earliest"}, "endingOffsets cannot be 'earliest'"),
+    ({"endingOffsets": '{"orders": {"0": -2, "1": 0, "2": 0}}'}, r"endingOffsets cannot use -2 \(earliest\)"),
+    ({"startingOffsets": "latest"}, "startingOffsets of a batch read cannot be 'latest'"),
+    ({"startingOffsets": '{"orders": {"0": -1, "1": 0, "2": 0}}'}, "batch read cannot use -1"),
+    ({"startingTimestamp": "-1"}, "option startingTimestamp must be >= 0, not -1"),
+    ({"endingTimestamp": "soon"}, "option endingTimestamp must be an integer"),
+    ({"maxOffsetsPerTrigger": "0"}, "option maxOffsetsPerTrigger must be >= 1"),
+    ({"failOnDataLoss": "maybe"}, "option failOnDataLoss must be true or false"),
+    ({"checkCRC": "maybe"}, "option checkCRC must be true or false"),
+    ({"includeUndispatched": "maybe"}, "option includeUndispatched must be true or false"),
+    ({"pushFilters": "maybe"}, "option pushFilters must be true or false"),
+    ({"batchSize": "0"}, "option batchSize must be >= 1, not 0"),
+    ({"minPartitions": "x"}, "option minPartitions must be an integer"),
+    ({"partitioning": "round-robin"}, "option partitioning must be auto, segment or queue"),
+    ({"mapped_file_size_commit_log": "100"}, "option mapped_file_size_commit_log must be >= 4096"),
+    # planning: a JSON must name exactly the queues read (Kafka's rule)
+    ({"startingOffsets": '{"orders": {"0": 0}}'}, "startingOffsets JSON must give every queue.*missing: orders/1, "
+                                                   "orders/2"),
+    ({"topics": "orders,raw", "endingOffsets": '{"orders": {"0": 1, "1": 1, "2": 1}}'},
+     "endingOffsets JSON must give every queue.*missing: raw/0"),
+    ({"startingOffsets": '{"orders": {"0": 0, "1": 0, "2": 0, "9": 0}}'}, "names queues the store does not have.*"
+                                                                          "orders/9"),
+]
+
+
+@pytest.mark.parametrize("options, pattern", BAD_OPTIONS, ids=[str(o) for o, _ in BAD_OPTIONS])
+def test_bad_options_fail_alike(spark, vectors, options, pattern):
+    """A bad option fails both readers with the same message: localmq.errors.ConfigError in the Python source,
+    IllegalArgumentException in the JVM reader."""
+    path, _ = vectors
+    same_error(spark, path, "ConfigError", "IllegalArgumentException", pattern, **options)
+
+
+def test_offset_range_errors_and_retention(spark, vectors, tmp_path):
+    """An ending offset before a starting one, and offsets that retention removed (the first segment deleted):
+    OffsetRangeError / OffsetRangeException alike; failOnDataLoss=false reads from the earliest offset left."""
+    path, _ = vectors
+    same_error(spark, path, "OffsetRangeError", "OffsetRangeException", "orders queue 0: ending offset 10 is before "
+               "starting offset 50", startingOffsets='{"orders": {"0": 50, "1": 0, "2": 0}}',
+               endingOffsets='{"orders": {"0": 10, "1": 5, "2": 5}}')
+    store = shutil.copytree(path, tmp_path / "retained")
+    os.remove(sorted((store / "commitlog").iterdir())[0])
+    whole = '{"orders": {"0": 0, "1": -2, "2": -2}}'
+    same_error(spark, store, "OffsetRangeError", "OffsetRangeException",
+               r"orders queue 0: offsets 0\.\.\d+ were removed by retention .*set failOnDataLoss=false",
+               startingOffsets=whole)
+    rows = same_plan_and_rows(spark, store, startingOffsets=whole, failOnDataLoss="false")
+    assert rows and min(r["offset"] for r in rows if r["partition"] == 0) > 0

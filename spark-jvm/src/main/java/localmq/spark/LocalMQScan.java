@@ -1,6 +1,5 @@
 package localmq.spark;
 
-import java.io.File;
 import java.util.List;
 
 import org.apache.spark.sql.connector.read.Batch;
@@ -10,8 +9,8 @@ import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * A batch scan of a closed store: the commit log segments, listed when the query plans, cut into shares at record
- * boundaries from the ConsumeQueues (a segment each without them).
+ * A batch scan of a store: partitions planned when the query runs, per queue range or per commit log segment range,
+ * exactly as the Python source plans them ({@link Planner}).
  */
 final class LocalMQScan implements Scan, Batch {
     private final StructType schema;
@@ -29,8 +28,7 @@ final class LocalMQScan implements Scan, Batch {
 
     @Override
     public String description() {
-        return "localmq " + options.path + (options.topics == null ? "" : " topics=" + options.topics)
-                + " checkCRC=" + options.checkCrc;
+        return "localmq " + options;
     }
 
     @Override
@@ -40,9 +38,8 @@ final class LocalMQScan implements Scan, Batch {
 
     @Override
     public InputPartition[] planInputPartitions() {
-        // one share per core of the driver at least 2, as the Python source's default minPartitions
-        int wanted = Math.max(2, Runtime.getRuntime().availableProcessors());
-        List<SegmentPartition> parts = StoreSegments.split(StoreSegments.list(options), new File(options.path), wanted);
+        // planned when the query runs, over what the store holds then (the Python source's plan_batch)
+        List<InputPartition> parts = Planner.planBatch(options);
         return parts.toArray(new InputPartition[0]);
     }
 

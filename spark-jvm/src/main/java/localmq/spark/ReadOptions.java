@@ -1,116 +1,297 @@
 package localmq.spark;
 
 import java.io.Serializable;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeSet;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+
 /**
- * The reader options, parsed and checked: names and meanings as the Python data source's
- * ({@code localmq/spark/options.py}); case-insensitive, as Spark hands them over.
+ * The reader options, parsed and checked as the Python data source's {@code localmq/spark/options.py} parses them:
+ * the same names (case-insensitive, as Spark hands them over), defaults, checks in the same order and the same
+ * messages, so that a bad option fails the same way in both readers. {@code ConfigError} there is
+ * {@link IllegalArgumentException} here.
  *
- * <p>This first step of the JVM reader takes {@code path}, {@code topics}, {@code checkCRC},
- * {@code failOnDataLoss}, {@code mapped_file_size_commit_log} and {@code batchSize}. The Python source's other
- * options are refused by name rather than ignored, so that a query never returns other rows than it asked for.
+ * <p>Taken: {@code path}, {@code topics}, {@code startingOffsets}, {@code endingOffsets}, {@code startingTimestamp},
+ * {@code endingTimestamp}, {@code maxOffsetsPerTrigger} (checked; streaming only, as there), {@code failOnDataLoss},
+ * {@code mapped_file_size_commit_log}, {@code batchSize}, {@code minPartitions}, {@code partitioning},
+ * {@code pushFilters}, {@code checkCRC}, {@code includeUndispatched}. The message filters {@code tags} and
+ * {@code sql} are refused by name ({@link UnsupportedOperationException}) rather than ignored, so that a query never
+ * returns other rows than it asked for.
  */
 final class ReadOptions implements Serializable {
-    private static final long serialVersionUID = 1L;
+    private static final long serialVersionUID = 2L;
 
-    private static final List<String> TAKEN = Arrays.asList(
-            "path", "topics", "checkCRC", "failOnDataLoss", "mapped_file_size_commit_log", "batchSize");
-    private static final List<String> NOT_YET = Arrays.asList(
-            "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger",
-            "minPartitions", "partitioning", "pushFilters", "includeUndispatched", "tags", "sql");
-    private static final List<String> KAFKA_ONLY = Arrays.asList("subscribe", "subscribePattern", "assign");
+    /** Every option either reader takes, by its lower-cased name (options.py OPTION_NAMES). */
+    private static final List<String> OPTION_NAMES = Arrays.asList(
+            "path", "topics", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
+            "maxOffsetsPerTrigger", "failOnDataLoss", "mapped_file_size_commit_log", "batchSize", "minPartitions",
+            "partitioning", "pushFilters", "checkCRC", "includeUndispatched", "tags", "sql",
+            "subscribe", "subscribePattern", "assign");
+    private static final List<String> NOT_YET = Arrays.asList("tags", "sql");
+    private static final List<String> KAFKA_ONLY = Arrays.asList("subscribe", "subscribepattern", "assign");
+
+    /** -2 in an offsets JSON: the queue's earliest offset. */
+    static final long EARLIEST = -2;
+    /** -1 in an offsets JSON: the queue's latest offset. */
+    static final long LATEST = -1;
 
     final String path;
-    /** Topic names kept (null: every topic). */
-    final Set<String> topics;
+    /** Topic names read (null: every topic); pushed-down topic filters narrow it, possibly to none. */
+    Set<String> topics;
+    /** Per-queue starting offsets of a JSON startingOffsets; null: earliest. */
+    final Map<QueueKey, Long> starting;
+    /** Per-queue ending offsets of a JSON endingOffsets; null: latest. */
+    final Map<QueueKey, Long> ending;
+    final Long startingTimestamp;
+    final Long endingTimestamp;
     final boolean checkCrc;
     final boolean failOnDataLoss;
     /** Commit log segment size; null: the store's settings record, else the size of its segment files. */
     final Long segmentSize;
     /** Rows per columnar batch at most. */
     final int batchSize;
+    final Integer minPartitions;
+    /** "auto", "segment" or "queue". */
+    final String partitioning;
+    /** Whether the scan takes topic / partition / offset filters (default true: no Spark setting gates it here). */
+    final boolean pushFilters;
+    /** "auto" (null), or true / false: read the records past the ConsumeQueues. */
+    final Boolean includeUndispatched;
+    // pushed-down filters: queue ids (null: all), queue offsets [offsetLo, offsetHi) (null: no end)
+    Set<Integer> queueIds;
+    long offsetLo;
+    Long offsetHi;
+    /** Filters narrowed the topics or queues read (a JSON may then name queues that are not read). */
+    boolean pushed;
 
-    private ReadOptions(String path, Set<String> topics, boolean checkCrc, boolean failOnDataLoss, Long segmentSize,
-                        int batchSize) {
+    private ReadOptions(String path, Set<String> topics, Map<QueueKey, Long> starting, Map<QueueKey, Long> ending,
+                        Long startingTimestamp, Long endingTimestamp, boolean checkCrc, boolean failOnDataLoss,
+                        Long segmentSize, int batchSize, Integer minPartitions, String partitioning,
+                        boolean pushFilters, Boolean includeUndispatched) {
         this.path = path;
         this.topics = topics;
+        this.starting = starting;
+        this.ending = ending;
+        this.startingTimestamp = startingTimestamp;
+        this.endingTimestamp = endingTimestamp;
         this.checkCrc = checkCrc;
         this.failOnDataLoss = failOnDataLoss;
         this.segmentSize = segmentSize;
         this.batchSize = batchSize;
+        this.minPartitions = minPartitions;
+        this.partitioning = partitioning;
+        this.pushFilters = pushFilters;
+        this.includeUndispatched = includeUndispatched;
+    }
+
+    /** A copy whose pushed-down filters can be narrowed without touching this one. */
+    ReadOptions copy() {
+        ReadOptions out = new ReadOptions(path, topics == null ? null : new TreeSet<>(topics), starting, ending,
+                startingTimestamp, endingTimestamp, checkCrc, failOnDataLoss, segmentSize, batchSize, minPartitions,
+                partitioning, pushFilters, includeUndispatched);
+        out.queueIds = queueIds == null ? null : new TreeSet<>(queueIds);
+        out.offsetLo = offsetLo;
+        out.offsetHi = offsetHi;
+        out.pushed = pushed;
+        return out;
+    }
+
+    /** Partitions a read aims at: {@code minPartitions}, else the driver's CPU count (at least 2). */
+    int targetPartitions() {
+        return minPartitions != null ? minPartitions : Math.max(2, Runtime.getRuntime().availableProcessors());
     }
 
     /**
-     * Parse Spark's options (keys in any case).
+     * Parse Spark's options (keys in any case) of a batch read.
      *
-     * @throws IllegalArgumentException an unknown option, a bad value, no path
+     * @throws IllegalArgumentException an unknown option, a bad value, no path (options.py's ConfigError and
+     *         NotAStoreError)
      * @throws UnsupportedOperationException an option of the Python source that this reader does not take yet
      */
     static ReadOptions parse(Map<String, String> options) {
-        java.util.HashMap<String, String> opts = new java.util.HashMap<>();
+        Map<String, String> opts = new LinkedHashMap<>();
         for (Map.Entry<String, String> e : options.entrySet()) {
             opts.put(e.getKey().toLowerCase(Locale.ROOT), e.getValue());
         }
-        for (String k : opts.keySet()) {
-            if (contains(KAFKA_ONLY, k)) {
-                throw new IllegalArgumentException("option " + k + " is Kafka's; localmq takes 'topics' (a comma list)");
-            }
-            if (contains(NOT_YET, k)) {
-                throw new UnsupportedOperationException("option " + k + " is not supported by localmq's JVM reader yet; "
-                        + "use format(\"localmq\") (the Python data source) for it");
-            }
-            if (!contains(TAKEN, k)) {
-                throw new IllegalArgumentException("unknown localmq option '" + k + "'; the JVM reader takes: "
-                        + String.join(", ", TAKEN));
-            }
-        }
+        checkOptionNames(opts);
         String path = opts.get("path");
         if (path == null || path.isEmpty()) {
             throw new IllegalArgumentException("no path given: use .load(path) or .option('path', ...)");
         }
         Set<String> topics = null;
         String t = opts.get("topics");
-        if (t != null && !t.trim().isEmpty()) {
+        if (t != null && !t.isEmpty()) {
             topics = new TreeSet<>();
-            for (String name : t.split(",")) {
+            for (String name : t.split(",", -1)) {
                 if (!name.trim().isEmpty()) {
                     topics.add(name.trim());
                 }
             }
         }
-        boolean checkCrc = bool(opts, "checkcrc", "checkCRC", true);
+        for (String k : KAFKA_ONLY) {
+            if (opts.containsKey(k)) {
+                throw new IllegalArgumentException("option " + k + " is Kafka's; localmq takes 'topics' (a comma list)");
+            }
+        }
+        Spec starting = offsetsSpec(opts.get("startingoffsets"), "startingOffsets");
+        Spec ending = offsetsSpec(opts.get("endingoffsets"), "endingOffsets");
+        if (ending != null && "earliest".equals(ending.word)) {
+            throw new IllegalArgumentException("endingOffsets cannot be 'earliest'");
+        }
+        if (ending != null && ending.offsets != null && ending.offsets.containsValue(EARLIEST)) {
+            throw new IllegalArgumentException("endingOffsets cannot use -2 (earliest)");
+        }
+        if (starting != null && starting.offsets != null && starting.offsets.containsValue(LATEST)) {
+            throw new IllegalArgumentException("startingOffsets of a batch read cannot use -1 (latest)");
+        }
+        if (starting != null && "latest".equals(starting.word)) {
+            throw new IllegalArgumentException("startingOffsets of a batch read cannot be 'latest'");
+        }
+        Long startingTimestamp = null;
+        if (opts.containsKey("startingtimestamp")) {
+            startingTimestamp = integer(opts.get("startingtimestamp"), "startingTimestamp", 0L);
+        }
+        Long endingTimestamp = null;
+        if (opts.containsKey("endingtimestamp")) {
+            endingTimestamp = integer(opts.get("endingtimestamp"), "endingTimestamp", 0L);
+        }
+        if (opts.containsKey("maxoffsetspertrigger")) {
+            integer(opts.get("maxoffsetspertrigger"), "maxOffsetsPerTrigger", 1L);  // a streaming option: checked
+        }
         boolean failOnDataLoss = bool(opts, "failondataloss", "failOnDataLoss", true);
         Long segmentSize = null;
         if (opts.containsKey("mapped_file_size_commit_log")) {
-            segmentSize = integer(opts.get("mapped_file_size_commit_log"), "mapped_file_size_commit_log", 4096);
+            segmentSize = integer(opts.get("mapped_file_size_commit_log"), "mapped_file_size_commit_log", 4096L);
         }
         int batchSize = 4096;
         if (opts.containsKey("batchsize")) {
-            batchSize = (int) Math.min(Integer.MAX_VALUE, integer(opts.get("batchsize"), "batchSize", 1));
+            batchSize = (int) Math.min(Integer.MAX_VALUE, integer(opts.get("batchsize"), "batchSize", 1L));
         }
-        return new ReadOptions(path, topics, checkCrc, failOnDataLoss, segmentSize, batchSize);
-    }
-
-    private static boolean contains(List<String> names, String lower) {
-        for (String n : names) {
-            if (n.toLowerCase(Locale.ROOT).equals(lower)) {
-                return true;
+        Integer minPartitions = null;
+        if (opts.containsKey("minpartitions")) {
+            minPartitions = (int) Math.min(Integer.MAX_VALUE, integer(opts.get("minpartitions"), "minPartitions", 1L));
+        }
+        String partitioning = "auto";
+        if (opts.containsKey("partitioning")) {
+            partitioning = String.valueOf(opts.get("partitioning")).trim().toLowerCase(Locale.ROOT);
+            if (!partitioning.equals("auto") && !partitioning.equals("segment") && !partitioning.equals("queue")) {
+                throw new IllegalArgumentException("option partitioning must be auto, segment or queue");
             }
         }
-        return false;
+        Map<QueueKey, Long> startMap = starting == null ? null : starting.offsets;
+        Map<QueueKey, Long> endMap = ending == null ? null : ending.offsets;
+        if (topics == null) {
+            // offsets JSON without a topics option: the JSON's topics are the ones read (as Kafka's "assign")
+            Set<String> named = new TreeSet<>();
+            for (Map<QueueKey, Long> m : Arrays.asList(startMap, endMap)) {
+                if (m != null) {
+                    for (QueueKey k : m.keySet()) {
+                        named.add(k.topic());
+                    }
+                }
+            }
+            if (!named.isEmpty()) {
+                topics = named;
+            }
+        }
+        boolean pushFilters = bool(opts, "pushfilters", "pushFilters", true);
+        boolean checkCrc = bool(opts, "checkcrc", "checkCRC", true);
+        Boolean includeUndispatched = null;
+        if (opts.containsKey("includeundispatched")) {
+            String v = String.valueOf(opts.get("includeundispatched")).trim().toLowerCase(Locale.ROOT);
+            includeUndispatched = v.equals("auto") ? null : boolValue(v, "includeUndispatched", opts.get("includeundispatched"));
+        }
+        for (String k : NOT_YET) {
+            if (opts.containsKey(k)) {
+                throw new UnsupportedOperationException("option " + k + " is not supported by localmq's JVM reader "
+                        + "yet; use format(\"localmq\") (the Python data source) for it");
+            }
+        }
+        return new ReadOptions(path, topics, startMap, endMap, startingTimestamp, endingTimestamp, checkCrc,
+                failOnDataLoss, segmentSize, batchSize, minPartitions, partitioning, pushFilters,
+                includeUndispatched);
+    }
+
+    /** "earliest" / "latest" (word) or per-queue offsets of a startingOffsets / endingOffsets option. */
+    private static final class Spec {
+        final String word;
+        final Map<QueueKey, Long> offsets;
+
+        Spec(String word, Map<QueueKey, Long> offsets) {
+            this.word = word;
+            this.offsets = offsets;
+        }
+    }
+
+    /** "earliest", "latest" or a JSON {"topic": {"queueId": offset}} (-2 earliest, -1 latest); null when absent. */
+    private static Spec offsetsSpec(String value, String name) {
+        if (value == null) {
+            return null;
+        }
+        String text = value.trim();
+        String lower = text.toLowerCase(Locale.ROOT);
+        if (lower.equals("earliest") || lower.equals("latest")) {
+            return new Spec(lower, null);
+        }
+        JsonNode spec;
+        try {
+            spec = new ObjectMapper().readTree(text);
+        } catch (java.io.IOException e) {
+            spec = null;
+        }
+        if (spec == null || spec.isMissingNode()) {
+            throw new IllegalArgumentException("option " + name + " must be 'earliest', 'latest' or JSON like "
+                    + "{\"topic\":{\"0\":23}}, not " + repr(value));
+        }
+        boolean shaped = spec.isObject();
+        if (shaped) {
+            for (Map.Entry<String, JsonNode> topic : spec.properties()) {
+                shaped &= topic.getValue().isObject();
+            }
+        }
+        if (!shaped) {
+            throw new IllegalArgumentException("option " + name + ": JSON must map topics to {\"queueId\": offset} "
+                    + "objects, not " + repr(value));
+        }
+        Map<QueueKey, Long> out = new LinkedHashMap<>();
+        for (Map.Entry<String, JsonNode> topic : spec.properties()) {
+            for (Map.Entry<String, JsonNode> e : topic.getValue().properties()) {
+                long qid = integer(e.getKey(), name + " queue id of " + topic.getKey(), 0L);
+                JsonNode off = e.getValue();
+                // a JSON string is quoted in a message, a number or true is not (Python's repr)
+                String text2 = off.isTextual() ? off.textValue() : off.isBoolean() ? (off.booleanValue() ? "True" : "False")
+                        : off.isIntegralNumber() ? off.asText() : off.toString();
+                long v = integer(text2, name + " offset", -2L, off.isTextual());
+                if (qid > Integer.MAX_VALUE) {
+                    throw new IllegalArgumentException("option " + name + " queue id of " + topic.getKey()
+                            + " must be a queue id, not " + qid);
+                }
+                out.put(new QueueKey(topic.getKey(), (int) qid), v);
+            }
+        }
+        return new Spec(null, out);
+    }
+
+    /** Python's repr of a str option value: single quotes unless the text holds one. */
+    static String repr(String v) {
+        return v.indexOf('\'') >= 0 && v.indexOf('"') < 0 ? "\"" + v + "\"" : "'" + v + "'";
     }
 
     private static boolean bool(Map<String, String> opts, String key, String name, boolean dflt) {
         String v = opts.get(key);
-        if (v == null) {
-            return dflt;
-        }
+        return v == null ? dflt : boolValue(v, name, v);
+    }
+
+    private static boolean boolValue(String v, String name, String given) {
         String text = v.trim().toLowerCase(Locale.ROOT);
         if (text.equals("true") || text.equals("1") || text.equals("yes")) {
             return true;
@@ -118,19 +299,119 @@ final class ReadOptions implements Serializable {
         if (text.equals("false") || text.equals("0") || text.equals("no")) {
             return false;
         }
-        throw new IllegalArgumentException("option " + name + " must be true or false, not '" + v + "'");
+        throw new IllegalArgumentException("option " + name + " must be true or false, not " + repr(given));
     }
 
-    private static long integer(String v, String name, long minimum) {
+    private static long integer(String v, String name, Long minimum) {
+        return integer(v, name, minimum, true);
+    }
+
+    private static long integer(String v, String name, Long minimum, boolean quoted) {
         long out;
         try {
-            out = Long.parseLong(v.trim());
+            String text = v.trim();
+            out = Long.parseLong(text.startsWith("+") ? text.substring(1) : text);
         } catch (NumberFormatException e) {
-            throw new IllegalArgumentException("option " + name + " must be an integer, not '" + v + "'");
+            throw new IllegalArgumentException("option " + name + " must be an integer, not " + (quoted ? repr(v) : v));
         }
-        if (out < minimum) {
+        if (minimum != null && out < minimum) {
             throw new IllegalArgumentException("option " + name + " must be >= " + minimum + ", not " + out);
         }
         return out;
+    }
+
+    /**
+     * IllegalArgumentException for an option name the reader does not take, naming the closest known one (Python's
+     * {@code difflib.get_close_matches(n=1, cutoff=0.6)}, so both readers suggest the same name).
+     */
+    private static void checkOptionNames(Map<String, String> opts) {
+        Map<String, String> known = new HashMap<>();
+        for (String n : OPTION_NAMES) {
+            known.put(n.toLowerCase(Locale.ROOT), n);
+        }
+        List<String> hints = new ArrayList<>();
+        for (String k : opts.keySet()) {
+            if (!known.containsKey(k)) {
+                String close = closeMatch(k, known.keySet());
+                hints.add(repr(k) + (close == null ? "" : " (did you mean " + repr(known.get(close)) + "?)"));
+            }
+        }
+        if (!hints.isEmpty()) {
+            List<String> names = new ArrayList<>(OPTION_NAMES);
+            names.sort(String.CASE_INSENSITIVE_ORDER);
+            throw new IllegalArgumentException("unknown localmq option(s): " + String.join(", ", hints)
+                    + "; the options are: " + String.join(", ", names));
+        }
+    }
+
+    /** The best of {@code names} whose Ratcliff-Obershelp ratio to {@code word} is >= 0.6 (ties: the larger name). */
+    private static String closeMatch(String word, Set<String> names) {
+        String best = null;
+        double bestScore = -1;
+        for (String n : names) {
+            double r = ratio(n, word);
+            if (r >= 0.6 && (r > bestScore || (r == bestScore && n.compareTo(best) > 0))) {
+                best = n;
+                bestScore = r;
+            }
+        }
+        return best;
+    }
+
+    /** difflib.SequenceMatcher(None, a, b).ratio() for short strings (no junk; autojunk needs 200 characters). */
+    static double ratio(String a, String b) {
+        int total = a.length() + b.length();
+        return total == 0 ? 1.0 : 2.0 * matches(a, 0, a.length(), b, 0, b.length()) / total;
+    }
+
+    private static int matches(String a, int alo, int ahi, String b, int blo, int bhi) {
+        // find_longest_match: the longest block, earliest in a, then earliest in b; then recurse on both sides
+        int besti = alo;
+        int bestj = blo;
+        int bestsize = 0;
+        int[] len = new int[bhi - blo + 1];
+        for (int i = alo; i < ahi; i++) {
+            int[] next = new int[bhi - blo + 1];
+            for (int j = blo; j < bhi; j++) {
+                if (a.charAt(i) == b.charAt(j)) {
+                    int k = len[j - blo] + 1;
+                    next[j - blo + 1] = k;
+                    if (k > bestsize) {
+                        besti = i - k + 1;
+                        bestj = j - k + 1;
+                        bestsize = k;
+                    }
+                }
+            }
+            len = next;
+        }
+        if (bestsize == 0) {
+            return 0;
+        }
+        return bestsize + matches(a, alo, besti, b, blo, bestj)
+                + matches(a, besti + bestsize, ahi, b, bestj + bestsize, bhi);
+    }
+
+    @Override
+    public String toString() {
+        List<String> parts = new ArrayList<>();
+        parts.add(path);
+        if (topics != null) {
+            parts.add("topics=" + topics);
+        }
+        if (starting != null) {
+            parts.add("startingOffsets=" + starting);
+        }
+        if (ending != null) {
+            parts.add("endingOffsets=" + ending);
+        }
+        if (queueIds != null) {
+            parts.add("partitions=" + queueIds);
+        }
+        if (offsetLo > 0 || offsetHi != null) {
+            parts.add("offsets=[" + offsetLo + ", " + (offsetHi == null ? "" : offsetHi) + ")");
+        }
+        parts.add("checkCRC=" + checkCrc);
+        return String.join(" ", parts);
     }
 }
