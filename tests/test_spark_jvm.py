@@ -401,3 +401,97 @@ def test_filter_pushdown(spark, vectors, query, options):
     if options.get("partitioning") == "queue" or "partition" not in query:
         assert scanned == len(want)  # pruned to exactly the matching rows
     assert scanned_rows(load(JVM, pushFilters="false")) == (want, everything)
+
+
+# ------------------------------------------------------------------------ records past the ConsumeQueues (tail)
+
+
+@pytest.fixture
+def undispatched(tmp_path):
+    """A closed store whose dispatcher "stopped" at message 200 of 350 (test_spark_decode's recipe): orders 0..299,
+    then topic ``late`` 300..349 (only in the log); returns (path, store time of message 250)."""
+    import time
+
+    from conftest import cut_dispatch
+
+    path = tmp_path / "store"
+    with localmq.open(path, mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=200) as st:
+        for i in range(350):
+            if i == 250:
+                time.sleep(0.02)
+            r = st.put("orders" if i < 300 else "late", b"body-%06d" % i, queue_id=i % 2, tags="t%d" % (i % 3))
+            if i == 200:
+                cut = r.physical_offset
+            if i == 250:
+                t250 = r.store_timestamp
+        st.wait_for_dispatch()
+    cut_dispatch(str(path), cut)
+    return path, t250
+
+
+@pytest.mark.parametrize("mode", ["auto", "segment", "queue"])
+def test_include_undispatched(spark, undispatched, mode):
+    """No writer holds the store: by default (auto) and with includeUndispatched=true both readers read the records
+    past the ConsumeQueues too, in every partitioning; with false only what is indexed."""
+    path, _ = undispatched
+    same_plan_and_rows(spark, path, expect_rows=350, partitioning=mode)
+    same_plan_and_rows(spark, path, expect_rows=350, partitioning=mode, includeUndispatched="true", minPartitions=3)
+    same_plan_and_rows(spark, path, expect_rows=200, partitioning=mode, includeUndispatched="false")
+
+
+def test_offsets_and_times_reach_past_the_consume_queues(spark, undispatched):
+    path, t250 = undispatched
+    same_plan_and_rows(spark, path, expect_rows=(150 - 90) + (150 - 140), topics="orders",
+                       startingOffsets='{"orders": {"0": 90, "1": 140}}')
+    same_plan_and_rows(spark, path, expect_rows=100, startingTimestamp=t250)
+    same_plan_and_rows(spark, path, expect_rows=50, startingTimestamp=t250, partitioning="queue", topics="orders")
+    same_plan_and_rows(spark, path, expect_rows=0, endingTimestamp=t250, topics="late")
+    same_plan_and_rows(spark, path, expect_rows=15 + 15, startingOffsets='{"late": {"0": -2, "1": 10}}',
+                       endingOffsets='{"late": {"0": 15, "1": -1}}')
+
+
+def test_undispatched_records_end_at_a_torn_write(spark, undispatched):
+    """A crashed store as a kill leaves it: past the undispatched records half a record and a next segment made
+    ahead and never written. Both readers end where recovery ends the log, at the torn record."""
+    from localmq.store.files import StoreFiles
+
+    path, _ = undispatched
+    files = StoreFiles(str(path))
+    end = files.walk_end()
+    base, seg = files.segments[-1]
+    record = (path / "commitlog" / ("%020d" % 0)).read_bytes()[:4096]
+    record = record[:int.from_bytes(record[:4], "big")]
+    with open(seg, "r+b") as f:
+        f.seek(end - base)
+        f.write(record[:len(record) // 2])
+    with open(files.segment_path(base + SEG), "wb") as f:
+        f.truncate(SEG)
+    (path / "abort").touch()
+    for mode in ("segment", "queue"):
+        same_plan_and_rows(spark, path, expect_rows=350, partitioning=mode)
+
+
+def test_undispatched_records_wait_while_a_writer_holds_the_store(spark, tmp_path):
+    """With a live writer (this process holds the store's lock, seen in /proc/locks by both readers' processes),
+    auto leaves the records past the ConsumeQueues for later; includeUndispatched=true reads them."""
+    from conftest import cut_dispatch
+
+    path = tmp_path / "store"
+    with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
+        rs = [st.put("t", b"m%d" % i) for i in range(100)]
+        st.wait_for_dispatch()
+        cut_dispatch(str(path), rs[60].physical_offset)
+        same_rows(spark, path, expect_rows=60)
+        same_rows(spark, path, expect_rows=100, includeUndispatched="true")
+    same_rows(spark, path, expect_rows=100)
+
+
+def test_rocketmq_fixture_past_its_consume_queue(spark, fixtures_dir, tmp_path):
+    """A RocketMQ broker store whose ConsumeQueue indexes 56 of its 179 records: the same rows with and without
+    includeUndispatched, in both partitionings, and offsets that reach past the queue."""
+    store = shutil.copytree(fixtures_dir / "EricPanGopher-rocketmq-9835cd5f/store/unit_test_store", tmp_path / "s")
+    for mode in ("segment", "queue"):
+        same_plan_and_rows(spark, store, expect_rows=179, partitioning=mode)
+        same_plan_and_rows(spark, store, expect_rows=56, partitioning=mode, includeUndispatched="false")
+    same_plan_and_rows(spark, store, expect_rows=50, startingOffsets='{"abc": {"0": 50}}',
+                       endingOffsets='{"abc": {"0": 100}}')
