@@ -148,8 +148,8 @@ def test_given_schema_and_bad_options(spark, vectors):
     for schema, message in (("nope int", "localmq has no column 'nope'"), ("value string", "is binary, not string")):
         with pytest.raises(Exception, match=message):
             spark.read.format(JVM).schema(schema).load(str(path)).collect()
-    with pytest.raises(Exception, match="option tags is not supported by localmq's JVM reader yet"):
-        spark.read.format(JVM).option("tags", "a || b").load(str(path)).collect()
+    with pytest.raises(Exception, match="option sql is not supported by localmq's JVM reader yet"):
+        spark.read.format(JVM).option("sql", "a = 1").load(str(path)).collect()
     with pytest.raises(Exception, match="mapped_file_size_commit_log=65536"):
         spark.read.format(JVM).option("mapped_file_size_commit_log", 1 << 20).load(str(path)).collect()
     with pytest.raises(Exception, match="no commitlog directory"):
@@ -331,6 +331,24 @@ BAD_OPTIONS = [
     ({"startingOffsets": '{"orders": {"0": 0, "1": 0, "2": 0, "9": 0}}'}, "names queues the store does not have.*"
                                                                           "orders/9"),
 ]
+
+
+@pytest.mark.parametrize("tags, rows", [("tag1 || tag3", None), ("*", 307), ("", 307), (" || ", 0), ("T", 1),
+                                        ("long||t", 3)])
+@pytest.mark.parametrize("mode", ["segment", "queue"])
+def test_tags_option(spark, vectors, tags, rows, mode):
+    """A tag subscription keeps the rows whose TAGS is one of its names exactly (queue partitions first drop units by
+    their tags code, as a broker does); "" and "*" keep every row, an expression of blanks none."""
+    path, _ = vectors
+    got = same_plan_and_rows(spark, path, expect_rows=rows, tags=tags, partitioning=mode)
+    if rows is None:
+        assert got and {r["tags"] for r in got} == {"tag1", "tag3"}
+
+
+def test_tags_of_separators_only_fail_alike(spark, vectors):
+    path, _ = vectors
+    same_error(spark, path, "FilterSyntaxError", "IllegalArgumentException",
+               "a tag expression of separators only names nothing", tags="||")
 
 
 @pytest.mark.parametrize("options, pattern", BAD_OPTIONS, ids=[str(o) for o, _ in BAD_OPTIONS])

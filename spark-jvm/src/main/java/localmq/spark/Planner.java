@@ -441,7 +441,7 @@ final class Planner {
             while (s < end) {
                 long stop = Math.min(end, s + per);
                 out.add(new QueuePartition(cq.topic, cq.queueId, cq.path, store.commitlog.getPath(), store.segmentSize,
-                        s, stop));
+                        s, stop, opts.tagNames));
                 s = stop;
             }
         }
@@ -515,7 +515,7 @@ final class Planner {
                 int g = bisectRight(cuts, a);
                 groups.get(g).add(new SegmentRange(store.paths[i], base, (int) segSize, (int) (a - base),
                         (int) (edges.get(k + 1) - base), opts.topics, bounds,
-                        withTs ? opts.startingTimestamp : null, withTs ? opts.endingTimestamp : null));
+                        withTs ? opts.startingTimestamp : null, withTs ? opts.endingTimestamp : null, opts.tagNames));
             }
         }
         List<InputPartition> out = new ArrayList<>();

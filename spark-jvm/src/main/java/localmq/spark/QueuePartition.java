@@ -18,8 +18,11 @@ final class QueuePartition implements InputPartition {
     final long segmentSize;
     final long start;
     final long end;
+    /** Rows whose TAGS is one of these (null: every row); units are first dropped by their tags code. */
+    final java.util.Set<String> tagNames;
 
-    QueuePartition(String topic, int queueId, String cqPath, String commitlog, long segmentSize, long start, long end) {
+    QueuePartition(String topic, int queueId, String cqPath, String commitlog, long segmentSize, long start, long end,
+                   java.util.Set<String> tagNames) {
         this.topic = topic;
         this.queueId = queueId;
         this.cqPath = cqPath;
@@ -27,6 +30,7 @@ final class QueuePartition implements InputPartition {
         this.segmentSize = segmentSize;
         this.start = start;
         this.end = end;
+        this.tagNames = tagNames;
     }
 
     @Override

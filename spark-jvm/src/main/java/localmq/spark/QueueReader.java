@@ -30,6 +30,7 @@ final class QueueReader implements PartitionReader<ColumnarBatch> {
     private int u;               // the next unit of ``units``
     private long segBase = -1;   // the mapped segment
     private MappedByteBuffer buf;
+    private final TagFilter tags;  // the tag subscription, or null
 
     QueueReader(QueuePartition part, Column[] columns, StructType schema, ReadOptions options) {
         this.part = part;
@@ -37,6 +38,7 @@ final class QueueReader implements PartitionReader<ColumnarBatch> {
         this.out = new RowWriter(columns, schema, options.batchSize);
         this.cq = new ConsumeQueueFiles(part.topic, part.queueId, new File(part.cqPath));
         this.next = part.start;
+        this.tags = part.tagNames == null ? null : new TagFilter(part.tagNames);
     }
 
     /** Load the next run of units; false at the end of the partition. */
@@ -87,6 +89,10 @@ final class QueueReader implements PartitionReader<ColumnarBatch> {
             long qoff = unitsFirst + u;
             long phys = units.getLong(at);
             int size = units.getInt(at + 8);
+            if (tags != null && !tags.unitMayMatch(units.getLong(at + 12))) {
+                u++;  // dropped by its tags code before its record is read, as a broker does
+                continue;
+            }
             long base = Math.floorDiv(phys, part.segmentSize) * part.segmentSize;
             if (base != segBase) {
                 StoreFiles.unmap(buf);
@@ -127,7 +133,9 @@ final class QueueReader implements PartitionReader<ColumnarBatch> {
                 throw new IllegalStateException("consume queue " + part.cqPath + ": units " + qoff + ".." + qoff
                         + " point at records of another queue or offset");
             }
-            out.fill(buf, rec, phys, rows++);
+            if (tags == null || tags.matches(buf, rec)) {
+                out.fill(buf, rec, phys, rows++);
+            }
             u++;
         }
         out.batch.setNumRows(rows);

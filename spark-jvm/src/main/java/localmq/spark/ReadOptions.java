@@ -23,8 +23,8 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * <p>Taken: {@code path}, {@code topics}, {@code startingOffsets}, {@code endingOffsets}, {@code startingTimestamp},
  * {@code endingTimestamp}, {@code maxOffsetsPerTrigger} (checked; streaming only, as there), {@code failOnDataLoss},
  * {@code mapped_file_size_commit_log}, {@code batchSize}, {@code minPartitions}, {@code partitioning},
- * {@code pushFilters}, {@code checkCRC}, {@code includeUndispatched}. The message filters {@code tags} and
- * {@code sql} are refused by name ({@link UnsupportedOperationException}) rather than ignored, so that a query never
+ * {@code pushFilters}, {@code checkCRC}, {@code includeUndispatched}, {@code tags}. The SQL92 message filter
+ * {@code sql} is refused by name ({@link UnsupportedOperationException}) rather than ignored, so that a query never
  * returns other rows than it asked for.
  */
 final class ReadOptions implements Serializable {
@@ -36,7 +36,7 @@ final class ReadOptions implements Serializable {
             "maxOffsetsPerTrigger", "failOnDataLoss", "mapped_file_size_commit_log", "batchSize", "minPartitions",
             "partitioning", "pushFilters", "checkCRC", "includeUndispatched", "tags", "sql",
             "subscribe", "subscribePattern", "assign");
-    private static final List<String> NOT_YET = Arrays.asList("tags", "sql");
+    private static final List<String> NOT_YET = Arrays.asList("sql");
     private static final List<String> KAFKA_ONLY = Arrays.asList("subscribe", "subscribepattern", "assign");
 
     /** -2 in an offsets JSON: the queue's earliest offset. */
@@ -66,6 +66,8 @@ final class ReadOptions implements Serializable {
     final boolean pushFilters;
     /** "auto" (null), or true / false: read the records past the ConsumeQueues. */
     final Boolean includeUndispatched;
+    /** Rows whose TAGS is one of these (a subscription's "a || b"); null: every row. */
+    final Set<String> tagNames;
     // pushed-down filters: queue ids (null: all), queue offsets [offsetLo, offsetHi) (null: no end)
     Set<Integer> queueIds;
     long offsetLo;
@@ -76,7 +78,7 @@ final class ReadOptions implements Serializable {
     private ReadOptions(String path, Set<String> topics, Map<QueueKey, Long> starting, Map<QueueKey, Long> ending,
                         Long startingTimestamp, Long endingTimestamp, boolean checkCrc, boolean failOnDataLoss,
                         Long segmentSize, int batchSize, Integer minPartitions, String partitioning,
-                        boolean pushFilters, Boolean includeUndispatched) {
+                        boolean pushFilters, Boolean includeUndispatched, Set<String> tagNames) {
         this.path = path;
         this.topics = topics;
         this.starting = starting;
@@ -91,13 +93,14 @@ final class ReadOptions implements Serializable {
         this.partitioning = partitioning;
         this.pushFilters = pushFilters;
         this.includeUndispatched = includeUndispatched;
+        this.tagNames = tagNames;
     }
 
     /** A copy whose pushed-down filters can be narrowed without touching this one. */
     ReadOptions copy() {
         ReadOptions out = new ReadOptions(path, topics == null ? null : new TreeSet<>(topics), starting, ending,
                 startingTimestamp, endingTimestamp, checkCrc, failOnDataLoss, segmentSize, batchSize, minPartitions,
-                partitioning, pushFilters, includeUndispatched);
+                partitioning, pushFilters, includeUndispatched, tagNames);
         out.queueIds = queueIds == null ? null : new TreeSet<>(queueIds);
         out.offsetLo = offsetLo;
         out.offsetHi = offsetHi;
@@ -210,6 +213,7 @@ final class ReadOptions implements Serializable {
             String v = String.valueOf(opts.get("includeundispatched")).trim().toLowerCase(Locale.ROOT);
             includeUndispatched = v.equals("auto") ? null : boolValue(v, "includeUndispatched", opts.get("includeundispatched"));
         }
+        Set<String> tagNames = opts.containsKey("tags") ? tagNames(opts.get("tags")) : null;
         for (String k : NOT_YET) {
             if (opts.containsKey(k)) {
                 throw new UnsupportedOperationException("option " + k + " is not supported by localmq's JVM reader "
@@ -218,7 +222,31 @@ final class ReadOptions implements Serializable {
         }
         return new ReadOptions(path, topics, startMap, endMap, startingTimestamp, endingTimestamp, checkCrc,
                 failOnDataLoss, segmentSize, batchSize, minPartitions, partitioning, pushFilters,
-                includeUndispatched);
+                includeUndispatched, tagNames);
+    }
+
+    /**
+     * The tags a tag expression names, as RocketMQ's FilterAPI.buildSubscriptionData (localmq.filter.tag_names): null
+     * (every tag) for "" and "*"; else the trimmed, non-empty parts of "a || b" (none: nothing matches).
+     *
+     * @throws IllegalArgumentException an expression of separators only (Python's FilterSyntaxError)
+     */
+    static Set<String> tagNames(String tags) {
+        if (tags == null || tags.isEmpty() || tags.equals("*")) {
+            return null;
+        }
+        String[] parts = tags.split("\\|\\|");  // as Java's client: trailing empty parts dropped
+        if (parts.length == 0) {
+            throw new IllegalArgumentException("a tag expression of separators only names nothing at position 0\n    "
+                    + tags + "\n    ^");
+        }
+        Set<String> out = new TreeSet<>();
+        for (String t : parts) {
+            if (!t.strip().isEmpty()) {
+                out.add(t.strip());
+            }
+        }
+        return out;
     }
 
     /** "earliest" / "latest" (word) or per-queue offsets of a startingOffsets / endingOffsets option. */
@@ -410,6 +438,9 @@ final class ReadOptions implements Serializable {
         }
         if (offsetLo > 0 || offsetHi != null) {
             parts.add("offsets=[" + offsetLo + ", " + (offsetHi == null ? "" : offsetHi) + ")");
+        }
+        if (tagNames != null) {
+            parts.add("tags=" + tagNames);
         }
         parts.add("checkCRC=" + checkCrc);
         return String.join(" ", parts);

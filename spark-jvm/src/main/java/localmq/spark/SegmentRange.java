@@ -9,7 +9,7 @@ import java.util.Set;
  * source's {@code SegmentRange}: walked to the blank record that ends the segment, to zero bytes, or to {@code end}.
  * Row filters: {@code topics} kept (null: all); {@code bounds}, per (topic, queue id), the queue offsets [first, end)
  * rows must fall in (an end < 0: no end; a queue not named: no bound; null: no per-queue bound); store times
- * [minTs, maxTs) in ms (null: none), for stores read without ConsumeQueues.
+ * [minTs, maxTs) in ms (null: none), for stores read without ConsumeQueues; tags (a subscription's).
  */
 final class SegmentRange implements Serializable {
     private static final long serialVersionUID = 1L;
@@ -27,9 +27,11 @@ final class SegmentRange implements Serializable {
     final Map<QueueKey, long[]> bounds;
     final Long minTs;
     final Long maxTs;
+    /** Rows whose TAGS is one of these (null: every row). */
+    final Set<String> tagNames;
 
     SegmentRange(String path, long base, int size, int start, int end, Set<String> topics, Map<QueueKey, long[]> bounds,
-                 Long minTs, Long maxTs) {
+                 Long minTs, Long maxTs, Set<String> tagNames) {
         this.path = path;
         this.base = base;
         this.size = size;
@@ -39,6 +41,7 @@ final class SegmentRange implements Serializable {
         this.bounds = bounds;
         this.minTs = minTs;
         this.maxTs = maxTs;
+        this.tagNames = tagNames;
     }
 
     @Override

@@ -25,6 +25,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     private final RowWriter out;
     private final CommitLogRecord rec = new CommitLogRecord();
     private byte[][] topics;  // the current range's wanted topics' bytes, or null for every topic
+    private TagFilter tags;   // the current range's tag subscription, or null
     private int r = -1;       // the current range
     private SegmentRange part;
     private MappedByteBuffer buf;
@@ -63,6 +64,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
                 topics[i++] = t.getBytes(StandardCharsets.UTF_8);
             }
         }
+        tags = part.tagNames == null ? null : new TagFilter(part.tagNames);
         pos = part.start;
         rangeDone = false;
         return true;
@@ -130,11 +132,13 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             return false;
         }
         Map<QueueKey, long[]> bounds = part.bounds;
-        if (bounds == null || bounds.isEmpty()) {
-            return true;
+        if (bounds != null && !bounds.isEmpty()) {
+            long[] b = bounds.get(new QueueKey(topicName(), rec.queueId));
+            if (b != null && (rec.queueOffset < b[0] || (b[1] >= 0 && rec.queueOffset >= b[1]))) {
+                return false;
+            }
         }
-        long[] b = bounds.get(new QueueKey(topicName(), rec.queueId));
-        return b == null || (rec.queueOffset >= b[0] && (b[1] < 0 || rec.queueOffset < b[1]));
+        return tags == null || tags.matches(buf, rec);
     }
 
     private String topicName() {
