@@ -169,12 +169,14 @@ def test_bad_crc_raises_in_both_readers(spark, vectors):
     at = data.index(bytes(victim["value"][:64]), victim["physical_offset"] - seg) + 10
     data[at] ^= 0x55
     f.write_bytes(bytes(data))
-    for fmt in ("localmq", JVM):
-        with pytest.raises(Exception, match=f"offset {victim['physical_offset']}"):
-            spark.read.format(fmt).load(str(path)).collect()
-    got = same_rows(spark, path, checkCRC="false", expect_rows=expected)
-    flipped = next(r for r in got if r["physical_offset"] == victim["physical_offset"])
-    assert flipped["value"] != victim["value"]
+    for mode in ("segment", "queue"):
+        # a walk meets a corrupt record; a queue unit points at an offset where no record of its size is
+        for fmt in ("localmq", JVM):
+            with pytest.raises(Exception, match=f"offset {victim['physical_offset']}"):
+                spark.read.format(fmt).option("partitioning", mode).load(str(path)).collect()
+        got = same_rows(spark, path, checkCRC="false", expect_rows=expected, partitioning=mode)
+        flipped = next(r for r in got if r["physical_offset"] == victim["physical_offset"])
+        assert flipped["value"] != victim["value"]
 
 
 def test_gap_records(spark, tmp_path):
@@ -199,6 +201,10 @@ def test_gap_records(spark, tmp_path):
             spark.read.format(fmt).load(str(root)).collect()
     rows = same_rows(spark, root, failOnDataLoss="false")
     assert 3000 - 80 < len(rows) < 3000
+    # queue partitions: the units of the lost messages point at the gap record; both readers say so, or skip them
+    same_error(spark, root, "OffsetRangeError", "DataLossException", "lost to damage in the commit log: a gap record "
+               "stands at offset", exact=False, partitioning="queue")
+    assert same_plan_and_rows(spark, root, failOnDataLoss="false", partitioning="queue") == rows
 
 
 # ------------------------------------------------------------------------------------------------ options (issue 28)
@@ -211,10 +217,10 @@ def error_of(spark, fmt, path, **options):
     return e.value
 
 
-def same_error(spark, path, py_type, jvm_type, pattern, **options):
+def same_error(spark, path, py_type, jvm_type, pattern, exact=True, **options):
     """Both readers refuse the read: the Python source with ``py_type`` (localmq.errors), the JVM reader with the
-    Java exception ``jvm_type``, both messages matching ``pattern``, and the Python message's own text (its first line)
-    found in the JVM's."""
+    Java exception ``jvm_type``, both messages matching ``pattern``, and (``exact``) the Python message's own text
+    (its first line) found in the JVM's. Not ``exact`` where the failing task decides which queue a message names."""
     py = str(error_of(spark, "localmq", path, **options))
     jvm = error_of(spark, JVM, path, **options)
     text = str(jvm)
@@ -223,7 +229,7 @@ def same_error(spark, path, py_type, jvm_type, pattern, **options):
     assert f"{py_type}: " in py, py
     assert jvm_type in text or jvm_type in type(jvm).__name__, (type(jvm), text)
     message = py.split(f"{py_type}: ", 1)[1].splitlines()[0].strip()
-    assert message in text, (message, text)
+    assert message in text or not exact, (message, text)
 
 
 def partitions(spark, fmt, path, **options):
