@@ -2,6 +2,7 @@ package localmq.spark;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Set;
 import java.util.TreeSet;
 
@@ -26,13 +27,15 @@ import org.apache.spark.sql.types.StructType;
  * Unlike the Python source, no Spark setting gates it; option {@code pushFilters=false} turns it off.
  */
 final class LocalMQScanBuilder implements ScanBuilder, SupportsPushDownRequiredColumns, SupportsPushDownFilters {
-    private final ReadOptions options;
+    private final Map<String, String> options;
+    private final PushedFilters narrowed = new PushedFilters();
     private StructType required;
     private Filter[] pushed = new Filter[0];
 
-    LocalMQScanBuilder(StructType schema, ReadOptions options) {
+    /** {@code options} as Spark gave them: parsed when the scan becomes a batch read or a stream. */
+    LocalMQScanBuilder(StructType schema, Map<String, String> options) {
         this.required = schema;
-        this.options = options.copy();
+        this.options = options;
     }
 
     @Override
@@ -42,11 +45,12 @@ final class LocalMQScanBuilder implements ScanBuilder, SupportsPushDownRequiredC
 
     @Override
     public Filter[] pushFilters(Filter[] filters) {
-        if (!options.pushFilters) {
+        // Spark pushes filters into batch scans only: the options are a batch read's (bad ones fail here)
+        if (!ReadOptions.parse(options, false).pushFilters) {
             return filters;
         }
         List<Filter> used = new ArrayList<>();
-        ReadOptions opts = options;
+        PushedFilters opts = narrowed;
         for (Filter f : filters) {
             String[] refs = f.references();
             String col = refs.length == 1 && (f instanceof EqualTo || f instanceof In || f instanceof GreaterThan
@@ -63,7 +67,6 @@ final class LocalMQScanBuilder implements ScanBuilder, SupportsPushDownRequiredC
                     wanted.retainAll(opts.topics);
                 }
                 opts.topics = wanted;
-                opts.pushed = true;
                 used.add(f);
             } else if ("partition".equals(col) && (f instanceof EqualTo || f instanceof In)) {
                 Set<Integer> wanted = new TreeSet<>();
@@ -76,7 +79,6 @@ final class LocalMQScanBuilder implements ScanBuilder, SupportsPushDownRequiredC
                     wanted.retainAll(opts.queueIds);
                 }
                 opts.queueIds = wanted;
-                opts.pushed = true;
                 used.add(f);
             } else if ("offset".equals(col) && !(f instanceof In)) {
                 Object v = f instanceof EqualTo ? ((EqualTo) f).value() : f instanceof GreaterThan
@@ -122,6 +124,6 @@ final class LocalMQScanBuilder implements ScanBuilder, SupportsPushDownRequiredC
 
     @Override
     public Scan build() {
-        return new LocalMQScan(required, options);
+        return new LocalMQScan(required, options, narrowed);
     }
 }

@@ -43,12 +43,29 @@ final class Planner {
 
     private final StoreFiles store;
     private final ReadOptions opts;
+    /** Read the records past the ConsumeQueues unless includeUndispatched is false (a stream's planned offsets). */
+    private final boolean forceTail;
     private Map<QueueKey, QState> state;
     private Tail tail;
 
-    private Planner(ReadOptions opts) {
+    private Planner(ReadOptions opts, boolean forceTail) {
         this.opts = opts;
+        this.forceTail = forceTail;
         this.store = new StoreFiles(opts);
+    }
+
+    /**
+     * The store's queues now, for a stream (datasource.py {@code _state}): {(topic, qid): (cq, first, end)},
+     * the records past the ConsumeQueues included as includeUndispatched says, or (forceTail) unless it is false.
+     */
+    static Planner ofState(ReadOptions opts, boolean forceTail) {
+        Planner p = new Planner(opts, forceTail);
+        p.storeState();
+        return p;
+    }
+
+    Map<QueueKey, QState> state() {
+        return state;
     }
 
     /**
@@ -61,7 +78,7 @@ final class Planner {
      * @throws CorruptRecordException damage where the plan needs a record
      */
     static List<InputPartition> planBatch(ReadOptions opts) {
-        return new Planner(opts).plan();
+        return new Planner(opts, false).plan();
     }
 
     private List<InputPartition> plan() {
@@ -189,6 +206,9 @@ final class Planner {
             state.keySet().removeIf(k -> !opts.queueIds.contains(k.queueId()));
         }
         Boolean want = opts.includeUndispatched;
+        if (forceTail && want == null) {
+            want = true;
+        }
         if (want == null) {
             want = Boolean.FALSE.equals(store.writerActive());
         }
@@ -293,7 +313,7 @@ final class Planner {
     }
 
     /** The first offset of {@code key} whose store time is >= {@code ts} (its end when none): queue, then tail. */
-    private long offsetForTime(QueueKey key, long ts) {
+    long offsetForTime(QueueKey key, long ts) {
         QState q = state.get(key);
         long cqHi = cqEnd(key);
         if (q.cq() != null && q.lo() < cqHi) {
@@ -318,7 +338,7 @@ final class Planner {
     }
 
     /** Split per-queue [start, end) into the part the ConsumeQueues cover and the part only the tail has. */
-    private void splitRanges(Map<QueueKey, long[]> offsets, Map<QueueKey, long[]> covered,
+    void splitRanges(Map<QueueKey, long[]> offsets, Map<QueueKey, long[]> covered,
                              Map<QueueKey, long[]> beyond) {
         for (Map.Entry<QueueKey, long[]> e : offsets.entrySet()) {
             long s = e.getValue()[0];
@@ -333,7 +353,10 @@ final class Planner {
         }
     }
 
-    private List<InputPartition> tailPartitions(Map<QueueKey, long[]> beyond, int partsWanted) {
+    List<InputPartition> tailPartitions(Map<QueueKey, long[]> beyond, int partsWanted) {
+        if (beyond.isEmpty()) {
+            return new ArrayList<>();
+        }
         Map<QueueKey, long[]> bounds = new LinkedHashMap<>();
         for (QueueKey key : tail.queues.keySet()) {
             bounds.put(key, beyond.getOrDefault(key, new long[] {0, 0}));
@@ -388,7 +411,7 @@ final class Planner {
     }
 
     /** A JSON offsets spec names exactly the queues being read (Kafka: "you must specify all TopicPartitions"). */
-    private void checkOffsetsJson(Map<QueueKey, Long> spec, String name) {
+    void checkOffsetsJson(Map<QueueKey, Long> spec, String name) {
         List<QueueKey> missing = new ArrayList<>();
         for (QueueKey k : state.keySet()) {
             if (!spec.containsKey(k)) {
@@ -424,7 +447,7 @@ final class Planner {
     }
 
     /** QueuePartitions: each queue's range split so the whole read spreads over {@code partsWanted} tasks. */
-    private List<InputPartition> queuePartitions(Map<QueueKey, long[]> offsets, int partsWanted) {
+    List<InputPartition> queuePartitions(Map<QueueKey, long[]> offsets, int partsWanted) {
         List<InputPartition> out = new ArrayList<>();
         long total = 0;
         for (long[] r : offsets.values()) {

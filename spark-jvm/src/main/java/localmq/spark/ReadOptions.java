@@ -21,7 +21,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * {@link IllegalArgumentException} here.
  *
  * <p>Taken: {@code path}, {@code topics}, {@code startingOffsets}, {@code endingOffsets}, {@code startingTimestamp},
- * {@code endingTimestamp}, {@code maxOffsetsPerTrigger} (checked; streaming only, as there), {@code failOnDataLoss},
+ * {@code endingTimestamp}, {@code maxOffsetsPerTrigger} (streaming only, as there), {@code failOnDataLoss},
  * {@code mapped_file_size_commit_log}, {@code batchSize}, {@code minPartitions}, {@code partitioning},
  * {@code pushFilters}, {@code checkCRC}, {@code includeUndispatched}, {@code tags}. The SQL92 message filter
  * {@code sql} is refused by name ({@link UnsupportedOperationException}) rather than ignored, so that a query never
@@ -47,8 +47,12 @@ final class ReadOptions implements Serializable {
     final String path;
     /** Topic names read (null: every topic); pushed-down topic filters narrow it, possibly to none. */
     Set<String> topics;
-    /** Per-queue starting offsets of a JSON startingOffsets; null: earliest. */
+    /** Per-queue starting offsets of a JSON startingOffsets; null: earliest, or latest when startingLatest. */
     final Map<QueueKey, Long> starting;
+    /** startingOffsets "latest" (a stream's default). */
+    final boolean startingLatest;
+    /** A stream's cap on the rows of a micro-batch (null: none). */
+    final Long maxOffsetsPerTrigger;
     /** Per-queue ending offsets of a JSON endingOffsets; null: latest. */
     final Map<QueueKey, Long> ending;
     final Long startingTimestamp;
@@ -75,13 +79,15 @@ final class ReadOptions implements Serializable {
     /** Filters narrowed the topics or queues read (a JSON may then name queues that are not read). */
     boolean pushed;
 
-    private ReadOptions(String path, Set<String> topics, Map<QueueKey, Long> starting, Map<QueueKey, Long> ending,
-                        Long startingTimestamp, Long endingTimestamp, boolean checkCrc, boolean failOnDataLoss,
+    private ReadOptions(String path, Set<String> topics, Map<QueueKey, Long> starting, boolean startingLatest,
+                        Long maxOffsetsPerTrigger, Map<QueueKey, Long> ending, Long startingTimestamp, Long endingTimestamp, boolean checkCrc, boolean failOnDataLoss,
                         Long segmentSize, int batchSize, Integer minPartitions, String partitioning,
                         boolean pushFilters, Boolean includeUndispatched, Set<String> tagNames) {
         this.path = path;
         this.topics = topics;
         this.starting = starting;
+        this.startingLatest = startingLatest;
+        this.maxOffsetsPerTrigger = maxOffsetsPerTrigger;
         this.ending = ending;
         this.startingTimestamp = startingTimestamp;
         this.endingTimestamp = endingTimestamp;
@@ -98,7 +104,8 @@ final class ReadOptions implements Serializable {
 
     /** A copy whose pushed-down filters can be narrowed without touching this one. */
     ReadOptions copy() {
-        ReadOptions out = new ReadOptions(path, topics == null ? null : new TreeSet<>(topics), starting, ending,
+        ReadOptions out = new ReadOptions(path, topics == null ? null : new TreeSet<>(topics), starting,
+                startingLatest, maxOffsetsPerTrigger, ending,
                 startingTimestamp, endingTimestamp, checkCrc, failOnDataLoss, segmentSize, batchSize, minPartitions,
                 partitioning, pushFilters, includeUndispatched, tagNames);
         out.queueIds = queueIds == null ? null : new TreeSet<>(queueIds);
@@ -114,13 +121,13 @@ final class ReadOptions implements Serializable {
     }
 
     /**
-     * Parse Spark's options (keys in any case) of a batch read.
+     * Parse Spark's options (keys in any case) of a batch read ({@code streaming} false) or of a stream.
      *
      * @throws IllegalArgumentException an unknown option, a bad value, no path (options.py's ConfigError and
      *         NotAStoreError)
      * @throws UnsupportedOperationException an option of the Python source that this reader does not take yet
      */
-    static ReadOptions parse(Map<String, String> options) {
+    static ReadOptions parse(Map<String, String> options, boolean streaming) {
         Map<String, String> opts = new LinkedHashMap<>();
         for (Map.Entry<String, String> e : options.entrySet()) {
             opts.put(e.getKey().toLowerCase(Locale.ROOT), e.getValue());
@@ -147,16 +154,20 @@ final class ReadOptions implements Serializable {
         }
         Spec starting = offsetsSpec(opts.get("startingoffsets"), "startingOffsets");
         Spec ending = offsetsSpec(opts.get("endingoffsets"), "endingOffsets");
+        if (streaming && opts.containsKey("endingoffsets")) {
+            throw new IllegalArgumentException("endingOffsets is for batch reads only");
+        }
         if (ending != null && "earliest".equals(ending.word)) {
             throw new IllegalArgumentException("endingOffsets cannot be 'earliest'");
         }
         if (ending != null && ending.offsets != null && ending.offsets.containsValue(EARLIEST)) {
             throw new IllegalArgumentException("endingOffsets cannot use -2 (earliest)");
         }
-        if (starting != null && starting.offsets != null && starting.offsets.containsValue(LATEST)) {
+        if (starting != null && starting.offsets != null && starting.offsets.containsValue(LATEST) && !streaming) {
             throw new IllegalArgumentException("startingOffsets of a batch read cannot use -1 (latest)");
         }
-        if (starting != null && "latest".equals(starting.word)) {
+        boolean startingLatest = starting == null ? streaming : "latest".equals(starting.word);
+        if (startingLatest && !streaming) {
             throw new IllegalArgumentException("startingOffsets of a batch read cannot be 'latest'");
         }
         Long startingTimestamp = null;
@@ -165,10 +176,14 @@ final class ReadOptions implements Serializable {
         }
         Long endingTimestamp = null;
         if (opts.containsKey("endingtimestamp")) {
+            if (streaming) {
+                throw new IllegalArgumentException("endingTimestamp is for batch reads only");
+            }
             endingTimestamp = integer(opts.get("endingtimestamp"), "endingTimestamp", 0L);
         }
+        Long maxOffsetsPerTrigger = null;
         if (opts.containsKey("maxoffsetspertrigger")) {
-            integer(opts.get("maxoffsetspertrigger"), "maxOffsetsPerTrigger", 1L);  // a streaming option: checked
+            maxOffsetsPerTrigger = integer(opts.get("maxoffsetspertrigger"), "maxOffsetsPerTrigger", 1L);
         }
         boolean failOnDataLoss = bool(opts, "failondataloss", "failOnDataLoss", true);
         Long segmentSize = null;
@@ -220,7 +235,7 @@ final class ReadOptions implements Serializable {
                         + "yet; use format(\"localmq\") (the Python data source) for it");
             }
         }
-        return new ReadOptions(path, topics, startMap, endMap, startingTimestamp, endingTimestamp, checkCrc,
+        return new ReadOptions(path, topics, startMap, startingLatest, maxOffsetsPerTrigger, endMap, startingTimestamp, endingTimestamp, checkCrc,
                 failOnDataLoss, segmentSize, batchSize, minPartitions, partitioning, pushFilters,
                 includeUndispatched, tagNames);
     }
