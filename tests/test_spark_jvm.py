@@ -626,3 +626,32 @@ def test_stream_bad_options_fail_alike(spark, tmp_path, options, pattern):
                 origin = origin.getCause()
             assert "java.lang.IllegalArgumentException" in causes, causes
     assert "localmq.errors.ConfigError" in errors["localmq"]
+
+
+def test_a_shared_store_is_read_to_its_committed_end(spark, tmp_path):
+    """While processes share a store (this one holds it open shared), both readers stop at the committed end its
+    control file publishes: a whole record written past it (a put being copied) is no row, even with
+    includeUndispatched=true, which reads past the ConsumeQueues.
+
+    Nothing here opens the store's files in this process (no StoreFiles, no plan()): ControlView.open would close a
+    second descriptor of the control file, which drops this process's locks on it (reported with this test)."""
+    path = tmp_path / "store"
+    with localmq.open(path, shared=True, mapped_file_size_commit_log=SEG) as st:
+        rs = [st.put("t", b"m%d" % i, queue_id=i % 2) for i in range(50)]
+        st.wait_for_dispatch()
+        seg = path / "commitlog" / ("%020d" % 0)
+        data = bytearray(seg.read_bytes())
+        at = rs[-1].physical_offset
+        live = at + int.from_bytes(data[at:at + 4], "big")  # the committed end: after the last put
+        record = bytearray(data[at:live])
+        assert data[live:live + len(record)] == bytes(len(record))
+        record[20:28] = (25).to_bytes(8, "big")     # the next offset of queue 1 (its CRC covers the body only)
+        record[28:36] = live.to_bytes(8, "big")     # where it stands
+        with open(seg, "r+b") as f:
+            f.seek(live)
+            f.write(record)
+        for mode in ("segment", "queue"):
+            options = {"partitioning": mode, "includeUndispatched": "true"}
+            rows = same_rows(spark, path, expect_rows=50, **options)
+            assert max(r["physical_offset"] for r in rows) == at
+            assert partitions(spark, JVM, path, **options) == partitions(spark, "localmq", path, **options)

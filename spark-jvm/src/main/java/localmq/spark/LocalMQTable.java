@@ -9,7 +9,10 @@ import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-/** A store directory as a table of messages (one row per record a dispatcher indexes); batch reads and micro-batch streams. */
+/**
+ * A store directory as a table of messages (one row per record a dispatcher indexes): batch reads and micro-batch
+ * streams.
+ */
 final class LocalMQTable implements SupportsRead {
     private final StructType schema;
 

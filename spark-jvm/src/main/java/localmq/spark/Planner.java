@@ -3,7 +3,6 @@ package localmq.spark;
 import java.nio.MappedByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -562,10 +561,5 @@ final class Planner {
             }
         }
         return lo;
-    }
-
-    /** For tests and descriptions: the planned partitions as text. */
-    static String describe(List<InputPartition> parts) {
-        return Arrays.toString(parts.toArray());
     }
 }

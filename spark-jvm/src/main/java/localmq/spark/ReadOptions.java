@@ -102,19 +102,6 @@ final class ReadOptions implements Serializable {
         this.tagNames = tagNames;
     }
 
-    /** A copy whose pushed-down filters can be narrowed without touching this one. */
-    ReadOptions copy() {
-        ReadOptions out = new ReadOptions(path, topics == null ? null : new TreeSet<>(topics), starting,
-                startingLatest, maxOffsetsPerTrigger, ending,
-                startingTimestamp, endingTimestamp, checkCrc, failOnDataLoss, segmentSize, batchSize, minPartitions,
-                partitioning, pushFilters, includeUndispatched, tagNames);
-        out.queueIds = queueIds == null ? null : new TreeSet<>(queueIds);
-        out.offsetLo = offsetLo;
-        out.offsetHi = offsetHi;
-        out.pushed = pushed;
-        return out;
-    }
-
     /** Partitions a read aims at: {@code minPartitions}, else the driver's CPU count (at least 2). */
     int targetPartitions() {
         return minPartitions != null ? minPartitions : Math.max(2, Runtime.getRuntime().availableProcessors());

@@ -29,13 +29,23 @@ import org.apache.spark.storage.StorageUtils;
  * empty last file, a creation interrupted, left out), its ConsumeQueues, the gap records recovery wrote, and walks
  * of the log. Nothing is opened for writing.
  *
- * <p>Not mirrored: the committed end that processes sharing a live store publish in its control file (Python's
- * {@code live_end}); a store being written by several processes is read to the end of its complete records.
+ * <p>A store that live processes share publishes its committed end in its control file ({@code mpctl}): reads stop
+ * there ({@link #liveEnd}, files.py's {@code live_end}), as past it a put may be half-copied.
  */
 final class StoreFiles {
     /** RocketMQ's and localmq's default {@code mapped_file_size_commit_log}. */
     static final long DEFAULT_SEGMENT_SIZE = 1L << 30;
     private static final Pattern GAP_FILE = Pattern.compile("commitlog-gap-(\\d{20})-\\d+\\.bin");
+    // the control file of a shared store (layout.py CTL_*): its size, header and the committed end's cell
+    private static final String CTL_FILE = "mpctl";
+    private static final int CTL_FILE_SIZE = 2379840;
+    private static final int CTL_MAGIC = 0x4C4D5143;
+    private static final int CTL_VERSION = 3;
+    private static final int CTL_H_MAGIC = 0;
+    private static final int CTL_H_VERSION = 4;
+    private static final int CTL_S_READY = 512;
+    private static final int CTL_S_WPOS = 520;
+    private static final long CTL_LOCK_BYTE_OPEN = 0;
 
     final File root;
     final File commitlog;
@@ -43,6 +53,8 @@ final class StoreFiles {
     /** Bases and paths of the segments, in order. */
     final long[] bases;
     final String[] paths;
+    /** The committed end live processes sharing the store publish, or null when nobody shares it. */
+    final Long liveEnd;
 
     /**
      * @throws IllegalArgumentException not a store (no directory, no commitlog directory)
@@ -59,7 +71,36 @@ final class StoreFiles {
         if (!commitlog.isDirectory()) {
             throw new IllegalArgumentException("not a localmq / RocketMQ store: it has no commitlog directory: " + root);
         }
-        List<File> files = numbered(commitlog);
+        // A store that processes share grows while it is listed: a listing that runs while two segment files are
+        // created may return the second and miss the first. Segments past the published committed end hold nothing
+        // committed and are left out; a hole below it in a live store is listed again (up to 5 times).
+        Long live = null;
+        long size = 0;
+        List<File> kept = null;
+        for (int attempt = 0; ; attempt++) {
+            live = committedEnd(root);
+            try {
+                List<File> files = numbered(commitlog);
+                size = segmentSize(opts, files);
+                kept = checked(files, size, live);
+                break;
+            } catch (IllegalStateException e) {
+                if (live == null || attempt == 4) {
+                    throw e;
+                }
+            }
+        }
+        liveEnd = live;
+        segmentSize = size;
+        bases = new long[kept.size()];
+        paths = new String[kept.size()];
+        for (int i = 0; i < bases.length; i++) {
+            bases[i] = Long.parseLong(kept.get(i).getName());
+            paths[i] = kept.get(i).getPath();
+        }
+    }
+
+    private long segmentSize(ReadOptions opts, List<File> files) {
         Long size = opts.segmentSize != null ? opts.segmentSize : recordedSegmentSize(root);
         if (size == null) {
             long largest = 0;
@@ -68,14 +109,21 @@ final class StoreFiles {
             }
             size = largest > 0 ? largest : DEFAULT_SEGMENT_SIZE;
         }
-        segmentSize = size;
+        return size;
+    }
+
+    /** The segments of a listing, checked (files.py {@code _segments}). */
+    private static List<File> checked(List<File> files, long size, Long live) {
         List<File> kept = new ArrayList<>();
         for (int i = 0; i < files.size(); i++) {
             File f = files.get(i);
             long base = Long.parseLong(f.getName());
             long len = f.length();
             if (len == 0 && i == files.size() - 1) {
-                continue;  // a segment whose creation was interrupted: no data yet
+                continue;  // a segment whose creation was interrupted or is under way: no data yet
+            }
+            if (live != null && base >= live && base > 0) {
+                break;  // made ahead of the writer, or being created: nothing committed there yet
             }
             if (len != size) {
                 throw new IllegalStateException("commit log segment " + f + " is " + len + " bytes, not the configured "
@@ -95,11 +143,74 @@ final class StoreFiles {
             }
             kept.add(f);
         }
-        bases = new long[kept.size()];
-        paths = new String[kept.size()];
-        for (int i = 0; i < bases.length; i++) {
-            bases[i] = Long.parseLong(kept.get(i).getName());
-            paths[i] = kept.get(i).getPath();
+        return kept;
+    }
+
+    /**
+     * The committed end of the commit log that the live processes sharing the store at {@code root} publish in its
+     * control file, or null when no process shares it (control_view.py {@code committed_end}): the file must be
+     * whole, some process must hold a lock on its "attached" byte (seen in /proc/locks: no lock is taken here, as a
+     * lock of this process would look like an attached one), and its header must say it is ready.
+     */
+    static Long committedEnd(File root) {
+        Path ctl = new File(root, CTL_FILE).toPath();
+        String ident = fileIdent(ctl);
+        if (ident == null || !lockedByte(ident, CTL_LOCK_BYTE_OPEN)) {
+            return null;
+        }
+        try (FileChannel ch = FileChannel.open(ctl, StandardOpenOption.READ)) {
+            if (ch.size() < CTL_FILE_SIZE) {
+                return null;
+            }
+            MappedByteBuffer mm = ch.map(FileChannel.MapMode.READ_ONLY, 0, CTL_FILE_SIZE);
+            try {
+                mm.order(java.nio.ByteOrder.nativeOrder());  // the control file holds native-endian cells
+                if (mm.getInt(CTL_H_MAGIC) != CTL_MAGIC || mm.getInt(CTL_H_VERSION) != CTL_VERSION
+                        || mm.getLong(CTL_S_READY) != 1) {
+                    return null;
+                }
+                return mm.getLong(CTL_S_WPOS);
+            } finally {
+                unmap(mm);
+            }
+        } catch (NoSuchFileException e) {
+            return null;
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot read the control file " + ctl, e);
+        }
+    }
+
+    /** "maj:min:inode" of a file as /proc/locks names it (glibc's gnu_dev_major / minor); null when it is gone. */
+    private static String fileIdent(Path p) {
+        try {
+            long dev = ((Number) Files.getAttribute(p, "unix:dev")).longValue();
+            long ino = ((Number) Files.getAttribute(p, "unix:ino")).longValue();
+            long major = ((dev >>> 8) & 0xfff) | ((dev >>> 32) & ~0xfffL);
+            long minor = (dev & 0xff) | ((dev >>> 12) & ~0xffL);
+            return String.format(java.util.Locale.ROOT, "%02x:%02x:%d", major, minor, ino);
+        } catch (IOException | UnsupportedOperationException | IllegalArgumentException e) {
+            return null;
+        }
+    }
+
+    /** Whether a process holds a POSIX lock over byte {@code at} of the file {@code ident} (from /proc/locks). */
+    private static boolean lockedByte(String ident, long at) {
+        try {
+            for (String line : Files.readAllLines(Path.of("/proc/locks"), StandardCharsets.UTF_8)) {
+                String[] f = line.trim().split("\\s+");
+                // "1: POSIX ADVISORY READ 1234 08:01:5678 0 0"; a waiter's line has "->" after the number
+                if (f.length < 8 || f[1].equals("->") || !f[5].equals(ident)) {
+                    continue;
+                }
+                long start = Long.parseLong(f[6]);
+                boolean toEnd = f[7].equals("EOF");
+                if (start <= at && (toEnd || at <= Long.parseLong(f[7]))) {
+                    return true;
+                }
+            }
+            return false;
+        } catch (IOException | NumberFormatException e) {
+            return false;
         }
     }
 
@@ -203,6 +314,9 @@ final class StoreFiles {
     long walkEnd(Long start, Long knownEnd) {
         if (bases.length == 0) {
             return 0;
+        }
+        if (liveEnd != null && (start == null || start <= liveEnd)) {
+            return liveEnd;
         }
         int first;
         if (start == null) {
@@ -332,20 +446,10 @@ final class StoreFiles {
      */
     Boolean writerActive() {
         Path lock = new File(root, "lock").toPath();
-        long dev;
-        long ino;
-        try {
-            dev = ((Number) Files.getAttribute(lock, "unix:dev")).longValue();
-            ino = ((Number) Files.getAttribute(lock, "unix:ino")).longValue();
-        } catch (NoSuchFileException e) {
-            return false;
-        } catch (IOException | UnsupportedOperationException | IllegalArgumentException e) {
-            return null;
+        String ident = fileIdent(lock);
+        if (ident == null) {
+            return Files.exists(lock) ? null : Boolean.FALSE;  // no lock file: no writer; else cannot tell
         }
-        // glibc's gnu_dev_major / gnu_dev_minor, as Python's os.major / os.minor
-        long major = ((dev >>> 8) & 0xfff) | ((dev >>> 32) & ~0xfffL);
-        long minor = (dev & 0xff) | ((dev >>> 12) & ~0xffL);
-        String ident = String.format(java.util.Locale.ROOT, "%02x:%02x:%d", major, minor, ino);
         try {
             for (String line : Files.readAllLines(Path.of("/proc/locks"), StandardCharsets.UTF_8)) {
                 for (String field : line.trim().split("\\s+")) {
