@@ -463,7 +463,7 @@ final class Planner {
             while (s < end) {
                 long stop = Math.min(end, s + per);
                 out.add(new QueuePartition(cq.topic, cq.queueId, cq.path, store.commitlog.getPath(), store.segmentSize,
-                        s, stop, opts.tagNames));
+                        s, stop, opts.tagNames, opts.sql));
                 s = stop;
             }
         }
@@ -537,7 +537,8 @@ final class Planner {
                 int g = bisectRight(cuts, a);
                 groups.get(g).add(new SegmentRange(store.paths[i], base, (int) segSize, (int) (a - base),
                         (int) (edges.get(k + 1) - base), opts.topics, bounds,
-                        withTs ? opts.startingTimestamp : null, withTs ? opts.endingTimestamp : null, opts.tagNames));
+                        withTs ? opts.startingTimestamp : null, withTs ? opts.endingTimestamp : null, opts.tagNames,
+                        opts.sql));
             }
         }
         List<InputPartition> out = new ArrayList<>();

@@ -20,9 +20,11 @@ final class QueuePartition implements InputPartition {
     final long end;
     /** Rows whose TAGS is one of these (null: every row); units are first dropped by their tags code. */
     final java.util.Set<String> tagNames;
+    /** Rows whose properties match this SQL92 expression (null: every row). */
+    final String sql;
 
     QueuePartition(String topic, int queueId, String cqPath, String commitlog, long segmentSize, long start, long end,
-                   java.util.Set<String> tagNames) {
+                   java.util.Set<String> tagNames, String sql) {
         this.topic = topic;
         this.queueId = queueId;
         this.cqPath = cqPath;
@@ -31,6 +33,7 @@ final class QueuePartition implements InputPartition {
         this.start = start;
         this.end = end;
         this.tagNames = tagNames;
+        this.sql = sql;
     }
 
     @Override

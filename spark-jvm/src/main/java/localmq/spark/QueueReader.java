@@ -31,6 +31,7 @@ final class QueueReader implements PartitionReader<ColumnarBatch> {
     private long segBase = -1;   // the mapped segment
     private MappedByteBuffer buf;
     private final TagFilter tags;  // the tag subscription, or null
+    private final SqlRows sql;     // the SQL92 filter, or null
 
     QueueReader(QueuePartition part, Column[] columns, StructType schema, ReadOptions options) {
         this.part = part;
@@ -39,6 +40,7 @@ final class QueueReader implements PartitionReader<ColumnarBatch> {
         this.cq = new ConsumeQueueFiles(part.topic, part.queueId, new File(part.cqPath));
         this.next = part.start;
         this.tags = part.tagNames == null ? null : new TagFilter(part.tagNames);
+        this.sql = part.sql == null ? null : new SqlRows(part.sql);
     }
 
     /** Load the next run of units; false at the end of the partition. */
@@ -133,7 +135,7 @@ final class QueueReader implements PartitionReader<ColumnarBatch> {
                 throw new IllegalStateException("consume queue " + part.cqPath + ": units " + qoff + ".." + qoff
                         + " point at records of another queue or offset");
             }
-            if (tags == null || tags.matches(buf, rec)) {
+            if ((tags == null || tags.matches(buf, rec)) && (sql == null || sql.matches(buf, rec))) {
                 out.fill(buf, rec, phys, rows++);
             }
             u++;

@@ -23,9 +23,9 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * <p>Taken: {@code path}, {@code topics}, {@code startingOffsets}, {@code endingOffsets}, {@code startingTimestamp},
  * {@code endingTimestamp}, {@code maxOffsetsPerTrigger} (streaming only, as there), {@code failOnDataLoss},
  * {@code mapped_file_size_commit_log}, {@code batchSize}, {@code minPartitions}, {@code partitioning},
- * {@code pushFilters}, {@code checkCRC}, {@code includeUndispatched}, {@code tags}. The SQL92 message filter
- * {@code sql} is refused by name ({@link UnsupportedOperationException}) rather than ignored, so that a query never
- * returns other rows than it asked for.
+ * {@code pushFilters}, {@code checkCRC}, {@code includeUndispatched}, {@code tags}, {@code sql}. An option that
+ * this reader does not take yet would be refused by name ({@link UnsupportedOperationException}, NOT_YET) rather
+ * than ignored, so that a query never returns other rows than it asked for.
  */
 final class ReadOptions implements Serializable {
     private static final long serialVersionUID = 2L;
@@ -36,7 +36,7 @@ final class ReadOptions implements Serializable {
             "maxOffsetsPerTrigger", "failOnDataLoss", "mapped_file_size_commit_log", "batchSize", "minPartitions",
             "partitioning", "pushFilters", "checkCRC", "includeUndispatched", "tags", "sql",
             "subscribe", "subscribePattern", "assign");
-    private static final List<String> NOT_YET = Arrays.asList("sql");
+    private static final List<String> NOT_YET = Arrays.asList();
     private static final List<String> KAFKA_ONLY = Arrays.asList("subscribe", "subscribepattern", "assign");
 
     /** -2 in an offsets JSON: the queue's earliest offset. */
@@ -72,6 +72,8 @@ final class ReadOptions implements Serializable {
     final Boolean includeUndispatched;
     /** Rows whose TAGS is one of these (a subscription's "a || b"); null: every row. */
     final Set<String> tagNames;
+    /** Rows whose properties match this SQL92 expression (checked when parsed); null: every row. */
+    final String sql;
     // pushed-down filters: queue ids (null: all), queue offsets [offsetLo, offsetHi) (null: no end)
     Set<Integer> queueIds;
     long offsetLo;
@@ -82,7 +84,7 @@ final class ReadOptions implements Serializable {
     private ReadOptions(String path, Set<String> topics, Map<QueueKey, Long> starting, boolean startingLatest,
                         Long maxOffsetsPerTrigger, Map<QueueKey, Long> ending, Long startingTimestamp, Long endingTimestamp, boolean checkCrc, boolean failOnDataLoss,
                         Long segmentSize, int batchSize, Integer minPartitions, String partitioning,
-                        boolean pushFilters, Boolean includeUndispatched, Set<String> tagNames) {
+                        boolean pushFilters, Boolean includeUndispatched, Set<String> tagNames, String sql) {
         this.path = path;
         this.topics = topics;
         this.starting = starting;
@@ -100,6 +102,7 @@ final class ReadOptions implements Serializable {
         this.pushFilters = pushFilters;
         this.includeUndispatched = includeUndispatched;
         this.tagNames = tagNames;
+        this.sql = sql;
     }
 
     /** Partitions a read aims at: {@code minPartitions}, else the driver's CPU count (at least 2). */
@@ -216,6 +219,14 @@ final class ReadOptions implements Serializable {
             includeUndispatched = v.equals("auto") ? null : boolValue(v, "includeUndispatched", opts.get("includeundispatched"));
         }
         Set<String> tagNames = opts.containsKey("tags") ? tagNames(opts.get("tags")) : null;
+        String sql = opts.get("sql");
+        if (sql != null) {
+            try {
+                Sql92Filter.compile(sql);
+            } catch (Sql92Filter.SyntaxError e) {
+                throw new IllegalArgumentException("option sql: " + e.getMessage(), e);
+            }
+        }
         for (String k : NOT_YET) {
             if (opts.containsKey(k)) {
                 throw new UnsupportedOperationException("option " + k + " is not supported by localmq's JVM reader "
@@ -224,7 +235,7 @@ final class ReadOptions implements Serializable {
         }
         return new ReadOptions(path, topics, startMap, startingLatest, maxOffsetsPerTrigger, endMap, startingTimestamp, endingTimestamp, checkCrc,
                 failOnDataLoss, segmentSize, batchSize, minPartitions, partitioning, pushFilters,
-                includeUndispatched, tagNames);
+                includeUndispatched, tagNames, sql);
     }
 
     /**
@@ -443,6 +454,9 @@ final class ReadOptions implements Serializable {
         }
         if (tagNames != null) {
             parts.add("tags=" + tagNames);
+        }
+        if (sql != null) {
+            parts.add("sql=" + sql);
         }
         parts.add("checkCRC=" + checkCrc);
         return String.join(" ", parts);

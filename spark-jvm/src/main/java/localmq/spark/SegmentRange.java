@@ -29,9 +29,11 @@ final class SegmentRange implements Serializable {
     final Long maxTs;
     /** Rows whose TAGS is one of these (null: every row). */
     final Set<String> tagNames;
+    /** Rows whose properties match this SQL92 expression (null: every row). */
+    final String sql;
 
     SegmentRange(String path, long base, int size, int start, int end, Set<String> topics, Map<QueueKey, long[]> bounds,
-                 Long minTs, Long maxTs, Set<String> tagNames) {
+                 Long minTs, Long maxTs, Set<String> tagNames, String sql) {
         this.path = path;
         this.base = base;
         this.size = size;
@@ -42,6 +44,7 @@ final class SegmentRange implements Serializable {
         this.minTs = minTs;
         this.maxTs = maxTs;
         this.tagNames = tagNames;
+        this.sql = sql;
     }
 
     @Override

@@ -26,6 +26,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     private final CommitLogRecord rec = new CommitLogRecord();
     private byte[][] topics;  // the current range's wanted topics' bytes, or null for every topic
     private TagFilter tags;   // the current range's tag subscription, or null
+    private SqlRows sql;      // the current range's SQL92 filter, or null
     private int r = -1;       // the current range
     private SegmentRange part;
     private MappedByteBuffer buf;
@@ -65,6 +66,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             }
         }
         tags = part.tagNames == null ? null : new TagFilter(part.tagNames);
+        sql = part.sql == null ? null : new SqlRows(part.sql);
         pos = part.start;
         rangeDone = false;
         return true;
@@ -138,7 +140,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
                 return false;
             }
         }
-        return tags == null || tags.matches(buf, rec);
+        return (tags == null || tags.matches(buf, rec)) && (sql == null || sql.matches(buf, rec));
     }
 
     private String topicName() {
