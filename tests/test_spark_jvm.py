@@ -148,8 +148,6 @@ def test_given_schema_and_bad_options(spark, vectors):
     for schema, message in (("nope int", "localmq has no column 'nope'"), ("value string", "is binary, not string")):
         with pytest.raises(Exception, match=message):
             spark.read.format(JVM).schema(schema).load(str(path)).collect()
-    with pytest.raises(Exception, match="option sql is not supported by localmq's JVM reader yet"):
-        spark.read.format(JVM).option("sql", "a = 1").load(str(path)).collect()
     with pytest.raises(Exception, match="mapped_file_size_commit_log=65536"):
         spark.read.format(JVM).option("mapped_file_size_commit_log", 1 << 20).load(str(path)).collect()
     with pytest.raises(Exception, match="no commitlog directory"):

@@ -23,9 +23,8 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * <p>Taken: {@code path}, {@code topics}, {@code startingOffsets}, {@code endingOffsets}, {@code startingTimestamp},
  * {@code endingTimestamp}, {@code maxOffsetsPerTrigger} (streaming only, as there), {@code failOnDataLoss},
  * {@code mapped_file_size_commit_log}, {@code batchSize}, {@code minPartitions}, {@code partitioning},
- * {@code pushFilters}, {@code checkCRC}, {@code includeUndispatched}, {@code tags}, {@code sql}. An option that
- * this reader does not take yet would be refused by name ({@link UnsupportedOperationException}, NOT_YET) rather
- * than ignored, so that a query never returns other rows than it asked for.
+ * {@code pushFilters}, {@code checkCRC}, {@code includeUndispatched}, {@code tags} and {@code sql}: every option
+ * the Python source takes.
  */
 final class ReadOptions implements Serializable {
     private static final long serialVersionUID = 2L;
@@ -36,7 +35,6 @@ final class ReadOptions implements Serializable {
             "maxOffsetsPerTrigger", "failOnDataLoss", "mapped_file_size_commit_log", "batchSize", "minPartitions",
             "partitioning", "pushFilters", "checkCRC", "includeUndispatched", "tags", "sql",
             "subscribe", "subscribePattern", "assign");
-    private static final List<String> NOT_YET = Arrays.asList();
     private static final List<String> KAFKA_ONLY = Arrays.asList("subscribe", "subscribepattern", "assign");
 
     /** -2 in an offsets JSON: the queue's earliest offset. */
@@ -115,7 +113,6 @@ final class ReadOptions implements Serializable {
      *
      * @throws IllegalArgumentException an unknown option, a bad value, no path (options.py's ConfigError and
      *         NotAStoreError)
-     * @throws UnsupportedOperationException an option of the Python source that this reader does not take yet
      */
     static ReadOptions parse(Map<String, String> options, boolean streaming) {
         Map<String, String> opts = new LinkedHashMap<>();
@@ -225,12 +222,6 @@ final class ReadOptions implements Serializable {
                 Sql92Filter.compile(sql);
             } catch (Sql92Filter.SyntaxError e) {
                 throw new IllegalArgumentException("option sql: " + e.getMessage(), e);
-            }
-        }
-        for (String k : NOT_YET) {
-            if (opts.containsKey(k)) {
-                throw new UnsupportedOperationException("option " + k + " is not supported by localmq's JVM reader "
-                        + "yet; use format(\"localmq\") (the Python data source) for it");
             }
         }
         return new ReadOptions(path, topics, startMap, startingLatest, maxOffsetsPerTrigger, endMap, startingTimestamp, endingTimestamp, checkCrc,
