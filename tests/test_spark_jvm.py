@@ -707,3 +707,19 @@ BAD_SQL = ["i >", "v = NULL", "'x' > 1", "i BETWEEN 5 AND 1", "5 IN ('a')", "v I
 def test_bad_sql_fails_alike(spark, props_store, sql):
     """An expression that does not compile fails both readers with the same message and position."""
     same_error(spark, props_store, "ConfigError", "IllegalArgumentException", "option sql: ", sql=sql)
+
+
+def test_edge_stores_and_topics(spark, vectors, fixtures_dir, tmp_path):
+    """Reads that find nothing, or a bare commit log: the same (no) rows and the same partition counts."""
+    path, _ = vectors
+    same_plan_and_rows(spark, path, expect_rows=0, topics="nope")
+    same_plan_and_rows(spark, path, expect_rows=0, topics=" , ")
+    empty = tmp_path / "empty"
+    with localmq.open(empty, mapped_file_size_commit_log=SEG):
+        pass
+    same_plan_and_rows(spark, empty, expect_rows=0)
+    bare = shutil.copytree(fixtures_dir / "apache-rocketmq-4e25b979/store", tmp_path / "bare")
+    assert not (bare / "consumequeue").exists() or not any((bare / "consumequeue").rglob("0000*"))
+    rows = same_plan_and_rows(spark, bare, expect_rows=47, minPartitions=3, includeUndispatched="false")
+    topic = rows[0]["topic"]
+    same_plan_and_rows(spark, bare, topics=topic, partitioning="queue")
