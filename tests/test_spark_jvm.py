@@ -723,3 +723,17 @@ def test_edge_stores_and_topics(spark, vectors, fixtures_dir, tmp_path):
     rows = same_plan_and_rows(spark, bare, expect_rows=47, minPartitions=3, includeUndispatched="false")
     topic = rows[0]["topic"]
     same_plan_and_rows(spark, bare, topics=topic, partitioning="queue")
+
+
+def test_a_path_that_is_no_store_fails_at_load(spark, vectors, tmp_path):
+    """Both readers check the path (and the segment size) when the DataFrame is defined, before any action."""
+    path, _ = vectors
+    for fmt in ("localmq", JVM):
+        with pytest.raises(Exception, match="not a localmq / RocketMQ store: no such directory"):
+            spark.read.format(fmt).load(str(tmp_path / "nowhere"))
+        with pytest.raises(Exception, match="no commitlog directory"):
+            spark.read.format(fmt).load(str(path / "config"))
+        with pytest.raises(Exception, match="mapped_file_size_commit_log=65536"):
+            spark.read.format(fmt).option("mapped_file_size_commit_log", 1 << 20).load(str(path))
+        # other options are checked when the read runs (a stream takes what a batch read refuses)
+        spark.read.format(fmt).option("startingOffsets", "latest").load(str(path))
