@@ -161,6 +161,11 @@ final class CommitLogRecord {
         return MIN_SIZE + extra + bodyLen + topicLen + propsLen;
     }
 
+    /** A status as localmq's RecordStatus prints it ("bad crc", "torn", ...). */
+    static String describe(Status st) {
+        return st.name().toLowerCase(java.util.Locale.ROOT).replace('_', ' ');
+    }
+
     /** Whether a dispatcher indexes this record: all but transactional PREPARED and ROLLBACK ones. */
     boolean dispatched() {
         int txn = sysFlag & SYSFLAG_TRANSACTION_MASK;

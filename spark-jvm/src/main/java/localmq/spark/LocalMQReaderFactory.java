@@ -1,7 +1,6 @@
 package localmq.spark;
 
 import java.io.IOException;
-import java.io.UncheckedIOException;
 import java.util.Iterator;
 
 import org.apache.spark.sql.catalyst.InternalRow;
@@ -11,7 +10,7 @@ import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
-/** Creates, in each task, the reader of one segment; columnar reads always (Spark takes the batches as they are). */
+/** Creates, in each task, the reader of one partition (segment ranges or a queue range); columnar reads always (Spark takes the batches as they are). */
 final class LocalMQReaderFactory implements PartitionReaderFactory {
     private static final long serialVersionUID = 1L;
 
@@ -38,7 +37,7 @@ final class LocalMQReaderFactory implements PartitionReaderFactory {
     /** Rows of the same batches, for a caller that asks for rows (Spark does not while columnar reads are on). */
     @Override
     public PartitionReader<InternalRow> createReader(InputPartition partition) {
-        SegmentReader batches = open(partition);
+        PartitionReader<ColumnarBatch> batches = open(partition);
         return new PartitionReader<InternalRow>() {
             private Iterator<InternalRow> rows;
             private InternalRow current;
@@ -67,11 +66,10 @@ final class LocalMQReaderFactory implements PartitionReaderFactory {
         };
     }
 
-    private SegmentReader open(InputPartition partition) {
-        try {
-            return new SegmentReader((SegmentPartition) partition, columns, schema, options);
-        } catch (IOException e) {
-            throw new UncheckedIOException("cannot map commit log segment " + ((SegmentPartition) partition).path, e);
+    private PartitionReader<ColumnarBatch> open(InputPartition partition) {
+        if (partition instanceof QueuePartition) {
+            return new QueueReader((QueuePartition) partition, columns, schema, options);
         }
+        return new SegmentReader((SegmentPartition) partition, columns, schema, options);
     }
 }

@@ -1,25 +1,31 @@
 package localmq.spark;
 
-import java.io.File;
 import java.util.List;
+import java.util.Map;
 
 import org.apache.spark.sql.connector.read.Batch;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * A batch scan of a closed store: the commit log segments, listed when the query plans, cut into shares at record
- * boundaries from the ConsumeQueues (a segment each without them).
+ * A scan of a store: as a batch read, partitions planned when the query runs, per queue range or per commit log
+ * segment range, exactly as the Python source plans them ({@link Planner}); as a stream, micro-batches of queue
+ * offsets ({@link LocalMQMicroBatchStream}). The options are parsed for the one or the other (their defaults and
+ * checks differ, as in options.py).
  */
 final class LocalMQScan implements Scan, Batch {
     private final StructType schema;
-    private final ReadOptions options;
+    private final Map<String, String> rawOptions;
+    private final PushedFilters pushed;
+    private ReadOptions options;  // the batch read's, once toBatch ran
 
-    LocalMQScan(StructType schema, ReadOptions options) {
+    LocalMQScan(StructType schema, Map<String, String> rawOptions, PushedFilters pushed) {
         this.schema = schema;
-        this.options = options;
+        this.rawOptions = rawOptions;
+        this.pushed = pushed;
     }
 
     @Override
@@ -29,20 +35,26 @@ final class LocalMQScan implements Scan, Batch {
 
     @Override
     public String description() {
-        return "localmq " + options.path + (options.topics == null ? "" : " topics=" + options.topics)
-                + " checkCRC=" + options.checkCrc;
+        return "localmq " + (options != null ? options.toString() : rawOptions.getOrDefault("path", ""));
     }
 
     @Override
     public Batch toBatch() {
+        ReadOptions opts = ReadOptions.parse(rawOptions, false);
+        pushed.applyTo(opts);
+        options = opts;
         return this;
     }
 
     @Override
+    public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
+        return new LocalMQMicroBatchStream(schema, ReadOptions.parse(rawOptions, true));
+    }
+
+    @Override
     public InputPartition[] planInputPartitions() {
-        // one share per core of the driver at least 2, as the Python source's default minPartitions
-        int wanted = Math.max(2, Runtime.getRuntime().availableProcessors());
-        List<SegmentPartition> parts = StoreSegments.split(StoreSegments.list(options), new File(options.path), wanted);
+        // planned when the query runs, over what the store holds then (the Python source's plan_batch)
+        List<InputPartition> parts = Planner.planBatch(options);
         return parts.toArray(new InputPartition[0]);
     }
 

@@ -9,7 +9,10 @@ import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
-/** A store directory as a table of messages (one row per record a dispatcher indexes); batch reads only. */
+/**
+ * A store directory as a table of messages (one row per record a dispatcher indexes): batch reads and micro-batch
+ * streams.
+ */
 final class LocalMQTable implements SupportsRead {
     private final StructType schema;
 
@@ -31,11 +34,11 @@ final class LocalMQTable implements SupportsRead {
 
     @Override
     public Set<TableCapability> capabilities() {
-        return EnumSet.of(TableCapability.BATCH_READ);
+        return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
     }
 
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-        return new LocalMQScanBuilder(schema, ReadOptions.parse(options.asCaseSensitiveMap()));
+        return new LocalMQScanBuilder(schema, new java.util.HashMap<>(options.asCaseSensitiveMap()));
     }
 }

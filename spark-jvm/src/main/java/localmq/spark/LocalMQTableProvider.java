@@ -1,5 +1,6 @@
 package localmq.spark;
 
+import java.util.HashMap;
 import java.util.Map;
 
 import org.apache.spark.sql.connector.catalog.Table;
@@ -28,8 +29,21 @@ public final class LocalMQTableProvider implements TableProvider, DataSourceRegi
         return SHORT_NAME;
     }
 
+    /**
+     * The full schema; fails here, at {@code load()}, for a path that is not a store or a wrong segment size, as the
+     * Python source's {@code schema()} does (the other options are checked by the batch read or the stream: they
+     * differ between the two).
+     */
     @Override
     public StructType inferSchema(CaseInsensitiveStringMap options) {
+        Map<String, String> given = new HashMap<>();
+        if (options.get("path") != null) {
+            given.put("path", options.get("path"));
+        }
+        if (options.get("mapped_file_size_commit_log") != null) {
+            given.put("mapped_file_size_commit_log", options.get("mapped_file_size_commit_log"));
+        }
+        new StoreFiles(ReadOptions.parse(given, false));
         return Column.fullSchema();
     }
 

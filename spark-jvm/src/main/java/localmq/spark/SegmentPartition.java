@@ -1,35 +1,24 @@
 package localmq.spark;
 
+import java.util.Arrays;
+
 import org.apache.spark.sql.connector.read.InputPartition;
 
 /**
- * The records of one commit log segment file whose starts lie in [start, end), read by one task: to the blank record
- * that ends the segment, or to zero bytes (the end of the written data in the last one), or to {@code end}. Both
- * ends are record boundaries (0, a ConsumeQueue unit's offset, the segment's size). Executors open the file by path.
+ * One task's share of the commit log: one {@link SegmentRange}, or the end of a segment and the start of the next
+ * (or more), read in order (the Python source's SegmentRange / SegmentRanges). Executors open the files by path.
  */
 final class SegmentPartition implements InputPartition {
-    private static final long serialVersionUID = 1L;
+    private static final long serialVersionUID = 2L;
 
-    final String path;
-    /** Absolute commit log offset of the segment's first byte (its 20-digit name). */
-    final long base;
-    /** Bytes of the segment file. */
-    final int size;
-    /** Position of the first record read. */
-    final int start;
-    /** Position where the walk stops (exclusive). */
-    final int end;
+    final SegmentRange[] ranges;
 
-    SegmentPartition(String path, long base, int size, int start, int end) {
-        this.path = path;
-        this.base = base;
-        this.size = size;
-        this.start = start;
-        this.end = end;
+    SegmentPartition(SegmentRange... ranges) {
+        this.ranges = ranges;
     }
 
     @Override
     public String toString() {
-        return "SegmentPartition(" + path + " [" + start + ", " + end + "))";
+        return "SegmentPartition" + Arrays.toString(ranges);
     }
 }
