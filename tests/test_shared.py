@@ -790,3 +790,36 @@ def test_processes_closing_at_the_same_moment_leave_the_store_clean(tmp_path):
     with localmq.open(path, shared=True, **KW) as st:
         assert st.recovery.mode == "normal"
         assert st.max_offset("T", 0) == 20
+
+
+def _my_locks(path):
+    """The POSIX record locks this process holds on ``path`` (lines of /proc/locks naming its pid and inode)."""
+    st = os.stat(path)
+    dev_ino = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks") as f:
+        return sorted(line.split(":", 1)[1].strip() for line in f
+                      if " POSIX " in line and line.split()[4] == str(os.getpid()) and line.split()[5] == dev_ino)
+
+
+def test_reading_the_files_of_a_store_this_process_shares_keeps_its_locks(tmp_path):
+    """StoreFiles (and the Spark readers' planning, which use ControlView) on a store this process holds open shared
+    must not open and close a descriptor of its control file: that close drops every POSIX lock the process holds
+    on it (its attachment, its slot, the housekeeper's byte). Found by the JVM reader's shared-store test."""
+    from localmq.store.control_view import ControlView
+
+    path = tmp_path / "s"
+    with localmq.open(path, shared=True, **KW) as q:
+        for i in range(20):
+            q.put("T", b"m%d" % i, queue_id=i % 2)
+        assert q.wait_for_dispatch(10)
+        ctl = path / "mpctl"
+        held = _my_locks(ctl)
+        assert held, "the shared store holds no lock on its control file"
+        view = ControlView.open(str(path))
+        assert view is not None and view.load(0) is not None
+        view.close()
+        files = StoreFiles(str(path))  # reads the committed end through ControlView
+        assert files.live_end == q.stats()["shared"]["committed_end"]
+        assert sum(cq.max_offset() for cq in files.queues()) == 20
+        assert _my_locks(ctl) == held
+        assert q.put("T", b"after").status is localmq.PutStatus.PUT_OK

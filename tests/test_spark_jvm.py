@@ -631,8 +631,9 @@ def test_a_shared_store_is_read_to_its_committed_end(spark, tmp_path):
     control file publishes: a whole record written past it (a put being copied) is no row, even with
     includeUndispatched=true, which reads past the ConsumeQueues.
 
-    Nothing here opens the store's files in this process (no StoreFiles, no plan()): ControlView.open would close a
-    second descriptor of the control file, which drops this process's locks on it (reported with this test)."""
+    (Found with this test: ControlView.open closed a second descriptor of the control file, which dropped this
+    process's locks on it; fixed, tests/test_shared.py::test_reading_the_files_of_a_store_this_process_shares_keeps_
+    its_locks.)"""
     path = tmp_path / "store"
     with localmq.open(path, shared=True, mapped_file_size_commit_log=SEG) as st:
         rs = [st.put("t", b"m%d" % i, queue_id=i % 2) for i in range(50)]

@@ -42,19 +42,23 @@ class ControlView:
     def open(cls, root: str) -> Optional[ControlView | _OpenFileView]:
         path = os.path.join(root, CTL_FILE)
         try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        if (st.st_dev, st.st_ino) in _shm._open_files:
+            # open in this process by a shared store: read through its ControlFile. Never a descriptor of our own:
+            # closing one would drop every lock this process holds on the file (its slot, its attachment, maybe
+            # the housekeeper's byte), as POSIX record locks go with any close
+            cf = _shm._by_key.get((st.st_dev, st.st_ino))
+            if cf is None or cf.closed:
+                raise ControlFileError(f"{path} is open in this process by a shared store: read through that one")
+            return _OpenFileView(cf)
+        try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         try:
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) in _shm._open_files:
-                # a second descriptor's close would drop this process's locks on the file (its slot, its
-                # attachment, maybe the housekeeper's byte): read through the ControlFile already open
-                cf = _shm._by_key.get((st.st_dev, st.st_ino))
-                os.close(fd)
-                if cf is None or cf.closed:
-                    raise ControlFileError(f"{path} is open in this process by a shared store: read through that one")
-                return _OpenFileView(cf)
             if st.st_size < CTL_FILE_SIZE or not _held_by_others(fd, CTL_LOCK_BYTE_OPEN):
                 os.close(fd)
                 return None
