@@ -29,7 +29,7 @@ CHILD = textwrap.dedent("""
             return int(fh.read().split()[1]) * 4096
 
     rng = random.Random(20261127)
-    f._base_store()
+    f._bases()
     opened = 0
 
     def run(n):
