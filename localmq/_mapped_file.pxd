@@ -9,6 +9,21 @@ cdef class WriteBuffer:
     cdef public object lock_error
 
 
+cdef class MappedFile
+
+
+cdef class MappingBudget:
+    # The most mappings of the files that share it (ConsumeQueue files: a store may have 100,000 queues, the process
+    # at most vm.max_map_count mappings); least recently used files beyond it are unmapped and mapped again on use.
+    cdef readonly int limit
+    cdef int64_t clock                # use counter: a file's last_use is the clock when it was last used
+    cdef set live                     # files of this budget that are mapped now
+    cdef readonly long long evictions
+    cdef readonly long long remaps
+    cdef int admit(self, MappedFile mf) except -1
+    cpdef int trim(self, bint evict_current=*, MappedFile keep=*) except -1
+
+
 cdef class MappedFile:
     cdef readonly object path
     cdef readonly int64_t file_from_offset
@@ -61,6 +76,21 @@ cdef class MappedFile:
     # setting after a failure: a failed sync reports the file's error once (the kernel's errseq), so a sync running
     # beside it could return success for pages the failed one lost. Taken without the GIL (``sync_c``).
     cdef PyThread_type_lock sync_lock
+    # With a budget: unmapped when least recently used (``evict``; no descriptor is kept either), and mapped again by
+    # ``ensure_mapped`` (which every method that reads the mapping calls through ``_check_open``). cdef code that
+    # reads ``addr`` itself calls ``ensure_mapped`` when it is NULL and ``evicted`` is set.
+    cdef readonly MappingBudget budget
+    cdef readonly bint evicted
+    cdef int64_t last_use
+    # The ConsumeQueue whose dispatcher writes this file through a raw pointer without the GIL (its CQState.addr), or
+    # None: such a file is evicted only by ``trim(evict_current=True)``, which asks the owner to drop the pointer first
+    cdef public object owner
+
+    cdef int ensure_mapped(self) except -1
+    cdef inline void touch(self) noexcept:
+        if self.budget is not None:
+            self.last_use = self.budget.clock
+            self.budget.clock += 1
 
     cdef int _check_open(self) except -1
     cdef int64_t read_position(self) noexcept nogil
@@ -75,5 +105,7 @@ cdef class MappedFile:
     cdef int prepare_ahead_c(self, int64_t pos) noexcept nogil
     cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil
     cdef int _reopen(self) except -1
+    cdef int _open_same(self) except -1
+    cdef int _sync_unmapped(self) except -1
     cdef int _close_borrowed(self, int fd) except -1
     cdef int unpin(self) except -1

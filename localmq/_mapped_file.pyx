@@ -44,6 +44,71 @@ def offset_to_file_name(long long offset):
     return "%020d" % offset
 
 
+cdef class MappingBudget:
+    """At most ``limit`` of the files that share this budget stay mapped: the least recently used beyond it are
+    unmapped (``MappedFile.evict``) and mapped again when next used. A store's ConsumeQueue files share one, so that
+    the mappings a store holds (and the RSS of idle queues) are bounded by a setting, not by its queue count.
+
+    Eviction is by batches: when a file is mapped past the limit, the least recently used files are unmapped until an
+    eighth of the limit is free, so that sorting by last use is paid once per ``limit // 8`` mappings. A file is not
+    evicted while anything holds its mapping (an export: a numpy view, a flush in progress; a reader reference) or
+    while a dispatcher writes it without the GIL (``owner``; only ``trim(evict_current=True)`` on the dispatcher's own
+    thread, or before it runs, takes those). Everything here runs with the GIL held.
+    """
+
+    def __cinit__(self, int limit):
+        if limit < 16:
+            raise ValueError("a mapping budget needs at least 16 files")
+        self.limit = limit
+        self.clock = 1
+        self.live = set()
+        self.evictions = 0
+        self.remaps = 0
+
+    cdef int admit(self, MappedFile mf) except -1:
+        mf.budget = self
+        mf.touch()
+        self.live.add(mf)
+        if len(self.live) > self.limit:
+            self.trim(False, mf)
+        return 0
+
+    cpdef int trim(self, bint evict_current=False, MappedFile keep=None) except -1:
+        """Unmap least recently used files until at most 7/8 of ``limit`` are mapped (when more than ``limit`` are).
+        ``evict_current``: also files a dispatcher writes through a raw pointer (their owner drops it first); only
+        the thread that runs that dispatcher, or code that runs before it starts, may ask it. ``keep`` is never
+        evicted (the file its caller is about to use). Returns how many were unmapped; a file whose eviction fails
+        (its owner could not sync its position) stays mapped and the error is logged."""
+        cdef MappedFile mf
+        cdef Py_ssize_t target = self.limit - self.limit // 8
+        cdef int n = 0
+        if len(self.live) <= self.limit:
+            return 0
+        for mf in sorted(self.live, key=_last_use):
+            if len(self.live) <= target:
+                break
+            if mf is keep or mf.addr == NULL:
+                continue
+            if mf.owner is not None:
+                if not evict_current:
+                    continue
+                mf.owner.drop_write_target(mf)
+                if mf.owner is not None:
+                    continue
+            if mf.evict():
+                n += 1
+        return n
+
+    @property
+    def mapped(self):
+        """How many files of this budget are mapped now."""
+        return len(self.live)
+
+
+def _last_use(MappedFile mf):
+    return mf.last_use
+
+
 cdef class WriteBuffer:
     """An anonymous memory buffer of one segment's size for the transient store pool, mlocked when allowed.
 
@@ -103,7 +168,7 @@ cdef class MappedFile:
 
     def __cinit__(self, path, long long file_size, long long file_from_offset=-1, *, bint create=True,
                   bint reserve=True, bint writable=True, long long reserve_step=0, bint keep_fd=True,
-                  bint sync_size=True):
+                  bint sync_size=True, MappingBudget budget=None):
         cdef void *p = NULL
         self.fd = -1
         self.keeps_fd = keep_fd
@@ -183,12 +248,21 @@ cdef class MappedFile:
                 os.close(fd)
             except OSError as e:  # Linux releases the descriptor even then
                 raise store_io_error(e, "close", self.path) from e
+        if budget is not None:
+            if keep_fd:
+                raise ValueError("a file with a mapping budget keeps no descriptor (keep_fd=False)")
+            budget.admit(self)
 
     cdef int _reopen(self) except -1:
         """A new descriptor of the mapped file, for one call of a file mapped with keep_fd=False; the caller closes
         it. Raises StoreClosedError when the file is closed, StoreIOError when the open fails or when the path now
         names another inode than the mapped one (ESTALE: the file was deleted and another took its name)."""
-        self._check_open()
+        if not (self.evicted and self.available):
+            self._check_open()
+        return self._open_same()
+
+    cdef int _open_same(self) except -1:
+        # a descriptor of the path, checked to be the inode that was mapped (see _reopen)
         with io_operation("open", self.path):
             fd = os.open(self.path, (os.O_RDWR if self.writable else os.O_RDONLY) | os.O_CLOEXEC)
         try:
@@ -327,7 +401,7 @@ cdef class MappedFile:
         else:
             upto = min(self.file_size, (end + self.reserve_step - 1) // self.reserve_step * self.reserve_step
                        + self.reserve_step)
-        if end > self.file_size or self.addr == NULL or (self.fd < 0 and self.keeps_fd):
+        if end > self.file_size or (self.addr == NULL and not self.evicted) or (self.fd < 0 and self.keeps_fd):
             raise ValueError(f"cannot reserve up to {end} in {self.path} ({self.file_size} bytes)")
         cdef bint borrowed = self.fd < 0
         cdef int fd = self._reopen() if borrowed else self.fd
@@ -437,8 +511,77 @@ cdef class MappedFile:
         self.ensure_reserved(end)
 
     cdef int _check_open(self) except -1:
+        if self.addr == NULL and self.evicted:
+            self.ensure_mapped()
         if self.addr == NULL or self.unmap_pending:
             raise StoreClosedError(f"mapped file {self.path} is closed")
+        return 0
+
+    cdef int ensure_mapped(self) except -1:
+        """Map again a file its budget evicted (a no-op for a mapped one; the file counts as used now). Returns 1,
+        or 0 when the file is gone: its name was deleted (another process's retention of a shared store) or names
+        another file now; it is then closed (``addr`` stays NULL), as a file retention deleted under a reader is.
+        Raises StoreClosedError for a closed file, StoreIOError when the open or map fails (ENOMEM:
+        vm.max_map_count)."""
+        cdef void *p = NULL
+        if self.addr != NULL:
+            self.touch()
+            return 1
+        if not self.evicted or not self.available:
+            raise StoreClosedError(f"mapped file {self.path} is closed")
+        try:
+            fd = self._open_same()
+        except OSError as e:
+            if e.errno not in (_errno.ENOENT, _errno.ESTALE):
+                raise
+            self.evicted = False
+            self.available = False
+            return 0
+        try:
+            c_map(fd, <size_t>self.file_size, self.writable, &p, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.addr = <uint8_t *>p
+        self.evicted = False
+        self.budget.remaps += 1
+        self.budget.admit(self)
+        self._close_borrowed(fd)
+        return 1
+
+    def evict(self):
+        """Unmap the file to save a mapping, keeping its state (positions, reservation, flush error); it is mapped
+        again on its next use. Only a file of a budget with nothing holding its mapping (no export, no reader
+        reference, no dispatcher writing it: ``owner``) is evicted. Its dirty pages stay in the page cache, where a
+        later ``flush``/``fsync`` makes them durable through a descriptor. Returns True when unmapped."""
+        if (self.budget is None or self.addr == NULL or self.unmap_pending or not self.available or self.keeps_fd
+                or self.exports > 0 or self.refs != 1 or self.wbuf != NULL or self.locked or self.owner is not None):
+            return False
+        self.evicted = True
+        self.budget.evictions += 1
+        self._do_unmap()
+        return True
+
+    cdef int _sync_unmapped(self) except -1:
+        """fdatasync an evicted file through a descriptor opened for the call. Its failure is kept in ``sync_error``
+        (never retried into a success), as a failed msync's is. Raises StoreIOError."""
+        cdef int err = 0, rc
+        cdef int fd = self._open_same()
+        try:
+            with nogil:  # sync_lock is held only by nogil code; the fdatasync waits for the disk
+                PyThread_acquire_lock(self.sync_lock, WAIT_LOCK)
+                if self.sync_error != 0:
+                    err = self.sync_error
+                else:
+                    rc = lmq_fdatasync(fd, 0)
+                    if rc != 0:
+                        err = errno
+                        self.sync_error = err
+                PyThread_release_lock(self.sync_lock)
+        finally:
+            self._close_borrowed(fd)
+        if err != 0:
+            raise_errno(err, self.path, "fdatasync")
         return 0
 
     cdef int64_t read_position(self) noexcept nogil:
@@ -652,7 +795,8 @@ cdef class MappedFile:
         data extents as SEEK_DATA / SEEK_HOLE report them (page cache included). The rest are holes, which read as
         zeros and are never read through the mapping here: on tmpfs a read fault on a hole allocates a page, and on
         a full tmpfs that is a SIGBUS. A file system that cannot tell gives the whole range."""
-        self._check_open()
+        if not self.evicted:  # an evicted file is asked through a descriptor, not mapped again for it
+            self._check_open()
         if end < 0 or end > self.file_size:
             end = self.file_size
         out = []
@@ -694,7 +838,6 @@ cdef class MappedFile:
 
     def _clip_ranges(self, ranges, long long start, long long end):
         # the parts of ranges (a data_ranges answer the caller kept) inside [start, end)
-        self._check_open()
         return [(max(lo, start), min(hi, end)) for lo, hi in ranges if lo < end and hi > start]
 
     def has_data(self, long long start=0, long long end=-1, ranges=None):
@@ -705,11 +848,19 @@ cdef class MappedFile:
         cdef int zero
         if end < 0 or end > self.file_size:
             end = self.file_size
-        for lo, hi in (self.data_ranges(start, end) if ranges is None else self._clip_ranges(ranges, start, end)):
-            with nogil:  # up to a whole segment
-                zero = lmq_is_zero(self.addr + lo, <size_t>(hi - lo))
-            if not zero:
-                return True
+        ranges = self.data_ranges(start, end) if ranges is None else self._clip_ranges(ranges, start, end)
+        if not ranges:
+            return False
+        self._check_open()
+        self.exports += 1  # a budget's eviction waits (the mapping outlives the nogil blocks)
+        try:
+            for lo, hi in ranges:
+                with nogil:  # up to a whole segment
+                    zero = lmq_is_zero(self.addr + lo, <size_t>(hi - lo))
+                if not zero:
+                    return True
+        finally:
+            self.unpin()
         return False
 
     def zero_tail(self, long long pos, long long chunk=65536):
@@ -725,16 +876,20 @@ cdef class MappedFile:
         if not ranges or ranges[0][0] > pos:
             return 0
         p, hi = ranges[0]
-        with nogil:  # may touch many pages of a large segment
-            while p < hi:
-                n = chunk if p + chunk <= hi else hi - p
-                if lmq_is_zero(self.addr + p, n):
-                    break
-                memset(self.addr + p, 0, n)
-                done += n
-                p += n
-        if done:
-            c_msync(self.addr, pos, done, True, self.path)
+        self.exports += 1  # a budget's eviction waits (the mapping outlives the nogil block)
+        try:
+            with nogil:  # may touch many pages of a large segment
+                while p < hi:
+                    n = chunk if p + chunk <= hi else hi - p
+                    if lmq_is_zero(self.addr + p, n):
+                        break
+                    memset(self.addr + p, 0, n)
+                    done += n
+                    p += n
+            if done:
+                c_msync(self.addr, pos, done, True, self.path)
+        finally:
+            self.unpin()
         return done
 
     # -- flush ----------------------------------------------------------------------------------------------
@@ -746,7 +901,8 @@ cdef class MappedFile:
         without trying again (``sync_error``): the pages that flush could not write may be lost while a retry
         would succeed.
         """
-        self._check_open()
+        if not self.evicted:
+            self._check_open()
         cdef int64_t wrote = lmq_load_acq(&self.wrote_pos)
         cdef int64_t flushed = self.flushed_pos
         cdef int64_t ts = self.store_timestamp
@@ -757,9 +913,19 @@ cdef class MappedFile:
         if wrote < self.file_size:
             if least_pages > 0 and (wrote // OS_PAGE_SIZE) - (flushed // OS_PAGE_SIZE) < least_pages:
                 return flushed
+        if self.addr == NULL:
+            # evicted with dirty pages: they are in the page cache, and an fdatasync of the file writes them
+            self._sync_unmapped()
+            self.flushed_pos = wrote
+            self.flushed_store_timestamp = ts
+            return wrote
         cdef int err
-        with nogil:  # msync(MS_SYNC) waits for the disk
-            err = self.sync_c(False, flushed, wrote - flushed)
+        self.exports += 1  # a budget's eviction waits (the mapping outlives the nogil block)
+        try:
+            with nogil:  # msync(MS_SYNC) waits for the disk
+                err = self.sync_c(False, flushed, wrote - flushed)
+        finally:
+            self.unpin()
         if err != 0:
             raise_errno(err, self.path, "msync")
         self.flushed_pos = wrote
@@ -770,9 +936,13 @@ cdef class MappedFile:
         """fdatasync the file descriptor (metadata-light flush of everything written; without a kept descriptor an
         msync(MS_SYNC) of the whole mapping, see ``sync_c``). Raises StoreIOError as ``flush`` does, and from then
         on at every call."""
-        self._check_open()
+        if not self.evicted:
+            self._check_open()
         if self.sync_error != 0:
             raise_errno(self.sync_error, self.path, SYNC_FAILED_BEFORE)
+        if self.addr == NULL:
+            self._sync_unmapped()
+            return
         cdef int err
         cdef bint mapped = self.fd < 0
         self.exports += 1  # the mapping outlives the nogil block (close() defers the unmap)
@@ -855,10 +1025,13 @@ cdef class MappedFile:
     # -- zero-copy reads ------------------------------------------------------------------------------------
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if self.addr == NULL and self.evicted:
+            self.ensure_mapped()
         if self.addr == NULL or self.unmap_pending:
             raise StoreClosedError(f"mapped file {self.path} is closed")
         if (flags & PyBUF_WRITABLE) and not self.writable:
             raise BufferError("mapped file is read-only")
+        self.touch()
         # readonly=0 only when asked, so numpy views of units stay read-only by default
         PyBuffer_FillInfo(buffer, self, self.addr, self.file_size, 0 if (flags & PyBUF_WRITABLE) else 1, flags)
         self.exports += 1
@@ -910,6 +1083,8 @@ cdef class MappedFile:
 
     def _do_unmap(self):
         cdef uint8_t *p = self.addr
+        if self.budget is not None:
+            self.budget.live.discard(self)
         if p != NULL:
             # addr is cleared before munlock/munmap release the GIL: readers test addr with the GIL held, so none
             # of them (nor a second _do_unmap) can start on the mapping while it is being torn down
@@ -949,6 +1124,9 @@ cdef class MappedFile:
     def close(self):
         """Unmap and close (no delete). With live exports the unmap waits for the last one to be released."""
         if self.addr == NULL:
+            if self.evicted:
+                self.evicted = False
+                self.available = False
             return
         self.available = False
         if self.exports > 0:
@@ -970,6 +1148,7 @@ cdef class MappedFile:
         """
         cdef double now = time.monotonic() if now_ms is None else now_ms / 1000.0
         cdef bint forced = False
+        self.evicted = False  # never mapped again; _do_unmap below unlinks it
         if self.available:
             self.available = False
             self.shutdown_at = now

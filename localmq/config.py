@@ -64,6 +64,11 @@ class StoreConfig:
     # segment when it is created, as RocketMQ does. The same for ConsumeQueue files.
     reserve_step_commit_log: int = 1 << 20
     reserve_step_consume_queue: int = 64 << 10
+    # localmq: at most this many ConsumeQueue files of the store stay mapped; the least recently used beyond it are
+    # unmapped while idle and mapped again on use (MappingBudget), so that a store's mappings (vm.max_map_count:
+    # 65,530 per process) and the memory of idle queues do not grow with its queue count. 0: no bound. No
+    # descriptor is kept per queue file either way.
+    max_mapped_queue_files: int = 4096
     # localmq: True makes a store's first index file hold 1/256 of max_hash_slot_num / max_index_num and each next
     # one four times its predecessor, up to them. False (the default): every file has the configured geometry, as
     # RocketMQ reads them (a broker maps every index file at its configured size: one of another geometry is
@@ -147,6 +152,8 @@ class StoreConfig:
         if self.reserve_step_commit_log < 0 or self.reserve_step_consume_queue < 0:
             raise ConfigError("reserve_step_commit_log and reserve_step_consume_queue must be >= 0 (0: reserve a "
                               "whole file when it is created)")
+        if self.max_mapped_queue_files != 0 and self.max_mapped_queue_files < 16:
+            raise ConfigError("max_mapped_queue_files must be 0 (no bound) or at least 16")
         # a record must also fit one segment; put() refuses those that don't (MessageSizeError)
         if self.max_message_size <= 0:
             raise ConfigError("max_message_size must be positive")

@@ -1,9 +1,12 @@
-"""More queues than the process may open files (issue 27): a store does not hold a descriptor per ConsumeQueue file.
+"""More queues than the process may open files or keep mapped (issue 27): a store holds neither a descriptor nor a
+mapping per ConsumeQueue file.
 
 Each scenario runs a child process whose descriptor limit is lowered (``RLIMIT_NOFILE`` 256, macOS's default) and
-makes a store with 300 topics x 4 queues (1,200 ConsumeQueue files, each with its one message): the store opens,
-dispatches every queue, reads each queue's message back exactly, closes and opens again (after a clean close, and
-after a kill), and the descriptors it holds beyond those the child held before stay within 64.
+makes a store with 300 topics x 4 queues (1,200 ConsumeQueue files, each with its one message) and a budget of 64
+mapped queue files (``max_mapped_queue_files``): the store opens, dispatches every queue, reads each queue's message
+back exactly, closes and opens again (after a clean close, and after a kill, with units written to files that were
+unmapped while dirty), the descriptors it holds beyond those the child held before stay within 64, and the
+ConsumeQueue files mapped in the process (``/proc/self/maps``, sampled every 100 queues) never exceed the budget.
 """
 import json
 import os
@@ -19,10 +22,12 @@ LIMIT = 256
 TOPICS = 300
 QUEUES = 4
 FDS_HELD_MAX = 64
+MAPPED_MAX = 64
 
 CHILD = textwrap.dedent('''
     import json, os, resource, signal, sys, zlib
     limit, root, phase, topics, queues = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    budget = int(sys.argv[6])
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
     import localmq
     from localmq import PutStatus
@@ -30,13 +35,22 @@ CHILD = textwrap.dedent('''
     def fds():
         return len(os.listdir("/proc/self/fd"))
 
+    def cq_maps():
+        with open("/proc/self/maps") as f:
+            return sum("/consumequeue/" in line for line in f)
+
+    def sample(i):
+        if i % 100 == 0:
+            out["maps"] = max(out["maps"], cq_maps())
+
     def body(t, q, n):
         b = b"%d/%d/%d:" % (t, q, n) + bytes([(t * 7 + q + n) % 251]) * (40 + (t + q) % 50)
         return b + zlib.crc32(b).to_bytes(4, "big")
 
     base = fds()
-    out = {"problems": []}
-    st = localmq.open(root)
+    out = {"problems": [], "maps": 0}
+    st = localmq.open(root, max_mapped_queue_files=budget)
+    sample(0)
     expected = 2 if phase == "verify_after_kill" else 1
     if phase == "write":
         for t in range(topics):
@@ -44,6 +58,7 @@ CHILD = textwrap.dedent('''
                 r = st.put("t%d" % t, body(t, q, 0), queue_id=q)
                 if r.status != PutStatus.PUT_OK:
                     out["problems"].append("put t%d/%d: %s" % (t, q, r.status.name))
+                sample(t * queues + q)
         if not st.wait_for_dispatch(600):
             out["problems"].append("dispatch did not finish")
     if phase == "kill":
@@ -51,6 +66,7 @@ CHILD = textwrap.dedent('''
         for t in range(topics):
             for q in range(queues):
                 st.put("t%d" % t, body(t, q, 1), queue_id=q)
+                sample(t * queues + q)
         if not st.wait_for_dispatch(600):
             out["problems"].append("dispatch did not finish")
         expected = 2
@@ -64,6 +80,8 @@ CHILD = textwrap.dedent('''
             want = [body(t, q, n) for n in range(expected)]
             if got != want:
                 out["problems"].append("t%d/%d: read %r" % (t, q, got))
+            sample(t * queues + q)
+    out["maps"] = max(out["maps"], cq_maps())
     out["held"] = fds() - base
     out["queues"] = sum(len(v) for v in st.topics().values())
     if phase == "kill":
@@ -76,7 +94,8 @@ CHILD = textwrap.dedent('''
 
 
 def run_child(root, phase):
-    p = subprocess.run([sys.executable, "-c", CHILD, str(LIMIT), str(root), phase, str(TOPICS), str(QUEUES)],
+    p = subprocess.run([sys.executable, "-c", CHILD, str(LIMIT), str(root), phase, str(TOPICS), str(QUEUES),
+                        str(MAPPED_MAX)],
                        cwd=REPO, capture_output=True, text=True, timeout=900)
     assert "Too many open files" not in p.stderr, p.stderr[-4000:]
     if phase == "kill":
@@ -87,6 +106,7 @@ def run_child(root, phase):
     assert out["problems"] == [], out["problems"][:20]
     assert out["queues"] == TOPICS * QUEUES
     assert out["held"] <= FDS_HELD_MAX, out
+    assert 0 < out["maps"] <= MAPPED_MAX, out
     if phase != "kill":
         assert out["after_close"] == 0, out
     return out

@@ -239,7 +239,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
         salvaged = check_segments(self.root, self._cl_mfq.directory, self._cl_mfq.file_size, self._cq_root, c.salvage)
         self._cl_mfq.load()
         self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,
-                                           c.reserve_step_consume_queue)
+                                           c.reserve_step_consume_queue, c.max_mapped_queue_files)
         self._cqs = self._cq_table.queues   # (topic, queue id) -> ConsumeQueue; read without a lock
         if self._undo is not None:
             # a failed open gives the queue files it cut or deleted their bytes back

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from localmq._mapped_file import MappingBudget
 from localmq.config import check_topic
 from localmq.errors import IndexDisabledError, NotAStoreError, ReadOnlyStoreError, StoreLockedError
 from localmq.layout import (
@@ -112,6 +113,9 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
             end = max(names) + c.mapped_file_size_commit_log if names else 0
         self._cl_mfq.load_view(end)
         self._cqs: Dict[Any, ConsumeQueue] = {}
+        # the queue files it maps are bounded as a writer's are (StoreConfig.max_mapped_queue_files)
+        n = c.max_mapped_queue_files
+        self._cq_budget: Optional[MappingBudget] = MappingBudget(n) if n > 0 else None
         self.commit_log = None  # type: ignore[assignment]
         self.checkpoint = None  # type: ignore[assignment]
         self.recovery = RecoveryReport(mode="read-only", end_offset=end)
@@ -194,7 +198,7 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
                                                                                  str(queue_id))):
                 return None
             cq = ConsumeQueue(topic, queue_id, self._cq_root, self.config.mapped_file_size_consume_queue,
-                              writable=False)
+                              writable=False, budget=self._cq_budget)
             if view is None:
                 cq.mapped_file_queue.load(fix_empty_tail=False)
                 cq._reset_state(self._units_end(cq))

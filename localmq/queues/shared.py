@@ -241,7 +241,7 @@ class SharedMessageQueue(LocalMessageQueue):
         # the housekeeper's retention records where the log starts before it deletes segments
         self._cl_mfq.before_head_delete = functools.partial(write_log_start, self.root)
         self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,
-                                           c.reserve_step_consume_queue)
+                                           c.reserve_step_consume_queue, c.max_mapped_queue_files)
         self._cqs = self._cq_table.queues
         self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
                                     store_host=c.store_host, born_host=c.born_host)

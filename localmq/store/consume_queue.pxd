@@ -1,5 +1,5 @@
 from libc.stdint cimport int64_t, uint8_t
-from localmq._mapped_file cimport MappedFile
+from localmq._mapped_file cimport MappedFile, MappingBudget
 
 cdef struct CQState:
     uint8_t *addr            # mapping of the file the dispatcher writes (NULL: none yet)
@@ -21,4 +21,7 @@ cdef class ConsumeQueue:
     cdef MappedFile cur
     cdef readonly long long gap_units
     cdef object ctl                   # the ControlFile shared_max points into (kept mapped while bound)
+    cdef readonly MappingBudget budget
     cdef CQState *state_ptr(self) noexcept
+    cdef int _set_target(self, MappedFile mf) except -1
+    cdef int _clear_target(self) except -1

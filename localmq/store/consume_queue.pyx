@@ -8,13 +8,13 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, CTL_T_DISPATCHED, CTL_TOPIC_QUEUES
-from localmq._mapped_file cimport MappedFile
+from localmq._mapped_file cimport MappedFile, MappingBudget
 from localmq._shm cimport ControlFile, topic_row_c
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_put32, lmq_put64, lmq_store_rel
 
 import numpy as np
 
-from localmq.errors import InvalidQueueIdError, PositionOutOfRangeError
+from localmq.errors import InvalidQueueIdError, PositionOutOfRangeError, StoreClosedError
 from localmq.layout import CQ_DTYPE
 from localmq.store.mapped_file_queue import MappedFileQueue
 
@@ -55,15 +55,18 @@ cdef class ConsumeQueue:
     """
 
     def __cinit__(self, str topic, int queue_id, root, long long file_size, *, bint writable=True,
-                  long long reserve_step=0, object dir_syncs=None):
+                  long long reserve_step=0, object dir_syncs=None, MappingBudget budget=None):
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(os.fspath(root), topic, str(queue_id))
         # no descriptor per queue file kept open: a store holds as many queues as its users make
         # dir_syncs (a DeferredDirSyncs): the fsyncs that make a new file's name durable wait for the next
         # checkpoint instead of running on the dispatcher's thread
+        # budget (a MappingBudget the store's queues share): idle files are unmapped, mapped again on use
+        self.budget = budget
         self.mapped_file_queue = MappedFileQueue(self.directory, file_size, writable=writable,
-                                                 reserve_step=reserve_step, keep_fd=False, dir_syncs=dir_syncs)
+                                                 reserve_step=reserve_step, keep_fd=False, dir_syncs=dir_syncs,
+                                                 budget=budget)
         self.st.addr = NULL
         self.st.reserved = 0
         self.st.file_size = file_size
@@ -222,14 +225,9 @@ cdef class ConsumeQueue:
 
     def _reset_state(self, long long max_offset):
         mfq = self.mapped_file_queue
-        last = mfq.last()
-        self.cur = None
-        self.st.addr = NULL
-        if last is not None and max_offset * CQ_UNIT_SIZE < last.file_from_offset + self.st.file_size:
-            self.cur = last
-            self.st.addr = (<MappedFile>last).addr
-            self.st.reserved = (<MappedFile>last).reserved
-            self.st.file_from = last.file_from_offset
+        # no write target: the dispatcher's first unit takes the slow path (prepare_write), which maps the file it
+        # falls in. A store opened with many queues keeps none of them pinned mapped for a writer that may never come
+        self._clear_target()
         lmq_store_rel(&self.st.max_offset, max_offset)
         first = mfq.first()
         if first is not None:
@@ -387,6 +385,8 @@ cdef class ConsumeQueue:
             return None
         cdef MappedFile mfc = mf
         cdef int64_t rel = index * CQ_UNIT_SIZE - mfc.file_from_offset
+        if mfc.addr == NULL and mfc.evicted:
+            mfc.ensure_mapped()
         if mfc.addr == NULL:
             return None  # retention deleted it after the lookup
         cdef const uint8_t *p = mfc.addr + rel
@@ -415,10 +415,44 @@ cdef class ConsumeQueue:
                 mf = last
         # the unit's blocks (and a step ahead) before the fast path may write there; OSError on a full disk
         (<MappedFile>mf).ensure_reserved(logical - mf.file_from_offset + CQ_UNIT_SIZE)
+        self._set_target(<MappedFile>mf)
+
+    cdef int _set_target(self, MappedFile mf) except -1:
+        # mf becomes the file the dispatcher writes through st.addr without the GIL: mapped, and owned by this queue
+        # so that a budget's trim leaves it mapped (or asks drop_write_target first)
+        if self.cur is not mf:
+            self._clear_target()
+        if mf.ensure_mapped() == 0:
+            raise StoreClosedError(f"consume queue file {mf.path} was deleted under its writer")
+        mf.owner = self
         self.cur = mf
-        self.st.addr = (<MappedFile>mf).addr
-        self.st.reserved = (<MappedFile>mf).reserved
+        self.st.addr = mf.addr
+        self.st.reserved = mf.reserved
         self.st.file_from = mf.file_from_offset
+        return 0
+
+    cdef int _clear_target(self) except -1:
+        self.st.addr = NULL
+        self.st.reserved = 0
+        if self.cur is not None:
+            (<MappedFile>self.cur).owner = None
+        self.cur = None
+        return 0
+
+    def drop_write_target(self, MappedFile mf not None):
+        """Stop writing ``mf`` through the raw pointer (a budget is about to unmap it): its written position is
+        brought up to date first, and the next unit takes the slow path. Only the dispatcher's thread, or code that
+        runs while no dispatcher does, may call it."""
+        if self.cur is mf:
+            self.sync_write_position()
+            self._clear_target()
+
+    def trim_mappings(self):
+        """The dispatcher's turn to bound the store's mappings (its own write targets included). Returns how many
+        files were unmapped."""
+        if self.budget is None:
+            return 0
+        return self.budget.trim(True)
 
     def _fill_pre_blank(self, mf, long long upto):
         cdef bytes blank = ((0).to_bytes(8, "big") + (<object>CQ_BLANK_UNIT_SIZE).to_bytes(4, "big")
@@ -503,14 +537,11 @@ cdef class ConsumeQueue:
         return self.mapped_file_queue.flush(least_pages)
 
     def close(self):
-        self.st.addr = NULL
-        self.st.reserved = 0
-        self.cur = None
+        self._clear_target()
         self.mapped_file_queue.close()
 
     def destroy(self):
-        self.st.addr = NULL
-        self.cur = None
+        self._clear_target()
         self.mapped_file_queue.destroy()
         lmq_store_rel(&self.st.max_offset, 0)
         self.st.min_offset = 0

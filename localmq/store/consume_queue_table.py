@@ -6,6 +6,7 @@ import os
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
+from localmq._mapped_file import MappingBudget
 from localmq._native import fsync_dir
 from localmq.config import check_topic
 from localmq.errors import CorruptStoreError
@@ -24,8 +25,11 @@ class ConsumeQueueTable:
     ``skipped_dirs``.
     """
 
-    def __init__(self, root: str, file_size: int, reserve_step: int = 0) -> None:
+    def __init__(self, root: str, file_size: int, reserve_step: int = 0, max_mapped_files: int = 0) -> None:
         self.root = root
+        # > 0: at most that many queue files stay mapped, the least recently used unmapped while idle (shared by every
+        # queue of the table; StoreConfig.max_mapped_queue_files)
+        self.budget: Optional[MappingBudget] = MappingBudget(max_mapped_files) if max_mapped_files > 0 else None
         self.file_size = file_size
         self.reserve_step = reserve_step  # > 0: queue files are sparse, their blocks reserved ahead step by step
         # the names of new queue files are made durable together, before a checkpoint vouches for them (sync_names)
@@ -42,7 +46,7 @@ class ConsumeQueueTable:
 
     def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step,
-                          dir_syncs=self.dir_syncs)
+                          dir_syncs=self.dir_syncs, budget=self.budget)
         cq.mapped_file_queue.before_rewrite = self.before_rewrite
         return cq
 

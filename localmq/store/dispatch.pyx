@@ -396,6 +396,8 @@ cdef class ReputCore:
         cq = self.cq_factory(topic, v.queue_id)
         if code == R_NEED_CQ_FILE:
             cq.prepare_write(v.queue_offset)
+            # here, on the dispatcher's thread with the GIL, other queues' write targets may be unmapped too
+            cq.trim_mappings()
             return 1
         if code == R_GAP:
             off = lmq_load_acq(&self.reput_from)

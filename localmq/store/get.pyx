@@ -242,6 +242,8 @@ cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64
         # re-checked per unit: building a message may run a finalizer that lets retention unmap the file
         if i * CQ_UNIT_SIZE >= cq_end or cqf is None or cqf.addr == NULL:
             cqf = mfq.find(i * CQ_UNIT_SIZE)
+            if cqf is not None and (cqf.addr != NULL or cqf.evicted):
+                cqf.ensure_mapped()  # counts as used (its budget unmaps the least recently used), mapped again
             if cqf is None or cqf.addr == NULL:
                 if count == 0:
                     # the unit's file is gone: the next pull starts at the next file
@@ -446,6 +448,8 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
     while i < end:
         if i * CQ_UNIT_SIZE >= cq_end or cqf is None or cqf.addr == NULL:
             cqf = mfq.find(i * CQ_UNIT_SIZE)
+            if cqf is not None and (cqf.addr != NULL or cqf.evicted):
+                cqf.ensure_mapped()  # counts as used (its budget unmaps the least recently used), mapped again
             if cqf is None or cqf.addr == NULL:
                 return i, "no unit file"
             cq_base = cqf.file_from_offset

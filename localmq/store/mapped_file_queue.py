@@ -7,7 +7,7 @@ import os
 import threading
 from typing import Callable, List, Optional, Set
 
-from localmq._mapped_file import MappedFile, offset_to_file_name
+from localmq._mapped_file import MappedFile, MappingBudget, offset_to_file_name
 from localmq._native import fsync_dir
 from localmq.errors import CorruptStoreError, StoreIOError, io_operation, store_io_error
 
@@ -167,8 +167,12 @@ class MappedFileQueue:
 
     def __init__(self, directory: str, file_size: int, *, reserve: bool = True, reserve_step: int = 0,
                  allocator: Optional[Callable[[str, int, int], MappedFile]] = None, writable: bool = True,
-                 keep_fd: bool = True, dir_syncs: Optional[DeferredDirSyncs] = None):
+                 keep_fd: bool = True, dir_syncs: Optional[DeferredDirSyncs] = None,
+                 budget: Optional[MappingBudget] = None):
         self.directory = os.fspath(directory)
+        # set (ConsumeQueue files, keep_fd=False): the files are mapped within the store's budget of mappings and may
+        # be unmapped while idle (MappedFile.evict), mapped again on use
+        self.budget = budget
         # set: the directory fsyncs that make a new file's name durable are put off to dir_syncs.sync() (derived
         # files only: ConsumeQueues)
         self.dir_syncs = dir_syncs
@@ -240,7 +244,8 @@ class MappedFileQueue:
                         f"segment {path} is {size} bytes but the configured size is {self.file_size}; "
                         f"open the store with the size it was written with")
                 mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve,
-                                reserve_step=self.reserve_step, writable=self.writable, keep_fd=self.keep_fd)
+                                reserve_step=self.reserve_step, writable=self.writable, keep_fd=self.keep_fd,
+                                budget=self.budget)
                 if files and mf.file_from_offset != files[-1].file_from_offset + self.file_size:
                     mf.close()
                     raise CorruptStoreError(
@@ -309,6 +314,7 @@ class MappedFileQueue:
             else:
                 mf = MappedFile(path, self.file_size, start_offset, create=True, reserve=self.reserve,
                                 reserve_step=self.reserve_step, writable=self.writable, keep_fd=self.keep_fd,
+                                budget=self.budget,
                                 sync_size=self.dir_syncs is None)
                 try:
                     if self.dir_syncs is not None:
@@ -347,7 +353,7 @@ class MappedFileQueue:
                     raise CorruptStoreError(f"segment {name} does not follow {files[-1].path} in {self.directory}")
                 mf = MappedFile(os.path.join(self.directory, name), fs, create=False, reserve=self.reserve,
                                 reserve_step=self.reserve_step,
-                                writable=self.writable, keep_fd=self.keep_fd)
+                                writable=self.writable, keep_fd=self.keep_fd, budget=self.budget)
                 mf.set_positions(min(fs, end - base))
                 if self.writable:
                     # not known to be on disk (the process that wrote it may have died before flushing): the next
@@ -371,7 +377,7 @@ class MappedFileQueue:
         path = os.path.join(self.directory, offset_to_file_name(base))
         # create=True opens an existing file as it is and sizes one whose creator died before sizing it
         mf = MappedFile(path, self.file_size, base, create=True, reserve=self.reserve, reserve_step=self.reserve_step,
-                        writable=self.writable, keep_fd=self.keep_fd)
+                        writable=self.writable, keep_fd=self.keep_fd, budget=self.budget)
         self.files.append(mf)
         return mf
 
