@@ -2,7 +2,8 @@
 
 Each cut: a fresh backing directory, powerfs mounted over it, a writer process (tests/power_writer.py, forked from
 one server per module) opening a store on the mount with small files (64 KiB CommitLog segments, ConsumeQueue
-files of 16 to 256 units, 3 topics x 2 queues, segments created ahead or not) and putting a seeded workload from 1-3
+files of 16 to 256 units, 3 topics x 2 queues, segments created ahead or not, half the cuts with at most 16 queue files
+mapped, so that files are unmapped before their units are flushed) and putting a seeded workload from 1-3
 threads, each acknowledgement reported on its stdout; in most cuts a consumer in it commits offsets (durable
 commits), and a thread reports the flushed offset (``st.stats()["flushed_offset"]``).
 The writer is SIGKILLed at a seeded moment, then ``cut(mode, seed)``. For some cuts the store is opened again
@@ -221,6 +222,9 @@ def settings(rng, flush):
     if flush == "ASYNC_FLUSH":
         cfg.update(flush_interval_commit_log=rng.choice([10, 50, 200, 500]),
                    flush_commit_log_least_pages=rng.choice([0, 1, 4]))
+    # the smallest budget of mapped queue files: queue files (16 units each, at the smallest) are unmapped while
+    # their units are not flushed yet, and the ConsumeQueue flush makes them durable through a descriptor
+    cfg["max_mapped_queue_files"] = rng.choice([16, 4096])
     return cfg
 
 

@@ -1170,6 +1170,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, CommitLogFront):
             "commit_log_max_offset": self._cl_mfq.max_offset(),
             "segments": len(self._cl_mfq.files),
             "consume_queues": len(self._cqs),
+            **self._cq_table.mapping_stats(),
             "dispatched": core.dispatched,
             "dispatch_duplicates": core.duplicates,
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,

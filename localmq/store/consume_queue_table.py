@@ -122,6 +122,15 @@ class ConsumeQueueTable:
                     self.queues[key] = cq
         return cq
 
+    def mapping_stats(self) -> Dict[str, Optional[int]]:
+        """``mapped_queue_files`` (queue files mapped now; with no budget, every file of every queue),
+        ``queue_file_evictions`` and ``queue_file_remaps`` (None without a budget)."""
+        b = self.budget
+        if b is None:
+            return {"mapped_queue_files": sum(len(cq.mapped_file_queue.files) for cq in list(self.queues.values())),
+                    "queue_file_evictions": None, "queue_file_remaps": None}
+        return {"mapped_queue_files": b.mapped, "queue_file_evictions": b.evictions, "queue_file_remaps": b.remaps}
+
     def sync_names(self) -> int:
         """Make the names of the queue files created since the last call durable (directory fsyncs); returns how many
         directories were synced. Called before the checkpoint's logical timestamp moves past what they hold."""
