@@ -18,8 +18,8 @@ from localmq._native cimport (
     c_populate_write, c_pretouch, c_unmap, raise_errno,
 )
 from localmq._os cimport (
-    lmq_fallocate, lmq_fdatasync, lmq_is_zero, lmq_load_acq, lmq_map_anon, lmq_msync, lmq_populate_write,
-    lmq_pretouch, lmq_store_max, lmq_store_rel,
+    LMQ_ADV_RANDOM, lmq_fallocate, lmq_fdatasync, lmq_is_zero, lmq_load_acq, lmq_map_anon, lmq_msync,
+    lmq_populate_write, lmq_pretouch, lmq_store_max, lmq_store_rel,
 )
 
 from localmq.errors import CorruptStoreError, StoreClosedError, io_operation, store_io_error
@@ -66,7 +66,16 @@ cdef class MappingBudget:
         self.remaps = 0
 
     cdef int admit(self, MappedFile mf) except -1:
-        mf.budget = self
+        if mf.budget is None:
+            mf.budget = self
+        if mf.addr != NULL:
+            # no read-around: a fault on a queue file (20-byte units, mostly one page in use) would otherwise read
+            # 128 KiB around it into the page cache (zeros, for a sparse file) and map 16 pages of it, 64 KiB of RSS
+            # per idle queue
+            try:
+                c_madvise(mf.addr, 0, mf.file_size, LMQ_ADV_RANDOM, mf.path)
+            except OSError:
+                pass
         mf.touch()
         self.live.add(mf)
         if len(self.live) > self.limit:
@@ -312,7 +321,9 @@ cdef class MappedFile:
         else:
             c_ftruncate(fd, self.file_size, self.path)
             if reserve:
-                self.reserved = min(self.file_size, reserve_step)
+                # one page first: a queue that gets one message costs one block (the steps then double, up to
+                # reserve_step, see ensure_reserved)
+                self.reserved = min(self.file_size, reserve_step, OS_PAGE_SIZE)
                 c_fallocate(fd, 0, self.reserved, self.path)
         if self.sync_size:
             c_fdatasync(fd, False, self.path)
@@ -393,14 +404,17 @@ cdef class MappedFile:
     cdef int ensure_reserved(self, int64_t end) except -1:
         """Reserve the blocks below ``end`` (and a step beyond it) before anything is written there. Raises
         OSError (ENOSPC, EFBIG) when the file system cannot: nothing was written, the caller refuses the write."""
-        cdef int64_t upto
+        cdef int64_t upto, step = self.reserve_step
         if end <= self.reserved:
             return 0
-        if self.reserve_step == 0:
+        if step == 0:
             upto = self.file_size
         else:
-            upto = min(self.file_size, (end + self.reserve_step - 1) // self.reserve_step * self.reserve_step
-                       + self.reserve_step)
+            if self.reserved < step:
+                # a new file's steps start at a page and double: disk grows with the data for a file that gets
+                # little, and a busy one reaches whole steps after a few calls
+                step = max(<int64_t>OS_PAGE_SIZE, self.reserved)
+            upto = min(self.file_size, (end + step - 1) // step * step + step)
         if end > self.file_size or (self.addr == NULL and not self.evicted) or (self.fd < 0 and self.keeps_fd):
             raise ValueError(f"cannot reserve up to {end} in {self.path} ({self.file_size} bytes)")
         cdef bint borrowed = self.fd < 0
