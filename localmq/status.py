@@ -104,27 +104,44 @@ class ConsumeStatus(_StatusEnum):
     RECONSUME_LATER = 1
 
 
-class GetResult(Generic[_M]):
-    """Result of ``get_message``: ``status`` (GetStatus), ``messages`` (list of Message), ``next_begin_offset``
-    (where the next pull should start), ``min_offset`` / ``max_offset`` of the queue."""
+class _PullResult:
+    """What the results of ``get_message`` and ``get_bodies`` share: ``status`` (GetStatus), ``next_begin_offset``
+    (where the next pull should start), ``min_offset`` / ``max_offset`` of the queue and ``compressed`` (how many of
+    the bodies are zlib-compressed: sysflag COMPRESSED, a RocketMQ producer's bodies over 4 KiB; the store returns
+    bodies as stored, a Consumer inflates them as RocketMQ's client does). Each subclass sets the fields itself (a
+    get builds one per call)."""
 
-    __slots__ = ("status", "messages", "next_begin_offset", "min_offset", "max_offset", "compressed")
+    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "compressed")
+    status: GetStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    compressed: int
+
+    @property
+    def found(self) -> bool:
+        """True when ``status`` is FOUND."""
+        return self.status is GetStatus.FOUND
+
+    def _offsets(self) -> str:
+        return (f"next_begin_offset={self.next_begin_offset}, min_offset={self.min_offset}, "
+                f"max_offset={self.max_offset}")
+
+
+class GetResult(_PullResult, Generic[_M]):
+    """Result of ``get_message``: ``status`` (GetStatus), ``messages`` (list of Message), ``next_begin_offset``
+    (where the next pull should start), ``min_offset`` / ``max_offset`` of the queue, ``compressed``."""
+
+    __slots__ = ("messages",)
 
     def __init__(self, status: GetStatus, messages: List[_M], next_begin_offset: int, min_offset: int,
                  max_offset: int, compressed: int = 0) -> None:
-        #: how many of ``messages`` carry a zlib-compressed body (sysflag COMPRESSED, a RocketMQ producer's bodies
-        #: over 4 KiB): the store returns bodies as stored, a Consumer inflates them as RocketMQ's client does
         self.compressed = compressed
         self.status = status
         self.messages = messages
         self.next_begin_offset = next_begin_offset
         self.min_offset = min_offset
         self.max_offset = max_offset
-
-    @property
-    def found(self) -> bool:
-        """True when ``status`` is FOUND."""
-        return self.status is GetStatus.FOUND
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -133,21 +150,19 @@ class GetResult(Generic[_M]):
         return iter(self.messages)
 
     def __repr__(self) -> str:
-        return (f"GetResult(status={self.status.name}, messages={len(self.messages)}, "
-                f"next_begin_offset={self.next_begin_offset}, min_offset={self.min_offset}, "
-                f"max_offset={self.max_offset})")
+        return f"GetResult(status={self.status.name}, messages={len(self.messages)}, {self._offsets()})"
 
 
-class GetBodiesResult:
+class GetBodiesResult(_PullResult):
     """Result of ``get_bodies``: ``status`` (GetStatus), ``bodies`` (list of bytes, as stored: a compressed body
-    stays zlib bytes), ``fields`` ({name: list} for each field asked for, parallel to ``bodies``),
-    ``next_begin_offset``, ``min_offset``, ``max_offset`` and ``compressed``, as ``get_message``'s GetResult."""
+    stays zlib bytes; ``fields=("sys_flag",)`` tells which), ``fields`` ({name: list} for each field asked for,
+    parallel to ``bodies``), ``next_begin_offset``, ``min_offset``, ``max_offset`` and ``compressed``, as
+    ``get_message``'s GetResult."""
 
-    __slots__ = ("status", "bodies", "fields", "next_begin_offset", "min_offset", "max_offset", "compressed")
+    __slots__ = ("bodies", "fields")
 
     def __init__(self, status: GetStatus, bodies: List[bytes], next_begin_offset: int, min_offset: int,
                  max_offset: int, compressed: int = 0, fields: Optional[Dict[str, List[Any]]] = None) -> None:
-        #: how many of ``bodies`` are zlib-compressed (sysflag COMPRESSED; ``fields=("sys_flag",)`` tells which)
         self.compressed = compressed
         self.status = status
         self.bodies = bodies
@@ -155,11 +170,6 @@ class GetBodiesResult:
         self.next_begin_offset = next_begin_offset
         self.min_offset = min_offset
         self.max_offset = max_offset
-
-    @property
-    def found(self) -> bool:
-        """True when ``status`` is FOUND."""
-        return self.status is GetStatus.FOUND
 
     def __len__(self) -> int:
         return len(self.bodies)
@@ -169,8 +179,7 @@ class GetBodiesResult:
 
     def __repr__(self) -> str:
         return (f"GetBodiesResult(status={self.status.name}, bodies={len(self.bodies)}, "
-                f"fields={sorted(self.fields)}, next_begin_offset={self.next_begin_offset}, "
-                f"min_offset={self.min_offset}, max_offset={self.max_offset})")
+                f"fields={sorted(self.fields)}, {self._offsets()})")
 
 
 class LocalTransactionState(_StatusEnum):

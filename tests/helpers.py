@@ -1,5 +1,5 @@
 """What several test modules share: reference implementations written from the spec, waiting, killing a writer,
-mounting powerfs."""
+mounting powerfs, damaging a store's bytes."""
 import contextlib
 import importlib
 import os
@@ -119,3 +119,23 @@ def powerfs_mounted(backing, mountpoint, **kwargs):
         yield fs
     finally:
         fs.unmount()
+
+
+def cq_file(root, topic, qid, unit, file_size):
+    """(path, position) of unit ``unit`` of queue (topic, qid) in a store whose ConsumeQueue files are ``file_size``
+    bytes (RocketMQ's layout: files named by their first byte's logical offset)."""
+    base = unit * 20 // file_size * file_size
+    return root / "consumequeue" / topic / str(qid) / ("%020d" % base), unit * 20 - base
+
+
+def patch(path, pos, data):
+    """Overwrite ``data`` at ``pos`` of ``path`` (damage, or a repair by hand)."""
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        f.write(data)
+
+
+def read_bytes(path, pos, n):
+    with open(path, "rb") as f:
+        f.seek(pos)
+        return f.read(n)

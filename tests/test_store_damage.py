@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+import helpers
+from helpers import patch, read_bytes
 import localmq
 from localmq import GetStatus
 from localmq.errors import CorruptMessageError, DamagedLogError, UnsafePathError
@@ -63,20 +65,7 @@ def check_all(st, written):
 
 
 def cq_file(root, topic, qid, unit):
-    base = unit * UNIT // SMALL["mapped_file_size_consume_queue"] * SMALL["mapped_file_size_consume_queue"]
-    return root / "consumequeue" / topic / str(qid) / ("%020d" % base), unit * UNIT - base
-
-
-def patch(path, pos, data):
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        f.write(data)
-
-
-def read_bytes(path, pos, n):
-    with open(path, "rb") as f:
-        f.seek(pos)
-        return f.read(n)
+    return helpers.cq_file(root, topic, qid, unit, SMALL["mapped_file_size_consume_queue"])
 
 
 # -- the get path: a unit is checked against its record (items 5, 7, 6) --------------------------------------------

@@ -9,6 +9,8 @@ import zlib
 
 import pytest
 
+import helpers
+from helpers import patch, read_bytes
 import localmq
 from localmq import GetBodiesResult, GetStatus
 from localmq.errors import ArgumentRangeError, ArgumentTypeError, CorruptMessageError, StoreClosedError
@@ -159,20 +161,7 @@ def test_closed_store_and_bad_arguments_are_typed_errors(tmp_path):
 
 
 def cq_file(root, topic, qid, unit):
-    base = unit * UNIT // SMALL["mapped_file_size_consume_queue"] * SMALL["mapped_file_size_consume_queue"]
-    return root / "consumequeue" / topic / str(qid) / ("%020d" % base), unit * UNIT - base
-
-
-def patch(path, pos, data):
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        f.write(data)
-
-
-def read_bytes(path, pos, n):
-    with open(path, "rb") as f:
-        f.seek(pos)
-        return f.read(n)
+    return helpers.cq_file(root, topic, qid, unit, SMALL["mapped_file_size_consume_queue"])
 
 
 def both_raise(st, *args):

@@ -205,18 +205,8 @@ class OpenUndo:
         for path, start, end, chunks in reversed(self.derived):
             size = self.files[path]
             created = not os.path.lexists(path)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                if os.fstat(fd).st_size < size:
-                    os.ftruncate(fd, size)
-                _zero_data(fd, start, size if end < 0 else min(end, size))
-                for off, data in chunks:
-                    os.pwrite(fd, data, off)
-                if path not in synced:
-                    os.fsync(fd)
-                    synced.add(path)
-            finally:
-                os.close(fd)
+            _write_back(path, size, start, size if end < 0 else min(end, size), chunks, sync=path not in synced)
+            synced.add(path)
             undone.append(path)
             if created:
                 touched.add(os.path.dirname(path))
@@ -232,26 +222,8 @@ class OpenUndo:
                 path = os.path.join(directory, f"{base:020d}")
                 size = self.files.get(path)
                 if size is not None:
-                    lo, hi = max(start, base), min(end, base + file_size)
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                    try:
-                        if os.fstat(fd).st_size < size:
-                            os.ftruncate(fd, size)
-                            touched.add(directory)
-                        zero = bytes(min(hi - lo, 1 << 20))
-                        p = lo
-                        while p < hi:  # only where data is: a hole is zeros already
-                            n = min(len(zero), hi - p)
-                            if os.pread(fd, n, p - base).strip(b"\0"):
-                                os.pwrite(fd, zero[:n], p - base)
-                            p += n
-                        for off, data in chunks:
-                            a, b = max(off, lo), min(off + len(data), hi)
-                            if a < b:
-                                os.pwrite(fd, data[a - off:b - off], a - base)
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    if _write_back(path, size, max(start, base), min(end, base + file_size), chunks, base=base):
+                        touched.add(directory)
                     undone.append(path)
                 base += file_size
         self.log_repairs.clear()
@@ -372,6 +344,29 @@ def _data_chunks(path: str, start: int, end: int) -> Iterator[Tuple[int, bytes]]
                 pos += len(data)
     finally:
         os.close(fd)
+
+
+def _write_back(path: str, size: int, lo: int, hi: int, chunks: List[Tuple[int, bytes]], base: int = 0,
+                sync: bool = True) -> bool:
+    """Give ``path`` (created if missing, grown to ``size`` if shorter) back the bytes of [lo, hi): zeros where it
+    holds data there, then the parts of ``chunks`` ((offset, bytes), saved before the open changed them) inside the
+    range; offsets are the file's plus ``base`` (a commit log segment's base offset). fsync it when ``sync``.
+    Returns True when the file was created or grown (its directory needs a sync)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        grown = os.fstat(fd).st_size < size
+        if grown:
+            os.ftruncate(fd, size)
+        _zero_data(fd, lo - base, hi - base)
+        for off, data in chunks:
+            a, b = max(off, lo), min(off + len(data), hi)
+            if a < b:
+                os.pwrite(fd, data[a - off:b - off], a - base)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return grown
 
 
 def _zero_data(fd: int, start: int, end: int) -> None:
