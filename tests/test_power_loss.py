@@ -472,20 +472,31 @@ def power_dir(tmp_path_factory):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("flush", FLUSHES)
 def test_power_cuts(server, power_dir, tmp_path, flush, mode):
-    seeds = [int(REPLAY_SEED)] if REPLAY_SEED is not None else range(CUTS_PER_TEST)
-    figures = new_figures()
     base = power_dir / f"{flush}-{mode}"
-    for seed in seeds:
+
+    def kept_disk():  # what the check found (after its own recovery), for inspection
+        if not (base / "disk").exists():
+            return ""
+        shutil.copytree(base / "disk", tmp_path / "disk", symlinks=True, dirs_exist_ok=True)
+        return f"; the disk is kept in {tmp_path / 'disk'}"
+
+    run_cuts(base, flush, mode, range(CUTS_PER_TEST),
+             lambda seed, figures: run_cut(server, base, flush, mode, seed, figures), kept_disk,
+             f"tests/test_power_loss.py::test_power_cuts[{flush}-{mode}]")
+
+
+def run_cuts(base, flush, mode, seeds, cut, kept_disk, test_id):
+    """The seed loop of a power-cut test: ``cut(seed, figures)`` for each seed (only ``LOCALMQ_POWER_SEED``'s when
+    set), no powerfs mount left under ``base`` after any; a failure names its replay command and what
+    ``kept_disk()`` kept. Then the figures' summary (printed, appended to ``LOCALMQ_POWER_REPORT``) and its checks:
+    no message that had to survive was lost, and some were checked."""
+    figures = new_figures()
+    for seed in ([int(REPLAY_SEED)] if REPLAY_SEED is not None else seeds):
         try:
-            run_cut(server, base, flush, mode, seed, figures)
+            cut(seed, figures)
         except Exception as e:
-            kept = ""
-            if (base / "disk").exists():  # what the check found (after its own recovery), for inspection
-                shutil.copytree(base / "disk", tmp_path / "disk", symlinks=True, dirs_exist_ok=True)
-                kept = f"; the disk is kept in {tmp_path / 'disk'}"
             raise AssertionError(f"power cut failed: flush={flush} mode={mode} seed={seed} (replay: "
-                                 f"LOCALMQ_POWER_SEED={seed} python -m pytest "
-                                 f"'tests/test_power_loss.py::test_power_cuts[{flush}-{mode}]'){kept}: {e}") from e
+                                 f"LOCALMQ_POWER_SEED={seed} python -m pytest '{test_id}'){kept_disk()}: {e}") from e
         finally:
             assert not powerfs_mounts(base), "a powerfs mount was left behind"
     shutil.rmtree(base, ignore_errors=True)

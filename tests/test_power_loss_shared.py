@@ -31,11 +31,10 @@ from pathlib import Path
 import pytest
 
 import test_power_loss as pl
-from test_power_loss import FLUSHES, MODES, Session, WriterServer, check, mounted, new_figures, settings, summary
+from test_power_loss import FLUSHES, MODES, Session, WriterServer, check, mounted, settings
 
 TOTAL_CUTS = int(os.environ.get("LOCALMQ_SHARED_POWER_CUTS", "12"))
 CUTS_PER_TEST = max(1, -(-TOTAL_CUTS // (len(FLUSHES) * len(MODES))))
-REPLAY_SEED = os.environ.get("LOCALMQ_POWER_SEED")
 IMAGE_MB = 96
 
 pytestmark = pytest.mark.timeout(max(300, CUTS_PER_TEST * 20))
@@ -162,25 +161,14 @@ def run_shared_cut(servers, base, flush, mode, seed, figures):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("flush", FLUSHES)
 def test_shared_store_power_cuts(servers, shared_dir, tmp_path, flush, mode):
-    seeds = [int(REPLAY_SEED)] if REPLAY_SEED is not None else range(CUTS_PER_TEST)
-    figures = new_figures()
     base = shared_dir / f"{flush}-{mode}"
-    for seed in seeds:
-        try:
-            run_shared_cut(servers, base, flush, mode, seed, figures)
-        except Exception as e:
-            kept = ""
-            if (base / "disk" / "fs.img").exists():
-                shutil.copy(base / "disk" / "fs.img", tmp_path / "fs.img")
-                kept = f"; the ext4 image is kept in {tmp_path / 'fs.img'}"
-            raise AssertionError(f"shared power cut failed: flush={flush} mode={mode} seed={seed} (replay: "
-                                 f"LOCALMQ_POWER_SEED={seed} python -m pytest "
-                                 f"'tests/test_power_loss_shared.py::test_shared_store_power_cuts[{flush}-{mode}]')"
-                                 f"{kept}: {e}") from e
-        finally:
-            assert not pl.powerfs_mounts(base), "a powerfs mount was left behind"
-    shutil.rmtree(base, ignore_errors=True)
-    rep = summary(flush, mode, figures)
-    print(rep)
-    assert figures["lost_must_survive"] == 0
-    assert figures["checked"] > 0
+
+    def kept_disk():
+        if not (base / "disk" / "fs.img").exists():
+            return ""
+        shutil.copy(base / "disk" / "fs.img", tmp_path / "fs.img")
+        return f"; the ext4 image is kept in {tmp_path / 'fs.img'}"
+
+    pl.run_cuts(base, flush, mode, range(CUTS_PER_TEST),
+                lambda seed, figures: run_shared_cut(servers, base, flush, mode, seed, figures), kept_disk,
+                f"tests/test_power_loss_shared.py::test_shared_store_power_cuts[{flush}-{mode}]")
