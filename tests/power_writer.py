@@ -16,6 +16,11 @@ one ``os.write`` per line: a pipe write of under PIPE_BUF bytes is atomic, so li
   group commit's flushed offset, the same kind of number).
 * ``C <topic> <queue id> <offset>``: a consumer of group ``PG`` committed that offset (``Consumer.commit()``, durable
   by contract) and ``commit`` returned.
+* ``Y <i> <status>``: delayed put number ``i`` (topic ``pdelay``, queue 0, ``delay_level`` 1) returned that status
+  (jobs with ``special``; thread number 90 in its body).
+* ``T <i> <state> <committed>``: transactional send number ``i`` (topic ``ptxn``, queue 0, producer group ``PTG``;
+  thread 91) returned: the local transaction answered ``state`` (COMMIT_MESSAGE for even ``i``, ROLLBACK_MESSAGE for
+  odd), ``committed`` 1 when the real message was put by it (``TransactionSendResult.commit``).
 * ``F <repr>``: the open failed and the job allows it (``open_may_fail``: a fault injected by the test); the child
   then waits for the kill.
 * ``X <repr>``: the child failed (then exits 3).
@@ -128,6 +133,30 @@ def run_job(job):
                 if job.get("pace_us"):
                     time.sleep(job["pace_us"] / 1e6)
 
+        def special():
+            # delayed and transactional messages, alternately, in their own topics
+            states = localmq.LocalTransactionState
+            tp = st.create_transaction_producer("PTG", lambda m: states.UNKNOW)
+            producer = st.create_producer(queue_id=0)
+            wd = Workload(job["seed"], job["session"], 90, ["pdelay"], 1, tuple(job["sizes"]))
+            wt = Workload(job["seed"], job["session"], 91, ["ptxn"], 1, tuple(job["sizes"]))
+            while not stop.is_set():
+                i, topic, qid, body, key = wd.next()
+                try:
+                    r = producer.send(topic, body, keys=key, delay_level=1)
+                    _out(f"Y {i} {r.status.name}")
+                except localmq.SendError as e:
+                    _out(f"Y {i} {e.status.name if e.status is not None else 'SEND_ERROR'}")
+                i, topic, qid, body, key = wt.next()
+                answer = states.COMMIT_MESSAGE if i % 2 == 0 else states.ROLLBACK_MESSAGE
+                try:
+                    t = tp.send_in_transaction(topic, body, lambda m, a, s=answer: s, queue_id=qid, keys=key)
+                except localmq.SendError:
+                    continue  # not stored (or its end not stored): nothing is claimed for it
+                _out(f"T {i} {t.state.name} {int(t.commit is not None and t.commit.ok)}")
+                if job.get("pace_us"):
+                    time.sleep(job["pace_us"] / 1e6)
+
         def reporter():
             last = -1
             while not stop.is_set():
@@ -151,6 +180,8 @@ def run_job(job):
         threads.append(threading.Thread(target=guard, args=(reporter,), daemon=True))
         if job.get("consumer"):
             threads.append(threading.Thread(target=guard, args=(consumer,), daemon=True))
+        if job.get("special"):
+            threads.append(threading.Thread(target=guard, args=(special,), daemon=True))
         for t in threads:
             t.start()
         time.sleep(job.get("max_seconds", 30))

@@ -10,7 +10,9 @@ cache would. ``cut(mode)`` drops the rest (``all``), or a random part of it (``r
 the image is mounted again from the backing directory (ext4 replays its journal) and the store opened and checked.
 
 Each cut runs two writer processes of tests/power_writer.py (sessions 1 and 2) on one store at once, from 1-3
-threads each, SIGKILLed at the same seeded moment before the cut; the checks are those of tests/test_power_loss.py
+threads each, SIGKILLed at the same seeded moment before the cut; in about 30% of the cuts two more (sessions 3 and 4)
+then open the cut store at once (recovery through the replayed file system), are killed at a seeded moment, often
+during the open, and the power is cut again; the checks are those of tests/test_power_loss.py
 (``check``) with the sessions' messages allowed to interleave: SYNC_FLUSH loses no acknowledged message, ASYNC_FLUSH
 none below the flushed offset a writer reported, every message found was put, once, in order per writer thread,
 queues are dense, keys are found, the committed offsets of the consumer (session 1) are durable and never ahead of
@@ -105,13 +107,14 @@ def servers():
         s.close()
 
 
-def _run_sessions(servers, jobs, kill_after):
-    """Both writers at once; each SIGKILLed ``kill_after`` s after it reported its open. Returns the Sessions."""
+def _run_sessions(servers, jobs, kill_after, first=1, from_ready=True):
+    """Both writers at once; each SIGKILLed ``kill_after`` s after it reported its open (``from_ready``) or after its
+    start (then often during the open's recovery). Returns the Sessions, numbered from ``first``."""
     results, errors = [None] * len(jobs), []
 
     def one(n):
         try:
-            results[n] = servers[n].run(jobs[n], kill_after, timeout=60.0)
+            results[n] = servers[n].run(jobs[n], kill_after, from_ready=from_ready, timeout=60.0)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
 
@@ -122,7 +125,18 @@ def _run_sessions(servers, jobs, kill_after):
         t.join()
     if errors:
         raise errors[0]
-    return [Session(n + 1, jobs[n], *results[n]) for n in range(len(jobs))]
+    return [Session(first + n, jobs[n], *results[n]) for n in range(len(jobs))]
+
+
+def _jobs(rng, ext, cfg, seed, first):
+    """The two writers' jobs, sessions ``first`` and ``first + 1``; only the first runs the consumer group (its
+    commits are checked)."""
+    jobs = []
+    for n in (first, first + 1):
+        job = pl.job_for(rng, ext / "store", cfg, seed, n)
+        job["consumer"] = n == first and job["consumer"]
+        jobs.append(job)
+    return jobs
 
 
 def run_shared_cut(servers, base, flush, mode, seed, figures):
@@ -137,17 +151,27 @@ def run_shared_cut(servers, base, flush, mode, seed, figures):
     try:
         fsys = Ext4(mnt / "fs.img", ext)
         try:
-            jobs = []
-            for n in (1, 2):
-                job = pl.job_for(rng, ext / "store", cfg, seed, n)
-                job["consumer"] = n == 1 and job["consumer"]  # one consumer of the group: its commits are checked
-                jobs.append(job)
-            sessions = _run_sessions(servers, jobs, rng.uniform(0.05, 0.6))
+            sessions = _run_sessions(servers, _jobs(rng, ext, cfg, seed, 1), rng.uniform(0.05, 0.6))
             fs.cut(mode, rng.randrange(1 << 31))
         finally:
             fsys.down()
     finally:
         fs.unmount()
+    if rng.random() < 0.3:
+        # recovery through the cut file system (its journal replayed), two processes attaching at once, both
+        # killed at a seeded moment (often during the open), cut again
+        figures["recuts"] += 1
+        fs = mounted(disk, mnt)
+        try:
+            fsys = Ext4(mnt / "fs.img", ext)
+            try:
+                sessions += _run_sessions(servers, _jobs(rng, ext, cfg, seed, 3), rng.uniform(0.0, 0.8), first=3,
+                                          from_ready=False)
+                fs.cut(mode, rng.randrange(1 << 31))
+            finally:
+                fsys.down()
+        finally:
+            fs.unmount()
     fsys = Ext4(disk / "fs.img", ext)  # ext4 replays its journal here
     try:
         check(ext / "store", cfg, flush, seed, sessions, figures, concurrent=True)

@@ -19,6 +19,8 @@ log = logging.getLogger("localmq.services")
 
 DELAY_OFFSET_FILE = "delayOffset.json"
 POLL_MS = 100  # RocketMQ's DELAY_FOR_A_WHILE: a level is looked at again after 100 ms when nothing is due
+# after an open: how many units of a real queue past a schedule record are looked at for its earlier re-put
+SCAN_UNITS = 65536
 
 
 def level_for_delay(levels_ms: Tuple[int, ...], seconds: float) -> int:
@@ -67,15 +69,16 @@ class ScheduleMessageService(ServiceThread):
     Offsets persist in ``<root>/config/delayOffset.json`` (``{"offsetTable":{1:N,...}}``, N the next unit to
     examine) when an offset moved and ``flush_interval_ms`` have passed on ``clock`` since the previous write:
     checked before each re-put and at the end of each pass (the thread wakes for a write held back; 0: a write
-    after every re-put, at most one message delivered twice), and at shutdown. Each write first flushes the commit log
-    (``flush_log``), so an offset on disk never covers a re-put that is not: delivery is at least once, after a
-    power cut too. After a crash a reopen delivers again what was re-put after the last completed write, that
-    is only messages re-put while ``clock`` read less than that write's time + ``flush_interval_ms``: the
-    deliveries of one interval. RocketMQ writes the file every 10 s (``flushDelayOffsetInterval``);
-    localmq's default is 100 ms (StoreConfig.flush_delay_offset_interval), so that a crash re-delivers 100 ms
-    of deliveries, not 10 s, at a cost of at most 10 writes (a commit log flush and 3 fsyncs) a second while
-    deliveries flow and none while they do not. Re-puts are not matched against the real queues on reopen:
-    at least once is the contract and the window is bounded by the timing above.
+    after every re-put), and at shutdown. Each write first flushes the commit log
+    (``flush_log``), so an offset on disk never covers a re-put that is not: nothing is lost, after a power cut too.
+    What was re-put after the last completed write (the deliveries of one ``flush_interval_ms``) is not delivered
+    again: after an open, each due unit of a level is first looked for in its real queue (``_delivered_before``:
+    a record after it in the log with its body, flag, born timestamp and host and properties), until the first
+    one that is not there (RocketMQ delivers them again). RocketMQ writes the file every 10 s
+    (``flushDelayOffsetInterval``); localmq's default is 100 ms (StoreConfig.flush_delay_offset_interval), so that
+    the look-up after an open covers 100 ms of deliveries, not 10 s, at a cost of at most 10 writes (a commit log
+    flush and 3 fsyncs) a second while deliveries flow and none while they do not. A re-put more than
+    ``SCAN_UNITS`` units past its schedule record in a busy real queue is not found: that message comes twice.
 
     Params: ``levels_ms`` the delay of each level; ``find_cq(topic, queue_id)`` -> ConsumeQueue or None;
     ``read(physical_offset)`` -> Message or None; ``put(topic, body, queue_id=, flag=, extra=)`` (the store's
@@ -102,6 +105,11 @@ class ScheduleMessageService(ServiceThread):
         self._last_persist = self._clock()   # on ``clock``, as the due times: a test's fake clock drives both
         self._persist_every_ms = flush_interval_ms   # 10 s after a failed write (RocketMQ's back-off)
         self.persists = 0
+        # levels whose offset came from delayOffset.json and whose next units may have been re-put already (after
+        # the file's last write, before a crash): each due unit is first looked for in its real queue
+        self._unconfirmed = set(range(1, self.max_level + 1))
+        self._found_after: Dict[Tuple[str, int], int] = {}   # real queue -> index after the last re-put found
+        self.redeliveries_avoided = 0
         self.delivered = 0
         self.skipped = 0
         self.put_failures = 0
@@ -168,11 +176,51 @@ class ScheduleMessageService(ServiceThread):
             if deliver > now:
                 return deliver
             self._persist_if_due()   # a long pass (a backlog) writes every interval too, before its next re-put
+            if level in self._unconfirmed:
+                if self._delivered_before(m, unit[0]):
+                    self.redeliveries_avoided += 1
+                    off += 1
+                    self._advance(level, off)
+                    continue
+                # not re-put: neither was any later unit of this level (a level's re-puts go to the log in order,
+                # and recovery keeps a prefix of the log)
+                self._unconfirmed.discard(level)
             if not self._deliver(m, level, off):
                 return now + POLL_MS  # the put failed (a full disk): this unit again later
             off += 1
             self._advance(level, off)
         return None
+
+    def _delivered_before(self, m: Any, sched_offset: int) -> bool:
+        """Whether the schedule record ``m`` (at commit log offset ``sched_offset``) was re-put before the store was
+        last closed or cut: a record in its real queue after it in the log, with its body, flag, born timestamp,
+        born host and properties, and after the last re-put found there (one re-put per schedule record, also for
+        identical messages). Looks at most ``SCAN_UNITS`` units of the real queue."""
+        props = m.properties
+        topic = props.get("REAL_TOPIC")
+        try:
+            qid = int(props.get("REAL_QID", ""))
+        except ValueError:
+            return False
+        cq = self._find_cq(topic, qid) if topic else None
+        if cq is None:
+            return False
+        lo, hi = max(cq.min_offset, self._found_after.get((topic, qid), 0)), cq.max_offset
+        while lo < hi:  # the first unit past the schedule record: a queue's units go up the log
+            mid = (lo + hi) // 2
+            u = cq.unit(mid)
+            if u is not None and u[0] <= sched_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        for i in range(lo, min(cq.max_offset, lo + SCAN_UNITS)):
+            u = cq.unit(i)
+            r = self._read(u[0]) if u is not None else None
+            if (r is not None and r.body == m.body and r.born_timestamp == m.born_timestamp and r.flag == m.flag
+                    and r.born_host == m.born_host and r.raw_properties == m.raw_properties):
+                self._found_after[(topic, qid)] = i + 1
+                return True
+        return False
 
     def _deliver(self, m: Any, level: int, off: int) -> bool:
         props = m.properties
@@ -255,5 +303,6 @@ class ScheduleMessageService(ServiceThread):
 
     def stats(self) -> Dict[str, Any]:
         return {"delivered": self.delivered, "skipped": self.skipped, "put_failures": self.put_failures,
+                "redeliveries_avoided": self.redeliveries_avoided,
                 "offsets": dict(self.offsets), "persists": self.persists,
                 "errors": self.errors}
