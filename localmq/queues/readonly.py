@@ -83,6 +83,7 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
         super().__init__(root, config, **kwargs)
 
     _writes = False
+    _view: Optional[ControlView] = None   # the live shared store's control file, read-only (None: closed store)
 
     def _make_lock(self):
         return _NoLock()
@@ -111,7 +112,6 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
             names = [int(n) for n in os.listdir(self._cl_mfq.directory) if len(n) == 20 and n.isdigit()]
             end = max(names) + c.mapped_file_size_commit_log if names else 0
         self._cl_mfq.load_view(end)
-        self._cqs: Dict[Any, ConsumeQueue] = {}
         self.commit_log = None  # type: ignore[assignment]
         self.checkpoint = None  # type: ignore[assignment]
         self.recovery = RecoveryReport(mode="read-only", end_offset=end)
@@ -293,14 +293,12 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
             self._view.close()
 
     def _abandon(self) -> None:
-        for cq in list(getattr(self, "_cqs", {}).values()):
+        for cq in list(self._cqs.values()):
             cq.close()
-        mfq = getattr(self, "_cl_mfq", None)
-        if mfq is not None:
-            mfq.close()
-        view = getattr(self, "_view", None)
-        if view is not None:
-            view.close()
+        if self._cl_mfq is not None:
+            self._cl_mfq.close()
+        if self._view is not None:
+            self._view.close()
 
     def __repr__(self) -> str:
         return f"<ReadOnlyMessageQueue {self.root!r} {'closed' if self._closed else 'open'}>"
