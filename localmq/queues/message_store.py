@@ -49,7 +49,6 @@ from localmq.store.undo import OpenUndo, check_writable_filesystem, missing_ance
 log = logging.getLogger("localmq.store")
 
 
-
 def _total_ram() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -66,7 +65,9 @@ class DefaultMessageStore:
     what it wrote (``_abandon``). ``close`` stops the services, flushes everything and removes ``abort``.
     ``LocalMessageQueue`` (queues/local.py) is the public face over this state; ``SharedMessageQueue`` and
     ``ReadOnlyMessageQueue`` replace ``_open`` / ``close`` / ``_abandon`` and the lock and undo choices.
-    The put path is CommitLogFront's (store/commit_log.pyx); a queue class lists it after this one.
+    The put path is CommitLogFront's (store/commit_log.pyx); a queue class lists it after this one. The services
+    get the face's own calls (``put``, ``put_ext``, ``look_message_by_offset``, ``_find_transaction_commit``, the
+    waits, the clients' offsets), so this class is a base of a queue, never used alone.
     """
 
     _writes = True  # a read-only view says False: it opens on a read-only file system
@@ -614,7 +615,6 @@ class DefaultMessageStore:
         svc.close()
         return ok
 
-
     # -- flush / close ------------------------------------------------------------------------------------------
 
     def _flush_all(self) -> None:
@@ -709,4 +709,3 @@ class DefaultMessageStore:
             finally:
                 self._lock.release()
                 self._lock = None
-
