@@ -62,6 +62,7 @@ extensions = [
     ext("localmq._shm"),
     ext("localmq._record"),
     ext("localmq._columns"),
+    ext("localmq._scan"),
     ext("localmq._mapped_file"),
     ext("localmq._frame"),
     ext("localmq._index"),

@@ -1,5 +1,5 @@
 """Stub for the compiled localmq._columns: columnar decode of CommitLog ranges into numpy and Arrow buffers."""
-from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -16,7 +16,6 @@ _UInt8s = npt.NDArray[np.uint8]
 _Rows = Optional[npt.ArrayLike]
 
 COLUMN_DTYPES: Tuple[Tuple[str, type[np.generic]], ...]
-SCAN_FIELDS: dict[str, int]
 
 @disjoint_base
 class RecordColumns:
@@ -52,18 +51,3 @@ def gather_keys(cols: RecordColumns, rows: _Rows = None) -> Tuple[_Int32s, _Int3
 def gather_properties(cols: RecordColumns,
                       rows: _Rows = None) -> Tuple[_Int32s, _Int32s, _UInt8s, _Int32s, _UInt8s]: ...
 def gather_msg_ids(cols: RecordColumns, rows: _Rows = None) -> Tuple[_Int32s, _UInt8s]: ...
-
-@disjoint_base
-class RowFilter:
-    """The row filters of a segment scan, judged in C while ``scan_range`` walks."""
-
-    def __init__(self, topics: Optional[Iterable[bytes]] = None,
-                 bounds: Optional[Mapping[Tuple[bytes, int], Tuple[int, int]]] = None,
-                 min_ts: Optional[int] = None, max_ts: Optional[int] = None) -> None: ...
-
-def scan_range(data: ReadableBuffer, start: int, end: int, base_offset: int = 0, check_crc: bool = False,
-               capacity: int = 65536, fields: Sequence[str] = ("body",), row_filter: Optional[RowFilter] = None,
-               body_hint: int = 0) -> Tuple[int, int, Stop, dict[str, Any]]: ...
-def scan_positions(data: ReadableBuffer, positions: npt.ArrayLike, sizes: npt.ArrayLike, base_offset: int = 0,
-                   check_crc: bool = False, fields: Sequence[str] = ("body",),
-                   body_hint: int = 0) -> Tuple[int, int, Stop, dict[str, Any]]: ...

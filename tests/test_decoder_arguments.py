@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 import localmq
-from localmq import _columns, _frame, _index, _record
+from localmq import _columns, _frame, _index, _record, _scan
 from localmq.errors import ArgumentOverflowError, ArgumentRangeError, LocalMQError, PositionOutOfRangeError
 from localmq.layout import INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE
 from helpers import wait_until
@@ -64,7 +64,7 @@ NEGATIVE_CALLS = {
     "walk_records_past": "_record.walk_records(REC, len(REC) + 9)",
     "walk_frames_past": "_frame.walk_frames(REC, len(REC) + 9)",
     "decode_range": "_columns.decode_range(REC, _columns.RecordColumns(4), -8)",
-    "scan_range": "_columns.scan_range(REC, -8, -1)",
+    "scan_range": "_scan.scan_range(REC, -8, -1)",
 }
 
 
@@ -73,7 +73,7 @@ def test_out_of_range_start_raises_typed_error_in_a_subprocess(name):
     """Finding 1: a negative start position segfaulted scan_record, walk_records and walk_frames (or read before
     the buffer); decode_message raised a bare IndexError."""
     code = f"""
-        from localmq import _columns, _frame, _record
+        from localmq import _columns, _frame, _record, _scan
         from localmq.errors import PositionOutOfRangeError
         REC = {REC!r}
         try:
@@ -103,17 +103,17 @@ def test_decode_positions_and_scan_positions_reject_nothing_but_stop_on_bad_posi
     cols = _columns.RecordColumns(4)
     for bad in ([-1], [len(REC)], [1 << 60], [-(1 << 60)]):
         assert _columns.decode_positions(REC, cols, bad)[2] == "torn"
-        assert _columns.scan_positions(REC, bad, [len(REC)])[2] == "torn"
+        assert _scan.scan_positions(REC, bad, [len(REC)])[2] == "torn"
 
 
 def test_scan_positions_negative_sizes_cannot_shrink_the_output():
     """A negative size after a valid unit made the output buffers smaller than the bytes written (heap overflow)."""
     code = f"""
-        from localmq import _columns
+        from localmq import _scan
         REC = {REC!r}
         data = REC * 4
         n = len(REC)
-        out = _columns.scan_positions(data, [0, n, 2 * n], [n, -10 * n, n], fields=("body", "topic"))
+        out = _scan.scan_positions(data, [0, n, 2 * n], [n, -10 * n, n], fields=("body", "topic"))
         print(out[0], out[1], out[2])
     """
     rc, out, err = run_isolated(code)
@@ -133,7 +133,7 @@ def test_rows_and_counts_are_checked():
     with pytest.raises(ArgumentRangeError):
         _columns.RecordColumns(0)
     with pytest.raises(ArgumentRangeError):
-        _columns.scan_range(REC, 0, -1, capacity=0)
+        _scan.scan_range(REC, 0, -1, capacity=0)
 
 
 def test_gathers_check_spans_of_changed_columns():

@@ -410,9 +410,10 @@ def test_unknown_format_rule_both_directions():
 
 
 def test_columnar_decoders_read_v2_records():
-    """The Spark path's decoders (_columns.scan_range, decode_range + gather_*) over V1 and V2 records mixed, built
+    """The Spark path's decoders (_scan.scan_range, decode_range + gather_*) over V1 and V2 records mixed, built
     from the spec."""
-    from localmq._columns import RecordColumns, decode_range, gather_binary, gather_keys, scan_range
+    from localmq._columns import RecordColumns, decode_range, gather_binary, gather_keys
+    from localmq._scan import scan_range
     recs, pos = [], 0
     topics = ["TopicTest", LONG, LONGEST, "x" * 128]
     for i in range(40):

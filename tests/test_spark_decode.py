@@ -14,7 +14,7 @@ import pytest
 import localmq
 from conftest import cut_dispatch
 from helpers import require
-from localmq import _record, _columns
+from localmq import _record, _columns, _scan
 from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
 from localmq.store.files import StoreFiles
 
@@ -526,7 +526,7 @@ def test_pushed_not_filter_is_handed_back(written):
 
 
 # ---------------------------------------------------------------------------------------------- single-pass scan
-# The cheap columns are read by one walk (_columns.scan_range) instead of decode_range + gathers; what it yields
+# The cheap columns are read by one walk (_scan.scan_range) instead of decode_range + gathers; what it yields
 # must be the general path's output, byte for byte, errors included.
 
 SCAN_COLUMNS = [c for c in decode._SCAN_FIELDS]
@@ -545,10 +545,10 @@ def scans(monkeypatch):
     """Counts the single-pass scans (segment ranges and ConsumeQueue units) the reader makes."""
     seen = []
     for name in ("scan_range", "scan_positions"):
-        def spy(*args, _real=getattr(_columns, name), **kw):
+        def spy(*args, _real=getattr(_scan, name), **kw):
             seen.append(args[1:3])
             return _real(*args, **kw)
-        monkeypatch.setattr(decode._columns, name, spy)
+        monkeypatch.setattr(decode._scan, name, spy)
     return seen
 
 
@@ -688,10 +688,10 @@ def test_a_negative_queue_id_under_bounds_falls_back_to_the_general_path(tmp_pat
     got = pa.Table.from_batches(fast).to_pydict()
     # queue 0 is bounded to [2, 8); the record of queue -1 and those after it went through the general path
     assert (got["partition"], got["offset"]) == ([1, 0, 1, 0, 1, -1, 1, 1], [1, 2, 3, 4, 5, 6, 7, 9])
-    flt = _columns.RowFilter(None, {(b"t", 0): (2, 8)})
+    flt = _scan.RowFilter(None, {(b"t", 0): (2, 8)})
     with open(path, "rb") as f:
         data = f.read()
-    n, nxt, reason, _ = _columns.scan_range(data, 0, end, 0, False, 100, ("queue_offset",), flt)
+    n, nxt, reason, _ = _scan.scan_range(data, 0, end, 0, False, 100, ("queue_offset",), flt)
     assert (n, nxt, reason) == (5, sum(len(r) for r in recs[:6]), "fallback")
 
 
@@ -730,8 +730,8 @@ def test_scan_range_against_decode_range(general_path):
     data = good + localmq.encode_blank(64) + bytes(56)
     cols = _columns.RecordColumns(64)
     n, nxt, reason = _columns.decode_range(data, cols)
-    fields = tuple(_columns.SCAN_FIELDS)
-    got = _columns.scan_range(data, 0, len(data), 0, True, 64, fields, None, 1)
+    fields = tuple(_scan.SCAN_FIELDS)
+    got = _scan.scan_range(data, 0, len(data), 0, True, 64, fields, None, 1)
     assert got[:3] == (n, nxt, reason) == (9, len(good), "blank")
     out = got[3]
     for f in ("body", "topic"):
@@ -742,15 +742,15 @@ def test_scan_range_against_decode_range(general_path):
     # capacity: the same records, three at a time
     pos, seen = 0, []
     while True:
-        k, pos, reason, out = _columns.scan_range(data, pos, len(data), 0, False, 3, ("queue_offset",))
+        k, pos, reason, out = _scan.scan_range(data, pos, len(data), 0, False, 3, ("queue_offset",))
         seen.extend(out["queue_offset"].tolist())
         if reason != "full":
             break
     assert seen == cols["queue_offset"].tolist() and (pos, reason) == (len(good), "blank")
-    assert _columns.scan_range(data + bytes(8), 0, len(good) + 5, 0, False, 64, ("body",))[:3] == (9, len(good), "torn")
-    assert _columns.scan_range(good + bytes(64), 0, -1, 0, False, 64, ("body",))[:3] == (9, len(good), "end")
-    flt = _columns.RowFilter([b"top1"], None, 1002, 1006)
-    k, _, _, out = _columns.scan_range(data, 0, len(data), 0, False, 64, ("queue_offset",), flt)
+    assert _scan.scan_range(data + bytes(8), 0, len(good) + 5, 0, False, 64, ("body",))[:3] == (9, len(good), "torn")
+    assert _scan.scan_range(good + bytes(64), 0, -1, 0, False, 64, ("body",))[:3] == (9, len(good), "end")
+    flt = _scan.RowFilter([b"top1"], None, 1002, 1006)
+    k, _, _, out = _scan.scan_range(data, 0, len(data), 0, False, 64, ("queue_offset",), flt)
     assert out["queue_offset"].tolist() == [13, 15]  # top1 is every odd record; store times 1000 + i
 
 
@@ -759,7 +759,7 @@ def test_scan_body_buffer_grows_past_its_hint():
     cols = _columns.RecordColumns(16)
     _columns.decode_range(data, cols)
     for hint in (0, 100, 10**6):
-        n, nxt, reason, out = _columns.scan_range(data, 0, len(data), 0, False, 16, ("body",), None, hint)
+        n, nxt, reason, out = _scan.scan_range(data, 0, len(data), 0, False, 16, ("body",), None, hint)
         assert (n, nxt, reason) == (12, len(data), "end")
         offs, body = _columns.gather_binary(cols, "body")
         assert np.array_equal(out["body"][0], offs) and out["body"][1].tobytes() == body.tobytes()
@@ -807,8 +807,8 @@ def test_scan_positions_checks_what_decode_positions_checks():
     cols = _columns.RecordColumns(16)
     _columns.decode_range(data, cols)
     pos, sizes = cols["physical_offset"].copy(), cols["store_size"].copy()
-    fields = tuple(_columns.SCAN_FIELDS)
-    n, i, reason, out = _columns.scan_positions(data, pos[::-1], sizes[::-1], 0, True, fields)
+    fields = tuple(_scan.SCAN_FIELDS)
+    n, i, reason, out = _scan.scan_positions(data, pos[::-1], sizes[::-1], 0, True, fields)
     assert (n, i, reason) == (6, 6, "end")
     ref = _columns.RecordColumns(16)
     _columns.decode_positions(data, ref, pos[::-1], sizes[::-1])
@@ -819,15 +819,15 @@ def test_scan_positions_checks_what_decode_positions_checks():
             assert np.array_equal(out[f], ref[f]), f
     for args in ((pos[:2], sizes[:2] + 1), ([pos[1] + 1], [sizes[1]]), ([len(data) - 8], [sizes[0]]),
                  ([len(data) + 5], [sizes[0]]), ([-1], [sizes[0]])):
-        got = _columns.scan_positions(data, *args, 0, False, ("body",))[:3]
+        got = _scan.scan_positions(data, *args, 0, False, ("body",))[:3]
         want = _columns.decode_positions(data, _columns.RecordColumns(4), *args)
         assert got == want[:3], args
     good = records(n=2)[:-64]
     blank = good + localmq.encode_blank(64) + bytes(56)
-    assert _columns.scan_positions(blank, [len(good)], [64], 0, False, ("body",))[:3] == (0, 0, "corrupt") == \
+    assert _scan.scan_positions(blank, [len(good)], [64], 0, False, ("body",))[:3] == (0, 0, "corrupt") == \
         _columns.decode_positions(blank, _columns.RecordColumns(1), [len(good)], [64])
     with pytest.raises(ValueError):
-        _columns.scan_positions(data, pos, sizes[:2])
+        _scan.scan_positions(data, pos, sizes[:2])
 
 
 @pytest.mark.parametrize("partitioning", ["segment", "queue"])

@@ -84,6 +84,7 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
         super().__init__(root, config, **kwargs)
 
     _writes = False
+    _view: Optional[ControlView] = None   # the live shared store's control file, read-only (None: closed store)
 
     def _make_lock(self):
         return _NoLock()
@@ -112,7 +113,6 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
             names = [int(n) for n in os.listdir(self._cl_mfq.directory) if len(n) == 20 and n.isdigit()]
             end = max(names) + c.mapped_file_size_commit_log if names else 0
         self._cl_mfq.load_view(end)
-        self._cqs: Dict[Any, ConsumeQueue] = {}
         # the queue files it maps are bounded as a writer's are (StoreConfig.max_mapped_queue_files)
         n = c.max_mapped_queue_files
         self._cq_budget: Optional[MappingBudget] = MappingBudget(n) if n > 0 else None
@@ -297,14 +297,12 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
             self._view.close()
 
     def _abandon(self) -> None:
-        for cq in list(getattr(self, "_cqs", {}).values()):
+        for cq in list(self._cqs.values()):
             cq.close()
-        mfq = getattr(self, "_cl_mfq", None)
-        if mfq is not None:
-            mfq.close()
-        view = getattr(self, "_view", None)
-        if view is not None:
-            view.close()
+        if self._cl_mfq is not None:
+            self._cl_mfq.close()
+        if self._view is not None:
+            self._view.close()
 
     def __repr__(self) -> str:
         return f"<ReadOnlyMessageQueue {self.root!r} {'closed' if self._closed else 'open'}>"

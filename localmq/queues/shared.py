@@ -135,6 +135,7 @@ class SharedMessageQueue(LocalMessageQueue):
     _allocated_ahead = -1           # base offset of the last segment the housekeeper created ahead (or found)
     allocated_ahead = 0             # segments this process created ahead of need as the housekeeper
     first_opener = False
+    _first_exit_ok = False          # the first opener found the last exit clean (its index files are whole)
 
     def _make_lock(self) -> StoreLock:
         return StoreLock(self.root, shared=True)
@@ -340,7 +341,7 @@ class SharedMessageQueue(LocalMessageQueue):
         self._cq_flush_service.start()
         self._hk_services.append(self._cq_flush_service)
         before = len(self._services)
-        self._start_index_service(getattr(self, "_first_exit_ok", False) and self.first_opener)
+        self._start_index_service(self._first_exit_ok and self.first_opener)
         self._hk_services.extend(self._services[before:])
         if self._index_dispatch is not None:
             ctl.store(CTL_S_INDEXED, self._index_dispatch.indexed_offset)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from localmq import _columns
+from localmq import _columns, _scan
 from localmq._record import java_hash, scan_record
 from localmq.errors import CorruptFrameError, CorruptStoreError
 from localmq.filter import compile_sql92
@@ -234,7 +234,7 @@ def _range_done(part: SegmentRange, reason: Stop, nxt: int) -> bool:
                             f"planned to read ({part.path})", offset=part.base + nxt, path=part.path)
 
 
-# Columns the single-pass scan (_columns.scan_range) fills, with the codec field each comes from.
+# Columns the single-pass scan (_scan.scan_range) fills, with the codec field each comes from.
 _SCAN_FIELDS = {
     "value": "body", "topic": "topic", "partition": "queue_id", "offset": "queue_offset",
     "timestamp": "store_timestamp", "timestampType": None, "physical_offset": "physical_offset",
@@ -260,7 +260,7 @@ def _scan_fields(columns: Iterable[str], *always: str) -> tuple[str, ...] | None
     return tuple(dict.fromkeys([f for c in columns if (f := _SCAN_FIELDS[c]) is not None] + list(always)))
 
 
-def _scan_setup(part: SegmentRange, columns: Iterable[str]) -> tuple[tuple[str, ...], _columns.RowFilter] | None:
+def _scan_setup(part: SegmentRange, columns: Iterable[str]) -> tuple[tuple[str, ...], _scan.RowFilter] | None:
     """(codec fields, RowFilter) for scanning ``part`` in one pass, or None when only the general path can."""
     fields = _scan_fields(columns)
     if fields is None or _filtered(part):
@@ -279,7 +279,7 @@ def _scan_setup(part: SegmentRange, columns: Iterable[str]) -> tuple[tuple[str, 
                 return None
             bounds[(raw, q)] = v
     try:
-        flt = _columns.RowFilter(cast("list[bytes] | None", topics),  # None in topics returned above
+        flt = _scan.RowFilter(cast("list[bytes] | None", topics),  # None in topics returned above
                                  bounds, part.min_ts, part.max_ts)
     except (ValueError, OverflowError):
         return None  # a negative queue id or a bound beyond int64: the numpy filter's own rules apply
@@ -287,7 +287,7 @@ def _scan_setup(part: SegmentRange, columns: Iterable[str]) -> tuple[tuple[str, 
 
 
 def _scan_batch(n: int, out: dict[str, Any], columns: Iterable[str], schema: "pa.Schema") -> "pa.RecordBatch":
-    """One RecordBatch of ``n`` rows from the arrays ``_columns.scan_range`` returned, columns as named."""
+    """One RecordBatch of ``n`` rows from the arrays ``_scan.scan_range`` returned, columns as named."""
     import pyarrow as pa
 
     arrays: list[pa.Array] = []
@@ -306,11 +306,11 @@ def _scan_batch(n: int, out: dict[str, Any], columns: Iterable[str], schema: "pa
 
 
 def _scan_segment(mf: "MappedFile", part: SegmentRange, columns: list[str], schema: "pa.Schema", batch_size: int,
-                  fields: tuple[str, ...], flt: _columns.RowFilter) -> Generator["pa.RecordBatch", None, int | None]:
+                  fields: tuple[str, ...], flt: _scan.RowFilter) -> Generator["pa.RecordBatch", None, int | None]:
     """Yield ``part``'s batches from single-pass scans; returns where the general path must go on, or None."""
     pos, hint = part.start, 0
     while True:
-        n, nxt, reason, out = _columns.scan_range(mf, pos, part.end, part.base, part.check_crc, batch_size, fields,
+        n, nxt, reason, out = _scan.scan_range(mf, pos, part.end, part.base, part.check_crc, batch_size, fields,
                                                 flt, hint)
         if n:
             if "body" in out:
@@ -410,7 +410,7 @@ def _read_queue(part: QueueRange, columns: list[str], schema: "pa.Schema",
             while i < n_units:
                 stop = min(n_units, i + batch_size)
                 if fields is not None:
-                    n, done, reason, out = _columns.scan_positions(mf, r_p[i:stop] - base, r_s[i:stop], base,
+                    n, done, reason, out = _scan.scan_positions(mf, r_p[i:stop] - base, r_s[i:stop], base,
                                                                  part.check_crc, fields, hint)
                     if reason == Stop.FULL:  # 2 GiB of bodies: this batch ends early, the next starts there
                         stop, reason = i + n, Stop.END

@@ -3,6 +3,7 @@
 import logging
 import threading
 
+cimport cython
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
@@ -239,19 +240,77 @@ cdef class ReputCore:
 
     # -- the loop --------------------------------------------------------------------------------------------
 
+    @cython.final
+    cdef inline void _advance(self, int64_t size) noexcept nogil:
+        """Step reput_from over a record of ``size`` bytes (release store: readers of ``reput_offset`` see it)."""
+        lmq_store_rel(&self.reput_from, self.reput_from + size)
+
+    @cython.final
+    cdef inline int _follow_shared(self, int64_t end) noexcept nogil:
+        """Caught up in a shared store: publish the dispatched offset to the control file, then follow the committed
+        end. Returns -1 when this view's segment moved (walk on), R_NEED_SYNC for a trip to Python, else 0."""
+        cdef int64_t w
+        if self.published != self.reput_from:
+            # consumers in every process: the units up to here are complete
+            self.published = self.reput_from
+            lmq_store_rel(<int64_t *>(self.cb + CTL_S_REPUT), self.reput_from)
+            lmq_shm_event_notify(self.cb + CTL_DISPATCH_EVENT_OFF)
+        w = lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS))
+        if w > self.seg_base + end:
+            if w < self.seg_base + self.seg_size and self.seg.wbuf == NULL:
+                # another process committed within this segment (the common case): move this view's
+                # positions here (CAS max, as CommitLog.sync_view does) instead of a trip to Python
+                lmq_store_max(&self.seg.append_pos, w - self.seg_base)
+                lmq_store_max(&self.seg.committed_pos, w - self.seg_base)
+                lmq_store_max(&self.seg.wrote_pos, w - self.seg_base)
+                return -1
+            return R_NEED_SYNC
+        return 0
+
+    @cython.final
+    cdef inline void _idle(self, int64_t end, int *idle_polls) noexcept nogil:
+        """Caught up with nothing to return for: poll every 20 us for about 1 ms, then sleep on the put event.
+
+        ``idle_polls`` stays at 50 after a wait: a store with nothing to dispatch sleeps on the event (its timeout
+        only covers a wake-up lost between the caller's check and the sleep) instead of polling again for 1 ms
+        after every timeout; a record dispatched starts the polling anew."""
+        cdef uint32_t seen
+        if idle_polls[0] < 50:
+            idle_polls[0] += 1
+            lmq_sleep_us(20)
+        elif self.cb != NULL:
+            seen = lmq_shm_event_seq(self.cb + CTL_EVENT_OFF)
+            if lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS)) <= self.seg_base + end:
+                lmq_shm_event_wait(self.cb + CTL_EVENT_OFF, seen, self.idle_wait_us)
+        else:
+            lmq_event_wait(self.event, self.idle_wait_us)
+
+    @cython.final
+    cdef inline void _write_unit(self, CQState *st, RecordView *v, uint8_t *u) noexcept nogil:
+        """Write the 20-byte unit of record ``v`` (at reput_from) at ``u`` and publish it: the queue's max offset
+        (release store, after the unit's bytes), the shared copy, then reput_from past the record."""
+        cdef int64_t qo = v.queue_offset
+        lmq_put64(u, <uint64_t>self.reput_from)
+        lmq_put32(u + 8, <uint32_t>v.total_size)
+        lmq_put64(u + 12, <uint64_t>tags_code_of(v, self.levels, self.n_levels))
+        st.max_physic_offset = self.reput_from + v.total_size
+        st.last_store_ts = v.store_timestamp
+        lmq_store_rel(&st.max_offset, qo + 1)
+        if st.shared_max != NULL:
+            lmq_store_rel(st.shared_max, qo + 1)
+        self._advance(v.total_size)
+
     cdef int _run_nogil(self, int64_t max_records, bint idle_wait) noexcept nogil:
         """Dispatch without the GIL. With ``idle_wait`` it stays here when caught up: after it dispatched something
         it polls every 20 us for about 1 ms (a busy producer then never pays for a wake-up), then sleeps on the
         event that puts signal, waking every ``idle_wait_us`` only to look for a put whose signal it missed.
         It returns to Python only for a slow path, to notify waiters after progress, or to stop."""
-        cdef int64_t n = 0, rel, end, qo, r, w
+        cdef int64_t n = 0, rel, end, r
         cdef int rc, idle_polls = 0
         cdef RecordView v
         cdef Slot *slot
         cdef CQState *st
         cdef int32_t txn
-        cdef uint8_t *u
-        cdef uint32_t seen
         while True:
             if self.stop_flag:
                 return R_STOP
@@ -261,37 +320,16 @@ cdef class ReputCore:
             end = lmq_load_acq(self.seg_wrote)
             if rel >= end:
                 if self.cb != NULL:
-                    if self.published != self.reput_from:
-                        # consumers in every process: the units up to here are complete
-                        self.published = self.reput_from
-                        lmq_store_rel(<int64_t *>(self.cb + CTL_S_REPUT), self.reput_from)
-                        lmq_shm_event_notify(self.cb + CTL_DISPATCH_EVENT_OFF)
-                    w = lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS))
-                    if w > self.seg_base + end:
-                        if w < self.seg_base + self.seg_size and self.seg.wbuf == NULL:
-                            # another process committed within this segment (the common case): move this view's
-                            # positions here (CAS max, as CommitLog.sync_view does) instead of a trip to Python
-                            lmq_store_max(&self.seg.append_pos, w - self.seg_base)
-                            lmq_store_max(&self.seg.committed_pos, w - self.seg_base)
-                            lmq_store_max(&self.seg.wrote_pos, w - self.seg_base)
-                            continue
-                        return R_NEED_SYNC
+                    rc = self._follow_shared(end)
+                    if rc < 0:
+                        continue
+                    if rc != 0:
+                        return rc
                 if end >= self.seg_size:
                     return R_NEED_SEGMENT
                 if not idle_wait or (n > 0 and self.waiters > 0):
                     return R_PROGRESS if n > 0 else R_CAUGHT_UP
-                # idle_polls stays at 50 after a wait: a store with nothing to dispatch sleeps on the event (its
-                # timeout only covers a wake-up lost between the check above and the sleep) instead of polling
-                # again for 1 ms after every timeout; a record dispatched starts the polling anew
-                if idle_polls < 50:
-                    idle_polls += 1
-                    lmq_sleep_us(20)
-                elif self.cb != NULL:
-                    seen = lmq_shm_event_seq(self.cb + CTL_EVENT_OFF)
-                    if lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS)) <= self.seg_base + end:
-                        lmq_shm_event_wait(self.cb + CTL_EVENT_OFF, seen, self.idle_wait_us)
-                else:
-                    lmq_event_wait(self.event, self.idle_wait_us)
+                self._idle(end, &idle_polls)
                 continue
             idle_polls = 0
             rc = parse_record(self.seg_addr + rel, end - rel, &v, False)
@@ -304,7 +342,7 @@ cdef class ReputCore:
                 self.gap_at = self.reput_from
                 self.gap_size = v.total_size
                 self.gaps += 1
-                lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
+                self._advance(v.total_size)
                 continue
             if rc != REC_OK:
                 self.pending = v
@@ -313,37 +351,27 @@ cdef class ReputCore:
             txn = v.sys_flag & SYSFLAG_TRANSACTION_MASK
             if txn == SYSFLAG_TRANSACTION_PREPARED or txn == SYSFLAG_TRANSACTION_ROLLBACK:
                 self.skipped_transactions += 1
-                lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
+                self._advance(v.total_size)
                 continue
             slot = self.lookup(v.topic, v.topic_len, v.queue_id)
             if slot == NULL:
                 self.pending = v
                 return R_NEED_CQ
             st = slot.st
-            qo = v.queue_offset
             if self.reput_from + v.total_size <= st.max_physic_offset:
                 # already in the queue (re-dispatch after recovery): CQ writes are idempotent
                 self.duplicates += 1
-                lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
+                self._advance(v.total_size)
                 continue
-            if qo != st.max_offset:
+            if v.queue_offset != st.max_offset:
                 # missing units before it, or a queue offset the queue is already past (a damaged header)
                 self.pending = v
                 return R_GAP
-            r = qo * CQ_UNIT_SIZE - st.file_from
+            r = v.queue_offset * CQ_UNIT_SIZE - st.file_from
             if st.addr == NULL or r < 0 or r + CQ_UNIT_SIZE > st.reserved:
                 self.pending = v
                 return R_NEED_CQ_FILE
-            u = st.addr + r
-            lmq_put64(u, <uint64_t>self.reput_from)
-            lmq_put32(u + 8, <uint32_t>v.total_size)
-            lmq_put64(u + 12, <uint64_t>tags_code_of(&v, self.levels, self.n_levels))
-            st.max_physic_offset = self.reput_from + v.total_size
-            st.last_store_ts = v.store_timestamp
-            lmq_store_rel(&st.max_offset, qo + 1)
-            if st.shared_max != NULL:
-                lmq_store_rel(st.shared_max, qo + 1)
-            lmq_store_rel(&self.reput_from, self.reput_from + v.total_size)
+            self._write_unit(st, &v, st.addr + r)
             self.dispatched += 1
             n += 1
             if n >= max_records:

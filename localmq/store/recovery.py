@@ -663,6 +663,22 @@ def sync_directories(root: str) -> int:
     return n
 
 
+def _check_segments_at_end(commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", salvage: bool) -> None:
+    """Units pointing past the last segment mean segments lost at the end: DamagedLogError naming the first one,
+    unless ``salvage`` (then logged; the queues are cut to the log afterwards)."""
+    log_end = commit_log.files[-1].file_from_offset + commit_log.file_size if commit_log.files else 0
+    beyond = {f"{k[0]}-{k[1]}": cq.max_physic_offset for k, cq in queues.queues.items()
+              if cq.max_physic_offset > log_end}
+    if beyond and commit_log.files:
+        first_missing = log_end // commit_log.file_size * commit_log.file_size
+        msg = (f"consume queues {sorted(beyond)} point past the last commit log segment (up to offset "
+               f"{max(beyond.values())}, the log ends at {log_end}): segment {first_missing:020d} and later are "
+               f"missing")
+        if not salvage:
+            raise DamagedLogError(msg + "; open with salvage=True to keep what is there", [f"{first_missing:020d}"])
+        log.error("salvage: %s; the queues are cut to the log", msg)
+
+
 def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", *, abnormal: bool,
                   check_crc: bool, checkpoint_min_ts: int,
                   progress: Optional[Callable[[int, int], None]] = None,
@@ -681,17 +697,7 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
     at the end) raise DamagedLogError unless ``salvage``.
     """
     damaged = [key for key, cq in queues.queues.items() if cq.recover()]
-    log_end = commit_log.files[-1].file_from_offset + commit_log.file_size if commit_log.files else 0
-    beyond = {f"{k[0]}-{k[1]}": cq.max_physic_offset for k, cq in queues.queues.items()
-              if cq.max_physic_offset > log_end}
-    if beyond and commit_log.files:
-        first_missing = log_end // commit_log.file_size * commit_log.file_size
-        msg = (f"consume queues {sorted(beyond)} point past the last commit log segment (up to offset "
-               f"{max(beyond.values())}, the log ends at {log_end}): segment {first_missing:020d} and later are "
-               f"missing")
-        if not salvage:
-            raise DamagedLogError(msg + "; open with salvage=True to keep what is there", [f"{first_missing:020d}"])
-        log.error("salvage: %s; the queues are cut to the log", msg)
+    _check_segments_at_end(commit_log, queues, salvage)
     known_end = max((cq.max_physic_offset for k, cq in queues.queues.items() if k not in damaged), default=0)
 
     def agrees(mf: MappedFile, q: int) -> bool:

@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import base64
-import datetime
 import hashlib
-import json
 import os
 import signal
 import sys
@@ -14,185 +11,24 @@ import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-import numpy as np
-
 import localmq
-from localmq._record import decode_message, scan_record, unknown_format, walk_records
-from localmq.errors import (
-    CorruptFrameError, CorruptStoreError, LocalMQError, NotAStoreError, StoreLockedError, UnknownRecordFormatError,
+from localmq._record import scan_record
+from localmq.cli.common import (
+    CliError, EXIT_BUSY, EXIT_DAMAGE, EXIT_FOUND_NOTHING, EXIT_OK, EXIT_USAGE, _emit, _files, _int_at_least, _iso,
+    _lock_state, _message_dict, _message_line, _open, _queue_offsets, _say, _show_message, _time_ms,
 )
-from localmq.queues.readonly import _lock_holder  # the read-only view's F_GETLK probe (takes no lock)
-from localmq._index import key_hash
+from localmq.cli.verify import _verify
+from localmq.errors import CorruptFrameError, CorruptStoreError, LocalMQError, NotAStoreError, StoreLockedError
 from localmq.layout import (
-    CONFIG_DIR, CONSUMEQUEUE_DIR, CQ_BLANK_UNIT_SIZE, CTL_S_FLUSHED, CTL_S_HOUSEKEEPER, CTL_S_INDEXED, CTL_S_PUTS,
-    CTL_S_REPUT, CTL_S_WPOS, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE, REC_MIN_SIZE,
+    CONFIG_DIR, CQ_BLANK_UNIT_SIZE, CTL_S_FLUSHED, CTL_S_HOUSEKEEPER, CTL_S_INDEXED, CTL_S_PUTS,
+    CTL_S_REPUT, CTL_S_WPOS,
 )
-from localmq.status import GetStatus, RecordStatus, Stop
+from localmq.status import GetStatus, RecordStatus
 from localmq.store.checkpoint import read_checkpoint
-from localmq.store.config_json import loads as config_loads, read_offset_table
+from localmq.store.config_json import read_offset_table
 from localmq.store.control_view import ControlView
-from localmq.store.files import ConsumeQueueFiles, StoreFiles, not_understood, numbered_files
-from localmq.store.index import IndexFile
-from localmq.store.readers import load_consume_queue, read_commitlog
-from localmq.store.settings import read_log_start, read_settings
-
-EXIT_OK, EXIT_FOUND_NOTHING, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
-EXIT_DAMAGE = 1
-EXIT_UNKNOWN_FORMAT = 4   # verify: no damage, but records of a format localmq does not know (README, Recovery)
-_CHUNK = 16 << 20  # bytes walked between two progress updates
-
-
-class CliError(Exception):
-    """A failure reported as one line on stderr (never a traceback) with an exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_FOUND_NOTHING):
-        super().__init__(message)
-        self.code = code
-
-
-# -- argument types (a bad value is a usage error: exit code 2) -------------------------------------------------
-
-
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, not {v}")
-        return v
-    parse.__name__ = "integer"
-    return parse
-
-
-def _time_ms(text: str) -> int:
-    """Milliseconds since the epoch, or an ISO 8601 date/time (local time unless it names a zone)."""
-    if text.isdigit():
-        return int(text)
-    try:
-        return int(datetime.datetime.fromisoformat(text).timestamp() * 1000)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not ms since the epoch nor an ISO 8601 time: {text!r}") from None
-
-
-def _iso(ms: int) -> str:
-    if ms <= 0:
-        return "-"
-    return datetime.datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds")
-
-
-# -- output ---------------------------------------------------------------------------------------------------
-
-
-def _emit(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=False) + "\n")
-
-
-def _say(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
-
-
-def _message_dict(m) -> Dict[str, Any]:
-    body = bytes(m.body)
-    try:
-        text: Optional[str] = body.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    return {"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
-            "physical_offset": m.physical_offset, "store_size": m.store_size, "store_timestamp": m.store_timestamp,
-            "born_timestamp": m.born_timestamp, "msg_id": m.msg_id, "tags": m.tags, "keys": list(m.keys),
-            "properties": m.properties, "body": text, "body_base64": base64.b64encode(body).decode("ascii")}
-
-
-def _message_line(m, body_bytes: int) -> str:
-    body = bytes(m.body)
-    shown = repr(body[:body_bytes]) + ("..." if len(body) > body_bytes else "")
-    return (f"{m.physical_offset:>12} {m.topic}/{m.queue_id}@{m.queue_offset} {_iso(m.store_timestamp)} "
-            f"size={m.store_size} tags={m.tags!r} keys={list(m.keys)} body={shown}")
-
-
-def _show_message(args, m) -> None:
-    if args.json:
-        _emit(_message_dict(m))
-    else:
-        _say(_message_line(m, args.body_bytes))
-
-
-class _Progress:
-    """A one-line progress bar on stderr, only when stderr is a terminal (and not --json / --no-progress)."""
-
-    def __init__(self, args, label: str, total: int):
-        self.on = (not args.json and not getattr(args, "no_progress", False) and total > 0
-                   and sys.stderr.isatty())
-        self.label, self.total, self.last = label, total, 0.0
-
-    def update(self, done: int) -> None:
-        now = time.monotonic()
-        if self.on and now - self.last >= 0.2:
-            self.last = now
-            frac = min(1.0, done / self.total)
-            bar = "#" * int(frac * 30)
-            sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac * 100:5.1f}%")
-            sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.on and self.last:
-            sys.stderr.write("\r" + " " * (len(self.label) + 40) + "\r")
-            sys.stderr.flush()
-
-
-# -- opening a store ------------------------------------------------------------------------------------------
-
-
-def _files(path: str) -> StoreFiles:
-    try:
-        files = StoreFiles(path)
-        if not files.segments:
-            # no segment to read the size off yet: the size the store was created with is in config/localmq.json
-            recorded = read_settings(files.root) or {}
-            if recorded.get("mapped_file_size_commit_log"):
-                files = StoreFiles(path, recorded["mapped_file_size_commit_log"])
-        return files
-    except NotAStoreError as e:
-        raise CliError(f"{path}: {e.strerror}") from None
-    except CorruptStoreError as e:
-        raise CliError(f"{path}: {e}", EXIT_DAMAGE) from None
-
-
-def _cq_file_size(root: str) -> Optional[int]:
-    cq_root = os.path.join(root, CONSUMEQUEUE_DIR)
-    size = 0
-    for t in os.listdir(cq_root) if os.path.isdir(cq_root) else ():
-        tdir = os.path.join(cq_root, t)
-        for q in os.listdir(tdir) if os.path.isdir(tdir) else ():
-            size = max([size] + [f.size for f in numbered_files(os.path.join(tdir, q))])
-    return size or None
-
-
-def _open(path: str):
-    """A ReadOnlyMessageQueue of ``path`` with the segment sizes its files have (it locks and writes nothing)."""
-    files = _files(path)
-    # sizes read off the files; a store without segments yet has them in config/localmq.json (the open reads it)
-    sizes: Dict[str, int] = {"mapped_file_size_commit_log": files.segment_size} if files.segments else {}
-    cq = _cq_file_size(files.root)
-    if cq:
-        sizes["mapped_file_size_consume_queue"] = cq
-    try:
-        return localmq.open(path, read_only=True, **sizes)
-    except StoreLockedError:
-        raise CliError(f"{os.path.abspath(path)} is held by one live process alone (opened with shared=False): "
-                       "its end is in that process's memory. Open it with shared=True there to look inside while "
-                       "it runs, or wait until it closes; `dump` and `verify` read the files alone.",
-                       EXIT_BUSY) from None
-    except (CorruptStoreError, NotAStoreError) as e:
-        raise CliError(f"{path}: {e}") from None
-
-
-def _queue_offsets(mq) -> List[Tuple[str, int, int, int]]:
-    """(topic, queue id, min offset, max offset) of every queue."""
-    return [(t, q, mq.min_offset(t, q), mq.max_offset(t, q)) for t, qs in mq.topics().items() for q in qs]
-
+from localmq.store.files import ConsumeQueueFiles, StoreFiles
+from localmq.store.readers import read_commitlog
 
 # -- stats ----------------------------------------------------------------------------------------------------
 
@@ -274,15 +110,6 @@ def _stats(args) -> int:
     _say(f"index        {out['index_files']} file(s)")
     _say(f"disk         {allocated:,} bytes allocated ({apparent:,} apparent)")
     return EXIT_OK
-
-
-def _lock_state(root: str) -> str:
-    """"closed", "shared by live processes" or "held by one live process" (asked without taking a lock)."""
-    view = ControlView.open(root)
-    if view is not None:
-        view.close()
-        return "live, shared"
-    return "live, held by one process" if _lock_holder(root) == "exclusive" else "closed"
 
 
 # -- topics / lag ---------------------------------------------------------------------------------------------
@@ -469,268 +296,6 @@ def _dlq(args) -> int:
     else:
         _say(f"re-drove {sent} dead letter(s) of group {args.group!r}")
     return EXIT_OK
-
-
-def _has_data(mf, start: int, end: int) -> bool:
-    while start < end:
-        stop = min(end, start + _CHUNK)
-        arr = np.frombuffer(mf, np.uint8, count=stop - start, offset=start)
-        try:
-            if arr.any():
-                return True
-        finally:
-            del arr  # a view of the mapping: gone before it is closed
-        start = stop
-    return False
-
-
-def _record_extent(mf, pos: int, size: int) -> int:
-    """Where the record at ``pos`` ends by its TOTALSIZE (the segment's end when that is not a possible size)."""
-    total = int.from_bytes(mf.read(pos, 4), "big", signed=True) if pos + 4 <= size else 0
-    return pos + total if REC_MIN_SIZE <= total <= size - pos else size
-
-
-def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problems: list, notes: list,
-                       unknown: Optional[dict] = None, known_end: int = 0) -> int:
-    """Walk every record of every segment below ``end`` with CRCs and header checks; returns records walked. A record
-    localmq does not understand (``files.not_understood``: an unknown format, a V2 record naming a topic longer than
-    localmq's names) is no problem: it goes to ``unknown`` ({offset: (magic, size, what)}) and the walk goes on after
-    it. An invalid record at or past ``known_end`` (how far the ConsumeQueues reach) with nothing after it is the
-    torn tail a crash leaves: a note, as recovery cuts it without loss."""
-    if unknown is None:
-        unknown = {}
-    records = 0
-    done = 0
-    data_ended_at: Optional[int] = None
-    for base, fpath in files.segments:
-        mf = files.map_segment(base, fpath)
-        try:
-            size = files.segment_size
-            if data_ended_at is not None:
-                if _has_data(mf, 0, size):
-                    problems.append(f"commit log {fpath}: data after the end of the log at {data_ended_at:,}")
-                continue
-            limit = min(size, max(0, end - base)) if files.live_end is not None else size
-            pos, stop = 0, min(limit, _CHUNK)
-            while True:
-                pos, outcome, n, _, _ = walk_records(mf, pos, stop, True, True)
-                records += n
-                progress.update(done + pos)
-                if stop < limit and (pos >= stop or outcome == RecordStatus.TORN):
-                    stop = min(limit, max(pos, stop) + _CHUNK)  # the chunk ended (maybe inside a record): go on
-                    continue
-                found = (not_understood(mf, pos, outcome, limit)
-                         if outcome in (RecordStatus.BAD_MAGIC, RecordStatus.BAD_TOPIC) else None)
-                if found is not None:
-                    # framed by its TOTALSIZE: the walk goes on after it (never a repair, never damage)
-                    magic, rsize, what = found
-                    unknown[base + pos] = (magic, rsize, what)
-                    pos += rsize
-                    stop = min(limit, max(pos, stop))
-                    if pos < limit:
-                        continue
-                    outcome = RecordStatus.END
-                break
-            at = base + pos
-            if files.live_end is not None and at >= files.live_end:
-                break  # a live store's committed end: past it a put may be half-copied
-            if outcome == RecordStatus.BLANK or pos >= size:
-                pass
-            elif outcome == RecordStatus.END:
-                if _has_data(mf, pos, size):
-                    problems.append(f"commit log offset {at:,} ({fpath}): zero bytes followed by more data")
-                else:
-                    data_ended_at = at
-            elif at >= known_end and not _has_data(mf, _record_extent(mf, pos, size), size):
-                # past what the ConsumeQueues reach, with nothing after it: a write a crash cut short, which the
-                # dispatcher never read (a SIGKILLed writer, RocketMQ's or ours). Recovery ends the log there
-                notes.append(f"commit log offset {at:,}: a torn record at the end of the data ({outcome}; what a "
-                             "crash leaves, never dispatched: recovery cuts it)")
-                data_ended_at = at
-            else:
-                problems.append(f"commit log offset {at:,} ({fpath}): {outcome} record" + (
-                    " followed by more data" if at >= known_end else "; the rest of this segment is not walked"))
-        finally:
-            mf.close()
-        done += files.segment_size
-    return records
-
-
-def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress, problems: list,
-                   notes: list, unknown: dict) -> Tuple[int, int]:
-    """Every ConsumeQueue unit must point at the record of its topic, queue id and queue offset."""
-    maps: Dict[int, Any] = {}
-    units_checked = lost = 0
-    gap_at = {}
-    for g in files.gap_offsets():
-        seg = files.segment_of(g)
-        if seg is not None:
-            mf = maps.setdefault(seg[0], files.map_segment(*seg))
-            status, size = scan_record(mf, g - seg[0], False)
-            if status == RecordStatus.GAP:
-                gap_at[g] = size
-    try:
-        queues = files.queues()
-        for i, cq in enumerate(queues):
-            progress.update(i)
-            loaded = load_consume_queue(cq.path)
-            if loaded.stop_reason != Stop.END and not live:
-                problems.append(f"consume queue {cq.topic}/{cq.queue_id}: {loaded.stop_reason} after queue offset "
-                                f"{loaded.max_queue_offset:,} ({cq.path})")
-            units = loaded.units
-            for j in range(len(units)):
-                phys, size = int(units["offset"][j]), int(units["size"][j])
-                qoff = loaded.queue_offset_base + j
-                if size == CQ_BLANK_UNIT_SIZE or phys < files.min_offset or phys + size > end:
-                    if phys + size > end and size != CQ_BLANK_UNIT_SIZE and not live:
-                        problems.append(f"consume queue {cq.topic}/{cq.queue_id}@{qoff}: points past the end of "
-                                        f"the commit log ({phys:,})")
-                    continue
-                if gap_at.get(phys) == size:
-                    lost += 1
-                    continue
-                seg = files.segment_of(phys)
-                if seg is None:
-                    continue
-                mf = maps.get(seg[0])
-                if mf is None:
-                    mf = maps[seg[0]] = files.map_segment(*seg)
-                try:
-                    m = decode_message(mf, phys - seg[0], check_crc=False, base_offset=seg[0], copy=False)
-                    ok = (m is not None and m.topic == cq.topic and m.queue_id == cq.queue_id
-                          and m.queue_offset == qoff and m.store_size == size)
-                    m = None
-                except CorruptFrameError:
-                    ok = False
-                if not ok and phys in unknown:
-                    continue  # a record of a format localmq does not know: counted by the commit log walk
-                units_checked += 1
-                if not ok:
-                    problems.append(f"consume queue {cq.topic}/{cq.queue_id}@{qoff}: unit ({phys:,}, {size}) does "
-                                    "not point at that message's record")
-    finally:
-        for mf in maps.values():
-            mf.close()
-    return units_checked, lost
-
-
-def _verify_index_items(files, idx, end: int, samples: int = 512) -> Tuple[int, int]:
-    """(items whose key hash is none of the record's keys, items checked): up to ``samples`` items spread over the
-    file, each pointing at a record below ``end`` in a segment still there."""
-    count = idx.header.index_count
-    if count <= 1:
-        return 0, 0
-    step = max(1, (count - 1) // samples)
-    items_at = INDEX_HEADER_SIZE + idx.hash_slot_num * INDEX_SLOT_SIZE
-    mf = idx.mapped_file
-    wrong = checked = 0
-    for i in range(1, count, step):
-        raw = mf.read(items_at + i * INDEX_ITEM_SIZE, INDEX_ITEM_SIZE)
-        h, phy = int.from_bytes(raw[:4], "big", signed=True), int.from_bytes(raw[4:12], "big", signed=True)
-        seg = files.segment_of(phy)
-        if seg is None or phy >= end:
-            continue  # deleted by retention, or past what recovery keeps
-        checked += 1
-        seg_mf = files.map_segment(*seg)
-        try:
-            try:
-                msg = decode_message(seg_mf, phy - seg[0], check_crc=False, base_offset=seg[0])
-            except (CorruptFrameError, UnknownRecordFormatError):
-                msg = None
-            if msg is None and unknown_format(seg_mf, phy - seg[0]) is not None:
-                checked -= 1  # a record of another format (reported by the walk): not the index's fault
-                continue
-        finally:
-            seg_mf.close()
-        if msg is None:
-            wrong += 1
-            continue
-        props = msg.properties
-        keys = [props.get("UNIQ_KEY")] + (props.get("KEYS") or "").split(" ")
-        if h not in {key_hash(f"{msg.topic}#{k}") for k in keys if k}:
-            wrong += 1
-    return wrong, checked
-
-
-def _verify(args) -> int:
-    files = _files(args.store)
-    problems: List[str] = []
-    notes: List[str] = []
-    state = _lock_state(files.root)
-    if state == "live, held by one process":
-        notes.append("the store is held by one live process: its last records may be in flux")
-    dispatched = files.dispatched_end()
-    try:
-        end = files.walk_end(known_end=dispatched)
-    except CorruptFrameError:
-        end = files.segments[-1][0] + files.segment_size if files.segments else 0
-    live = files.live_end is not None or state != "closed"
-    log_start = read_log_start(files.root)
-    if log_start is not None and files.segments and files.min_offset > log_start:
-        problems.append(f"commit log segments missing at the start of the log: it starts at {files.min_offset:,}, "
-                        f"but localmq's retention moved it to {log_start:,} only (deleted by hand, lost, or by "
-                        f"RocketMQ's retention); the next open reports and accepts it")
-    total = sum(files.segment_size for _ in files.segments)
-    progress = _Progress(args, "verify: commit log", total)
-    unknown: Dict[int, Tuple[int, int, str]] = {}
-    records = _verify_commit_log(files, end, progress, problems, notes, unknown, dispatched)
-    progress.done()
-    progress = _Progress(args, "verify: consume queues", len(files.queues()))
-    units, lost = _verify_queues(files, end, live, progress, problems, notes, unknown)
-    progress.done()
-    index_files = files.index_files()
-    for f in index_files:
-        try:
-            idx = IndexFile.open(f.path, writable=False)
-        except (CorruptStoreError, OSError) as e:
-            problems.append(f"index file {f.path}: {e}")
-            continue
-        try:
-            wrong, sampled = _verify_index_items(files, idx, end)
-        finally:
-            idx.close()
-        if wrong:
-            problems.append(f"index file {f.path}: {wrong} of {sampled} sampled items do not hold the key hash of the "
-                            f"record they point at, read with {idx.hash_slot_num} slots and {idx.index_num} items "
-                            f"(a file of another geometry, or damaged): queries would miss keys. It is derived "
-                            f"data: delete it and the next open indexes its records again")
-    try:
-        read_checkpoint(files.checkpoint)
-    except NotAStoreError:
-        notes.append("no checkpoint file")
-    except CorruptStoreError as e:
-        problems.append(str(e))
-    cfg = [n for n in sorted(os.listdir(files.config)) if n.endswith(".json")] if os.path.isdir(files.config) else []
-    for name in cfg:
-        try:
-            with open(os.path.join(files.config, name), "rb") as fh:
-                config_loads(fh.read())
-        except ValueError as e:
-            problems.append(f"config/{name} does not parse: {e}")
-    if lost:
-        notes.append(f"{lost} ConsumeQueue unit(s) mark messages lost to damage that recovery quarantined "
-                     f"(recovery/commitlog-gap-*)")
-    unknown_rows = [{"offset": off, "magic": f"0x{magic:08X}", "size": size, "what": what}
-                    for off, (magic, size, what) in unknown.items()]
-    summary = {"store": files.root, "ok": not problems and not unknown, "problems": problems, "notes": notes,
-               "unknown_records": unknown_rows,
-               "segments": len(files.segments), "records": records, "consume_queue_units": units,
-               "consume_queues": len(files.queues()), "index_files": len(index_files), "config_files": len(cfg)}
-    if args.json:
-        _emit(summary)
-    else:
-        for p in problems:
-            _say(f"DAMAGE: {p}")
-        for n in notes:
-            _say(f"note: {n}")
-        for u in unknown_rows:
-            _say(f"UNKNOWN FORMAT: commit log offset {u['offset']:,}: {u['what']} ({u['size']} bytes, magic "
-                 f"{u['magic']}; not damage: a writable open refuses the store)")
-        state = "damaged" if problems else "unknown format" if unknown else "ok"
-        _say(f"{state}: {records:,} records in {len(files.segments)} segment(s), "
-             f"{units:,} ConsumeQueue units in {summary['consume_queues']} queue(s), {len(index_files)} index "
-             f"file(s), {len(cfg)} config file(s) checked; {len(problems)} problem(s)")
-    return EXIT_DAMAGE if problems else EXIT_UNKNOWN_FORMAT if unknown else EXIT_OK
 
 
 # -- dump -----------------------------------------------------------------------------------------------------
@@ -1018,7 +583,3 @@ def _run(args: argparse.Namespace) -> int:
         # the reader went away (`| head`): no traceback, and no second error when Python flushes stdout at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())
