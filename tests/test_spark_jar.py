@@ -155,12 +155,16 @@ SESSION = textwrap.dedent("""
         rows = {fmt: sorted(tuple(r) for r in spark.read.format(fmt).option("mapped_file_size_commit_log", 65536)
                             .load(path).select(*cols).collect())
                 for fmt in ("localmq", "localmq-jvm", "localmq-python")}
+        plans = {fmt: spark.read.format(fmt).load(path)._jdf.queryExecution().executedPlan().toString()
+                 for fmt in ("localmq", "localmq-python")}
         stream = spark.readStream.format("localmq").option("mapped_file_size_commit_log", 65536).load(path)
         print(json.dumps({
             "jars": conf.get("spark.jars"), "python": conf.get("spark.pyspark.python"),
             "providers": {n: lookup(n, sql_conf).getName() for n in ("localmq", "localmq-jvm")},
             "python_source": spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists("localmq-python"),
             "stream": stream.isStreaming,
+            # the JVM scan describes itself by its options, the Python one as "(Python)"
+            "jvm_scan": {fmt: "checkCRC=" in plan and "(Python)" not in plan for fmt, plan in plans.items()},
             "count": len(rows["localmq"]), "same": rows["localmq"] == rows["localmq-jvm"] == rows["localmq-python"],
         }))
     finally:
@@ -185,6 +189,7 @@ def test_a_session_configured_by_configure_spark_reads_localmq_with_the_jvm_read
     assert got["jars"] == str(jar) and got["python"] == sys.executable
     assert got["providers"] == {"localmq": "localmq.spark.LocalMQProvider",
                                 "localmq-jvm": "localmq.spark.LocalMQTableProvider"}
+    assert got["jvm_scan"] == {"localmq": True, "localmq-python": False}
     assert got["python_source"] is True and got["stream"] is True
     assert got["count"] == 500 and got["same"] is True
 
