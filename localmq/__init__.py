@@ -22,6 +22,7 @@ from localmq.errors import (
     PropertiesSizeError, QueueReassignedError, StoreBusyError, StoreClosedError, StoreLockedError,
     ReadOnlyStoreError, SendError, StorePathError, StoreSettingsError, TopicTableFullError, UnsafePathError,
     UnknownRecordFormatError, UnsupportedFilesystemError, ReadOnlyFilesystemError, StoreIOError,
+    MissingToolError, JarBuildError,
 )
 from localmq.errors import InvalidTransactionError, TransactionNotSupportedError
 from localmq.filter import compile_sql92, Sql92Filter
@@ -104,5 +105,5 @@ __all__ = [
     "ConsumeStatus", "AckError",
     "TransactionProducer", "LocalTransactionState", "TransactionSendResult", "TransactionNotSupportedError",
     "InvalidTransactionError",
-    "compile_sql92", "Sql92Filter", "FilterSyntaxError",
+    "compile_sql92", "Sql92Filter", "FilterSyntaxError", "MissingToolError", "JarBuildError",
 ]

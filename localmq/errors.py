@@ -457,6 +457,24 @@ class ControlFileError(LocalMQError, RuntimeError):
     writer lock (which would keep its death from being detected)."""
 
 
+class MissingToolError(LocalMQError, FileNotFoundError):
+    """A program or package a step needs is not installed: building the JVM reader's jar
+    (``localmq.spark.jar_path``) without the JDK's ``javac`` or ``jar``, or without pyspark. ``missing`` names it."""
+
+    def __init__(self, message: str, missing: str = "") -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class JarBuildError(LocalMQError, RuntimeError):
+    """``javac`` or ``jar`` failed building the JVM reader's jar (``localmq.spark.jar_path``); ``output`` is the
+    end of what it printed."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+
+
 __all__ = [
     "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
     "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptMessageError",
@@ -469,5 +487,5 @@ __all__ = [
     "ReadOnlyStoreError", "ReadOnlyFilesystemError", "UnsupportedFilesystemError", "InvalidDelayError",
     "DelayNotSupportedError",
     "TransactionNotSupportedError", "InvalidTransactionError", "AckError",
-    "FilterSyntaxError", "StoreIOError", "store_io_error", "io_operation",
+    "FilterSyntaxError", "StoreIOError", "store_io_error", "io_operation", "MissingToolError", "JarBuildError",
 ]

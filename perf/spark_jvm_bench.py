@@ -91,7 +91,7 @@ def main():
         readers = {
             "parquet": lambda: spark.read.parquet(pqpath),
             "localmq-jvm": lambda: spark.read.format("localmq-jvm").load(store).select("value"),
-            "localmq (python)": lambda: spark.read.format("localmq").schema("value binary").load(store),
+            "localmq (python)": lambda: spark.read.format("localmq-python").schema("value binary").load(store),
         }
 
         def noop(make):

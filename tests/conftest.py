@@ -186,7 +186,8 @@ def localmq_spark_jar():
 @pytest.fixture(scope="session")
 def spark(localmq_spark_jar):
     """One local Spark session (2 cores) for the whole run, with the JVM reader's jar on ``spark.jars`` (one session
-    per process: tests read through ``format("localmq")``, the Python source, and ``format("localmq-jvm")``).
+    per process: tests read through ``format("localmq-python")``, the Python source, and ``format("localmq-jvm")``;
+    with the jar there ``format("localmq")`` is the JVM reader).
 
     Workers must import this checkout's localmq and its ``pyspark_localmq`` entry, so the repository root goes
     first on their PYTHONPATH.

@@ -1,4 +1,5 @@
-"""The wheel a user installs: the license, the compiled modules stripped, stubs and py.typed, no generated C."""
+"""The wheel a user installs: the license, the compiled modules stripped, stubs and py.typed, no generated C, the
+JVM reader's Java sources."""
 import os
 import shutil
 import subprocess
@@ -51,3 +52,13 @@ def test_the_wheel_has_the_license_stripped_modules_and_no_generated_c(tmp_path)
         sections = subprocess.run([readelf, "-S", "-W", str(so)], capture_output=True, text=True, check=True).stdout
         assert ".symtab" not in sections and ".debug_info" not in sections, f"{n} is not stripped"
         assert z.getinfo(n).file_size < 1_000_000, (n, z.getinfo(n).file_size)
+    # issue 28: the JVM reader's sources and service registration, so localmq.spark.jar_path() can build its jar
+    # where the wheel is installed, and both auto-discovered Spark entries (localmq, localmq-python)
+    java = REPO / "localmq" / "spark" / "java"
+    shipped = sorted(p.relative_to(REPO).as_posix() for p in java.rglob("*") if p.is_file())
+    assert len(shipped) > 20 and "localmq/spark/java/localmq/spark/LocalMQProvider.java" in shipped, shipped
+    assert sorted(n for n in names if n.startswith("localmq/spark/java/")) == shipped
+    services = "localmq/spark/java/META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
+    assert z.read(services) == (REPO / services).read_bytes()
+    assert "localmq/spark/jar.py" in names
+    assert "pyspark_localmq/__init__.py" in names and "pyspark_localmq_python/__init__.py" in names

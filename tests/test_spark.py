@@ -15,6 +15,8 @@ from helpers import require
 require("pyspark")
 from pyspark.sql import functions as F  # noqa: E402
 
+# the Python data source by its own name: the session carries the JVM jar, which answers to "localmq" (README)
+PY = "localmq-python"
 SEG = 64 * 1024
 TOPICS = ("orders", "audit", "clicks")
 QUEUES = 4
@@ -38,7 +40,7 @@ def store(tmp_path_factory):
 
 
 def load(spark, path, **options):
-    r = spark.read.format("localmq").option("mapped_file_size_commit_log", SEG)
+    r = spark.read.format(PY).option("mapped_file_size_commit_log", SEG)
     for k, v in options.items():
         r = r.option(k, v)
     return r.load(path)
@@ -50,7 +52,7 @@ def index_sum(df):
 
 def test_batch_counts_sums_and_offsets(spark, store):
     path, sent = store
-    df = load(spark, path)  # found through pyspark_localmq.DefaultSource, no register() call
+    df = load(spark, path)  # found through pyspark_localmq_python.DefaultSource, no register() call
     assert df.count() == N
     assert index_sum(df) == sum(s[3] for s in sent)
     per_queue = {(r[0], r[1]): (r[2], r[3], r[4]) for r in df.groupBy("topic", "partition").agg(
@@ -89,7 +91,7 @@ def test_read_commitlog_matches_the_data_source(spark, store):
 
 def test_bounds_topics_and_schema_subset(spark, store):
     path, sent = store
-    df = (spark.read.format("localmq").schema("topic string, partition int, offset long")
+    df = (spark.read.format(PY).schema("topic string, partition int, offset long")
           .option("mapped_file_size_commit_log", SEG).option("topics", "orders")
           .option("startingOffsets", '{"orders": {"0": 10, "1": -2, "2": -2, "3": -2}}')
           .option("endingOffsets", '{"orders": {"0": 20, "1": -1, "2": 5, "3": -1}}').load(path))
@@ -99,29 +101,29 @@ def test_bounds_topics_and_schema_subset(spark, store):
         [("orders", 2, o) for o in range(5)] + [("orders", 3, o) for o in range(full[3])]
     assert got == sorted(want)
     with pytest.raises(Exception, match="has no column 'nope'"):
-        spark.read.format("localmq").schema("nope string").load(path).collect()
+        spark.read.format(PY).schema("nope string").load(path).collect()
 
 
 def test_not_a_store_is_a_clear_error(spark, tmp_path):
     with pytest.raises(Exception, match="NotAStoreError.*not a localmq / RocketMQ store"):
-        spark.read.format("localmq").load(str(tmp_path)).collect()
+        spark.read.format(PY).load(str(tmp_path)).collect()
 
 
 def test_rocketmq_fixture_store(spark, fixtures_dir, tmp_path):
     store = shutil.copytree(fixtures_dir / "apache-rocketmq-4e25b979" / "store", tmp_path / "store")
-    df = spark.read.format("localmq").option("mapped_file_size_commit_log", "8192").load(str(store))
+    df = spark.read.format(PY).option("mapped_file_size_commit_log", "8192").load(str(store))
     rows = df.select("topic", "partition", "offset", "value", "tags").collect()
     assert len(rows) == 47 and sorted(r.offset for r in rows) == list(range(47))
     assert {(r.topic, r.partition, r.value, r.tags) for r in rows} == {
         ("abc", 0, b"Once, there was a chance for me!", "TAG1")}
     # without the option the size is read off the segment files (issue 14); a wrong one is named
-    assert spark.read.format("localmq").load(str(store)).count() == 47
+    assert spark.read.format(PY).load(str(store)).count() == 47
     with pytest.raises(Exception, match="mapped_file_size_commit_log=8192"):
-        spark.read.format("localmq").option("mapped_file_size_commit_log", str(1 << 20)).load(str(store)).collect()
+        spark.read.format(PY).option("mapped_file_size_commit_log", str(1 << 20)).load(str(store)).collect()
 
 
 def run_stream(spark, path, out, checkpoint, seg=SEG, **options):
-    r = spark.readStream.format("localmq").option("mapped_file_size_commit_log", seg)
+    r = spark.readStream.format(PY).option("mapped_file_size_commit_log", seg)
     for k, v in options.items():
         r = r.option(k, v)
     q = (r.load(path).select("topic", "partition", "offset", "value").writeStream.format("parquet")
@@ -181,7 +183,7 @@ def test_live_writer_batch_prefix_and_streaming(spark, tmp_path):
         out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
         streamed = sum(run_stream(spark, path, out, ck, 1 << 20, startingOffsets="earliest"))
         # a batch read while the writer appends: a consistent prefix of every queue
-        df = spark.read.format("localmq").option("mapped_file_size_commit_log", 1 << 20).load(path)
+        df = spark.read.format(PY).option("mapped_file_size_commit_log", 1 << 20).load(path)
         rows = df.select("partition", "offset", "value").collect()
         for q in (0, 1):
             offs = sorted(r.offset for r in rows if r.partition == q)

@@ -1,6 +1,7 @@
-"""The JVM reader (spark-jvm/, ``format("localmq-jvm")``) against the Python data source (``format("localmq")``) on
-shared vectors: RocketMQ's own stores, localmq stores with IPv6 hosts, V2 records, compressed bodies, transactions,
-empty bodies and odd properties, gap records, a bad CRC. Every column is compared, row by row (issue 28)."""
+"""The JVM reader (spark-jvm/, ``format("localmq-jvm")``) against the Python data source
+(``format("localmq-python")``) on shared vectors: RocketMQ's own stores, localmq stores with IPv6 hosts, V2 records,
+compressed bodies, transactions, empty bodies and odd properties, gap records, a bad CRC. Every column is compared,
+row by row (issue 28)."""
 import os
 import re
 import shutil
@@ -14,6 +15,8 @@ from localmq.spark.read import plan
 from localmq.store.commit_log import PutExtra
 
 JVM = "localmq-jvm"
+# the Python data source by its own name: with the JVM jar on the session Spark resolves PY to the JVM reader
+PY = "localmq-python"
 SEG = 64 * 1024
 ORDER = "physical_offset"
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "tags", "keys",
@@ -35,7 +38,7 @@ def read(spark, fmt, path, columns=None, **options):
 
 def same_rows(spark, path, columns=None, expect_rows=None, **options):
     """Both readers give the same columns and rows; returns the rows."""
-    py_cols, py = read(spark, "localmq", path, columns, **options)
+    py_cols, py = read(spark, PY, path, columns, **options)
     jvm_cols, jvm = read(spark, JVM, path, columns, **options)
     assert jvm_cols == py_cols == list(columns or COLUMNS)
     assert len(jvm) == len(py)
@@ -143,7 +146,7 @@ def test_given_schema_and_bad_options(spark, vectors):
     path, _ = vectors
     df = spark.read.format(JVM).schema("value binary, offset bigint").load(str(path))
     assert df.columns == ["value", "offset"]
-    py = spark.read.format("localmq").schema("value binary, offset bigint").load(str(path))
+    py = spark.read.format(PY).schema("value binary, offset bigint").load(str(path))
     assert sorted(map(tuple, df.collect())) == sorted(map(tuple, py.collect()))
     for schema, message in (("nope int", "localmq has no column 'nope'"), ("value string", "is binary, not string")):
         with pytest.raises(Exception, match=message):
@@ -169,7 +172,7 @@ def test_bad_crc_raises_in_both_readers(spark, vectors):
     f.write_bytes(bytes(data))
     for mode in ("segment", "queue"):
         # a walk meets a corrupt record; a queue unit points at an offset where no record of its size is
-        for fmt in ("localmq", JVM):
+        for fmt in (PY, JVM):
             with pytest.raises(Exception, match=f"offset {victim['physical_offset']}"):
                 spark.read.format(fmt).option("partitioning", mode).load(str(path)).collect()
         got = same_rows(spark, path, checkCRC="false", expect_rows=expected, partitioning=mode)
@@ -194,7 +197,7 @@ def test_gap_records(spark, tmp_path):
         assert st.recovery.gaps, st.recovery
     data = seg.read_bytes()
     assert struct.pack(">Q", 0x4C4D512E47415021) in data  # "LMQ.GAP!"
-    for fmt in ("localmq", JVM):
+    for fmt in (PY, JVM):
         with pytest.raises(Exception, match="gap record"):
             spark.read.format(fmt).load(str(root)).collect()
     rows = same_rows(spark, root, failOnDataLoss="false")
@@ -219,7 +222,7 @@ def same_error(spark, path, py_type, jvm_type, pattern, exact=True, **options):
     """Both readers refuse the read: the Python source with ``py_type`` (localmq.errors), the JVM reader with the
     Java exception ``jvm_type``, both messages matching ``pattern``, and (``exact``) the Python message's own text
     (its first line) found in the JVM's. Not ``exact`` where the failing task decides which queue a message names."""
-    py = str(error_of(spark, "localmq", path, **options))
+    py = str(error_of(spark, PY, path, **options))
     jvm = error_of(spark, JVM, path, **options)
     text = str(jvm)
     assert re.search(pattern, py), py
@@ -411,10 +414,10 @@ def test_filter_pushdown(spark, vectors, query, options):
         opts = {k: str(v) for k, v in dict(options, **extra).items()}
         return spark.read.format(fmt).options(**opts).load(str(path)).where(query).select(*cols)
 
-    want, everything = scanned_rows(load("localmq"))
+    want, everything = scanned_rows(load(PY))
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     try:
-        py, py_scanned = scanned_rows(load("localmq", pushFilters="true"))
+        py, py_scanned = scanned_rows(load(PY, pushFilters="true"))
     finally:
         spark.conf.unset("spark.sql.python.filterPushdown.enabled")
     got, scanned = scanned_rows(load(JVM))
@@ -558,16 +561,16 @@ def test_streams_give_the_same_micro_batches(spark, tmp_path):
     path = tmp_path / "store"
     put_more(path, 0, 1000)
     sizes = {}
-    for fmt in ("localmq", JVM):
+    for fmt in (PY, JVM):
         sizes[fmt] = run_stream(spark, fmt, path, tmp_path / fmt / "out", tmp_path / fmt / "ck",
                                 startingOffsets="earliest", maxOffsetsPerTrigger=300)
-    assert sizes["localmq"] == sizes[JVM] == [300, 300, 300, 100]
+    assert sizes[PY] == sizes[JVM] == [300, 300, 300, 100]
     put_more(path, 1000, 1500)
-    for fmt in ("localmq", JVM):
+    for fmt in (PY, JVM):
         sizes[fmt] = run_stream(spark, fmt, path, tmp_path / fmt / "out", tmp_path / fmt / "ck",
                                 maxOffsetsPerTrigger=170)
-    assert sizes["localmq"] == sizes[JVM] and sum(sizes[JVM]) == 500
-    py, jvm = (stream_rows(spark, tmp_path / fmt / "out") for fmt in ("localmq", JVM))
+    assert sizes[PY] == sizes[JVM] and sum(sizes[JVM]) == 500
+    py, jvm = (stream_rows(spark, tmp_path / fmt / "out") for fmt in (PY, JVM))
     assert len(py) == len(jvm) == 1500
     for i, (a, b) in enumerate(zip(jvm, py)):
         assert a == b, (i, a, b)
@@ -578,12 +581,12 @@ def test_a_stream_resumes_from_the_other_readers_checkpoint(spark, tmp_path):
     path = tmp_path / "store"
     put_more(path, 0, 1000)
     out, ck = tmp_path / "out", tmp_path / "ck"
-    assert sum(run_stream(spark, "localmq", path, out, ck, startingOffsets="earliest", maxOffsetsPerTrigger=400)) \
+    assert sum(run_stream(spark, PY, path, out, ck, startingOffsets="earliest", maxOffsetsPerTrigger=400)) \
         == 1000
     put_more(path, 1000, 1300)
     assert sum(run_stream(spark, JVM, path, out, ck)) == 300
     put_more(path, 1300, 1500)
-    assert sum(run_stream(spark, "localmq", path, out, ck)) == 200
+    assert sum(run_stream(spark, PY, path, out, ck)) == 200
     assert sorted(int(r["value"]) for r in stream_rows(spark, out)) == list(range(1500))
 
 
@@ -595,10 +598,10 @@ def test_a_stream_resumes_from_the_other_readers_checkpoint(spark, tmp_path):
 def test_stream_starting_offsets(spark, tmp_path, options, rows):
     path = tmp_path / "store"
     put_more(path, 0, 1000)
-    for fmt in ("localmq", JVM):
+    for fmt in (PY, JVM):
         assert sum(run_stream(spark, fmt, path, tmp_path / fmt / "out", tmp_path / fmt / "ck", **options)) == rows
     if rows:
-        assert stream_rows(spark, tmp_path / "localmq" / "out") == stream_rows(spark, tmp_path / JVM / "out")
+        assert stream_rows(spark, tmp_path / PY / "out") == stream_rows(spark, tmp_path / JVM / "out")
 
 
 @pytest.mark.parametrize("options, pattern", [
@@ -611,7 +614,7 @@ def test_stream_bad_options_fail_alike(spark, tmp_path, options, pattern):
     path = tmp_path / "store"
     put_more(path, 0, 10)
     errors = {}
-    for fmt in ("localmq", JVM):
+    for fmt in (PY, JVM):
         with pytest.raises(Exception) as e:
             run_stream(spark, fmt, path, tmp_path / fmt / "out", tmp_path / fmt / "ck", **options)
         errors[fmt] = str(e.value)
@@ -623,7 +626,7 @@ def test_stream_bad_options_fail_alike(spark, tmp_path, options, pattern):
                 causes.append(origin.getClass().getName())
                 origin = origin.getCause()
             assert "java.lang.IllegalArgumentException" in causes, causes
-    assert "localmq.errors.ConfigError" in errors["localmq"]
+    assert "localmq.errors.ConfigError" in errors[PY]
 
 
 def test_a_shared_store_is_read_to_its_committed_end(spark, tmp_path):
@@ -653,7 +656,7 @@ def test_a_shared_store_is_read_to_its_committed_end(spark, tmp_path):
             options = {"partitioning": mode, "includeUndispatched": "true"}
             rows = same_rows(spark, path, expect_rows=50, **options)
             assert max(r["physical_offset"] for r in rows) == at
-            assert partitions(spark, JVM, path, **options) == partitions(spark, "localmq", path, **options)
+            assert partitions(spark, JVM, path, **options) == partitions(spark, PY, path, **options)
 
 
 # -------------------------------------------------------------------------------------------- SQL92 (option sql)
@@ -729,7 +732,7 @@ def test_edge_stores_and_topics(spark, vectors, fixtures_dir, tmp_path):
 def test_a_path_that_is_no_store_fails_at_load(spark, vectors, tmp_path):
     """Both readers check the path (and the segment size) when the DataFrame is defined, before any action."""
     path, _ = vectors
-    for fmt in ("localmq", JVM):
+    for fmt in (PY, JVM):
         with pytest.raises(Exception, match="not a localmq / RocketMQ store: no such directory"):
             spark.read.format(fmt).load(str(tmp_path / "nowhere"))
         with pytest.raises(Exception, match="no commitlog directory"):

@@ -1,4 +1,4 @@
-"""Spark integration: the ``localmq`` Python data source and mapInArrow decoding (pyspark imported lazily)."""
+"""Spark integration: the ``localmq`` Python data source, mapInArrow decoding, the JVM reader's jar (pyspark lazily)."""
 
 import importlib
 from collections.abc import Iterator
@@ -10,7 +10,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["register", "read_commitlog", "arrow_batches", "spark_ddl", "COLUMNS", "LocalMQDataSource"]
+__all__ = ["register", "read_commitlog", "arrow_batches", "jar_path", "configure_spark", "spark_ddl", "COLUMNS",
+           "LocalMQDataSource"]
 
 
 def _need(*modules: str) -> None:
@@ -26,7 +27,12 @@ def _need(*modules: str) -> None:
 
 
 def register(spark: "SparkSession") -> None:
-    """Register the ``localmq`` data source with a SparkSession (Spark 4; needs the ``spark`` extra)."""
+    """Register the Python data source with a SparkSession as ``localmq`` and ``localmq-python`` (Spark 4; needs the
+    ``spark`` extra). With the JVM reader's jar on the session Spark resolves ``localmq`` to the JVM reader first.
+
+    :param spark: the session.
+    :raises ModuleNotFoundError: pyspark or pyarrow is not installed.
+    """
     _need("pyspark", "pyarrow")
     from localmq.spark.datasource import register as _register
 
@@ -50,6 +56,34 @@ def arrow_batches(path: "str | os.PathLike[str]", **options: Any) -> Iterator["p
     from localmq.spark.read import arrow_batches as _batches
 
     return _batches(path, **options)
+
+
+def jar_path(cache_dir: "str | os.PathLike[str] | None" = None) -> str:
+    """The JVM reader's jar, built on first use with javac + jar and cached: see ``localmq.spark.jar.jar_path``.
+
+    :param cache_dir: where built jars are kept; default ``~/.cache/localmq/spark``.
+    :returns: the jar's path.
+    :raises MissingToolError: pyspark, ``javac`` or ``jar`` is missing.
+    :raises JarBuildError: the build failed.
+    """
+    from localmq.spark.jar import jar_path as _jar_path
+
+    return _jar_path(cache_dir)
+
+
+def configure_spark(builder: "SparkSession.Builder", jar: "str | None" = None) -> "SparkSession.Builder":
+    """Put the JVM reader's jar on ``spark.jars`` and this Python on the workers: see
+    ``localmq.spark.jar.configure_spark``.
+
+    :param builder: ``SparkSession.builder`` before ``getOrCreate()``.
+    :param jar: the jar to add; default ``jar_path()``.
+    :returns: ``builder``.
+    :raises MissingToolError: pyspark, ``javac`` or ``jar`` is missing.
+    :raises JarBuildError: the build failed.
+    """
+    from localmq.spark.jar import configure_spark as _configure
+
+    return _configure(builder, jar)
 
 
 def __getattr__(name: str) -> Any:

@@ -269,6 +269,20 @@ class LocalMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pass
 
 
+class LocalMQPythonDataSource(LocalMQDataSource):
+    """The same Python source as ``format("localmq-python")``: the one name that never means the JVM reader (with
+    its jar on a session Spark resolves ``localmq`` to the JVM reader first: README, The JVM reader)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "localmq-python"
+
+
 def register(spark: "SparkSession") -> None:
-    """Register the ``localmq`` data source with ``spark`` (not needed when ``pyspark_localmq`` is importable)."""
+    """Register the Python data source with ``spark`` as ``localmq`` and ``localmq-python`` (not needed when
+    ``pyspark_localmq`` and ``pyspark_localmq_python`` are importable: Spark finds them).
+
+    :param spark: the session.
+    """
     spark.dataSource.register(LocalMQDataSource)
+    spark.dataSource.register(LocalMQPythonDataSource)

@@ -14,13 +14,15 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * {@code spark.read.format("localmq-jvm").load(path)}: localmq's reader in the JVM (DataSource V2, columnar batches
  * filled straight from read-only mappings of the commit log segments).
  *
- * <p>The short name is {@code localmq-jvm} because Spark 4 resolves {@code localmq} to the Python data source
- * (found through the installed {@code pyspark_localmq} module); the full class name
- * {@code localmq.spark.LocalMQTableProvider} works too. The columns, their names and types, and the options this
+ * <p>The jar registers two short names: {@code localmq-jvm}, always this reader, and {@code localmq}
+ * ({@link LocalMQProvider}), the name users write. Spark 4 looks a name up among the JVM's registered sources before the
+ * Python data sources, so with this jar on a session {@code format("localmq")} is this reader and without it the
+ * Python source (found through the installed {@code pyspark_localmq} module); the Python source stays reachable as
+ * {@code localmq-python}. The full class name {@code localmq.spark.LocalMQTableProvider} works too. The columns, their names and types, and the options this
  * reader takes mean what they mean to the Python source; a schema given with {@code .schema(...)} names a subset of
  * the columns (each with its type), as there.
  */
-public final class LocalMQTableProvider implements TableProvider, DataSourceRegister {
+public class LocalMQTableProvider implements TableProvider, DataSourceRegister {
     /** The name for {@code format(...)}. */
     public static final String SHORT_NAME = "localmq-jvm";
 
