@@ -68,7 +68,9 @@ extensions = [
     ext("localmq.store.consume_queue"),
     ext("localmq.store.get"),
     ext("localmq.store.put_result"),
+    ext("localmq.store.put_args"),
     ext("localmq.store.group_commit"),
+    ext("localmq.store.shared_commit"),
     ext("localmq.store.commit_log"),
     ext("localmq.store.dispatch"),
 ]
