@@ -60,6 +60,7 @@ def ext(name):
 extensions = [
     ext("localmq._native"),
     ext("localmq._shm"),
+    ext("localmq._msg_id"),
     ext("localmq._record"),
     ext("localmq._columns"),
     ext("localmq._mapped_file"),
