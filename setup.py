@@ -60,6 +60,7 @@ def ext(name):
 extensions = [
     ext("localmq._native"),
     ext("localmq._shm"),
+    ext("localmq._msg_id"),
     ext("localmq._record"),
     ext("localmq._columns"),
     ext("localmq._scan"),
@@ -69,7 +70,9 @@ extensions = [
     ext("localmq.store.consume_queue"),
     ext("localmq.store.get"),
     ext("localmq.store.put_result"),
+    ext("localmq.store.put_args"),
     ext("localmq.store.group_commit"),
+    ext("localmq.store.shared_commit"),
     ext("localmq.store.commit_log"),
     ext("localmq.store.dispatch"),
 ]

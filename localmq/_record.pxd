@@ -81,6 +81,5 @@ cdef class Message:
     cdef int _born_host_len
     cdef object _acker   # the consumer's queue cursor that handed it out (manual_ack), else None
 
-cdef str msg_id_of_c(const uint8_t *host, int host_len, int64_t offset)
 cdef Message message_from_view(const RecordView *v, str topic, bint copy_body, object owner)
 cdef int check_position(Py_ssize_t pos, Py_ssize_t n, str name) except -1

@@ -1,6 +1,5 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""RocketMQ CommitLog records (4.x V1, 5.x V2): encode and decode one record, properties, ids, hashes, Message."""
-import ipaddress
+"""RocketMQ CommitLog records (4.x V1, 5.x V2): encode and decode one record, properties, hashes, Message."""
 import zlib
 
 cimport cython
@@ -17,11 +16,14 @@ from localmq._layout cimport (
 )
 from localmq._os cimport lmq_be16, lmq_be32, lmq_be64, lmq_put16, lmq_put32, lmq_put64
 from localmq._os cimport lmq_crc32, lmq_crc32_accelerated, lmq_crc32_portable
+from localmq._msg_id cimport host_text, msg_id_of
 
 from localmq.errors import (
     AckError, CorruptFrameError, InvalidPropertyError, PositionOutOfRangeError, PropertiesSizeError,
 )
 from localmq.status import RecordStatus
+# their home before _msg_id.pyx: importable from here as before
+from localmq._msg_id import create_message_id, decode_message_id, pack_host  # no-cython-lint
 
 # RocketMQ's default messageDelayLevel, in ms (SCHEDULE_TOPIC_XXXX tagsCode = store time + delay of the level).
 cdef int64_t DELAY_LEVELS_MS[18]
@@ -341,63 +343,6 @@ cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t fl
 cdef void write_blank(uint8_t *dst, int32_t size) noexcept nogil:
     lmq_put32(dst, <uint32_t>size)
     lmq_put32(dst + 4, <uint32_t>BLANK_MAGIC_CODE)
-
-
-# ---------------------------------------------------------------------------------------------- host helpers
-
-def pack_host(text):
-    """``"ip:port"`` / ``"[ipv6]:port"`` -> the stored bytes (address, then int32 big-endian port)."""
-    if text.startswith("["):
-        host, _, port = text[1:].partition("]:")
-    else:
-        host, _, port = text.rpartition(":")
-    return ipaddress.ip_address(host).packed + int(port).to_bytes(4, "big", signed=True)
-
-
-cdef str host_text(const uint8_t *p, int n):
-    cdef int32_t port = <int32_t>lmq_be32(p + n - 4)
-    addr = ipaddress.ip_address(PyBytes_FromStringAndSize(<const char *>p, n - 4))
-    if n == HOST_V6_SIZE:
-        return f"[{addr}]:{port}"
-    return f"{addr}:{port}"
-
-
-cdef str HEX = "0123456789ABCDEF"
-
-
-cdef str msg_id_of_c(const uint8_t *host, int host_len, int64_t offset):
-    return msg_id_of(host, host_len, offset)
-
-
-cdef str msg_id_of(const uint8_t *host, int host_len, int64_t offset):
-    """Offset message id: store host address, port and physical offset as uppercase hex (32 or 56 chars)."""
-    cdef uint8_t raw[28]
-    cdef char out[56]
-    cdef int i, n = host_len + 8
-    memcpy(raw, host, host_len)
-    lmq_put64(raw + host_len, <uint64_t>offset)
-    for i in range(n):
-        out[2 * i] = b"0123456789ABCDEF"[raw[i] >> 4]
-        out[2 * i + 1] = b"0123456789ABCDEF"[raw[i] & 15]
-    return (<bytes>PyBytes_FromStringAndSize(out, 2 * n)).decode("ascii")
-
-
-def create_message_id(store_host, long long offset):
-    """Offset message id for ``store_host`` ("ip:port" or packed bytes) and a physical offset."""
-    cdef bytes h = store_host if isinstance(store_host, bytes) else pack_host(store_host)
-    if len(h) not in (HOST_V4_SIZE, HOST_V6_SIZE):
-        raise ValueError("store host must pack to 8 or 20 bytes")
-    return msg_id_of(<const uint8_t *>PyBytes_AS_STRING(h), len(h), offset)
-
-
-def decode_message_id(str msg_id):
-    """Split an offset message id into ("ip:port", physical offset). Raises ValueError on a malformed id."""
-    if len(msg_id) not in (32, 56):
-        raise ValueError(f"not an offset message id: {msg_id!r}")
-    raw = bytes.fromhex(msg_id)
-    n = len(raw) - 8
-    host = host_text(<const uint8_t *>PyBytes_AS_STRING(raw), n)
-    return host, int.from_bytes(raw[n:], "big", signed=True)
 
 
 # ---------------------------------------------------------------------------------------------- properties

@@ -1,30 +1,12 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_event
-from localmq._shm cimport ControlFile, WriteLock
 from localmq.store.group_commit cimport GroupCommit
+from localmq.store.put_args cimport PutExtra, TopicEntry
+from localmq.store.shared_commit cimport SharedCommit
 
 cdef extern from "pythread.h":
     ctypedef void *PyThread_type_lock
-
-cdef class TopicEntry:
-    cdef readonly str topic
-    cdef readonly bytes encoded
-    cdef int64_t *next_offsets      # next queue offset per queue id (index = queue id)
-    cdef int32_t n_queues
-    cdef bint shared                # next_offsets lies in the control file's topic table (not ours to free)
-    cdef int ensure(self, int32_t queue_id) except -1
-
-
-cdef class PutExtra:
-    cdef readonly int32_t sys_flag
-    cdef readonly int64_t born_timestamp
-    cdef readonly bytes born_host
-    cdef readonly bytes store_host
-    cdef readonly int32_t reconsume_times
-    cdef readonly int64_t prepared_transaction_offset
-    cdef readonly bytes raw_properties
-
 
 cdef class CommitLog:
     cdef readonly object mapped_file_queue
@@ -51,23 +33,10 @@ cdef class CommitLog:
     # None, or the PutStatus every put answers without writing (retention's disk-full flag: SERVICE_NOT_AVAILABLE)
     cdef public object refuse_status
     cdef readonly long long puts
-    cdef readonly ControlFile ctl     # a store shared between processes: the control file, else None
-    cdef char *cb                     # ctl's mapping (NULL: this process alone writes the store)
-    cdef WriteLock wlock              # ctl.lock (the put path's writer lock)
-    cdef public double lock_timeout   # seconds a put waits for the writer lock before StoreBusyError
-    cdef readonly long long repairs
+    cdef SharedCommit shared          # a store shared between processes: its commit protocol, else None
+    cdef char *cb                     # shared.cb, the control file's mapping (NULL: this process alone writes)
     cdef bint shared_sync             # SYNC_FLUSH in a shared store: wait on the housekeeper's group commit
-    cdef volatile int shared_flush_stop  # serve_shared_flush returns at its next step
-    cdef int64_t sync_group           # requests the last shared group commit covered (its next gathering target)
-    cdef int64_t sync_fsync_ns        # moving average of the shared group commit's fdatasync
-    cdef int64_t sync_fsync_total_ns  # time in its fdatasyncs
-    cdef int64_t sync_flushes         # and their number
-    cdef int64_t sync_gather_ns       # time from a publish (or an idle request) to the next flush
-    cdef int64_t sync_gather_permille  # gathering window, thousandths of the fdatasync average
-    cdef int64_t sync_prepare_ns      # time spent doing that
     cdef int64_t synced_end           # the committed end sync_view last moved this view to
-    cdef int _bind_shared(self, TopicEntry te) except -1
-    cdef int _repair(self) except -1
     cdef readonly long long put_failures
     cdef object failure_cause           # the refused put's cause logged last (logged once until it clears), or None
     cdef public object last_failure     # why the last put failed for lack of disk (what, how much, where), or None
@@ -82,7 +51,6 @@ cdef class CommitLog:
     cdef int _failure_cleared(self) except -1
     cdef bint _reserve(self, MappedFile mf, int64_t end)
     cdef _await_flush(self, object r, int64_t end)
-    cdef _await_shared_flush(self, object r, int64_t end)
     cdef object _closed_error(self)
     cdef object _put(self, str topic, object body, object queue_id, object tags, object keys, object properties,
                      object flag, PutExtra extra)

@@ -2,7 +2,7 @@
 import logging
 from typing import Any, Callable, Iterable, Mapping, Optional, Tuple, Union
 
-from typing_extensions import Self, disjoint_base, final
+from typing_extensions import Self, disjoint_base
 
 from localmq._mapped_file import MappedFile
 from localmq._native import Event
@@ -10,46 +10,13 @@ from localmq._shm import ControlFile
 from localmq.status import PutStatus
 from localmq.store.group_commit import GroupCommit
 from localmq.store.mapped_file_queue import MappedFileQueue
+from localmq.store.put_args import PutExtra as PutExtra, TopicEntry as TopicEntry
 from localmq.store.put_result import PutResult
 
 log: logging.Logger
 
 _Body = Union[bytes, bytearray, memoryview]
 _Keys = Union[str, Iterable[str], None]
-
-@disjoint_base
-class TopicEntry:
-    """Per-topic put state: the encoded name and the next queue offset of each queue id."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def encoded(self) -> bytes: ...
-    def __new__(cls, topic: str) -> Self: ...
-    def next_offset(self, queue_id: int) -> int: ...
-    def queue_ids(self) -> list[int]: ...
-
-@final
-class PutExtra:
-    """The record fields of a broker-side re-put (``CommitLog.put_ext``)."""
-
-    @property
-    def sys_flag(self) -> int: ...
-    @property
-    def born_timestamp(self) -> int: ...
-    @property
-    def born_host(self) -> Optional[bytes]: ...
-    @property
-    def store_host(self) -> Optional[bytes]: ...
-    @property
-    def reconsume_times(self) -> int: ...
-    @property
-    def prepared_transaction_offset(self) -> int: ...
-    @property
-    def raw_properties(self) -> Optional[bytes]: ...
-    def __init__(self, *, sys_flag: int = 0, born_timestamp: int = -1, born_host: Union[str, bytes, None] = None,
-                 store_host: Union[str, bytes, None] = None, reconsume_times: int = 0,
-                 prepared_transaction_offset: int = 0, raw_properties: Optional[bytes] = None) -> None: ...
 
 @disjoint_base
 class CommitLog:

@@ -187,57 +187,114 @@ def get_bodies(ConsumeQueue cq, list commit_log_files, long long seg_size, long 
                 True, min_offset, max_offset, check_crc, (fields, codes))
 
 
+cdef inline bint over_limits(GetLimits limits, int count, int max_messages, bint in_disk, int64_t bytes_total,
+                             int32_t size) noexcept:
+    # RocketMQ's transfer limits: the first message is always taken; then counts and bytes, in memory or on disk
+    if count == 0:
+        return False
+    if count >= max_messages:
+        return True
+    if in_disk:
+        return bytes_total + size > limits.max_bytes_disk or count >= limits.max_count_disk
+    return bytes_total + size > limits.max_bytes_mem or count >= limits.max_count_mem
+
+
+cdef inline bint hash_passes(const int64_t *hashes, int nh, int64_t tags) noexcept:
+    # the first tag check (the unit's tags hash against the subscription's); a unit without a hash code passes
+    cdef int k
+    if nh == 0 or tags <= CQ_EXT_ADDRESS_MAX:
+        return True
+    for k in range(nh):
+        if <int32_t>hashes[k] == <int32_t>tags:
+            return True
+    return False
+
+
+cdef inline bint tag_passes(const RecordView *v, object tag_names):
+    # the second tag check: the record's TAGS property is one of the subscription's tags (hashes collide)
+    cdef const uint8_t *tv
+    cdef int32_t tvlen
+    if not find_property(v.props, v.props_len, "TAGS", 4, &tv, &tvlen):
+        return False
+    return (<bytes>tv[:tvlen]).decode("utf-8", "replace") in tag_names
+
+
+cdef inline bint record_is_unit(const RecordView *v, int rc, int32_t size, int64_t i, int qid,
+                                bytes topic_b) noexcept:
+    # the record is the unit's message: valid, of the unit's size, its topic, queue id and queue offset
+    return (rc == REC_OK and v.total_size == size and v.queue_offset == i and v.queue_id == qid
+            and v.topic_len == len(topic_b) and memcmp(v.topic, <const char *>topic_b, v.topic_len) == 0)
+
+
+cdef int body_fields(tuple bodies_of, int *fcodes) except -1:
+    # get_bodies: the asked fields' codes into fcodes; returns how many
+    cdef list codes = bodies_of[1]
+    cdef int k, nf = len(codes)
+    if nf > N_FIELDS:
+        raise ArgumentRangeError(f"at most {N_FIELDS} fields", "fields")
+    for k in range(nf):
+        fcodes[k] = codes[k]
+    return nf
+
+
+cdef int load_hashes(tuple tag_hashes, int64_t *hashes) except -1:
+    # the subscription's tag hash codes into hashes (room for 64); returns how many
+    cdef int k, nh = len(tag_hashes)
+    if nh > 64:
+        raise ValueError("at most 64 tags in a subscription")
+    for k in range(nh):
+        hashes[k] = tag_hashes[k]
+    return nh
+
+
+cdef inline int add_message(list out, list cols, const RecordView *v, tuple bodies_of, const int *fcodes, int nf,
+                            str topic, bint copy_body, object pinned) except -1:
+    cdef int k
+    if bodies_of is None:
+        # a zero-copy body is a slice of the pin: it keeps the mapping alive without a new export, which
+        # __getbuffer__ would refuse once a destroy() is pending
+        out.append(message_from_view(v, topic, copy_body, pinned))
+        return 0
+    # get_bodies: a copy of the body (it outlives the pin: the caller may hold it across a segment's deletion)
+    out.append(PyBytes_FromStringAndSize(<const char *>v.body, v.body_len))
+    for k in range(nf):
+        (<list>PyList_GET_ITEM(cols, k)).append(_field(v, fcodes[k]))
+    return 0
+
+
+cdef object corrupt_error(str topic, int qid, int64_t i, int64_t phys, int32_t size, object bad, object path):
+    return CorruptMessageError(f"consume queue {topic}-{qid} unit {i} (commit log offset {phys}, size {size}): {bad}",
+                               offset=phys, path=path, topic=topic, queue_id=qid, queue_offset=i, reason=bad)
+
+
 cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64_t offset, int max_messages,
                  tuple tag_hashes, object tag_names, GetLimits limits, int64_t commit_log_max, bint copy_body,
                  int64_t min_offset, int64_t max_offset, bint check_crc, tuple bodies_of):
     """The loop of get_message (``bodies_of`` None: Message objects into a GetResult) and get_bodies (``bodies_of``
     (names, field codes): bytes bodies and the fields' lists into a GetBodiesResult)."""
-    cdef int64_t mx = lmq_load_acq(&cq.st.max_offset)
-    cdef int64_t scan_units = max(MIN_SCAN_UNITS, max_messages)
-    cdef int64_t end = offset + scan_units
+    cdef int64_t end = offset + max(MIN_SCAN_UNITS, max_messages)
     cdef int64_t i = offset, phys, tags, rel, fs = cq.st.file_size, bytes_total = 0
-    cdef int32_t size, h
-    cdef int nh = len(tag_hashes), k, count = 0, compressed = 0
+    cdef int64_t touched_end = 0, cq_base = -1, cq_end = -1, log_min = -1
+    cdef int32_t size
+    cdef int nh, count = 0, compressed = 0, qid = cq.queue_id, nf = 0, rc
     cdef int64_t hashes[64]
-    cdef bint matched, in_disk, removing = False
-    cdef MappedFile cqf = None
-    cdef MappedFile seg
-    cdef MappedFile pinned_seg = None
+    cdef bint removing = False
+    cdef MappedFile cqf = None, seg, pinned_seg = None
     cdef object pinned = None  # pin() of pinned_seg
-    cdef int64_t touched_end = 0
-    cdef int64_t cq_base = -1, cq_end = -1
     cdef const uint8_t *u
     cdef RecordView v
-    cdef const uint8_t *tv
-    cdef int32_t tvlen
-    cdef list out = []
     cdef str topic = cq.topic
     cdef bytes topic_b = topic.encode("utf-8")
-    cdef int qid = cq.queue_id
-    cdef object bad = None
-    cdef object bad_path = None
-    cdef int64_t log_min = -1
-    cdef object mfq = cq.mapped_file_queue
-    cdef bint as_bodies = bodies_of is not None
-    cdef list cols = None   # get_bodies: one list per asked field, in the order of ``codes``
+    cdef object bad = None, bad_path = None, mfq = cq.mapped_file_queue
+    cdef list out = [], cols = None   # cols (get_bodies): one list per asked field, in the order of ``fcodes``
     cdef int fcodes[N_FIELDS]
-    cdef int nf = 0
-    if as_bodies:
-        codes = bodies_of[1]
-        nf = len(codes)
-        if nf > N_FIELDS:
-            raise ArgumentRangeError(f"at most {N_FIELDS} fields", "fields")
-        for k in range(nf):
-            fcodes[k] = codes[k]
+    if bodies_of is not None:
+        nf = body_fields(bodies_of, fcodes)
         cols = [[] for _ in range(nf)]
     if PyList_GET_SIZE(commit_log_files) > 0:
         log_min = (<MappedFile>PyList_GET_ITEM(commit_log_files, 0)).file_from_offset
-    if nh > 64:
-        raise ValueError("at most 64 tags in a subscription")
-    for k in range(nh):
-        hashes[k] = tag_hashes[k]
-    if end > mx:
-        end = mx
+    nh = load_hashes(tag_hashes, hashes)
+    end = min(end, lmq_load_acq(&cq.st.max_offset))
     while i < end:
         # re-checked per unit: building a message may run a finalizer that lets retention unmap the file
         if i * CQ_UNIT_SIZE >= cq_end or cqf is None or cqf.addr == NULL:
@@ -245,11 +302,9 @@ cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64
             if cqf is not None and (cqf.addr != NULL or cqf.evicted):
                 cqf.ensure_mapped()  # counts as used (its budget unmaps the least recently used), mapped again
             if cqf is None or cqf.addr == NULL:
-                if count == 0:
-                    # the unit's file is gone: the next pull starts at the next file
-                    units_per_file = fs // CQ_UNIT_SIZE
-                    return _result(bodies_of, FOUND_NULL, out, cols,
-                                   (offset // units_per_file + 1) * units_per_file, min_offset, max_offset, 0)
+                if count == 0:  # the unit's file is gone: the next pull starts at the next file
+                    i = (offset // (fs // CQ_UNIT_SIZE) + 1) * (fs // CQ_UNIT_SIZE)
+                    return _result(bodies_of, FOUND_NULL, out, cols, i, min_offset, max_offset, 0)
                 break
             cq_base = cqf.file_from_offset
             cq_end = cq_base + fs
@@ -263,26 +318,12 @@ cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64
         if size <= 0 or phys < 0:
             bad = f"invalid unit (offset {phys}, size {size})"
             break
-        in_disk = (commit_log_max - phys) > limits.disk_threshold
-        if count > 0:
-            if count >= max_messages:
-                break
-            if in_disk:
-                if bytes_total + size > limits.max_bytes_disk or count >= limits.max_count_disk:
-                    break
-            else:
-                if bytes_total + size > limits.max_bytes_mem or count >= limits.max_count_mem:
-                    break
-        if nh > 0 and tags > CQ_EXT_ADDRESS_MAX:
-            h = <int32_t>tags
-            matched = False
-            for k in range(nh):
-                if <int32_t>hashes[k] == h:
-                    matched = True
-                    break
-            if not matched:
-                i += 1
-                continue
+        if over_limits(limits, count, max_messages, (commit_log_max - phys) > limits.disk_threshold, bytes_total,
+                       size):
+            break
+        if not hash_passes(hashes, nh, tags):
+            i += 1
+            continue
         seg = segment_of(commit_log_files, seg_size, phys)
         if seg is None:
             if phys >= log_min >= 0:
@@ -294,8 +335,7 @@ cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64
         if seg is not pinned_seg:
             # the previous segment's pin goes first (its release may unmap it, here); seg.addr is read only
             # while seg is pinned
-            pinned = None
-            pinned_seg = None
+            pinned = pinned_seg = None
             pinned = pin(seg)
             if pinned is None:
                 removing = True
@@ -310,27 +350,14 @@ cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64
         if rel + size > touched_end or rel < touched_end - READ_AHEAD:
             touched_end = fault_in(seg, rel, seg.read_position())
         rc = parse_record(seg.addr + rel, size, &v, check_crc)
-        if (rc != REC_OK or v.total_size != size or v.queue_offset != i or v.queue_id != qid
-                or v.topic_len != len(topic_b) or memcmp(v.topic, <const char *>topic_b, v.topic_len) != 0):
+        if not record_is_unit(&v, rc, size, i, qid, topic_b):
             bad = unit_mismatch(&v, rc, size, topic_b, qid, i)
             bad_path = seg.path
             break
-        if nh > 0:
-            if not find_property(v.props, v.props_len, "TAGS", 4, &tv, &tvlen):
-                i += 1
-                continue
-            if (<bytes>tv[:tvlen]).decode("utf-8", "replace") not in tag_names:
-                i += 1
-                continue
-        # a zero-copy body is a slice of the pin: it keeps the mapping alive without a new export, which
-        # __getbuffer__ would refuse once a destroy() is pending
-        if as_bodies:
-            # a copy: the body outlives the pin (the caller may hold it across a segment's deletion)
-            out.append(PyBytes_FromStringAndSize(<const char *>v.body, v.body_len))
-            for k in range(nf):
-                (<list>PyList_GET_ITEM(cols, k)).append(_field(&v, fcodes[k]))
-        else:
-            out.append(message_from_view(&v, topic, copy_body, pinned))
+        if nh > 0 and not tag_passes(&v, tag_names):
+            i += 1
+            continue
+        add_message(out, cols, &v, bodies_of, fcodes, nf, topic, copy_body, pinned)
         if v.sys_flag & SYSFLAG_COMPRESSED:
             compressed += 1
         count += 1
@@ -339,12 +366,8 @@ cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64
     if count > 0:
         return _result(bodies_of, FOUND, out, cols, i, min_offset, max_offset, compressed)
     if bad is not None:
-        raise CorruptMessageError(
-            f"consume queue {topic}-{qid} unit {i} (commit log offset {phys}, size {size}): {bad}",
-            offset=phys, path=bad_path, topic=topic, queue_id=qid, queue_offset=i, reason=bad)
-    if removing:
-        return _result(bodies_of, REMOVING, out, cols, i, min_offset, max_offset, 0)
-    return _result(bodies_of, NO_MATCHED, out, cols, i, min_offset, max_offset, 0)
+        raise corrupt_error(topic, qid, i, phys, size, bad, bad_path)
+    return _result(bodies_of, REMOVING if removing else NO_MATCHED, out, cols, i, min_offset, max_offset, 0)
 
 
 cdef object _result(tuple bodies_of, object status, list out, list cols, int64_t next_begin, int64_t min_offset,
@@ -472,8 +495,7 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
             continue
         seg = segment_of(commit_log_files, seg_size, phys)
         if seg is not pinned_seg:
-            pinned = None
-            pinned_seg = None
+            pinned = pinned_seg = None
             pinned = pin(seg) if seg is not None else None  # v points into seg until the reasons are built
             if pinned is None:
                 return i, f"offset {phys} is in no segment"

@@ -4,7 +4,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint8_t
 
-from localmq._record cimport msg_id_of_c
+from localmq._msg_id cimport msg_id_of
 
 from localmq.status import PutStatus
 
@@ -25,10 +25,10 @@ cdef class PutResult:
         cdef const uint8_t *h = <const uint8_t *>PyBytes_AS_STRING(self._host)
         cdef int n = PyBytes_GET_SIZE(self._host)
         if self._offsets is None:
-            return msg_id_of_c(h, n, self.physical_offset)
+            return msg_id_of(h, n, self.physical_offset)
         cdef const int64_t *offs = <const int64_t *>PyBytes_AS_STRING(self._offsets)
         cdef Py_ssize_t i
-        return ",".join([msg_id_of_c(h, n, offs[i]) for i in range(PyBytes_GET_SIZE(self._offsets) // sizeof(int64_t))])
+        return ",".join([msg_id_of(h, n, offs[i]) for i in range(PyBytes_GET_SIZE(self._offsets) // sizeof(int64_t))])
 
     @property
     def ok(self):
