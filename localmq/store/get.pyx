@@ -74,6 +74,15 @@ cdef inline MappedFile segment_of(list files, int64_t seg_size, int64_t phys):
     return <MappedFile>PyList_GET_ITEM(files, idx)
 
 
+cdef MappedFile unit_file(object mfq, int64_t index):
+    # the ConsumeQueue file of unit ``index`` (None: none), counted as used by its budget, which unmaps the least
+    # recently used, and mapped again if the budget had unmapped it; a closed or deleted file keeps addr NULL
+    cdef MappedFile mf = mfq.find(index * CQ_UNIT_SIZE)
+    if mf is not None and (mf.addr != NULL or mf.evicted):
+        mf.ensure_mapped()
+    return mf
+
+
 cdef object pin(MappedFile seg):
     """A buffer export (memoryview) of the whole of ``seg``, or None when it is unmapped or being unmapped.
 
@@ -298,9 +307,7 @@ cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64
     while i < end:
         # re-checked per unit: building a message may run a finalizer that lets retention unmap the file
         if i * CQ_UNIT_SIZE >= cq_end or cqf is None or cqf.addr == NULL:
-            cqf = mfq.find(i * CQ_UNIT_SIZE)
-            if cqf is not None and (cqf.addr != NULL or cqf.evicted):
-                cqf.ensure_mapped()  # counts as used (its budget unmaps the least recently used), mapped again
+            cqf = unit_file(mfq, i)
             if cqf is None or cqf.addr == NULL:
                 if count == 0:  # the unit's file is gone: the next pull starts at the next file
                     i = (offset // (fs // CQ_UNIT_SIZE) + 1) * (fs // CQ_UNIT_SIZE)
@@ -470,9 +477,7 @@ def first_bad_unit(ConsumeQueue cq, list commit_log_files, long long seg_size, l
         log_min = (<MappedFile>PyList_GET_ITEM(commit_log_files, 0)).file_from_offset
     while i < end:
         if i * CQ_UNIT_SIZE >= cq_end or cqf is None or cqf.addr == NULL:
-            cqf = mfq.find(i * CQ_UNIT_SIZE)
-            if cqf is not None and (cqf.addr != NULL or cqf.evicted):
-                cqf.ensure_mapped()  # counts as used (its budget unmaps the least recently used), mapped again
+            cqf = unit_file(mfq, i)
             if cqf is None or cqf.addr == NULL:
                 return i, "no unit file"
             cq_base = cqf.file_from_offset
