@@ -256,8 +256,8 @@ class ScheduleMessageService(ServiceThread):
     def _persist_if_due(self) -> int:
         """Write the offsets if they moved and the interval has passed since the previous write (a clock that went
         back allows it). Returns the ms until a write held back is due, 0 when none is. A failed write is logged
-        and counted and tried again 10 s later; deliveries go on meanwhile (at least once still holds, the
-        window after a crash widens until a write succeeds)."""
+        and counted and tried again 10 s later; deliveries go on meanwhile (nothing is lost; the window an open
+        looks up for re-puts, ``_delivered_before``, widens until a write succeeds)."""
         if not self._dirty:
             return 0
         elapsed = self._clock() - self._last_persist
@@ -296,7 +296,7 @@ class ScheduleMessageService(ServiceThread):
         if self._dirty and not self._forked:
             try:
                 self.persist()
-            except Exception as e:  # noqa: BLE001 - logged and counted; the next open re-delivers (at least once)
+            except Exception as e:  # noqa: BLE001 - logged and counted; the next open looks the re-puts up
                 self.errors += 1
                 self.last_error = e
                 log.exception("service %s: writing %s", self.name, self.path)
