@@ -46,7 +46,7 @@ README = os.path.join(REPO, "README.md")
 # the localmq these tests run against: the root that holds the package this process imported
 BUILT = os.path.dirname(os.path.dirname(os.path.abspath(localmq.__file__)))
 
-EXPECTED_BLOCKS = 9
+EXPECTED_BLOCKS = 10
 TIMEOUT_S = 120
 
 FENCE_RE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
