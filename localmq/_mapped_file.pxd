@@ -65,6 +65,8 @@ cdef class MappedFile:
     # (ensure_reserved); without one, the whole file is reserved when it is created.
     cdef readonly int64_t reserved
     cdef readonly int64_t reserve_step
+    # > 0: a new file reserves this much first, then steps that double up to reserve_step (ConsumeQueue files)
+    cdef readonly int64_t reserve_first
     # SYNC_FLUSH: [0, prepared_pos) has been written once (at least with zeros) and flushed, so its extents are no
     # longer "unwritten" and a later fdatasync there writes data pages only, without a journal commit.
     cdef readonly int64_t prepared_pos

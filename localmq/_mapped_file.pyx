@@ -177,7 +177,7 @@ cdef class MappedFile:
 
     def __cinit__(self, path, long long file_size, long long file_from_offset=-1, *, bint create=True,
                   bint reserve=True, bint writable=True, long long reserve_step=0, bint keep_fd=True,
-                  bint sync_size=True, MappingBudget budget=None):
+                  bint sync_size=True, MappingBudget budget=None, long long reserve_first=0):
         cdef void *p = NULL
         self.fd = -1
         self.keeps_fd = keep_fd
@@ -200,6 +200,7 @@ cdef class MappedFile:
         if reserve_step < 0:
             raise ValueError("reserve_step must not be negative")
         self.reserve_step = reserve_step if reserve else 0
+        self.reserve_first = reserve_first
         # an existing file: its blocks are reserved as far as it was written (and beyond: ensure_reserved asks
         # again, which costs nothing where blocks exist); a file created without reservation has none
         self.reserved = file_size if (reserve and reserve_step == 0) else 0
@@ -321,9 +322,9 @@ cdef class MappedFile:
         else:
             c_ftruncate(fd, self.file_size, self.path)
             if reserve:
-                # one page first: a queue that gets one message costs one block (the steps then double, up to
-                # reserve_step, see ensure_reserved)
-                self.reserved = min(self.file_size, reserve_step, OS_PAGE_SIZE)
+                # reserve_first (ConsumeQueue files: a page): a queue that gets one message costs one block, and the
+                # steps then double up to reserve_step (ensure_reserved)
+                self.reserved = min(self.file_size, reserve_step, self.reserve_first or reserve_step)
                 c_fallocate(fd, 0, self.reserved, self.path)
         if self.sync_size:
             c_fdatasync(fd, False, self.path)
@@ -410,10 +411,10 @@ cdef class MappedFile:
         if step == 0:
             upto = self.file_size
         else:
-            if self.reserved < step:
-                # a new file's steps start at a page and double: disk grows with the data for a file that gets
+            if self.reserved < step and self.reserve_first > 0:
+                # the steps start at reserve_first and double: disk grows with the data for a file that gets
                 # little, and a busy one reaches whole steps after a few calls
-                step = max(<int64_t>OS_PAGE_SIZE, self.reserved)
+                step = max(self.reserve_first, self.reserved)
             upto = min(self.file_size, (end + step - 1) // step * step + step)
         if end > self.file_size or (self.addr == NULL and not self.evicted) or (self.fd < 0 and self.keeps_fd):
             raise ValueError(f"cannot reserve up to {end} in {self.path} ({self.file_size} bytes)")

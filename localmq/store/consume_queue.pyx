@@ -66,7 +66,7 @@ cdef class ConsumeQueue:
         self.budget = budget
         self.mapped_file_queue = MappedFileQueue(self.directory, file_size, writable=writable,
                                                  reserve_step=reserve_step, keep_fd=False, dir_syncs=dir_syncs,
-                                                 budget=budget)
+                                                 budget=budget, reserve_first=4096)
         self.st.addr = NULL
         self.st.reserved = 0
         self.st.file_size = file_size

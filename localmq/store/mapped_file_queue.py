@@ -168,8 +168,11 @@ class MappedFileQueue:
     def __init__(self, directory: str, file_size: int, *, reserve: bool = True, reserve_step: int = 0,
                  allocator: Optional[Callable[[str, int, int], MappedFile]] = None, writable: bool = True,
                  keep_fd: bool = True, dir_syncs: Optional[DeferredDirSyncs] = None,
-                 budget: Optional[MappingBudget] = None):
+                 budget: Optional[MappingBudget] = None, reserve_first: int = 0):
         self.directory = os.fspath(directory)
+        # > 0: a new file reserves this much first, then steps that double up to reserve_step (ConsumeQueue files:
+        # a page, so that a queue with one message costs one block)
+        self.reserve_first = reserve_first
         # set (ConsumeQueue files, keep_fd=False): the files are mapped within the store's budget of mappings and may
         # be unmapped while idle (MappedFile.evict), mapped again on use
         self.budget = budget
@@ -245,7 +248,7 @@ class MappedFileQueue:
                         f"open the store with the size it was written with")
                 mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve,
                                 reserve_step=self.reserve_step, writable=self.writable, keep_fd=self.keep_fd,
-                                budget=self.budget)
+                                budget=self.budget, reserve_first=self.reserve_first)
                 if files and mf.file_from_offset != files[-1].file_from_offset + self.file_size:
                     mf.close()
                     raise CorruptStoreError(
@@ -314,7 +317,7 @@ class MappedFileQueue:
             else:
                 mf = MappedFile(path, self.file_size, start_offset, create=True, reserve=self.reserve,
                                 reserve_step=self.reserve_step, writable=self.writable, keep_fd=self.keep_fd,
-                                budget=self.budget,
+                                budget=self.budget, reserve_first=self.reserve_first,
                                 sync_size=self.dir_syncs is None)
                 try:
                     if self.dir_syncs is not None:
@@ -353,7 +356,8 @@ class MappedFileQueue:
                     raise CorruptStoreError(f"segment {name} does not follow {files[-1].path} in {self.directory}")
                 mf = MappedFile(os.path.join(self.directory, name), fs, create=False, reserve=self.reserve,
                                 reserve_step=self.reserve_step,
-                                writable=self.writable, keep_fd=self.keep_fd, budget=self.budget)
+                                writable=self.writable, keep_fd=self.keep_fd, budget=self.budget,
+                                reserve_first=self.reserve_first)
                 mf.set_positions(min(fs, end - base))
                 if self.writable:
                     # not known to be on disk (the process that wrote it may have died before flushing): the next
@@ -377,7 +381,8 @@ class MappedFileQueue:
         path = os.path.join(self.directory, offset_to_file_name(base))
         # create=True opens an existing file as it is and sizes one whose creator died before sizing it
         mf = MappedFile(path, self.file_size, base, create=True, reserve=self.reserve, reserve_step=self.reserve_step,
-                        writable=self.writable, keep_fd=self.keep_fd, budget=self.budget)
+                        writable=self.writable, keep_fd=self.keep_fd, budget=self.budget,
+                        reserve_first=self.reserve_first)
         self.files.append(mf)
         return mf
 
