@@ -538,31 +538,45 @@ cdef class MappedFile:
         another file now; it is then closed (``addr`` stays NULL), as a file retention deleted under a reader is.
         Raises StoreClosedError for a closed file, StoreIOError when the open or map fails (ENOMEM:
         vm.max_map_count)."""
-        cdef void *p = NULL
-        if self.addr != NULL:
-            self.touch()
-            return 1
-        if not self.evicted or not self.available:
-            raise StoreClosedError(f"mapped file {self.path} is closed")
-        try:
-            fd = self._open_same()
-        except OSError as e:
-            if e.errno not in (_errno.ENOENT, _errno.ESTALE):
+        cdef void *p
+        # every call below that releases the GIL (open, mmap, close, munmap) lets other threads map, evict or close
+        # this file meanwhile: the state is looked at again after each of them, and the loop ends only when the file
+        # is mapped at the moment of returning, with the GIL held (the caller takes its reference before releasing it)
+        while True:
+            if self.addr != NULL:
+                self.touch()
+                return 1
+            if not self.evicted or not self.available:
+                raise StoreClosedError(f"mapped file {self.path} is closed")
+            try:
+                fd = self._open_same()
+            except OSError as e:
+                if e.errno not in (_errno.ENOENT, _errno.ESTALE):
+                    raise
+                if self.addr != NULL or not self.evicted:
+                    continue  # mapped (or closed) by another thread meanwhile: judged again above
+                self.evicted = False
+                self.available = False
+                return 0
+            p = NULL
+            try:
+                c_map(fd, <size_t>self.file_size, self.writable, &p, self.path)
+            except BaseException:
+                os.close(fd)
                 raise
+            if self.addr != NULL or not self.evicted or not self.available:
+                # another thread mapped the file (or closed it) while this one did: this mapping is not needed, and
+                # kept it would leak (nothing would ever unmap it)
+                try:
+                    c_unmap(p, <size_t>self.file_size, self.path)
+                finally:
+                    self._close_borrowed(fd)
+                continue
+            self.addr = <uint8_t *>p
             self.evicted = False
-            self.available = False
-            return 0
-        try:
-            c_map(fd, <size_t>self.file_size, self.writable, &p, self.path)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.addr = <uint8_t *>p
-        self.evicted = False
-        self.budget.remaps += 1
-        self.budget.admit(self)
-        self._close_borrowed(fd)
-        return 1
+            self.budget.remaps += 1
+            self.budget.admit(self)
+            self._close_borrowed(fd)
 
     def evict(self):
         """Unmap the file to save a mapping, keeping its state (positions, reservation, flush error); it is mapped

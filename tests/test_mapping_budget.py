@@ -7,7 +7,7 @@ readers and by the flush. It runs in a child process, so a use of an unmapped fi
 (SIGSEGV or SIGBUS) fails the test instead of killing pytest. Expectations: every message each reader got is
 byte for byte the one put at its queue offset (bodies name their topic, queue and offset, with a CRC), the consumer
 group gets every message put exactly once and in order, the mapped queue files exceed the budget only by the files in
-use at one moment (at most twice the budget here), and evictions and re-maps did happen.
+use at one moment (at most twice the budget here), every mapped queue file is one the budget counts, and evictions and re-maps did happen.
 """
 import json
 import subprocess
@@ -101,6 +101,9 @@ CHILD = textwrap.dedent('''
             problems.append("consumer %s: offsets %s..%s, %d of them" % (key, offs[0], offs[-1], len(offs)))
     if len(seen) != TOPICS * QUEUES:
         problems.append("consumer saw %d queues" % len(seen))
+    # at rest (nothing maps now), every queue file the process maps is one the budget counts: a mapping made by
+    # two threads at once, or one left behind by an eviction, would be in /proc/self/maps only
+    stats["rest_maps"] = maps()
     s = st.stats()
     stats.update(consumed=sum(len(v) for v in seen.values()), evictions=s["queue_file_evictions"],
                  remaps=s["queue_file_remaps"], mapped=s["mapped_queue_files"], budget=BUDGET)
@@ -122,7 +125,10 @@ def test_files_unmapped_and_mapped_again_under_load_lose_and_mix_up_nothing(tmp_
     assert s["reads"] > 0 and s["consumed"] > 0, s
     # the readers, the consumer and the dispatcher all made the budget unmap files and map them again
     assert s["evictions"] > 100 and s["remaps"] > 100, s
+    # no mapping the budget does not know about (the CI run on 5043b60 found 20 leaked ones: two threads mapping the
+    # same evicted file at once each kept a mapping)
+    assert s["rest_maps"] == s["mapped"], s
     # the budget can be exceeded only by files in use at that moment: each reader's and the flush's current file,
-    # write targets mapped since the dispatcher's last trim, files whose munmap waits for a view to be released or
-    # is under way (measured: 17 to 22 on a quiet machine, 28 under a load average of 10, for a budget of 16)
+    # write targets mapped since the dispatcher's last trim, a mapping made by a thread that lost the race to map
+    # the same file (measured after the leak's fix: 19 to 20 for a budget of 16 on a quiet machine)
     assert 0 < s["maps"] <= 2 * s["budget"], s
