@@ -7,7 +7,8 @@ readers and by the flush. It runs in a child process, so a use of an unmapped fi
 (SIGSEGV or SIGBUS) fails the test instead of killing pytest. Expectations: every message each reader got is
 byte for byte the one put at its queue offset (bodies name their topic, queue and offset, with a CRC), the consumer
 group gets every message put exactly once and in order, the mapped queue files exceed the budget only by the files in
-use at one moment (at most twice the budget here), every mapped queue file is one the budget counts, and evictions and re-maps did happen.
+use at one moment (at most twice the budget here), every mapped queue file is one the budget counts, and evictions
+and re-maps did happen.
 """
 import json
 import subprocess
