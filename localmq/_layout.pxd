@@ -58,7 +58,7 @@ cdef extern from *:
     #define LMQ_L_FRAME_HEADERS_SIZE (24)
     #define LMQ_L_FRAME_OVERHEAD (40)
     #define LMQ_L_CTL_MAGIC (1280135491)
-    #define LMQ_L_CTL_VERSION (3)
+    #define LMQ_L_CTL_VERSION (4)
     #define LMQ_L_CTL_H_MAGIC (0)
     #define LMQ_L_CTL_H_VERSION (4)
     #define LMQ_L_CTL_H_FILE_SIZE (8)
@@ -96,13 +96,15 @@ cdef extern from *:
     #define LMQ_L_CTL_I_CELL (664)
     #define LMQ_L_CTL_I_QOFF (672)
     #define LMQ_L_CTL_I_QEND (680)
+    #define LMQ_L_CTL_S_TOPIC_ROWS (688)
     #define LMQ_L_CTL_SLOTS_OFF (4096)
     #define LMQ_L_CTL_SLOT_SIZE (64)
     #define LMQ_L_CTL_SLOT_COUNT (256)
     #define LMQ_L_CTL_SLOT_PID (0)
     #define LMQ_L_CTL_SLOT_CLAIMED_MS (8)
     #define LMQ_L_CTL_TOPICS_OFF (20480)
-    #define LMQ_L_CTL_TOPIC_COUNT (1024)
+    #define LMQ_L_CTL_TOPIC_SLOTS (262144)
+    #define LMQ_L_CTL_TOPIC_COUNT (131072)
     #define LMQ_L_CTL_TOPIC_QUEUES (64)
     #define LMQ_L_CTL_TOPIC_ROW (1280)
     #define LMQ_L_CTL_T_STATE (0)
@@ -111,18 +113,19 @@ cdef extern from *:
     #define LMQ_L_CTL_T_NEXT (256)
     #define LMQ_L_CTL_T_NAME_MAX (248)
     #define LMQ_L_CTL_T_DISPATCHED (768)
-    #define LMQ_L_CTL_CLIENTS_OFF (1331200)
-    #define LMQ_L_CTL_C_VERSION (1331200)
-    #define LMQ_L_CTL_C_ACTIVE (1331208)
-    #define LMQ_L_CTL_C_LEN (1331216)
-    #define LMQ_L_CTL_C_BUF (1331264)
+    #define LMQ_L_CTL_CLIENTS_OFF (1069056)
+    #define LMQ_L_CTL_C_VERSION (1069056)
+    #define LMQ_L_CTL_C_ACTIVE (1069064)
+    #define LMQ_L_CTL_C_LEN (1069072)
+    #define LMQ_L_CTL_C_BUF (1069120)
     #define LMQ_L_CTL_C_BUF_SIZE (524288)
-    #define LMQ_L_CTL_FILE_SIZE (2379840)
+    #define LMQ_L_CTL_ROWS_OFF (2121728)
+    #define LMQ_L_CTL_FILE_SIZE (169893888)
     #define LMQ_L_CTL_LOCK_BYTE_OPEN (0)
     #define LMQ_L_CTL_LOCK_BYTE_STORE (1)
     #define LMQ_L_CTL_LOCK_BYTE_HOUSEKEEPER (2)
     #define LMQ_L_CTL_LOCK_BYTE_OFFSETS (3)
-    #define LMQ_L_CTL_SLOT_LOCK_BASE (2379840)
+    #define LMQ_L_CTL_SLOT_LOCK_BASE (169893888)
     """
     enum: MESSAGE_MAGIC_CODE "LMQ_L_MESSAGE_MAGIC_CODE"
     enum: MESSAGE_MAGIC_CODE_V2 "LMQ_L_MESSAGE_MAGIC_CODE_V2"
@@ -217,12 +220,14 @@ cdef extern from *:
     enum: CTL_I_CELL "LMQ_L_CTL_I_CELL"
     enum: CTL_I_QOFF "LMQ_L_CTL_I_QOFF"
     enum: CTL_I_QEND "LMQ_L_CTL_I_QEND"
+    enum: CTL_S_TOPIC_ROWS "LMQ_L_CTL_S_TOPIC_ROWS"
     enum: CTL_SLOTS_OFF "LMQ_L_CTL_SLOTS_OFF"
     enum: CTL_SLOT_SIZE "LMQ_L_CTL_SLOT_SIZE"
     enum: CTL_SLOT_COUNT "LMQ_L_CTL_SLOT_COUNT"
     enum: CTL_SLOT_PID "LMQ_L_CTL_SLOT_PID"
     enum: CTL_SLOT_CLAIMED_MS "LMQ_L_CTL_SLOT_CLAIMED_MS"
     enum: CTL_TOPICS_OFF "LMQ_L_CTL_TOPICS_OFF"
+    enum: CTL_TOPIC_SLOTS "LMQ_L_CTL_TOPIC_SLOTS"
     enum: CTL_TOPIC_COUNT "LMQ_L_CTL_TOPIC_COUNT"
     enum: CTL_TOPIC_QUEUES "LMQ_L_CTL_TOPIC_QUEUES"
     enum: CTL_TOPIC_ROW "LMQ_L_CTL_TOPIC_ROW"
@@ -238,6 +243,7 @@ cdef extern from *:
     enum: CTL_C_LEN "LMQ_L_CTL_C_LEN"
     enum: CTL_C_BUF "LMQ_L_CTL_C_BUF"
     enum: CTL_C_BUF_SIZE "LMQ_L_CTL_C_BUF_SIZE"
+    enum: CTL_ROWS_OFF "LMQ_L_CTL_ROWS_OFF"
     enum: CTL_FILE_SIZE "LMQ_L_CTL_FILE_SIZE"
     enum: CTL_LOCK_BYTE_OPEN "LMQ_L_CTL_LOCK_BYTE_OPEN"
     enum: CTL_LOCK_BYTE_STORE "LMQ_L_CTL_LOCK_BYTE_STORE"

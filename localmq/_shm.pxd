@@ -55,7 +55,7 @@ cdef class ControlFile:
 
 
 cdef char *topic_row_c(char *base, bytes name) noexcept
-cdef char *topic_row_add(char *base, bytes name) noexcept
+cdef char *topic_row_add(ControlFile ctl, bytes name) except NULL
 
 
 cdef class WriteLock:

@@ -1,6 +1,7 @@
 """The multi-process control file: a robust writer lock, an eventcount and liveness slots shared through one mapping."""
 import os
 import random
+import sys
 import weakref
 
 from cpython.exc cimport PyErr_CheckSignals
@@ -10,8 +11,9 @@ from libc.string cimport memcmp, memcpy, memset
 
 from localmq._layout cimport (
     CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_EVENT_SIZE, CTL_FLUSH_REQ_EVENT_OFF, CTL_FLUSHED_EVENT_OFF,
-    CTL_GROUP_LOCK_OFF, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_NAME_MAX, CTL_T_STATE,
-    CTL_TOPIC_COUNT, CTL_TOPIC_ROW, CTL_TOPICS_OFF, CTL_FILE_SIZE, CTL_H_FILE_SIZE, CTL_H_GENERATION, CTL_H_INIT_PID,
+    CTL_GROUP_LOCK_OFF, CTL_ROWS_OFF, CTL_S_TOPIC_ROWS, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_NAME_MAX, CTL_T_STATE,
+    CTL_TOPIC_COUNT, CTL_TOPIC_ROW, CTL_TOPIC_SLOTS, CTL_TOPICS_OFF, CTL_FILE_SIZE, CTL_H_FILE_SIZE, CTL_H_GENERATION,
+    CTL_H_INIT_PID,
     CTL_H_INIT_TIME_MS, CTL_H_MAGIC, CTL_H_SLOT_COUNT, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_LOCK_OFF, CTL_LOCK_SIZE,
     CTL_MAGIC, CTL_SLOT_CLAIMED_MS, CTL_SLOT_COUNT, CTL_SLOT_LOCK_BASE, CTL_SLOT_PID, CTL_SLOT_SIZE, CTL_SLOTS_OFF,
     CTL_VERSION,
@@ -170,7 +172,17 @@ cdef class ControlFile:
             if rc < 0:
                 raise_errno(err, self.path)
             if rc == 0:
-                if os.fstat(fd).st_size >= CTL_FILE_SIZE:
+                if os.fstat(fd).st_size < CTL_FILE_SIZE:
+                    # another version's file, live (its processes hold it): say so rather than wait for it
+                    head = os.pread(fd, 8, 0)
+                    if len(head) == 8 and int.from_bytes(head[:4], sys.byteorder) == CTL_MAGIC:
+                        version = int.from_bytes(head[4:], sys.byteorder)
+                        if version != CTL_VERSION:
+                            lmq_shm_range_lock(fd, CTL_LOCK_BYTE_OPEN, 1, RANGE_UNLOCK)
+                            raise CorruptStoreError(f"{self.path}: control file version {version} (a process of "
+                                                    f"another localmq version shares this store), this localmq "
+                                                    f"reads {CTL_VERSION}")
+                else:
                     if self.addr == NULL:
                         c_map(fd, CTL_FILE_SIZE, True, &addr, self.path)
                         self.addr = <char *>addr
@@ -194,18 +206,21 @@ cdef class ControlFile:
         cdef void *addr = NULL
         cdef int err
         cdef char *a
-        if os.fstat(self.fd).st_size < CTL_FILE_SIZE:
-            # never shrunk: no other process has it mapped now, but a larger file may come from a newer version
-            c_ftruncate(self.fd, CTL_FILE_SIZE, self.path)
-        # real blocks, so a full disk cannot SIGBUS a store through the mapping
-        c_fallocate(self.fd, 0, CTL_FILE_SIZE, self.path)
+        if os.fstat(self.fd).st_size > CTL_ROWS_OFF:
+            # the topic arena of the last initialisation goes (nobody else has the file mapped now): cut to the fixed
+            # sections and grown again, it is a hole that reads as zeros and holds no blocks
+            c_ftruncate(self.fd, CTL_ROWS_OFF, self.path)
+        c_ftruncate(self.fd, CTL_FILE_SIZE, self.path)
+        # real blocks for the fixed sections, so a full disk cannot SIGBUS a store through the mapping (a topic row's
+        # blocks are reserved when it is added: topic_row_add)
+        c_fallocate(self.fd, 0, CTL_ROWS_OFF, self.path)
         if self.addr == NULL:
             c_map(self.fd, CTL_FILE_SIZE, True, &addr, self.path)
             self.addr = <char *>addr
         a = self.addr
         # nobody else is attached (we hold the open byte exclusively): a fresh start, whatever was there
         lmq_shm_store_u32_rel(a + CTL_H_MAGIC, 0)
-        memset(a, 0, CTL_FILE_SIZE)
+        memset(a, 0, CTL_ROWS_OFF)
         (<uint32_t *>(a + CTL_H_VERSION))[0] = CTL_VERSION
         (<uint32_t *>(a + CTL_H_FILE_SIZE))[0] = CTL_FILE_SIZE
         (<uint32_t *>(a + CTL_H_SLOT_COUNT))[0] = CTL_SLOT_COUNT
@@ -291,11 +306,7 @@ cdef class ControlFile:
             return row - self.addr
         if not create:
             return -1
-        row = topic_row_add(self.addr, name)
-        if row == NULL:
-            raise TopicTableFullError(f"{self.path}: the shared topic table holds {CTL_TOPIC_COUNT} topics; a "
-                                      f"store shared between processes cannot hold more")
-        return row - self.addr
+        return topic_row_add(self, name) - self.addr
 
     def range_lock(self, long long byte, int kind):
         """Try once to take (kind 2 write, 1 read) or drop (0) this process's fcntl lock on ``byte`` of the file.
@@ -381,46 +392,69 @@ cdef inline uint64_t name_hash(const char *p, Py_ssize_t n) noexcept nogil:
 
 
 cdef char *topic_row_c(char *base, bytes name) noexcept:
-    """The complete row of ``name`` in the topic table, or NULL. Lock-free: a row is complete once its state
-    word reads 1 (release-stored after the name)."""
+    """The complete row of ``name`` in the topic table, or NULL. Lock-free: an index slot names a row only once the
+    row is complete (the slot is release-stored last)."""
     cdef const char *p = name
     cdef Py_ssize_t n = len(name)
-    cdef uint64_t i = name_hash(p, n) % CTL_TOPIC_COUNT
+    cdef uint64_t i = name_hash(p, n) % CTL_TOPIC_SLOTS
     cdef Py_ssize_t _probe
+    cdef uint32_t v
     cdef char *row
     if n > CTL_T_NAME_MAX:
         return NULL  # no row holds it
-    for _probe in range(CTL_TOPIC_COUNT):
-        row = base + CTL_TOPICS_OFF + i * CTL_TOPIC_ROW
-        if lmq_shm_load_u32_acq(row + CTL_T_STATE) != 1:
-            return NULL  # rows are never removed: an empty row ends the probe sequence
-        if (<uint32_t *>(row + CTL_T_NAME_LEN))[0] == n and memcmp(row + CTL_T_NAME, p, n) == 0:
-            return row
-        i = (i + 1) % CTL_TOPIC_COUNT
+    for _probe in range(CTL_TOPIC_SLOTS):
+        v = lmq_shm_load_u32_acq(base + CTL_TOPICS_OFF + 4 * i)
+        if v == 0:
+            return NULL  # rows are never removed: an empty slot ends the probe sequence
+        if v <= CTL_TOPIC_COUNT:
+            row = base + CTL_ROWS_OFF + <int64_t>(v - 1) * CTL_TOPIC_ROW
+            if (lmq_shm_load_u32_acq(row + CTL_T_STATE) == 1 and (<uint32_t *>(row + CTL_T_NAME_LEN))[0] == n
+                    and memcmp(row + CTL_T_NAME, p, n) == 0):
+                return row
+        i = (i + 1) % CTL_TOPIC_SLOTS
     return NULL
 
 
-cdef char *topic_row_add(char *base, bytes name) noexcept:
-    """Add ``name``'s row (the caller holds the writer lock and found none); NULL when the table is full. A row
-    torn by a writer that died before its state word was set is simply written again. NULL too for a name longer
-    than CTL_T_NAME_MAX (callers refuse it first)."""
+cdef char *topic_row_add(ControlFile ctl, bytes name) except NULL:
+    """The row of ``name``, added when it has none: the caller holds the writer lock, so rows are added one at a
+    time across processes. The row's blocks are reserved first (a full disk raises StoreIOError here, never a SIGBUS
+    later), written, and only then named by its index slot; a writer that dies before that leaves an unnamed row
+    that is never used. Raises TopicTableFullError when CTL_TOPIC_COUNT rows are in use, InvalidTopicError for a
+    name longer than CTL_T_NAME_MAX."""
+    cdef char *base = ctl.addr
     cdef const char *p = name
     cdef Py_ssize_t n = len(name)
-    cdef uint64_t i = name_hash(p, n) % CTL_TOPIC_COUNT
+    cdef uint64_t i = name_hash(p, n) % CTL_TOPIC_SLOTS
     cdef Py_ssize_t _probe
+    cdef int64_t used
+    cdef uint32_t v
     cdef char *row
     if n > CTL_T_NAME_MAX:
-        return NULL
-    for _probe in range(CTL_TOPIC_COUNT):
-        row = base + CTL_TOPICS_OFF + i * CTL_TOPIC_ROW
-        if lmq_shm_load_u32_acq(row + CTL_T_STATE) != 1:
-            memset(row, 0, CTL_TOPIC_ROW)
-            (<uint32_t *>(row + CTL_T_NAME_LEN))[0] = <uint32_t>n
-            memcpy(row + CTL_T_NAME, p, n)
-            lmq_shm_store_u32_rel(row + CTL_T_STATE, 1)
-            return row
-        i = (i + 1) % CTL_TOPIC_COUNT
-    return NULL
+        raise InvalidTopicError(f"topic of {n} bytes: a store shared between processes holds topic names of at "
+                                f"most {CTL_T_NAME_MAX} bytes")
+    row = topic_row_c(base, name)
+    if row != NULL:
+        return row
+    used = lmq_load_acq(<int64_t *>(base + CTL_S_TOPIC_ROWS))
+    if not 0 <= used < CTL_TOPIC_COUNT:
+        raise TopicTableFullError(f"{ctl.path}: the shared topic table holds {CTL_TOPIC_COUNT} topics; a store "
+                                  f"shared between processes cannot hold more (open it with shared=False)")
+    for _probe in range(CTL_TOPIC_SLOTS):
+        v = lmq_shm_load_u32_acq(base + CTL_TOPICS_OFF + 4 * i)
+        if v == 0:
+            break
+        i = (i + 1) % CTL_TOPIC_SLOTS
+    else:
+        raise TopicTableFullError(f"{ctl.path}: the shared topic index is full")
+    c_fallocate(ctl.fd, CTL_ROWS_OFF + used * CTL_TOPIC_ROW, CTL_TOPIC_ROW, ctl.path)
+    row = base + CTL_ROWS_OFF + used * CTL_TOPIC_ROW
+    memset(row, 0, CTL_TOPIC_ROW)  # an unnamed row a dead writer left
+    (<uint32_t *>(row + CTL_T_NAME_LEN))[0] = <uint32_t>n
+    memcpy(row + CTL_T_NAME, p, n)
+    lmq_shm_store_u32_rel(row + CTL_T_STATE, 1)
+    lmq_store_rel(<int64_t *>(base + CTL_S_TOPIC_ROWS), used + 1)
+    lmq_shm_store_u32_rel(base + CTL_TOPICS_OFF + 4 * i, <uint32_t>(used + 1))
+    return row
 
 
 cdef void c_unmap_quiet(char *addr) noexcept:

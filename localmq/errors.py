@@ -350,7 +350,7 @@ class ReadOnlyFilesystemError(LocalMQError, OSError):
 
 
 class TopicTableFullError(LocalMQError, OverflowError):
-    """The shared topic table of a store opened by several processes is full (layout.CTL_TOPIC_COUNT topics)."""
+    """The shared topic table of a store opened by several processes is full (layout.CTL_TOPIC_COUNT: 131,072)."""
 
 
 class UnsupportedFilesystemError(LocalMQError, OSError):

@@ -141,7 +141,7 @@ def frame_store_ts_at(body_len: int) -> int:
 
 CTL_FILE = "mpctl"
 CTL_MAGIC = 0x4C4D5143                   # "LMQC", written last by the initialiser
-CTL_VERSION = 3
+CTL_VERSION = 4                          # 4: the topic table is a hash index into an arena of rows (issue 27)
 CTL_H_MAGIC = 0                          # u32
 CTL_H_VERSION = 4                        # u32
 CTL_H_FILE_SIZE = 8                      # u32
@@ -181,14 +181,19 @@ CTL_I_END = 656                          # highest end of bytes written so far (
 CTL_I_CELL = 664                         # byte offset, in this file, of the queue's next-offset cell
 CTL_I_QOFF = 672                         # that cell's value before the put
 CTL_I_QEND = 680                         # its value after the put (written just before the commit)
+CTL_S_TOPIC_ROWS = 688                   # i64: rows of the topic arena in use (written under the writer lock)
 CTL_SLOTS_OFF = 4096                     # slot records: CTL_SLOT_COUNT x CTL_SLOT_SIZE
 CTL_SLOT_SIZE = 64
 CTL_SLOT_COUNT = 256
 CTL_SLOT_PID = 0                         # i32: the claimer's pid (messages only; liveness is the fcntl lock)
 CTL_SLOT_CLAIMED_MS = 8                  # i64: CLOCK_REALTIME of the claim
-# The topic table: open addressing by FNV-1a of the name, rows added (never removed) under the writer lock.
+# The topic table: an index of CTL_TOPIC_SLOTS u32 slots (open addressing by FNV-1a of the name; a slot holds a row
+# number + 1, 0 = empty, release-stored last) into an arena of rows at CTL_ROWS_OFF, appended (never removed) under
+# the writer lock. The arena is sparse: a row's blocks are reserved (fallocate) when it is added, so a shared
+# store's topic capacity costs disk only as it is used (about 1.3 KB per topic).
 CTL_TOPICS_OFF = 20480
-CTL_TOPIC_COUNT = 1024                   # topics one shared store can hold
+CTL_TOPIC_SLOTS = 1 << 18                # u32 index slots (the index is at most half full)
+CTL_TOPIC_COUNT = 1 << 17                # topics one shared store can hold (131,072)
 CTL_TOPIC_QUEUES = 64                    # queue ids 0..63 per topic in a shared store
 CTL_TOPIC_ROW = 1280
 CTL_T_STATE = 0                          # u32: 1 once the row is complete (release store, the last write)
@@ -200,13 +205,14 @@ CTL_T_DISPATCHED = 768                   # i64 x CTL_TOPIC_QUEUES: units in the 
 # The clients' table: consumer groups (members, queue owners) and committed offsets of every process, one JSON
 # document written under the group lock into the inactive one of two buffers, then published by switching
 # CTL_C_ACTIVE (a writer that dies mid-write leaves the previous document in force).
-CTL_CLIENTS_OFF = CTL_TOPICS_OFF + CTL_TOPIC_COUNT * CTL_TOPIC_ROW
+CTL_CLIENTS_OFF = CTL_TOPICS_OFF + 4 * CTL_TOPIC_SLOTS
 CTL_C_VERSION = CTL_CLIENTS_OFF          # i64: bumped by every change (readers re-parse when it moved)
 CTL_C_ACTIVE = CTL_CLIENTS_OFF + 8       # i64: 0 or 1, the buffer in force
 CTL_C_LEN = CTL_CLIENTS_OFF + 16         # i64 x 2: bytes of each buffer's document
 CTL_C_BUF = CTL_CLIENTS_OFF + 64         # two buffers of CTL_C_BUF_SIZE
 CTL_C_BUF_SIZE = 512 * 1024
-CTL_FILE_SIZE = CTL_C_BUF + 2 * CTL_C_BUF_SIZE
+CTL_ROWS_OFF = (CTL_C_BUF + 2 * CTL_C_BUF_SIZE + 4095) // 4096 * 4096   # the topic arena (sparse, see above)
+CTL_FILE_SIZE = CTL_ROWS_OFF + CTL_TOPIC_COUNT * CTL_TOPIC_ROW
 # fcntl record-lock bytes (advisory, they may lie beyond the end of the file)
 CTL_LOCK_BYTE_OPEN = 0                   # write lock: initialising; read lock: attached
 CTL_LOCK_BYTE_STORE = 1                  # write lock: opening (recovery or attach) or closing the store, one at a time

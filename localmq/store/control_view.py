@@ -10,9 +10,9 @@ from typing import Optional
 from localmq import _shm
 from localmq.errors import ControlFileError
 from localmq.layout import (
-    CTL_FILE, CTL_FILE_SIZE, CTL_H_MAGIC, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_MAGIC, CTL_S_READY, CTL_T_DISPATCHED,
-    CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE, CTL_TOPIC_COUNT, CTL_TOPIC_QUEUES, CTL_TOPIC_ROW, CTL_TOPICS_OFF,
-    CTL_S_WPOS, CTL_VERSION,
+    CTL_FILE, CTL_FILE_SIZE, CTL_H_MAGIC, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_MAGIC, CTL_ROWS_OFF, CTL_S_READY,
+    CTL_T_DISPATCHED, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE, CTL_TOPIC_COUNT, CTL_TOPIC_QUEUES, CTL_TOPIC_ROW,
+    CTL_TOPIC_SLOTS, CTL_TOPICS_OFF, CTL_S_WPOS, CTL_VERSION,
 )
 
 _I64 = struct.Struct("=q")
@@ -86,16 +86,19 @@ class ControlView:
         h = 1469598103934665603
         for b in name:
             h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-        i = h % CTL_TOPIC_COUNT
+        i = h % CTL_TOPIC_SLOTS
         mm = self.mm
-        for _ in range(CTL_TOPIC_COUNT):
-            row = CTL_TOPICS_OFF + i * CTL_TOPIC_ROW
-            if _U32.unpack_from(mm, row + CTL_T_STATE)[0] != 1:
-                return None
-            n = _U32.unpack_from(mm, row + CTL_T_NAME_LEN)[0]
-            if n == len(name) and mm[row + CTL_T_NAME:row + CTL_T_NAME + n] == name:
-                return self.load(row + CTL_T_DISPATCHED + 8 * queue_id)
-            i = (i + 1) % CTL_TOPIC_COUNT
+        for _ in range(CTL_TOPIC_SLOTS):
+            v = _U32.unpack_from(mm, CTL_TOPICS_OFF + 4 * i)[0]
+            if v == 0:
+                return None  # rows are never removed: an empty slot ends the probe sequence
+            if v <= CTL_TOPIC_COUNT:
+                row = CTL_ROWS_OFF + (v - 1) * CTL_TOPIC_ROW
+                n = _U32.unpack_from(mm, row + CTL_T_NAME_LEN)[0]
+                if (_U32.unpack_from(mm, row + CTL_T_STATE)[0] == 1 and n == len(name)
+                        and mm[row + CTL_T_NAME:row + CTL_T_NAME + n] == name):
+                    return self.load(row + CTL_T_DISPATCHED + 8 * queue_id)
+            i = (i + 1) % CTL_TOPIC_SLOTS
         return None
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ from libc.stdint cimport int64_t, uint32_t
 from localmq._layout cimport (
     CTL_FILE_SIZE, CTL_FLUSH_REQ_EVENT_OFF, CTL_FLUSHED_EVENT_OFF, CTL_I_CELL, CTL_I_END, CTL_I_POS, CTL_I_QEND,
     CTL_I_QOFF, CTL_I_STATE, CTL_S_FLUSH_REQ, CTL_S_FLUSHED, CTL_S_REPAIRS, CTL_S_SYNC_ARRIVALS, CTL_S_SYNC_WANT,
-    CTL_S_WPOS, CTL_T_NAME_MAX, CTL_TOPICS_OFF,
+    CTL_ROWS_OFF, CTL_S_WPOS, CTL_T_NAME_MAX,
 )
 from localmq._mapped_file cimport MappedFile
 from localmq._native cimport raise_errno
@@ -21,7 +21,7 @@ from localmq._shm cimport (
 )
 
 from localmq._shm import OWNER_DIED as _OWNER_DIED
-from localmq.errors import InvalidTopicError, StoreClosedError, TopicTableFullError
+from localmq.errors import InvalidTopicError, StoreClosedError
 
 log = logging.getLogger("localmq.commitlog")
 
@@ -72,7 +72,7 @@ cdef class SharedCommit:
         qoff = lmq_load_acq(<int64_t *>(cb + CTL_I_QOFF))
         qend = lmq_load_acq(<int64_t *>(cb + CTL_I_QEND))
         w = lmq_load_acq(<int64_t *>(cb + CTL_S_WPOS))
-        cell_ok = CTL_TOPICS_OFF <= cell <= CTL_FILE_SIZE - 8 and cell % 8 == 0
+        cell_ok = CTL_ROWS_OFF <= cell <= CTL_FILE_SIZE - 8 and cell % 8 == 0
         if w == pos:
             if end > pos:
                 self.mapped_file_queue.zero_range(pos, end)
@@ -108,15 +108,9 @@ cdef class SharedCommit:
             finally:
                 wl.consistent()
         try:
-            row = topic_row_c(self.cb, encoded)
-            if row == NULL:
-                row = topic_row_add(self.cb, encoded)
+            row = topic_row_add(self.ctl, encoded)
         finally:
             wl.release()
-        if row == NULL:
-            raise TopicTableFullError(f"the shared topic table of {self.ctl.path} is full: a store shared "
-                                      f"between processes holds at most {(CTL_FILE_SIZE - CTL_TOPICS_OFF)} "
-                                      f"bytes of topic rows")
         return row
 
     cdef int check_writer(self) except -1:

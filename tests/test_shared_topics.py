@@ -1,0 +1,95 @@
+"""A shared store's topic table (issue 27): more topics than the fixed table of control file version 3 held (1,024),
+added by several processes at once, every message found again, and the control file's disk growing with the topics.
+
+Two child processes and this one share the store; each child puts one message to each of its own 1,600 topics
+(3,200 in all, queue ids 0..3) while the other does the same, so rows are added from two processes at the same
+time. Expectations from outside the code: every (topic, queue) has exactly the one message its child put there, with
+its body; the topics survive a close and an exclusive reopen; the control file holds blocks for its fixed sections
+and about one row (1,280 bytes) per topic, not for its whole capacity (layout.CTL_TOPIC_COUNT rows).
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import localmq
+from localmq import layout
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KW = dict(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 64)
+PER_CHILD = 1600
+
+CHILD = textwrap.dedent('''
+    import sys
+    import localmq
+    root, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    st = localmq.open(root, shared=True, mapped_file_size_commit_log=1 << 20,
+                      mapped_file_size_consume_queue=20 * 64)
+    for i in range(n):
+        r = st.put("c%d-t%d" % (k, i), b"child %d topic %d" % (k, i), queue_id=i % 4)
+        assert r.status.name == "PUT_OK" and r.queue_offset == 0, (i, r)
+    st.close()
+    print("done", n, flush=True)
+''')
+
+
+def _body(k, i):
+    return b"child %d topic %d" % (k, i)
+
+
+@pytest.mark.timeout(600)
+def test_more_topics_than_the_old_fixed_table_added_by_two_processes_at_once(tmp_path):
+    root = str(tmp_path / "store")
+    st = localmq.open(root, shared=True, **KW)  # keeps the control file attached while the children run
+    try:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+        procs = [subprocess.Popen([sys.executable, "-c", CHILD, root, str(k), str(PER_CHILD)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+        for p in procs:
+            out, err = p.communicate(timeout=400)
+            assert p.returncode == 0, err[-3000:]
+            assert out.split() == ["done", str(PER_CHILD)]
+        assert st.wait_for_dispatch(120)
+        total = 2 * PER_CHILD
+        assert total > 1024
+        for k in range(2):
+            for i in range(PER_CHILD):
+                topic, q = "c%d-t%d" % (k, i), i % 4
+                assert st.max_offset(topic, q) == 1, topic
+                msgs = st.get_message(topic, q, 0, 4).messages
+                assert [bytes(m.body) for m in msgs] == [_body(k, i)], topic
+        # a new topic from this process after the children's
+        assert st.put("parent", b"p").queue_offset == 0
+        ctl = os.path.join(root, layout.CTL_FILE)
+        used = os.stat(ctl).st_blocks * 512
+        # the fixed sections, one row per topic (rows span pages: allow a page per 3 rows more) and no more
+        rows = total + 1
+        assert used <= layout.CTL_ROWS_OFF + rows * layout.CTL_TOPIC_ROW + rows // 3 * 4096, used
+        assert used < layout.CTL_FILE_SIZE // 4, used
+    finally:
+        st.close()
+    with localmq.open(root, **KW) as st2:
+        assert st2.wait_for_dispatch(60)
+        for k in range(2):
+            for i in range(0, PER_CHILD, 97):
+                topic, q = "c%d-t%d" % (k, i), i % 4
+                assert [bytes(m.body) for m in st2.get_message(topic, q, 0, 4).messages] == [_body(k, i)]
+
+
+def test_topic_rows_are_found_again_and_refuse_a_name_too_long(tmp_path):
+    from localmq import _shm
+    cf = _shm.ControlFile(str(tmp_path / "mpctl"))
+    try:
+        rows = [cf.topic_row("t%d" % i, create=True) for i in range(3000)]
+        assert len(set(rows)) == 3000
+        assert all(layout.CTL_ROWS_OFF <= r < layout.CTL_FILE_SIZE for r in rows)
+        assert [cf.topic_row("t%d" % i) for i in range(3000)] == rows
+        assert cf.topic_row("t7", create=True) == rows[7]  # found, not added again
+        assert cf.topic_row("absent") == -1
+        with pytest.raises(localmq.InvalidTopicError):
+            cf.topic_row("x" * (layout.CTL_T_NAME_MAX + 1), create=True)
+        assert cf.load(layout.CTL_S_TOPIC_ROWS) == 3000
+    finally:
+        cf.close()
