@@ -21,6 +21,11 @@ one ``os.write`` per line: a pipe write of under PIPE_BUF bytes is atomic, so li
 * ``T <i> <state> <committed>``: transactional send number ``i`` (topic ``ptxn``, queue 0, producer group ``PTG``;
   thread 91) returned: the local transaction answered ``state`` (COMMIT_MESSAGE for even ``i``, ROLLBACK_MESSAGE for
   odd), ``committed`` 1 when the real message was put by it (``TransactionSendResult.commit``).
+* ``W <i> <status> <queue offset>``: put number ``i`` to topic ``pretry`` (queue 0; thread 92) returned (jobs with
+  ``special``). A consumer of group ``PRG`` reads ``pretry`` in the same thread: it sends back (``nack(delay=1)``, a
+  retry through the schedule service to ``%RETRY%PRG``) every even ``i`` read for the first time and acknowledges
+  the rest; ``B <i>`` once that send-back returned (its retry record stored, SYNC_FLUSH: on disk), ``V <i>`` for a
+  retry delivered, ``K <offset>`` once the group's offset of ``pretry`` queue 0 was committed there.
 * ``F <repr>``: the open failed and the job allows it (``open_may_fail``: a fault injected by the test); the child
   then waits for the kill.
 * ``X <repr>``: the child failed (then exits 3).
@@ -140,7 +145,10 @@ def run_job(job):
             producer = st.create_producer(queue_id=0)
             wd = Workload(job["seed"], job["session"], 90, ["pdelay"], 1, tuple(job["sizes"]))
             wt = Workload(job["seed"], job["session"], 91, ["ptxn"], 1, tuple(job["sizes"]))
+            wr = Workload(job["seed"], job["session"], 92, ["pretry"], 1, tuple(job["sizes"]))
+            rc = st.create_consumer("PRG", ["pretry"], from_offset="earliest", manual_ack=True)
             while not stop.is_set():
+                retries(wr, rc)
                 i, topic, qid, body, key = wd.next()
                 try:
                     r = producer.send(topic, body, keys=key, delay_level=1)
@@ -156,6 +164,26 @@ def run_job(job):
                 _out(f"T {i} {t.state.name} {int(t.commit is not None and t.commit.ok)}")
                 if job.get("pace_us"):
                     time.sleep(job["pace_us"] / 1e6)
+
+        def retries(wr, rc):
+            # one put to pretry, then what the consumer has: first reads of even messages sent back, the rest acked
+            i, topic, qid, body, key = wr.next()
+            r = st.put(topic, body, queue_id=qid, keys=key)
+            _out(f"W {i} {r.status.name} {r.queue_offset}")
+            for m in rc.poll_batch(16, timeout=0.01):
+                who = parse_body(bytes(m.body))
+                if m.topic == "pretry" and who is not None and who[2] % 2 == 0 and m.reconsume_times == 0:
+                    try:
+                        m.nack(delay=1.0)
+                    except localmq.SendError:
+                        continue  # not sent back: it stays unacknowledged, the committed offset stays before it
+                    _out(f"B {who[2]}")
+                else:
+                    m.ack()
+                    if m.topic != "pretry" and who is not None:
+                        _out(f"V {who[2]}")
+            rc.commit()
+            _out(f"K {rc.committed('pretry', 0)}")
 
         def reporter():
             last = -1

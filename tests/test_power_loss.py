@@ -537,6 +537,31 @@ def _special_outcomes(lines):
     return delayed, txn
 
 
+def _check_retries(seed, job, lines, sent_back, got_r, got_p, committed_p, figures):
+    """Retries in flight: every send-back that returned (its retry record durable) and every even message below the
+    group's surviving committed offset reached %RETRY%PRG exactly once, with the body that was put; the committed
+    offset is not past the messages that survived."""
+    n_r = max((int(f[1]) for f in map(str.split, lines) if f and f[0] == "W"), default=-1) + 2
+    want_r = power_writer.messages(seed, 1, 92, ["pretry"], 1, tuple(job["sizes"]), n_r)
+    for b in got_r + got_p:
+        who = power_writer.parse_body(b)
+        assert who is not None and who[:2] == (1, 92), f"never put: {b[:60]!r}"
+        assert who[2] < len(want_r) and b == want_r[who[2]][3], f"retry {who}: another body than was put"
+    seen_r = [power_writer.parse_body(b)[2] for b in got_r]
+    assert all(i % 2 == 0 for i in seen_r), f"a message never sent back is in the retry topic: {seen_r[:20]}"
+    dups = len(seen_r) - len(set(seen_r))
+    assert dups == 0, f"retries delivered twice: {dups}"
+    lost = sorted(sent_back - set(seen_r))
+    assert not lost, f"sent back (retry record acknowledged) but never retried: {lost[:20]}"
+    committed_p = committed_p or 0
+    assert committed_p <= len(got_p), f"PRG committed {committed_p} on pretry, {len(got_p)} messages survived"
+    below = [power_writer.parse_body(b)[2] for b in got_p[:committed_p]]
+    lost_c = sorted(i for i in below if i % 2 == 0 and i not in set(seen_r))
+    assert not lost_c, f"committed past but neither acknowledged nor retried: {lost_c[:20]}"
+    figures["retries_sent_back"] = figures.get("retries_sent_back", 0) + len(sent_back)
+    figures["retries_delivered"] = figures.get("retries_delivered", 0) + len(seen_r)
+
+
 def _check_special(root, cfg, seed, job, lines, figures):
     delayed, txn = _special_outcomes(lines)
     acked = {i for i, status in delayed.items() if status == "PUT_OK"}
@@ -555,6 +580,17 @@ def _check_special(root, cfg, seed, job, lines, figures):
                 break
             time.sleep(0.1)
         got_t = _queue_bodies(st, "ptxn")
+        # the retries come when due too (1 s after their send-back), to %RETRY%PRG
+        sent_back = {int(f[1]) for f in map(str.split, lines) if f and f[0] == "B"}
+        while True:
+            got_r = _queue_bodies(st, "%RETRY%PRG")
+            found = {power_writer.parse_body(b) for b in got_r}
+            if all((1, 92, i) in found for i in sent_back) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        got_p = _queue_bodies(st, "pretry")
+        committed_p = st.consumer_offsets.query("PRG", "pretry", 0)
+    _check_retries(seed, job, lines, sent_back, got_r, got_p, committed_p, figures)
     for kind, got, want in (("delayed", got_d, want_d), ("transactional", got_t, want_t)):
         for b in got:
             who = power_writer.parse_body(b)
@@ -583,9 +619,11 @@ def _check_special(root, cfg, seed, job, lines, figures):
 @pytest.mark.parametrize("mode", MODES)
 def test_delayed_and_transactional_messages_survive_power_cuts(server, power_dir, mode):
     """SYNC_FLUSH stores taking delayed messages (level 1) and transactions (even ones committed, odd ones rolled
-    back) beside a plain writer, SIGKILLed and cut (a third of the cuts also during a second session's recovery):
-    after the cut every acknowledged delayed message is delivered to its topic exactly once, every committed
-    transaction's message is there exactly once, none rolled back is, and nothing that was never put."""
+    back) and a consumer sending every even message of its topic back for a retry, beside a plain writer,
+    SIGKILLed and cut (a third of the cuts also during a second session's recovery): after the cut every
+    acknowledged delayed message is delivered to its topic exactly once, every committed transaction's message is
+    there exactly once, none rolled back is, every send-back that returned (and every one the surviving committed
+    offset passed) is retried exactly once, and nothing that was never put."""
     base = power_dir / f"special-{mode}"
     figures = dict(cuts=0, recuts=0, delayed_acked=0, delayed_delivered=0, txn_committed=0, txn_delivered=0)
     for seed in ([int(REPLAY_SEED)] if REPLAY_SEED is not None else range(SPECIAL_CUTS)):
@@ -624,6 +662,7 @@ def test_delayed_and_transactional_messages_survive_power_cuts(server, power_dir
         with open(os.environ["LOCALMQ_POWER_REPORT"], "a") as f:
             f.write(json.dumps(dict(figures, mode=mode, test="special")) + "\n")
     assert figures["delayed_acked"] > 0 and figures["txn_committed"] > 0, figures
+    assert figures.get("retries_sent_back", 0) > 0, figures
 
 
 # -- what the cuts found, each reproduced on its own ---------------------------------------------------------------
