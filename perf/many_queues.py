@@ -5,7 +5,8 @@ growth and the store's disk use (``du``). Each phase runs in a fresh process, so
 
 Usage: python perf/many_queues.py [N ...]   (default: 500 2000; issue 27's target is 25000)
 (measures the localmq of the checkout it lives in; the stores live in temporary directories, removed after;
-``--rlimit-nofile K`` runs the phases under that limit.)
+``--rlimit-nofile K`` runs the phases under that limit; ``--shared`` opens the store with ``shared=True``, the
+multi-process mode, whose control file's disk is counted with the store's.)
 """
 import json
 import os
@@ -43,14 +44,14 @@ def _held(base: dict) -> dict:
     return {"fds": _fds() - base["fds"], "maps": _maps() - base["maps"], "rss_kib": _rss_kib() - base["rss_kib"]}
 
 
-def phase(kind: str, root: str, n_topics: int) -> dict:
+def phase(kind: str, root: str, n_topics: int, shared: bool = False) -> dict:
     """One phase in this process: ``write`` (open, first put to every queue, dispatch, close) or ``reopen``."""
     import localmq
 
     base = {"fds": _fds(), "maps": _maps(), "rss_kib": _rss_kib()}
     out: dict = {}
     t = time.perf_counter()
-    st = localmq.open(root)
+    st = localmq.open(root, shared=shared)
     out["open_s"] = time.perf_counter() - t
     try:
         if kind == "write":
@@ -86,14 +87,16 @@ def _du(root: str) -> int:
     return int(subprocess.run(["du", "-sk", root], capture_output=True, text=True, check=True).stdout.split()[0])
 
 
-def run(n_topics: int, rlimit=None) -> dict:
+def run(n_topics: int, rlimit=None, shared=False) -> dict:
     root = tempfile.mkdtemp(prefix="localmq-many-queues-")
     try:
-        res = {"topics": n_topics, "queues": n_topics * TOPIC_QUEUES}
+        res = {"topics": n_topics, "queues": n_topics * TOPIC_QUEUES, "shared": shared}
         for kind in ("write", "reopen"):
             cmd = [sys.executable, os.path.abspath(__file__), "--phase", kind, root, str(n_topics)]
             if rlimit:
                 cmd += ["--rlimit-nofile", str(rlimit)]
+            if shared:
+                cmd.append("--shared")
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0:
                 raise RuntimeError(f"{kind} phase failed:\n{p.stderr[-4000:]}")
@@ -106,6 +109,8 @@ def run(n_topics: int, rlimit=None) -> dict:
 
 def main(argv) -> None:
     rlimit = None
+    shared = "--shared" in argv
+    argv = [a for a in argv if a != "--shared"]
     if "--rlimit-nofile" in argv:
         i = argv.index("--rlimit-nofile")
         rlimit = int(argv[i + 1])
@@ -113,14 +118,14 @@ def main(argv) -> None:
     if argv and argv[0] == "--phase":
         if rlimit:
             resource.setrlimit(resource.RLIMIT_NOFILE, (rlimit, rlimit))
-        print(json.dumps(phase(argv[1], argv[2], int(argv[3]))))
+        print(json.dumps(phase(argv[1], argv[2], int(argv[3]), shared)))
         return
     sizes = [int(a) for a in argv] or [500, 2000]
     print("| queues (topics x 4) | first put + dispatch | reopen (recovery) | read every queue | fds held | "
           "mappings | RSS growth | disk |")
     print("|---|---|---|---|---|---|---|---|")
     for n in sizes:
-        r = run(n, rlimit)
+        r = run(n, rlimit, shared)
         w, o = r["write"], r["reopen"]
         print(f"| {r['queues']:,} | {w['put_dispatch_s']:.2f} s | {o['open_s']:.2f} s ({o['recovery_s']:.2f} s) | "
               f"{o['read_all_s']:.2f} s | {w['fds']:,} / {o['fds']:,} | {w['maps']:,} / {o['maps']:,} | "

@@ -130,11 +130,14 @@ def _run_sessions(servers, jobs, kill_after, first=1, from_ready=True):
 
 def _jobs(rng, ext, cfg, seed, first):
     """The two writers' jobs, sessions ``first`` and ``first + 1``; only the first runs the consumer group (its
-    commits are checked)."""
+    commits are checked). Under SYNC_FLUSH session 1 also puts delayed messages and sends messages back for retries
+    (power_writer's ``special: "delay"``)."""
     jobs = []
     for n in (first, first + 1):
         job = pl.job_for(rng, ext / "store", cfg, seed, n)
         job["consumer"] = n == first and job["consumer"]
+        if n == 1 and cfg["flush_disk_type"] == "SYNC_FLUSH":
+            job["special"] = "delay"
         jobs.append(job)
     return jobs
 
@@ -175,6 +178,9 @@ def run_shared_cut(servers, base, flush, mode, seed, figures):
     fsys = Ext4(disk / "fs.img", ext)  # ext4 replays its journal here
     try:
         check(ext / "store", cfg, flush, seed, sessions, figures, concurrent=True)
+        if sessions[0].job.get("special"):
+            # every acknowledged delayed message delivered once, every returned send-back retried once
+            pl._check_special(ext / "store", cfg, seed, sessions[0].job, sessions[0].lines, figures)
     finally:
         fsys.down()
     figures["cuts"] += 1
