@@ -363,3 +363,57 @@ def test_full_disk_gives_create_failed_stays_readable_and_recovers(small_tmpfs):
     with localmq.open(root, **cfg) as st:
         assert st.max_offset("full", 0) == len(acked) + len(more)
         assert st.get_message("full", 0, len(acked)).messages[0].body == b"again-0"
+
+
+# -- many files synced at once ---------------------------------------------------------------------------------
+
+def test_sync_each_tries_every_item_and_returns_the_failures_in_order():
+    from localmq.store.mapped_file_queue import SYNC_PARALLEL_MIN, sync_each
+    for n in (SYNC_PARALLEL_MIN - 1, 500):  # the calling thread alone, then the threads
+        seen, lock = [], threading.Lock()
+
+        def fn(i, seen=seen, lock=lock):
+            with lock:
+                seen.append(i)
+            if i % 97 == 13:
+                raise OSError(5, f"item {i}")
+
+        failed = sync_each(fn, list(range(n)))
+        assert sorted(seen) == list(range(n))
+        assert [i for i, _ in failed] == [i for i in range(n) if i % 97 == 13]
+        assert all(isinstance(e, OSError) and str(i) in str(e) for i, e in failed)
+
+
+def test_close_after_writes_to_many_queues_syncs_every_new_file_and_reports_a_failed_one(tmp_path, monkeypatch):
+    """A close after the first put to 300 queues syncs the new ConsumeQueue files on several threads: every file's
+    fdatasync is called once, one that fails (EIO, injected) is raised naming its file, and the store opens again
+    with every message."""
+    root = tmp_path / "s"
+    st = localmq.open(root, mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 64,
+                      max_mapped_queue_files=64)
+    for t in range(75):
+        for q in range(4):
+            assert st.put(f"t{t}", b"m%d/%d" % (t, q), queue_id=q).status is PutStatus.PUT_OK
+    assert st.wait_for_dispatch(60)
+    real, synced, lock = os.fdatasync, [], threading.Lock()
+    bad = str(root / "consumequeue" / "t41" / "2" / "00000000000000000000")
+
+    def fdatasync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        with lock:
+            synced.append(path)
+        if path == bad:
+            raise OSError(5, "Input/output error (injected)")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    with pytest.raises(localmq.StoreIOError) as ei:
+        st.close()
+    monkeypatch.setattr(os, "fdatasync", real)
+    assert bad in str(ei.value)
+    new_files = [p for p in synced if "/consumequeue/" in p]
+    assert len(new_files) == len(set(new_files)) == 300, len(new_files)
+    with localmq.open(root, mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 64) as st2:
+        for t in range(75):
+            for q in range(4):
+                assert [bytes(m.body) for m in st2.get_message(f"t{t}", q, 0, 4).messages] == [b"m%d/%d" % (t, q)]

@@ -36,7 +36,7 @@ from localmq.store.group_commit import GroupCommit
 from localmq.store.files import unsafe_entries
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
-from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable
+from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable, sync_each
 from localmq.store.recovery import (
     RecoveryReport, check_segments, next_queue_offsets, recover_store, sync_directories,
 )
@@ -626,12 +626,18 @@ class DefaultMessageStore:
             self._cl_mfq.flush_all()
         # after a failed flush of the log the queues and the checkpoint are still flushed (the checkpoint's log time
         # stays where the last good flush left it), and the failure is raised again
-        logics_ts = 0
-        for cq in list(self._cqs.values()):
-            ts = cq.last_store_timestamp
+        cqs = list(self._cqs.values())
+        # the store time each queue had before its flush: what the checkpoint may claim once all of them are flushed
+        logics_ts = max((cq.last_store_timestamp for cq in cqs), default=0)
+
+        def flush_queue(cq: Any) -> None:
             while not cq.flush(0):
                 pass
-            logics_ts = max(logics_ts, ts)
+
+        # thousands of dirty queues (a close after writes to many) are flushed on several threads (sync_each)
+        failed = sync_each(flush_queue, cqs)
+        if failed:
+            raise failed[0][1]
         self._cq_table.sync_names()
         cp = self.checkpoint
         if self._cl_mfq.store_timestamp and failure is None:

@@ -5,13 +5,14 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import Callable, List, Optional, Set
+from typing import Callable, List, Optional, Set, Tuple, TypeVar
 
 from localmq._mapped_file import MappedFile, MappingBudget, offset_to_file_name
 from localmq._native import fsync_dir
 from localmq.errors import CorruptStoreError, StoreIOError, io_operation, store_io_error
 
 log = logging.getLogger("localmq.mapped_file_queue")
+T = TypeVar("T")
 
 # RocketMQ's DELETE_FILES_BATCH_MAX: files deleted by one retention pass at most.
 DELETE_FILES_BATCH_MAX = 10
@@ -70,6 +71,51 @@ def makedirs_durable(directory: str) -> None:
             _unsynced_dirs.discard(m)
 
 
+# Syncs of many files at once (a close after writes to thousands of queues) run on this many threads: each fsync
+# waits for a journal commit and a cache flush, and concurrent ones share them (ext4 here: 2,000 one-page files
+# take 0.44 s one after the other, 0.11 s on 8 threads, 0.07 s on 32).
+SYNC_THREADS = 16
+# below this many, the calling thread does them alone
+SYNC_PARALLEL_MIN = 64
+
+
+def sync_each(fn: Callable[[T], object], items: List[T]) -> List[Tuple[T, BaseException]]:
+    """Call ``fn(item)`` for every item (on up to SYNC_THREADS threads when there are SYNC_PARALLEL_MIN or more),
+    every one of them even when some fail. Returns the (item, exception) of each failure, in the order of
+    ``items``."""
+    failures: List[Tuple[int, T, BaseException]] = []
+    if len(items) < SYNC_PARALLEL_MIN:
+        for i, item in enumerate(items):
+            try:
+                fn(item)
+            except BaseException as e:  # noqa: BLE001 - returned to the caller, which raises the first
+                failures.append((i, item, e))
+        return [(item, e) for _, item, e in failures]
+    lock = threading.Lock()
+    it = iter(enumerate(items))
+
+    def work() -> None:
+        while True:
+            with lock:
+                nxt = next(it, None)
+            if nxt is None:
+                return
+            try:
+                fn(nxt[1])
+            except BaseException as e:  # noqa: BLE001 - returned to the caller, which raises the first
+                with lock:
+                    failures.append((nxt[0], nxt[1], e))
+
+    threads = [threading.Thread(target=work, name="localmq-sync", daemon=True)
+               for _ in range(min(SYNC_THREADS, len(items)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failures.sort(key=lambda f: f[0])
+    return [(item, e) for _, item, e in failures]
+
+
 class DeferredDirSyncs:
     """The fdatasyncs of new derived files' sizes and the directory fsyncs that make their names durable
     (ConsumeQueue files: recovery rebuilds them from the commit log), gathered and done at once by ``sync`` before
@@ -106,37 +152,47 @@ class DeferredDirSyncs:
         """fdatasync every queued new file (its size), then fsync every queued directory (one removed since, with the
         files in it, needs none); returns how many directories. On a failure the directories not synced stay queued
         and StoreIOError is raised (a file whose fdatasync failed is not queued again: a retry could succeed
-        without its pages; the checkpoint does not move past it, and a wrong size found at open is rebuilt)."""
+        without its pages; the checkpoint does not move past it, and a wrong size found at open is rebuilt). Many
+        files and directories are synced on several threads (``sync_each``); each is tried even when another fails,
+        and the first failure is raised."""
         with self._lock:
             files, self._files = sorted(self._files), set()
             dirs, self._dirs = sorted(self._dirs), set()
-        for i, path in enumerate(files):
+
+        not_opened: List[str] = []
+
+        def sync_file(path: str) -> None:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
-                continue  # deleted since (retention, a failed open's undo): nothing to make durable
+                return  # deleted since (retention, a failed open's undo): nothing to make durable
             except BaseException:
-                self._requeue(files[i:], dirs)
+                not_opened.append(path)  # its pages were not touched: queued again
                 raise
             try:
                 os.fdatasync(fd)
             except OSError as e:
-                self._requeue(files[i + 1:], dirs)
                 raise store_io_error(e, "fdatasync", path) from e
-            except BaseException:
-                self._requeue(files[i + 1:], dirs)
-                raise
             finally:
                 os.close(fd)
-        for i, d in enumerate(dirs):
+
+        def sync_dir(d: str) -> None:
             try:
                 fsync_dir(d)
             except FileNotFoundError:
-                continue
-            except BaseException:
-                with self._lock:
-                    self._dirs.update(dirs[i:])
-                raise
+                pass
+
+        failed = sync_each(sync_file, files)
+        if failed:
+            # a file whose fdatasync failed is not queued again (a retry could succeed without its pages); one that
+            # could not be opened is, and every directory
+            self._requeue(not_opened, dirs)
+            raise failed[0][1]
+        failed = sync_each(sync_dir, dirs)
+        if failed:
+            with self._lock:
+                self._dirs.update(d for d, _ in failed)
+            raise failed[0][1]
         return len(dirs)
 
     def _requeue(self, files: List[str], dirs: List[str]) -> None:
