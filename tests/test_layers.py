@@ -229,3 +229,40 @@ def test_every_thread_is_on_the_map():
     assert len(names) >= 14, names  # the scan itself works
     missing = sorted(n for n in names if f"`{n}`" not in table)
     assert not missing, "threads missing from ARCHITECTURE.md's threads table:\n" + "\n".join(missing)
+
+
+def test_the_jvm_readers_constants_agree_with_layout_py():
+    """The JVM reader (localmq/spark/java) writes the format's numbers again in Java: every constant there named as in
+    layout.py (or as a REC_/CQ_ field of it without the prefix) has layout.py's value. The CI run on ae41110 found
+    the reader still at control file version 3, reading a live shared store past its committed end."""
+    import re
+
+    from localmq import layout
+
+    def java_int(text, bits):
+        text = text.strip().rstrip("Ll")
+        m = re.fullmatch(r"(-?)(0[xX][0-9a-fA-F]+|\d+)(?:[Ll]? << (\d+))?", text)
+        assert m, text
+        v = int(m.group(2), 0) << int(m.group(3) or 0)
+        v = -v if m.group(1) else v
+        return v - (1 << bits) if v >= 1 << (bits - 1) else v  # Java's two's complement literals
+
+    seen = 0
+    java_root = os.path.join(ROOT, "spark", "java")
+    for dirpath, _, files in os.walk(java_root):
+        for name in files:
+            if not name.endswith(".java"):
+                continue
+            with open(os.path.join(dirpath, name)) as f:
+                src = f.read()
+            for kind, const, value in re.findall(r"static final (int|long) ([A-Z0-9_]+) = ([^;]+);", src):
+                for candidate in (const, "REC_" + const, "CQ_" + const):
+                    if hasattr(layout, candidate) and isinstance(getattr(layout, candidate), int):
+                        want = getattr(layout, candidate)
+                        bits = 32 if kind == "int" else 64
+                        got = java_int(value, bits)
+                        assert got == want or got == want - (1 << bits) or got + (1 << bits) == want, (
+                            f"{name}: {const} = {value}, layout.py {candidate} = {want}")
+                        seen += 1
+                        break
+    assert seen >= 20, seen  # the reader's record, unit and control file constants were all found

@@ -59,7 +59,19 @@ class ControlView:
             return None
         try:
             st = os.fstat(fd)
-            if st.st_size < CTL_FILE_SIZE or not _held_by_others(fd, CTL_LOCK_BYTE_OPEN):
+            if not _held_by_others(fd, CTL_LOCK_BYTE_OPEN):
+                os.close(fd)
+                return None
+            head = os.pread(fd, 8, 0)
+            if len(head) == 8 and _U32.unpack_from(head, CTL_H_MAGIC)[0] == CTL_MAGIC:
+                version = _U32.unpack_from(head, CTL_H_VERSION)[0]
+                if version != CTL_VERSION:
+                    # live processes of another localmq version: their committed end is not known here, and reading
+                    # past it would take a put being copied for damage
+                    raise ControlFileError(f"{path} is version {version} (a process of another localmq version "
+                                           f"shares this store), this localmq reads {CTL_VERSION}: read it with "
+                                           f"that version, or once its processes have closed it")
+            if st.st_size < CTL_FILE_SIZE:
                 os.close(fd)
                 return None
             mm = mmap.mmap(fd, CTL_FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)

@@ -112,11 +112,15 @@ def unsafe_entries(root: str | os.PathLike[str]) -> list[str]:
             continue
         if not os.path.isdir(top):
             continue
-        for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-            for n in dirnames + filenames:
-                p = os.path.join(dirpath, n)
-                if os.path.islink(p):
-                    bad.append(p)
+        # the directory entries' own types (d_type): no stat per entry, a store of 100,000 queues has 400,000
+        stack = [top]
+        while stack:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    if e.is_symlink():
+                        bad.append(e.path)
+                    elif e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
             if len(bad) > 100:
                 return bad
     return bad

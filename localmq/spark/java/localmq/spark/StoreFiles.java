@@ -38,9 +38,9 @@ final class StoreFiles {
     private static final Pattern GAP_FILE = Pattern.compile("commitlog-gap-(\\d{20})-\\d+\\.bin");
     // the control file of a shared store (layout.py CTL_*): its size, header and the committed end's cell
     private static final String CTL_FILE = "mpctl";
-    private static final int CTL_FILE_SIZE = 2379840;
+    private static final int CTL_HEADER_SIZE = 4096;
     private static final int CTL_MAGIC = 0x4C4D5143;
-    private static final int CTL_VERSION = 3;
+    private static final int CTL_VERSION = 4;
     private static final int CTL_H_MAGIC = 0;
     private static final int CTL_H_VERSION = 4;
     private static final int CTL_S_READY = 512;
@@ -159,14 +159,25 @@ final class StoreFiles {
             return null;
         }
         try (FileChannel ch = FileChannel.open(ctl, StandardOpenOption.READ)) {
-            if (ch.size() < CTL_FILE_SIZE) {
+            if (ch.size() < CTL_HEADER_SIZE) {
                 return null;
             }
-            MappedByteBuffer mm = ch.map(FileChannel.MapMode.READ_ONLY, 0, CTL_FILE_SIZE);
+            // the header page only: the cells read here lie there in every version that has this magic
+            MappedByteBuffer mm = ch.map(FileChannel.MapMode.READ_ONLY, 0, CTL_HEADER_SIZE);
             try {
                 mm.order(java.nio.ByteOrder.nativeOrder());  // the control file holds native-endian cells
-                if (mm.getInt(CTL_H_MAGIC) != CTL_MAGIC || mm.getInt(CTL_H_VERSION) != CTL_VERSION
-                        || mm.getLong(CTL_S_READY) != 1) {
+                if (mm.getInt(CTL_H_MAGIC) != CTL_MAGIC) {
+                    return null;
+                }
+                int version = mm.getInt(CTL_H_VERSION);
+                if (version != CTL_VERSION) {
+                    // a live store of another localmq version: its committed end is not known here, and reading
+                    // past it would take a put being copied for damage
+                    throw new IllegalStateException("the control file " + ctl + " is version " + version
+                            + ", this reader knows version " + CTL_VERSION + ": read the store with the localmq "
+                            + "version that shares it, or once its processes have closed it");
+                }
+                if (mm.getLong(CTL_S_READY) != 1) {
                     return null;
                 }
                 return mm.getLong(CTL_S_WPOS);
