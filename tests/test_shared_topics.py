@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -93,3 +94,50 @@ def test_topic_rows_are_found_again_and_refuse_a_name_too_long(tmp_path):
         assert cf.load(layout.CTL_S_TOPIC_ROWS) == 3000
     finally:
         cf.close()
+
+
+def test_a_full_disk_refuses_a_new_topic_with_a_typed_error_and_takes_it_once_there_is_room(tmp_path):
+    """A new topic's row in the control file gets its blocks before it is written: on a full disk (a real 8 MiB
+    tmpfs) a put to a new topic raises StoreIOError naming the control file and ENOSPC (or, when the row fits in
+    blocks already reserved, is refused with CREATE_MAPPED_FILE_FAILED while the dispatcher cannot reserve the new
+    queue's file), never SIGBUS; once the disk has room again, puts are taken again, to old and new topics."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "localmq-test", str(mnt)], capture_output=True,
+                       text=True)
+    assert p.returncode == 0, f"cannot mount a tmpfs (the tests run as root): {p.stderr.strip()}"
+    try:
+        st = localmq.open(mnt / "s", shared=True, **KW)
+        try:
+            assert st.put("old", b"before").status.name == "PUT_OK"
+            with open(mnt / "ballast", "wb", buffering=0) as f:
+                with pytest.raises(OSError):
+                    while True:
+                        f.write(bytes(4096))
+            refused = []
+            for i in range(8):  # rows share pages: the first ones may fit in blocks already reserved
+                try:
+                    r = st.put("new%d" % i, b"x")
+                except localmq.StoreIOError as e:
+                    # the row's blocks could not be reserved
+                    assert "mpctl" in str(e) and e.errno == 28, e
+                    refused.append(e)
+                else:
+                    # or the row fitted, and the store refuses puts while its dispatcher cannot reserve the new
+                    # queue's file (the full disk every process sees)
+                    if r.status.name != "PUT_OK":
+                        assert r.status.name == "CREATE_MAPPED_FILE_FAILED", r
+                        refused.append(r)
+            assert refused, "nothing was refused on a full disk"
+            os.unlink(mnt / "ballast")
+            deadline = time.monotonic() + 30  # the dispatcher retries every 100 ms, then puts are taken again
+            while st.put("old", b"after").status.name != "PUT_OK":
+                assert time.monotonic() < deadline, "puts were not taken again once the disk had room"
+                time.sleep(0.1)
+            assert st.put("new-after", b"y").queue_offset == 0
+            assert st.wait_for_dispatch(30)
+            assert [bytes(m.body) for m in st.get_message("old", 0, 0, 4).messages][:2] == [b"before", b"after"]
+        finally:
+            st.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
