@@ -158,6 +158,14 @@ SESSION = textwrap.dedent("""
         plans = {fmt: spark.read.format(fmt).load(path)._jdf.queryExecution().executedPlan().toString()
                  for fmt in ("localmq", "localmq-python")}
         stream = spark.readStream.format("localmq").option("mapped_file_size_commit_log", 65536).load(path)
+        # the stream through the alias, run to the end of what is there (the JVM reader's MicroBatchStream)
+        q = (spark.readStream.format("localmq").option("mapped_file_size_commit_log", 65536)
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 120).load(path).select(*cols)
+             .writeStream.format("memory").queryName("via_alias").trigger(availableNow=True)
+             .option("checkpointLocation", path + "-checkpoint").start())
+        q.awaitTermination(300)
+        streamed = sorted(tuple(r) for r in spark.sql("select * from via_alias").collect())
+        batches = len(q.recentProgress)
         print(json.dumps({
             "jars": conf.get("spark.jars"), "python": conf.get("spark.pyspark.python"),
             "providers": {n: lookup(n, sql_conf).getName() for n in ("localmq", "localmq-jvm")},
@@ -166,6 +174,7 @@ SESSION = textwrap.dedent("""
             # the JVM scan describes itself by its options, the Python one as "(Python)"
             "jvm_scan": {fmt: "checkCRC=" in plan and "(Python)" not in plan for fmt, plan in plans.items()},
             "count": len(rows["localmq"]), "same": rows["localmq"] == rows["localmq-jvm"] == rows["localmq-python"],
+            "streamed_same": streamed == rows["localmq-python"], "stream_batches": batches,
         }))
     finally:
         spark.stop()
@@ -176,7 +185,7 @@ SESSION = textwrap.dedent("""
 def test_a_session_configured_by_configure_spark_reads_localmq_with_the_jvm_reader(xdg_cache, tmp_path):
     """A fresh process as a pip user runs it: configure_spark(SparkSession.builder) finds the cached jar, and
     format("localmq") is the JVM reader (Spark resolves a registered JVM source before a Python data source of the
-    same name), giving the rows format("localmq-python") gives."""
+    same name), giving the rows format("localmq-python") gives, in a batch and in a stream run to its end."""
     require("pyspark")
     xdg, jar = xdg_cache
     env = child_env(XDG_CACHE_HOME=str(xdg), SPARK_LOCAL_IP="127.0.0.1")
@@ -192,4 +201,6 @@ def test_a_session_configured_by_configure_spark_reads_localmq_with_the_jvm_read
     assert got["jvm_scan"] == {"localmq": True, "localmq-python": False}
     assert got["python_source"] is True and got["stream"] is True
     assert got["count"] == 500 and got["same"] is True
+    # the stream read through format("localmq") gave every row, in more than one micro-batch (120 rows at most each)
+    assert got["streamed_same"] is True and got["stream_batches"] >= 5, got
 
