@@ -25,12 +25,17 @@ DRIVER = r"""
 import json, sys
 from pyspark.sql import SparkSession, functions as F
 import localmq.spark
-master, store, fixture, out, ck = sys.argv[1:6]
-spark = (SparkSession.builder.master(master).appName("localmq-cluster-test").config("spark.executor.memory", "1g")
-         .config("spark.ui.enabled", "false").getOrCreate())
+master, store, fixture, out, ck, reader = sys.argv[1:7]
+builder = (SparkSession.builder.master(master).appName("localmq-cluster-test").config("spark.executor.memory", "1g")
+           .config("spark.ui.enabled", "false"))
+if reader == "jvm":
+    builder = localmq.spark.configure_spark(builder)  # the jar on spark.jars: executors fetch it from the driver
+spark = builder.getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
 df = spark.read.format("localmq").option("mapped_file_size_commit_log", 65536).load(store)
-res = {"parts": df.rdd.getNumPartitions(), "count": df.count(),
+plan = df._jdf.queryExecution().executedPlan().toString()
+res = {"jvm_scan": "checkCRC=" in plan and "(Python)" not in plan, "parts": df.rdd.getNumPartitions(),
+       "count": df.count(),
        "queues": sorted([r[0], r[1], r[2], r[3]] for r in df.groupBy("topic", "partition").agg(
            F.min("offset"), F.count("*")).collect()),
        "sum": df.select(F.sum(F.col("value").cast("string").substr(6, 6).cast("long"))).first()[0],
@@ -101,7 +106,10 @@ def cluster(tmp_path_factory):
         log.close()
 
 
-def test_batch_and_streaming_on_a_standalone_cluster(cluster, fixtures_dir, tmp_path):
+@pytest.mark.parametrize("reader", ["python", "jvm"])
+def test_batch_and_streaming_on_a_standalone_cluster(cluster, fixtures_dir, tmp_path, reader):
+    """format("localmq") on the cluster: the Python data source, or (``jvm``, a session made by configure_spark)
+    the JVM reader, whose jar the executors fetch from the driver. Both give every message, batch and stream."""
     master, env = cluster
     store = tmp_path / "store"
     sent = {}
@@ -114,11 +122,12 @@ def test_batch_and_streaming_on_a_standalone_cluster(cluster, fixtures_dir, tmp_
     fixture = shutil.copytree(fixtures_dir / "EricPanGopher-rocketmq-9835cd5f" / "store" / "unit_test_store",
                               tmp_path / "fixture")
     out = subprocess.run([sys.executable, "-c", DRIVER, master, str(store), str(fixture), str(tmp_path / "out"),
-                          str(tmp_path / "ck")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          str(tmp_path / "ck"), reader], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-5000:]
     res = json.loads(lines[0][len("RESULT "):])
+    assert res["jvm_scan"] is (reader == "jvm")
     assert res["count"] == 6000 and res["mapinarrow"] == 6000
     assert res["sum"] == sum(range(6000))
     assert res["queues"] == sorted([t, q, 0, n] for (t, q), n in sent.items())
