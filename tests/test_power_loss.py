@@ -527,6 +527,17 @@ def _queue_bodies(st, topic):
     return out
 
 
+def _bodies_when_due(st, topic, thread, due, deadline):
+    """The bodies of (topic, 0) once every message ``i`` of ``due`` (session 1, ``thread``) is among them, or at
+    ``deadline``."""
+    while True:
+        got = _queue_bodies(st, topic)
+        found = {power_writer.parse_body(b) for b in got}
+        if all((1, thread, i) in found for i in due) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
 def _special_outcomes(lines):
     """({i: status} of the delayed puts, {i: (state, committed)} of the transactions) a writer reported."""
     delayed, txn = {}, {}
@@ -580,21 +591,11 @@ def _check_special(root, cfg, seed, job, lines, figures):
     with localmq.open(root, **cfg) as st:
         # the delayed messages come when due (level 1: 1 s after they were stored), from the schedule service
         deadline = time.monotonic() + 20
-        while True:
-            got_d = _queue_bodies(st, "pdelay")
-            found = {power_writer.parse_body(b) for b in got_d}
-            if all((1, 90, i) in found for i in acked) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        got_d = _bodies_when_due(st, "pdelay", 90, acked, deadline)
         got_t = _queue_bodies(st, "ptxn")
         # the retries come when due too (1 s after their send-back), to %RETRY%PRG
         sent_back = {int(f[1]) for f in map(str.split, lines) if f and f[0] == "B"}
-        while True:
-            got_r = _queue_bodies(st, "%RETRY%PRG")
-            found = {power_writer.parse_body(b) for b in got_r}
-            if all((1, 92, i) in found for i in sent_back) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        got_r = _bodies_when_due(st, "%RETRY%PRG", 92, sent_back, deadline)
         got_p = _queue_bodies(st, "pretry")
         committed_p = st.consumer_offsets.query("PRG", "pretry", 0)
     _check_retries(seed, job, lines, sent_back, got_r, got_p, committed_p, figures)
