@@ -76,7 +76,7 @@ AGED_S = 2 * 3600   # what an aged segment's mtime is set back by: past file_res
 
 
 MIN_BODY, MAX_BODY = 100, 1000
-RECORD_OVERHEAD = 300   # a record's header, topic and properties (UNIQ_KEY, retry properties) beyond its body
+RECORD_OVERHEAD = 300   # beyond its body, a record's header, topic and properties (UNIQ_KEY...): about 140 here
 HEADER = struct.Struct("<4sBHBIH")   # magic, producer, topic index, queue id, sequence, body length
 MAGIC = b"SOAK"
 CRC = struct.Struct("<I")
@@ -530,17 +530,20 @@ class Soak:
     # -- verdicts -------------------------------------------------------------------------------------------------
 
     def disk_bound(self) -> dict:
-        """What retention keeps at most, from the settings and the rate: the segments written while the group's
-        offsets wait to be persisted and read by a pass (plus slack), the current segment and the 2 made ahead;
-        two files per queue; three index files; 1 MiB of config, checkpoint and directories."""
-        rate_bytes = self.args.rate * (MAX_BODY + RECORD_OVERHEAD)
-        keep = self.args.keep if self.args.retention == "aged" else 0
-        window_s = keep + 2 + OFFSET_PERSIST_MS / 1000 + 2 * CLEAN_INTERVAL_MS / 1000 + 10
+        """What retention keeps at most, from the settings and the rate: the log written while a full segment
+        waits to be aged (``--keep``), the group's offsets to be persisted and a pass to run (plus 5 s), at an
+        average record of 550 + 300 bytes (bodies of 100-1000 bytes; the header, topic and UNIQ_KEY take about
+        140), plus the current segment, the 2 made ahead and the one being aged; two files and a directory block per
+        queue; three index files; 1 MiB of config, checkpoint and directories. Without retention a run passes it
+        after about a minute and a half."""
+        rate_bytes = self.args.rate * ((MIN_BODY + MAX_BODY) / 2 + RECORD_OVERHEAD)
+        keep = self.args.keep + 1 if self.args.retention == "aged" else 0
+        window_s = keep + OFFSET_PERSIST_MS / 1000 + 2 * CLEAN_INTERVAL_MS / 1000 + 5
         segments = math.ceil(rate_bytes * window_s / SEGMENT) + 4
         queues = self.topics * QUEUES_PER_TOPIC + 1 + 2   # + %RETRY%soak, SCHEDULE_TOPIC_XXXX levels 1 and 2
         cq = queues * (2 * CQ_FILE + 4096) + (self.topics + 2) * 4096
         index = 3 * (40 + INDEX_SLOTS * 4 + INDEX_ITEMS * 20)
-        return {"segments": segments, "bytes": segments * SEGMENT + cq + index + (1 << 20)}
+        return {"segments": segments, "window_s": window_s, "bytes": segments * SEGMENT + cq + index + (1 << 20)}
 
     def summary(self, base, load_end, drained, drain_s, final_lag, after) -> dict:
         a = self.args
@@ -623,16 +626,20 @@ def plot(samples: list, summary: dict, path: str) -> None:
               ("rss_kib", "RSS (MiB)", 1 / 1024), ("disk_bytes", "store disk (MiB)", 1 / (1 << 20))]
     warm = 0.25 * summary["load_seconds"] / 60
     for ax, (k, label, scale) in zip(axes, series):
-        ax.plot(t, [s[k] * scale for s in load], lw=0.8)
-        ax.set_ylabel(label)
         ax.axvspan(0, warm, color="0.9", lw=0)
         for r in summary.get("reopens", []):
-            ax.axvline(r / 60, color="tab:red", lw=0.3, alpha=0.5)
-        ax.set_ylim(bottom=0)
+            ax.axvline(r / 60, color="tab:red", lw=0.4, alpha=0.4)
+        ys = [s[k] * scale for s in load]
+        ax.plot(t, ys, lw=0.8)
+        ax.set_ylabel(label)
+        top = max(ys, default=1)
+        if k == "disk_bytes":
+            bound = summary["disk_bound"]["bytes"] * scale
+            ax.axhline(bound, color="tab:orange", ls="--", lw=0.8, label="bound from the settings and the rate")
+            ax.legend(loc="lower right")
+            top = max(top, bound)
+        ax.set_ylim(0, top * 1.1)
         ax.grid(alpha=0.3)
-    axes[3].axhline(summary["disk_bound"]["bytes"] / (1 << 20), color="tab:orange", ls="--", lw=0.8,
-                    label="bound from the settings")
-    axes[3].legend(loc="lower right")
     axes[3].set_xlabel("minutes (grey: warm-up; red: a close and reopen)")
     fig.suptitle("localmq soak: %d queues, %.0f puts/s, %d reopens, %d segments deleted; %d put, %d consumed, "
                  "%d retried" % (summary["queues"], summary["put_per_s"], summary["reopen_cycles"],
