@@ -174,7 +174,6 @@ class Soak:
         self.root = root
         self.topics = max(1, args.queues // QUEUES_PER_TOPIC)
         self.names = [topic_name(i) for i in range(self.topics)]
-        self.index = {n: i for i, n in enumerate(self.names)}
         # one bytearray of flags per (producer, topic, queue): a byte per sequence, appended before the send
         self.flags = [bytearray() for _ in range(PRODUCERS * self.topics * QUEUES_PER_TOPIC)]
         self.stop_load = threading.Event()     # producers stop
@@ -222,11 +221,20 @@ class Soak:
             self.errors.append(f"{name}: {e!r}\n{traceback.format_exc()}")
             self.stop_load.set()
             self.stop_all.set()
-            with self.cycles.cond:
-                self.cycles.parked += 1   # never block a pause for a dead worker
-                self.cycles.cond.notify_all()
+            if fn == self.consumer:
+                with self.cycles.cond:
+                    self.cycles.workers -= 1   # never block a pause for a dead worker
+                    self.cycles.cond.notify_all()
 
     def producer(self, pid: int) -> None:
+        try:
+            self._produce(pid)
+        finally:
+            with self.cycles.cond:   # a pause after this thread ended must not wait for it
+                self.cycles.workers -= 1
+                self.cycles.cond.notify_all()
+
+    def _produce(self, pid: int) -> None:
         rate = self.args.rate / PRODUCERS
         order = [(t, q) for t in range(self.topics) for q in range(QUEUES_PER_TOPIC)]
         random.Random(pid).shuffle(order)
@@ -259,12 +267,10 @@ class Soak:
                 next_t = time.monotonic()   # behind (a reopen, a slow disk): no burst to catch up
         for p in prods:
             p.close()
-        with self.cycles.cond:   # a pause after the load stops must not wait for this thread
-            self.cycles.workers -= 1
-            self.cycles.cond.notify_all()
 
     def check(self, m):
-        """The flags byte index of message ``m``'s body, or None (counted as foreign) when it was never put."""
+        """(flags, sequence) of the message whose body ``m`` carries, or None (counted as foreign) when ``m`` is not
+        a message that was sent: a bad CRC or length, another topic or queue, a sequence never sent."""
         b = bytes(m.body)
         why = None
         if len(b) < HEADER.size + CRC.size:
@@ -412,6 +418,7 @@ class Soak:
             with self.proc_lock:
                 self.closed_state.append({"fds": fds(), "maps": maps()})
             t_open = time.monotonic()
+            self.st = None
             self.st = localmq.open(self.root, **self.config)
             open_s = time.monotonic() - t_open
         self.cycles.resume(self.st)
@@ -445,7 +452,13 @@ class Soak:
             if now >= end:
                 break
             if now >= next_reopen and end - now > a.reopen_every / 2:
-                self.reopen()
+                try:
+                    self.reopen()
+                except Exception as e:  # noqa: BLE001 - reported in the summary; the run ends
+                    self.errors.append(f"reopen: {e!r}\n{traceback.format_exc()}")
+                    self.stop_load.set()
+                    self.stop_all.set()
+                    break
                 next_reopen = time.monotonic() + a.reopen_every
             time.sleep(min(0.2, max(0.0, min(end, next_reopen) - time.monotonic())))
         load_end = time.monotonic() - self.t0
@@ -468,12 +481,15 @@ class Soak:
         self.stop_all.set()
         for th in threads[PRODUCERS:] + [sampler]:
             th.join(60)
-        final_lag = self.lag()
-        self.missing_retries = self.find_missing_retries()
-        self._account(self.st)
-        with self.store_lock:
-            self.st.close()
-            self.st = None
+        final_lag = {"?": None}
+        if self.st is not None and not self.errors:
+            final_lag = self.lag()
+            self.missing_retries = self.find_missing_retries()
+        if self.st is not None:
+            self._account(self.st)
+            with self.store_lock:
+                self.st.close()
+                self.st = None
         with self.proc_lock:
             self.closed_state.append({"fds": fds(), "maps": maps()})
         after = self.sample("closed")
