@@ -32,6 +32,8 @@ def test_soak_two_minutes(tmp_path):
     lines = p.stdout.strip().splitlines()
     assert lines, p.stderr[-4000:]
     s = json.loads(lines[-1])
+    print(json.dumps({k: s[k] for k in ("put", "consumed", "nacked", "retried", "duplicates", "missing",
+                                        "reopen_cycles", "retention", "start", "half", "end", "verdicts")}))
     assert s["errors"] == [], s["errors"]
     assert [n for n in os.listdir(tmp_path) if n.startswith("localmq-soak-")] == []   # the store is removed
 
