@@ -2,14 +2,17 @@
 in one process for ``--seconds``, sampling its descriptors, mappings, RSS and the store's disk once a second.
 
 Usage: python perf/soak.py --seconds N [--queues Q] [--rate MSGS_PER_S] [--reopen-every S] [--out samples.json]
-       [--plot perf/plots/soak.png] [--dir PARENT]
+       [--plot perf/plots/soak.png] [--dir PARENT] [--retention aged|instant] [--keep S]
 
 The store (a temporary directory under ``--dir``, removed at the end) has 1 MiB commit log segments, 20 KiB
 ConsumeQueue files, small index files (20,000 items) and a budget of 64 mapped queue files for Q queues (default
 200: 50 topics x 4), so segments roll, retention deletes them, index files roll and are deleted, and queue files
-are evicted and mapped again all along. Retention runs every second and, with ``file_reserved_time=0`` and every
-hour in ``delete_when``, deletes every segment the dispatcher and the group's committed offsets
-(config/consumerOffset.json, written every 5 s) have passed.
+are evicted and mapped again all along. Retention runs every second, by time at every hour (``delete_when``) with
+``file_reserved_time=1``; the sampler sets the mtime of a segment full for ``--keep`` seconds (10) two hours back
+(``age_segments``), so the store's own rule deletes it once the dispatcher and the group's committed offsets
+(config/consumerOffset.json, written every 5 s) have passed it. ``--retention instant`` uses
+``file_reserved_time=0`` instead: segments go at the next pass, and retries still waiting in SCHEDULE_TOPIC_XXXX
+can go with them (perf/README.md, "Soak").
 
 Threads: 2 producers send to every queue in turn, ``--rate`` messages a second together, bodies of 100-1000 bytes
 that carry (producer, topic, queue, sequence) and their CRC; one ``manual_ack`` consumer of group ``soak`` on every
