@@ -19,36 +19,20 @@ import time
 
 # the localmq of this checkout, whatever else is installed
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from proc_stats import fds, maps, rss_kib  # noqa: E402 - perf/ (this script's directory)
 TOPIC_QUEUES = 4
 BODY = b"x" * 100
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def _maps() -> int:
-    with open("/proc/self/maps") as f:
-        return sum(1 for _ in f)
-
-
-def _rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def _held(base: dict) -> dict:
-    return {"fds": _fds() - base["fds"], "maps": _maps() - base["maps"], "rss_kib": _rss_kib() - base["rss_kib"]}
+    return {"fds": fds() - base["fds"], "maps": maps() - base["maps"], "rss_kib": rss_kib() - base["rss_kib"]}
 
 
 def phase(kind: str, root: str, n_topics: int, shared: bool = False) -> dict:
     """One phase in this process: ``write`` (open, first put to every queue, dispatch, close) or ``reopen``."""
     import localmq
 
-    base = {"fds": _fds(), "maps": _maps(), "rss_kib": _rss_kib()}
+    base = {"fds": fds(), "maps": maps(), "rss_kib": rss_kib()}
     out: dict = {}
     t = time.perf_counter()
     st = localmq.open(root, shared=shared)

@@ -49,6 +49,7 @@ import zlib
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import localmq  # noqa: E402
+from proc_stats import fds, maps, rss_kib  # noqa: E402 - perf/ (this script's directory)
 
 GROUP = "soak"
 QUEUES_PER_TOPIC = 4
@@ -99,23 +100,6 @@ def body_of(pid: int, t: int, q: int, seq: int) -> bytes:
     start = seq % MAX_BODY
     payload = head + FILLER[start:start + n - HEADER.size - CRC.size]
     return payload + CRC.pack(zlib.crc32(payload))
-
-
-def fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def maps() -> int:
-    with open("/proc/self/maps") as f:
-        return sum(1 for _ in f)
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def disk_bytes(root: str) -> int:
