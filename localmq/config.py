@@ -331,6 +331,10 @@ def message_properties(tags: object, keys: object, properties: object) -> dict[s
 
 # RocketMQ's system topic of delayed messages (TopicValidator.RMQ_SYS_SCHEDULE_TOPIC): queue id = delay level - 1
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+# a consumer group's retry and dead-letter topics are these prefixes + the group (MixAll.RETRY_GROUP_TOPIC_PREFIX,
+# DLQ_GROUP_TOPIC_PREFIX); retention (services/clean.py) keeps what a group's retry topic still holds for it
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
 
 _DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 

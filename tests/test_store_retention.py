@@ -381,6 +381,76 @@ def test_unusable_consumer_offsets_protect_nothing_and_are_reported(make_store, 
     assert "consumerOffset.json" in st.stats()["retention"]["consumer_offsets_error"]
 
 
+@pytest.mark.parametrize("where", ["new_queue", "retry_topic"])
+def test_queues_a_group_has_no_offset_for_are_kept_from_their_start(make_store, tmp_path, where):
+    # a committed group reads a queue it has no offset for from its start (from_offset="earliest"): a queue of its
+    # topic created after its last commit, and its retry topic %RETRY%<group> (a nacked message lands there first)
+    clock, disk = FakeClock(local_ms(4)), FakeDisk()
+    root = tmp_path / "s"
+    st = make_store(clock, disk)
+    fill(st, 30)  # queue 0: segments 0..2
+    topic, qid = (TOPIC, 1) if where == "new_queue" else ("%RETRY%g", 0)
+    for i in range(10):  # segment 3: 10 records of 400 (queue 1) or 407 bytes (the longer topic)
+        r = st.put(topic, body(i), queue_id=qid)
+        assert r.status is PutStatus.PUT_OK and r.physical_offset // SEG == 3
+    for i in range(30, 60):  # queue 0 again: segments 4..6
+        assert st.put(TOPIC, body(i)).status is PutStatus.PUT_OK
+    assert st.wait_for_dispatch(10) and st.wait_for_index(20)
+    st.flush()
+    write_offsets(root, {"t@g": {0: 60}})  # queue 0 consumed to its end
+    set_ages(root, clock, [100])
+    deleted, _ = run(st)
+    assert [int(os.path.basename(p)) for p in deleted] == [0, SEG, 2 * SEG]
+    key = "t@g" if where == "new_queue" else "%RETRY%g@g"
+    kept = st.stats()["retention"]["kept_for_consumers"]
+    assert kept == {key: {"segments": [3 * SEG, 4 * SEG, 5 * SEG], "queue_id": qid, "queue_offset": 0,
+                          "physical_offset": 3 * SEG}}
+    # the group commits that queue: the segment goes
+    write_offsets(root, {"t@g": {0: 60, 1: 10}} if where == "new_queue" else {"t@g": {0: 60}, key: {0: 10}})
+    deleted, _ = run(st)
+    assert [int(os.path.basename(p)) for p in deleted] == [3 * SEG, 4 * SEG, 5 * SEG]  # never the last
+    assert st.stats()["retention"]["kept_for_consumers"] == {}
+
+
+@pytest.mark.parametrize("clean_unconsumed", [False, True])
+def test_delayed_messages_not_yet_delivered_are_kept(make_store, tmp_path, clean_unconsumed):
+    # a delayed message (or a retry waiting for its delay) is in SCHEDULE_TOPIC_XXXX queue <level - 1> until the
+    # schedule service re-puts it; delayOffset.json holds each level's next unit (spec: ScheduleMessageService)
+    clock, disk = FakeClock(local_ms(4)), FakeDisk()
+    root = tmp_path / "s"
+    st = make_store(clock, disk, clean_unconsumed=clean_unconsumed)
+    fill(st, 30)  # segments 0..2
+    # delay level 2 (5 s): not due on the fake clock (2024), so the service leaves it where it is
+    r = st.create_producer(queue_id=0).send(TOPIC, b"later", delay_level=2)
+    assert r.ok and r.physical_offset == 3 * SEG
+    for i in range(30, 60):
+        assert st.put(TOPIC, body(i)).status is PutStatus.PUT_OK
+    assert st.wait_for_dispatch(10) and st.wait_for_index(20)
+    st.flush()
+    write_offsets(root, {"t@g": {0: 60}})
+    set_ages(root, clock, [100])
+    deleted, _ = run(st)
+    ret = st.stats()["retention"]
+    if clean_unconsumed:
+        assert len(deleted) == 6  # every segment but the last
+        assert ret["deleted_unconsumed"] == {"SCHEDULE_TOPIC_XXXX": 3}  # 3, 4, 5 were kept for it
+        return
+    assert [int(os.path.basename(p)) for p in deleted] == [0, SEG, 2 * SEG]
+    assert ret["kept_for_consumers"] == {"SCHEDULE_TOPIC_XXXX": {
+        "segments": [3 * SEG, 4 * SEG, 5 * SEG], "queue_id": 1, "queue_offset": 0, "physical_offset": 3 * SEG}}
+    # an unusable delayOffset.json keeps it too (and is reported); level 1's offset says nothing of level 2's
+    (root / "config" / "delayOffset.json").write_text("{")
+    assert run(st) == ([], [])
+    assert "delayOffset.json" in st.stats()["retention"]["delay_offsets_error"]
+    write_config_json(root / "config" / "delayOffset.json", {"offsetTable": {1: 7}})
+    assert run(st) == ([], [])
+    assert st.stats()["retention"]["delay_offsets_error"] is None
+    # delivered: the service's offset of level 2 moved past it
+    write_config_json(root / "config" / "delayOffset.json", {"offsetTable": {1: 7, 2: 1}})
+    deleted, _ = run(st)
+    assert [int(os.path.basename(p)) for p in deleted] == [3 * SEG, 4 * SEG, 5 * SEG]
+
+
 # -- readers ----------------------------------------------------------------------------------------------------
 
 

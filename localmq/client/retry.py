@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from localmq.config import SCHEDULE_TOPIC, check_topic
+from localmq.config import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, check_topic
 from localmq.errors import DelayNotSupportedError, InvalidDelayError, InvalidTopicError, SendError
 from localmq.services.schedule import level_for_delay
 from localmq.status import PutStatus
 from localmq.store.commit_log import PutExtra
 
-RETRY_PREFIX = "%RETRY%"   # MixAll.RETRY_GROUP_TOPIC_PREFIX
-DLQ_PREFIX = "%DLQ%"       # MixAll.DLQ_GROUP_TOPIC_PREFIX
 RETRY_QUEUE_ID = 0         # retryQueueNums = 1
 DLQ_QUEUE_ID = 0           # DLQ_NUMS_PER_GROUP = 1
 DEFAULT_MAX_RECONSUME_TIMES = 16

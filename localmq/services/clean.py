@@ -23,10 +23,15 @@ What is deleted, and when (RocketMQ 4.x DefaultMessageStore, see the spec 5.7 an
   and the dispatcher reads the mapping without a reference).
 - Unconsumed messages (localmq's addition): for every ``topic@group`` and queue in
   ``<root>/config/consumerOffset.json`` whose committed offset N is below the queue's max offset, the
-  physical offset of the first unit at or after N bounds deletion: a segment ending after it is kept.
+  physical offset of the first unit at or after N bounds deletion: a segment ending after it is kept. The
+  queues of such a topic that the group has no offset for yet, and those of its retry topic ``%RETRY%group``,
+  are kept from their start (the group reads them from there). Delayed messages and retries waiting for
+  their delay are kept the same way: each level's queue of SCHEDULE_TOPIC_XXXX from its offset in
+  ``<root>/config/delayOffset.json`` (reported under ``SCHEDULE_TOPIC_XXXX``; RocketMQ deletes them by age).
   ``clean_unconsumed=True``, or cleaning at once past 0.85 (which needs ``clean_file_forcibly_enable``),
-  deletes such segments anyway; they are then counted per group in ``deleted_unconsumed``. A missing file
-  means no protection; an unusable one (and its ``.bak``) is logged and reported, and protects nothing.
+  deletes such segments anyway; they are then counted per holder in ``deleted_unconsumed``. A missing file
+  means no protection by it; an unusable one (and its ``.bak``) is logged and reported, and protects nothing
+  (an unusable delayOffset.json protects every delayed message).
 - A segment that a reader still holds (``MappedFile.hold()``, or a zero-copy view from
   ``get_message(zero_copy=True)``) leaves the segment list at once but is destroyed when released; the pass
   stops there (no later segment is deleted while it is on disk, so names never leave a gap). Each pass
@@ -58,11 +63,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from localmq.status import PutStatus
-from localmq.config import StoreConfig
+from localmq.config import RETRY_PREFIX, SCHEDULE_TOPIC, StoreConfig
 from localmq.errors import CorruptStoreError
 from localmq.layout import CQ_BLANK_UNIT_SIZE
+from localmq.services.schedule import DELAY_OFFSET_FILE
 from localmq.services.service_thread import ServiceThread
-from localmq.store.config_json import read_offset_table
+from localmq.store.config_json import read_config_json, read_offset_table
 from localmq.store.mapped_file_queue import DELETE_FILES_BATCH_MAX, MappedFileQueue
 
 log = logging.getLogger("localmq.clean")
@@ -165,6 +171,7 @@ class CleanCommitLogService:
         self.dispatched_offset = dispatched_offset
         self.consume_queues = consume_queues
         self.consumer_offset_path = consumer_offset_path
+        self.delay_offset_path = os.path.join(os.path.dirname(consumer_offset_path), DELAY_OFFSET_FILE)
         self.logics_dir = logics_dir
         self.clock = clock
         self.disk_usage = disk_usage
@@ -179,6 +186,7 @@ class CleanCommitLogService:
         self.kept_for_consumers: Dict[str, Dict[str, Any]] = {}
         self.kept_for_dispatch: List[int] = []
         self.consumer_offsets_error: Optional[str] = None
+        self.delay_offsets_error: Optional[str] = None
         self.disk_usage_error: Optional[str] = None
 
     # -- disk -------------------------------------------------------------------------------------------------
@@ -223,11 +231,42 @@ class CleanCommitLogService:
     # -- consumers ----------------------------------------------------------------------------------------------
 
     def consumer_bounds(self) -> List[ConsumerBound]:
-        """The first unconsumed message of every group in consumerOffset.json that has one, lowest first.
+        """The first message not yet consumed, or not yet delivered, of every holder that has one, lowest first.
 
-        A missing file gives []; an unusable file and backup are logged (once per distinct error), reported in
-        ``consumer_offsets_error`` and give [] (nothing is protected then).
+        Holders (keys of the reports):
+        - ``topic@group`` of consumerOffset.json: from the committed offset of each of its queues; a queue of that
+          topic without an offset (new since the group's last commit) from its start, as the group reads it
+          (``from_offset="earliest"``, the default);
+        - ``%RETRY%group@group`` for every group there: the queues of its retry topic without an offset, from
+          their start (a message sent back lands there before the group has ever committed on it);
+        - ``SCHEDULE_TOPIC_XXXX`` (delayed messages and retries waiting for their delay): each level's queue
+          from its offset in ``config/delayOffset.json`` (from its start when the file has none).
+
+        An unusable consumerOffset.json and backup are logged (once per distinct error), reported in
+        ``consumer_offsets_error`` and protect no consumer (delayed messages stay protected); an unusable
+        delayOffset.json is logged and protects every delayed message.
         """
+        cqs = self.consume_queues()
+        bounds: Dict[str, ConsumerBound] = {}
+
+        def bound(key: str, topic: str, qid: int, offset: int) -> None:
+            cq = cqs.get((topic, qid))
+            if cq is None:
+                return
+            mx = cq.max_offset
+            start = max(offset, cq.min_offset)
+            if start >= mx:
+                return  # consumed up to the end (or everything it had not consumed is gone)
+            phys = _first_unit_physical_offset(cq, start, mx)
+            if phys is None:
+                return
+            b = bounds.get(key)
+            if b is None or phys < b.physical_offset:
+                bounds[key] = ConsumerBound(key, phys, qid, offset)
+
+        queue_ids: Dict[str, List[int]] = {}
+        for topic, qid in list(cqs):
+            queue_ids.setdefault(topic, []).append(qid)
         try:
             table, _ = read_offset_table(self.consumer_offset_path)
         except (CorruptStoreError, OSError) as e:
@@ -235,29 +274,51 @@ class CleanCommitLogService:
             if msg != self.consumer_offsets_error:
                 log.error("consumer offsets unreadable, retention protects no unconsumed message: %s", msg)
             self.consumer_offsets_error = msg
-            return []
-        self.consumer_offsets_error = None
-        cqs = self.consume_queues()
-        bounds: Dict[str, ConsumerBound] = {}
+            table = {}
+        else:
+            self.consumer_offsets_error = None
+        groups = set()
         for key, queues in table.items():
             if "@" not in key:
                 continue
-            topic = key.split("@", 1)[0]
+            topic, group = key.split("@", 1)
+            groups.add(group)
             for qid, offset in queues.items():
-                cq = cqs.get((topic, qid))
-                if cq is None:
-                    continue
-                mx = cq.max_offset
-                start = max(offset, cq.min_offset)
-                if start >= mx:
-                    continue  # consumed up to the end (or everything it had not consumed is gone)
-                phys = _first_unit_physical_offset(cq, start, mx)
-                if phys is None:
-                    continue
-                b = bounds.get(key)
-                if b is None or phys < b.physical_offset:
-                    bounds[key] = ConsumerBound(key, phys, qid, offset)
+                bound(key, topic, qid, offset)
+            for qid in queue_ids.get(topic, ()):
+                if qid not in queues:
+                    bound(key, topic, qid, 0)
+        for group in groups:
+            retry = RETRY_PREFIX + group
+            key = f"{retry}@{group}"
+            committed = table.get(key, {})
+            for qid in queue_ids.get(retry, ()):
+                if qid not in committed:
+                    bound(key, retry, qid, 0)
+        if SCHEDULE_TOPIC in queue_ids:
+            for qid in queue_ids[SCHEDULE_TOPIC]:
+                bound(SCHEDULE_TOPIC, SCHEDULE_TOPIC, qid, self._delay_offsets().get(qid + 1, 0))
         return sorted(bounds.values(), key=lambda b: b.physical_offset)
+
+    def _delay_offsets(self) -> Dict[int, int]:
+        """{delay level: next unit to deliver} from delayOffset.json (or its backup); {} when there is none or it
+        is unusable (logged once per distinct error: every delayed message is then protected)."""
+        try:
+            doc = read_config_json(self.delay_offset_path, default=None)
+        except (CorruptStoreError, OSError) as e:
+            if str(e) != self.delay_offsets_error:
+                log.error("delay offsets unreadable, retention keeps every delayed message: %s", e)
+            self.delay_offsets_error = str(e)
+            return {}
+        self.delay_offsets_error = None
+        table = doc.get("offsetTable") if isinstance(doc, dict) else None
+        out: Dict[int, int] = {}
+        for k, v in (table if isinstance(table, dict) else {}).items():
+            try:
+                out[int(k)] = int(v)
+            except (TypeError, ValueError):
+                continue  # the level is then protected from its start
+        return out
 
     # -- the pass -------------------------------------------------------------------------------------------------
 
@@ -476,5 +537,6 @@ class CleanService(ServiceThread):
             "kept_for_dispatch": list(cl.kept_for_dispatch),
             "deleted_unconsumed": dict(cl.deleted_unconsumed),
             "consumer_offsets_error": cl.consumer_offsets_error,
+            "delay_offsets_error": cl.delay_offsets_error,
             "disk_usage_error": cl.disk_usage_error,
         }
