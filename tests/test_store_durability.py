@@ -384,6 +384,35 @@ def test_sync_each_tries_every_item_and_returns_the_failures_in_order():
         assert all(isinstance(e, OSError) and str(i) in str(e) for i, e in failed)
 
 
+@pytest.mark.parametrize("startable", [0, 3])
+def test_sync_each_works_on_the_calling_thread_when_no_thread_starts(monkeypatch, startable):
+    # Thread.start raises RuntimeError when no thread is left, and at interpreter shutdown on Python 3.12+ (a store
+    # closed by an atexit hook): every item is still synced, by the threads that started and the caller
+    from localmq.store.mapped_file_queue import sync_each
+    real_start, started = threading.Thread.start, []
+
+    def start(self):
+        if self.name == "localmq-sync" and len(started) >= startable:
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+        started.append(self)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    seen, lock = [], threading.Lock()
+
+    def fn(i):
+        with lock:
+            seen.append((i, threading.current_thread()))
+        if i == 77:
+            raise OSError(5, "item 77")
+
+    failed = sync_each(fn, list(range(300)))
+    assert sorted(i for i, _ in seen) == list(range(300))
+    assert [i for i, _ in failed] == [77]
+    assert {t for _, t in seen} <= set(started) | {threading.current_thread()}
+    assert threading.current_thread() in {t for _, t in seen} or startable
+
+
 def test_close_after_writes_to_many_queues_syncs_every_new_file_and_reports_a_failed_one(tmp_path, monkeypatch):
     """A close after the first put to 300 queues syncs the new ConsumeQueue files on several threads: every file's
     fdatasync is called once, one that fails (EIO, injected) is raised naming its file, and the store opens again

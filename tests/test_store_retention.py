@@ -547,6 +547,65 @@ def test_reads_after_cleaning_and_reopen(make_store, tmp_path):
     st.close()
 
 
+def _fill_alternating(st, n):
+    """Message i on topic "a" (even i) or "b" (odd i), queue 0: 400-byte records, 10 a segment, at phys(i)."""
+    for i in range(n):
+        r = st.put("ab"[i % 2], body(i))
+        assert r.status is PutStatus.PUT_OK and r.physical_offset == phys(i) and r.queue_offset == i // 2
+    assert st.wait_for_dispatch(10) and st.wait_for_index(20)
+    st.flush()
+
+
+@pytest.mark.parametrize("abort", [False, True])
+def test_reopen_after_consume_queue_retention_rebuilds_nothing(make_store, tmp_path, abort):
+    # topics a and b alternate: a's unit j is message 2j, b's message 2j+1, so their 10-unit ConsumeQueue files
+    # span two segments each. 110 messages: segments 0..10; retention leaves segment 10 (the last). The files 4
+    # (units 40..49, segments 8-9) of both queues point below the log's min only. a's file 5 starts at the log's
+    # min (message 100); b's starts past it (message 101), so b keeps file 4: a queue's first file then starts at
+    # or below the log's min, which recovery tells apart from a lost file without reading the log
+    clock, disk = FakeClock(local_ms(4)), FakeDisk()
+    root = tmp_path / "s"
+    st = make_store(clock, disk)
+    _fill_alternating(st, 110)
+    set_ages(root, clock, [100])
+    run(st)
+    assert segments(root) == [10 * SEG]
+    assert cq_files(root, "a") == [5 * CQ_FILE]
+    assert cq_files(root, "b") == [4 * CQ_FILE, 5 * CQ_FILE]
+    st.close()
+    if abort:
+        (root / "abort").write_bytes(b"")
+    st = make_store(clock, disk)
+    assert st.recovery.mode == ("abnormal" if abort else "normal")
+    assert st.recovery.cq_rebuilt == {}
+    for t, first in (("a", 100), ("b", 101)):
+        assert st.min_offset(t, 0) == 50 and st.max_offset(t, 0) == 55
+        r = st.get_message(t, 0, 50, 32)
+        assert [m.body for m in r.messages] == [body(i) for i in range(first, 110, 2)]
+    st.close()
+
+
+def test_files_a_foreign_retention_deleted_are_told_from_lost_ones_by_the_log(make_store, tmp_path):
+    # RocketMQ (and localmq before the kept file above) deletes a queue file as soon as its units point below the
+    # log's min: the first file left may start past it. Recovery then walks the log from its min to that unit:
+    # no record of the queue below the file's first unit there, so nothing was lost and nothing is rebuilt.
+    # (A record there proves a lost file: test_store_damage.py's test_deleted_consume_queue_file_is_rebuilt.)
+    clock, disk = FakeClock(local_ms(4)), FakeDisk()
+    root = tmp_path / "s"
+    st = make_store(clock, disk)
+    _fill_alternating(st, 110)
+    set_ages(root, clock, [100])
+    run(st)
+    st.close()
+    os.unlink(root / "consumequeue" / "b" / "0" / ("%020d" % (4 * CQ_FILE)))
+    for _ in range(2):  # the walk decides the same way at every open
+        st = make_store(clock, disk)
+        assert st.recovery.cq_rebuilt == {}
+        assert st.min_offset("b", 0) == 50
+        assert [m.body for m in st.get_message("b", 0, 50, 32).messages] == [body(i) for i in range(101, 110, 2)]
+        st.close()
+
+
 def test_abnormal_recovery_with_the_first_segments_gone(make_store, tmp_path):
     clock, disk = FakeClock(local_ms(4)), FakeDisk()
     root = tmp_path / "s"

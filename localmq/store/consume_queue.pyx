@@ -47,6 +47,17 @@ def _valid_prefix(mf, long long unit_per_file, ranges):
     return n, last
 
 
+def _starts_below(mf, long long min_commit_log_offset):
+    """True when the first unit of ``mf`` is a pre-blank unit or points at or below ``min_commit_log_offset``
+    (no record of the queue before it can then be in the log)."""
+    arr = np.frombuffer(mf, dtype=CQ_DTYPE, count=1)
+    try:
+        size, off = int(arr["size"][0]), int(arr["offset"][0])
+    finally:
+        del arr
+    return size == CQ_BLANK_UNIT_SIZE or (size > 0 and off <= min_commit_log_offset)
+
+
 cdef class ConsumeQueue:
     """The units of one (topic, queue id): ``<root>/consumequeue/<topic>/<queueId>/<20-digit logical offset>``.
 
@@ -307,7 +318,10 @@ cdef class ConsumeQueue:
     def delete_expired_files(self, long long min_commit_log_offset, long long forcibly_ms=60000, now_ms=None):
         """Retention: move ``min_offset`` to the first unit still in the commit log, then delete the files
         (never the last, which the dispatcher writes) whose units all point below ``min_commit_log_offset``,
-        oldest first, stopping at the first file that still points at kept records (RocketMQ's
+        oldest first, stopping at the first file that still points at kept records, and keeping the one before a
+        file whose first unit is a message past the log's min offset: the queue's first file then always starts
+        at or below the log's min offset (or with pre-blank units), which is how recovery (``_verify_queues``)
+        tells files retention deleted from lost ones without reading the log (RocketMQ's
         deleteExpiredFileByOffset + correctMinOffset; it reads only a file's last unit, this takes the largest
         real unit so a blank padding unit at a file's end cannot make it look expired).
 
@@ -325,7 +339,8 @@ cdef class ConsumeQueue:
             return gone
         doomed = []
         files = mfq.files
-        for mf in files[:len(files) - 1]:
+        for i in range(len(files) - 1):
+            mf = files[i]
             arr = np.frombuffer(mf, dtype=CQ_DTYPE)
             try:
                 sizes = arr["size"]
@@ -333,7 +348,7 @@ cdef class ConsumeQueue:
                 last = int(real.max()) if len(real) else -1
             finally:
                 del arr, sizes
-            if last >= min_commit_log_offset:
+            if last >= min_commit_log_offset or not _starts_below(files[i + 1], min_commit_log_offset):
                 break
             doomed.append(mf)
         if doomed:

@@ -81,7 +81,8 @@ SYNC_PARALLEL_MIN = 64
 
 def sync_each(fn: Callable[[T], object], items: List[T]) -> List[Tuple[T, BaseException]]:
     """Call ``fn(item)`` for every item (on up to SYNC_THREADS threads when there are SYNC_PARALLEL_MIN or more),
-    every one of them even when some fail. Returns the (item, exception) of each failure, in the order of
+    every one of them even when some fail; when a thread cannot be started (none left, or a close at interpreter
+    shutdown) the calling thread works too. Returns the (item, exception) of each failure, in the order of
     ``items``."""
     failures: List[Tuple[int, T, BaseException]] = []
     if len(items) < SYNC_PARALLEL_MIN:
@@ -108,9 +109,16 @@ def sync_each(fn: Callable[[T], object], items: List[T]) -> List[Tuple[T, BaseEx
 
     threads = [threading.Thread(target=work, name="localmq-sync", daemon=True)
                for _ in range(min(SYNC_THREADS, len(items)))]
+    started = []
     for t in threads:
-        t.start()
-    for t in threads:
+        try:
+            t.start()
+        except RuntimeError:  # no thread left, or at interpreter shutdown (3.12+): this one does the rest
+            break
+        started.append(t)
+    if len(started) < len(threads):
+        work()
+    for t in started:
         t.join()
     failures.sort(key=lambda f: f[0])
     return [(item, e) for _, item, e in failures]

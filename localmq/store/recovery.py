@@ -541,6 +541,7 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
 
     starts: List[int] = []
     files, seg_size = commit_log.files, commit_log.file_size
+    missing_head = _missing_first_files(commit_log, queues, end, cl_min)
     for key, cq in queues.queues.items():
         name = f"{key[0]}-{key[1]}"
         mfq = cq.mapped_file_queue
@@ -556,19 +557,12 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
                 starts.append(cl_min)
             continue
         first = mfq.files[0].file_from_offset // CQ_UNIT_SIZE
-        if first > 0 and files:
-            units = cq.units(first, min(cq.max_offset, first + 64))
-            real = units[units["size"] != CQ_BLANK_UNIT_SIZE]
-            head = (int(real["offset"][0]),) if len(real) else None
-            del units, real
-            if head is not None and head[0] > cl_min:
-                # the queue's first file(s) are gone although the log still holds records before its first unit
-                # (retention deletes a queue file only once all its units point below the log's min offset)
-                cq.destroy()
-                report.cq_rebuilt[name] = (f"files before unit {first} missing while the log still holds records "
-                                           f"before offset {head[0]}: rebuilt from the commit log")
-                starts.append(cl_min)
-                continue
+        if key in missing_head:
+            cq.destroy()
+            report.cq_rebuilt[name] = (f"files before unit {first} missing while the log still holds records of "
+                                       f"them before offset {missing_head[key]}: rebuilt from the commit log")
+            starts.append(cl_min)
+            continue
         idx, why = _first_bad_unit(first_bad_unit, cq, files, seg_size, first, end, report.gaps)
         lost = 0
         while idx >= 0:
@@ -611,6 +605,71 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
             # already in a queue are skipped as duplicates)
             starts.append(max(cl_min, cq.max_physic_offset))
     return starts
+
+
+def _missing_first_files(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: int,
+                         cl_min: int) -> Dict[Tuple[str, int], int]:
+    """The queues whose first files are gone although the log still holds records of them: {key: the log offset of
+    the queue's first unit}.
+
+    A queue's first file starts at unit ``first`` > 0 when retention deleted the files before it (their units all
+    pointed below the log's min offset), when the queue was made at that offset (its first units are pre-blank
+    units), or when files were lost. Retention keeps a queue's first file starting at or below the log's min
+    offset (``ConsumeQueue.delete_expired_files``), so only a queue whose unit ``first`` is a message past the log's
+    min offset is in doubt (a store written by RocketMQ or an earlier localmq after its retention, or a lost file).
+    For those, the log from its min offset to their first units is walked once, record headers only: a record of
+    such a queue with a queue offset below ``first`` proves files lost. A walk that cannot go on (a damaged or
+    unknown record) counts every queue still in doubt as lost (it is rebuilt: the log is the truth).
+    """
+    doubt: Dict[Tuple[str, int], Tuple[int, int]] = {}
+    for key, cq in queues.queues.items():
+        mfq = cq.mapped_file_queue
+        if key in queues.damaged or not mfq.files or not commit_log.files:
+            continue
+        first = mfq.files[0].file_from_offset // CQ_UNIT_SIZE
+        if first == 0 or first >= cq.max_offset:
+            continue
+        unit = cq.unit(first)
+        if unit is not None and 0 < unit[1] != CQ_BLANK_UNIT_SIZE and cl_min < unit[0] < end:
+            doubt[key] = (first, unit[0])
+    if not doubt:
+        return {}
+    from localmq._scan import RowFilter, scan_range  # compiled, one layer down
+    stop = min(end, max(h for _, h in doubt.values()))
+    flt = RowFilter(topics=sorted({t.encode() for t, _ in doubt}),
+                    bounds={(t.encode(), q): (0, first) for (t, q), (first, _) in doubt.items()})
+    lost: Dict[Tuple[str, int], int] = {}
+    seg_size = commit_log.file_size
+    pos, walked = cl_min, True
+    while pos < stop and walked:
+        mf = commit_log.find(pos)
+        if mf is None:
+            walked = False
+            break
+        base = mf.file_from_offset
+        n, nxt, reason, out = scan_range(mf, pos - base, min(seg_size, stop - base), base, False, 4096,
+                                         ("topic", "queue_id", "sys_flag"), flt)
+        offs, data = out["topic"]
+        for i in range(n):
+            if int(out["sys_flag"][i]) & SYSFLAG_TRANSACTION_MASK in (SYSFLAG_TRANSACTION_PREPARED,
+                                                                          SYSFLAG_TRANSACTION_ROLLBACK):
+                continue  # not in any queue (its queue offset field is 0)
+            key = (bytes(data[offs[i]:offs[i + 1]]).decode("utf-8", "replace"), int(out["queue_id"][i]))
+            if key in doubt:
+                lost[key] = doubt[key][1]
+        if reason in ("end", "blank"):
+            pos = base + seg_size
+        elif reason == "full":
+            pos = base + nxt
+        else:
+            walked = False
+    if not walked:
+        for key, (_, head) in doubt.items():
+            lost.setdefault(key, head)
+        log.warning("consume queues %s: files before their first unit are missing and the commit log could not be "
+                    "walked to tell whether retention deleted them (%s at offset %d): rebuilt from the log",
+                    sorted(f"{t}-{q}" for t, q in doubt), reason if mf is not None else "no segment", pos)
+    return lost
 
 
 def _announce_unit(before_rewrite: Callable[[str, int, int], None], cq: ConsumeQueue, idx: int) -> None:
