@@ -16,6 +16,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+ARTIFACTS = os.path.join(HERE, "artifacts")
 
 
 def have_atheris():
@@ -30,7 +31,11 @@ def _command(path, seconds, runs, plain, work, job):
     if plain:
         cmd = [sys.executable, path, "--plain", "--seed", str(job)]
         return cmd + (["--runs", str(runs)] if runs else ["--seconds", str(seconds)])
-    cmd = [sys.executable, path, "-rss_limit_mb=4096", "-print_final_stats=1", f"-seed={job + 1}"]
+    # libFuzzer writes a failing, slow or timed-out input (crash-*, slow-unit-*, timeout-*) to its artifact prefix:
+    # fuzz/artifacts/ (ignored by git), not the repository's root, and kept after the run's directory goes
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    cmd = [sys.executable, path, "-rss_limit_mb=4096", "-print_final_stats=1", f"-seed={job + 1}",
+           f"-artifact_prefix={ARTIFACTS}{os.sep}"]
     cmd += [f"-runs={runs}"] if runs else [f"-max_total_time={int(seconds)}"]
     corpus = os.path.join(work, f"corpus-{job}")
     os.makedirs(corpus)
