@@ -107,6 +107,7 @@ cdef class MappedFile:
     cdef int prepare_ahead_c(self, int64_t pos) noexcept nogil
     cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil
     cdef int _reopen(self) except -1
+    cdef int _defer(self, MappingBudget budget, bint keep_fd, bint create) except -1
     cdef int _open_same(self) except -1
     cdef int _sync_unmapped(self) except -1
     cdef int _close_borrowed(self, int fd) except -1

@@ -55,7 +55,8 @@ class MappedFile:
     def __new__(cls, path: str | os.PathLike[str], file_size: int, file_from_offset: int = -1, *,
                  create: bool = True, reserve: bool = True, writable: bool = True,
                  reserve_step: int = 0, keep_fd: bool = True, sync_size: bool = True,
-                 budget: Optional[MappingBudget] = None, reserve_first: int = 0) -> Self: ...
+                 budget: Optional[MappingBudget] = None, reserve_first: int = 0,
+                 map_now: bool = True) -> Self: ...
     @property
     def budget(self) -> Optional[MappingBudget]: ...
     @property

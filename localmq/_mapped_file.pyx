@@ -173,11 +173,12 @@ cdef class MappedFile:
     queue). Flushes then go through the mapping (msync, also for ``fsync``), and a reservation or a hole lookup
     opens the file for that call only, refusing a path that no longer names the mapped inode (StoreIOError ESTALE).
     ``sync_size=False`` leaves a new file's size to the owner to make durable (an fdatasync) before its name.
+    ``map_now=False`` (an existing file of a ``budget``) checks the file and leaves it unmapped until its first use.
     """
 
     def __cinit__(self, path, long long file_size, long long file_from_offset=-1, *, bint create=True,
                   bint reserve=True, bint writable=True, long long reserve_step=0, bint keep_fd=True,
-                  bint sync_size=True, MappingBudget budget=None, long long reserve_first=0):
+                  bint sync_size=True, MappingBudget budget=None, long long reserve_first=0, bint map_now=True):
         cdef void *p = NULL
         self.fd = -1
         self.keeps_fd = keep_fd
@@ -205,6 +206,9 @@ cdef class MappedFile:
         # again, which costs nothing where blocks exist); a file created without reservation has none
         self.reserved = file_size if (reserve and reserve_step == 0) else 0
         flags = os.O_RDWR if writable else os.O_RDONLY
+        if not map_now:
+            self._defer(budget, keep_fd, create)
+            return
         existed = os.path.exists(self.path)
         if not existed and not create:
             raise FileNotFoundError(2, "No such file", self.path)
@@ -262,6 +266,33 @@ cdef class MappedFile:
             if keep_fd:
                 raise ValueError("a file with a mapping budget keeps no descriptor (keep_fd=False)")
             budget.admit(self)
+
+    cdef int _defer(self, MappingBudget budget, bint keep_fd, bint create) except -1:
+        """``map_now=False``: an existing file of ``budget`` is checked (its size, by one stat of its name) and left
+        unmapped, as an evicted file is, until ensure_mapped maps it on first use: a store of more queues than its
+        budget maps would otherwise open and map every file at open only to unmap most of them again."""
+        if budget is None or keep_fd or create:
+            raise ValueError("map_now=False is for an existing file (create=False) of a budget (keep_fd=False)")
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            raise  # as for map_now=True with create=False
+        except OSError as e:
+            raise store_io_error(e, "stat", self.path) from e
+        if stat.st_size != self.file_size:
+            raise CorruptStoreError(
+                f"{self.path} is {stat.st_size} bytes, expected {self.file_size} (mapped file size setting)")
+        self.file_id = (stat.st_dev, stat.st_ino)
+        self.refs = 1
+        self.available = True
+        self.wrote_pos = 0
+        self.append_pos = 0
+        self.committed_pos = 0
+        self.flushed_pos = 0
+        self.wbuf = NULL
+        self.budget = budget
+        self.evicted = True
+        return 0
 
     cdef int _reopen(self) except -1:
         """A new descriptor of the mapped file, for one call of a file mapped with keep_fd=False; the caller closes

@@ -11,6 +11,7 @@ use at one moment (at most twice the budget here), every mapped queue file is on
 and re-maps did happen.
 """
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -133,3 +134,39 @@ def test_files_unmapped_and_mapped_again_under_load_lose_and_mix_up_nothing(tmp_
     # write targets mapped since the dispatcher's last trim, a mapping made by a thread that lost the race to map
     # the same file (measured after the leak's fix: 19 to 20 for a budget of 16 on a quiet machine)
     assert 0 < s["maps"] <= 2 * s["budget"], s
+
+
+def test_an_existing_file_of_a_budget_is_mapped_on_first_use(tmp_path):
+    # MappedFileQueue.load opens a budget's files unmapped (map_now=False): a store of more queues than its budget
+    # no longer maps every file at open only to unmap most of them again
+    from localmq._mapped_file import MappedFile, MappingBudget
+    from localmq.errors import CorruptStoreError, StoreClosedError
+
+    path = tmp_path / "00000000000000000000"
+    mf = MappedFile(path, 4096, create=True, keep_fd=False)
+    mf.write_at(100, b"unit")
+    mf.flush()
+    mf.close()
+    budget = MappingBudget(16)
+    lazy = MappedFile(path, 4096, create=False, keep_fd=False, budget=budget, map_now=False)
+    assert budget.mapped == 0 and budget.remaps == 0
+    assert lazy.read(100, 4) == b"unit"  # mapped now
+    assert budget.mapped == 1 and budget.remaps == 1
+    lazy.close()
+    assert budget.mapped == 0
+    with pytest.raises(ValueError, match="map_now=False"):
+        MappedFile(path, 4096, create=False, keep_fd=False, map_now=False)  # no budget
+    with pytest.raises(ValueError, match="map_now=False"):
+        MappedFile(path, 4096, create=True, keep_fd=False, budget=budget, map_now=False)
+    with pytest.raises(CorruptStoreError, match="8192"):
+        MappedFile(path, 8192, create=False, keep_fd=False, budget=budget, map_now=False)
+    with pytest.raises(FileNotFoundError):
+        MappedFile(tmp_path / "00000000000000004096", 4096, create=False, keep_fd=False, budget=budget,
+                   map_now=False)
+    # a deferred file that is never used closes cleanly, and a name that another file took is refused at first use
+    lazy = MappedFile(path, 4096, create=False, keep_fd=False, budget=budget, map_now=False)
+    os.replace(tmp_path / "00000000000000000000", tmp_path / "old")
+    (tmp_path / "00000000000000000000").write_bytes(bytes(4096))
+    with pytest.raises(StoreClosedError):  # as for a file retention deleted under a reader
+        lazy.read(100, 4)
+    lazy.close()

@@ -38,7 +38,7 @@ from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable, sync_each
 from localmq.store.recovery import (
-    RecoveryReport, check_segments, next_queue_offsets, recover_store, sync_directories,
+    MinCorrected, RecoveryReport, check_segments, next_queue_offsets, recover_store, sync_directories,
 )
 from localmq.store.settings import (
     explicit_settings, read_log_start, resolve_settings, settings_path, write_log_start, write_settings,
@@ -229,10 +229,11 @@ class DefaultMessageStore:
             # a failed open gives the queue files it cut or deleted their bytes back
             self._cq_table.watch_rewrites(self._undo.save_derived)
         self._cq_table.load()
+        min_corrected: MinCorrected = {}
         report = recover_store(self.root, self._cl_mfq, self._cq_table, abnormal=not last_exit_ok,
                                check_crc=c.check_crc_on_recover, checkpoint_min_ts=self.checkpoint.min_timestamp,
                                progress=progress, verify_queues=c.check_consume_queue_on_open,
-                               salvage=c.salvage, undo=self._undo)
+                               salvage=c.salvage, undo=self._undo, min_corrected=min_corrected)
         report.rebuilt += rebuilt
         report.salvaged += salvaged
         if not last_exit_ok:
@@ -269,7 +270,8 @@ class DefaultMessageStore:
             undispatched = next_queue_offsets(self._cl_mfq.directory, self._cl_mfq.file_size,
                                               self._reput.reput_offset)
         for (topic, qid), cq in self._cqs.items():
-            cq.correct_min_offset(cl_min)
+            if min_corrected.get((topic, qid)) != (cl_min, cq.max_offset):  # not yet, or re-dispatch added units
+                cq.correct_min_offset(cl_min)
             self.commit_log.set_queue_offset(topic, qid, max(cq.max_offset, undispatched.pop((topic, qid), 0)))
         for (topic, qid), nxt in undispatched.items():  # queues whose first file could not be created
             self.commit_log.set_queue_offset(topic, qid, nxt)

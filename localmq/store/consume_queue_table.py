@@ -61,10 +61,10 @@ class ConsumeQueueTable:
         root = self.root
         if not os.path.isdir(root):
             return
-        for topic in sorted(os.listdir(root)):
+        with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
+            topics = sorted(e.name for e in it if e.is_dir())
+        for topic in topics:
             tdir = os.path.join(root, topic)
-            if not os.path.isdir(tdir):
-                continue
             if TOPIC_RE.match(topic) is None:
                 self.skipped_dirs.append(tdir)
                 log.warning("ignoring consume queue directory %s: not a valid topic name", tdir)

@@ -312,7 +312,8 @@ class MappedFileQueue:
                         f"open the store with the size it was written with")
                 mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve,
                                 reserve_step=self.reserve_step, writable=self.writable, keep_fd=self.keep_fd,
-                                budget=self.budget, reserve_first=self.reserve_first)
+                                budget=self.budget, reserve_first=self.reserve_first,
+                                map_now=self.budget is None)  # a budget's files: mapped on first use
                 if files and mf.file_from_offset != files[-1].file_from_offset + self.file_size:
                     mf.close()
                     raise CorruptStoreError(

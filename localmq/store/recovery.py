@@ -37,6 +37,9 @@ if TYPE_CHECKING:  # annotations only: these modules import nothing of this one
 
 log = logging.getLogger("localmq.recovery")
 
+# queue -> (the commit log min offset its min_offset was corrected for, its max_offset then): see _verify_queues
+MinCorrected = Dict[Tuple[str, int], Tuple[int, int]]
+
 
 @dataclasses.dataclass
 class RecoveryReport:
@@ -533,10 +536,12 @@ def _first_bad_unit(first_bad_unit: _FirstBadUnit, cq: ConsumeQueue, files: List
 
 
 def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: int, cl_min: int,
-                   report: RecoveryReport) -> List[int]:
+                   report: RecoveryReport, min_corrected: Optional[MinCorrected] = None) -> List[int]:
     """Check every ConsumeQueue against the recovered log (derived data: the log is the truth) and cut each one
     at its first unit that does not match its record; returns the commit log offsets the dispatcher must start
-    from (at the latest) so that the cut queues are rebuilt. Fills ``report.cq_rebuilt``."""
+    from (at the latest) so that the cut queues are rebuilt. Fills ``report.cq_rebuilt``. A queue found whole
+    gets its ``min_offset`` corrected for ``cl_min`` at once, while its files are mapped (with more queues than
+    the mapping budget a later pass would map each again), and is entered in ``min_corrected``."""
     from localmq.store.get import first_bad_unit  # compiled, same layer
 
     starts: List[int] = []
@@ -604,6 +609,9 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
             # the last file is full: a file after it may have been lost; dispatch again from its end (records
             # already in a queue are skipped as duplicates)
             starts.append(max(cl_min, cq.max_physic_offset))
+        if min_corrected is not None:
+            cq.correct_min_offset(cl_min)
+            min_corrected[key] = (cl_min, cq.max_offset)
     return starts
 
 
@@ -742,7 +750,7 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
                   check_crc: bool, checkpoint_min_ts: int,
                   progress: Optional[Callable[[int, int], None]] = None,
                   verify_queues: bool = True, salvage: bool = False,
-                  undo: Optional["OpenUndo"] = None) -> RecoveryReport:
+                  undo: Optional["OpenUndo"] = None, min_corrected: Optional[MinCorrected] = None) -> RecoveryReport:
     """Recover the commit log and bring every ConsumeQueue in line with it (RocketMQ's DefaultMessageStore.recover).
 
     Each queue is checked (``ConsumeQueue.recover``), the commit log is recovered (``recover_commit_log``), units
@@ -796,7 +804,7 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         # dispatcher failing on it (every open failed, and the failed open had cut the queues)
         for k in _damaged_old_segments(commit_log, queues, report.start_offset, end):
             _repair_segment(root, commit_log, k, check_crc, report, known_end, agrees, undo)
-    starts = _verify_queues(commit_log, queues, end, cl_min, report) if verify_queues else []
+    starts = _verify_queues(commit_log, queues, end, cl_min, report, min_corrected) if verify_queues else []
     if abnormal:
         for key, cq in queues.queues.items():
             if cq.max_physic_offset > report.start_offset:
