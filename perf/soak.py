@@ -24,7 +24,8 @@ When the time is up the producers stop, the consumer drains everything (retries 
 The last line of stdout is a JSON summary: counts (put, consumed, nacked, retried, duplicates, missing, bodies
 that were never put), reopen cycles, retention's deletions, the samples at start / half / end, and verdicts:
 ``flat_fds`` / ``flat_maps`` (the maxima of the second half within +8 descriptors / +32 mappings of those of
-25-50 %), ``flat_rss`` (RSS at the end within 30 MiB of RSS at half), ``disk_bounded`` (never above a bound
+25-50 %), ``flat_rss`` (RSS at the end within 30 MiB of RSS at half; the growth is also given split into
+anonymous memory, the heap, and the resident pages of mapped files), ``disk_bounded`` (never above a bound
 computed from the settings and the rate after the warm-up), ``closed_state_flat`` (the descriptors held while the
 store is closed, between two opens, are the same every cycle). ``--out`` writes the summary and every sample;
 ``--plot`` draws descriptors, mappings, RSS and disk against time into one PNG. Throughput is reported, never judged.
@@ -49,7 +50,7 @@ import zlib
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import localmq  # noqa: E402
-from proc_stats import fds, maps, rss_kib  # noqa: E402 - perf/ (this script's directory)
+from proc_stats import fds, maps, rss_anon_kib, rss_file_kib, rss_kib  # noqa: E402 - perf/ (this script's directory)
 
 GROUP = "soak"
 QUEUES_PER_TOPIC = 4
@@ -333,6 +334,7 @@ class Soak:
     def sample(self, phase: str = "") -> dict:
         with self.proc_lock:
             s = {"t": round(time.monotonic() - self.t0, 2), "fds": fds(), "maps": maps(), "rss_kib": rss_kib(),
+                 "rss_anon_kib": rss_anon_kib(), "rss_file_kib": rss_file_kib(),
                  "disk_bytes": disk_bytes(self.root), "put": self.put, "consumed": self.consumed,
                  "nacked": self.nacked, "retried": self.retried, "reopens": len(self.reopens)}
         if self.st is not None and self.store_lock.acquire(blocking=False):
@@ -559,15 +561,15 @@ class Soak:
             t = frac * load_end
             return min(load, key=lambda s: abs(s["t"] - t)) if load else {}
 
-        def median_rss(frac, width=5):
+        def median_rss(frac, width=5, key="rss_kib"):
             t = frac * load_end
             near = sorted(load, key=lambda s: abs(s["t"] - t))[:width]
-            v = sorted(s["rss_kib"] for s in near)
+            v = sorted(s[key] for s in near)
             return v[len(v) // 2] if v else 0
 
         def pick(s):
-            return {k: s.get(k) for k in ("t", "fds", "maps", "rss_kib", "disk_bytes", "segments",
-                                          "mapped_queue_files")}
+            return {k: s.get(k) for k in ("t", "fds", "maps", "rss_kib", "rss_anon_kib", "rss_file_kib",
+                                          "disk_bytes", "segments", "mapped_queue_files")}
 
         c = self.counts()
         bound = self.disk_bound()
@@ -578,12 +580,15 @@ class Soak:
             verdicts["flat_fds"] = smax["fds"] <= fmax["fds"] + 8
             verdicts["flat_maps"] = smax["maps"] <= fmax["maps"] + 32
             rss_growth = median_rss(1.0) - median_rss(0.5)
+            # of which the heap's (a leak) and the mapped files' resident pages (bounded by the mappings)
+            rss_split = {k: median_rss(1.0, key=k) - median_rss(0.5, key=k) for k in ("rss_anon_kib", "rss_file_kib")}
             verdicts["flat_rss"] = rss_growth <= 30 * 1024
             disk_max = max(s["disk_bytes"] for s in first + second)
             verdicts["disk_bounded"] = disk_max <= bound["bytes"]
         else:
             fmax = smax = {}
             rss_growth = disk_max = None
+            rss_split = {}
         cl = [x["fds"] for x in self.closed_state]
         verdicts["closed_state_flat"] = len(cl) >= 2 and max(cl) == min(cl)
         verdicts["correct"] = (not self.errors and self.foreign == 0 and c["missing"] == 0
@@ -609,6 +614,7 @@ class Soak:
             "before_open": base, "start": pick(at(0.0)), "warm_end": pick(at(0.25)), "half": pick(at(0.5)),
             "end": pick(at(1.0)), "after_close": pick(after),
             "max_25_50": fmax, "max_50_100": smax, "rss_growth_half_to_end_kib": rss_growth,
+            "rss_growth_half_to_end_split_kib": rss_split,
             "disk_max_after_warmup": disk_max, "disk_bound": bound,
             "closed_state": self.closed_state,
             "warmup_samples": len(warm), "samples": len(self.samples),
