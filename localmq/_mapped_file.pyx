@@ -184,6 +184,9 @@ cdef class MappedFile:
         self.keeps_fd = keep_fd
         self.sync_size = sync_size
         self.addr = NULL
+        # the file's own reference; positions, wbuf and the rest start zeroed (a cdef class is allocated zeroed)
+        self.refs = 1
+        self.available = True
         self.sync_lock = PyThread_allocate_lock()
         if self.sync_lock == NULL:
             raise MemoryError()
@@ -246,13 +249,6 @@ cdef class MappedFile:
                     pass
             raise
         self.addr = <uint8_t *>p
-        self.refs = 1
-        self.available = True
-        self.wrote_pos = 0
-        self.append_pos = 0
-        self.committed_pos = 0
-        self.flushed_pos = 0
-        self.wbuf = NULL
         if not keep_fd:
             # the mapping holds the open file description: msync and write-back go on without the descriptor. A
             # new file's size was made durable above (_size_new) or is its owner's to sync (sync_size=False): a
@@ -283,13 +279,6 @@ cdef class MappedFile:
             raise CorruptStoreError(
                 f"{self.path} is {stat.st_size} bytes, expected {self.file_size} (mapped file size setting)")
         self.file_id = (stat.st_dev, stat.st_ino)
-        self.refs = 1
-        self.available = True
-        self.wrote_pos = 0
-        self.append_pos = 0
-        self.committed_pos = 0
-        self.flushed_pos = 0
-        self.wbuf = NULL
         self.budget = budget
         self.evicted = True
         return 0
