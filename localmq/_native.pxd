@@ -19,5 +19,4 @@ cdef int c_munlock(void *addr, size_t off, size_t length, object path) except -1
 cdef int c_madvise(void *addr, size_t off, size_t length, int advice, object path) except -1
 cdef int c_populate_write(void *addr, size_t off, size_t length) noexcept nogil
 cdef size_t c_mincore(void *addr, size_t off, size_t length, object path) except? 0
-cdef size_t c_pretouch(void *addr, size_t off, size_t length, bint write) noexcept
 cdef object raise_errno(int err, object path, str operation=*)

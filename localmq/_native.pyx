@@ -11,7 +11,7 @@ from localmq.errors import store_io_error
 from localmq._os cimport (
     LMQ_ADV_DONTNEED, LMQ_ADV_NORMAL, LMQ_ADV_RANDOM, LMQ_ADV_SEQUENTIAL, LMQ_ADV_WILLNEED,
     lmq_fallocate, lmq_fdatasync, lmq_ftruncate, lmq_madvise, lmq_map, lmq_mincore, lmq_mlock, lmq_msync,
-    lmq_munlock, lmq_now_ms, lmq_page_size, lmq_populate_write, lmq_pretouch, lmq_unmap, lmq_event_free,
+    lmq_munlock, lmq_now_ms, lmq_page_size, lmq_populate_write, lmq_unmap, lmq_event_free,
     lmq_event_new,
 )
 
@@ -165,13 +165,6 @@ cdef int c_populate_write(void *addr, size_t off, size_t length) noexcept nogil:
     """MADV_POPULATE_WRITE; returns 0, or the errno (the caller, already without the GIL, decides)."""
     cdef int rc = lmq_populate_write(addr, off, length)
     return 0 if rc == 0 else errno
-
-
-cdef size_t c_pretouch(void *addr, size_t off, size_t length, bint write) noexcept:
-    cdef size_t n
-    with nogil:  # every touched page may fault; other threads keep running meanwhile
-        n = lmq_pretouch(addr, off, length, write)
-    return n
 
 
 def fdatasync(fd, *, full=False, path=None):

@@ -139,7 +139,8 @@ def test_files_unmapped_and_mapped_again_under_load_lose_and_mix_up_nothing(tmp_
 def test_an_existing_file_of_a_budget_is_mapped_on_first_use(tmp_path):
     # MappedFileQueue.load opens a budget's files unmapped (map_now=False): a store of more queues than its budget
     # no longer maps every file at open only to unmap most of them again
-    from localmq._mapped_file import MappedFile, MappingBudget
+    from localmq._mapped_file import MappedFile
+    from localmq._mapping import MappingBudget
     from localmq.errors import CorruptStoreError, StoreClosedError
 
     path = tmp_path / "00000000000000000000"

@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MISUSE = os.path.join("tests", "typing", "misuse_public_api.py")
 COMPILED = [
     "localmq._native", "localmq._msg_id", "localmq._record", "localmq._columns", "localmq._scan",
-    "localmq._mapped_file", "localmq._frame", "localmq._index", "localmq.store.commit_log",
+    "localmq._mapping", "localmq._mapped_file", "localmq._frame", "localmq._index", "localmq.store.commit_log",
     "localmq.store.shared_commit", "localmq.store.put_args", "localmq.store.put_result", "localmq.store.group_commit",
     "localmq.store.consume_queue", "localmq.store.get", "localmq.store.dispatch", "localmq._shm",
 ]

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from localmq._mapped_file import MappingBudget
+from localmq._mapping import MappingBudget
 from localmq.config import check_topic
 from localmq.errors import IndexDisabledError, NotAStoreError, ReadOnlyStoreError, StoreLockedError
 from localmq.layout import (

@@ -1,5 +1,6 @@
 from libc.stdint cimport int64_t, uint8_t
-from localmq._mapped_file cimport MappedFile, MappingBudget
+from localmq._mapped_file cimport MappedFile
+from localmq._mapping cimport MappingBudget
 
 cdef struct CQState:
     uint8_t *addr            # mapping of the file the dispatcher writes (NULL: none yet)

@@ -8,7 +8,8 @@ import numpy.typing as npt
 
 from typing_extensions import Self, disjoint_base
 
-from localmq._mapped_file import MappedFile, MappingBudget
+from localmq._mapped_file import MappedFile
+from localmq._mapping import MappingBudget
 from localmq._shm import ControlFile
 from localmq.layout import CQ_DTYPE as CQ_DTYPE
 from localmq.store.mapped_file_queue import DeferredDirSyncs, MappedFileQueue

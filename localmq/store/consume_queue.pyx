@@ -8,7 +8,8 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 from localmq._layout cimport CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, CTL_T_DISPATCHED, CTL_TOPIC_QUEUES
-from localmq._mapped_file cimport MappedFile, MappingBudget
+from localmq._mapped_file cimport MappedFile
+from localmq._mapping cimport MappingBudget
 from localmq._shm cimport ControlFile, topic_row_c
 from localmq._os cimport lmq_be32, lmq_be64, lmq_load_acq, lmq_put32, lmq_put64, lmq_store_rel
 

@@ -6,7 +6,7 @@ import os
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
-from localmq._mapped_file import MappingBudget
+from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.config import check_topic
 from localmq.errors import CorruptStoreError

@@ -7,7 +7,8 @@ import os
 import threading
 from typing import Callable, List, Optional, Set, Tuple, TypeVar
 
-from localmq._mapped_file import MappedFile, MappingBudget, offset_to_file_name
+from localmq._mapped_file import MappedFile, offset_to_file_name
+from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.errors import CorruptStoreError, StoreIOError, io_operation, store_io_error
 
