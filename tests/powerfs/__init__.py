@@ -7,10 +7,10 @@
         <SIGKILL the workload's processes and wait for them>
         fs.cut("random", seed=7)  # power cut: the mount is gone, tmp_path / "disk" is what a reboot would find
 
-The daemon (powerfs.c) is compiled on first use with gcc and libfuse3 into a cache directory keyed by the source's
-hash (``$POWERFS_CACHE``, else ``$XDG_CACHE_HOME/localmq-powerfs``, else ``~/.cache/localmq-powerfs``).  It needs
-/dev/fuse, gcc, pkg-config and Debian's fuse3 + libfuse3-dev; anything missing raises PowerFSError saying what to
-install (tests turn it into a failure, never a skip).
+The daemon (powerfs.c, overlay.c) is compiled on first use with gcc and libfuse3 into a cache directory keyed by the
+sources' hash (``$POWERFS_CACHE``, else ``$XDG_CACHE_HOME/localmq-powerfs``, else ``~/.cache/localmq-powerfs``).
+It needs /dev/fuse, gcc, pkg-config and Debian's fuse3 + libfuse3-dev; anything missing raises PowerFSError saying
+what to install (tests turn it into a failure, never a skip).
 """
 import errno as _errno
 import hashlib
@@ -28,6 +28,8 @@ from pathlib import Path
 __all__ = ["PowerFS", "PowerFSError", "build", "run_then_kill", "INSTALL_HINT"]
 
 SOURCE = Path(__file__).resolve().with_name("powerfs.c")
+# the daemon's sources: the FUSE front (powerfs.c), the overlay model (overlay.c) and what they share (powerfs.h)
+SOURCES = [SOURCE, SOURCE.with_name("overlay.c"), SOURCE.with_name("powerfs.h")]
 INSTALL_HINT = ("powerfs needs /dev/fuse, gcc and libfuse3: apt-get install -y fuse3 libfuse3-dev pkg-config gcc "
                 "(.ci/run installs them)")
 FSTYPE = "fuse.powerfs"
@@ -47,12 +49,12 @@ def _cache_dir():
 
 
 def build(cache_dir=None):
-    """Path of the daemon compiled from powerfs.c, compiling it first if this source was never compiled here.
+    """Path of the daemon compiled from powerfs.c and overlay.c, compiling it first if these sources were never
+    compiled here.
 
     The binary goes to ``cache_dir/<source hash>/powerfs`` (renamed into place, so concurrent builds are safe);
     builds of older sources in that directory are removed."""
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:16]
     cache = Path(cache_dir) if cache_dir is not None else _cache_dir()
     binary = cache / digest / "powerfs"
     if binary.is_file() and os.access(binary, os.X_OK):
@@ -67,7 +69,8 @@ def build(cache_dir=None):
                            f"{INSTALL_HINT}")
     binary.parent.mkdir(parents=True, exist_ok=True)
     tmp = binary.with_name(f"powerfs.{os.getpid()}.{threading.get_ident()}.tmp")
-    cmd = ["gcc", "-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", str(SOURCE), "-o", str(tmp),
+    sources = [str(p) for p in SOURCES if p.suffix == ".c"]
+    cmd = ["gcc", "-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", *sources, "-o", str(tmp),
            *flags.stdout.split()]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
