@@ -11,7 +11,7 @@ import pytest
 import localmq
 from localmq.config import parse_delay_levels
 from localmq.errors import ConfigError, InvalidDelayError
-from localmq.services.schedule import level_for_delay
+from localmq.services.schedule import level_for_delay, read_delay_offsets
 from localmq.store.config_json import read_config_json
 
 from helpers import queue_messages
@@ -133,6 +133,22 @@ def test_delay_offset_json_format_and_no_redelivery_after_reopen(tmp_path):
         st.create_producer(queue_id=0).send("t", b"three", delay_level=1)
         assert [m.body for m in _wait_count(st, "t", 0, 3)] == [b"one", b"two", b"three"]
     assert read_config_json(str(path)) == {"offsetTable": {1: 2, 2: 1}}
+
+
+
+@pytest.mark.parametrize("text, want, bad", [
+    ('{"offsetTable":{1:4,"2":7,"x":1,3:"y"}}', {1: 4, 2: 7}, [("x", 1), (3, "y")]),
+    ('{"offsetTable":[1,2]}', {}, []),  # not a table: every level starts from its queue's beginning
+    ('[]', {}, []),
+])
+def test_delay_offsets_keep_the_usable_levels_and_tell_the_others(tmp_path, text, want, bad):
+    """One reader of delayOffset.json for the delivery service and for retention: entries that are not integers are
+    skipped and told, an offsetTable that is not a table gives no level (the service used to raise on a list)."""
+    path = tmp_path / "delayOffset.json"
+    path.write_text(text)
+    told = []
+    assert read_delay_offsets(str(path), lambda k, v: told.append((k, v))) == want
+    assert told == bad
 
 
 _CHILD = textwrap.dedent("""

@@ -66,9 +66,9 @@ from localmq.status import PutStatus
 from localmq.config import RETRY_PREFIX, SCHEDULE_TOPIC, StoreConfig
 from localmq.errors import CorruptStoreError
 from localmq.layout import CQ_BLANK_UNIT_SIZE
-from localmq.services.schedule import DELAY_OFFSET_FILE
+from localmq.services.schedule import DELAY_OFFSET_FILE, read_delay_offsets
 from localmq.services.service_thread import ServiceThread
-from localmq.store.config_json import read_config_json, read_offset_table
+from localmq.store.config_json import read_offset_table
 from localmq.store.mapped_file_queue import DELETE_FILES_BATCH_MAX, MappedFileQueue
 
 log = logging.getLogger("localmq.clean")
@@ -304,20 +304,13 @@ class CleanCommitLogService:
         """{delay level: next unit to deliver} from delayOffset.json (or its backup); {} when there is none or it
         is unusable (logged once per distinct error: every delayed message is then protected)."""
         try:
-            doc = read_config_json(self.delay_offset_path, default=None)
+            out = read_delay_offsets(self.delay_offset_path)  # a bad entry: its level is protected from its start
         except (CorruptStoreError, OSError) as e:
             if str(e) != self.delay_offsets_error:
                 log.error("delay offsets unreadable, retention keeps every delayed message: %s", e)
             self.delay_offsets_error = str(e)
             return {}
         self.delay_offsets_error = None
-        table = doc.get("offsetTable") if isinstance(doc, dict) else None
-        out: Dict[int, int] = {}
-        for k, v in (table if isinstance(table, dict) else {}).items():
-            try:
-                out[int(k)] = int(v)
-            except (TypeError, ValueError):
-                continue  # the level is then protected from its start
         return out
 
     # -- the pass -------------------------------------------------------------------------------------------------

@@ -23,6 +23,22 @@ POLL_MS = 100  # RocketMQ's DELAY_FOR_A_WHILE: a level is looked at again after 
 SCAN_UNITS = 65536
 
 
+def read_delay_offsets(path: str, on_bad_entry: Optional[Callable[[Any, Any], None]] = None) -> Dict[int, int]:
+    """{delay level: next unit of SCHEDULE_TOPIC_XXXX to deliver} of delayOffset.json (or its backup); {} when there
+    is none. An entry that is not a pair of integers is skipped (``on_bad_entry(key, value)`` is told of it): its
+    level then starts from the beginning of its queue. Raises CorruptStoreError or OSError when the file is unusable."""
+    doc = read_config_json(path, default=None)
+    table = doc.get("offsetTable") if isinstance(doc, dict) else None
+    out: Dict[int, int] = {}
+    for k, v in (table if isinstance(table, dict) else {}).items():
+        try:
+            out[int(k)] = int(v)
+        except (TypeError, ValueError):
+            if on_bad_entry is not None:
+                on_bad_entry(k, v)
+    return out
+
+
 def level_for_delay(levels_ms: Tuple[int, ...], seconds: float) -> int:
     """The smallest level whose delay is >= ``seconds`` (so a message is never delivered before it asked).
 
@@ -115,15 +131,7 @@ class ScheduleMessageService(ServiceThread):
         self.put_failures = 0
 
     def _load(self) -> Dict[int, int]:
-        doc = read_config_json(self.path, default=None)
-        table = doc.get("offsetTable") if isinstance(doc, dict) else None
-        out: Dict[int, int] = {}
-        for k, v in (table or {}).items():
-            try:
-                out[int(k)] = int(v)
-            except (TypeError, ValueError):
-                log.warning("%s: ignoring entry %r: %r", self.path, k, v)
-        return out
+        return read_delay_offsets(self.path, lambda k, v: log.warning("%s: ignoring entry %r: %r", self.path, k, v))
 
     def run(self) -> None:
         while not self.stopped:
