@@ -5,6 +5,7 @@ A target module defines ``TestOneInput(data: bytes)`` and ``seeds()`` (a list of
 ``main(TestOneInput, seeds)``. Run alone it fuzzes with atheris (libFuzzer, coverage-guided) when atheris is
 installed, else with the plain driver; ``fuzz/run.py`` runs every target for a bounded time.
 """
+
 import atexit
 import logging
 import os
@@ -20,13 +21,17 @@ if ROOT not in sys.path:
 
 try:  # coverage guidance for localmq's Python code (the compiled modules are not instrumented)
     import atheris
+
     _ATHERIS = "--plain" not in sys.argv
 except ImportError:
     _ATHERIS = False
 if _ATHERIS:
     with atheris.instrument_imports(include=["localmq"]):
         import localmq  # noqa: F401
-        import localmq.store.checkpoint, localmq.store.config_json, localmq.store.index, localmq.store.readers  # noqa
+        import localmq.store.checkpoint  # noqa: F401
+        import localmq.store.config_json  # noqa: F401
+        import localmq.store.index  # noqa: F401
+        import localmq.store.readers  # noqa: F401
 
 from localmq.errors import LocalMQError  # noqa: E402
 
@@ -52,12 +57,19 @@ def v2_segment_seed(limit=4096):
     """A segment start as RocketMQ 5.x writes it: V1 records (short topics) and V2 records (topics over 127 bytes:
     int16 topic length) interleaved, then a record of an unknown format (a later magic) framed by its length."""
     from localmq._record import encode_message
+
     out = b""
     i = 0
     while len(out) < limit - 600:
         topic = "T" * (130 + i % 100) if i % 2 else "TopicTest"
-        out += encode_message(topic, b"body-%d" % i, queue_id=i % 4, queue_offset=i // 2, physical_offset=len(out),
-                              properties={"TAGS": "t", "KEYS": "k%d" % i})
+        out += encode_message(
+            topic,
+            b"body-%d" % i,
+            queue_id=i % 4,
+            queue_offset=i // 2,
+            physical_offset=len(out),
+            properties={"TAGS": "t", "KEYS": "k%d" % i},
+        )
         i += 1
     out += (300).to_bytes(4, "big") + bytes.fromhex("daa320af") + bytes([7]) * 292
     return out[:limit]
@@ -90,7 +102,7 @@ class Input:
         self.pos = 0
 
     def int(self, nbytes, signed=True):
-        chunk = self.data[self.pos:self.pos + nbytes]
+        chunk = self.data[self.pos : self.pos + nbytes]
         self.pos += nbytes
         return int.from_bytes(chunk.ljust(nbytes, b"\0"), "little", signed=signed)
 
@@ -98,7 +110,7 @@ class Input:
         return options[self.int(1, False) % len(options)]
 
     def rest(self):
-        out = self.data[self.pos:]
+        out = self.data[self.pos :]
         self.pos = len(self.data)
         return out
 
@@ -128,14 +140,14 @@ def mutate(rng, data, corpus):
         elif op == 2 and len(b) >= 4:
             i = rng.randrange(len(b) - 3)
             v = rng.choice((0, 1, -1, 0x7FFFFFFF, -0x80000000, 0x7FFF, -0x8000, rng.randrange(-1 << 31, 1 << 31)))
-            b[i:i + 4] = (v & 0xFFFFFFFF).to_bytes(4, rng.choice(("big", "little")))
+            b[i : i + 4] = (v & 0xFFFFFFFF).to_bytes(4, rng.choice(("big", "little")))
         elif op == 3 and b:
-            del b[rng.randrange(len(b)):]
+            del b[rng.randrange(len(b)) :]
         elif op == 4 and corpus:
             other = rng.choice(corpus)
             i = rng.randrange(len(b) + 1)
             j = rng.randrange(len(other) + 1)
-            b[i:] = other[j:j + rng.randrange(1, 256)]
+            b[i:] = other[j : j + rng.randrange(1, 256)]
         elif op == 5:
             i = rng.randrange(len(b) + 1)
             b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 16)))

@@ -1,6 +1,6 @@
 """Fuzz target: the checkpoint file (store.checkpoint.read_checkpoint)."""
-from common import check, fixture_files, main, temp_file
 
+from common import check, fixture_files, main, temp_file
 from localmq.store.checkpoint import read_checkpoint
 
 

@@ -1,13 +1,19 @@
 """Fuzz target: columnar decode (_columns.decode_range / decode_positions) and every gather over its rows."""
-import numpy as np
-from common import Input, check, commitlog_seeds, main
 
+import numpy as np
+
+from common import Input, check, commitlog_seeds, main
 from localmq import _columns
 
 GATHERS = (
-    lambda c: c.gather_bodies(), lambda c: _columns.gather_binary(c, "body"),
-    lambda c: _columns.gather_binary(c, "topic"), _columns.topic_codes, _columns.gather_keys,
-    _columns.gather_properties, _columns.gather_msg_ids, lambda c: _columns.gather_property(c, "TAGS"),
+    lambda c: c.gather_bodies(),
+    lambda c: _columns.gather_binary(c, "body"),
+    lambda c: _columns.gather_binary(c, "topic"),
+    _columns.topic_codes,
+    _columns.gather_keys,
+    _columns.gather_properties,
+    _columns.gather_msg_ids,
+    lambda c: _columns.gather_property(c, "TAGS"),
 )
 
 
@@ -19,8 +25,15 @@ def TestOneInput(data):
     buf = bytearray(inp.rest())
     cols = _columns.RecordColumns(8)
     if mode & 1:
-        check(_columns.decode_positions, buf, cols, positions, None if mode & 2 else [len(buf)] * len(positions),
-              0, bool(mode & 4))
+        check(
+            _columns.decode_positions,
+            buf,
+            cols,
+            positions,
+            None if mode & 2 else [len(buf)] * len(positions),
+            0,
+            bool(mode & 4),
+        )
     else:
         check(_columns.decode_range, buf, cols, start, -1, 0, bool(mode & 4))
     for g in GATHERS:

@@ -1,6 +1,6 @@
 """Fuzz target: RocketMQ config JSON files (store.config_json.read_config_json: the file, then its .bak)."""
-from common import check, fixture_files, main, temp_file
 
+from common import check, fixture_files, main, temp_file
 from localmq.store.config_json import read_config_json
 
 

@@ -1,8 +1,8 @@
 """Fuzz target: a ConsumeQueue file read by store.readers.read_consume_queue (and its ext file reader)."""
+
 import os
 
 from common import check, fixture_files, main, temp_file
-
 from localmq.store import readers
 
 

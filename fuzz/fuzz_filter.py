@@ -1,6 +1,6 @@
 """Fuzz target: SQL92 filters (filter.compile_sql92 on any text, then matches on any properties)."""
-from common import check, main
 
+from common import check, main
 from localmq.filter import compile_sql92
 
 SEEDS = [

@@ -1,10 +1,10 @@
 """Fuzz target: the embedded queue's frames (_frame.walk_frames, read_frames)."""
+
 import os
 import shutil
 import tempfile
 
 from common import Input, check, main
-
 from localmq import _frame
 
 

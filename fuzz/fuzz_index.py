@@ -1,6 +1,6 @@
 """Fuzz target: an index file (store.index.IndexFile.open with its geometry inferred, queries, then an insert)."""
-from common import check, fixture_files, main, temp_file
 
+from common import check, fixture_files, main, temp_file
 from localmq.store.index import IndexFile
 
 

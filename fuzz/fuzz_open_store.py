@@ -8,19 +8,20 @@ runs and truncations; then the copy is opened and every queue is read to its end
 only LocalMQError subclasses come out (a CorruptMessageError is skipped with its ``next_offset``), and every body
 read is one that was written (damage never turns into wrong data).
 """
+
 import atexit
 import os
 import shutil
 import tempfile
 
+import localmq
 import power_images
 from common import Input, main
-
-import localmq
 from localmq.errors import CorruptMessageError, LocalMQError
 
-CONFIG = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=400, max_hash_slot_num=512,
-              max_index_num=2048)
+CONFIG = dict(
+    mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=400, max_hash_slot_num=512, max_index_num=2048
+)
 _base = None
 _work = None
 
@@ -109,11 +110,11 @@ def TestOneInput(data):
                 f.seek(pos)
                 f.write(bytes(min(size - pos, inp.int(2, False))))
         else:
-            patch = inp.data[inp.pos:inp.pos + 1 + op * 3]
+            patch = inp.data[inp.pos : inp.pos + 1 + op * 3]
             inp.pos += len(patch)
             with open(path, "r+b") as f:
                 f.seek(pos)
-                f.write(patch[:max(0, size - pos)])
+                f.write(patch[: max(0, size - pos)])
     if inp.int(1, False) & 1:
         open(os.path.join(work, "abort"), "wb").close()
     try:
@@ -142,8 +143,11 @@ def TestOneInput(data):
 
 def seeds():
     # every base opened as it is, then with damage
-    return ([bytes([k, 0]) for k in range(1 + power_images.COUNT)]
-            + [bytes([0, 1, 0, 0, 0, 0, 0, 0]), bytes([0]) + bytes(16), bytes(range(64))])
+    return [bytes([k, 0]) for k in range(1 + power_images.COUNT)] + [
+        bytes([0, 1, 0, 0, 0, 0, 0, 0]),
+        bytes([0]) + bytes(16),
+        bytes(range(64)),
+    ]
 
 
 if __name__ == "__main__":

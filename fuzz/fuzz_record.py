@@ -1,7 +1,7 @@
 """Fuzz target: one CommitLog record (_record.decode_message, scan_record, walk_records, unknown_format) at any
 position."""
-from common import Input, check, commitlog_seeds, main
 
+from common import Input, check, commitlog_seeds, main
 from localmq import _record
 
 

@@ -10,6 +10,7 @@ one subdirectory per version of this recipe and of the store it is given, made u
 jobs share one); building and mounting powerfs needs fuse3 and libfuse3-dev (tests/powerfs/README.md). A failure to
 build them raises: the target never runs without its seeds.
 """
+
 import contextlib
 import fcntl
 import hashlib
@@ -27,8 +28,9 @@ _RECIPE = 2  # bump when the way images are made changes
 
 
 def _cache_root():
-    return os.environ.get("LOCALMQ_FUZZ_POWER_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                       "localmq-fuzz-power")
+    return os.environ.get("LOCALMQ_FUZZ_POWER_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "localmq-fuzz-power"
+    )
 
 
 def _make_one(localmq, PowerFS, base, config, bodies, n):
@@ -36,8 +38,12 @@ def _make_one(localmq, PowerFS, base, config, bodies, n):
     rng = random.Random(f"power-image/{n}")
     disk, mnt = os.path.join(base, "disk"), os.path.join(base, "mnt")
     os.makedirs(disk)
-    cfg = dict(config, flush_disk_type=rng.choice(["SYNC_FLUSH", "ASYNC_FLUSH"]),
-               flush_interval_consume_queue=rng.choice([10, 200]), flush_interval_commit_log=rng.choice([10, 200]))
+    cfg = dict(
+        config,
+        flush_disk_type=rng.choice(["SYNC_FLUSH", "ASYNC_FLUSH"]),
+        flush_interval_consume_queue=rng.choice([10, 200]),
+        flush_interval_commit_log=rng.choice([10, 200]),
+    )
     fs = PowerFS(disk, mnt)
     fs.mount()
     try:
@@ -60,8 +66,9 @@ def _make_one(localmq, PowerFS, base, config, bodies, n):
 
 def images(config, bodies):
     """The directories of the power-cut images (made and cached on first use)."""
-    key = hashlib.sha256(json.dumps([_RECIPE, COUNT, sorted(config.items()),
-                                     hashlib.sha256(b"".join(bodies)).hexdigest()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps([_RECIPE, COUNT, sorted(config.items()), hashlib.sha256(b"".join(bodies)).hexdigest()]).encode()
+    ).hexdigest()[:16]
     cache = os.path.join(_cache_root(), key)
     done = os.path.join(cache, "done")
     if not os.path.exists(done):

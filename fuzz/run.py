@@ -4,14 +4,15 @@ not the run). ``python fuzz/run.py --seconds 60`` ; ``--runs N`` stops each afte
 target at once (``--runs`` is split between them); names select targets
 (``python fuzz/run.py --seconds 600 record columns``). Prints the inputs each target ran; exits 1 on a failure.
 """
+
 import argparse
 import glob
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,8 +35,14 @@ def _command(path, seconds, runs, plain, work, job):
     # libFuzzer writes a failing, slow or timed-out input (crash-*, slow-unit-*, timeout-*) to its artifact prefix:
     # fuzz/artifacts/ (ignored by git), not the repository's root, and kept after the run's directory goes
     os.makedirs(ARTIFACTS, exist_ok=True)
-    cmd = [sys.executable, path, "-rss_limit_mb=4096", "-print_final_stats=1", f"-seed={job + 1}",
-           f"-artifact_prefix={ARTIFACTS}{os.sep}"]
+    cmd = [
+        sys.executable,
+        path,
+        "-rss_limit_mb=4096",
+        "-print_final_stats=1",
+        f"-seed={job + 1}",
+        f"-artifact_prefix={ARTIFACTS}{os.sep}",
+    ]
     cmd += [f"-runs={runs}"] if runs else [f"-max_total_time={int(seconds)}"]
     corpus = os.path.join(work, f"corpus-{job}")
     os.makedirs(corpus)
@@ -57,8 +64,19 @@ def run_target(path, seconds, runs, plain, jobs=1):
     try:
         for job in range(jobs):
             log = open(os.path.join(work, f"out-{job}.txt"), "w+")
-            procs.append((subprocess.Popen(_command(path, seconds, per_job, plain, work, job), stdout=log,
-                                           stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT), log))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        _command(path, seconds, per_job, plain, work, job),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        env=env,
+                        cwd=ROOT,
+                    ),
+                    log,
+                )
+            )
         rc, total, out = 0, 0, ""
         for proc, log in procs:
             code = proc.wait()
@@ -97,8 +115,11 @@ def main(argv=None):
     for p in paths:
         rc, n, took, out = run_target(p, args.seconds, args.runs, plain, max(1, args.jobs))
         name = os.path.basename(p)[5:-3]
-        print(f"{name:16} {'ok' if rc == 0 else 'FAILED (exit %d)' % rc:18} {n if n is not None else '?':>10} inputs"
-              f"  {took:6.0f} s  ({'plain' if plain else 'atheris'})", flush=True)
+        print(
+            f"{name:16} {'ok' if rc == 0 else 'FAILED (exit %d)' % rc:18} {n if n is not None else '?':>10} inputs"
+            f"  {took:6.0f} s  ({'plain' if plain else 'atheris'})",
+            flush=True,
+        )
         if rc != 0:
             failed += 1
             sys.stdout.write(out[-4000:] + "\n")

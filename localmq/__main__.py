@@ -1,4 +1,5 @@
 """``python -m localmq``: the ``localmq`` command."""
+
 import sys
 
 from localmq.cli import main

@@ -1,4 +1,5 @@
 """Stub for the compiled localmq._mapped_file: the writer's side of a segment file (MappedFile, WriteBuffer)."""
+
 from typing import Optional, Tuple
 
 from typing_extensions import Self, disjoint_base

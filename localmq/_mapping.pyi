@@ -1,4 +1,5 @@
 """Stub for the compiled localmq._mapping: one pre-sized, memory-mapped segment file (the base of MappedFile)."""
+
 import logging
 import os
 from typing import List, Optional, Tuple
@@ -36,11 +37,22 @@ class Mapping:
     def store_timestamp(self) -> int: ...
     @property
     def flushed_store_timestamp(self) -> int: ...
-    def __new__(cls, path: str | os.PathLike[str], file_size: int, file_from_offset: int = -1, *,
-                 create: bool = True, reserve: bool = True, writable: bool = True,
-                 reserve_step: int = 0, keep_fd: bool = True, sync_size: bool = True,
-                 budget: Optional[MappingBudget] = None, reserve_first: int = 0,
-                 map_now: bool = True) -> Self: ...
+    def __new__(
+        cls,
+        path: str | os.PathLike[str],
+        file_size: int,
+        file_from_offset: int = -1,
+        *,
+        create: bool = True,
+        reserve: bool = True,
+        writable: bool = True,
+        reserve_step: int = 0,
+        keep_fd: bool = True,
+        sync_size: bool = True,
+        budget: Optional[MappingBudget] = None,
+        reserve_first: int = 0,
+        map_now: bool = True,
+    ) -> Self: ...
     @property
     def budget(self) -> Optional[MappingBudget]: ...
     @property

@@ -1,4 +1,5 @@
 """Stub for the compiled localmq._msg_id: offset message ids and the stored host bytes."""
+
 from typing import Tuple
 
 def pack_host(text: str) -> bytes: ...

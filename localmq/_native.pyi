@@ -1,6 +1,6 @@
 """Stub for the compiled localmq._native (checked, GIL-free wrappers over csrc/)."""
-from _typeshed import StrOrBytesPath
 
+from _typeshed import StrOrBytesPath
 from typing_extensions import disjoint_base
 
 ADV_NORMAL: int

@@ -1,15 +1,14 @@
 """Stub for the compiled localmq._record: RocketMQ 4.x CommitLog records (V1), properties, ids, hashes, Message."""
+
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from _typeshed import ReadableBuffer
-
 from typing_extensions import disjoint_base
-
-from localmq.status import RecordStatus
 
 from localmq._msg_id import create_message_id as create_message_id
 from localmq._msg_id import decode_message_id as decode_message_id
 from localmq._msg_id import pack_host as pack_host
+from localmq.status import RecordStatus
 
 def inflate_body(m: Message) -> bool: ...
 def bind_delivery(m: Message, acker: Any, topic: Optional[str] = None, reconsume_times: int = -1) -> None: ...
@@ -49,9 +48,17 @@ class Message:
     def body_crc(self) -> int: ...
     @property
     def body(self) -> bytes | memoryview: ...
-    def __init__(self, topic: str, body: bytes | memoryview, *, tags: Optional[str] = None,
-                 keys: str | Iterable[str] | None = None, properties: Optional[Mapping[str, str]] = None,
-                 flag: int = 0, queue_id: int = 0) -> None: ...
+    def __init__(
+        self,
+        topic: str,
+        body: bytes | memoryview,
+        *,
+        tags: Optional[str] = None,
+        keys: str | Iterable[str] | None = None,
+        properties: Optional[Mapping[str, str]] = None,
+        flag: int = 0,
+        queue_id: int = 0,
+    ) -> None: ...
     @property
     def properties(self) -> dict[str, str]: ...
     @property
@@ -72,18 +79,31 @@ class Message:
     def nack(self, *, delay: Optional[float] = None, delay_level: Optional[int] = None) -> None: ...
     def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]: ...
 
-def encode_message(topic: str | bytes, body: Optional[ReadableBuffer], *, queue_id: int = 0, flag: int = 0,
-                   queue_offset: int = 0, physical_offset: int = 0, sys_flag: int = 0, born_timestamp: int = 0,
-                   born_host: str | bytes = "127.0.0.1:0", store_timestamp: int = 0,
-                   store_host: str | bytes = "127.0.0.1:10911", reconsume_times: int = 0,
-                   prepared_transaction_offset: int = 0,
-                   properties: Mapping[str, Optional[str]] | bytes | None = None) -> bytes: ...
+def encode_message(
+    topic: str | bytes,
+    body: Optional[ReadableBuffer],
+    *,
+    queue_id: int = 0,
+    flag: int = 0,
+    queue_offset: int = 0,
+    physical_offset: int = 0,
+    sys_flag: int = 0,
+    born_timestamp: int = 0,
+    born_host: str | bytes = "127.0.0.1:0",
+    store_timestamp: int = 0,
+    store_host: str | bytes = "127.0.0.1:10911",
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+    properties: Mapping[str, Optional[str]] | bytes | None = None,
+) -> bytes: ...
 def encode_blank(size: int) -> bytes: ...
 def encode_gap(size: int) -> bytes: ...
 def find_record(data: ReadableBuffer, start: int, end: int, delta: int) -> int: ...
 def unknown_format(data: ReadableBuffer, pos: int = 0, end: int = -1) -> Optional[int]: ...
-def decode_message(data: ReadableBuffer, pos: int = 0, *, check_crc: bool = True, base_offset: int = -1,
-                   copy: bool = True) -> Optional[Message]: ...
+def decode_message(
+    data: ReadableBuffer, pos: int = 0, *, check_crc: bool = True, base_offset: int = -1, copy: bool = True
+) -> Optional[Message]: ...
 def scan_record(data: ReadableBuffer, pos: int = 0, check_crc: bool = False) -> Tuple[RecordStatus, int]: ...
-def walk_records(data: ReadableBuffer, start: int = 0, end: int = -1, check_crc: bool = True,
-                 check_topic: bool = False) -> Tuple[int, RecordStatus, int, int, int]: ...
+def walk_records(
+    data: ReadableBuffer, start: int = 0, end: int = -1, check_crc: bool = True, check_topic: bool = False
+) -> Tuple[int, RecordStatus, int, int, int]: ...

@@ -1,4 +1,5 @@
 """Type stub of localmq._shm (the multi-process control file)."""
+
 import os
 import weakref
 from typing import Literal, Optional, Union

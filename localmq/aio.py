@@ -13,6 +13,7 @@ default executor. Opening (recovery) and closing run in the executor too.
             async for m in c:
                 ...
 """
+
 from __future__ import annotations
 
 import asyncio

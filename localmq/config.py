@@ -1,4 +1,5 @@
 """StoreConfig (RocketMQ's MessageStoreConfig in snake_case), the flush mode, and name checks."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +7,12 @@ import enum
 from typing import Any, Mapping
 
 from localmq.errors import (
-    ArgumentRangeError, ArgumentTypeError, ConfigError, InvalidPropertyError, InvalidQueueIdError, InvalidTopicError,
+    ArgumentRangeError,
+    ArgumentTypeError,
+    ConfigError,
+    InvalidPropertyError,
+    InvalidQueueIdError,
+    InvalidTopicError,
 )
 from localmq.layout import CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE
 
@@ -57,7 +63,7 @@ class StoreConfig:
     # another live process (a stopped one, say) before StoreBusyError; the lock is never taken from a live holder
     shared_lock_timeout: float = 10.0
     warm_mapped_file_enable: bool = False
-    preallocate_mapped_file: bool = True   # localmq: AllocateMappedFileService creates the next 2 segments ahead
+    preallocate_mapped_file: bool = True  # localmq: AllocateMappedFileService creates the next 2 segments ahead
     # localmq: a new CommitLog segment (RocketMQ's size and layout) is created sparse and its blocks are reserved
     # (posix_fallocate) this many bytes at a time ahead of the writer, so disk use grows with the data and a put never
     # SIGBUSes: it is refused (CREATE_MAPPED_FILE_FAILED) when the next step cannot be reserved. 0 reserves a whole
@@ -126,7 +132,8 @@ class StoreConfig:
                 self.flush_disk_type = FlushDiskType[self.flush_disk_type.upper()]
             except KeyError:
                 raise ConfigError(
-                    f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, not {self.flush_disk_type!r}") from None
+                    f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, not {self.flush_disk_type!r}"
+                ) from None
         if not isinstance(self.flush_disk_type, FlushDiskType):
             raise ConfigError(f"flush_disk_type must be a FlushDiskType, not {self.flush_disk_type!r}")
         for f in dataclasses.fields(self):
@@ -150,8 +157,10 @@ class StoreConfig:
         if rem:
             self.mapped_file_size_consume_queue += CQ_UNIT_SIZE - rem
         if self.reserve_step_commit_log < 0 or self.reserve_step_consume_queue < 0:
-            raise ConfigError("reserve_step_commit_log and reserve_step_consume_queue must be >= 0 (0: reserve a "
-                              "whole file when it is created)")
+            raise ConfigError(
+                "reserve_step_commit_log and reserve_step_consume_queue must be >= 0 (0: reserve a "
+                "whole file when it is created)"
+            )
         if self.max_mapped_queue_files != 0 and self.max_mapped_queue_files < 16:
             raise ConfigError("max_mapped_queue_files must be 0 (no bound) or at least 16")
         # a record must also fit one segment; put() refuses those that don't (MessageSizeError)
@@ -170,13 +179,15 @@ class StoreConfig:
         hours = [h.strip() for h in self.delete_when.split(";")] if isinstance(self.delete_when, str) else None
         if not hours or not all(h.isdigit() and 0 <= int(h) <= 23 for h in hours):
             # RocketMQ skips entries it cannot parse, which silently turns time-based retention off
-            raise ConfigError(f"delete_when must be ';'-separated hours 0..23 such as \"04\" or \"04;05\", "
-                              f"not {self.delete_when!r}")
+            raise ConfigError(
+                f'delete_when must be \';\'-separated hours 0..23 such as "04" or "04;05", not {self.delete_when!r}'
+            )
         parse_host(self.store_host)
         parse_host(self.born_host)
         if self.transaction_timeout < 0 or self.transaction_check_max < 1 or self.transaction_check_interval < 1:
-            raise ConfigError("transaction_timeout must be >= 0, transaction_check_max and transaction_check_interval "
-                              ">= 1")
+            raise ConfigError(
+                "transaction_timeout must be >= 0, transaction_check_max and transaction_check_interval >= 1"
+            )
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "StoreConfig":
@@ -256,8 +267,9 @@ def check_queue_id(queue_id: int) -> None:
 def body_type_error(body: object, argument: str = "body") -> ArgumentTypeError:
     """The error for a message body that is not bytes-like (the same words from every queue kind)."""
     hint = "; encode text first (body.encode())" if isinstance(body, str) else ""
-    return ArgumentTypeError(f"{argument} must be bytes-like (bytes, bytearray, memoryview), not "
-                             f"{type(body).__name__}{hint}", argument)
+    return ArgumentTypeError(
+        f"{argument} must be bytes-like (bytes, bytearray, memoryview), not {type(body).__name__}{hint}", argument
+    )
 
 
 def body_length(body: object, argument: str = "body") -> int:
@@ -276,14 +288,16 @@ def batch_bodies(bodies: object) -> list[Any]:
     if type(bodies) is list:
         out = bodies
     elif isinstance(bodies, (str, bytes, bytearray, memoryview)):
-        raise ArgumentTypeError(f"bodies must be an iterable of bytes-like bodies, not one {type(bodies).__name__}",
-                                "bodies")
+        raise ArgumentTypeError(
+            f"bodies must be an iterable of bytes-like bodies, not one {type(bodies).__name__}", "bodies"
+        )
     else:
         try:
             out = list(bodies)  # type: ignore[call-overload]
         except TypeError:
-            raise ArgumentTypeError(f"bodies must be an iterable of bytes-like bodies, not {type(bodies).__name__}",
-                                    "bodies") from None
+            raise ArgumentTypeError(
+                f"bodies must be an iterable of bytes-like bodies, not {type(bodies).__name__}", "bodies"
+            ) from None
     if not out:
         raise ArgumentRangeError("put_batch needs at least one body (bodies is empty)", "bodies")
     return out
@@ -304,8 +318,9 @@ def message_properties(tags: object, keys: object, properties: object) -> dict[s
     elif isinstance(properties, Mapping):
         d = dict(properties)
     else:
-        raise ArgumentTypeError(f"properties must be a mapping of str to str, not {type(properties).__name__} "
-                                f"{properties!r}", "properties")
+        raise ArgumentTypeError(
+            f"properties must be a mapping of str to str, not {type(properties).__name__} {properties!r}", "properties"
+        )
     if tags is not None:
         if not isinstance(tags, str):
             raise ArgumentTypeError(f"tags must be a str, not {type(tags).__name__} {tags!r}", "tags")
@@ -317,8 +332,9 @@ def message_properties(tags: object, keys: object, properties: object) -> dict[s
             try:
                 ks = list(keys)  # type: ignore[call-overload]
             except TypeError:
-                raise ArgumentTypeError(f"keys must be a str or an iterable of str, not {type(keys).__name__} "
-                                        f"{keys!r}", "keys") from None
+                raise ArgumentTypeError(
+                    f"keys must be a str or an iterable of str, not {type(keys).__name__} {keys!r}", "keys"
+                ) from None
         for k in ks:
             if not isinstance(k, str):
                 raise ArgumentTypeError(f"keys must be str, not {type(k).__name__} {k!r}", "keys")
@@ -350,8 +366,9 @@ def parse_delay_levels(text: str) -> "tuple[int, ...]":
     for tok in text.split(" ") if isinstance(text, str) else ():
         unit = _DELAY_UNITS_MS.get(tok[-1:])
         if unit is None or not tok[:-1].isdigit() or not tok[:-1].isascii() or int(tok[:-1]) < 1:
-            raise ConfigError(f"message_delay_level: {tok!r} is not a positive number followed by s, m, h or d "
-                              f"(in {text!r})")
+            raise ConfigError(
+                f"message_delay_level: {tok!r} is not a positive number followed by s, m, h or d (in {text!r})"
+            )
         out.append(int(tok[:-1]) * unit)
     if not out:
         raise ConfigError("message_delay_level needs at least one level")

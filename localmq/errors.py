@@ -1,4 +1,5 @@
 """The localmq exception tree: every error is a LocalMQError and also the builtin that matches its kind."""
+
 from __future__ import annotations
 
 import contextlib
@@ -73,8 +74,9 @@ class CorruptFrameError(LocalMQError, ValueError):
     ``offset`` is the absolute offset of the bad frame when known, ``path`` the file.
     """
 
-    def __init__(self, message: str, offset: Optional[int] = None,
-                 path: Union[str, os.PathLike[str], None] = None) -> None:
+    def __init__(
+        self, message: str, offset: Optional[int] = None, path: Union[str, os.PathLike[str], None] = None
+    ) -> None:
         super().__init__(message)
         self.offset = offset
         self.path = path
@@ -90,9 +92,17 @@ class CorruptMessageError(CorruptFrameError):
     counts it). Messages before it are returned by the get that reaches it; the get that starts at it raises.
     """
 
-    def __init__(self, message: str, offset: Optional[int] = None, path: Optional[str] = None, *,
-                 topic: Optional[str] = None, queue_id: Optional[int] = None, queue_offset: Optional[int] = None,
-                 reason: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        offset: Optional[int] = None,
+        path: Optional[str] = None,
+        *,
+        topic: Optional[str] = None,
+        queue_id: Optional[int] = None,
+        queue_offset: Optional[int] = None,
+        reason: Optional[str] = None,
+    ) -> None:
         super().__init__(message, offset=offset, path=path)
         self.topic = topic
         self.queue_id = queue_id
@@ -125,9 +135,14 @@ class UnknownRecordFormatError(LocalMQError, ValueError):
     (unsigned), ``size`` its TOTALSIZE field.
     """
 
-    def __init__(self, message: str, offset: Optional[int] = None,
-                 path: Union[str, os.PathLike[str], None] = None, magic: Optional[int] = None,
-                 size: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        offset: Optional[int] = None,
+        path: Union[str, os.PathLike[str], None] = None,
+        magic: Optional[int] = None,
+        size: Optional[int] = None,
+    ) -> None:
         super().__init__(message)
         self.offset = offset
         self.path = path
@@ -209,8 +224,9 @@ class StoreSettingsError(ConfigError):
     recorded value comes from ("record" or "files"). Open without the setting to use the store's value.
     """
 
-    def __init__(self, message: str, setting: str = "", recorded: object = None, given: object = None,
-                 source: str = "record") -> None:
+    def __init__(
+        self, message: str, setting: str = "", recorded: object = None, given: object = None, source: str = "record"
+    ) -> None:
         super().__init__(message)
         self.setting = setting
         self.recorded = recorded
@@ -226,8 +242,12 @@ class DispatchError(LocalMQError, RuntimeError):
     filename: Any = None
 
     @classmethod
-    def stopped(cls, cause: Optional[BaseException], what: str = "the dispatch service stopped",
-                io_failure: Optional[BaseException] = None) -> "DispatchError":
+    def stopped(
+        cls,
+        cause: Optional[BaseException],
+        what: str = "the dispatch service stopped",
+        io_failure: Optional[BaseException] = None,
+    ) -> "DispatchError":
         """The error a waiter raises (``raise DispatchError.stopped(cause) from cause``) when the dispatch service
         stopped on ``cause``: its message says why, and the cause's errno and filename are kept. ``io_failure``: a
         failed flush of the commit log before it (the pages it could not write may read back as zeros, which the
@@ -303,8 +323,9 @@ class ArgumentTypeError(LocalMQError, TypeError):
         self.argument = argument
 
 
-def check_int_range(value: object, argument: str, low: int, high: int,
-                    error: type[ArgumentRangeError] = ArgumentOverflowError) -> int:
+def check_int_range(
+    value: object, argument: str, low: int, high: int, error: type[ArgumentRangeError] = ArgumentOverflowError
+) -> int:
     """Raise ``error`` naming ``argument`` unless ``low <= value <= high`` (``value`` any integer).
 
     A non-integer raises ArgumentTypeError (a TypeError, as the C conversion raised). Returns ``value`` as an int.
@@ -365,8 +386,14 @@ class SendError(LocalMQError, OSError):
     first ``stored``); ``results``: for ``send_batch(messages)``, the PutResults of the batches that went before.
     """
 
-    def __init__(self, message: str, status: Any = None, result: Any = None, stored: int = 0,
-                 results: Optional[Iterable[Any]] = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: Any = None,
+        result: Any = None,
+        stored: int = 0,
+        results: Optional[Iterable[Any]] = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.result = result
@@ -400,17 +427,30 @@ class StoreIOError(LocalMQError, OSError):
         return (_rebuild_store_io_error, (type(self), args, self.operation), self.__dict__)
 
 
-def _rebuild_store_io_error(cls: "type[StoreIOError]", args: Tuple[Any, ...],
-                            operation: Optional[str]) -> "StoreIOError":
+def _rebuild_store_io_error(
+    cls: "type[StoreIOError]", args: Tuple[Any, ...], operation: Optional[str]
+) -> "StoreIOError":
     return cls(*args, operation=operation)
 
 
 # StoreIOError mixed with the OSError subclass Python gives an errno (OSError(ENOENT, ...) is a FileNotFoundError)
 _STORE_IO_SUBCLASSES: "dict[type, type[StoreIOError]]" = {}
-for _base in (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
-              BlockingIOError, InterruptedError, TimeoutError, BrokenPipeError):
-    _cls = type(f"Store{_base.__name__}", (StoreIOError, _base),
-                {"__module__": __name__, "__doc__": f"A StoreIOError that is also a {_base.__name__}."})
+for _base in (
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    BlockingIOError,
+    InterruptedError,
+    TimeoutError,
+    BrokenPipeError,
+):
+    _cls = type(
+        f"Store{_base.__name__}",
+        (StoreIOError, _base),
+        {"__module__": __name__, "__doc__": f"A StoreIOError that is also a {_base.__name__}."},
+    )
     globals()[_cls.__name__] = _cls
     _STORE_IO_SUBCLASSES[_base] = _cls
 del _base, _cls
@@ -476,16 +516,49 @@ class JarBuildError(LocalMQError, RuntimeError):
 
 
 __all__ = [
-    "LocalMQError", "StoreClosedError", "StoreLockedError", "InvalidTopicError", "InvalidQueueIdError",
-    "MessageSizeError", "PropertiesSizeError", "InvalidPropertyError", "CorruptFrameError", "CorruptMessageError",
-    "CorruptStoreError", "DamagedLogError", "UnknownRecordFormatError", "UnsafePathError",
-    "NotAStoreError", "ConfigError", "StoreSettingsError", "DispatchError", "QueueReassignedError",
+    "LocalMQError",
+    "StoreClosedError",
+    "StoreLockedError",
+    "InvalidTopicError",
+    "InvalidQueueIdError",
+    "MessageSizeError",
+    "PropertiesSizeError",
+    "InvalidPropertyError",
+    "CorruptFrameError",
+    "CorruptMessageError",
+    "CorruptStoreError",
+    "DamagedLogError",
+    "UnknownRecordFormatError",
+    "UnsafePathError",
+    "NotAStoreError",
+    "ConfigError",
+    "StoreSettingsError",
+    "DispatchError",
+    "QueueReassignedError",
     "InvalidMessageIdError",
-    "IndexDisabledError", "ForkedStoreError", "ArgumentRangeError", "PositionOutOfRangeError", "ArgumentOverflowError",
+    "IndexDisabledError",
+    "ForkedStoreError",
+    "ArgumentRangeError",
+    "PositionOutOfRangeError",
+    "ArgumentOverflowError",
     "check_int_range",
-    "StoreBusyError", "LockNotRecoverableError", "SlotsFullError", "ControlFileError", "TopicTableFullError",
-    "ReadOnlyStoreError", "ReadOnlyFilesystemError", "UnsupportedFilesystemError", "InvalidDelayError",
+    "StoreBusyError",
+    "LockNotRecoverableError",
+    "SlotsFullError",
+    "ControlFileError",
+    "TopicTableFullError",
+    "ReadOnlyStoreError",
+    "ReadOnlyFilesystemError",
+    "UnsupportedFilesystemError",
+    "InvalidDelayError",
     "DelayNotSupportedError",
-    "TransactionNotSupportedError", "InvalidTransactionError", "AckError",
-    "FilterSyntaxError", "StoreIOError", "store_io_error", "io_operation", "MissingToolError", "JarBuildError",
+    "TransactionNotSupportedError",
+    "InvalidTransactionError",
+    "AckError",
+    "FilterSyntaxError",
+    "StoreIOError",
+    "store_io_error",
+    "io_operation",
+    "MissingToolError",
+    "JarBuildError",
 ]

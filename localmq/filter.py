@@ -24,6 +24,7 @@ FilterSyntaxError, then keep the messages whose properties match, as a broker do
 ``matches`` takes any ``Mapping[str, str]`` (values are strings, as message properties are), never raises for a
 value, and is safe to call from many threads; a Sql92Filter pickles as its expression text.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,9 @@ def tag_names(tags: Optional[str]) -> Optional[frozenset[str]]:
 
 # -- tokens ---------------------------------------------------------------------------------------------------------
 
-_KEYWORDS = frozenset({"NOT", "AND", "OR", "BETWEEN", "IN", "TRUE", "FALSE", "NULL", "IS",
-                       "CONTAINS", "STARTSWITH", "ENDSWITH"})
+_KEYWORDS = frozenset(
+    {"NOT", "AND", "OR", "BETWEEN", "IN", "TRUE", "FALSE", "NULL", "IS", "CONTAINS", "STARTSWITH", "ENDSWITH"}
+)
 _WHITESPACE = " \t\n\r\f"
 # JavaCC picks the longest match at each position (a keyword beats an identifier of the same length).
 _DECIMAL_RE = re.compile(r"(?:0|[1-9][0-9]*)[lL]?")
@@ -96,7 +98,7 @@ class _Token:
     __slots__ = ("kind", "text", "pos", "value")
 
     def __init__(self, kind: str, text: str, pos: int, value: Any = None) -> None:
-        self.kind = kind    # a keyword in upper case, an operator, "ID", "STRING", "DECIMAL", "FLOAT" or "EOF"
+        self.kind = kind  # a keyword in upper case, an operator, "ID", "STRING", "DECIMAL", "FLOAT" or "EOF"
         self.text = text
         self.pos = pos
         self.value = value
@@ -160,11 +162,21 @@ def _tokenize(expression: str) -> List[_Token]:
 # value the node can produce: "str", "bool", "int" (Integer), "long" (Long), "double" (Double), or "null" for a
 # node that is always null.
 
+
 class _Node:
     __slots__ = ("op", "pos", "args", "value", "jtype", "const", "boolean", "prop", "depth")
 
-    def __init__(self, op: str, pos: int, args: Sequence[_Node] = (), value: Any = None, jtype: str = "bool",
-                 const: bool = False, boolean: bool = True, prop: bool = False) -> None:
+    def __init__(
+        self,
+        op: str,
+        pos: int,
+        args: Sequence[_Node] = (),
+        value: Any = None,
+        jtype: str = "bool",
+        const: bool = False,
+        boolean: bool = True,
+        prop: bool = False,
+    ) -> None:
         self.op = op
         self.pos = pos
         self.args = tuple(args)
@@ -228,28 +240,31 @@ class _Parser:
             return node
         if node.prop:
             return _Node("boolcast", node.pos, (node,))
-        raise self.error(f"{_describe(node)} is not a condition (a comparison, AND/OR/NOT, IN, "
-                         f"TRUE, FALSE or a property)", node.pos)
+        raise self.error(
+            f"{_describe(node)} is not a condition (a comparison, AND/OR/NOT, IN, TRUE, FALSE or a property)", node.pos
+        )
 
     def check_ordered(self, node: _Node) -> None:
         if (node.const and node.jtype not in ("int", "long", "double")) or node.boolean:
-            raise self.error(f"{_describe(node)} cannot be compared with < <= > >= "
-                             f"(only numbers and properties can)", node.pos)
+            raise self.error(
+                f"{_describe(node)} cannot be compared with < <= > >= (only numbers and properties can)", node.pos
+            )
 
     def check_equal(self, left: _Node, right: _Node) -> None:
         for n in (left, right):
             if n.const and n.value is None:
                 raise self.error("NULL cannot be compared with = or <> (use IS NULL / IS NOT NULL)", n.pos)
         if left.const and right.const and left.boolean and not right.boolean:
-            raise self.error(f"{_describe(left)} cannot be compared with "
-                             f"{_describe(right)}", right.pos)
+            raise self.error(f"{_describe(left)} cannot be compared with {_describe(right)}", right.pos)
 
     # grammar
     def nest(self, pos: int) -> None:
         self.level += 1
         if self.level > _MAX_NESTING:
-            raise self.error(f"expression nested too deeply (more than {_MAX_NESTING} parentheses, NOT or signs "
-                             f"within one another)", pos)
+            raise self.error(
+                f"expression nested too deeply (more than {_MAX_NESTING} parentheses, NOT or signs within one another)",
+                pos,
+            )
 
     def parse(self) -> _Node:
         node = self.or_expr()
@@ -262,8 +277,9 @@ class _Parser:
         while deep.depth > _MAX_TREE_DEPTH:  # chains of comparisons nest without recursing in the parser
             deep = max(deep.args, key=lambda a: a.depth)
         if deep is not node:
-            raise self.error(f"expression nested too deeply (more than {_MAX_TREE_DEPTH} levels of operators)",
-                             deep.pos)
+            raise self.error(
+                f"expression nested too deeply (more than {_MAX_TREE_DEPTH} levels of operators)", deep.pos
+            )
         return node
 
     def or_expr(self) -> _Node:
@@ -345,8 +361,7 @@ class _Parser:
                     items.append(self.expect("STRING", "a string literal").value)
                 self.expect(")", "',' or ')'")
                 if not left.prop:
-                    raise self.error(f"IN needs a property on its left, not {_describe(left)}",
-                                     left.pos)
+                    raise self.error(f"IN needs a property on its left, not {_describe(left)}", left.pos)
                 left = _Node("in", left.pos, (left,), value=(frozenset(items), negated))
             elif k in ("CONTAINS", "STARTSWITH", "ENDSWITH"):
                 self.take()
@@ -369,8 +384,11 @@ class _Parser:
             except _EvalError:
                 order = -1
             if order < 0:
-                raise self.error(f"BETWEEN bounds out of order: {low.value!r} is greater than {high.value!r} (write "
-                                 f"the lower bound first)", low.pos)
+                raise self.error(
+                    f"BETWEEN bounds out of order: {low.value!r} is greater than {high.value!r} (write "
+                    f"the lower bound first)",
+                    low.pos,
+                )
         ge = self.ordered(">=", value, low)
         le = self.ordered("<=", value, high)
         return _Node("and", value.pos, (ge, le))
@@ -433,8 +451,9 @@ class _Parser:
             d = float(t.text)
             if d > 1.7976931348623157e308 or d < _DOUBLE_MIN_POSITIVE:
                 # RocketMQ refuses literals it would read as infinity or as 0 (including 0.0 itself)
-                raise self.error(f"float literal {t.text} is outside {_DOUBLE_MIN_POSITIVE}..1.7976931348623157e308",
-                                 t.pos)
+                raise self.error(
+                    f"float literal {t.text} is outside {_DOUBLE_MIN_POSITIVE}..1.7976931348623157e308", t.pos
+                )
             return _literal(t.pos, d, "double")
         if k in ("TRUE", "FALSE"):
             self.take()
@@ -446,6 +465,7 @@ class _Parser:
 
 
 # -- evaluation helpers (Java's conversions, called by the generated code) ------------------------------------------
+
 
 class _EvalError(Exception):
     """A conversion RocketMQ's evaluation throws on: the message does not match."""
@@ -472,7 +492,8 @@ def _int64(s: str) -> int:
 
 _JAVA_DOUBLE_RE = re.compile(
     r"([+-]?)(?:(NaN)|(Infinity)|((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[fFdD]?"
-    r"|(0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?[0-9]+)[fFdD]?)")
+    r"|(0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?[0-9]+)[fFdD]?)"
+)
 
 
 def _double(s: str) -> float:
@@ -543,6 +564,7 @@ _CONVERT: Dict[str, Callable[[str], Any]] = {"int": _int32, "long": _int64, "dou
 
 # -- code generation ------------------------------------------------------------------------------------------------
 
+
 class _Codegen:
     """Turns a checked tree into the body of ``def matches(props)``: one local per node result, Python's ``if`` for
     RocketMQ's short-circuits (AND skips its right side after FALSE, OR after TRUE, an ordered comparison skips its
@@ -555,8 +577,11 @@ class _Codegen:
 
     def const(self, value: Any) -> str:
         for i, c in enumerate(self.consts):
-            if type(c) is type(value) and c == value and not (isinstance(c, float) and math.copysign(1, c) !=
-                                                                math.copysign(1, value)):
+            if (
+                type(c) is type(value)
+                and c == value
+                and not (isinstance(c, float) and math.copysign(1, c) != math.copysign(1, value))
+            ):
                 return f"k{i}"
         self.consts.append(value)
         return f"k{len(self.consts) - 1}"
@@ -605,8 +630,9 @@ class _Codegen:
         elif op == "in":
             a = self.value(node.args[0], depth)
             items, negated = node.value
-            self.emit(depth, f"{r} = None if {a} is None else ({a} {'not in' if negated else 'in'} "
-                             f"{self.const(items)})")
+            self.emit(
+                depth, f"{r} = None if {a} is None else ({a} {'not in' if negated else 'in'} {self.const(items)})"
+            )
         elif op in ("contains", "startswith", "endswith"):
             a = self.value(node.args[0], depth)
             search, negated = node.value
@@ -614,8 +640,11 @@ class _Codegen:
                 self.emit(depth, f"{r} = False")  # 5.1.3: empty search, null or non-string values: FALSE
             else:
                 k = self.const(search)
-                test = {"contains": f"{k} in {a}", "startswith": f"{a}.startswith({k})",
-                        "endswith": f"{a}.endswith({k})"}[op]
+                test = {
+                    "contains": f"{k} in {a}",
+                    "startswith": f"{a}.startswith({k})",
+                    "endswith": f"{a}.endswith({k})",
+                }[op]
                 self.emit(depth, f"{r} = False if {a} is None else {'not ' if negated else ''}({test})")
         elif op == "eq":
             left, right = node.args
@@ -666,14 +695,31 @@ class _Codegen:
                 # puts above every number: the NaN case falls on the right side of a negated comparison
                 x = f"_double({a})" if lt == "str" else f"_double({b})"
                 if lt == "str":
-                    return {"==": f"{x} == {b}", "<": f"{x} < {b}", "<=": f"{x} <= {b}",
-                            ">": f"not {x} <= {b}", ">=": f"not {x} < {b}"}[op]
-                return {"==": f"{a} == {x}", "<": f"not {a} >= {x}", "<=": f"not {a} > {x}",
-                        ">": f"{a} > {x}", ">=": f"{a} >= {x}"}[op]
-        fast = {("str", "int"): (f"_int32({a})", b), ("int", "str"): (a, f"_int32({b})"),
-                ("str", "long"): (f"_int64({a})", b), ("long", "str"): (a, f"_int64({b})"),
-                ("str", "str"): (a, b), ("int", "int"): (a, b), ("int", "long"): (a, b), ("long", "int"): (a, b),
-                ("long", "long"): (a, b)}.get((lt, rt))
+                    return {
+                        "==": f"{x} == {b}",
+                        "<": f"{x} < {b}",
+                        "<=": f"{x} <= {b}",
+                        ">": f"not {x} <= {b}",
+                        ">=": f"not {x} < {b}",
+                    }[op]
+                return {
+                    "==": f"{a} == {x}",
+                    "<": f"not {a} >= {x}",
+                    "<=": f"not {a} > {x}",
+                    ">": f"{a} > {x}",
+                    ">=": f"{a} >= {x}",
+                }[op]
+        fast = {
+            ("str", "int"): (f"_int32({a})", b),
+            ("int", "str"): (a, f"_int32({b})"),
+            ("str", "long"): (f"_int64({a})", b),
+            ("long", "str"): (a, f"_int64({b})"),
+            ("str", "str"): (a, b),
+            ("int", "int"): (a, b),
+            ("int", "long"): (a, b),
+            ("long", "int"): (a, b),
+            ("long", "long"): (a, b),
+        }.get((lt, rt))
         if fast is not None and (op == "==" or (lt, rt) != ("str", "str")):
             return f"{fast[0]} {op} {fast[1]}"
         if (lt, rt) == ("bool", "bool"):
@@ -688,8 +734,15 @@ def _nullable(node: _Node) -> bool:
     return not (node.op == "const" and node.value is not None)
 
 
-_HELPERS: Dict[str, Any] = {"_int32": _int32, "_int64": _int64, "_double": _double, "_java_bool": _java_bool,
-                            "_dcmp": _dcmp, "_java_compare": _java_compare, "_EvalError": _EvalError}
+_HELPERS: Dict[str, Any] = {
+    "_int32": _int32,
+    "_int64": _int64,
+    "_double": _double,
+    "_java_bool": _java_bool,
+    "_dcmp": _dcmp,
+    "_java_compare": _java_compare,
+    "_EvalError": _EvalError,
+}
 
 
 def _generate(tree: _Node) -> Tuple[Callable[[Mapping[str, str]], bool], str]:
@@ -705,8 +758,12 @@ def _generate(tree: _Node) -> Tuple[Callable[[Mapping[str, str]], bool], str]:
         src.append(f"    {names}{',' if len(gen.consts) == 1 else ''} = K")
     src += ["    def matches(props):", "        g = props.get", "        try:"]
     src += ["    " + line for line in body]
-    src += ["        except _EvalError:", "            return False", f"        return {result} is True",
-            "    return matches"]
+    src += [
+        "        except _EvalError:",
+        "            return False",
+        f"        return {result} is True",
+        "    return matches",
+    ]
     source = "\n".join(src) + "\n"
     namespace: Dict[str, Any] = dict(_HELPERS)
     exec(compile(source, "<sql92 filter>", "exec"), namespace)  # noqa: S102 - source built from the tree only

@@ -1,5 +1,6 @@
 """The Protocols the clients (localmq.client) are written against, so that they import no queue: every queue
 (MemoryMessageQueue, EmbeddedMessageQueue, LocalMessageQueue) implements MessageStore."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Protocol, runtime_checkable
@@ -18,16 +19,35 @@ class MessageStore(Protocol):
 
     closed: bool
 
-    def put(self, topic: str, body: Any, *, queue_id: int = 0, tags: Optional[str] = None, keys: Any = None,
-            properties: Optional[Dict[str, str]] = None, flag: int = 0) -> Any:
+    def put(
+        self,
+        topic: str,
+        body: Any,
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys: Any = None,
+        properties: Optional[Dict[str, str]] = None,
+        flag: int = 0,
+    ) -> Any:
         """Append one message; returns PutResult."""
 
-    def put_batch(self, topic: str, bodies: Iterable[Any], *, queue_id: int = 0, tags: Optional[str] = None,
-                  keys: Any = None, properties: Optional[Dict[str, str]] = None, flag: int = 0) -> Any:
+    def put_batch(
+        self,
+        topic: str,
+        bodies: Iterable[Any],
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys: Any = None,
+        properties: Optional[Dict[str, str]] = None,
+        flag: int = 0,
+    ) -> Any:
         """Append several messages to one queue with consecutive queue offsets; returns one PutResult."""
 
-    def get_message(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
-                    tags: Optional[str] = None) -> Any:
+    def get_message(
+        self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *, tags: Optional[str] = None
+    ) -> Any:
         """Pull up to ``max_messages`` from ``offset``; returns GetResult (status, messages, next_begin_offset)."""
 
     def max_offset(self, topic: str, queue_id: int) -> int:

@@ -3,6 +3,7 @@
 Pure Python, importing nothing of localmq. The string-valued enums (RecordStatus, Stop) compare equal to their
 values ("end", "torn", ...), so code and users that compared against those strings keep working.
 """
+
 from __future__ import annotations
 
 import enum
@@ -60,15 +61,15 @@ class RecordStatus(str, enum.Enum):
     """
 
     OK = "ok"
-    BLANK = "blank"              # the end-of-segment blank record: go on in the next segment
-    END = "end"                  # zero bytes where a record would start: the end of written data
-    TORN = "torn"                # a record that runs past the readable bytes (recovery: or whose properties hold
-                                 # a sector of zeros, a torn write of its tail)
+    BLANK = "blank"  # the end-of-segment blank record: go on in the next segment
+    END = "end"  # zero bytes where a record would start: the end of written data
+    TORN = "torn"  # a record that runs past the readable bytes (recovery: or whose properties hold
+    # a sector of zeros, a torn write of its tail)
     BAD_MAGIC = "bad magic"
-    BAD_LENGTH = "bad length"    # TOTALSIZE disagrees with the fields
+    BAD_LENGTH = "bad length"  # TOTALSIZE disagrees with the fields
     BAD_CRC = "bad crc"
-    GAP = "gap"                  # a gap record: damaged bytes that recovery quarantined; skip its size and go on
-    BAD_TOPIC = "bad topic"      # a topic name no writer can have written (the header is damaged)
+    GAP = "gap"  # a gap record: damaged bytes that recovery quarantined; skip its size and go on
+    BAD_TOPIC = "bad topic"  # a topic name no writer can have written (the header is damaged)
 
     def __str__(self) -> str:
         return self.value
@@ -85,14 +86,14 @@ _RECORD_CODES = list(RecordStatus)
 class Stop(str, enum.Enum):
     """Why a walk over a range of records (decode_range, scan_range, readers, the index thread) stopped."""
 
-    END = "end"                  # zero bytes or the end of the range after the last whole record
-    BLANK = "blank"              # the segment's blank record
-    FULL = "full"                # the output buffers are full: call again from where it stopped
-    TORN = "torn"                # a record cut short by the end of the readable bytes
-    CORRUPT = "corrupt"          # a record that is not valid (magic, length or CRC)
-    FALLBACK = "fallback"        # the single-pass scan cannot fill this range: take the general path
-    INVALID = "invalid"          # ConsumeQueue readers: a unit that cannot be valid
-    PARTIAL = "partial"          # ConsumeQueue readers: a file length that is not a multiple of the unit
+    END = "end"  # zero bytes or the end of the range after the last whole record
+    BLANK = "blank"  # the segment's blank record
+    FULL = "full"  # the output buffers are full: call again from where it stopped
+    TORN = "torn"  # a record cut short by the end of the readable bytes
+    CORRUPT = "corrupt"  # a record that is not valid (magic, length or CRC)
+    FALLBACK = "fallback"  # the single-pass scan cannot fill this range: take the general path
+    INVALID = "invalid"  # ConsumeQueue readers: a unit that cannot be valid
+    PARTIAL = "partial"  # ConsumeQueue readers: a file length that is not a multiple of the unit
 
     def __str__(self) -> str:
         return self.value
@@ -100,6 +101,7 @@ class Stop(str, enum.Enum):
 
 class ConsumeStatus(_StatusEnum):
     """What a listener answers for its batch (RocketMQ's ConsumeConcurrentlyStatus): done, or fail and retry later."""
+
     CONSUME_SUCCESS = 0
     RECONSUME_LATER = 1
 
@@ -124,8 +126,7 @@ class _PullResult:
         return self.status is GetStatus.FOUND
 
     def _offsets(self) -> str:
-        return (f"next_begin_offset={self.next_begin_offset}, min_offset={self.min_offset}, "
-                f"max_offset={self.max_offset}")
+        return f"next_begin_offset={self.next_begin_offset}, min_offset={self.min_offset}, max_offset={self.max_offset}"
 
 
 class GetResult(_PullResult, Generic[_M]):
@@ -134,8 +135,15 @@ class GetResult(_PullResult, Generic[_M]):
 
     __slots__ = ("messages",)
 
-    def __init__(self, status: GetStatus, messages: List[_M], next_begin_offset: int, min_offset: int,
-                 max_offset: int, compressed: int = 0) -> None:
+    def __init__(
+        self,
+        status: GetStatus,
+        messages: List[_M],
+        next_begin_offset: int,
+        min_offset: int,
+        max_offset: int,
+        compressed: int = 0,
+    ) -> None:
         self.compressed = compressed
         self.status = status
         self.messages = messages
@@ -161,8 +169,16 @@ class GetBodiesResult(_PullResult):
 
     __slots__ = ("bodies", "fields")
 
-    def __init__(self, status: GetStatus, bodies: List[bytes], next_begin_offset: int, min_offset: int,
-                 max_offset: int, compressed: int = 0, fields: Optional[Dict[str, List[Any]]] = None) -> None:
+    def __init__(
+        self,
+        status: GetStatus,
+        bodies: List[bytes],
+        next_begin_offset: int,
+        min_offset: int,
+        max_offset: int,
+        compressed: int = 0,
+        fields: Optional[Dict[str, List[Any]]] = None,
+    ) -> None:
         self.compressed = compressed
         self.status = status
         self.bodies = bodies
@@ -178,8 +194,10 @@ class GetBodiesResult(_PullResult):
         return iter(self.bodies)
 
     def __repr__(self) -> str:
-        return (f"GetBodiesResult(status={self.status.name}, bodies={len(self.bodies)}, "
-                f"fields={sorted(self.fields)}, {self._offsets()})")
+        return (
+            f"GetBodiesResult(status={self.status.name}, bodies={len(self.bodies)}, "
+            f"fields={sorted(self.fields)}, {self._offsets()})"
+        )
 
 
 class LocalTransactionState(_StatusEnum):
@@ -200,8 +218,14 @@ class TransactionSendResult(Generic[_M]):
 
     __slots__ = ("half", "state", "transaction_id", "commit", "op")
 
-    def __init__(self, half: _M, state: LocalTransactionState, transaction_id: str, commit: _M | None = None,
-                 op: _M | None = None) -> None:
+    def __init__(
+        self,
+        half: _M,
+        state: LocalTransactionState,
+        transaction_id: str,
+        commit: _M | None = None,
+        op: _M | None = None,
+    ) -> None:
         self.half = half
         self.state = state
         self.transaction_id = transaction_id
@@ -209,9 +233,19 @@ class TransactionSendResult(Generic[_M]):
         self.op = op
 
     def __repr__(self) -> str:
-        return (f"TransactionSendResult(state={self.state.name}, transaction_id={self.transaction_id!r}, "
-                f"half_offset={getattr(self.half, 'queue_offset', None)}, committed={self.commit is not None})")
+        return (
+            f"TransactionSendResult(state={self.state.name}, transaction_id={self.transaction_id!r}, "
+            f"half_offset={getattr(self.half, 'queue_offset', None)}, committed={self.commit is not None})"
+        )
 
 
-__all__ = ["PutStatus", "GetStatus", "RecordStatus", "Stop", "ConsumeStatus", "GetResult",
-           "LocalTransactionState", "TransactionSendResult"]
+__all__ = [
+    "PutStatus",
+    "GetStatus",
+    "RecordStatus",
+    "Stop",
+    "ConsumeStatus",
+    "GetResult",
+    "LocalTransactionState",
+    "TransactionSendResult",
+]

@@ -1,4 +1,5 @@
 """Fixtures for the localmq-vs-peers benchmarks: sizes, bodies, one fresh store per round, and the ratio table."""
+
 import os
 import shutil
 import struct
@@ -35,8 +36,10 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     mode = "QUICK (LOCALMQ_BENCH_QUICK=1)" if QUICK else "full"
-    return (f"localmq perf: {mode} mode, messages/round {MESSAGES} (slow stores 1/{SLOW_DIVISOR}), "
-            f"rounds {ROUNDS} (slow {SLOW_ROUNDS}, decode {DECODE_ROUNDS}) after {WARMUP_ROUNDS} warm-up")
+    return (
+        f"localmq perf: {mode} mode, messages/round {MESSAGES} (slow stores 1/{SLOW_DIVISOR}), "
+        f"rounds {ROUNDS} (slow {SLOW_ROUNDS}, decode {DECODE_ROUNDS}) after {WARMUP_ROUNDS} warm-up"
+    )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -123,8 +126,21 @@ class Bench:
         self.config = request.config
         self.tmp_path = tmp_path
 
-    def run(self, *, scenario, cls, body_size, count, target, prepare=None, verify=None, rounds=None,
-            implementation=None, note="", caveats=()):
+    def run(
+        self,
+        *,
+        scenario,
+        cls,
+        body_size,
+        count,
+        target,
+        prepare=None,
+        verify=None,
+        rounds=None,
+        implementation=None,
+        note="",
+        caveats=(),
+    ):
         """Time ``target(store)`` per round; ``prepare(store)`` and ``verify(store, result)`` are untimed.
 
         ``verify`` runs after every round so a broken store cannot look fast. ``caveats`` (filled while the
@@ -155,8 +171,9 @@ class Bench:
 
         name = implementation or cls.name
         info = self.benchmark.extra_info
-        info.update(scenario=scenario, body_size=body_size, implementation=name, messages=count,
-                    body_bytes=count * body_size)
+        info.update(
+            scenario=scenario, body_size=body_size, implementation=name, messages=count, body_bytes=count * body_size
+        )
         if note:
             info["how"] = note
         if rounds is None:

@@ -3,6 +3,7 @@ reader's decode path (``localmq.spark.read.arrow_batches``, what each Spark task
 
 Usage: python perf/crc_on_read_cost.py [body size, default 100] [messages, default 200000]
 """
+
 import os
 import shutil
 import sys
@@ -50,8 +51,9 @@ def run_spark(root, check):
     rows = 0
     for _ in range(5):
         t0 = time.perf_counter()
-        rows = sum(b.num_rows for b in arrow_batches(root, checkCRC=str(check).lower(),
-                                                     mapped_file_size_commit_log=SEGMENT))
+        rows = sum(
+            b.num_rows for b in arrow_batches(root, checkCRC=str(check).lower(), mapped_file_size_commit_log=SEGMENT)
+        )
         best = min(best, time.perf_counter() - t0)
     return rows / best
 
@@ -62,12 +64,16 @@ def main():
         fill(root)
         for _ in range(2):
             off, on = run(root, False), run(root, True)
-            print(f"body {SIZE} B, {N} msgs: crc off {off:,.0f} msg/s, crc on {on:,.0f} msg/s, "
-                  f"cost {100 * (1 - on / off):.1f}%")
+            print(
+                f"body {SIZE} B, {N} msgs: crc off {off:,.0f} msg/s, crc on {on:,.0f} msg/s, "
+                f"cost {100 * (1 - on / off):.1f}%"
+            )
         for _ in range(2):
             off, on = run_spark(root, False), run_spark(root, True)
-            print(f"spark decode, body {SIZE} B, {N} rows: checkCRC off {off:,.0f} rows/s, on {on:,.0f} rows/s, "
-                  f"cost {100 * (1 - on / off):.1f}%")
+            print(
+                f"spark decode, body {SIZE} B, {N} rows: checkCRC off {off:,.0f} rows/s, on {on:,.0f} rows/s, "
+                f"cost {100 * (1 - on / off):.1f}%"
+            )
     finally:
         shutil.rmtree(root)
 

@@ -13,6 +13,7 @@ often it is in the real topic: lost (must be 0) and duplicated. ``--interval`` s
 ``shared=True`` (the child is the housekeeper that delivers). Prints one line per kill, then min/median/max
 of the duplicates. Stores live in a temporary directory that is deleted afterwards.
 """
+
 import argparse
 import os
 import random
@@ -69,8 +70,11 @@ def one_round(args, rng, path):
     from localmq.store.config_json import read_config_json
 
     settings = _settings(args)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, ROOT, path, str(args.messages), str(SPREAD_S),
-                              json.dumps(settings)], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, ROOT, path, str(args.messages), str(SPREAD_S), json.dumps(settings)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         if child.stdout.readline().strip() != "start":
             raise RuntimeError("the child did not start")
@@ -84,7 +88,7 @@ def one_round(args, rng, path):
         child.wait()
         child.stdout.close()
     doc = read_config_json(os.path.join(path, "config", "delayOffset.json"), default=None)
-    persisted = (doc or {}).get("offsetTable", {}).get(1, 0)   # what the child had written when killed
+    persisted = (doc or {}).get("offsetTable", {}).get(1, 0)  # what the child had written when killed
     with localmq.open(path, **settings) as st:
         svc = st.schedule_service
         end = st.max_offset("SCHEDULE_TOPIC_XXXX", 0)
@@ -119,9 +123,12 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
     import localmq
-    print(f"localmq from {localmq.__file__}; {args.messages} messages, delay {LEVELS}, "
-          f"flush_delay_offset_interval={args.interval if args.interval is not None else 'default'}"
-          f"{', shared' if args.shared else ''}")
+
+    print(
+        f"localmq from {localmq.__file__}; {args.messages} messages, delay {LEVELS}, "
+        f"flush_delay_offset_interval={args.interval if args.interval is not None else 'default'}"
+        f"{', shared' if args.shared else ''}"
+    )
     rng = random.Random(args.seed)
     dups_all, lost_all = [], 0
     with tempfile.TemporaryDirectory(prefix="lmq-delay-") as tmp:
@@ -131,8 +138,7 @@ def main(argv=None):
             print(f"kill {k + 1}: persisted offset {persisted}, lost {lost}, duplicates {dups}", flush=True)
             dups_all.append(dups)
             lost_all += lost
-    print(f"duplicates min {min(dups_all)} median {statistics.median(dups_all)} max {max(dups_all)}; "
-          f"lost {lost_all}")
+    print(f"duplicates min {min(dups_all)} median {statistics.median(dups_all)} max {max(dups_all)}; lost {lost_all}")
     return 1 if lost_all else 0
 
 

@@ -8,6 +8,7 @@ then opens it under ``valgrind --tool=callgrind``: the open re-dispatches the wh
 instructions of ``_run_nogil`` (inclusive: its inlined helpers and the record parser) per record, the difference
 between the two runs divided by n, so that opening, closing and the ConsumeQueue files' creation cancel out.
 """
+
 import argparse
 import glob
 import os
@@ -38,8 +39,12 @@ def reopen(path):
 
 def run_nogil(out):
     """Inclusive instructions of ``_run_nogil`` in a callgrind output file of the main thread."""
-    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--auto=no", "--threshold=100", out],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--auto=no", "--threshold=100", out],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     found = 0
     for line in text.splitlines():
         if RUN_FN in line:
@@ -63,16 +68,30 @@ def main():
             path = os.path.join(root, f"s{k}")
             write(path, k)
             out = os.path.join(root, f"cg.{k}.out")
-            subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
-                            sys.executable, __file__, "--child", path], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--separate-threads=yes",
+                    f"--callgrind-out-file={out}",
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    path,
+                ],
+                check=True,
+                capture_output=True,
+            )
             got.append(run_nogil(out + "-01"))
             for f in glob.glob(out + "*"):
                 os.unlink(f)
             shutil.rmtree(path)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"{(got[1] - got[0]) / a.n:.1f} instructions per record in _run_nogil "
-          f"({got[0]:,} for {a.n:,} records, {got[1]:,} for {2 * a.n:,})")
+    print(
+        f"{(got[1] - got[0]) / a.n:.1f} instructions per record in _run_nogil "
+        f"({got[0]:,} for {a.n:,} records, {got[1]:,} for {2 * a.n:,})"
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Usage: python perf/footprint.py [rocketmq]   ("rocketmq": reserve whole segments
 as RocketMQ does and as localmq did before reservation steps; index files are sparse either way)
 Each case runs in a fresh subprocess in a temporary directory that is deleted afterwards.
 """
+
 import json
 import os
 import shutil
@@ -40,19 +41,27 @@ print(json.dumps(out))
 
 def main():
     old = len(sys.argv) > 1 and sys.argv[1] == "rocketmq"
-    print(f"{'messages':>10} {'open (du)':>12} {'closed (du)':>12} {'RSS added':>12}   "
-          f"({'whole segments and queue files reserved, as RocketMQ' if old else 'defaults'})")
+    print(
+        f"{'messages':>10} {'open (du)':>12} {'closed (du)':>12} {'RSS added':>12}   "
+        f"({'whole segments and queue files reserved, as RocketMQ' if old else 'defaults'})"
+    )
     for n in (1, 1000, 1_000_000):
         d = tempfile.mkdtemp(prefix="lmq-footprint-")
         try:
-            p = subprocess.run([sys.executable, "-c", CASE, str(n - 1), os.path.join(d, "s"), "1" if old else "0"],
-                               capture_output=True, text=True, check=True)
+            p = subprocess.run(
+                [sys.executable, "-c", CASE, str(n - 1), os.path.join(d, "s"), "1" if old else "0"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             r = json.loads(p.stdout.strip().splitlines()[-1])
         finally:
             shutil.rmtree(d, ignore_errors=True)
         mb = 1 << 20
-        print(f"{n:>10,} {r['open_blocks'] / mb:>10.1f}MB {r['closed_blocks'] / mb:>10.1f}MB "
-              f"{r['rss_added'] / mb:>10.1f}MB")
+        print(
+            f"{n:>10,} {r['open_blocks'] / mb:>10.1f}MB {r['closed_blocks'] / mb:>10.1f}MB "
+            f"{r['rss_added'] / mb:>10.1f}MB"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Usage: python perf/many_queues.py [N ...]   (default: 500 2000; issue 27's targe
 ``--rlimit-nofile K`` runs the phases under that limit; ``--shared`` opens the store with ``shared=True``, the
 multi-process mode, whose control file's disk is counted with the store's.)
 """
+
 import json
 import os
 import resource
@@ -20,6 +21,7 @@ import time
 # the localmq of this checkout, whatever else is installed
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from proc_stats import fds, maps, rss_kib  # noqa: E402 - perf/ (this script's directory)
+
 TOPIC_QUEUES = 4
 BODY = b"x" * 100
 
@@ -98,23 +100,27 @@ def main(argv) -> None:
     if "--rlimit-nofile" in argv:
         i = argv.index("--rlimit-nofile")
         rlimit = int(argv[i + 1])
-        del argv[i:i + 2]
+        del argv[i : i + 2]
     if argv and argv[0] == "--phase":
         if rlimit:
             resource.setrlimit(resource.RLIMIT_NOFILE, (rlimit, rlimit))
         print(json.dumps(phase(argv[1], argv[2], int(argv[3]), shared)))
         return
     sizes = [int(a) for a in argv] or [500, 2000]
-    print("| queues (topics x 4) | first put + dispatch | reopen (recovery) | read every queue | fds held | "
-          "mappings | RSS growth | disk |")
+    print(
+        "| queues (topics x 4) | first put + dispatch | reopen (recovery) | read every queue | fds held | "
+        "mappings | RSS growth | disk |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for n in sizes:
         r = run(n, rlimit, shared)
         w, o = r["write"], r["reopen"]
-        print(f"| {r['queues']:,} | {w['put_dispatch_s']:.2f} s | {o['open_s']:.2f} s ({o['recovery_s']:.2f} s) | "
-              f"{o['read_all_s']:.2f} s | {w['fds']:,} / {o['fds']:,} | {w['maps']:,} / {o['maps']:,} | "
-              f"{w['rss_kib'] / 1024:.0f} / {o['rss_kib'] / 1024:.0f} MiB | {r['du_kib'] / 1024:.0f} MiB |",
-              flush=True)
+        print(
+            f"| {r['queues']:,} | {w['put_dispatch_s']:.2f} s | {o['open_s']:.2f} s ({o['recovery_s']:.2f} s) | "
+            f"{o['read_all_s']:.2f} s | {w['fds']:,} / {o['fds']:,} | {w['maps']:,} / {o['maps']:,} | "
+            f"{w['rss_kib'] / 1024:.0f} / {o['rss_kib'] / 1024:.0f} MiB | {r['du_kib'] / 1024:.0f} MiB |",
+            flush=True,
+        )
         print("  " + json.dumps(r), file=sys.stderr, flush=True)
 
 

@@ -5,6 +5,7 @@ timed with the check and with it replaced by a no-op, alternating, on the same s
 Usage: python perf/normal_open_cost.py [messages, default 1400000] [rounds, default 3]
 (100-byte bodies, 8 topics x 4 queues, 64 MiB segments; the store lives in a temporary directory, removed after.)
 """
+
 import shutil
 import sys
 import tempfile

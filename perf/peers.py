@@ -1,4 +1,5 @@
 """localmq and the stores a Python user would pick instead, behind one small interface for the benchmarks."""
+
 import mmap
 import os
 import sqlite3
@@ -356,7 +357,7 @@ class MmapLog(Store):
         if end + _LEN.size > self.size or not n:
             raise ValueError("log full or empty body")
         _LEN.pack_into(self.mm, pos, n)
-        self.mm[pos + _LEN.size:end] = body
+        self.mm[pos + _LEN.size : end] = body
         self.pos = end
 
     def put_batch(self, bodies):
@@ -377,7 +378,7 @@ class MmapLog(Store):
             if not n:
                 return
             pos += hdr
-            yield mm[pos:pos + n]
+            yield mm[pos : pos + n]
             pos += n
 
     def close(self):

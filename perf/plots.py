@@ -8,6 +8,7 @@ Usage:
 
 Each figure is drawn from one run's JSON, so the bars beside each other come from the same machine and moment.
 """
+
 import json
 import os
 import sys
@@ -34,11 +35,18 @@ def throughput(benches, out):
     rows = [b for b in benches if b.get("extra_info", {}).get("scenario") in ("put", "put_batch_1000", "read")]
     if not rows:
         return None
-    groups = sorted({(b["extra_info"]["scenario"], b["extra_info"]["body_size"]) for b in rows},
-                    key=lambda g: (("put", "put_batch_1000", "read").index(g[0]), g[1]))
+    groups = sorted(
+        {(b["extra_info"]["scenario"], b["extra_info"]["body_size"]) for b in rows},
+        key=lambda g: (("put", "put_batch_1000", "read").index(g[0]), g[1]),
+    )
     impls = sorted({b["extra_info"]["implementation"] for b in rows}, key=lambda n: (n != "localmq", n))
-    rate = {(b["extra_info"]["scenario"], b["extra_info"]["body_size"], b["extra_info"]["implementation"]):
-            b["extra_info"]["messages"] / b["stats"]["median"] for b in rows}
+    rate = {
+        (b["extra_info"]["scenario"], b["extra_info"]["body_size"], b["extra_info"]["implementation"]): b["extra_info"][
+            "messages"
+        ]
+        / b["stats"]["median"]
+        for b in rows
+    }
     fig, ax = plt.subplots(figsize=(11, 4.8))
     width = 0.8 / len(impls)
     for i, impl in enumerate(impls):
@@ -86,10 +94,16 @@ def scaling(benches, out):
     fig, ax = plt.subplots(figsize=(8, 4.5))
     impls = sorted({b["extra_info"]["impl"] for b in rows}, key=lambda n: (not n.startswith("localmq"), n))
     for i, impl in enumerate(impls):
-        pts = sorted((b["extra_info"]["procs"], b["extra_info"]["msgs_per_s"]) for b in rows
-                     if b["extra_info"]["impl"] == impl)
-        ax.plot([p for p, _ in pts], [r for _, r in pts], marker="o", label=impl,
-                color=_color("localmq" if impl == "localmq_shared" else impl, i))
+        pts = sorted(
+            (b["extra_info"]["procs"], b["extra_info"]["msgs_per_s"]) for b in rows if b["extra_info"]["impl"] == impl
+        )
+        ax.plot(
+            [p for p, _ in pts],
+            [r for _, r in pts],
+            marker="o",
+            label=impl,
+            color=_color("localmq" if impl == "localmq_shared" else impl, i),
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("processes putting into one store")
@@ -107,8 +121,11 @@ def recovery(benches, out):
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for i, mode in enumerate(("normal", "abnormal")):
-        pts = sorted((b["extra_info"]["log_bytes"] / 2**20, b["stats"]["median"]) for b in rows
-                     if b["extra_info"]["mode"] == mode)
+        pts = sorted(
+            (b["extra_info"]["log_bytes"] / 2**20, b["stats"]["median"])
+            for b in rows
+            if b["extra_info"]["mode"] == mode
+        )
         label = f"{mode} (abort {'absent' if i == 0 else 'present'})"
         ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
     ax.set_xlabel("log size (MiB)")

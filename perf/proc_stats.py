@@ -1,5 +1,6 @@
 """What this process holds, read from /proc (Linux): descriptors, mappings, RSS. Shared by the many-queues and soak
 benchmarks."""
+
 import os
 
 

@@ -10,6 +10,7 @@ close, which waits for the dispatcher to catch up, grows with n). Instruction co
 machine's load, unlike the timings of test_shared_bench.py; they do not see what an instruction costs (an atomic
 read-modify-write, a cache line that another core wrote).
 """
+
 import argparse
 import glob
 import os
@@ -37,8 +38,12 @@ def child(mode, n, root):
 
 def counts(out):
     """(main thread total, put call inclusive) of a callgrind output file of the main thread."""
-    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--auto=no", "--threshold=100", out],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--auto=no", "--threshold=100", out],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     total = int(re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", text).group(1).replace(",", ""))
     put = 0
     for line in text.splitlines():
@@ -51,9 +56,24 @@ def measure(mode, n, root):
     res = []
     for k in (n, 2 * n):
         out = os.path.join(root, f"cg.{mode}.{k}.out")
-        subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
-                        sys.executable, __file__, "--child", mode, "--n", str(k), "--dir", root],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--separate-threads=yes",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                "--n",
+                str(k),
+                "--dir",
+                root,
+            ],
+            check=True,
+            capture_output=True,
+        )
         res.append(counts(out + "-01"))
         for f in glob.glob(out + "*"):
             os.unlink(f)
@@ -77,8 +97,10 @@ def main():
     for mode, (loop, put) in got.items():
         print(f"{mode:<10} {loop:8.0f} instructions per put (loop), {put:8.0f} in the put call")
     (el, ep), (sl, sp) = got["exclusive"], got["shared"]
-    print(f"shared - exclusive: {sl - el:.0f} per put (loop), {sp - ep:.0f} in the put call; "
-          f"exclusive/shared (loop): {el / sl:.3f}")
+    print(
+        f"shared - exclusive: {sl - el:.0f} per put (loop), {sp - ep:.0f} in the put call; "
+        f"exclusive/shared (loop): {el / sl:.3f}"
+    )
 
 
 if __name__ == "__main__":

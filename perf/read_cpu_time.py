@@ -11,6 +11,7 @@ of a round includes the time the thread waited for a core; its CPU time does not
 compare there (they still include what a loaded machine's caches cost). Medians over the rounds; the ratio is
 localmq / implementation in messages per CPU second.
 """
+
 import argparse
 import os
 import shutil
@@ -47,7 +48,7 @@ def main():
                 path = tempfile.mkdtemp(dir=root)
                 store = classes[name]().open(path, a.n, 100)
                 for i in range(0, a.n, BATCH):
-                    store.put_batch(bodies[i:i + BATCH])
+                    store.put_batch(bodies[i : i + BATCH])
                 store.wait_visible()
                 c0, w0 = time.thread_time(), time.perf_counter()
                 count, first, last, _ = consume(store.read_all())
@@ -64,8 +65,10 @@ def main():
     print(f"{a.n:,} messages of 100 B, {a.rounds} rounds, medians; ratio = {impls[0]} / implementation (CPU)")
     for name in impls:
         c, w = a.n / statistics.median(cpu[name]), a.n / statistics.median(wall[name])
-        print(f"{name:22s} CPU {c / 1e6:6.2f}M msgs/s   wall {w / 1e6:6.2f}M msgs/s "
-              f"(range {a.n / max(wall[name]) / 1e6:.2f}-{a.n / min(wall[name]) / 1e6:.2f})   ratio {ref / c:.2f}")
+        print(
+            f"{name:22s} CPU {c / 1e6:6.2f}M msgs/s   wall {w / 1e6:6.2f}M msgs/s "
+            f"(range {a.n / max(wall[name]) / 1e6:.2f}-{a.n / min(wall[name]) / 1e6:.2f})   ratio {ref / c:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ and once with three; the main thread's instruction count of the difference, divi
 message (filling, opening and closing cancel out). Instruction counts do not depend on the machine's load, unlike the
 timings of test_queue_bench.py; they do not see what an instruction costs (a cache miss, a page fault).
 """
+
 import argparse
 import glob
 import os
@@ -32,7 +33,7 @@ def child(impl, n, passes, root):
     path = tempfile.mkdtemp(dir=root)
     store = {**IMPLEMENTATIONS, **READ_VARIANTS}[impl]().open(path, n, 100)
     for i in range(0, n, BATCH):
-        store.put_batch(bodies[i:i + BATCH])
+        store.put_batch(bodies[i : i + BATCH])
     store.wait_visible()
     for _ in range(passes):
         count, _, _, _ = consume(store.read_all())
@@ -42,8 +43,9 @@ def child(impl, n, passes, root):
 
 
 def main_thread_total(out):
-    text = subprocess.run(["callgrind_annotate", "--auto=no", "--threshold=100", out],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["callgrind_annotate", "--auto=no", "--threshold=100", out], capture_output=True, text=True, check=True
+    ).stdout
     return int(re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", text).group(1).replace(",", ""))
 
 
@@ -51,9 +53,26 @@ def measure(impl, n, root):
     totals = []
     for passes in (1, 3):
         out = os.path.join(root, f"cg.{impl}.{passes}.out")
-        subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
-                        sys.executable, __file__, "--child", impl, "--n", str(n), "--passes", str(passes),
-                        "--dir", root], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--separate-threads=yes",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                __file__,
+                "--child",
+                impl,
+                "--n",
+                str(n),
+                "--passes",
+                str(passes),
+                "--dir",
+                root,
+            ],
+            check=True,
+            capture_output=True,
+        )
         totals.append(main_thread_total(out + "-01"))
         for f in glob.glob(out + "*"):
             os.unlink(f)

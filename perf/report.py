@@ -2,11 +2,19 @@
 
 Usage: ``python perf/report.py bench.json`` (the file written by ``pytest perf/ --benchmark-json=bench.json``).
 """
+
 import json
 import sys
 
-SCENARIOS = ["put", "put_batch_1000", "read", "decode_range", "sync_put_1_threads", "sync_put_4_threads",
-             "sync_put_16_threads"]
+SCENARIOS = [
+    "put",
+    "put_batch_1000",
+    "read",
+    "decode_range",
+    "sync_put_1_threads",
+    "sync_put_4_threads",
+    "sync_put_16_threads",
+]
 REFERENCE = "localmq"
 
 
@@ -27,8 +35,11 @@ def rows_from_json(path):
     """Rows of a pytest-benchmark JSON file, using each benchmark's median round time."""
     with open(path) as f:
         data = json.load(f)
-    rows = [row_from_extra_info(b["extra_info"], b["stats"]["median"])
-            for b in data["benchmarks"] if "scenario" in b.get("extra_info", {})]
+    rows = [
+        row_from_extra_info(b["extra_info"], b["stats"]["median"])
+        for b in data["benchmarks"]
+        if "scenario" in b.get("extra_info", {})
+    ]
     # peers timed outside pytest-benchmark (test_jvm_bench.py: the JVM's own rounds) carry their rows whole
     for b in data["benchmarks"]:
         rows.extend(dict(r) for r in b.get("extra_info", {}).get("peer_rows", ()))
@@ -49,15 +60,32 @@ def format_table(rows):
         if r["implementation"] == REFERENCE:
             ref[(r["scenario"], r["body_size"])] = r["msgs_s"]
     # scenarios outside SCENARIOS (Spark's, the index's) stay grouped by name, localmq first in each group
-    rows = sorted(rows, key=lambda r: (order.get(r["scenario"], 99), r["scenario"], r["body_size"],
-                                       r["implementation"] != REFERENCE, -r["msgs_s"]))
+    rows = sorted(
+        rows,
+        key=lambda r: (
+            order.get(r["scenario"], 99),
+            r["scenario"],
+            r["body_size"],
+            r["implementation"] != REFERENCE,
+            -r["msgs_s"],
+        ),
+    )
     head = ("scenario", "body", "implementation", "msgs/round", "msgs/s", "MB/s", "localmq/peer")
     table = [head]
     for r in rows:
         base = ref.get((r["scenario"], r["body_size"]))
         ratio = f"{base / r['msgs_s']:.2f}" if base else "n/a"
-        table.append((r["scenario"], _size_label(r["body_size"]), r["implementation"], f"{r['messages']:,}",
-                      f"{r['msgs_s']:,.0f}", f"{r['mb_s']:,.1f}", ratio))
+        table.append(
+            (
+                r["scenario"],
+                _size_label(r["body_size"]),
+                r["implementation"],
+                f"{r['messages']:,}",
+                f"{r['msgs_s']:,.0f}",
+                f"{r['mb_s']:,.1f}",
+                ratio,
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     right = {3, 4, 5, 6}
     lines = []

@@ -7,6 +7,7 @@ sleeping waiter, cross-process wake-up latency (notify -> the waiter's wait() re
 wake-up and round trip. Timestamps are CLOCK_MONOTONIC, one clock for all processes. Sizes, not exact values:
 the machine's cores are shared.
 """
+
 import argparse
 import os
 import statistics

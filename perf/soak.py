@@ -30,6 +30,7 @@ computed from the settings and the rate after the warm-up), ``closed_state_flat`
 store is closed, between two opens, are the same every cycle). ``--out`` writes the summary and every sample;
 ``--plot`` draws descriptors, mappings, RSS and disk against time into one PNG. Throughput is reported, never judged.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,7 +61,7 @@ SEGMENT = 1 << 20
 CQ_FILE = 20 * 1024
 INDEX_SLOTS, INDEX_ITEMS = 5_000, 20_000
 CLEAN_INTERVAL_MS = 1_000
-OFFSET_PERSIST_MS = 5_000   # flush_consumer_offset_interval: retention reads the offsets written this often
+OFFSET_PERSIST_MS = 5_000  # flush_consumer_offset_interval: retention reads the offsets written this often
 STORE_CONFIG = dict(
     mapped_file_size_commit_log=SEGMENT,
     mapped_file_size_consume_queue=CQ_FILE,
@@ -77,12 +78,12 @@ STORE_CONFIG = dict(
     # a nack comes back after 2 s (default level 3 + reconsume times, clamped to the last level)
     message_delay_level="1s 2s",
 )
-AGED_S = 2 * 3600   # what an aged segment's mtime is set back by: past file_reserved_time
+AGED_S = 2 * 3600  # what an aged segment's mtime is set back by: past file_reserved_time
 
 
 MIN_BODY, MAX_BODY = 100, 1000
-RECORD_OVERHEAD = 300   # beyond its body, a record's header, topic and properties (UNIQ_KEY...): about 140 here
-HEADER = struct.Struct("<4sBHBIH")   # magic, producer, topic index, queue id, sequence, body length
+RECORD_OVERHEAD = 300  # beyond its body, a record's header, topic and properties (UNIQ_KEY...): about 140 here
+HEADER = struct.Struct("<4sBHBIH")  # magic, producer, topic index, queue id, sequence, body length
 MAGIC = b"SOAK"
 CRC = struct.Struct("<I")
 FILLER = random.Random(27).randbytes(2 * MAX_BODY)
@@ -99,7 +100,7 @@ def body_of(pid: int, t: int, q: int, seq: int) -> bytes:
     n = MIN_BODY + (seq * 2654435761 + t * 40503 + q * 977 + pid * 131) % (MAX_BODY - MIN_BODY + 1)
     head = HEADER.pack(MAGIC, pid, t, q, seq, n)
     start = seq % MAX_BODY
-    payload = head + FILLER[start:start + n - HEADER.size - CRC.size]
+    payload = head + FILLER[start : start + n - HEADER.size - CRC.size]
     return payload + CRC.pack(zlib.crc32(payload))
 
 
@@ -164,10 +165,10 @@ class Soak:
         self.names = [topic_name(i) for i in range(self.topics)]
         # one bytearray of flags per (producer, topic, queue): a byte per sequence, appended before the send
         self.flags = [bytearray() for _ in range(PRODUCERS * self.topics * QUEUES_PER_TOPIC)]
-        self.stop_load = threading.Event()     # producers stop
-        self.stop_all = threading.Event()      # the consumer stops
-        self.proc_lock = threading.Lock()      # one reader of /proc at a time: its own descriptors stay out
-        self.store_lock = threading.Lock()     # held while the store is closed and opened again
+        self.stop_load = threading.Event()  # producers stop
+        self.stop_all = threading.Event()  # the consumer stops
+        self.proc_lock = threading.Lock()  # one reader of /proc at a time: its own descriptors stay out
+        self.store_lock = threading.Lock()  # held while the store is closed and opened again
         self.errors: list = []
         self.put = 0
         self.consumed = 0
@@ -181,9 +182,15 @@ class Soak:
         self.samples: list = []
         self.missing_retries: list = []
         self.reopens: list = []
-        self.closed_state: list = []           # (fds, maps) while no store is open, each cycle
-        self.retention = {"deleted_commit_log_files": 0, "deleted_consume_queue_files": 0,
-                          "deleted_index_files": 0, "passes": 0, "deleted_unconsumed": 0, "service_errors": 0}
+        self.closed_state: list = []  # (fds, maps) while no store is open, each cycle
+        self.retention = {
+            "deleted_commit_log_files": 0,
+            "deleted_consume_queue_files": 0,
+            "deleted_index_files": 0,
+            "passes": 0,
+            "deleted_unconsumed": 0,
+            "service_errors": 0,
+        }
         self.evictions = 0
         self.nack_times: dict = {}
         self.schedule = {"delivered": 0, "skipped": 0, "redeliveries_avoided": 0, "put_failures": 0}
@@ -193,8 +200,8 @@ class Soak:
         self.cycles: Cycles | None = None
         self.config = dict(STORE_CONFIG)
         if args.retention == "instant":
-            self.config["file_reserved_time"] = 0   # every segment behind the consumers and the dispatcher, at once
-        self.rolled: dict = {}     # segment base offset -> when it was first seen full
+            self.config["file_reserved_time"] = 0  # every segment behind the consumers and the dispatcher, at once
+        self.rolled: dict = {}  # segment base offset -> when it was first seen full
         self.aged: set = set()
 
     def key(self, pid: int, t: int, q: int) -> int:
@@ -211,14 +218,14 @@ class Soak:
             self.stop_all.set()
             if fn == self.consumer:
                 with self.cycles.cond:
-                    self.cycles.workers -= 1   # never block a pause for a dead worker
+                    self.cycles.workers -= 1  # never block a pause for a dead worker
                     self.cycles.cond.notify_all()
 
     def producer(self, pid: int) -> None:
         try:
             self._produce(pid)
         finally:
-            with self.cycles.cond:   # a pause after this thread ended must not wait for it
+            with self.cycles.cond:  # a pause after this thread ended must not wait for it
                 self.cycles.workers -= 1
                 self.cycles.cond.notify_all()
 
@@ -244,15 +251,15 @@ class Soak:
             i += 1
             flags = self.flags[self.key(pid, t, q)]
             seq = len(flags)
-            flags.append(0)   # before the send: a body the consumer sees always has its byte
+            flags.append(0)  # before the send: a body the consumer sees always has its byte
             prods[q].send(self.names[t], body_of(pid, t, q, seq))
-            self.put += 1     # two threads: read as an approximate progress count; the flags are the truth
+            self.put += 1  # two threads: read as an approximate progress count; the flags are the truth
             next_t += 1.0 / rate
             pause = next_t - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
             elif pause < -1.0:
-                next_t = time.monotonic()   # behind (a reopen, a slow disk): no burst to catch up
+                next_t = time.monotonic()  # behind (a reopen, a slow disk): no burst to catch up
         for p in prods:
             p.close()
 
@@ -265,7 +272,7 @@ class Soak:
             why = "short"
         else:
             magic, pid, t, q, seq, n = HEADER.unpack_from(b)
-            if magic != MAGIC or n != len(b) or CRC.unpack_from(b, n - CRC.size)[0] != zlib.crc32(b[:-CRC.size]):
+            if magic != MAGIC or n != len(b) or CRC.unpack_from(b, n - CRC.size)[0] != zlib.crc32(b[: -CRC.size]):
                 why = "bad magic, length or crc"
             elif pid >= PRODUCERS or t >= self.topics or q >= QUEUES_PER_TOPIC or self.names[t] != m.topic:
                 why = "names another queue"
@@ -309,7 +316,7 @@ class Soak:
                     f |= ORIGINAL
                     if not f & NACKED and rng.random() < NACK_FRACTION:
                         flags[seq] = f | NACKED
-                        m.nack()   # sent back before this returns: it comes back through %RETRY%soak
+                        m.nack()  # sent back before this returns: it comes back through %RETRY%soak
                         self.nacked += 1
                         self.nack_times[(id(flags), seq)] = round(time.monotonic() - self.t0, 2)
                         continue
@@ -333,10 +340,20 @@ class Soak:
 
     def sample(self, phase: str = "") -> dict:
         with self.proc_lock:
-            s = {"t": round(time.monotonic() - self.t0, 2), "fds": fds(), "maps": maps(), "rss_kib": rss_kib(),
-                 "rss_anon_kib": rss_anon_kib(), "rss_file_kib": rss_file_kib(),
-                 "disk_bytes": disk_bytes(self.root), "put": self.put, "consumed": self.consumed,
-                 "nacked": self.nacked, "retried": self.retried, "reopens": len(self.reopens)}
+            s = {
+                "t": round(time.monotonic() - self.t0, 2),
+                "fds": fds(),
+                "maps": maps(),
+                "rss_kib": rss_kib(),
+                "rss_anon_kib": rss_anon_kib(),
+                "rss_file_kib": rss_file_kib(),
+                "disk_bytes": disk_bytes(self.root),
+                "put": self.put,
+                "consumed": self.consumed,
+                "nacked": self.nacked,
+                "retried": self.retried,
+                "reopens": len(self.reopens),
+            }
         if self.st is not None and self.store_lock.acquire(blocking=False):
             try:
                 stats = self.st.stats()
@@ -411,8 +428,14 @@ class Soak:
             self.st = localmq.open(self.root, **self.config)
             open_s = time.monotonic() - t_open
         self.cycles.resume(self.st)
-        self.reopens.append({"t": round(t - self.t0, 1), "close_s": round(close_s, 3), "open_s": round(open_s, 3),
-                             "paused_s": round(time.monotonic() - t, 3)})
+        self.reopens.append(
+            {
+                "t": round(t - self.t0, 1),
+                "close_s": round(close_s, 3),
+                "open_s": round(open_s, 3),
+                "paused_s": round(time.monotonic() - t, 3),
+            }
+        )
 
     # -- the run ----------------------------------------------------------------------------------------------------
 
@@ -427,8 +450,12 @@ class Soak:
         self.t0 = time.monotonic()
         self.st = localmq.open(self.root, **self.config)
         self.cycles = Cycles(self.st, PRODUCERS + 1)
-        threads = [threading.Thread(target=self._guard, args=("producer-%d" % i, self.producer, i),
-                                    name="soak-producer-%d" % i) for i in range(PRODUCERS)]
+        threads = [
+            threading.Thread(
+                target=self._guard, args=("producer-%d" % i, self.producer, i), name="soak-producer-%d" % i
+            )
+            for i in range(PRODUCERS)
+        ]
         threads.append(threading.Thread(target=self._guard, args=("consumer", self.consumer), name="soak-consumer"))
         sampler = threading.Thread(target=self._guard, args=("sampler", self.sampler), name="soak-sampler")
         for th in threads:
@@ -463,8 +490,9 @@ class Soak:
                 drained = True
                 break
             if a.verbose:
-                print(f"drain: {left} outstanding, lag {dict(list(lag.items())[:5])} ({len(lag)} queues)",
-                      file=sys.stderr)
+                print(
+                    f"drain: {left} outstanding, lag {dict(list(lag.items())[:5])} ({len(lag)} queues)", file=sys.stderr
+                )
             time.sleep(0.5)
         drain_s = time.monotonic() - drain_start
         self.stop_all.set()
@@ -493,9 +521,16 @@ class Soak:
             t, q = divmod(rest, QUEUES_PER_TOPIC)
             i = flags.find(ORIGINAL | NACKED)
             while i >= 0 and len(out) < limit:
-                out.append({"topic": self.names[t], "queue": q, "producer": pid, "seq": i,
-                            "nacked_at": self.nack_times.get((id(flags), i)),
-                            "body": body_of(pid, t, q, i)})
+                out.append(
+                    {
+                        "topic": self.names[t],
+                        "queue": q,
+                        "producer": pid,
+                        "seq": i,
+                        "nacked_at": self.nack_times.get((id(flags), i)),
+                        "body": body_of(pid, t, q, i),
+                    }
+                )
                 i = flags.find(ORIGINAL | NACKED, i + 1)
         if not out:
             return out
@@ -545,7 +580,7 @@ class Soak:
         keep = self.args.keep + 1 if self.args.retention == "aged" else 0
         window_s = keep + OFFSET_PERSIST_MS / 1000 + 2 * CLEAN_INTERVAL_MS / 1000 + 5
         segments = math.ceil(rate_bytes * window_s / SEGMENT) + 4
-        queues = self.topics * QUEUES_PER_TOPIC + 1 + 2   # + %RETRY%soak, SCHEDULE_TOPIC_XXXX levels 1 and 2
+        queues = self.topics * QUEUES_PER_TOPIC + 1 + 2  # + %RETRY%soak, SCHEDULE_TOPIC_XXXX levels 1 and 2
         cq = queues * (2 * CQ_FILE + 4096) + (self.topics + 2) * 4096
         index = 3 * (40 + INDEX_SLOTS * 4 + INDEX_ITEMS * 20)
         return {"segments": segments, "window_s": window_s, "bytes": segments * SEGMENT + cq + index + (1 << 20)}
@@ -568,8 +603,20 @@ class Soak:
             return v[len(v) // 2] if v else 0
 
         def pick(s):
-            return {k: s.get(k) for k in ("t", "fds", "maps", "rss_kib", "rss_anon_kib", "rss_file_kib",
-                                          "disk_bytes", "segments", "mapped_queue_files")}
+            return {
+                k: s.get(k)
+                for k in (
+                    "t",
+                    "fds",
+                    "maps",
+                    "rss_kib",
+                    "rss_anon_kib",
+                    "rss_file_kib",
+                    "disk_bytes",
+                    "segments",
+                    "mapped_queue_files",
+                )
+            }
 
         c = self.counts()
         bound = self.disk_bound()
@@ -591,34 +638,65 @@ class Soak:
             rss_split = {}
         cl = [x["fds"] for x in self.closed_state]
         verdicts["closed_state_flat"] = len(cl) >= 2 and max(cl) == min(cl)
-        verdicts["correct"] = (not self.errors and self.foreign == 0 and c["missing"] == 0
-                               and c["retries_missing"] == 0 and drained and not final_lag)
+        verdicts["correct"] = (
+            not self.errors
+            and self.foreign == 0
+            and c["missing"] == 0
+            and c["retries_missing"] == 0
+            and drained
+            and not final_lag
+        )
         per_s = c["put"] / load_end if load_end else 0.0
         return {
-            "seconds": a.seconds, "retention_mode": a.retention, "keep_s": a.keep,
-            "load_seconds": round(load_end, 1), "queues": self.topics * QUEUES_PER_TOPIC,
-            "topics": self.topics, "rate_asked": a.rate, "put_per_s": round(per_s, 1),
-            "put": c["put"], "consumed": self.consumed, "nacked": self.nacked, "retried": self.retried,
-            "duplicates": self.dup_original + self.dup_retry, "duplicates_original": self.dup_original,
-            "duplicates_retry": self.dup_retry, "unexpected_retries": self.unexpected_retry,
-            "never_put": self.foreign, "never_put_examples": self.foreign_examples,
-            "missing": c["missing"], "retries_missing": c["retries_missing"],
+            "seconds": a.seconds,
+            "retention_mode": a.retention,
+            "keep_s": a.keep,
+            "load_seconds": round(load_end, 1),
+            "queues": self.topics * QUEUES_PER_TOPIC,
+            "topics": self.topics,
+            "rate_asked": a.rate,
+            "put_per_s": round(per_s, 1),
+            "put": c["put"],
+            "consumed": self.consumed,
+            "nacked": self.nacked,
+            "retried": self.retried,
+            "duplicates": self.dup_original + self.dup_retry,
+            "duplicates_original": self.dup_original,
+            "duplicates_retry": self.dup_retry,
+            "unexpected_retries": self.unexpected_retry,
+            "never_put": self.foreign,
+            "never_put_examples": self.foreign_examples,
+            "missing": c["missing"],
+            "retries_missing": c["retries_missing"],
             "deleted_unconsumed_segments": self.retention["deleted_unconsumed"],
-            "missing_retry_detail": self.missing_retries, "schedule": self.schedule,
-            "drained": drained, "drain_s": round(drain_s, 1), "final_lag": final_lag,
+            "missing_retry_detail": self.missing_retries,
+            "schedule": self.schedule,
+            "drained": drained,
+            "drain_s": round(drain_s, 1),
+            "final_lag": final_lag,
             "reopen_cycles": len(self.reopens),
             "reopen_open_s_max": max((r["open_s"] for r in self.reopens), default=None),
             "reopen_close_s_max": max((r["close_s"] for r in self.reopens), default=None),
-            "retention": dict(self.retention), "queue_file_evictions": self.evictions,
+            "retention": dict(self.retention),
+            "queue_file_evictions": self.evictions,
             "queue_file_remaps": self.remaps,
-            "before_open": base, "start": pick(at(0.0)), "warm_end": pick(at(0.25)), "half": pick(at(0.5)),
-            "end": pick(at(1.0)), "after_close": pick(after),
-            "max_25_50": fmax, "max_50_100": smax, "rss_growth_half_to_end_kib": rss_growth,
+            "before_open": base,
+            "start": pick(at(0.0)),
+            "warm_end": pick(at(0.25)),
+            "half": pick(at(0.5)),
+            "end": pick(at(1.0)),
+            "after_close": pick(after),
+            "max_25_50": fmax,
+            "max_50_100": smax,
+            "rss_growth_half_to_end_kib": rss_growth,
             "rss_growth_half_to_end_split_kib": rss_split,
-            "disk_max_after_warmup": disk_max, "disk_bound": bound,
+            "disk_max_after_warmup": disk_max,
+            "disk_bound": bound,
             "closed_state": self.closed_state,
-            "warmup_samples": len(warm), "samples": len(self.samples),
-            "verdicts": verdicts, "errors": self.errors,
+            "warmup_samples": len(warm),
+            "samples": len(self.samples),
+            "verdicts": verdicts,
+            "errors": self.errors,
         }
 
 
@@ -631,8 +709,12 @@ def plot(samples: list, summary: dict, path: str) -> None:
     load = [s for s in samples if "phase" not in s]
     t = [s["t"] / 60 for s in load]
     fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
-    series = [("fds", "open descriptors", 1), ("maps", "mappings (/proc/self/maps lines)", 1),
-              ("rss_kib", "RSS (MiB)", 1 / 1024), ("disk_bytes", "store disk (MiB)", 1 / (1 << 20))]
+    series = [
+        ("fds", "open descriptors", 1),
+        ("maps", "mappings (/proc/self/maps lines)", 1),
+        ("rss_kib", "RSS (MiB)", 1 / 1024),
+        ("disk_bytes", "store disk (MiB)", 1 / (1 << 20)),
+    ]
     warm = 0.25 * summary["load_seconds"] / 60
     for ax, (k, label, scale) in zip(axes, series):
         ax.axvspan(0, warm, color="0.9", lw=0)
@@ -650,10 +732,20 @@ def plot(samples: list, summary: dict, path: str) -> None:
         ax.set_ylim(0, top * 1.1)
         ax.grid(alpha=0.3)
     axes[3].set_xlabel("minutes (grey: warm-up; red: a close and reopen)")
-    fig.suptitle("localmq soak: %d queues, %.0f puts/s, %d reopens, %d segments deleted; %d put, %d consumed, "
-                 "%d retried" % (summary["queues"], summary["put_per_s"], summary["reopen_cycles"],
-                                 summary["retention"]["deleted_commit_log_files"], summary["put"],
-                                 summary["consumed"], summary["retried"]), fontsize=9)
+    fig.suptitle(
+        "localmq soak: %d queues, %.0f puts/s, %d reopens, %d segments deleted; %d put, %d consumed, "
+        "%d retried"
+        % (
+            summary["queues"],
+            summary["put_per_s"],
+            summary["reopen_cycles"],
+            summary["retention"]["deleted_commit_log_files"],
+            summary["put"],
+            summary["consumed"],
+            summary["retried"],
+        ),
+        fontsize=9,
+    )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -667,9 +759,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=300.0, help="messages a second, both producers (default 300)")
     ap.add_argument("--reopen-every", type=float, default=25.0, help="seconds between reopen cycles (default 25)")
     ap.add_argument("--drain-timeout", type=float, default=120.0, help="seconds the consumer gets to catch up")
-    ap.add_argument("--retention", choices=("aged", "instant"), default="aged",
-                    help="aged (default): segments full for --keep s are aged past file_reserved_time=1 h; "
-                         "instant: file_reserved_time=0, every segment the consumers passed goes at once")
+    ap.add_argument(
+        "--retention",
+        choices=("aged", "instant"),
+        default="aged",
+        help="aged (default): segments full for --keep s are aged past file_reserved_time=1 h; "
+        "instant: file_reserved_time=0, every segment the consumers passed goes at once",
+    )
     ap.add_argument("--keep", type=float, default=10.0, help="seconds a full segment is kept before it is aged")
     ap.add_argument("--verbose", action="store_true", help="progress on stderr")
     ap.add_argument("--dir", default=None, help="parent of the temporary store directory (default: the system's)")

@@ -1,4 +1,5 @@
 """A Python data source that decodes nothing: Spark's own ceiling for any Python data source, beside localmq."""
+
 import functools
 
 import numpy as np

@@ -9,6 +9,7 @@ reader, ``scan_noop`` (every row of the value column through Spark's noop sink) 
 sum(length(value)); Parquet's vectorised reader answers it from its pages). Prints the median of the rounds
 (one warm-up round first), rows/s and the ratio to Parquet.
 """
+
 import argparse
 import os
 import shutil
@@ -71,9 +72,11 @@ def main():
     jar = build_jar()
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(
-        os.pathsep) if p])
-    from pyspark.sql import SparkSession, functions as F
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
 
     root = tempfile.mkdtemp(prefix="localmq-jvm-bench-")
     spark = None
@@ -83,10 +86,17 @@ def main():
         store, pqpath = write_data(root, n)
         print(f"wrote {n} messages of {BODY} B in {time.perf_counter() - t:.1f} s", flush=True)
         # the same session settings as perf/test_spark_bench.py, plus the jar
-        spark = (SparkSession.builder.master("local[*]").appName("localmq-jvm-bench")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "2").config("spark.python.unix.domain.socket.enabled", "true")
-                 .config("spark.driver.memory", "4g").config("spark.jars", jar).getOrCreate())
+        spark = (
+            SparkSession.builder.master("local[*]")
+            .appName("localmq-jvm-bench")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.python.unix.domain.socket.enabled", "true")
+            .config("spark.driver.memory", "4g")
+            .config("spark.jars", jar)
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
         readers = {
             "parquet": lambda: spark.read.parquet(pqpath),
@@ -111,8 +121,11 @@ def main():
                     fn(make)
                     times.append(time.perf_counter() - t)
                 results[(scenario, name)] = statistics.median(times)
-                print(f"{scenario:10s} {name:18s} {statistics.median(times):7.3f} s  "
-                      f"{n / statistics.median(times) / 1e6:6.2f} M rows/s", flush=True)
+                print(
+                    f"{scenario:10s} {name:18s} {statistics.median(times):7.3f} s  "
+                    f"{n / statistics.median(times) / 1e6:6.2f} M rows/s",
+                    flush=True,
+                )
         print(f"\n{n} messages of {BODY} B, median of {args.rounds} rounds, local[*] on {os.cpu_count()} cores")
         print("| scenario | reader | s | M rows/s | x Parquet |\n|---|---|---|---|---|")
         for (scenario, name), s in results.items():

@@ -12,6 +12,7 @@
 - ``test_schedule_delivery``: ScheduleMessageService draining 1,000,000 due delayed messages (the store is reopened
   with a 1 s level after putting them under a 1 h level, so all are due at once): messages delivered per second.
 """
+
 import os
 import shutil
 import statistics
@@ -19,14 +20,17 @@ import time
 
 import pytest
 
-from conftest import QUICK, ROWS
 import report
+from conftest import QUICK, ROWS
 
 localmq = pytest.importorskip("localmq")
 
 BODY = 100
-ACK_MESSAGES = {"localmq": 2_000 if QUICK else 100_000, "persistqueue.SQLiteAckQueue": 300 if QUICK else 5_000,
-                "diskcache ack queue": 300 if QUICK else 10_000}
+ACK_MESSAGES = {
+    "localmq": 2_000 if QUICK else 100_000,
+    "persistqueue.SQLiteAckQueue": 300 if QUICK else 5_000,
+    "diskcache ack queue": 300 if QUICK else 10_000,
+}
 ROUNDS = 2 if QUICK else 5
 SCHEDULE_MESSAGES = 20_000 if QUICK else 1_000_000
 RETRY_MESSAGES = 20 if QUICK else 200
@@ -56,7 +60,7 @@ class LocalMQAck:
             for m in poll(256, timeout=5):
                 m.ack()
                 got += 1
-        self.c.commit()   # durable: consumerOffset.json fsynced and renamed
+        self.c.commit()  # durable: consumerOffset.json fsynced and renamed
         return got
 
     def check(self, n):
@@ -106,8 +110,8 @@ class DiskcacheAck:
         c = self.c
         for _ in range(n):
             key, body = c.pull(prefix="q")
-            c.set(("inflight", key), body)   # redelivered by a sweeper if the worker dies before the ack
-            c.delete(("inflight", key))      # the ack
+            c.set(("inflight", key), body)  # redelivered by a sweeper if the worker dies before the ack
+            c.delete(("inflight", key))  # the ack
         return n
 
     def check(self, n):
@@ -123,8 +127,7 @@ IMPLS = {cls.name: cls for cls in (LocalMQAck, PersistQueueAck, DiskcacheAck)}
 @pytest.mark.parametrize("impl", list(IMPLS))
 def test_ack_consume(benchmark, request, tmp_path, impl):
     if impl != "localmq":
-        pytest.importorskip({"persistqueue.SQLiteAckQueue": "persistqueue",
-                             "diskcache ack queue": "diskcache"}[impl])
+        pytest.importorskip({"persistqueue.SQLiteAckQueue": "persistqueue", "diskcache ack queue": "diskcache"}[impl])
     n = ACK_MESSAGES[impl]
     bodies = _bodies(n)
     state = {"round": 0}
@@ -178,14 +181,17 @@ def test_retry_round_trip(benchmark, tmp_path):
                     extra.append((time.monotonic() - nacked[m.body] - 1.0) * 1000)
                     m.ack()
                     got += 1
+
         benchmark.pedantic(run, rounds=1, iterations=1)
         extra.sort()
         p50 = statistics.median(extra)
         p99 = extra[min(len(extra) - 1, int(len(extra) * 0.99))]
         benchmark.extra_info.update(retry_extra_ms_p50=p50, retry_extra_ms_p99=p99, messages=RETRY_MESSAGES)
-        print(f"\nretry round trip beyond the 1 s delay level: p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
-              f"min {extra[0]:.1f} ms ({RETRY_MESSAGES} messages nacked in one burst)")
-        assert extra[0] >= -5   # never early (ms clocks truncate separately)
+        print(
+            f"\nretry round trip beyond the 1 s delay level: p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+            f"min {extra[0]:.1f} ms ({RETRY_MESSAGES} messages nacked in one burst)"
+        )
+        assert extra[0] >= -5  # never early (ms clocks truncate separately)
         c.close()
     finally:
         st.close()
@@ -219,7 +225,9 @@ def test_schedule_delivery(benchmark, tmp_path):
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     benchmark.extra_info.update(delivered_per_s=result["rate"], messages=SCHEDULE_MESSAGES)
-    print(f"\nschedule service: {result['rate']:,.0f} delayed messages delivered per second "
-          f"({SCHEDULE_MESSAGES:,} due at once)")
+    print(
+        f"\nschedule service: {result['rate']:,.0f} delayed messages delivered per second "
+        f"({SCHEDULE_MESSAGES:,} due at once)"
+    )
     shutil.rmtree(d)
     assert not os.path.exists(d)

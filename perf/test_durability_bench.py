@@ -5,6 +5,7 @@ many segment rolls, with and without allocation ahead and warm-up.
 
     python -m pytest perf/test_durability_bench.py --benchmark-only -q -p no:cacheprovider -s
 """
+
 import os
 import sqlite3
 import struct
@@ -13,8 +14,8 @@ import time
 
 import pytest
 
-from conftest import QUICK, ROWS
 import report
+from conftest import QUICK, ROWS
 
 localmq = pytest.importorskip("localmq")
 
@@ -39,6 +40,7 @@ class SyncLocalMQ:
             r = put("sync", body, queue_id=k)
             if not r.ok:
                 raise AssertionError(r)
+
         return send
 
     def count(self):
@@ -69,6 +71,7 @@ class SqliteFull:
 
         def send(body):
             execute("INSERT INTO q (body) VALUES (?)", (body,))  # autocommit: one fsynced transaction each
+
         return send
 
     def count(self):
@@ -104,6 +107,7 @@ class LmdbSync:
                 self.next_key += 1
             with env.begin(write=True) as txn:
                 txn.put(pack(key), body)
+
         return send
 
     def count(self):
@@ -135,6 +139,7 @@ class FdatasyncCeiling:
                 self.pos += len(body)
                 os.fdatasync(self.fd)
                 self.n += 1
+
         return send
 
     def count(self):
@@ -193,8 +198,14 @@ def test_sync_put(benchmark, request, tmp_path, impl, threads):
     benchmark.pedantic(run, setup=setup, teardown=teardown, rounds=SYNC_ROUNDS, warmup_rounds=0)
     info = benchmark.extra_info
     name = "localmq" if cls is SyncLocalMQ else impl  # the reference of the ratio column
-    info.update(scenario=f"sync_put_{threads}_threads", body_size=BODY, implementation=name,
-                messages=per * threads, body_bytes=per * threads * BODY, how=f"{threads} threads, one put each")
+    info.update(
+        scenario=f"sync_put_{threads}_threads",
+        body_size=BODY,
+        implementation=name,
+        messages=per * threads,
+        body_bytes=per * threads * BODY,
+        how=f"{threads} threads, one put each",
+    )
     request.config.stash[ROWS].append(report.row_from_extra_info(info, benchmark.stats.stats.median))
 
 
@@ -244,9 +255,17 @@ def test_put_latency_across_rolls(benchmark, tmp_path, config):
     ns = np.concatenate([x[0] for x in lat])
     p = {q: float(np.percentile(ns, q)) / 1000 for q in (50, 99, 99.9)}
     mx = float(ns.max()) / 1000
-    benchmark.extra_info.update(config=config, p50_us=round(p[50], 2), p99_us=round(p[99], 2),
-                                p999_us=round(p[99.9], 2), max_us=round(mx, 1), rolls_per_round=lat[-1][1],
-                                puts=int(ns.size))
-    print(f"\nput latency, {config}: p50 {p[50]:.2f} us  p99 {p[99]:.2f} us  p99.9 {p[99.9]:.2f} us  "
-          f"max {mx:.0f} us  ({ns.size:,} puts of {LAT_BODY} B, {lat[-1][1]} rolls of {LAT_SEGMENT >> 20} MiB "
-          f"per round)")
+    benchmark.extra_info.update(
+        config=config,
+        p50_us=round(p[50], 2),
+        p99_us=round(p[99], 2),
+        p999_us=round(p[99.9], 2),
+        max_us=round(mx, 1),
+        rolls_per_round=lat[-1][1],
+        puts=int(ns.size),
+    )
+    print(
+        f"\nput latency, {config}: p50 {p[50]:.2f} us  p99 {p[99]:.2f} us  p99.9 {p[99.9]:.2f} us  "
+        f"max {mx:.0f} us  ({ns.size:,} puts of {LAT_BODY} B, {lat[-1][1]} rolls of {LAT_SEGMENT >> 20} MiB "
+        f"per round)"
+    )

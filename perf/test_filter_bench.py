@@ -9,6 +9,7 @@ the most complex expression with ``Sql92Filter(expression)``, which parses, chec
 
     python -m pytest perf/test_filter_bench.py --benchmark-only -q -p no:cacheprovider
 """
+
 import random
 
 import pytest
@@ -26,8 +27,13 @@ def _maps():
     rng = random.Random(15)
     out = []
     for i in range(PROPERTY_MAPS):
-        p = {"TAGS": rng.choice(("created", "paid", "shipped")), "KEYS": f"order-{i}",
-             "UNIQ_KEY": f"7F0000010001{i:020X}", "a": str(rng.randrange(10)), "b": rng.choice("xyz")}
+        p = {
+            "TAGS": rng.choice(("created", "paid", "shipped")),
+            "KEYS": f"order-{i}",
+            "UNIQ_KEY": f"7F0000010001{i:020X}",
+            "a": str(rng.randrange(10)),
+            "b": rng.choice("xyz"),
+        }
         if rng.random() < 0.8:
             p["region"] = rng.choice(("eu", "us", "ap", "sa"))
         if rng.random() < 0.7:
@@ -42,14 +48,22 @@ def _in_range(p, low, high):
 
 EXPRESSIONS = {
     "simple": ("a > 5 AND b = 'x'", lambda p: int(p["a"]) > 5 and p["b"] == "x"),
-    "medium": ("TAGS IN ('created', 'paid') AND (region = 'eu' OR region IS NULL) AND a BETWEEN 2 AND 7",
-               lambda p: p["TAGS"] in ("created", "paid") and p.get("region") in ("eu", None)
-               and 2 <= int(p["a"]) <= 7),
-    "complex": ("(TAGS = 'paid' OR TAGS = 'shipped') AND NOT (region IN ('ap', 'sa')) AND price >= 19.5 "
-                "AND price < 150.0 AND a <> 3 AND (b = 'x' OR b = 'y' OR KEYS = 'order-7') /* business rule */",
-                lambda p: p["TAGS"] in ("paid", "shipped") and p.get("region") in ("eu", "us")
-                and _in_range(p, 19.5, 150.0) and float(p["price"]) < 150.0 and p["a"] != "3"
-                and (p["b"] in ("x", "y") or p["KEYS"] == "order-7")),
+    "medium": (
+        "TAGS IN ('created', 'paid') AND (region = 'eu' OR region IS NULL) AND a BETWEEN 2 AND 7",
+        lambda p: p["TAGS"] in ("created", "paid") and p.get("region") in ("eu", None) and 2 <= int(p["a"]) <= 7,
+    ),
+    "complex": (
+        "(TAGS = 'paid' OR TAGS = 'shipped') AND NOT (region IN ('ap', 'sa')) AND price >= 19.5 "
+        "AND price < 150.0 AND a <> 3 AND (b = 'x' OR b = 'y' OR KEYS = 'order-7') /* business rule */",
+        lambda p: (
+            p["TAGS"] in ("paid", "shipped")
+            and p.get("region") in ("eu", "us")
+            and _in_range(p, 19.5, 150.0)
+            and float(p["price"]) < 150.0
+            and p["a"] != "3"
+            and (p["b"] in ("x", "y") or p["KEYS"] == "order-7")
+        ),
+    ),
 }
 
 
@@ -59,14 +73,15 @@ def property_maps():
 
 
 def _rate(benchmark, name, expression, maps, count):
-    benchmark.extra_info.update(scenario=f"filter_{name}", expression=expression, messages=len(maps),
-                                matched=count)
+    benchmark.extra_info.update(scenario=f"filter_{name}", expression=expression, messages=len(maps), matched=count)
     stats = getattr(benchmark, "stats", None)
     if stats is not None:
         median = stats.stats.median
         benchmark.extra_info["msgs_per_s"] = round(len(maps) / median)
-        print(f"\nfilter {name}: {len(maps) / median:,.0f} property maps/s ({median / len(maps) * 1e9:.0f} ns "
-              f"each, {count:,} of {len(maps):,} matched): {expression}")
+        print(
+            f"\nfilter {name}: {len(maps) / median:,.0f} property maps/s ({median / len(maps) * 1e9:.0f} ns "
+            f"each, {count:,} of {len(maps):,} matched): {expression}"
+        )
 
 
 def _bench_matches(benchmark, name, maps):

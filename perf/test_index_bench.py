@@ -14,6 +14,7 @@ topic = ? ORDER BY id DESC LIMIT 32``. Both return at most 32 messages, newest f
 Size: LOCALMQ_INDEX_MESSAGES (default 10,000,000; 20,000 with LOCALMQ_BENCH_QUICK=1). Disk: about 2.2 GB of
 commit log + a 420 MB index file, and about 1.6 GB of sqlite database.
 """
+
 import os
 import random
 import shutil
@@ -61,10 +62,16 @@ def localmq_store(tmp_path_factory):
     t1 = time.perf_counter()
     assert st.wait_for_index(3600) and st.wait_for_dispatch(3600)
     t2 = time.perf_counter()
-    build = {"put_s": round(t1 - t0, 1), "index_lag_after_puts_s": round(t2 - t1, 1),
-             "keys": st.stats()["index"]["keys"], "commit_log_bytes": st.commit_log_max_offset}
-    print(f"\nlocalmq: {MESSAGES:,} puts with keys in {t1 - t0:.1f} s ({MESSAGES / (t1 - t0):,.0f}/s), "
-          f"index caught up {t2 - t1:.1f} s later; {st.commit_log_max_offset / 1e9:.2f} GB log")
+    build = {
+        "put_s": round(t1 - t0, 1),
+        "index_lag_after_puts_s": round(t2 - t1, 1),
+        "keys": st.stats()["index"]["keys"],
+        "commit_log_bytes": st.commit_log_max_offset,
+    }
+    print(
+        f"\nlocalmq: {MESSAGES:,} puts with keys in {t1 - t0:.1f} s ({MESSAGES / (t1 - t0):,.0f}/s), "
+        f"index caught up {t2 - t1:.1f} s later; {st.commit_log_max_offset / 1e9:.2f} GB log"
+    )
     yield st, build
     st.close()
     shutil.rmtree(path, ignore_errors=True)
@@ -77,19 +84,25 @@ def sqlite_store(tmp_path_factory):
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("CREATE TABLE msgs (id INTEGER PRIMARY KEY, topic TEXT NOT NULL, key TEXT NOT NULL, "
-               "ts INTEGER NOT NULL, body BLOB NOT NULL)")
+    db.execute(
+        "CREATE TABLE msgs (id INTEGER PRIMARY KEY, topic TEXT NOT NULL, key TEXT NOT NULL, "
+        "ts INTEGER NOT NULL, body BLOB NOT NULL)"
+    )
     db.execute("CREATE INDEX msgs_key ON msgs (key)")
     for start in range(0, MESSAGES, CHUNK):
         ts = time.time_ns() // 1_000_000
         db.execute("BEGIN")
-        db.executemany("INSERT INTO msgs (topic, key, ts, body) VALUES (?, ?, ?, ?)",
-                       [(TOPIC, key_of(i), ts, BODY) for i in range(start, min(MESSAGES, start + CHUNK))])
+        db.executemany(
+            "INSERT INTO msgs (topic, key, ts, body) VALUES (?, ?, ?, ?)",
+            [(TOPIC, key_of(i), ts, BODY) for i in range(start, min(MESSAGES, start + CHUNK))],
+        )
         db.execute("COMMIT")
     t1 = time.perf_counter()
     size = sum(os.path.getsize(p) for p in (path, f"{path}-wal") if os.path.exists(p))
-    print(f"\nsqlite3: {MESSAGES:,} rows with a key index in {t1 - t0:.1f} s ({MESSAGES / (t1 - t0):,.0f}/s); "
-          f"{size / 1e9:.2f} GB")
+    print(
+        f"\nsqlite3: {MESSAGES:,} rows with a key index in {t1 - t0:.1f} s ({MESSAGES / (t1 - t0):,.0f}/s); "
+        f"{size / 1e9:.2f} GB"
+    )
     yield db, {"insert_s": round(t1 - t0, 1), "db_bytes": size}
     db.close()
     shutil.rmtree(path.parent, ignore_errors=True)
@@ -97,14 +110,23 @@ def sqlite_store(tmp_path_factory):
 
 def _record(benchmark, request, implementation, build):
     info = benchmark.extra_info
-    info.update(scenario="query_by_key", body_size=len(BODY), implementation=implementation, messages=QUERIES,
-                body_bytes=QUERIES * len(BODY), store_messages=MESSAGES, **build)
+    info.update(
+        scenario="query_by_key",
+        body_size=len(BODY),
+        implementation=implementation,
+        messages=QUERIES,
+        body_bytes=QUERIES * len(BODY),
+        store_messages=MESSAGES,
+        **build,
+    )
     stats = getattr(benchmark, "stats", None)
     if stats is not None:
         median = stats.stats.median
         request.config.stash[ROWS].append(report.row_from_extra_info(info, median))
-        print(f"\n{implementation}: {median / QUERIES * 1e6:.2f} us per query by key "
-              f"({QUERIES / median:,.0f} queries/s) on {MESSAGES:,} messages")
+        print(
+            f"\n{implementation}: {median / QUERIES * 1e6:.2f} us per query by key "
+            f"({QUERIES / median:,.0f} queries/s) on {MESSAGES:,} messages"
+        )
 
 
 def test_query_by_key_localmq(benchmark, request, localmq_store, query_keys):

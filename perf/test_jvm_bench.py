@@ -4,6 +4,7 @@ one JVM by interop/bench (JvmBench.java), reported as rows of the same run's "lo
 The JVM figures are a different language's ceiling on the same machine, not a test: no assert compares speeds.
 Needs a JDK 17 and Maven (the first build downloads RocketMQ and Chronicle Queue); without them the tests fail.
 """
+
 import json
 import os
 import shutil
@@ -43,9 +44,10 @@ SCENARIOS = {"put_one": ("put", ["put"]), "read_all": ("read", ["read", "read_bu
 NOTES = {
     "put": "N x putMessage, then wait for ConsumeQueue dispatch (RocketMQ); N x writingDocument (Chronicle)",
     "read": "getMessage 32 at a time + MessageDecoder.decode (RocketMQ); tailer readingDocument, body copied "
-            "(Chronicle)",
+    "(Chronicle)",
     "read_buffers": "getMessage 32 at a time, records not decoded",
 }
+
 
 @pytest.fixture(scope="session")
 def jvm_doc(tmp_path_factory):
@@ -55,15 +57,32 @@ def jvm_doc(tmp_path_factory):
     tmp_dir = tmp_path_factory.mktemp("jvm-bench")
     java, mvn = shutil.which("java"), shutil.which("mvn")
     if java is None or mvn is None:
-        pytest.fail("perf/test_jvm_bench.py needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: "
-                    f"java={java!r}, mvn={mvn!r}", pytrace=False)
+        pytest.fail(
+            f"perf/test_jvm_bench.py needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: java={java!r}, mvn={mvn!r}",
+            pytrace=False,
+        )
     r = subprocess.run([mvn, "-q", "-B", "-f", POM, "package"], capture_output=True, text=True, timeout=900)
     if r.returncode != 0 or not os.path.exists(JAR):
-        pytest.fail(f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}", pytrace=False
+        )
     out = os.path.join(tmp_dir, "jvm-bench.json")
-    cmd = [java, *JVM_FLAGS, "-jar", JAR, "--dir", str(tmp_dir), "--count", str(COUNT), "--body", str(BODY_SIZE),
-           "--rounds", str(ROUNDS), "--out", out]
+    cmd = [
+        java,
+        *JVM_FLAGS,
+        "-jar",
+        JAR,
+        "--dir",
+        str(tmp_dir),
+        "--count",
+        str(COUNT),
+        "--body",
+        str(BODY_SIZE),
+        "--rounds",
+        str(ROUNDS),
+        "--out",
+        out,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         pytest.fail(f"JvmBench failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}", pytrace=False)
@@ -87,9 +106,14 @@ def test_jvm_peers(scenario, body_size, jvm_doc, benchmark, request):
         name = f"{res['implementation']} (JVM)"
         if res["scenario"] == "read_buffers":
             name = f"{res['implementation']} (JVM, records not decoded)"
-        info = {"scenario": table_scenario, "body_size": body_size, "implementation": name,
-                "messages": res["messages"], "body_bytes": res["messages"] * body_size,
-                "how": NOTES[res["scenario"]]}
+        info = {
+            "scenario": table_scenario,
+            "body_size": body_size,
+            "implementation": name,
+            "messages": res["messages"],
+            "body_bytes": res["messages"] * body_size,
+            "how": NOTES[res["scenario"]],
+        }
         rows.append(report.row_from_extra_info(info, res["seconds_median"]))
     assert rows, f"JvmBench reported no {jvm_scenarios} rows: {doc}"
     benchmark.extra_info.update(peer_rows=rows, jvm=doc["java"], rounds=doc["rounds"])

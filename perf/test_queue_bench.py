@@ -3,6 +3,7 @@
 One function per scenario; the ``impl`` fixture runs it for every implementation and ``body_size`` for 100 B and
 1 KiB, so each test id names scenario x body size x implementation (``-k "put_one and lmdb"``).
 """
+
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from peers import LocalMQ, LocalMQGetMessage, MmapLog, mmap_decode_numpy_fixed, 
 
 
 def chunks(bodies):
-    return [bodies[i:i + BATCH] for i in range(0, len(bodies), BATCH)]
+    return [bodies[i : i + BATCH] for i in range(0, len(bodies), BATCH)]
 
 
 def check(count, first, last, bodies):
@@ -39,6 +40,7 @@ def verify_written(bodies):
     def verify(store, _):
         count, first, last, _ = consume(store.read_all())
         check(count, first, last, bodies)
+
     return verify
 
 
@@ -47,6 +49,7 @@ def verify_read(bodies):
         count, first, last, total = result
         check(count, first, last, bodies)
         assert total == sum(map(len, bodies))
+
     return verify
 
 
@@ -61,8 +64,15 @@ def test_put_one(impl, body_size, bench):
             put(body)
         store.wait_visible()
 
-    bench.run(scenario="put", cls=impl, body_size=body_size, count=len(bodies), target=target,
-              verify=verify_written(bodies), note="one put per message")
+    bench.run(
+        scenario="put",
+        cls=impl,
+        body_size=body_size,
+        count=len(bodies),
+        target=target,
+        verify=verify_written(bodies),
+        note="one put per message",
+    )
 
 
 def test_put_batch(impl, body_size, bench):
@@ -77,8 +87,15 @@ def test_put_batch(impl, body_size, bench):
             put_batch(batch)
         store.wait_visible()
 
-    bench.run(scenario="put_batch_1000", cls=impl, body_size=body_size, count=len(bodies), target=target,
-              verify=verify_written(bodies), note=impl.batch_api)
+    bench.run(
+        scenario="put_batch_1000",
+        cls=impl,
+        body_size=body_size,
+        count=len(bodies),
+        target=target,
+        verify=verify_written(bodies),
+        note=impl.batch_api,
+    )
 
 
 def test_read_all(impl, body_size, bench):
@@ -92,8 +109,16 @@ def test_read_all(impl, body_size, bench):
             store.put_batch(batch)
         store.wait_visible()
 
-    bench.run(scenario="read", cls=impl, body_size=body_size, count=len(bodies), prepare=prepare,
-              target=lambda store: consume(store.read_all()), verify=verify_read(bodies), note=impl.read_api)
+    bench.run(
+        scenario="read",
+        cls=impl,
+        body_size=body_size,
+        count=len(bodies),
+        prepare=prepare,
+        target=lambda store: consume(store.read_all()),
+        verify=verify_read(bodies),
+        note=impl.read_api,
+    )
 
 
 def test_read_all_localmq_get_message(need_localmq, body_size, bench):
@@ -107,13 +132,21 @@ def test_read_all_localmq_get_message(need_localmq, body_size, bench):
             store.put_batch(batch)
         store.wait_visible()
 
-    bench.run(scenario="read", cls=LocalMQGetMessage, body_size=body_size, count=len(bodies), prepare=prepare,
-              target=lambda store: consume(store.read_all()), verify=verify_read(bodies),
-              note=LocalMQGetMessage.read_api)
+    bench.run(
+        scenario="read",
+        cls=LocalMQGetMessage,
+        body_size=body_size,
+        count=len(bodies),
+        prepare=prepare,
+        target=lambda store: consume(store.read_all()),
+        verify=verify_read(bodies),
+        note=LocalMQGetMessage.read_api,
+    )
 
 
 # Scenario 4: columnar decode of a whole written range. Only the hand-written mmap log has a byte range a user
 # could decode; the queues and databases above hide theirs.
+
 
 def _segment_of(store, caveats):
     """(base offset, buffer, readable end) of the CommitLog segment holding the round's messages."""
@@ -181,9 +214,19 @@ def test_decode_range_localmq(need_localmq, body_size, bench):
         check(n, cols.body(0), cols.body(n - 1), bodies)
         assert int(cols["body_len"].sum()) == count * body_size
 
-    bench.run(scenario="decode_range", cls=Decoded, body_size=body_size, count=count, prepare=prepare,
-              target=target, verify=verify, rounds=DECODE_ROUNDS, implementation="localmq",
-              note="decode_range into RecordColumns", caveats=caveats)
+    bench.run(
+        scenario="decode_range",
+        cls=Decoded,
+        body_size=body_size,
+        count=count,
+        prepare=prepare,
+        target=target,
+        verify=verify,
+        rounds=DECODE_ROUNDS,
+        implementation="localmq",
+        note="decode_range into RecordColumns",
+        caveats=caveats,
+    )
 
 
 def _mmap_log_prepared(bodies):
@@ -192,6 +235,7 @@ def _mmap_log_prepared(bodies):
     def prepare(store):
         for batch in batches:
             store.put_batch(batch)
+
     return prepare
 
 
@@ -203,12 +247,20 @@ def test_decode_range_mmap_struct(body_size, bench):
     def verify(store, result):
         pos, lens = result
         mm = store.mm
-        check(len(pos), mm[pos[0]:pos[0] + lens[0]], mm[pos[-1]:pos[-1] + lens[-1]], bodies)
+        check(len(pos), mm[pos[0] : pos[0] + lens[0]], mm[pos[-1] : pos[-1] + lens[-1]], bodies)
 
-    bench.run(scenario="decode_range", cls=MmapLog, body_size=body_size, count=count,
-              prepare=_mmap_log_prepared(bodies), target=lambda store: mmap_decode_struct(store.mm),
-              verify=verify, rounds=DECODE_ROUNDS, implementation="mmap log: struct loop",
-              note="struct.unpack_from loop into array('q')/array('i')")
+    bench.run(
+        scenario="decode_range",
+        cls=MmapLog,
+        body_size=body_size,
+        count=count,
+        prepare=_mmap_log_prepared(bodies),
+        target=lambda store: mmap_decode_struct(store.mm),
+        verify=verify,
+        rounds=DECODE_ROUNDS,
+        implementation="mmap log: struct loop",
+        note="struct.unpack_from loop into array('q')/array('i')",
+    )
 
 
 def test_decode_range_mmap_numpy_fixed(body_size, bench):
@@ -219,13 +271,20 @@ def test_decode_range_mmap_numpy_fixed(body_size, bench):
     def verify(store, result):
         pos, lens = result
         mm = store.mm
-        check(len(pos), mm[pos[0]:pos[0] + lens[0]], mm[pos[-1]:pos[-1] + lens[-1]], bodies)
+        check(len(pos), mm[pos[0] : pos[0] + lens[0]], mm[pos[-1] : pos[-1] + lens[-1]], bodies)
 
-    bench.run(scenario="decode_range", cls=MmapLog, body_size=body_size, count=count,
-              prepare=_mmap_log_prepared(bodies),
-              target=lambda store: mmap_decode_numpy_fixed(store.mm, count, body_size),
-              verify=verify, rounds=DECODE_ROUNDS, implementation="mmap log: numpy (fixed size only)",
-              note="np.frombuffer record dtype + length check; equal-size frames only")
+    bench.run(
+        scenario="decode_range",
+        cls=MmapLog,
+        body_size=body_size,
+        count=count,
+        prepare=_mmap_log_prepared(bodies),
+        target=lambda store: mmap_decode_numpy_fixed(store.mm, count, body_size),
+        verify=verify,
+        rounds=DECODE_ROUNDS,
+        implementation="mmap log: numpy (fixed size only)",
+        note="np.frombuffer record dtype + length check; equal-size frames only",
+    )
 
 
 def test_put_latency(impl, body_size, bench):
@@ -247,8 +306,15 @@ def test_put_latency(impl, body_size, bench):
         store.wait_visible()
         samples.append(out)
 
-    bench.run(scenario="put_latency", cls=impl, body_size=body_size, count=len(bodies), target=target,
-              verify=verify_written(bodies), note="one put per message, each timed")
+    bench.run(
+        scenario="put_latency",
+        cls=impl,
+        body_size=body_size,
+        count=len(bodies),
+        target=target,
+        verify=verify_written(bodies),
+        note="one put per message, each timed",
+    )
     lat = sorted(x for run in samples for x in run)
     pct = {p: lat[min(len(lat) - 1, int(len(lat) * p / 100))] / 1000 for p in (50, 90, 99, 99.9)}
     bench.benchmark.extra_info["latency_us"] = {str(k): round(v, 2) for k, v in pct.items()}

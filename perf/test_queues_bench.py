@@ -7,14 +7,15 @@ The table at the end names the Local queue ``localmq`` so its ratio column reads
 
     python -m pytest perf/test_queues_bench.py --benchmark-only -q -p no:cacheprovider -s
 """
+
 import shutil
 import threading
 import time
 
 import pytest
 
-from conftest import QUICK, ROWS, make_bodies
 import report
+from conftest import QUICK, ROWS, make_bodies
 
 localmq = pytest.importorskip("localmq")
 
@@ -75,8 +76,13 @@ class Round:
                 shutil.rmtree(ctx["dir"])
 
         info = self.benchmark.extra_info
-        info.update(scenario=self.scenario, body_size=self.body_size, implementation=NAMES[self.kind],
-                    messages=self.count, body_bytes=self.count * self.body_size)
+        info.update(
+            scenario=self.scenario,
+            body_size=self.body_size,
+            implementation=NAMES[self.kind],
+            messages=self.count,
+            body_bytes=self.count * self.body_size,
+        )
         self.benchmark.pedantic(timed, setup=setup, teardown=teardown, rounds=rounds, warmup_rounds=0 if QUICK else 1)
         stats = getattr(self.benchmark, "stats", None)
         if stats is not None:
@@ -122,7 +128,7 @@ def test_send(benchmark, request, tmp_path, kind, size):
 def test_send_batch(benchmark, request, tmp_path, kind, size):
     """One producer, ``send_batch`` of 100 bodies."""
     bodies = make_bodies(N[size], size)
-    chunks = [bodies[i:i + 100] for i in range(0, len(bodies), 100)]
+    chunks = [bodies[i : i + 100] for i in range(0, len(bodies), 100)]
 
     def target(ctx):
         send_batch = ctx["mq"].create_producer(queue_id=0).send_batch
@@ -164,7 +170,8 @@ def test_consume(benchmark, request, tmp_path, kind, size, batch):
         assert got == len(bodies) and bytes(last.body) == bodies[-1]
 
     Round(benchmark, request, tmp_path, kind, "poll" if not batch else "poll_batch_256", size, len(bodies)).run(
-        lambda ctx: _consume_all(ctx, len(bodies), batch), prepare=lambda ctx: fill(ctx, bodies), verify=verify)
+        lambda ctx: _consume_all(ctx, len(bodies), batch), prepare=lambda ctx: fill(ctx, bodies), verify=verify
+    )
 
 
 def test_4_producers_4_consumers(benchmark, request, tmp_path, kind, size):
@@ -181,7 +188,7 @@ def test_4_producers_4_consumers(benchmark, request, tmp_path, kind, size):
 
         def produce(i):
             p = mq.create_producer()
-            for b in bodies[i * quarter:(i + 1) * quarter]:
+            for b in bodies[i * quarter : (i + 1) * quarter]:
                 p.send("T", b)
 
         def consume(j):
@@ -228,9 +235,17 @@ def test_many_topics(benchmark, request, tmp_path, kind, topics):
         if not isinstance(mq, localmq.MemoryMessageQueue):
             mq.flush()
 
-    Round(benchmark, request, tmp_path, kind, f"topics_{topics}", 1024, len(bodies),
-          embedded={"partition_size": 1 << 20}, local={"mapped_file_size_consume_queue": 20 * 4096}).run(
-        target, rounds=3)
+    Round(
+        benchmark,
+        request,
+        tmp_path,
+        kind,
+        f"topics_{topics}",
+        1024,
+        len(bodies),
+        embedded={"partition_size": 1 << 20},
+        local={"mapped_file_size_consume_queue": 20 * 4096},
+    ).run(target, rounds=3)
 
 
 def test_put_to_poll_latency(benchmark, request, tmp_path, kind):
@@ -274,7 +289,10 @@ def test_put_to_poll_latency(benchmark, request, tmp_path, kind):
     lat.sort()
     us = [x / 1000 for x in lat]
     p50, p99 = us[len(us) // 2], us[int(len(us) * 0.99)]
-    benchmark.extra_info.update(scenario="latency", implementation=NAMES[kind], p50_us=p50, p99_us=p99,
-                                max_us=us[-1], samples=len(us))
-    print(f"\nput->poll latency {NAMES[kind]}: p50 {p50:.0f} us, p99 {p99:.0f} us, max {us[-1]:.0f} us "
-          f"({len(us)} samples)")
+    benchmark.extra_info.update(
+        scenario="latency", implementation=NAMES[kind], p50_us=p50, p99_us=p99, max_us=us[-1], samples=len(us)
+    )
+    print(
+        f"\nput->poll latency {NAMES[kind]}: p50 {p50:.0f} us, p99 {p99:.0f} us, max {us[-1]:.0f} us "
+        f"({len(us)} samples)"
+    )

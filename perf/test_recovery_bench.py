@@ -1,5 +1,6 @@
 """Recovery time of a 1 GiB CommitLog: normal (last three segments, CRC checked) and abnormal (abort present:
 walk from the checkpoint with CRC, then re-dispatch). Target (issue 2): abnormal < 2 s."""
+
 import os
 import shutil
 
@@ -45,8 +46,10 @@ def test_recovery_1gib(benchmark, filled_store, mode):
     rep = reports[-1]
     assert rep.mode == mode and rep.dropped_at is None
     benchmark.extra_info.update(log_bytes=size, records_checked=rep.records_checked, mode=mode)
-    print(f"\nrecovery {mode}: {size / 2**20:.0f} MiB log, {rep.records_checked:,} records CRC-checked, "
-          f"median {benchmark.stats.stats.median:.3f} s")
+    print(
+        f"\nrecovery {mode}: {size / 2**20:.0f} MiB log, {rep.records_checked:,} records CRC-checked, "
+        f"median {benchmark.stats.stats.median:.3f} s"
+    )
 
 
 def _drop_cache(root):
@@ -82,8 +85,10 @@ def test_open_unit_check_cost(benchmark, filled_store, check_units, cache):
     benchmark.pedantic(reopen, setup=setup, rounds=3 if not QUICK else 1, iterations=1)
     assert reports[-1].mode == "normal" and reports[-1].dropped_at is None
     benchmark.extra_info.update(log_bytes=size, check_units=check_units, cache=cache)
-    print(f"\nopen ({cache} cache, unit check {'on' if check_units else 'off'}): {size / 2**20:.0f} MiB log, "
-          f"median {benchmark.stats.stats.median:.3f} s")
+    print(
+        f"\nopen ({cache} cache, unit check {'on' if check_units else 'off'}): {size / 2**20:.0f} MiB log, "
+        f"median {benchmark.stats.stats.median:.3f} s"
+    )
 
 
 @pytest.mark.parametrize("log_mib", [1, 4] if QUICK else [64, 256, 1024])

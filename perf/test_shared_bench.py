@@ -5,6 +5,7 @@ Each scenario is one pytest-benchmark round (``pedantic``, 1 round) that starts 
 open their store, releases them together through a barrier and times from the barrier to the last process done;
 the figures (aggregate msgs/s, latency percentiles) are in ``extra_info`` and in the table printed at the end.
 """
+
 import multiprocessing
 import os
 import shutil
@@ -18,9 +19,9 @@ import pytest
 
 from conftest import QUICK, localmq_missing
 
-TOTAL = 8_000 if QUICK else 200_000          # messages per put scenario, split between the processes
-PEER_TOTAL = 2_000 if QUICK else 20_000      # the peers are 10-100x slower: fewer messages, same rates
-SAMPLES = 200 if QUICK else 2_000            # wake-up latency samples
+TOTAL = 8_000 if QUICK else 200_000  # messages per put scenario, split between the processes
+PEER_TOTAL = 2_000 if QUICK else 20_000  # the peers are 10-100x slower: fewer messages, same rates
+SAMPLES = 200 if QUICK else 2_000  # wake-up latency samples
 BODY = b"x" * 100
 KW = dict(mapped_file_size_commit_log=64 << 20, mapped_file_size_consume_queue=20 * 300_000)
 RESULTS = []
@@ -83,6 +84,7 @@ def _open(impl, path):
             seq[0] += 1
             with env.begin(write=True) as txn:
                 txn.put(pid + seq[0].to_bytes(8, "big"), body)
+
         return put, env.close
     raise ValueError(impl)
 
@@ -119,8 +121,9 @@ def _run_put(impl, procs, total, threads=1):
         if impl.startswith("localmq") and impl != "localmq_exclusive":
             import localmq
 
-            keeper = localmq.open(path, shared=True, **({"flush_disk_type": "SYNC_FLUSH"} if impl == "localmq_sync"
-                                                      else {}), **KW)
+            keeper = localmq.open(
+                path, shared=True, **({"flush_disk_type": "SYNC_FLUSH"} if impl == "localmq_sync" else {}), **KW
+            )
         barrier = ctx.Barrier(procs)
         out = ctx.Queue()
         n = total // procs
@@ -135,7 +138,7 @@ def _run_put(impl, procs, total, threads=1):
         if keeper is not None:
             keeper.wait_for_dispatch(60)
             got = keeper.max_offset("T", 0)
-            assert got == n * procs, (got, n * procs)   # every put is in the store
+            assert got == n * procs, (got, n * procs)  # every put is in the store
             gc = keeper.stats()["shared"].get("group_commit")
             keeper.close()
         rate = n * procs / (max(t[1] for t in times) - min(t[0] for t in times))
@@ -182,9 +185,14 @@ def test_sync_flush_4_processes_x_4_threads(benchmark):
         # where a group commit's time goes (the housekeeper's C loop): puts per fdatasync, one fdatasync, the wait
         # for the woken puts to come back, the range prepared ahead of the log
         k = gc["flushes"]
-        RESULTS.append({"impl": "  group commit", "what": f"{TOTAL // 4 / k:.1f} puts/fdatasync, fdatasync "
-                        f"{gc['fsync_ns'] / k / 1000:.0f} us, gathering {gc['gather_ns'] / k / 1000:.0f} us, "
-                        f"preparing {gc['prepare_ns'] / 1e6:.1f} ms in all"})
+        RESULTS.append(
+            {
+                "impl": "  group commit",
+                "what": f"{TOTAL // 4 / k:.1f} puts/fdatasync, fdatasync "
+                f"{gc['fsync_ns'] / k / 1000:.0f} us, gathering {gc['gather_ns'] / k / 1000:.0f} us, "
+                f"preparing {gc['prepare_ns'] / 1e6:.1f} ms in all",
+            }
+        )
 
 
 # -- wake-up latency ---------------------------------------------------------------------------------------------
@@ -265,5 +273,9 @@ def test_wake_up_latency_across_processes(benchmark, kind):
         _skip_missing(kind)
     pct = benchmark.pedantic(_run_wake, args=(kind,), rounds=1, iterations=1)
     benchmark.extra_info.update({f"p{k}_us": v for k, v in pct.items()})
-    RESULTS.append({"impl": f"wake {kind}", "what": "put -> other process: " + ", ".join(
-        f"p{k} {v:,.0f} us" for k, v in pct.items())})
+    RESULTS.append(
+        {
+            "impl": f"wake {kind}",
+            "what": "put -> other process: " + ", ".join(f"p{k} {v:,.0f} us" for k, v in pct.items()),
+        }
+    )

@@ -6,6 +6,7 @@ Spark's ``noop`` sink (``df.write.format("noop")``); the ``agg`` scenarios compu
 sum(length(value)) instead, which Parquet answers from its vectorised reader. The summary prints rows/s,
 MB/s (body bytes) and localmq/peer ratios from the same run.
 """
+
 import os
 import shutil
 import sys
@@ -36,17 +37,24 @@ def spark():
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     # the workers import localmq from this tree and the floor data source from perf/
-    os.environ["PYTHONPATH"] = os.pathsep.join([REPO, PERF] + [p for p in os.environ.get("PYTHONPATH", "").split(
-        os.pathsep) if p])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [REPO, PERF] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     from pyspark.sql import SparkSession
 
     # Python workers talk to the JVM over Unix domain sockets instead of loopback TCP: +12 % (localmq), +21 %
     # (read_commitlog), +23 % (the floor) rows/s at 8M in 20 alternating rounds each, Parquet unchanged (no
     # Python worker); every scenario runs under it alike
-    s = (SparkSession.builder.master("local[*]").appName("localmq-bench").config("spark.ui.enabled", "false")
-         .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
-         .config("spark.python.unix.domain.socket.enabled", "true")
-         .config("spark.driver.memory", "4g").getOrCreate())
+    s = (
+        SparkSession.builder.master("local[*]")
+        .appName("localmq-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.python.unix.domain.socket.enabled", "true")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
     s.sparkContext.setLogLevel("ERROR")
     from spark_floor import FloorDataSource
 
@@ -122,11 +130,18 @@ SCENARIOS = {
     "read_commitlog": lambda spark, path, pqpath, n: _read_commitlog(spark, path, columns="value"),
     "read_commitlog all columns": lambda spark, path, pqpath, n: _read_commitlog(spark, path),
     # Spark's ceiling for a Python data source: the same rows from one prebuilt Arrow batch, nothing decoded
-    FLOOR: lambda spark, path, pqpath, n: (spark.read.format("python_floor").option("rows", n).option("body", BODY)
-                                           .option("partitions", spark.sparkContext.defaultParallelism).load()),
+    FLOOR: lambda spark, path, pqpath, n: (
+        spark.read.format("python_floor")
+        .option("rows", n)
+        .option("body", BODY)
+        .option("partitions", spark.sparkContext.defaultParallelism)
+        .load()
+    ),
 }
-FLOOR_CAVEAT = (f"decodes nothing: one prebuilt Arrow batch of {BODY}-byte values, repeated (perf/spark_floor.py); "
-                "what Spark itself spends on any Python data source")
+FLOOR_CAVEAT = (
+    f"decodes nothing: one prebuilt Arrow batch of {BODY}-byte values, repeated (perf/spark_floor.py); "
+    "what Spark itself spends on any Python data source"
+)
 
 
 def _read_commitlog(spark, path, **kw):
@@ -141,8 +156,14 @@ def test_spark_scan_noop(spark, data, implementation, benchmark, request):
     row scans the same number of rows from a Python data source that decodes nothing."""
     path, pqpath, n = data
     scan(benchmark, lambda: SCENARIOS[implementation](spark, path, pqpath, n), n, "noop")
-    record(request, benchmark, f"spark_scan_noop_{n // 1000}k", implementation, n,
-           FLOOR_CAVEAT if implementation == FLOOR else "")
+    record(
+        request,
+        benchmark,
+        f"spark_scan_noop_{n // 1000}k",
+        implementation,
+        n,
+        FLOOR_CAVEAT if implementation == FLOOR else "",
+    )
 
 
 @pytest.mark.parametrize("implementation", ["parquet", "localmq", "read_commitlog"])
@@ -161,9 +182,16 @@ def test_spark_streaming_catch_up(spark, data, benchmark, request, tmp_path):
 
     def run():
         state["round"] += 1
-        q = (spark.readStream.format("localmq").schema("value binary").option("startingOffsets", "earliest")
-             .load(path).writeStream.format("noop").trigger(availableNow=True)
-             .option("checkpointLocation", str(tmp_path / f"ck{state['round']}")).start())
+        q = (
+            spark.readStream.format("localmq")
+            .schema("value binary")
+            .option("startingOffsets", "earliest")
+            .load(path)
+            .writeStream.format("noop")
+            .trigger(availableNow=True)
+            .option("checkpointLocation", str(tmp_path / f"ck{state['round']}"))
+            .start()
+        )
         q.awaitTermination()
         assert sum(p["numInputRows"] for p in q.recentProgress) == n
 
@@ -190,9 +218,16 @@ def test_spark_streaming_live_producer(spark, tmp_path, benchmark, request):
         with localmq.open(path) as st:
             st.put_batch("bench", chunks[0], queue_id=0)
             st.wait_for_dispatch()
-            q = (spark.readStream.format("localmq").schema("value binary").option("startingOffsets", "earliest")
-                 .load(path).writeStream.format("noop").trigger(processingTime="1 second")
-                 .option("checkpointLocation", str(tmp_path / "ck")).start())
+            q = (
+                spark.readStream.format("localmq")
+                .schema("value binary")
+                .option("startingOffsets", "earliest")
+                .load(path)
+                .writeStream.format("noop")
+                .trigger(processingTime="1 second")
+                .option("checkpointLocation", str(tmp_path / "ck"))
+                .start()
+            )
 
             def produce():
                 t0 = time.perf_counter()

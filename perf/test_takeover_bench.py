@@ -16,6 +16,7 @@
 Each scenario is one pytest-benchmark round (``pedantic``, 1 round, the whole series of kills); the figures are in
 ``extra_info`` (with every sample) and in the table printed at the end (conftest.pytest_terminal_summary).
 """
+
 import multiprocessing
 import os
 import random
@@ -29,13 +30,13 @@ import pytest
 
 from conftest import QUICK, localmq_missing
 
-LOCK_KILLS = 9 if QUICK else 60          # writer-lock holder killed: one child per kill, one store
-HK_KILLS = 3 if QUICK else 12            # housekeeper killed: one child and one store per kill
-BIG = 256 << 10      # a third of the children put these: most of their time is the copy under the writer lock
-SMALL = 100          # the others: more of their time is outside the lock (the interpreter, the put's checks)
+LOCK_KILLS = 9 if QUICK else 60  # writer-lock holder killed: one child per kill, one store
+HK_KILLS = 3 if QUICK else 12  # housekeeper killed: one child and one store per kill
+BIG = 256 << 10  # a third of the children put these: most of their time is the copy under the writer lock
+SMALL = 100  # the others: more of their time is outside the lock (the interpreter, the put's checks)
 KW = dict(mapped_file_size_commit_log=64 << 20, mapped_file_size_consume_queue=20 * 300_000)
 FILLER = random.Random(12).randbytes(BIG)
-CHILD_LIMIT_S = 60                       # a child left alone (the test process died) stops by itself
+CHILD_LIMIT_S = 60  # a child left alone (the test process died) stops by itself
 RESULTS = []
 
 
@@ -49,8 +50,12 @@ def _pct(xs):
     if not xs:
         return None
     s = sorted(xs)
-    return {"p50": s[len(s) // 2] * 1e3, "p90": s[min(len(s) - 1, int(len(s) * 0.9))] * 1e3, "max": s[-1] * 1e3,
-            "n": len(s)}
+    return {
+        "p50": s[len(s) // 2] * 1e3,
+        "p90": s[min(len(s) - 1, int(len(s) * 0.9))] * 1e3,
+        "max": s[-1] * 1e3,
+        "n": len(s),
+    }
 
 
 def _fmt(p):
@@ -114,12 +119,12 @@ def _verify_queue(q, acked):
         r = q.get_message("T", 0, off, 32)
         assert r.messages, (off, end, r.status)
         for m in r.messages:
-            assert m.queue_offset == off, (m.queue_offset, off)   # dense: no hole, no duplicate
+            assert m.queue_offset == off, (m.queue_offset, off)  # dense: no hole, no duplicate
             body = bytes(m.body)
             if off in acked:
                 assert body == acked[off], off
             else:
-                assert len(body) in (BIG, SMALL) and body[8:] == FILLER[8:len(body)], (off, len(body))
+                assert len(body) in (BIG, SMALL) and body[8:] == FILLER[8 : len(body)], (off, len(body))
             off += 1
     assert all(o < end for o in acked), (max(acked), end)
     return end
@@ -131,14 +136,14 @@ def _run_lock_kills(kills):
     ctx = multiprocessing.get_context("spawn")
     rng = random.Random()
     path = tempfile.mkdtemp(prefix="lmq-takeover-lock-")
-    samples = []    # (child body size, seconds kill -> ack, lock recovered, torn put repaired, kill -> reaped)
+    samples = []  # (child body size, seconds kill -> ack, lock recovered, torn put repaired, kill -> reaped)
     acked = {}
     failures = []
     try:
-        q = localmq.open(path, shared=True, **KW)   # the first opener: this process is the housekeeper
+        q = localmq.open(path, shared=True, **KW)  # the first opener: this process is the housekeeper
         try:
             for k in range(kills):
-                size = BIG if k % 3 == 0 else SMALL     # a 100 B putter is caught outside the lock more often
+                size = BIG if k % 3 == 0 else SMALL  # a 100 B putter is caught outside the lock more often
                 started = ctx.Event()
                 p = ctx.Process(target=_writer, args=(path, size, started, os.getpid()), daemon=True)
                 p.start()
@@ -151,7 +156,7 @@ def _run_lock_kills(kills):
                     os.kill(p.pid, signal.SIGKILL)
                     r = q.put("T", body)
                     t1 = time.perf_counter()
-                    p.join(30)                          # for comparison: when the kernel had the child dead
+                    p.join(30)  # for comparison: when the kernel had the child dead
                     t2 = time.perf_counter()
                     after = _shared(q)
                 finally:
@@ -163,8 +168,15 @@ def _run_lock_kills(kills):
                     failures.append((k, r.status))
                     continue
                 acked[r.queue_offset] = body
-                samples.append((size, t1 - t0, after["writer_lock_recoveries"] > before["writer_lock_recoveries"],
-                                after["torn_puts_repaired"] > before["torn_puts_repaired"], t2 - t0))
+                samples.append(
+                    (
+                        size,
+                        t1 - t0,
+                        after["writer_lock_recoveries"] > before["writer_lock_recoveries"],
+                        after["torn_puts_repaired"] > before["torn_puts_repaired"],
+                        t2 - t0,
+                    )
+                )
             assert q.wait_for_dispatch(120)
             n = _verify_queue(q, acked)
         finally:
@@ -198,17 +210,32 @@ def test_writer_lock_holder_killed(benchmark):
     inside = {size: sum(1 for x in s if x[2] and x[0] == size) for size in (BIG, SMALL)}
     kills = {size: sum(1 for x in s if x[0] == size) for size in (BIG, SMALL)}
     torn = sum(1 for x in s if x[3])
-    benchmark.extra_info.update(kills=LOCK_KILLS, kills_inside_lock_256k=inside[BIG], kills_256k=kills[BIG],
-                                kills_inside_lock_100b=inside[SMALL], kills_100b=kills[SMALL],
-                                torn_puts_repaired=torn, failed_puts=len(out["failures"]),
-                                messages_verified=out["messages"], recovered_ms=held, free_ms=free, all_ms=every,
-                                reaped_ms=reaped,
-                                samples=[{"body": z, "ms": round(t * 1e3, 3), "recovered": rec, "torn": rep,
-                                          "reaped_ms": round(dead * 1e3, 3)} for z, t, rec, rep, dead in s])
-    RESULTS.append({"what": f"lock holder killed ({LOCK_KILLS} kills)",
-                    "figures": f"inside the lock: {inside[BIG]}/{kills[BIG]} of the 256 KiB putters, "
-                               f"{inside[SMALL]}/{kills[SMALL]} of the 100 B putters; torn puts repaired {torn}; "
-                               f"failed puts {len(out['failures'])}; {out['messages']:,} messages verified"})
+    benchmark.extra_info.update(
+        kills=LOCK_KILLS,
+        kills_inside_lock_256k=inside[BIG],
+        kills_256k=kills[BIG],
+        kills_inside_lock_100b=inside[SMALL],
+        kills_100b=kills[SMALL],
+        torn_puts_repaired=torn,
+        failed_puts=len(out["failures"]),
+        messages_verified=out["messages"],
+        recovered_ms=held,
+        free_ms=free,
+        all_ms=every,
+        reaped_ms=reaped,
+        samples=[
+            {"body": z, "ms": round(t * 1e3, 3), "recovered": rec, "torn": rep, "reaped_ms": round(dead * 1e3, 3)}
+            for z, t, rec, rep, dead in s
+        ],
+    )
+    RESULTS.append(
+        {
+            "what": f"lock holder killed ({LOCK_KILLS} kills)",
+            "figures": f"inside the lock: {inside[BIG]}/{kills[BIG]} of the 256 KiB putters, "
+            f"{inside[SMALL]}/{kills[SMALL]} of the 100 B putters; torn puts repaired {torn}; "
+            f"failed puts {len(out['failures'])}; {out['messages']:,} messages verified",
+        }
+    )
     RESULTS.append({"what": "  kill -> next put acked, lock recovered", "figures": _fmt(held)})
     RESULTS.append({"what": "  kill -> next put acked, lock was free", "figures": _fmt(free)})
     RESULTS.append({"what": "  kill -> next put acked, all", "figures": _fmt(every)})
@@ -241,15 +268,15 @@ def _hk_round(ctx, path, rng):
         try:
             assert not q.housekeeper
             assert q.put("T", b"one").ok
-            assert q.wait_for_dispatch(10)     # by the child
+            assert q.wait_for_dispatch(10)  # by the child
             assert [bytes(m.body) for m in q.get_message("T", 0, 0).messages] == [b"one"]
             assert _shared(q)["housekeeper_pid"] == pid
-            time.sleep(rng.uniform(0, 0.1))     # a random phase of this process's election interval
+            time.sleep(rng.uniform(0, 0.1))  # a random phase of this process's election interval
             seen = []
             poller = threading.Thread(target=_watch_housekeeper, args=(q, seen, time.perf_counter() + 10))
             poller.start()
             tb = time.perf_counter()
-            assert q.put("T", b"base").ok       # the same put with the housekeeper alive, for comparison
+            assert q.put("T", b"base").ok  # the same put with the housekeeper alive, for comparison
             t_base = time.perf_counter() - tb
             t0 = time.perf_counter()
             os.kill(pid, signal.SIGKILL)
@@ -289,9 +316,14 @@ def test_housekeeper_killed(benchmark):
     _require_localmq()
     s = benchmark.pedantic(_run_hk_kills, args=(HK_KILLS,), rounds=1, iterations=1)
     put, hk, read, base = (_pct([x[i] for x in s]) for i in range(4))
-    benchmark.extra_info.update(kills=HK_KILLS, put_acked_ms=put, housekeeper_ms=hk, dispatched_readable_ms=read,
-                                put_before_kill_ms=base,
-                                samples_ms=[[round(v * 1e3, 3) for v in x] for x in s])
+    benchmark.extra_info.update(
+        kills=HK_KILLS,
+        put_acked_ms=put,
+        housekeeper_ms=hk,
+        dispatched_readable_ms=read,
+        put_before_kill_ms=base,
+        samples_ms=[[round(v * 1e3, 3) for v in x] for x in s],
+    )
     RESULTS.append({"what": f"housekeeper killed ({HK_KILLS} kills)", "figures": ""})
     RESULTS.append({"what": "  put just before the kill (for comparison)", "figures": _fmt(base)})
     RESULTS.append({"what": "  kill -> put acked (no housekeeper)", "figures": _fmt(put)})

@@ -1,5 +1,6 @@
 """Shared fixtures: the RocketMQ fixture directory and store factories in tmp_path; guards that a test neither hangs
 the run nor leaves process-global state changed."""
+
 import faulthandler
 import logging
 import os
@@ -31,8 +32,15 @@ _FAILED = pytest.StashKey[bool]()
 # Signals whose handlers a test (or code it calls, such as localmq.cli.main) must leave as it found them: a forked
 # worker inherits them, and a SIGTERM handler that raises made multiprocessing's Pool.terminate() hang (issue 23).
 # SIGALRM is pytest-timeout's.
-_GUARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD,
-                    signal.SIGPIPE)
+_GUARDED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCHLD,
+    signal.SIGPIPE,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -166,8 +174,11 @@ def localmq_spark_jar():
     require("pyspark")
     mvn = shutil.which("mvn")
     if mvn is None or not shutil.which("javac"):
-        pytest.fail("the JVM reader (spark-jvm/) needs a JDK 17 (`javac`) and Maven (`mvn`) on PATH: "
-                    "apt-get install openjdk-17-jdk-headless maven", pytrace=False)
+        pytest.fail(
+            "the JVM reader (spark-jvm/) needs a JDK 17 (`javac`) and Maven (`mvn`) on PATH: "
+            "apt-get install openjdk-17-jdk-headless maven",
+            pytrace=False,
+        )
     import subprocess
 
     pom = REPO / "spark-jvm" / "pom.xml"
@@ -176,8 +187,9 @@ def localmq_spark_jar():
     if r.returncode != 0:  # offline needs Maven's plugins in ~/.m2 already: once online
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
-        pytest.fail(f"`{' '.join(cmd)}` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"`{' '.join(cmd)}` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}", pytrace=False
+        )
     jar = REPO / "spark-jvm" / "target" / "localmq-spark.jar"
     assert jar.is_file(), jar
     return jar
@@ -201,13 +213,21 @@ def spark(localmq_spark_jar):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("localmq-tests")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.memory", "1g").config("spark.jars", str(localmq_spark_jar)).getOrCreate())
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("localmq-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .config("spark.jars", str(localmq_spark_jar))
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

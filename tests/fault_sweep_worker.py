@@ -15,6 +15,7 @@ stdout. Each job forks two children, one after the other, so that a job costs a 
 A child that dies of a signal, or outlives its timeout (then SIGKILLed), is reported as such; this process never
 opens a store itself, so it cannot be taken down by one. Nothing here asserts: the test judges the reports.
 """
+
 import json
 import logging
 import os
@@ -30,12 +31,25 @@ import localmq
 from localmq import LocalMQError, PutStatus, SendError
 
 CTL = ".powerfs"
-KINDS = ("write", "fsync", "fallocate", "truncate", "create", "mknod", "mkdir", "unlink", "rmdir", "rename", "link",
-         "symlink", "fsyncdir")
+KINDS = (
+    "write",
+    "fsync",
+    "fallocate",
+    "truncate",
+    "create",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "rename",
+    "link",
+    "symlink",
+    "fsyncdir",
+)
 
 TOPICS = ("t0", "t1", "t2")
 QUEUES = 2
-MESSAGES = 36          # about 2 KiB each: the 64 KiB segments roll
+MESSAGES = 36  # about 2 KiB each: the 64 KiB segments roll
 GROUP = "g"
 
 
@@ -43,8 +57,9 @@ def config(mode):
     return dict(
         flush_disk_type=mode,
         mapped_file_size_commit_log=64 << 10,
-        mapped_file_size_consume_queue=20 * 8,     # 8 units a file: the ConsumeQueues roll too
-        max_hash_slot_num=256 * 16, max_index_num=256 * 32,   # first index file: 16 slots, 32 items (rolls)
+        mapped_file_size_consume_queue=20 * 8,  # 8 units a file: the ConsumeQueues roll too
+        max_hash_slot_num=256 * 16,
+        max_index_num=256 * 32,  # first index file: 16 slots, 32 items (rolls)
         sync_flush_timeout=2000,
         flush_consumer_offset_interval=60_000,
         clean_file_forcibly_enable=False,
@@ -142,8 +157,15 @@ def workload(mnt, root, mode, fault, out):
             ev({"ev": "status", "call": "put", "status": r.status.name, "ids": ids})
         result = r if good else getattr(r, "result", None)
         qoff = getattr(result, "queue_offset", -1)
-        ev({"ev": "unsure", "ids": ids, "topic": topic, "queue": qid, "qoff": qoff if qoff is not None and
-            qoff >= 0 else None})
+        ev(
+            {
+                "ev": "unsure",
+                "ids": ids,
+                "topic": topic,
+                "queue": qid,
+                "qoff": qoff if qoff is not None and qoff >= 0 else None,
+            }
+        )
 
     ok, st = call("open", localmq.open, root, **config(mode))
     if ok:
@@ -187,8 +209,14 @@ def workload(mnt, root, mode, fault, out):
         if good:
             ev({"ev": "closed"})
     after = counters(mnt)
-    ev({"ev": "done", "ops": {k: after[k] - before[k] for k in KINDS + ("ops",)},
-        "injected": after["injected"] - before["injected"], "log": handler.records})
+    ev(
+        {
+            "ev": "done",
+            "ops": {k: after[k] - before[k] for k in KINDS + ("ops",)},
+            "injected": after["injected"] - before["injected"],
+            "log": handler.records,
+        }
+    )
 
 
 # -- the verification ------------------------------------------------------------------------------------------------
@@ -239,8 +267,16 @@ def verify(mnt, root, mode, expect, out):
     closed = False
     try:
         rec = st.recovery
-        ev({"ev": "recovery", "mode": rec.mode, "dropped_bytes": rec.dropped_bytes, "gaps": len(rec.gaps),
-            "cq_rebuilt": len(rec.cq_rebuilt), "rebuilt": rec.rebuilt})
+        ev(
+            {
+                "ev": "recovery",
+                "mode": rec.mode,
+                "dropped_bytes": rec.dropped_bytes,
+                "gaps": len(rec.gaps),
+                "cq_rebuilt": len(rec.cq_rebuilt),
+                "rebuilt": rec.rebuilt,
+            }
+        )
         found, lost_units = {}, []
         for t in TOPICS:
             for q in range(QUEUES):
@@ -282,8 +318,10 @@ def verify(mnt, root, mode, expect, out):
         if lost:
             problems.append(f"lost: {len(lost)} acknowledged messages missing, first {lost[:6]}")
         if moved:
-            problems.append(f"moved: {len(moved)} acknowledged messages elsewhere, first "
-                            f"{[(i, acked[i], found[i]) for i in moved[:3]]}")
+            problems.append(
+                f"moved: {len(moved)} acknowledged messages elsewhere, first "
+                f"{[(i, acked[i], found[i]) for i in moved[:3]]}"
+            )
         if phantom:
             problems.append(f"phantom: {len(phantom)} messages never put, first {phantom[:6]}")
         if committed:
@@ -309,8 +347,16 @@ def verify(mnt, root, mode, expect, out):
             r = st.get_message(t, q, off, max_messages=1)
             if not r.messages or body_id(r.messages[0].body) != i:
                 problems.append(f"reopen: new message {i} does not read back at {t}/{q}@{off}")
-        ev({"ev": "counts", "acked": len(acked), "found": len(found), "maybe": len(maybe),
-            "lost_units": len(lost_units), "lost_reported": len([i for i in excused if i not in found])})
+        ev(
+            {
+                "ev": "counts",
+                "acked": len(acked),
+                "found": len(found),
+                "maybe": len(maybe),
+                "lost_units": len(lost_units),
+                "lost_reported": len([i for i in excused if i not in found]),
+            }
+        )
     except Exception as e:  # noqa: BLE001
         ev({"ev": "verify_error", **describe(e)})
     finally:
@@ -345,7 +391,7 @@ def run_child(fn, timeout, *args):
                 data = json.dumps(out).encode()
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(w, view):]
+                    view = view[os.write(w, view) :]
                 os.close(w)
             finally:
                 os._exit(code)
@@ -392,13 +438,15 @@ def run_child(fn, timeout, *args):
     return events, how
 
 
-_state = {}   # name -> (workload events, what the first verification added)
+_state = {}  # name -> (workload events, what the first verification added)
 
 
 def reported_log_flush_failure(events):
     """The workload was told that a flush of the commit log failed (close() or a send said so, naming it)."""
-    return any(e["ev"] == "exc" and "/commitlog/" in e["msg"] and
-               any(w in e["msg"] for w in ("msync", "fdatasync", "flush")) for e in events)
+    return any(
+        e["ev"] == "exc" and "/commitlog/" in e["msg"] and any(w in e["msg"] for w in ("msync", "fdatasync", "flush"))
+        for e in events
+    )
 
 
 def run_job(mnt, spec):
@@ -414,13 +462,22 @@ def run_job(mnt, spec):
     excused = {}
     if spec["mode"] != "SYNC_FLUSH" and reported_log_flush_failure(events):
         excused, acked = acked, {}
-    checks, vhow = run_child(verify, spec.get("timeout", 90), mnt, root, spec["mode"],
-                             (acked, unsure, committed, excused))
+    checks, vhow = run_child(
+        verify, spec.get("timeout", 90), mnt, root, spec["mode"], (acked, unsure, committed, excused)
+    )
     _state[spec["name"]] = (events, checks)
     lost_reported = sum(e.get("lost_reported", 0) for e in checks if e["ev"] == "counts")
-    return {"name": spec["name"], "fault": spec.get("fault"), "mode": spec["mode"], "workload": how,
-            "events": events, "verify": vhow, "checks": checks, "lost_reported": lost_reported,
-            "seconds": [round(t1 - t0, 2), round(time.monotonic() - t1, 2)]}
+    return {
+        "name": spec["name"],
+        "fault": spec.get("fault"),
+        "mode": spec["mode"],
+        "workload": how,
+        "events": events,
+        "verify": vhow,
+        "checks": checks,
+        "lost_reported": lost_reported,
+        "seconds": [round(t1 - t0, 2), round(time.monotonic() - t1, 2)],
+    }
 
 
 def after_cut_job(mnt, spec):

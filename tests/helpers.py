@@ -1,5 +1,6 @@
 """What several test modules share: reference implementations written from the spec, waiting, killing a writer,
 mounting powerfs, damaging a store's bytes."""
+
 import contextlib
 import importlib
 import os
@@ -25,8 +26,10 @@ def require(module):
 def require_java():
     """Fail (never skip) when no Java runtime is there for Spark."""
     if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
-        pytest.fail("Spark needs a Java runtime (JDK 17): apt-get install openjdk-17-jre-headless, or set JAVA_HOME",
-                    pytrace=False)
+        pytest.fail(
+            "Spark needs a Java runtime (JDK 17): apt-get install openjdk-17-jre-headless, or set JAVA_HOME",
+            pytrace=False,
+        )
 
 
 def java_hash_reference(text):
@@ -35,7 +38,7 @@ def java_hash_reference(text):
     raw = text.encode("utf-16-be", "surrogatepass")
     h = 0
     for i in range(0, len(raw), 2):
-        h = (31 * h + int.from_bytes(raw[i:i + 2], "big")) & 0xFFFFFFFF
+        h = (31 * h + int.from_bytes(raw[i : i + 2], "big")) & 0xFFFFFFFF
     return h - (1 << 32) if h >= 1 << 31 else h
 
 
@@ -69,17 +72,48 @@ def kill_when_ready(args, env, delay):
 MAGIC = bytes.fromhex("daa320a7")
 
 
-def golden_record(*, topic=b"abc", body=b"Once, there was a chance for me!", props=b"TAGS\x01TAG1", queue_id=3,
-                  flag=7, queue_offset=11, phys=4096, sys_flag=0, born_ts=1_600_000_000_123,
-                  born_host=bytes([127, 0, 0, 1]) + struct.pack(">i", 0), store_ts=1_600_000_000_456,
-                  store_host=bytes([192, 168, 71, 1]) + struct.pack(">i", 8123), reconsume=2, prepared=0):
+def golden_record(
+    *,
+    topic=b"abc",
+    body=b"Once, there was a chance for me!",
+    props=b"TAGS\x01TAG1",
+    queue_id=3,
+    flag=7,
+    queue_offset=11,
+    phys=4096,
+    sys_flag=0,
+    born_ts=1_600_000_000_123,
+    born_host=bytes([127, 0, 0, 1]) + struct.pack(">i", 0),
+    store_ts=1_600_000_000_456,
+    store_host=bytes([192, 168, 71, 1]) + struct.pack(">i", 8123),
+    reconsume=2,
+    prepared=0,
+):
     """Spec section 1.1, field by field (big-endian), independent of localmq's encoder."""
     crc = zlib.crc32(body) & 0x7FFFFFFF
-    tail = (struct.pack(">i", reconsume) + struct.pack(">q", prepared) + struct.pack(">i", len(body)) + body
-            + struct.pack(">b", len(topic)) + topic + struct.pack(">h", len(props)) + props)
-    head = (MAGIC + struct.pack(">i", crc) + struct.pack(">i", queue_id) + struct.pack(">i", flag)
-            + struct.pack(">q", queue_offset) + struct.pack(">q", phys) + struct.pack(">i", sys_flag)
-            + struct.pack(">q", born_ts) + born_host + struct.pack(">q", store_ts) + store_host)
+    tail = (
+        struct.pack(">i", reconsume)
+        + struct.pack(">q", prepared)
+        + struct.pack(">i", len(body))
+        + body
+        + struct.pack(">b", len(topic))
+        + topic
+        + struct.pack(">h", len(props))
+        + props
+    )
+    head = (
+        MAGIC
+        + struct.pack(">i", crc)
+        + struct.pack(">i", queue_id)
+        + struct.pack(">i", flag)
+        + struct.pack(">q", queue_offset)
+        + struct.pack(">q", phys)
+        + struct.pack(">i", sys_flag)
+        + struct.pack(">q", born_ts)
+        + born_host
+        + struct.pack(">q", store_ts)
+        + store_host
+    )
     rec = head + tail
     return struct.pack(">i", len(rec) + 4) + rec
 

@@ -35,6 +35,7 @@ The body of put ``i`` of ``thread`` in session ``s`` is ``b"<s>:<thread>:<i>:<cr
 payload``; ``message(seed, s, thread, i)`` regenerates topic, queue id, body and key, so the test checks every
 message it finds against what was put, byte for byte.
 """
+
 import ctypes
 import json
 import os

@@ -3,6 +3,7 @@
 ``python tests/retention_stress.py DIR SECONDS`` exits 0 when every read was intact, 1 with the failures; a read of
 an unmapped segment kills it with SIGSEGV, which is why the test runs it in a subprocess.
 """
+
 import gc
 import os
 import sys
@@ -36,11 +37,19 @@ def main(root, seconds):
     # a switch every microsecond: the windows between a reader's checks and its use of the mapping open often
     sys.setswitchinterval(1e-5)
     clock = Clock()
-    st = localmq.open(root, clock=clock, disk_usage=lambda path: 0.86, mapped_file_size_commit_log=SEG,
-                      mapped_file_size_consume_queue=CQ_FILE, clean_resource_interval=3_600_000,
-                      delete_commit_log_files_interval=0, delete_consume_queue_files_interval=0,
-                      redelete_hanged_file_interval=0, destroy_mapped_file_interval_forcibly=0,
-                      preallocate_mapped_file=False)
+    st = localmq.open(
+        root,
+        clock=clock,
+        disk_usage=lambda path: 0.86,
+        mapped_file_size_commit_log=SEG,
+        mapped_file_size_consume_queue=CQ_FILE,
+        clean_resource_interval=3_600_000,
+        delete_commit_log_files_interval=0,
+        delete_consume_queue_files_interval=0,
+        redelete_hanged_file_interval=0,
+        destroy_mapped_file_interval_forcibly=0,
+        preallocate_mapped_file=False,
+    )
     stop = threading.Event()
     failures = []
     counts = []

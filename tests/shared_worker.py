@@ -3,6 +3,7 @@
 Every acknowledged put is reported on stdout as ``ack <queue id> <queue offset> <sha1 of body>`` (flushed at once),
 so that a test that kills this process knows exactly what was acknowledged.
 """
+
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ def say(*parts):
 
 def produce(q, name, n, queues, body_size, keys=False):
     for i in range(n):
-        body = (f"{name}-{i:08d}-".encode() * (body_size // 12 + 1))[:max(body_size, 16)]
+        body = (f"{name}-{i:08d}-".encode() * (body_size // 12 + 1))[: max(body_size, 16)]
         qid = i % queues
         r = q.put("T", body, queue_id=qid, keys=f"{name}-{i}" if keys else None)
         if not r.ok:

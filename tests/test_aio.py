@@ -1,5 +1,6 @@
 """localmq.aio (issue 14): await producer.send, async for over a consumer, wake-ups without busy polling and
 without one thread per waiter, across threads and processes."""
+
 import asyncio
 import os
 import subprocess
@@ -42,6 +43,7 @@ def test_send_and_async_for_in_order(tmp_path):
 def test_many_waiters_wake_on_a_put_from_another_thread_with_one_watcher_thread(tmp_path):
     """50 coroutines wait on one store: one watcher thread, not 50; a put from another thread wakes all of them
     within a fraction of a second; a timeout returns []."""
+
     async def main():
         async with await localmq.aio.open(tmp_path / "s", **SMALL) as st:
             consumers = [st.create_consumer(f"g{i}", "t") for i in range(50)]
@@ -88,6 +90,7 @@ def test_close_ends_waiting_iterators(tmp_path):
 
 def test_sync_flush_sends_leave_the_loop_thread(tmp_path):
     """In SYNC_FLUSH a put waits for the disk: send runs in the executor and other coroutines keep running."""
+
     async def main():
         async with await localmq.aio.open(tmp_path / "s", flush_disk_type="SYNC_FLUSH", **SMALL) as st:
             p = st.create_producer(queue_id=0)

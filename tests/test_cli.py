@@ -1,4 +1,5 @@
 """The ``localmq`` command, run as a subprocess (``python -m localmq``) on real stores, closed and live."""
+
 import hashlib
 import json
 import os
@@ -24,8 +25,14 @@ COMMANDS = ["stats", "topics", "lag", "tail", "query", "verify", "dump", "demo"]
 
 
 def run(*args, timeout=120, check_rc=None):
-    p = subprocess.run([sys.executable, "-m", "localmq", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                       timeout=timeout, env=ENV)
+    p = subprocess.run(
+        [sys.executable, "-m", "localmq", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
     assert "Traceback" not in p.stderr, p.stderr
     if check_rc is not None:
         assert p.returncode == check_rc, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
@@ -53,8 +60,14 @@ def write_store(path, per_queue=150, topics=("A", "B"), queues=3):
         for i in range(per_queue):
             for t in topics:
                 for q in range(queues):
-                    r = st.put(t, body(t, q, i), queue_id=q, tags="even" if i % 2 == 0 else "odd",
-                               keys=[f"{t}-k{q}-{i}"], properties={"UNIQ_KEY": f"U-{t}-{q}-{i}"})
+                    r = st.put(
+                        t,
+                        body(t, q, i),
+                        queue_id=q,
+                        tags="even" if i % 2 == 0 else "odd",
+                        keys=[f"{t}-k{q}-{i}"],
+                        properties={"UNIQ_KEY": f"U-{t}-{q}-{i}"},
+                    )
                     assert r.ok
                     written.setdefault((t, q), []).append(r)
         st.wait_for_dispatch()
@@ -94,11 +107,21 @@ def test_help_for_every_command():
         assert q.stdout.startswith("usage: localmq " + c) and "--json" in q.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ["demo", "--queues", "0"], ["demo", "--messages", "-1"], ["demo", "--topics", "x"], ["query", "somewhere"],
-    ["dump", "somewhere", "--limit", "-1"], ["tail", "somewhere"], [], ["nosuchcommand"],
-    ["query", "somewhere", "--key", "k", "--id", "00"], ["dump", "somewhere", "--since", "yesterday"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo", "--queues", "0"],
+        ["demo", "--messages", "-1"],
+        ["demo", "--topics", "x"],
+        ["query", "somewhere"],
+        ["dump", "somewhere", "--limit", "-1"],
+        ["tail", "somewhere"],
+        [],
+        ["nosuchcommand"],
+        ["query", "somewhere", "--key", "k", "--id", "00"],
+        ["dump", "somewhere", "--since", "yesterday"],
+    ],
+)
 def test_argument_errors_are_usage_errors(args):
     p = run(*args, check_rc=2)
     assert "usage:" in p.stderr
@@ -167,10 +190,18 @@ def test_no_command_modifies_a_closed_store(store):
     path, written = store
     before = snapshot(path)
     a0 = written[("A", 0)]
-    for args in (["stats", path], ["topics", path], ["lag", path, "--group", "billing"], ["tail", path, "A"],
-                 ["query", path, "--topic", "A", "--key", "A-k0-3"], ["query", path, "--id", a0[5].msg_id],
-                 ["query", path, "--uniq-key", "U-B-1-7"], ["query", path, "--topic", "B", "--time", "0"],
-                 ["verify", path], ["dump", path, "--limit", "0"]):
+    for args in (
+        ["stats", path],
+        ["topics", path],
+        ["lag", path, "--group", "billing"],
+        ["tail", path, "A"],
+        ["query", path, "--topic", "A", "--key", "A-k0-3"],
+        ["query", path, "--id", a0[5].msg_id],
+        ["query", path, "--uniq-key", "U-B-1-7"],
+        ["query", path, "--topic", "B", "--time", "0"],
+        ["verify", path],
+        ["dump", path, "--limit", "0"],
+    ):
         run(*args, check_rc=0)
         run(*args, "--json", check_rc=0)
         assert snapshot(path) == before, args
@@ -188,7 +219,8 @@ def test_stats_and_topics_match_what_was_written(store):
     assert s["commit_log"]["segments"] == len(os.listdir(path / "commitlog")) >= 3
     t = run_json("topics", path)["queues"]
     assert {(r["topic"], r["queue_id"]): (r["min_offset"], r["max_offset"], r["messages"]) for r in t} == {
-        k: (0, len(v), len(v)) for k, v in written.items()}
+        k: (0, len(v), len(v)) for k, v in written.items()
+    }
     assert len(run_json("topics", path, "--topic", "B")["queues"]) == 3
     run("topics", path, "--topic", "C", check_rc=1)
     text = run("stats", path, check_rc=0).stdout
@@ -330,8 +362,14 @@ def test_demo_twice_on_one_path(tmp_path):
 
 def start_worker(role, path, **args):
     args.setdefault("config", KW)
-    p = subprocess.Popen([sys.executable, str(WORKER), role, str(path), json.dumps(args)], cwd=REPO, env=ENV,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(WORKER), role, str(path), json.dumps(args)],
+        cwd=REPO,
+        env=ENV,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = p.stdout.readline()
     assert line.startswith("open"), line
     return p
@@ -401,9 +439,14 @@ def test_a_store_held_by_one_live_process(tmp_path):
 def test_tail_follow_stops_cleanly_on_sigterm_and_ctrl_c(store):
     path, _ = store
     for sig in (signal.SIGTERM, signal.SIGINT):
-        p = subprocess.Popen([sys.executable, "-m", "localmq", "tail", str(path), "A", "-f", "-n", "2",
-                              "--interval", "0.05"], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "localmq", "tail", str(path), "A", "-f", "-n", "2", "--interval", "0.05"],
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             first = [p.stdout.readline(), p.stdout.readline()]
             assert all("A/" in line for line in first)

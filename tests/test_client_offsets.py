@@ -1,4 +1,5 @@
 """ConsumerOffsetManager: RocketMQ's consumerOffset.json layout, .bak, shared writes, periodic persist."""
+
 import os
 import subprocess
 import sys
@@ -119,8 +120,13 @@ def test_an_offset_that_is_not_an_integer_is_a_typed_error_naming_the_entry(tmp_
                     call()
                 assert isinstance(e.value, ValueError)
                 assert "consumerOffset.json" in str(e.value) and "'t@g'" in str(e.value) and "integer" in str(e.value)
-        p = subprocess.run([sys.executable, "-m", "localmq", "lag", str(root)], capture_output=True, text=True,
-                           timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        p = subprocess.run(
+            [sys.executable, "-m", "localmq", "lag", str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         assert p.returncode == 1 and "Traceback" not in p.stderr and "not an integer offset" in p.stderr, p.stderr
         assert path.read_text() == raw
         path.write_text(raw.replace(f"0:{bad}", "0:1"))

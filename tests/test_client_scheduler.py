@@ -1,4 +1,5 @@
 """ConsumerScheduler on a fake clock: one owner per queue, balance, release, retention takeover, epochs."""
+
 from localmq.client.scheduler import ConsumerScheduler
 
 Q = [("T", q) for q in range(4)]
@@ -35,9 +36,9 @@ def test_a_second_consumer_gets_half_after_the_first_releases():
     s.assign("g", a, Q, 1000)
     b = s.join("g", ["T"], 1000)
     rb = s.assign("g", b, Q, 1000)
-    assert rb.granted == []                     # nothing free yet: a holds all four
+    assert rb.granted == []  # nothing free yet: a holds all four
     ra = s.assign("g", a, Q, 1000)
-    assert len(ra.to_release) == 2              # over its share while b starves
+    assert len(ra.to_release) == 2  # over its share while b starves
     s.release("g", a, ra.to_release)
     rb = s.assign("g", b, Q, 1000)
     assert sorted(rb.granted) == sorted(ra.to_release)
@@ -75,9 +76,9 @@ def test_retention_takeover_and_the_old_owner_learns_it():
     epoch = ra.owned[Q[0]]
     b = s.join("g", ["T"], 1000)
     clock.t += 0.9
-    assert s.assign("g", b, Q[:1], 1000).granted == []   # within a's retention
+    assert s.assign("g", b, Q[:1], 1000).granted == []  # within a's retention
     clock.t += 0.2
-    rb = s.assign("g", b, Q[:1], 1000)                    # a silent for 1.1 s > 1 s
+    rb = s.assign("g", b, Q[:1], 1000)  # a silent for 1.1 s > 1 s
     assert rb.granted == Q[:1] and rb.owned[Q[0]] != epoch
     assert s.takeovers == 1
     assert not s.holds("g", a, Q[0], epoch)

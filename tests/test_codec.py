@@ -1,4 +1,5 @@
 """Frame codec: golden bytes written from the spec's field table, hashes, properties, ids, range decode."""
+
 import struct
 import zlib
 
@@ -16,9 +17,19 @@ def test_golden_bytes_match_encoder():
     # spec 1.2: with IPv4 hosts total = 91 + body + topic + props
     assert len(want) == 91 + 32 + 3 + len(b"TAGS\x01TAG1")
     got = localmq.encode_message(
-        "abc", b"Once, there was a chance for me!", queue_id=3, flag=7, queue_offset=11, physical_offset=4096,
-        born_timestamp=1_600_000_000_123, born_host="127.0.0.1:0", store_timestamp=1_600_000_000_456,
-        store_host="192.168.71.1:8123", reconsume_times=2, properties=b"TAGS\x01TAG1")
+        "abc",
+        b"Once, there was a chance for me!",
+        queue_id=3,
+        flag=7,
+        queue_offset=11,
+        physical_offset=4096,
+        born_timestamp=1_600_000_000_123,
+        born_host="127.0.0.1:0",
+        store_timestamp=1_600_000_000_456,
+        store_host="192.168.71.1:8123",
+        reconsume_times=2,
+        properties=b"TAGS\x01TAG1",
+    )
     assert got == want
 
 
@@ -39,10 +50,20 @@ def test_ipv6_hosts_set_sysflag_and_widths():
     store6 = bytes.fromhex("fe800000000000000000000000000001") + struct.pack(">i", 10911)
     want = golden_record(sys_flag=0x30, born_host=born6, store_host=store6)
     assert len(want) == 91 + 24 + 32 + 3 + 9
-    got = localmq.encode_message("abc", b"Once, there was a chance for me!", queue_id=3, flag=7, queue_offset=11,
-                                 physical_offset=4096, born_timestamp=1_600_000_000_123, born_host="[::1]:9",
-                                 store_timestamp=1_600_000_000_456, store_host="[fe80::1]:10911",
-                                 reconsume_times=2, properties=b"TAGS\x01TAG1")
+    got = localmq.encode_message(
+        "abc",
+        b"Once, there was a chance for me!",
+        queue_id=3,
+        flag=7,
+        queue_offset=11,
+        physical_offset=4096,
+        born_timestamp=1_600_000_000_123,
+        born_host="[::1]:9",
+        store_timestamp=1_600_000_000_456,
+        store_host="[fe80::1]:10911",
+        reconsume_times=2,
+        properties=b"TAGS\x01TAG1",
+    )
     assert got == want
     m = localmq.decode_message(want)
     assert m.sys_flag == 0x30 and m.store_timestamp == 1_600_000_000_456
@@ -74,15 +95,22 @@ def test_crc_mismatch_and_bad_lengths_raise():
         localmq.decode_message(b"\x00\x00\x00\x80" + b"\x01\x02\x03\x04" + bytes(120))
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("", 0), ("a", 97), ("TAG1", 2567159), ("hello", 99162322),
-    ("\u4e2d\u6587", 20013 * 31 + 25991), ("\U0001F600", 0xD83D * 31 + 0xDE00),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("", 0),
+        ("a", 97),
+        ("TAG1", 2567159),
+        ("hello", 99162322),
+        ("\u4e2d\u6587", 20013 * 31 + 25991),
+        ("\U0001f600", 0xD83D * 31 + 0xDE00),
+    ],
+)
 def test_java_hash(text, expected):
     assert localmq.java_hash(text) == expected == java_hash_reference(text)
 
 
-@pytest.mark.parametrize("text", ["abc#k1", "topic#" + "x" * 100, "\u00e9t\u00e9 \U0001F600 tags", "Aa", "BB"])
+@pytest.mark.parametrize("text", ["abc#k1", "topic#" + "x" * 100, "\u00e9t\u00e9 \U0001f600 tags", "Aa", "BB"])
 def test_java_hash_matches_definition(text):
     assert localmq.java_hash(text) == java_hash_reference(text)
 

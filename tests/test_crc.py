@@ -1,6 +1,7 @@
 """csrc/lmq_crc.c: zlib's CRC-32 (PCLMULQDQ folding where the CPU has it, slice-by-8 tables otherwise) against
 zlib.crc32 for every length up to 4 KiB, at every alignment, chained, large; both implementations on this machine
 (the portable one through ``portable=True`` and through LOCALMQ_CRC=portable in a child process)."""
+
 import os
 import random
 import struct
@@ -35,8 +36,9 @@ def test_accelerated_where_the_cpu_has_pclmul():
     if os.environ.get("LOCALMQ_CRC") == "portable":
         assert not _record._crc32_accelerated()
     else:
-        assert _record._crc32_accelerated() == (_cpu_has_pclmul() and sys.platform.startswith("linux")
-                                                and os.uname().machine == "x86_64")
+        assert _record._crc32_accelerated() == (
+            _cpu_has_pclmul() and sys.platform.startswith("linux") and os.uname().machine == "x86_64"
+        )
 
 
 @pytest.mark.parametrize("portable", IMPLS)
@@ -44,8 +46,8 @@ def test_every_length_and_alignment(buf, portable):
     rng = random.Random(7)
     for n in range(0, 4097):
         off = rng.randrange(64)
-        data = buf[off:off + n]
-        assert _record._crc32(memoryview(buf)[off:off + n], 0, portable) == zlib.crc32(data), (n, off)
+        data = buf[off : off + n]
+        assert _record._crc32(memoryview(buf)[off : off + n], 0, portable) == zlib.crc32(data), (n, off)
 
 
 @pytest.mark.parametrize("portable", IMPLS)
@@ -53,7 +55,7 @@ def test_every_alignment_short_and_fold_boundaries(buf, portable):
     mv = memoryview(buf)
     for n in (1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 143, 144, 145, 1024, 4096):
         for off in range(64):
-            assert _record._crc32(mv[off:off + n], 0, portable) == zlib.crc32(buf[off:off + n]), (n, off)
+            assert _record._crc32(mv[off : off + n], 0, portable) == zlib.crc32(buf[off : off + n]), (n, off)
 
 
 @pytest.mark.parametrize("portable", IMPLS)
@@ -95,8 +97,15 @@ def test_body_crc_is_the_masked_zlib_crc(buf):
 def _frame_bytes(body, props, crc):
     hdr = struct.pack(">qqiI", 1, 2, 0, crc)
     assert len(hdr) == FRAME_HEADERS_SIZE
-    rest = (struct.pack(">i", FRAME_MAGIC) + struct.pack(">i", len(body)) + body + struct.pack(">h", len(hdr)) + hdr
-            + struct.pack(">h", len(props)) + props)
+    rest = (
+        struct.pack(">i", FRAME_MAGIC)
+        + struct.pack(">i", len(body))
+        + body
+        + struct.pack(">h", len(hdr))
+        + hdr
+        + struct.pack(">h", len(props))
+        + props
+    )
     return struct.pack(">i", len(rest) + 4) + rest
 
 

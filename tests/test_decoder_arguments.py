@@ -1,6 +1,7 @@
 """Issue 13 (decoders): every public decoder entry checks its positions, sizes and counts, and holds the buffers its
 results point into. Calls that crashed the interpreter before run in a subprocess, so a regression fails the test
 instead of killing pytest."""
+
 import subprocess
 import sys
 import textwrap
@@ -8,10 +9,10 @@ import textwrap
 import pytest
 
 import localmq
+from helpers import wait_until
 from localmq import _columns, _frame, _index, _record, _scan
 from localmq.errors import ArgumentOverflowError, ArgumentRangeError, LocalMQError, PositionOutOfRangeError
 from localmq.layout import INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE
-from helpers import wait_until
 
 REC = _record.encode_message("T", b"hello", properties={"TAGS": "a", "KEYS": "k1 k2"}, store_timestamp=5)
 
@@ -31,7 +32,7 @@ def frame_bytes():
         return bytes(memoryview(mf)[:end])
     finally:
         mf.close()
-        shutil.rmtree(d)   # every run left a directory in /tmp
+        shutil.rmtree(d)  # every run left a directory in /tmp
 
 
 def run_isolated(code):
@@ -207,8 +208,15 @@ def test_index_rows_checks_rows_and_spans():
     data = REC * 2
     _columns.decode_range(data, cols)
     a = cols.arrays
-    args = [a["physical_offset"], a["store_timestamp"], a["sys_flag"], a["topic_pos"], a["topic_len"],
-            a["props_pos"], a["props_len"]]
+    args = [
+        a["physical_offset"],
+        a["store_timestamp"],
+        a["sys_flag"],
+        a["topic_pos"],
+        a["topic_len"],
+        a["props_pos"],
+        a["props_len"],
+    ]
     assert _index.index_rows(buf, slots, items, data, *args, 0, 0, 2)[3] == 4  # two records, KEYS "k1 k2" each
     for row, key, count in ((-1, 0, 2), (0, -1, 2), (0, 0, 5)):
         with pytest.raises(ArgumentRangeError):
@@ -223,6 +231,7 @@ def test_index_rows_checks_rows_and_spans():
 
 
 # ---------------------------------------------------------------------------------------------- finding 2
+
 
 def test_decoded_bytearray_cannot_shrink_under_the_columns():
     """Finding 2: decode_range kept a reference to a bytearray without holding its buffer; after the caller shrank
@@ -270,6 +279,7 @@ def test_a_released_memoryview_still_pins_the_decoded_bytes():
 
 # ---------------------------------------------------------------------------------------------- finding 11
 
+
 def _queues(tmp_path):
     local = localmq.open(tmp_path / "local")
     embedded = localmq.open(tmp_path / "embedded", kind="embedded")
@@ -312,10 +322,17 @@ def test_look_message_by_offset_out_of_range(tmp_path):
         q.close()
 
 
-@pytest.mark.parametrize("args, name", [
-    (("t", "0", 0), "queue_id"), (("t", 0, "0"), "offset"), (("t", 0, 0, "5"), "max_messages"),
-    ((5, 0, 0), "topic"), (("t", True, 0), "queue_id"), (("t", 0, 1.5), "offset"),
-])
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        (("t", "0", 0), "queue_id"),
+        (("t", 0, "0"), "offset"),
+        (("t", 0, 0, "5"), "max_messages"),
+        ((5, 0, 0), "topic"),
+        (("t", True, 0), "queue_id"),
+        (("t", 0, 1.5), "offset"),
+    ],
+)
 def test_get_message_with_a_wrong_type_names_the_argument(tmp_path, args, name):
     """Issue 14's finding: ``get_message("t", "0", 0)`` was a TypeError from inside a comparison."""
     with localmq.open(tmp_path / "s", mapped_file_size_commit_log=64 * 1024) as st:

@@ -1,4 +1,5 @@
 """Delayed messages: the SCHEDULE_TOPIC_XXXX rewrite, ScheduleMessageService delivery and delayOffset.json."""
+
 import os
 import signal
 import subprocess
@@ -9,12 +10,11 @@ import time
 import pytest
 
 import localmq
+from helpers import queue_messages
 from localmq.config import parse_delay_levels
 from localmq.errors import ConfigError, InvalidDelayError
 from localmq.services.schedule import level_for_delay, read_delay_offsets
 from localmq.store.config_json import read_config_json
-
-from helpers import queue_messages
 
 LEVELS = "1s 2s 3s"
 SMALL = {"mapped_file_size_commit_log": 1 << 20, "mapped_file_size_consume_queue": 6000}
@@ -41,8 +41,7 @@ def _wait_count(st, topic, queue_id, n, timeout=15.0):
 def test_delayed_message_invisible_before_its_time_and_delivered_after(tmp_path):
     with _open(tmp_path) as st:
         p = st.create_producer(queue_id=3)
-        r = p.send("orders", b"late", tags="tagA", keys=["k1", "k2"], properties={"color": "red"},
-                   delay_level=2)
+        r = p.send("orders", b"late", tags="tagA", keys=["k1", "k2"], properties={"color": "red"}, delay_level=2)
         assert r.ok
         sched = queue_messages(st, "SCHEDULE_TOPIC_XXXX", 1)  # queue id = level - 1
         assert len(sched) == 1
@@ -86,7 +85,8 @@ def test_schedule_topic_cq_tags_code_is_deliver_time_default_levels(tmp_path):
         assert st.consume_queue("SCHEDULE_TOPIC_XXXX", 17).unit(0)[2] == b.store_timestamp + 7_200_000
         assert _wait_count(st, "t", 0, 1)[0].body == b"a"
     assert parse_delay_levels(localmq.StoreConfig().message_delay_level) == tuple(
-        s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
+        s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+    )
 
 
 def test_schedule_topic_cq_tags_code_follows_the_stores_own_levels(tmp_path):
@@ -96,12 +96,12 @@ def test_schedule_topic_cq_tags_code_follows_the_stores_own_levels(tmp_path):
         for level in (1, 2, 3, 7):
             p.send("t", b"%d" % level, delay_level=level)
         got = {lv: queue_messages(st, "SCHEDULE_TOPIC_XXXX", lv - 1) for lv in (1, 2, 3)}
-        assert [len(v) for v in got.values()] == [1, 1, 2]   # level 7 clamped to 3
+        assert [len(v) for v in got.values()] == [1, 1, 2]  # level 7 clamped to 3
         for lv, ms in ((1, 2000), (2, 3_600_000), (3, 3 * 86_400_000)):
             cq = st.consume_queue("SCHEDULE_TOPIC_XXXX", lv - 1)
             for i, m in enumerate(got[lv]):
                 assert cq.unit(i)[2] == m.store_timestamp + ms
-    with localmq.open(tmp_path, message_delay_level="2s 1h 3d", **SMALL) as st:   # the units pass the open's check
+    with localmq.open(tmp_path, message_delay_level="2s 1h 3d", **SMALL) as st:  # the units pass the open's check
         assert not st.recovery.cq_rebuilt and st.max_offset("SCHEDULE_TOPIC_XXXX", 2) == 2
 
 
@@ -135,12 +135,14 @@ def test_delay_offset_json_format_and_no_redelivery_after_reopen(tmp_path):
     assert read_config_json(str(path)) == {"offsetTable": {1: 2, 2: 1}}
 
 
-
-@pytest.mark.parametrize("text, want, bad", [
-    ('{"offsetTable":{1:4,"2":7,"x":1,3:"y"}}', {1: 4, 2: 7}, [("x", 1), (3, "y")]),
-    ('{"offsetTable":[1,2]}', {}, []),  # not a table: every level starts from its queue's beginning
-    ('[]', {}, []),
-])
+@pytest.mark.parametrize(
+    "text, want, bad",
+    [
+        ('{"offsetTable":{1:4,"2":7,"x":1,3:"y"}}', {1: 4, 2: 7}, [("x", 1), (3, "y")]),
+        ('{"offsetTable":[1,2]}', {}, []),  # not a table: every level starts from its queue's beginning
+        ("[]", {}, []),
+    ],
+)
 def test_delay_offsets_keep_the_usable_levels_and_tell_the_others(tmp_path, text, want, bad):
     """One reader of delayOffset.json for the delivery service and for retention: entries that are not integers are
     skipped and told, an offsetTable that is not a table gives no level (the service used to raise on a list)."""
@@ -232,8 +234,11 @@ def test_sigkill_redelivers_nothing_re_put_after_the_last_offset_write(tmp_path,
     """
     k, groups = 20, 12
     store = tmp_path / "s"
-    child = subprocess.Popen([sys.executable, "-c", _CHILD_STEPS, str(store), ROOT, str(k), str(groups),
-                              "1" if shared else "0"], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_STEPS, str(store), ROOT, str(k), str(groups), "1" if shared else "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "sent"
         for g in range(kill_step + 1):
@@ -244,8 +249,9 @@ def test_sigkill_redelivers_nothing_re_put_after_the_last_offset_write(tmp_path,
         child.wait()
         child.stdout.close()
     written = read_config_json(str(store / "config" / "delayOffset.json"), default={}).get("offsetTable", {})
-    with localmq.open(store, message_delay_level="60s", clock=lambda: _now_ms() + 120_000, shared=shared,
-                      **SMALL) as st:
+    with localmq.open(
+        store, message_delay_level="60s", clock=lambda: _now_ms() + 120_000, shared=shared, **SMALL
+    ) as st:
         deadline = time.monotonic() + 20
         while st.schedule_service.offsets.get(1, 0) < groups * k and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -275,9 +281,20 @@ def test_delay_seconds_maps_to_the_smallest_level_not_shorter(tmp_path):
             p.send("t", b"x", delay=4)
 
 
-@pytest.mark.parametrize("kw", [{"delay_level": 0}, {"delay_level": -1}, {"delay_level": "2"},
-                                {"delay_level": True}, {"delay_level": 1.0}, {"delay": -1},
-                                {"delay": float("nan")}, {"delay": "1"}, {"delay_level": 1, "delay": 1}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"delay_level": 0},
+        {"delay_level": -1},
+        {"delay_level": "2"},
+        {"delay_level": True},
+        {"delay_level": 1.0},
+        {"delay": -1},
+        {"delay": float("nan")},
+        {"delay": "1"},
+        {"delay_level": 1, "delay": 1},
+    ],
+)
 def test_bad_delays_raise_typed_errors(tmp_path, kw):
     with _open(tmp_path) as st:
         p = st.create_producer()
@@ -317,7 +334,7 @@ def test_delay_property_delays_a_send_and_refuses_a_batch(tmp_path):
         r = p.send(localmq.Message("t", b"y", properties={"DELAY": "2"}))
         st.wait_for_dispatch(5)
         assert st.max_offset("SCHEDULE_TOPIC_XXXX", 1) == 1
-        p.send("t", b"now", properties={"DELAY": "0"})   # level 0: not delayed (RocketMQ's rule)
+        p.send("t", b"now", properties={"DELAY": "0"})  # level 0: not delayed (RocketMQ's rule)
         with pytest.raises(InvalidDelayError):
             p.send("t", b"z", properties={"DELAY": "soon"})
         with pytest.raises(InvalidDelayError):

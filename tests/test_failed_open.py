@@ -10,6 +10,7 @@ The next open, with the fault gone, must recover the store exactly as the fault-
 succeeds despite the fault (an operation whose failure it can handle, such as ENOSPC making a ConsumeQueue file) must
 recover the store as the fault-free one.
 """
+
 import hashlib
 import os
 import shutil
@@ -18,13 +19,18 @@ import struct
 import pytest
 
 import localmq
-from localmq.layout import MESSAGE_MAGIC_CODE
 from helpers import powerfs_mounted
+from localmq.layout import MESSAGE_MAGIC_CODE
 
 # small index files too: each copy of the store into powerfs is held in its memory until a directory fsync
-SMALL = dict(mapped_file_size_commit_log=64 << 10, mapped_file_size_consume_queue=20 * 40,
-             max_hash_slot_num=512, max_index_num=2048,
-             flush_interval_consume_queue=60_000, flush_interval_commit_log=60_000)
+SMALL = dict(
+    mapped_file_size_commit_log=64 << 10,
+    mapped_file_size_consume_queue=20 * 40,
+    max_hash_slot_num=512,
+    max_index_num=2048,
+    flush_interval_consume_queue=60_000,
+    flush_interval_commit_log=60_000,
+)
 
 
 def snapshot(root):
@@ -92,9 +98,12 @@ def _summary(st):
     # an open that met ENOSPC making a ConsumeQueue file goes on with its dispatcher blocked; it retries every 100 ms
     assert st.wait_for_dispatch(30)
     r = st.recovery
-    return {"dropped_at": r.dropped_at, "gaps": [(g["offset"], g["bytes"]) for g in r.gaps],
-            "end": st.commit_log.max_offset,
-            "queues": {(t, q): st.max_offset(t, q) for t in "abc" for q in (0, 1)}}
+    return {
+        "dropped_at": r.dropped_at,
+        "gaps": [(g["offset"], g["bytes"]) for g in r.gaps],
+        "end": st.commit_log.max_offset,
+        "queues": {(t, q): st.max_offset(t, q) for t in "abc" for q in (0, 1)},
+    }
 
 
 # about 90 opens through a FUSE file system each: 20-30 s on an idle 2-core VM, minutes under load
@@ -136,8 +145,9 @@ def test_an_open_failing_at_any_file_operation_leaves_the_store_as_it_found_it(p
             if now != before:
                 files_b, dirs_b = before
                 files_n, dirs_n = now
-                diff = sorted({p for p in files_b.keys() | files_n.keys() if files_b.get(p) != files_n.get(p)}
-                              | (dirs_b ^ dirs_n))
+                diff = sorted(
+                    {p for p in files_b.keys() | files_n.keys() if files_b.get(p) != files_n.get(p)} | (dirs_b ^ dirs_n)
+                )
                 changed.append((k, type(e).__name__, str(e)[:160], diff[:6]))
             with localmq.open(root, **SMALL) as st:  # the fault gone: the same recovery as without it
                 assert _summary(st) == expected, k

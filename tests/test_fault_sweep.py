@@ -37,6 +37,7 @@ retried into a false success), and for every other (mode, errno, kind) the first
 a fifth of the others (``LOCALMQ_FAULT_SWEEP_SEED``, default 24; ``LOCALMQ_FAULT_SWEEP_FRACTION``, default 0.2):
 about 290 runs, 2 to 4 minutes here. ``LOCALMQ_FAULT_SWEEP_REPORT=path`` writes the table and every run as JSON.
 """
+
 import contextlib
 import errno as errno_mod
 import json
@@ -65,8 +66,21 @@ REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().with_name("fault_sweep_worker.py")
 MODES = ("SYNC_FLUSH", "ASYNC_FLUSH")
 ERRNOS = ("ENOSPC", "EIO")
-KINDS = ("write", "fsync", "fallocate", "truncate", "create", "mknod", "mkdir", "unlink", "rmdir", "rename", "link",
-         "symlink", "fsyncdir")
+KINDS = (
+    "write",
+    "fsync",
+    "fallocate",
+    "truncate",
+    "create",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "rename",
+    "link",
+    "symlink",
+    "fsyncdir",
+)
 # every k of these runs by default: in SYNC_FLUSH a failed fsync, or a failed write-back that the next fsync reports
 # (EIO: what a disk answers), is where an acknowledged message could be lost (a retried fsync that "succeeds")
 FULL_BY_DEFAULT = {("SYNC_FLUSH", "EIO"): ("fsync", "write")}
@@ -101,8 +115,14 @@ class Worker:
             pytest.fail(str(e), pytrace=False)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         self.log = open(tmp_path / "worker.log", "wb")  # what the store logs (every error is in the reports too)
-        self.proc = subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / "mnt")], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, env=env, cwd=str(tmp_path))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER), str(tmp_path / "mnt")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+            cwd=str(tmp_path),
+        )
         self.buf = b""
         hello = self._read()
         assert hello["localmq"].startswith(str(REPO)), f"the worker imported another localmq: {hello}"
@@ -200,23 +220,32 @@ def judge(r):
     mnt_root = f"/{r['name']}"
     excs = [e for e in events if e["ev"] == "exc"]
     verdict = {
-        "name": r["name"], "mode": r["mode"], "kind": r["kind"], "errno": r["errno"], "k": r["k"],
+        "name": r["name"],
+        "mode": r["mode"],
+        "kind": r["kind"],
+        "errno": r["errno"],
+        "k": r["k"],
         "injected": bool(done and done[0]["injected"]),
         "signal": [h for h in (r["workload"], r["verify"], r["after_cut"]["verify"]) if h.startswith("signal")],
         "hang": [h for h in (r["workload"], r["verify"], r["after_cut"]["verify"]) if h == "timeout"],
         "errors": [f"{e['call']}: {e['type']}: {e['msg'][:200]}" for e in excs],
         "statuses": [f"{e['status']} {e['ids']}" for e in events if e["ev"] == "status"],
-        "untyped": [f"{e['call']}: {e['type']}: {e['msg'][:200]} ({why})" for e in excs
-                    for why in [typed_problem(e, r["errno"], mnt_root)] if why],
+        "untyped": [
+            f"{e['call']}: {e['type']}: {e['msg'][:200]} ({why})"
+            for e in excs
+            for why in [typed_problem(e, r["errno"], mnt_root)]
+            if why
+        ],
         "log": done[0]["log"] if done else [],
-        "lost": [], "reopen": [], "other": [],
+        "lost": [],
+        "reopen": [],
+        "other": [],
     }
     if not done:
         verdict["other"].append(f"the workload child ended without reporting ({r['workload']})")
     for phase, checks in (("same mount", r["checks"]), ("after the cut", r["after_cut"]["checks"])):
         for p in problems(checks):
-            key = "lost" if p.startswith(("lost", "moved", "get ")) else "reopen" if p.startswith("reopen") \
-                else "other"
+            key = "lost" if p.startswith(("lost", "moved", "get ")) else "reopen" if p.startswith("reopen") else "other"
             verdict[key].append(f"{phase}: {p}")
     verdict["lost_reported"] = r.get("lost_reported", False)
     verdict["silent"] = verdict["injected"] and not excs and not verdict["statuses"]
@@ -251,9 +280,25 @@ def table(rows):
     problems, runs with an untyped error, runs where the workload saw an error or a failure status, silent runs."""
     out = {}
     for v in rows:
-        t = out.setdefault((v["mode"], v["errno"], v["kind"]), dict.fromkeys(
-            ("runs", "injected", "signal", "hang", "lost", "lost_reported", "reopen", "other", "untyped", "saw_error",
-             "silent"), 0))
+        t = out.setdefault(
+            (v["mode"], v["errno"], v["kind"]),
+            dict.fromkeys(
+                (
+                    "runs",
+                    "injected",
+                    "signal",
+                    "hang",
+                    "lost",
+                    "lost_reported",
+                    "reopen",
+                    "other",
+                    "untyped",
+                    "saw_error",
+                    "silent",
+                ),
+                0,
+            ),
+        )
         t["runs"] += 1
         t["injected"] += v["injected"]
         t["signal"] += bool(v["signal"])
@@ -279,15 +324,21 @@ def _report():
     path = os.environ.get("LOCALMQ_FAULT_SWEEP_REPORT")
     if path:
         with open(path, "w") as f:
-            json.dump({"table": text, "seconds": {f"{m} {e}": s for (m, e), (_, _, s) in _RESULTS.items()},
-                       "counts": {f"{m} {e}": c for (m, e), (c, _, _) in _RESULTS.items()}, "runs": rows}, f,
-                      indent=1)
+            json.dump(
+                {
+                    "table": text,
+                    "seconds": {f"{m} {e}": s for (m, e), (_, _, s) in _RESULTS.items()},
+                    "counts": {f"{m} {e}": c for (m, e), (c, _, _) in _RESULTS.items()},
+                    "runs": rows,
+                },
+                f,
+                indent=1,
+            )
     print("\n" + text)
 
 
 def failures(verdicts, *keys):
-    return [(v["name"], {k: v[k] for k in keys if v[k]}, v["errors"][:3]) for v in verdicts
-            if any(v[k] for k in keys)]
+    return [(v["name"], {k: v[k] for k in keys if v[k]}, v["errors"][:3]) for v in verdicts if any(v[k] for k in keys)]
 
 
 @pytest.mark.parametrize("err", ERRNOS)
@@ -317,8 +368,13 @@ def test_every_error_is_typed_naming_the_file_and_the_errno(tmp_path_factory, mo
 
 # -- what the sweep found, one test each (in this process, on a powerfs mount) ---------------------------------------
 
-SMALL = dict(mapped_file_size_commit_log=64 << 10, mapped_file_size_consume_queue=20 * 8, sync_flush_timeout=2000,
-             flush_interval_consume_queue=60_000, flush_interval_commit_log=60_000)
+SMALL = dict(
+    mapped_file_size_commit_log=64 << 10,
+    mapped_file_size_consume_queue=20 * 8,
+    sync_flush_timeout=2000,
+    flush_interval_consume_queue=60_000,
+    flush_interval_commit_log=60_000,
+)
 
 
 @pytest.fixture

@@ -16,7 +16,12 @@ from localmq.errors import CorruptFrameError, CorruptStoreError, NotAStoreError,
 from localmq.store.checkpoint import CHECKPOINT_FILE_SIZE, Checkpoint, StoreCheckpoint, read_checkpoint
 from localmq.store.config_json import dumps, loads, read_config_json, write_config_json
 from localmq.store.readers import (
-    CQ_DTYPE, ext_offset, is_ext_address, load_consume_queue, read_commitlog, read_consume_queue,
+    CQ_DTYPE,
+    ext_offset,
+    is_ext_address,
+    load_consume_queue,
+    read_commitlog,
+    read_consume_queue,
     read_consume_queue_ext,
 )
 
@@ -29,7 +34,7 @@ BLANK_AT = RECORDS_PER_FILE * RECORD_SIZE  # 8084
 SEGMENT = 8192
 BODY = b"Once, there was a chance for me!"
 TAG1_HASH = 2567159
-LONG_MIN = -(2 ** 63)
+LONG_MIN = -(2**63)
 
 APACHE = "apache-rocketmq-4e25b979/store"
 ERIC = "EricPanGopher-rocketmq-9835cd5f/store/unit_test_store"
@@ -49,7 +54,7 @@ def java_hash(text):
     h = 0
     units = text.encode("utf-16-be")
     for i in range(0, len(units), 2):
-        h = (31 * h + int.from_bytes(units[i:i + 2], "big")) & 0xFFFFFFFF
+        h = (31 * h + int.from_bytes(units[i : i + 2], "big")) & 0xFFFFFFFF
     return h - (1 << 32) if h & 0x80000000 else h
 
 
@@ -73,8 +78,10 @@ def flip_byte(path, pos):
 
 def listed_files(fixtures):
     lines = (fixtures / "SHA256SUMS").read_text().splitlines()
-    return [(digest, line.split(None, 1)[1].removeprefix("./")) for digest, line in
-            ((line.split()[0], line) for line in lines if line.strip())]
+    return [
+        (digest, line.split(None, 1)[1].removeprefix("./"))
+        for digest, line in ((line.split()[0], line) for line in lines if line.strip())
+    ]
 
 
 def test_checksums_match_and_cover_every_file(fixtures):
@@ -270,7 +277,7 @@ def test_zeroed_record_followed_by_data_is_corrupt(fixtures, tmp_path):
     src = fixtures / APACHE / "commitlog" / "00000000000000000000"
     seg = copy_segment(src, tmp_path)
     data = bytearray(seg.read_bytes())
-    data[3 * RECORD_SIZE:4 * RECORD_SIZE] = bytes(RECORD_SIZE)
+    data[3 * RECORD_SIZE : 4 * RECORD_SIZE] = bytes(RECORD_SIZE)
     seg.write_bytes(bytes(data))
     with pytest.raises(CorruptFrameError) as info:
         list(read_commitlog(tmp_path))
@@ -322,7 +329,7 @@ def test_ericpangopher_consume_queue(fixtures):
     assert units.dtype == CQ_DTYPE and units.dtype.itemsize == 20
     assert len(units) == 5 * 10 + 6 == 56
     assert cq.queue_offset_base == 0 and cq.max_queue_offset == 56 and cq.stop_reason == "end"
-    assert not any(files[-1].read_bytes()[6 * 20:])
+    assert not any(files[-1].read_bytes()[6 * 20 :])
     # unit i points at the record whose queue offset is i
     by_queue_offset = {m.queue_offset: m for m in read_commitlog(fixtures / ERIC / "commitlog")}
     assert units["offset"].tolist() == [by_queue_offset[i].physical_offset for i in range(56)]
@@ -479,13 +486,21 @@ def test_shaoxubao_broker_config(fixtures):
     topics = read_config_json(config / "topics.json")
     assert topics["dataVersion"]["counter"] == 3
     test_topic = topics["topicConfigTable"]["TopicTest"]
-    assert test_topic == {"order": False, "perm": 6, "readQueueNums": 4, "topicFilterType": "SINGLE_TAG",
-                          "topicName": "TopicTest", "topicSysFlag": 0, "writeQueueNums": 4}
+    assert test_topic == {
+        "order": False,
+        "perm": 6,
+        "readQueueNums": 4,
+        "topicFilterType": "SINGLE_TAG",
+        "topicName": "TopicTest",
+        "topicSysFlag": 0,
+        "writeQueueNums": 4,
+    }
     assert list(test_topic) == sorted(test_topic)  # bean fields in alphabetical order
     backup = loads((config / "topics.json.bak").read_text(encoding="utf-8"))
     assert backup["dataVersion"]["counter"] == 2
     assert set(topics["topicConfigTable"]) - set(backup["topicConfigTable"]) == {
-        "%RETRY%please_rename_unique_group_name_4"}
+        "%RETRY%please_rename_unique_group_name_4"
+    }
     groups = read_config_json(config / "subscriptionGroup.json")["subscriptionGroupTable"]
     assert groups["please_rename_unique_group_name_4"]["retryMaxTimes"] == 16
     assert read_config_json(config / "delayOffset.json") == {"offsetTable": {}}

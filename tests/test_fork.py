@@ -1,5 +1,6 @@
 """A store inherited through fork refuses every use in the child (never a silent PUT_OK that is later lost), and a
 store is never pickled to another process. Real os.fork and real multiprocessing (fork, spawn, forkserver)."""
+
 import multiprocessing
 import os
 import pickle
@@ -43,10 +44,12 @@ def test_forked_child_cannot_put_and_the_parent_loses_nothing(tmp_path, kind):
 
         def child():
             outcomes = []
-            for call in (lambda: st.put("t", b"child", queue_id=1),
-                         lambda: st.put_batch("t", [b"c1", b"c2"], queue_id=1),
-                         lambda: st.get_message("t", 1, 0),
-                         lambda: st.max_offset("t", 1)):
+            for call in (
+                lambda: st.put("t", b"child", queue_id=1),
+                lambda: st.put_batch("t", [b"c1", b"c2"], queue_id=1),
+                lambda: st.get_message("t", 1, 0),
+                lambda: st.max_offset("t", 1),
+            ):
                 try:
                     call()
                     outcomes.append("ok")

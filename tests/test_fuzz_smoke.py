@@ -1,5 +1,6 @@
 """Every fuzz target of ``fuzz/`` runs a few thousand inputs (the plain mutation driver, seeded from the fixtures)
 in a subprocess, so a crash fails this test instead of killing pytest. Long runs: fuzz/README.md."""
+
 import glob
 import os
 import subprocess
@@ -12,8 +13,18 @@ TARGETS = sorted(os.path.basename(p)[5:-3] for p in glob.glob(os.path.join(ROOT,
 
 
 def test_every_target_is_listed():
-    assert set(TARGETS) >= {"record", "columns", "scan", "frame", "consume_queue", "checkpoint", "config_json", "index",
-                            "open_store", "filter"}
+    assert set(TARGETS) >= {
+        "record",
+        "columns",
+        "scan",
+        "frame",
+        "consume_queue",
+        "checkpoint",
+        "config_json",
+        "index",
+        "open_store",
+        "filter",
+    }
 
 
 # opening a store is about 13 ms an input; the decoders take microseconds
@@ -25,7 +36,13 @@ def test_fuzz_target_smoke(target):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     script = os.path.join(ROOT, "fuzz", f"fuzz_{target}.py")
     runs = RUNS.get(target, 2000)
-    proc = subprocess.run([sys.executable, script, "--plain", "--runs", str(runs)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, script, "--plain", "--runs", str(runs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     assert f"Done {runs} runs" in proc.stdout

@@ -4,6 +4,7 @@ query_message / look_message_by_id, rolls, recovery after clean and unclean exit
 Expectations come from the spec, not the code: ``jhash`` is Java's String.hashCode written here over UTF-16, and
 ``spec_lookup`` walks a file with struct as a RocketMQ broker would (so what localmq writes must read there).
 """
+
 import os
 import random
 import struct
@@ -12,11 +13,14 @@ import time
 
 import pytest
 
-from helpers import java_hash_reference, kill_when_ready
-
 import localmq
+from helpers import java_hash_reference, kill_when_ready
 from localmq import (
-    IndexDisabledError, InvalidMessageIdError, InvalidPropertyError, InvalidTopicError, StoreClosedError,
+    IndexDisabledError,
+    InvalidMessageIdError,
+    InvalidPropertyError,
+    InvalidTopicError,
+    StoreClosedError,
 )
 from localmq.errors import CorruptStoreError
 from localmq.store.index import IndexFile, IndexService, infer_geometry
@@ -65,14 +69,16 @@ def read_file(root, name):
 # -- hashing and byte layout -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["0", "T#a", "topic#key-1", "Aa", "BB", "t#\u00e9t\u00e9", "t#\U0001F600", "x" * 300])
+@pytest.mark.parametrize("key", ["0", "T#a", "topic#key-1", "Aa", "BB", "t#\u00e9t\u00e9", "t#\U0001f600", "x" * 300])
 def test_key_hash_is_javas_abs_hash_code(key):
     from localmq._index import key_hash
+
     assert key_hash(key) == rmq_hash(key)
 
 
 def test_min_value_hash_maps_to_zero():
     from localmq._index import key_hash
+
     assert jhash("polygenelubricants") == -(1 << 31)  # a known Integer.MIN_VALUE hashCode
     assert key_hash("polygenelubricants") == 0
 
@@ -93,8 +99,8 @@ def test_golden_bytes_of_a_new_file_with_three_keys(tmp_path):
     struct.pack_into(">i", expected, 40 + (hb % slots) * 4, 2)
     base = 40 + slots * 4
     ITEM.pack_into(expected, base + 1 * 20, ha, 100, 0, 0)
-    ITEM.pack_into(expected, base + 2 * 20, hb, 200, 1, 0)      # 1.5 s -> 1 (whole seconds)
-    ITEM.pack_into(expected, base + 3 * 20, ha, 300, 3, 1)      # 3.999 s -> 3; prev = item 1
+    ITEM.pack_into(expected, base + 2 * 20, hb, 200, 1, 0)  # 1.5 s -> 1 (whole seconds)
+    ITEM.pack_into(expected, base + 3 * 20, ha, 300, 3, 1)  # 3.999 s -> 3; prev = item 1
     f.flush()
     f.close()
     assert (tmp_path / "20240101000000000").read_bytes() == bytes(expected)
@@ -102,8 +108,9 @@ def test_golden_bytes_of_a_new_file_with_three_keys(tmp_path):
 
 def test_a_rolled_file_starts_from_the_previous_end_and_its_first_diff_uses_it(tmp_path):
     slots, items = 4, 3
-    f = IndexFile.create(str(tmp_path / "20240101000000001"), slots, items, end_phy_offset=300,
-                         end_timestamp=TS0 + 3999)
+    f = IndexFile.create(
+        str(tmp_path / "20240101000000001"), slots, items, end_phy_offset=300, end_timestamp=TS0 + 3999
+    )
     raw = f.mapped_file.read(0, 40)
     assert HEADER.unpack(raw) == (TS0 + 3999, TS0 + 3999, 300, 300, 0, 1)
     assert f.put_key("T#c", 400, TS0 + 6499)
@@ -307,7 +314,7 @@ def _check_all(st, offsets, topic="T"):
     for i, off in offsets.items():
         got = st.query_message(topic, f"k{i}")
         assert [m.physical_offset for m in got] == [off], i
-    assert [m.physical_offset for m in st.query_message(topic, "all", max_num=10 ** 6)] == sorted(offsets.values())
+    assert [m.physical_offset for m in st.query_message(topic, "all", max_num=10**6)] == sorted(offsets.values())
 
 
 def test_files_roll_and_every_key_stays_findable(store_factory, tmp_path):
@@ -402,8 +409,8 @@ def test_sigkill_writer_every_acknowledged_key_is_found(tmp_path):
                 (m,) = st.query_message("crash", f"s{session}-{i}")
                 assert m.body == b"%d:%d" % (session, i)
                 assert st.look_message_by_id("%016X%016X" % (session, i)).body == m.body
-            mine = st.query_message("crash", f"s{session}", max_num=10 ** 7)
-            assert [m.body for m in mine][:len(acked)] == [b"%d:%d" % (session, i) for i in acked]
+            mine = st.query_message("crash", f"s{session}", max_num=10**7)
+            assert [m.body for m in mine][: len(acked)] == [b"%d:%d" % (session, i) for i in acked]
             for old in range(session):  # earlier sessions are still complete
                 assert st.query_message("crash", f"s{old}-0")
             checked += len(acked)
@@ -414,10 +421,16 @@ def test_retention_deletes_index_files_below_the_commit_log_min_offset(tmp_path)
     from test_store_retention import FakeClock, FakeDisk, local_ms, set_ages
 
     clock, disk = FakeClock(local_ms(4)), FakeDisk()
-    cfg = dict(mapped_file_size_commit_log=4096, mapped_file_size_consume_queue=200,
-               clean_resource_interval=3_600_000, delete_commit_log_files_interval=0,
-               delete_consume_queue_files_interval=0, preallocate_mapped_file=False,
-               max_hash_slot_num=8, max_index_num=25)
+    cfg = dict(
+        mapped_file_size_commit_log=4096,
+        mapped_file_size_consume_queue=200,
+        clean_resource_interval=3_600_000,
+        delete_commit_log_files_interval=0,
+        delete_consume_queue_files_interval=0,
+        preallocate_mapped_file=False,
+        max_hash_slot_num=8,
+        max_index_num=25,
+    )
     root = tmp_path / "s"
     with localmq.open(root, clock=clock, disk_usage=disk, **cfg) as st:
         offs = {}

@@ -1,4 +1,5 @@
 """The package's layers, read from the source: no import cycle, no upward import, the format written down once."""
+
 import ast
 import importlib.util
 import os
@@ -10,8 +11,10 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 # Layers from the bottom up (ARCHITECTURE.md). A module may import its own layer and any layer below it.
 LAYERS = [
-    ("bottom", ("localmq.status", "localmq.errors", "localmq.layout", "localmq.config", "localmq.interface",
-                "localmq.filter")),
+    (
+        "bottom",
+        ("localmq.status", "localmq.errors", "localmq.layout", "localmq.config", "localmq.interface", "localmq.filter"),
+    ),
     ("native", ("localmq._",)),
     ("store", ("localmq.store",)),
     ("services", ("localmq.services",)),
@@ -122,7 +125,7 @@ def test_no_import_cycle():
         stack.append(n)
         for d in sorted(g.get(n, ())):
             if state.get(d) == 1:
-                cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
+                cycles.append(" -> ".join(stack[stack.index(d) :] + [d]))
             elif d not in state:
                 visit(d)
         stack.pop()
@@ -151,8 +154,15 @@ def test_layout_pxd_is_generated_from_layout_py():
 
 # Numbers that are layout constants: outside layout.py (and the generated _layout.pxd) they must appear by name.
 LAYOUT_LITERALS = [
-    r"-626843481", r"-875286124", r"0xDAA320A7", r"0xCBD43194", r"\b0x4C4D5146\b",
-    r">qqqqii", r"\(\"offset\", \">i8\"\)", r">hqqh", r">5q",
+    r"-626843481",
+    r"-875286124",
+    r"0xDAA320A7",
+    r"0xCBD43194",
+    r"\b0x4C4D5146\b",
+    r">qqqqii",
+    r"\(\"offset\", \">i8\"\)",
+    r">hqqh",
+    r">5q",
 ]
 
 
@@ -194,8 +204,11 @@ def test_every_module_is_on_the_map_in_its_layer():
             continue
         layer = LAYERS[layer_of(name)][0]
         stem = "__init__" if name == "localmq" else name.rsplit(".", 1)[-1]
-        if name.startswith("localmq.") and name.count(".") == 1 and stem in ("spark", "queues", "client", "services",
-                                                                              "store"):
+        if (
+            name.startswith("localmq.")
+            and name.count(".") == 1
+            and stem in ("spark", "queues", "client", "services", "store")
+        ):
             continue  # a package: its modules are named
         pattern = rf"`(?:[\w/]+/)?{re.escape(stem)}(?:\.pyx|\.pxd|\.py)?`"
         if not re.search(pattern, rows[layer]):
@@ -214,7 +227,8 @@ def _thread_names():
                 tree = ast.parse(f.read())
             for node in ast.walk(tree):
                 if isinstance(node, ast.ClassDef) and any(
-                        getattr(b, "id", getattr(b, "attr", None)) == "ServiceThread" for b in node.bases):
+                    getattr(b, "id", getattr(b, "attr", None)) == "ServiceThread" for b in node.bases
+                ):
                     found.add(node.name)
                 elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Thread":
                     for kw in node.keywords:
@@ -262,7 +276,8 @@ def test_the_jvm_readers_constants_agree_with_layout_py():
                         bits = 32 if kind == "int" else 64
                         got = java_int(value, bits)
                         assert got == want or got == want - (1 << bits) or got + (1 << bits) == want, (
-                            f"{name}: {const} = {value}, layout.py {candidate} = {want}")
+                            f"{name}: {const} = {value}, layout.py {candidate} = {want}"
+                        )
                         seen += 1
                         break
     assert seen >= 20, seen  # the reader's record, unit and control file constants were all found

@@ -9,6 +9,7 @@ unmapped while dirty), the descriptors it holds beyond those the child held befo
 ConsumeQueue files mapped in the process (``/proc/self/maps``, sampled every 100 queues) stay within the budget (and
 the file or two a sample can catch between a map and the dispatcher's next trim).
 """
+
 import json
 import os
 import subprocess
@@ -25,7 +26,7 @@ QUEUES = 4
 FDS_HELD_MAX = 64
 MAPPED_MAX = 64
 
-CHILD = textwrap.dedent('''
+CHILD = textwrap.dedent("""
     import json, os, resource, signal, sys, zlib
     limit, root, phase, topics, queues = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     budget = int(sys.argv[6])
@@ -91,13 +92,17 @@ CHILD = textwrap.dedent('''
     st.close()
     out["after_close"] = fds() - base
     print(json.dumps(out), flush=True)
-''')
+""")
 
 
 def run_child(root, phase):
-    p = subprocess.run([sys.executable, "-c", CHILD, str(LIMIT), str(root), phase, str(TOPICS), str(QUEUES),
-                        str(MAPPED_MAX)],
-                       cwd=REPO, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(LIMIT), str(root), phase, str(TOPICS), str(QUEUES), str(MAPPED_MAX)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert "Too many open files" not in p.stderr, p.stderr[-4000:]
     if phase == "kill":
         assert p.returncode == -9, p.stderr[-4000:]
@@ -122,6 +127,9 @@ def test_more_queues_than_the_descriptor_limit(tmp_path):
     run_child(root, "reopen")
     run_child(root, "kill")
     run_child(root, "verify_after_kill")
-    files = sum(len(os.listdir(tmp_path / "store" / "consumequeue" / f"t{t}" / str(q)))
-                for t in range(TOPICS) for q in range(QUEUES))
+    files = sum(
+        len(os.listdir(tmp_path / "store" / "consumequeue" / f"t{t}" / str(q)))
+        for t in range(TOPICS)
+        for q in range(QUEUES)
+    )
     assert files == TOPICS * QUEUES

@@ -1,5 +1,6 @@
 """Retention primitives: MappedFileQueue.delete_expired_files / retry_delete_hanged, MappedFile.destroy with
 readers, ConsumeQueue.delete_expired_files. Times are explicit (fake) milliseconds."""
+
 import os
 
 import pytest
@@ -75,8 +76,9 @@ def test_between_can_stop_a_pass(tmp_path):
     mfq = make_queue(tmp_path, 5)
     try:
         calls = []
-        res = mfq.delete_expired_files(72 * HOUR, NOW, forcibly_ms=1000,
-                                       between=lambda: calls.append(1) or len(calls) < 2)
+        res = mfq.delete_expired_files(
+            72 * HOUR, NOW, forcibly_ms=1000, between=lambda: calls.append(1) or len(calls) < 2
+        )
         assert len(res.deleted) == 2 and res.stopped
     finally:
         mfq.close()

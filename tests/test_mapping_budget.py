@@ -10,6 +10,7 @@ group gets every message put exactly once and in order, the mapped queue files e
 use at one moment (at most twice the budget here), every mapped queue file is one the budget counts, and evictions
 and re-maps did happen.
 """
+
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-CHILD = textwrap.dedent('''
+CHILD = textwrap.dedent("""
     import json, random, sys, threading, time, zlib
     import localmq
     from localmq import PutStatus
@@ -112,14 +113,19 @@ CHILD = textwrap.dedent('''
     c.close()
     st.close()
     print(json.dumps({"problems": problems[:20], "stats": stats}), flush=True)
-''')
+""")
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", ["exclusive", "shared"])
 def test_files_unmapped_and_mapped_again_under_load_lose_and_mix_up_nothing(tmp_path, mode):
-    p = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "store"), mode], cwd=REPO, capture_output=True,
-                       text=True, timeout=500)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "store"), mode],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-4000:]}"
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["problems"] == [], out
@@ -162,8 +168,7 @@ def test_an_existing_file_of_a_budget_is_mapped_on_first_use(tmp_path):
     with pytest.raises(CorruptStoreError, match="8192"):
         MappedFile(path, 8192, create=False, keep_fd=False, budget=budget, map_now=False)
     with pytest.raises(FileNotFoundError):
-        MappedFile(tmp_path / "00000000000000004096", 4096, create=False, keep_fd=False, budget=budget,
-                   map_now=False)
+        MappedFile(tmp_path / "00000000000000004096", 4096, create=False, keep_fd=False, budget=budget, map_now=False)
     # a deferred file that is never used closes cleanly, and a name that another file took is refused at first use
     lazy = MappedFile(path, 4096, create=False, keep_fd=False, budget=budget, map_now=False)
     os.replace(tmp_path / "00000000000000000000", tmp_path / "old")

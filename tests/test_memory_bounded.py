@@ -7,6 +7,7 @@ The inputs are the open_store fuzz target's (fuzz/fuzz_open_store.py: a 600-mess
 references to the numpy operands it sees (about 4.5 KB an input here), which is the fuzzer's memory, not ours.
 Measured on the 2-core VM: about 0.3 KB an input over 4,000 inputs after a warm-up of 1,000, the rest of numpy's and
 glibc's caches filling."""
+
 import os
 import subprocess
 import sys
@@ -48,8 +49,14 @@ CHILD = textwrap.dedent("""
 def test_damaged_opens_do_not_grow_the_process():
     warm, measured = 600, 1500
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", CHILD, os.path.join(ROOT, "fuzz"), str(warm), str(measured)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, os.path.join(ROOT, "fuzz"), str(warm), str(measured)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     before, after, opened = map(int, proc.stdout.split()[-3:])
     assert opened == warm + measured

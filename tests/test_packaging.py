@@ -1,5 +1,6 @@
 """The wheel a user installs: the license, the compiled modules stripped, stubs and py.typed, no generated C, the
 JVM reader's Java sources."""
+
 import os
 import shutil
 import subprocess
@@ -10,8 +11,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-_BUILD_PRODUCTS = shutil.ignore_patterns(".git", "build", "*.so", "__pycache__", "*.egg-info", ".mypy_cache", "target",
-                                         "fixtures", "results", "plots", ".benchmarks")
+_BUILD_PRODUCTS = shutil.ignore_patterns(
+    ".git",
+    "build",
+    "*.so",
+    "__pycache__",
+    "*.egg-info",
+    ".mypy_cache",
+    "target",
+    "fixtures",
+    "results",
+    "plots",
+    ".benchmarks",
+)
 
 
 def _not_sources(directory, names):
@@ -30,9 +42,24 @@ def test_the_wheel_has_the_license_stripped_modules_and_no_generated_c(tmp_path)
     isolation, so nothing is downloaded: the test extra installs setuptools, Cython and numpy."""
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=_not_sources)
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
-                        "-w", str(tmp_path / "wheel")], capture_output=True, text=True, timeout=840,
-                       env={**os.environ, "LOCALMQ_KEEP_SYMBOLS": ""})
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "wheel"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        env={**os.environ, "LOCALMQ_KEEP_SYMBOLS": ""},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     (wheel,) = (tmp_path / "wheel").glob("localmq-*.whl")
     z = zipfile.ZipFile(wheel)

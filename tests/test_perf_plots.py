@@ -1,4 +1,5 @@
 """perf/plots.py (issue 14, item 8) draws its four PNGs from a benchmark JSON: the one committed in perf/results."""
+
 import json
 import os
 import subprocess
@@ -13,8 +14,12 @@ RESULTS = os.path.join(ROOT, "perf", "results", "2026-11-24-bench.json")
 def test_plots_are_drawn_from_a_run(tmp_path):
     require("matplotlib")
     out = tmp_path / "plots"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "perf", "plots.py"), RESULTS, str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "perf", "plots.py"), RESULTS, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = sorted(os.listdir(out))
     assert names == ["latency.png", "recovery.png", "scaling.png", "throughput.png"]

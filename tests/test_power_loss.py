@@ -34,6 +34,7 @@ tests/test_power_loss_found.py. tests/powerfs/README.md ends with the figures of
 Shared stores (``shared=True``) refuse FUSE mounts (UnsupportedFilesystemError): tests/test_power_loss_shared.py
 cuts them on ext4 over a loop device whose image lies on powerfs, with this module's checks.
 """
+
 import json
 import math
 import os
@@ -51,10 +52,9 @@ from pathlib import Path
 import pytest
 
 import localmq
+import power_writer
 from localmq import GetStatus
 from localmq.store.config_json import read_offset_table
-
-import power_writer
 from powerfs import PowerFS, PowerFSError
 
 FLUSHES = ("SYNC_FLUSH", "ASYNC_FLUSH")
@@ -90,8 +90,9 @@ class WriterServer:
         # the localmq this test imported (this checkout's), whatever else is installed
         here = str(Path(localmq.__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, *sys.path])}
-        self.proc = subprocess.Popen([sys.executable, str(WRITER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.err, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WRITER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, env=env
+        )
         self.buf = b""
 
     def _lines(self, deadline):
@@ -138,8 +139,7 @@ class WriterServer:
                         pid = int(ln.split()[1])
                     elif ln.startswith("E "):
                         if killed is None:
-                            raise AssertionError(f"the writer exited by itself ({ln}): {lines[-5:]}"
-                                                 f"\n{self.stderr()}")
+                            raise AssertionError(f"the writer exited by itself ({ln}): {lines[-5:]}\n{self.stderr()}")
                         return lines, times, killed
                     else:
                         if ln.startswith(("R ", "F ")) and from_ready:
@@ -188,10 +188,10 @@ class Session:
     def __init__(self, number, job, lines, times, killed):
         self.number, self.job, self.killed = number, job, killed
         self.lines = lines
-        self.acks = {}          # (thread, i) -> (topic, qid, queue offset, physical offset, size, time read)
-        self.last_put = {}      # thread -> highest i reported (acknowledged or not)
-        self.durable = 0        # highest flushed offset reported
-        self.commits = {}       # (topic, qid) -> highest committed offset reported
+        self.acks = {}  # (thread, i) -> (topic, qid, queue offset, physical offset, size, time read)
+        self.last_put = {}  # thread -> highest i reported (acknowledged or not)
+        self.durable = 0  # highest flushed offset reported
+        self.commits = {}  # (topic, qid) -> highest committed offset reported
         self.recovery = None
         for n, ln in enumerate(lines):
             f = ln.split()
@@ -215,13 +215,17 @@ class Session:
 
 
 def settings(rng, flush):
-    cfg = dict(flush_disk_type=flush, mapped_file_size_commit_log=SEGMENT,
-               mapped_file_size_consume_queue=20 * rng.choice([16, 64, 256]),
-               flush_interval_consume_queue=rng.choice([10, 100, 1000]),
-               preallocate_mapped_file=rng.random() < 0.7)
+    cfg = dict(
+        flush_disk_type=flush,
+        mapped_file_size_commit_log=SEGMENT,
+        mapped_file_size_consume_queue=20 * rng.choice([16, 64, 256]),
+        flush_interval_consume_queue=rng.choice([10, 100, 1000]),
+        preallocate_mapped_file=rng.random() < 0.7,
+    )
     if flush == "ASYNC_FLUSH":
-        cfg.update(flush_interval_commit_log=rng.choice([10, 50, 200, 500]),
-                   flush_commit_log_least_pages=rng.choice([0, 1, 4]))
+        cfg.update(
+            flush_interval_commit_log=rng.choice([10, 50, 200, 500]), flush_commit_log_least_pages=rng.choice([0, 1, 4])
+        )
     # the smallest budget of mapped queue files: queue files (16 units each, at the smallest) are unmapped while
     # their units are not flushed yet, and the ConsumeQueue flush makes them durable through a descriptor
     cfg["max_mapped_queue_files"] = rng.choice([16, 4096])
@@ -229,16 +233,28 @@ def settings(rng, flush):
 
 
 def job_for(rng, root, cfg, seed, session):
-    return dict(root=str(root), config=cfg, seed=seed, session=session, threads=rng.choice([1, 2, 3]),
-                topics=TOPICS, queues=QUEUES, sizes=list(SIZES), consumer=rng.random() < 0.6)
+    return dict(
+        root=str(root),
+        config=cfg,
+        seed=seed,
+        session=session,
+        threads=rng.choice([1, 2, 3]),
+        topics=TOPICS,
+        queues=QUEUES,
+        sizes=list(SIZES),
+        consumer=rng.random() < 0.6,
+    )
 
 
 def powerfs_mounts(under):
     """The powerfs mounts at or below the directory ``under`` (other test runs on this machine may have their own)."""
     root = os.path.realpath(under)
     with open("/proc/self/mountinfo") as f:
-        return [line for line in f if " fuse.powerfs " in line
-                and (line.split()[4] == root or line.split()[4].startswith(root + "/"))]
+        return [
+            line
+            for line in f
+            if " fuse.powerfs " in line and (line.split()[4] == root or line.split()[4].startswith(root + "/"))
+        ]
 
 
 def mounted(disk, mnt):
@@ -310,8 +326,9 @@ def check(root, cfg, flush, seed, sessions, figures, *, concurrent=False):
     expected = {}  # (session, thread) -> the messages it may have put, as generated
     for s in sessions:
         for k in range(s.job["threads"]):  # up to one put in flight per thread, unreported, at the kill
-            expected[(s.number, k)] = power_writer.messages(s.job["seed"], s.number, k, TOPICS, QUEUES, SIZES,
-                                                            s.last_put.get(k, -1) + 2)
+            expected[(s.number, k)] = power_writer.messages(
+                s.job["seed"], s.number, k, TOPICS, QUEUES, SIZES, s.last_put.get(k, -1) + 2
+            )
     st = localmq.open(root, **cfg)
     try:
         rep = st.recovery
@@ -341,14 +358,16 @@ def check(root, cfg, flush, seed, sessions, figures, *, concurrent=False):
                     assert (gtopic, gqid, bytes(m.body)) == (topic, qid, gbody), f"{ident} differs at {off}"
                     assert dict(m.properties) == {"KEYS": gkey}, (
                         f"{ident} at {topic}-{qid}@{off} (commit log {m.physical_offset}): properties "
-                        f"{dict(m.properties)!r}, put with KEYS {gkey!r}")
+                        f"{dict(m.properties)!r}, put with KEYS {gkey!r}"
+                    )
                     assert ident not in found, f"{ident} twice: {found[ident][:4]} and {(topic, qid, off)}"
                     found[ident] = (topic, qid, off, m.physical_offset, gbody)
                     prev = order.get((s, k), -1)
                     assert i > prev, f"{topic}-{qid}: {(s, k, i)} after {(s, k, prev)}"
                     order[(s, k)] = i
                     assert concurrent or all(ss <= s for ss, _ in order), (
-                        f"{topic}-{qid}: session {s} before an older one")
+                        f"{topic}-{qid}: session {s} before an older one"
+                    )
         # acknowledgements
         lost_durable, lost = [], []
         for s in sessions:
@@ -359,27 +378,36 @@ def check(root, cfg, flush, seed, sessions, figures, *, concurrent=False):
                 got = found.get((s.number, k, i))
                 if got is not None:
                     assert got[:4] == (topic, qid, qoff, phys), (
-                        f"{(s.number, k, i)} acknowledged at {(topic, qid, qoff, phys)}, found at {got[:4]}")
+                        f"{(s.number, k, i)} acknowledged at {(topic, qid, qoff, phys)}, found at {got[:4]}"
+                    )
                 elif must:
                     lost_durable.append(((s.number, k, i), (topic, qid, qoff, phys, size), s.durable))
                 else:
                     lost.append((s, phys, size, t))
         figures["checked"] += sum(len(s.acks) for s in sessions)
         figures["lost_must_survive"] += len(lost_durable)
-        assert not lost_durable, (f"{len(lost_durable)} acknowledged messages lost ({flush}; must survive), first "
-                                  f"{lost_durable[:3]}; recovery {rep}")
+        assert not lost_durable, (
+            f"{len(lost_durable)} acknowledged messages lost ({flush}; must survive), first "
+            f"{lost_durable[:3]}; recovery {rep}"
+        )
         if flush == "ASYNC_FLUSH":
             # what was lost after the last reported durable offset: messages, bytes, how far past it, and how long
             # before the kill the oldest lost message was acknowledged
-            figures["async_cuts"].append(dict(
-                interval_ms=cfg["flush_interval_commit_log"], least_pages=cfg["flush_commit_log_least_pages"],
-                acked_past_durable=sum(1 for s in sessions for (_, _, _, phys, size, _) in s.acks.values()
-                                       if phys + size > s.durable),
-                lost_msgs=len(lost), lost_bytes=sum(size for _, _, size, _ in lost),
-                past_durable_bytes=max((phys + size - s.durable for s, phys, size, _ in lost), default=0),
-                oldest_lost_ms=round(max(((s.killed - t) * 1000 for s, _, _, t in lost), default=0.0), 1)))
+            figures["async_cuts"].append(
+                dict(
+                    interval_ms=cfg["flush_interval_commit_log"],
+                    least_pages=cfg["flush_commit_log_least_pages"],
+                    acked_past_durable=sum(
+                        1 for s in sessions for (_, _, _, phys, size, _) in s.acks.values() if phys + size > s.durable
+                    ),
+                    lost_msgs=len(lost),
+                    lost_bytes=sum(size for _, _, size, _ in lost),
+                    past_durable_bytes=max((phys + size - s.durable for s, phys, size, _ in lost), default=0),
+                    oldest_lost_ms=round(max(((s.killed - t) * 1000 for s, _, _, t in lost), default=0.0), 1),
+                )
+            )
         # nothing past what each thread put (one put in flight per thread at the kill)
-        for (s, k, i) in found:
+        for s, k, i in found:
             sess = next(x for x in sessions if x.number == s)
             assert i <= sess.last_put.get(k, -1) + 1, f"{(s, k, i)}: thread {k} reported up to {sess.last_put.get(k)}"
         figures["lost_units"] += len(lost_units)
@@ -390,12 +418,14 @@ def check(root, cfg, flush, seed, sessions, figures, *, concurrent=False):
                 figures["offsets_checked"] += 1
                 assert off <= st.max_offset(topic, qid), (
                     f"committed offset {off} of {topic}-{qid} is ahead of the {st.max_offset(topic, qid)} messages "
-                    f"that survived")
+                    f"that survived"
+                )
             for s in sessions:
                 for (t, qid), off in s.commits.items():
                     if t == topic and s is last_session_reporting(sessions, t, qid):
-                        assert row.get(qid, -1) >= off, (f"session {s.number} committed {off} for {t}-{qid}; the "
-                                                         f"file holds {row.get(qid)}")
+                        assert row.get(qid, -1) >= off, (
+                            f"session {s.number} committed {off} for {t}-{qid}; the file holds {row.get(qid)}"
+                        )
         # the index finds every surviving acknowledged message by its key
         if any(s.acks for s in sessions):
             assert st.wait_for_index(30)
@@ -409,7 +439,8 @@ def check(root, cfg, flush, seed, sessions, figures, *, concurrent=False):
                     hits = st.query_message(topic, key)
                     assert any(bytes(m.body) == got[4] for m in hits), (
                         f"key {key} of {(s.number, k, i)} (commit log {got[3]}) not found: "
-                        f"{[(h.physical_offset, h.store_timestamp) for h in hits]}; index {st.stats()['index']}")
+                        f"{[(h.physical_offset, h.store_timestamp) for h in hits]}; index {st.stats()['index']}"
+                    )
                     figures["keys_checked"] += 1
         # new puts get the next offsets
         for topic in TOPICS:
@@ -432,16 +463,38 @@ def last_session_reporting(sessions, topic, qid):
 
 
 def new_figures():
-    return dict(cuts=0, recuts=0, opened=0, acked=0, acked_must_survive=0, checked=0, lost_must_survive=0,
-                gaps=0, dropped_tails=0, lost_units=0, offsets_checked=0, keys_checked=0, seconds=0.0, per_cut=[],
-                async_cuts=[], delayed_acked=0, delayed_delivered=0, txn_committed=0, txn_delivered=0)
+    return dict(
+        cuts=0,
+        recuts=0,
+        opened=0,
+        acked=0,
+        acked_must_survive=0,
+        checked=0,
+        lost_must_survive=0,
+        gaps=0,
+        dropped_tails=0,
+        lost_units=0,
+        offsets_checked=0,
+        keys_checked=0,
+        seconds=0.0,
+        per_cut=[],
+        async_cuts=[],
+        delayed_acked=0,
+        delayed_delivered=0,
+        txn_committed=0,
+        txn_delivered=0,
+    )
 
 
 def summary(flush, mode, f):
     """The figures of one test: counts, time per cut, and for ASYNC_FLUSH the loss after the durable offset."""
     out = {k: v for k, v in f.items() if not isinstance(v, list)}
-    out.update(flush=flush, mode=mode, seconds=round(f["seconds"], 1),
-               seconds_per_cut=round(f["seconds"] / max(1, f["cuts"]), 3))
+    out.update(
+        flush=flush,
+        mode=mode,
+        seconds=round(f["seconds"], 1),
+        seconds_per_cut=round(f["seconds"] / max(1, f["cuts"]), 3),
+    )
     if f["per_cut"]:
         out["seconds_per_cut_max"] = round(max(f["per_cut"]), 3)
     if f["async_cuts"]:
@@ -481,9 +534,15 @@ def test_power_cuts(server, power_dir, tmp_path, flush, mode):
         shutil.copytree(base / "disk", tmp_path / "disk", symlinks=True, dirs_exist_ok=True)
         return f"; the disk is kept in {tmp_path / 'disk'}"
 
-    run_cuts(base, flush, mode, range(CUTS_PER_TEST),
-             lambda seed, figures: run_cut(server, base, flush, mode, seed, figures), kept_disk,
-             f"tests/test_power_loss.py::test_power_cuts[{flush}-{mode}]")
+    run_cuts(
+        base,
+        flush,
+        mode,
+        range(CUTS_PER_TEST),
+        lambda seed, figures: run_cut(server, base, flush, mode, seed, figures),
+        kept_disk,
+        f"tests/test_power_loss.py::test_power_cuts[{flush}-{mode}]",
+    )
 
 
 def run_cuts(base, flush, mode, seeds, cut, kept_disk, test_id):
@@ -492,12 +551,14 @@ def run_cuts(base, flush, mode, seeds, cut, kept_disk, test_id):
     ``kept_disk()`` kept. Then the figures' summary (printed, appended to ``LOCALMQ_POWER_REPORT``) and its checks:
     no message that had to survive was lost, and some were checked."""
     figures = new_figures()
-    for seed in ([int(REPLAY_SEED)] if REPLAY_SEED is not None else seeds):
+    for seed in [int(REPLAY_SEED)] if REPLAY_SEED is not None else seeds:
         try:
             cut(seed, figures)
         except Exception as e:
-            raise AssertionError(f"power cut failed: flush={flush} mode={mode} seed={seed} (replay: "
-                                 f"LOCALMQ_POWER_SEED={seed} python -m pytest '{test_id}'){kept_disk()}: {e}") from e
+            raise AssertionError(
+                f"power cut failed: flush={flush} mode={mode} seed={seed} (replay: "
+                f"LOCALMQ_POWER_SEED={seed} python -m pytest '{test_id}'){kept_disk()}: {e}"
+            ) from e
         finally:
             assert not powerfs_mounts(base), "a powerfs mount was left behind"
     shutil.rmtree(base, ignore_errors=True)
@@ -550,8 +611,15 @@ def _special_outcomes(lines):
 
 
 # the topics of the special job (delayed, transactional, retried messages) and the system topics they go through
-SPECIAL_TOPICS = {"pdelay", "ptxn", "pretry", "%RETRY%PRG", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
-                  "RMQ_SYS_TRANS_OP_HALF_TOPIC"}
+SPECIAL_TOPICS = {
+    "pdelay",
+    "ptxn",
+    "pretry",
+    "%RETRY%PRG",
+    "SCHEDULE_TOPIC_XXXX",
+    "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+}
 
 
 def _check_retries(seed, job, lines, sent_back, got_r, got_p, committed_p, figures):
@@ -633,7 +701,7 @@ def test_delayed_and_transactional_messages_survive_power_cuts(server, power_dir
     offset passed) is retried exactly once, and nothing that was never put."""
     base = power_dir / f"special-{mode}"
     figures = dict(cuts=0, recuts=0, delayed_acked=0, delayed_delivered=0, txn_committed=0, txn_delivered=0)
-    for seed in ([int(REPLAY_SEED)] if REPLAY_SEED is not None else range(SPECIAL_CUTS)):
+    for seed in [int(REPLAY_SEED)] if REPLAY_SEED is not None else range(SPECIAL_CUTS):
         rng = random.Random(f"special/{mode}/{seed}")
         disk, mnt = base / "disk", base / "mnt"
         shutil.rmtree(disk, ignore_errors=True)
@@ -658,9 +726,11 @@ def test_delayed_and_transactional_messages_survive_power_cuts(server, power_dir
         try:
             _check_special(disk / "store", cfg, seed, job, lines, figures)
         except Exception as e:
-            raise AssertionError(f"power cut failed: mode={mode} seed={seed} (replay: LOCALMQ_POWER_SEED={seed} "
-                                 f"python -m pytest 'tests/test_power_loss.py::"
-                                 f"test_delayed_and_transactional_messages_survive_power_cuts[{mode}]'): {e}") from e
+            raise AssertionError(
+                f"power cut failed: mode={mode} seed={seed} (replay: LOCALMQ_POWER_SEED={seed} "
+                f"python -m pytest 'tests/test_power_loss.py::"
+                f"test_delayed_and_transactional_messages_survive_power_cuts[{mode}]'): {e}"
+            ) from e
         figures["cuts"] += 1
         assert not powerfs_mounts(base), "a powerfs mount was left behind"
     shutil.rmtree(base, ignore_errors=True)
@@ -670,7 +740,6 @@ def test_delayed_and_transactional_messages_survive_power_cuts(server, power_dir
             f.write(json.dumps(dict(figures, mode=mode, test="special")) + "\n")
     assert figures["delayed_acked"] > 0 and figures["txn_committed"] > 0, figures
     assert figures.get("retries_sent_back", 0) > 0, figures
-
 
 
 # the small store of the recovery sweep below and of tests/test_power_loss_found.py
@@ -701,8 +770,17 @@ def test_a_recovery_cut_at_any_of_its_syncs_and_unlinks_leaves_a_store_that_open
             f.write(bytes(SEGMENT - start))
     (state / "abort").touch()
     disk, mnt = tmp_path / "disk", tmp_path / "mnt"
-    job = dict(root=str(mnt), config=SMALL, seed=0, session=1, threads=0, topics=TOPICS, queues=QUEUES,
-               sizes=list(SIZES), open_may_fail=True)
+    job = dict(
+        root=str(mnt),
+        config=SMALL,
+        seed=0,
+        session=1,
+        threads=0,
+        topics=TOPICS,
+        queues=QUEUES,
+        sizes=list(SIZES),
+        open_may_fail=True,
+    )
     k, failed_opens, durable = 0, 0, None
     while True:
         k += 1
@@ -725,8 +803,9 @@ def test_a_recovery_cut_at_any_of_its_syncs_and_unlinks_leaves_a_store_that_open
                     durable = n
                 assert n == durable, (k, n, durable)
         except Exception as e:
-            raise AssertionError(f"{mode} cut after the recovery's operation {k} failed: the store does not open: "
-                                 f"{e}") from e
+            raise AssertionError(
+                f"{mode} cut after the recovery's operation {k} failed: the store does not open: {e}"
+            ) from e
         if not injected:
             break
     assert k > 10 and failed_opens > 0

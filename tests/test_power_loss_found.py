@@ -3,6 +3,7 @@
 the power cut (``cut_after``), or a store damaged the way a cut leaves it (torn properties, a hole under a gap, a
 queue file cut by recovery), then opened and checked. tests/powerfs/README.md ends with the figures of these runs.
 """
+
 import ctypes
 import os
 import random
@@ -15,7 +16,6 @@ import pytest
 import localmq
 from localmq import GetStatus
 from localmq.store.config_json import read_offset_table
-
 from powerfs import run_then_kill
 from test_power_loss import SEGMENT, SMALL, mounted, read_queue
 
@@ -73,8 +73,7 @@ def test_segments_are_sized_durably_before_their_names(tmp_path):
     disk, mnt = tmp_path / "disk", tmp_path / "mnt"
     assert cut_after(SEGMENTS_AHEAD, disk, mnt, mnt / "store").split() == ["2"]
     seg_dir = disk / "store" / "commitlog"
-    assert {p.name: p.stat().st_size for p in seg_dir.iterdir()} == {
-        f"{i * 65536:020d}": 65536 for i in range(3)}
+    assert {p.name: p.stat().st_size for p in seg_dir.iterdir()} == {f"{i * 65536:020d}": 65536 for i in range(3)}
     with localmq.open(disk / "store", mapped_file_size_commit_log=65536) as st:
         assert st.recovery.dropped_at is None
         assert st.put("t", b"after").queue_offset == 0  # the unflushed message is gone, its offset is taken again
@@ -235,7 +234,8 @@ def test_a_unit_pointing_into_a_gap_becomes_a_lost_unit(tmp_path):
         assert got == {w[0]: (None if w[0] in lost else w[3]) for w in written}
         # what a get delivers is what the readers walk
         assert [bytes(m.body) for m in localmq.read_commitlog(root / "commitlog", mapped_file_size=SEGMENT)] == [
-            w[3] for w in written if w[0] not in lost]
+            w[3] for w in written if w[0] not in lost
+        ]
 
 
 def test_a_segment_is_created_ahead_only_after_the_one_before_it(tmp_path, monkeypatch):
@@ -295,8 +295,9 @@ def test_a_gap_over_a_hole_is_stepped_over_by_every_later_open(tmp_path):
         assert gap["offset"] < 8192 and gap["offset"] + gap["bytes"] > 12288
         survivors = read_queue_a(st)
         end = st.recovery.end_offset
-    assert survivors == [(w[0], None if gap["offset"] <= w[1] < gap["offset"] + gap["bytes"] else w[3])
-                         for w in written]
+    assert survivors == [
+        (w[0], None if gap["offset"] <= w[1] < gap["offset"] + gap["bytes"] else w[3]) for w in written
+    ]
     assert end == written[-1][1] + written[-1][2]
     for abort in (False, True):
         if abort:

@@ -21,6 +21,7 @@ what survived, and new puts get the next offsets.
 ``LOCALMQ_SHARED_POWER_CUTS=N`` runs N cuts in all (default 12); ``LOCALMQ_POWER_SEED=S`` replays one seed. Needs
 root (losetup, mount); a missing tool or a refused loop device fails the test, never skips it.
 """
+
 import os
 import random
 import shutil
@@ -60,8 +61,9 @@ class Ext4:
         where.mkdir(parents=True, exist_ok=True)
         r = _run("losetup", "-f", "--show", str(image), check_rc=False)
         if r.returncode != 0:
-            pytest.fail(f"no loop device for the shared-store power cuts (run as root): {r.stderr.strip()}",
-                        pytrace=False)
+            pytest.fail(
+                f"no loop device for the shared-store power cuts (run as root): {r.stderr.strip()}", pytrace=False
+            )
         self.dev = r.stdout.strip()
         try:
             _run("mount", "-t", "ext4", self.dev, str(where))
@@ -168,8 +170,9 @@ def run_shared_cut(servers, base, flush, mode, seed, figures):
         try:
             fsys = Ext4(mnt / "fs.img", ext)
             try:
-                sessions += _run_sessions(servers, _jobs(rng, ext, cfg, seed, 3), rng.uniform(0.0, 0.8), first=3,
-                                          from_ready=False)
+                sessions += _run_sessions(
+                    servers, _jobs(rng, ext, cfg, seed, 3), rng.uniform(0.0, 0.8), first=3, from_ready=False
+                )
                 fs.cut(mode, rng.randrange(1 << 31))
             finally:
                 fsys.down()
@@ -199,6 +202,12 @@ def test_shared_store_power_cuts(servers, shared_dir, tmp_path, flush, mode):
         shutil.copy(base / "disk" / "fs.img", tmp_path / "fs.img")
         return f"; the ext4 image is kept in {tmp_path / 'fs.img'}"
 
-    pl.run_cuts(base, flush, mode, range(CUTS_PER_TEST),
-                lambda seed, figures: run_shared_cut(servers, base, flush, mode, seed, figures), kept_disk,
-                f"tests/test_power_loss_shared.py::test_shared_store_power_cuts[{flush}-{mode}]")
+    pl.run_cuts(
+        base,
+        flush,
+        mode,
+        range(CUTS_PER_TEST),
+        lambda seed, figures: run_shared_cut(servers, base, flush, mode, seed, figures),
+        kept_disk,
+        f"tests/test_power_loss_shared.py::test_shared_store_power_cuts[{flush}-{mode}]",
+    )

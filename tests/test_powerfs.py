@@ -3,6 +3,7 @@
 Each expectation comes from what a power cut may do to a POSIX file system (tests/powerfs/README.md): what was
 fsynced is there, what was not may be gone; a new name is durable once its directory was fsynced.  Nothing here
 uses localmq."""
+
 import contextlib
 import ctypes
 import errno
@@ -65,8 +66,6 @@ def mnt(tmp_path):
     return tmp_path / "mnt"
 
 
-
-
 def fresh_disk(disk, files=None):
     """An empty backing directory holding ``files`` (name -> bytes) as durable content."""
     shutil.rmtree(disk, ignore_errors=True)
@@ -80,7 +79,7 @@ def write_file(path, data, *, sync=False, datasync=False, flags=os.O_TRUNC):
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         if sync:
             os.fsync(fd)
         if datasync:
@@ -214,8 +213,17 @@ def test_mmap_writes_are_durable_after_msync_and_lost_without(disk, mnt):
 
 
 def test_size_changes_are_lost_unless_synced(disk, mnt):
-    fresh_disk(disk, {"grown": b"g" * 100, "shrunk": b"s" * 10000, "allocated": b"a" * 100,
-                      "kept": b"k" * 100, "punched": b"p" * 3 * PAGE, "keep_size": b"z" * 100})
+    fresh_disk(
+        disk,
+        {
+            "grown": b"g" * 100,
+            "shrunk": b"s" * 10000,
+            "allocated": b"a" * 100,
+            "kept": b"k" * 100,
+            "punched": b"p" * 3 * PAGE,
+            "keep_size": b"z" * 100,
+        },
+    )
     with mounted(disk, mnt) as fs:
         os.truncate(mnt / "grown", 50000)
         os.truncate(mnt / "shrunk", 10)
@@ -463,10 +471,10 @@ def sectors_of(data):
     assert len(data) == len(OLD_PAGES)
     marks = []
     for off in range(0, len(data), SECTOR):
-        sector = data[off:off + SECTOR]
+        sector = data[off : off + SECTOR]
         assert sector in (OLD_PAGES[:SECTOR], NEW_PAGES[:SECTOR]), f"a sector torn inside, at {off}"
         marks.append(sector == NEW_PAGES[:SECTOR])
-    return [marks[i:i + PAGE // SECTOR] for i in range(0, len(marks), PAGE // SECTOR)]
+    return [marks[i : i + PAGE // SECTOR] for i in range(0, len(marks), PAGE // SECTOR)]
 
 
 def test_torn_cuts_tear_pages_at_sector_granularity_deterministically(disk, mnt):

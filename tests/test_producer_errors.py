@@ -1,5 +1,6 @@
 """Producer errors a Python programmer expects (issue 14): a send that is not stored raises SendError saying how
 many messages were stored (or hands it to ``on_delivery``); ``send_batch(messages)`` makes one batched put per run."""
+
 import os
 import subprocess
 import sys
@@ -23,8 +24,14 @@ class Disk:
 
 def test_send_on_a_full_disk_raises_and_the_callback_gets_it_instead(tmp_path):
     disk = Disk(0.99)
-    with localmq.open(tmp_path / "s", mapped_file_size_commit_log=64 * 1024, clean_resource_interval=3_600_000,
-                      preallocate_mapped_file=False, disk_usage=disk, disk_full_refuse_ratio=90) as st:
+    with localmq.open(
+        tmp_path / "s",
+        mapped_file_size_commit_log=64 * 1024,
+        clean_resource_interval=3_600_000,
+        preallocate_mapped_file=False,
+        disk_usage=disk,
+        disk_full_refuse_ratio=90,
+    ) as st:
         p = st.create_producer()
         assert p.send("t", b"before").ok
         st.clean_service.run_once()  # retention sees the full disk and refuses puts
@@ -114,8 +121,15 @@ def test_send_batch_on_a_nearly_full_disk_says_how_many_were_stored(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-           f'mount -t tmpfs -o size=6m tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"']
+    cmd = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size=6m tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"',
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
     assert "SendError said so" in proc.stdout

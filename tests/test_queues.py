@@ -1,4 +1,5 @@
 """The three queues behind one interface: every test runs on the Memory, Embedded and Local queues."""
+
 import os
 import threading
 import time
@@ -11,8 +12,9 @@ from localmq.queues.base import MessageStore
 from localmq.store.config_json import read_config_json
 
 KINDS = ["memory", "embedded", "local"]
-LOCAL_CONFIG = dict(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 4096,
-                    flush_consumer_offset_interval=200)
+LOCAL_CONFIG = dict(
+    mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 4096, flush_consumer_offset_interval=200
+)
 EMBEDDED_CONFIG = dict(partition_size=64 * 1024, flush_interval_ms=50, flush_consumer_offset_interval=200)
 
 
@@ -264,8 +266,8 @@ def test_auto_commit_commits_what_earlier_polls_handed_out(harness):
     assert c.poll(5).body == b"0"
     assert c.committed("T", 0) is None
     assert c.poll(5).body == b"1"
-    assert c.committed("T", 0) == 1   # the poll of "1" committed "0"
-    c.close()                         # close commits what was handed out
+    assert c.committed("T", 0) == 1  # the poll of "1" committed "0"
+    c.close()  # close commits what was handed out
     assert mq.consumer_lag("g") == {("T", 0): 4}
     c = mq.create_consumer("g", "T", auto_commit=True)
     assert c.poll(5).body == b"2"
@@ -321,11 +323,11 @@ def test_handover_after_retention_without_duplicates(harness):
     for i in range(100):
         p.send("T", b"%d" % i)
     a = mq.create_consumer("g", "T", consumer_retention_ms=300, rebalance_interval_ms=10)
-    first = [a.poll(5) for _ in range(3)]          # prefetches a batch, hands out 3
+    first = [a.poll(5) for _ in range(3)]  # prefetches a batch, hands out 3
     a.commit()
     b = mq.create_consumer("g", "T", consumer_retention_ms=300, rebalance_interval_ms=10)
-    assert b.poll_batch(10, timeout=0.05) == []   # a still holds the queue
-    got_b = drain(b, 97, deadline_s=20)           # a stopped polling: b takes over after the retention
+    assert b.poll_batch(10, timeout=0.05) == []  # a still holds the queue
+    got_b = drain(b, 97, deadline_s=20)  # a stopped polling: b takes over after the retention
     assert [m.body for m in got_b] == [b"%d" % i for i in range(3, 100)]
     with pytest.raises(QueueReassignedError) as ei:
         a.poll(0.1)

@@ -1,4 +1,5 @@
 """EmbeddedMessageQueue specifics: the frame on disk, partitions rolled / flushed / unmapped, torn tails, lock."""
+
 import os
 import struct
 import time
@@ -7,8 +8,8 @@ import zlib
 import pytest
 
 import localmq
-from localmq.layout import FRAME_MAGIC, FRAME_OVERHEAD
 from localmq.errors import CorruptStoreError, MessageSizeError, StoreLockedError
+from localmq.layout import FRAME_MAGIC, FRAME_OVERHEAD
 
 SIZE = 8192
 
@@ -35,9 +36,9 @@ def test_frame_layout_on_disk(tmp_path):
     assert hlen == 24 and flag == 7 and store_ts >= born_ts > 0
     assert crc == zlib.crc32(props, zlib.crc32(b"hello")) & 0x7FFFFFFF
     (plen,) = struct.unpack_from(">h", raw, 17 + 2 + 24)
-    assert raw[17 + 2 + 24 + 2:17 + 2 + 24 + 2 + plen] == props
+    assert raw[17 + 2 + 24 + 2 : 17 + 2 + 24 + 2 + plen] == props
     assert total == FRAME_OVERHEAD + 5 + len(props) == 17 + 2 + 24 + 2 + plen
-    assert raw[total:total + 4] == b"\0\0\0\0"
+    assert raw[total : total + 4] == b"\0\0\0\0"
 
 
 def test_partitions_roll_are_unmapped_and_offsets_resume_inside_one(tmp_path):
@@ -97,7 +98,7 @@ def test_a_frame_written_without_its_totalsize_is_the_end(tmp_path):
     part = partitions(path)[0]
     raw = bytearray(part.read_bytes())
     first = struct.unpack_from(">i", raw, 0)[0]
-    raw[first:first + 4] = b"\0\0\0\0"          # the writer died before storing TOTALSIZE
+    raw[first : first + 4] = b"\0\0\0\0"  # the writer died before storing TOTALSIZE
     part.write_bytes(bytes(raw))
     with open_q(path) as mq:
         assert mq.max_offset("T", 0) == 1 and mq.stats()["cut_frames"] == 0
@@ -157,14 +158,14 @@ def test_a_partition_that_cannot_be_created_is_a_status_and_writes_nothing(tmp_p
     from localmq.queues import embedded
 
     with open_q(tmp_path / "q") as mq:
-        mq.put_batch("T", [b"a" * 1000] * 6)          # most of the first 8 KiB partition
+        mq.put_batch("T", [b"a" * 1000] * 6)  # most of the first 8 KiB partition
         real = embedded.MappedFile
 
         def no_space(*a, **kw):
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(embedded, "MappedFile", no_space)
-        r = mq.put_batch("T", [b"b" * 1000] * 3)       # needs the next partition
+        r = mq.put_batch("T", [b"b" * 1000] * 3)  # needs the next partition
         assert r.status is localmq.PutStatus.CREATE_MAPPED_FILE_FAILED and not r.ok
         assert mq.put("T", b"c" * 3000).status is localmq.PutStatus.CREATE_MAPPED_FILE_FAILED
         assert mq.max_offset("T", 0) == 6

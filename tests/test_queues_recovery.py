@@ -1,5 +1,6 @@
 """kill -9 of a process producing and consuming: no acknowledged message lost, committed offsets never go back
 and a restarted consumer neither skips nor rewinds past its commit (Embedded and Local queues)."""
+
 import os
 import signal
 import subprocess
@@ -45,8 +46,9 @@ CHILD = textwrap.dedent("""
 
 def run_round(path, kind, start, lines_before_kill):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), kind, str(start)], stdout=subprocess.PIPE,
-                            env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), kind, str(start)], stdout=subprocess.PIPE, env=env, text=True
+    )
     lines = []
     try:
         deadline = time.monotonic() + 60
@@ -63,14 +65,17 @@ def run_round(path, kind, start, lines_before_kill):
         proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
     # a line cut by the kill is not an acknowledgment
-    return [ln for ln in lines if ln and (ln[0] == "READY" and len(ln) == 2 or len(ln) == 3 or ln[0] == "C"
-                                          and len(ln) == 2)]
+    return [
+        ln
+        for ln in lines
+        if ln and (ln[0] == "READY" and len(ln) == 2 or len(ln) == 3 or ln[0] == "C" and len(ln) == 2)
+    ]
 
 
 @pytest.mark.parametrize("kind", ["embedded", "local"])
 def test_sigkill_loses_nothing_acknowledged_and_offsets_never_go_back(tmp_path, kind):
     path = tmp_path / "q"
-    acked = {}            # seq -> queue offset
+    acked = {}  # seq -> queue offset
     last_commit = None
     seq = 0
     for rnd in range(3):

@@ -29,6 +29,7 @@ Spark block; ``TMPDIR`` (Python's tempfile, multiprocessing) and the JVM's ``jav
 directories and native libraries, through ``SPARK_SUBMIT_OPTS``) point into tmp_path, and the JVM writes no
 ``/tmp/hsperfdata_*`` file (``-XX:-UsePerfData``), so that a run leaves nothing in /tmp.
 """
+
 import doctest
 import os
 import re
@@ -74,8 +75,11 @@ def readme_blocks() -> List[Block]:
         text = f.read()
     fences = list(FENCE_RE.finditer(text))
     # section headings, not the comments of the code blocks
-    headings = [(h.start(), h.group(1)) for h in HEADING_RE.finditer(text)
-                if not any(f.start() < h.start() < f.end() for f in fences)]
+    headings = [
+        (h.start(), h.group(1))
+        for h in HEADING_RE.finditer(text)
+        if not any(f.start() < h.start() < f.end() for f in fences)
+    ]
     blocks: List[Block] = []
     claimed = set()
     for i, m in enumerate(fences):
@@ -83,7 +87,7 @@ def readme_blocks() -> List[Block]:
             continue
         want = None
         nxt = fences[i + 1] if i + 1 < len(fences) else None
-        between = text[m.end():nxt.start() if nxt is not None else len(text)]
+        between = text[m.end() : nxt.start() if nxt is not None else len(text)]
         if nxt is not None and nxt.group(1) == "text" and PRINTS_RE.match(between):
             want = nxt.group(2)
             claimed.add(i + 1)
@@ -91,14 +95,23 @@ def readme_blocks() -> List[Block]:
             head = between.lstrip().split("\n", 1)[0]
             assert not head.startswith("It prints"), (
                 f"README.md line {text.count(chr(10), 0, m.start()) + 1}: {head!r} after a python block must be "
-                f"followed by a ```text block and nothing else")
+                f"followed by a ```text block and nothing else"
+            )
         heading = [h for pos, h in headings if pos < m.start()]
-        blocks.append(Block(f"{len(blocks) + 1}-{_slug(heading[-1] if heading else '')}",
-                            text.count("\n", 0, m.start()) + 1, m.group(2), want))
+        blocks.append(
+            Block(
+                f"{len(blocks) + 1}-{_slug(heading[-1] if heading else '')}",
+                text.count("\n", 0, m.start()) + 1,
+                m.group(2),
+                want,
+            )
+        )
     for i, m in enumerate(fences):
         if m.group(1) == "text":
-            assert i in claimed, (f"README.md line {text.count(chr(10), 0, m.start()) + 1}: a ```text block that "
-                                  f"is no python block's \"It prints:\" output")
+            assert i in claimed, (
+                f"README.md line {text.count(chr(10), 0, m.start()) + 1}: a ```text block that "
+                f'is no python block\'s "It prints:" output'
+            )
     return blocks
 
 
@@ -115,7 +128,7 @@ def test_readme_block_runs_as_pasted(block, tmp_path):
     where = f"README.md line {block.line} ({block.id})"
     assert "/data" not in block.code, f"{where} refers to /data"
     bad = ABSOLUTE_PATH_RE.search(block.code)
-    assert bad is None, f"{where} names a path outside a temporary directory: {block.code[bad.start():][:60]!r}"
+    assert bad is None, f"{where} names a path outside a temporary directory: {block.code[bad.start() :][:60]!r}"
 
     script = tmp_path / "block.py"
     script.write_text(block.code, encoding="utf-8")
@@ -128,11 +141,20 @@ def test_readme_block_runs_as_pasted(block, tmp_path):
     env["PYSPARK_PYTHON"] = sys.executable
     env["TMPDIR"] = str(scratch)
     env["SPARK_SUBMIT_OPTS"] = " ".join(
-        filter(None, [env.get("SPARK_SUBMIT_OPTS"), f"-Djava.io.tmpdir={scratch}", "-XX:-UsePerfData"]))
+        filter(None, [env.get("SPARK_SUBMIT_OPTS"), f"-Djava.io.tmpdir={scratch}", "-XX:-UsePerfData"])
+    )
 
     # a session of its own, so that a block that hangs is ended with everything it started (pool workers, a JVM)
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -146,5 +168,7 @@ def test_readme_block_runs_as_pasted(block, tmp_path):
         checker = doctest.OutputChecker()
         flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
         if not checker.check_output(block.want, out, flags):
-            pytest.fail(f"{where} does not print what the README says it prints:\n"
-                        + checker.output_difference(doctest.Example("", block.want), out, flags))
+            pytest.fail(
+                f"{where} does not print what the README says it prints:\n"
+                + checker.output_difference(doctest.Example("", block.want), out, flags)
+            )

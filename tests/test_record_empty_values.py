@@ -1,21 +1,21 @@
 """Empty tags and empty property values (issue 25 item 5): stored as RocketMQ stores them (``name\\x01``, spec 1.7;
 tagsCode 0, spec 2.2) by every put path and every queue kind, read back as RocketMQ's reader reads them (the pair
 dropped), filtered as messages without a tag; what RocketMQ could not read back is still refused."""
+
 import struct
 import time
 
 import pytest
 
 import localmq
+from helpers import golden_record
 from localmq import GetStatus
 from localmq.filter import compile_sql92
 from localmq.store.readers import read_commitlog
 
-from helpers import golden_record
-
 KW = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=20 * 1024)
 SEG0 = "0" * 20
-JAVA_HASH_TAG1 = 2567159   # spec 2.2: "TAG1".hashCode(), confirmed in a RocketMQ fixture
+JAVA_HASH_TAG1 = 2567159  # spec 2.2: "TAG1".hashCode(), confirmed in a RocketMQ fixture
 # spec 1.1 with IPv4 hosts: the fields before BODYLEN take 84 bytes
 BODY_LEN_AT = 84
 
@@ -35,7 +35,7 @@ def record_properties(rec):
     topic_at = BODY_LEN_AT + 4 + body_len
     props_at = topic_at + 1 + rec[topic_at] + 2
     props_len = struct.unpack_from(">h", rec, props_at - 2)[0]
-    return rec[props_at:props_at + props_len]
+    return rec[props_at : props_at + props_len]
 
 
 def same_pairs(raw, expected):
@@ -77,8 +77,7 @@ def test_string2messageProperties_drops_the_empty_pairs():
     assert localmq.parse_properties(b"long_name\x01\x02TAGS\x01t") == {"TAGS": "t"}
 
 
-@pytest.mark.parametrize("props", [{"": "x"}, {"": ""}, {"a\x01": ""}, {"a\x02": "x"}, {"a": "x\x01"},
-                                   {"a": "\x02"}])
+@pytest.mark.parametrize("props", [{"": "x"}, {"": ""}, {"a\x01": ""}, {"a\x02": "x"}, {"a": "x\x01"}, {"a": "\x02"}])
 def test_what_cannot_be_read_back_is_still_refused(props, tmp_path):
     with pytest.raises(localmq.InvalidPropertyError):
         localmq.properties_to_bytes(props)
@@ -115,28 +114,43 @@ def test_local_store_writes_the_pairs_and_tags_code_0(tmp_path):
         assert st.wait_for_dispatch(10)
         got = st.get_message("t", 0, 0, 8).messages
     log = (root / "commitlog" / SEG0).read_bytes()
-    rec0 = log[r0.physical_offset:r0.physical_offset + r0.wrote_bytes]
+    rec0 = log[r0.physical_offset : r0.physical_offset + r0.wrote_bytes]
     props0 = record_properties(rec0)
     same_pairs(props0, [("a", ""), ("b", "x"), ("TAGS", "")])
     m = got[0]
     # the whole record is spec 1.1 with those property bytes
-    assert rec0 == golden_record(topic=b"t", body=b"empty", props=props0, queue_id=0, flag=0, queue_offset=0,
-                                 phys=0, born_ts=m.born_timestamp, born_host=rec0[48:56],
-                                 store_ts=m.store_timestamp, store_host=rec0[64:72], reconsume=0)
-    same_pairs(record_properties(log[r1.physical_offset:r1.physical_offset + r1.wrote_bytes]),
-               [("a", ""), ("TAGS", "TAG1")])
-    assert record_properties(log[r2.physical_offset:r2.physical_offset + r2.wrote_bytes]) == b"TAGS\x01"
+    assert rec0 == golden_record(
+        topic=b"t",
+        body=b"empty",
+        props=props0,
+        queue_id=0,
+        flag=0,
+        queue_offset=0,
+        phys=0,
+        born_ts=m.born_timestamp,
+        born_host=rec0[48:56],
+        store_ts=m.store_timestamp,
+        store_host=rec0[64:72],
+        reconsume=0,
+    )
+    same_pairs(
+        record_properties(log[r1.physical_offset : r1.physical_offset + r1.wrote_bytes]), [("a", ""), ("TAGS", "TAG1")]
+    )
+    assert record_properties(log[r2.physical_offset : r2.physical_offset + r2.wrote_bytes]) == b"TAGS\x01"
     # spec 2.2: no tags (a TAGS the reader drops) gives tagsCode 0
-    assert cq_units(root, "t") == [(r0.physical_offset, r0.wrote_bytes, 0),
-                                   (r1.physical_offset, r1.wrote_bytes, JAVA_HASH_TAG1),
-                                   (r2.physical_offset, r2.wrote_bytes, 0)]
+    assert cq_units(root, "t") == [
+        (r0.physical_offset, r0.wrote_bytes, 0),
+        (r1.physical_offset, r1.wrote_bytes, JAVA_HASH_TAG1),
+        (r2.physical_offset, r2.wrote_bytes, 0),
+    ]
     assert [(x.tags, x.properties) for x in got] == [(None, {"b": "x"}), ("TAG1", {"TAGS": "TAG1"}), (None, {})]
     assert got[0].raw_properties == props0
     # the offline reader, as RocketMQ's MessageDecoder
     with read_commitlog(root / "commitlog") as reader:
         offline = list(reader)
-    assert [(x.tags, x.properties, x.raw_properties) for x in offline] == \
-        [(x.tags, x.properties, x.raw_properties) for x in got]
+    assert [(x.tags, x.properties, x.raw_properties) for x in offline] == [
+        (x.tags, x.properties, x.raw_properties) for x in got
+    ]
 
 
 def test_shared_store_and_put_batch(tmp_path):
@@ -183,8 +197,7 @@ def test_every_put_path_reads_back_as_rocketmq(kind, tmp_path):
         p.send_batch([p.create_message("t", b"sb2", tags="", properties={"b": "y", "a": ""})])
         p.send("t", b"tagged", tags="T")
         got = _all(mq, "t", 0)
-        assert [m.body for m in got] == [b"put", b"batch1", b"batch2", b"send", b"message", b"sb1", b"sb2",
-                                         b"tagged"]
+        assert [m.body for m in got] == [b"put", b"batch1", b"batch2", b"send", b"message", b"sb1", b"sb2", b"tagged"]
         for m in got[:-1]:
             assert m.tags is None, m.body
             assert "a" not in m.properties and "TAGS" not in m.properties, m.body
@@ -235,8 +248,13 @@ def test_delayed_and_transactional_paths(tmp_path):
         assert unit[2] == s.store_timestamp + 1000
 
         tp = st.create_transaction_producer("pg", lambda m: localmq.LocalTransactionState.UNKNOW, queue_id=3)
-        t = tp.send_in_transaction("paid", b"tx", lambda m, arg: localmq.LocalTransactionState.COMMIT_MESSAGE,
-                                   tags="", properties={"a": "", "b": "x"})
+        t = tp.send_in_transaction(
+            "paid",
+            b"tx",
+            lambda m, arg: localmq.LocalTransactionState.COMMIT_MESSAGE,
+            tags="",
+            properties={"a": "", "b": "x"},
+        )
         assert t.commit is not None
         (c,) = _all(st, "paid", 3)
         assert c.tags is None and c.properties["b"] == "x" and "a" not in c.properties

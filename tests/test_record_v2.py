@@ -1,6 +1,7 @@
 """RocketMQ 5.x V2 records (magic 0xDAA320AB, int16 topic length; spec 1.4 and 1.10): golden bytes built here from
 the spec, decoded by localmq; stores holding V1 and V2 records read by every reader, the CLI and a plain open that
 changes no byte; long topics written as V2 records."""
+
 import hashlib
 import json
 import os
@@ -13,30 +14,47 @@ from pathlib import Path
 import pytest
 
 import localmq
+from helpers import queue_messages
 from localmq._record import decode_message, encode_message, scan_record, walk_records
 from localmq.store.readers import read_commitlog
-from helpers import queue_messages
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 KW = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=20 * 1024)
 SEG = 64 * 1024
-LONG = "L" * 130 + "-v2"            # 133 chars: RocketMQ 5.x writes its records as V2
-LONGEST = "x" * 255                 # the longest topic a ConsumeQueue directory name can hold
+LONG = "L" * 130 + "-v2"  # 133 chars: RocketMQ 5.x writes its records as V2
+LONGEST = "x" * 255  # the longest topic a ConsumeQueue directory name can hold
 
 
-def rocketmq_record(topic, body, props=b"", *, v2, queue_id=0, queue_offset=0, physical_offset=0,
-                    store_ts=1_700_000_000_123):
+def rocketmq_record(
+    topic, body, props=b"", *, v2, queue_id=0, queue_offset=0, physical_offset=0, store_ts=1_700_000_000_123
+):
     """One record as spec 1.1 / 1.10 lays it out, written field by field (not with localmq's encoder): IPv4 hosts
     127.0.0.1:5555 (born) and 10.0.0.7:10911 (store)."""
     t = topic.encode()
     topic_len = struct.pack(">h", len(t)) if v2 else struct.pack(">b", len(t))
     magic = 0xDAA320AB if v2 else 0xDAA320A7
-    fields = (struct.pack(">i", queue_id) + struct.pack(">i", 7) + struct.pack(">q", queue_offset)
-              + struct.pack(">q", physical_offset) + struct.pack(">i", 0) + struct.pack(">q", store_ts - 5)
-              + bytes([127, 0, 0, 1]) + struct.pack(">i", 5555) + struct.pack(">q", store_ts)
-              + bytes([10, 0, 0, 7]) + struct.pack(">i", 10911) + struct.pack(">i", 0) + struct.pack(">q", 0)
-              + struct.pack(">i", len(body)) + body + topic_len + t + struct.pack(">h", len(props)) + props)
+    fields = (
+        struct.pack(">i", queue_id)
+        + struct.pack(">i", 7)
+        + struct.pack(">q", queue_offset)
+        + struct.pack(">q", physical_offset)
+        + struct.pack(">i", 0)
+        + struct.pack(">q", store_ts - 5)
+        + bytes([127, 0, 0, 1])
+        + struct.pack(">i", 5555)
+        + struct.pack(">q", store_ts)
+        + bytes([10, 0, 0, 7])
+        + struct.pack(">i", 10911)
+        + struct.pack(">i", 0)
+        + struct.pack(">q", 0)
+        + struct.pack(">i", len(body))
+        + body
+        + topic_len
+        + t
+        + struct.pack(">h", len(props))
+        + props
+    )
     total = 4 + 4 + 4 + len(fields)
     # calMsgLength with 5.x's topicLengthSize: 91 + body + topic + props, plus one for the int16 topic length
     assert total == 91 + len(body) + len(t) + len(props) + (1 if v2 else 0)
@@ -50,7 +68,7 @@ def test_golden_v2_record_decodes():
     assert rec[4:8] == bytes.fromhex("daa320ab")
     # the topic length is two bytes, right after the body
     at = len(rec) - 2 - len(props) - len(LONG) - 2
-    assert rec[at:at + 2] == struct.pack(">h", len(LONG)) and rec[at - 7:at] == b"payload"
+    assert rec[at : at + 2] == struct.pack(">h", len(LONG)) and rec[at - 7 : at] == b"payload"
     m = decode_message(rec, base_offset=4096)
     assert (m.topic, m.queue_id, m.queue_offset, m.physical_offset) == (LONG, 3, 41, 4096)
     assert m.body == b"payload" and m.tags == "created" and m.keys == ("order-1", "order-2")
@@ -74,15 +92,23 @@ def test_v2_record_with_a_short_topic_and_damage_checks():
     # a negative int16 topic length is a bad length, never a read out of the record
     neg = bytearray(rec)
     at = len(rec) - 2 - len("short") - 2
-    neg[at:at + 2] = struct.pack(">h", -3)
+    neg[at : at + 2] = struct.pack(">h", -3)
     assert scan_record(bytes(neg), 0, False)[0] == "bad length"
 
 
 def test_encode_writes_v2_for_long_topics_only():
     props = b"TAGS\x01t"
-    kw = dict(queue_id=3, flag=7, queue_offset=41, physical_offset=4096, born_timestamp=1_700_000_000_118,
-              born_host="127.0.0.1:5555", store_timestamp=1_700_000_000_123, store_host="10.0.0.7:10911",
-              properties=props)
+    kw = dict(
+        queue_id=3,
+        flag=7,
+        queue_offset=41,
+        physical_offset=4096,
+        born_timestamp=1_700_000_000_118,
+        born_host="127.0.0.1:5555",
+        store_timestamp=1_700_000_000_123,
+        store_host="10.0.0.7:10911",
+        properties=props,
+    )
     for topic, v2 in (("T" * 127, False), ("T" * 128, True), (LONG, True), (LONGEST, True)):
         want = rocketmq_record(topic, b"payload", props, v2=v2, queue_id=3, queue_offset=41, physical_offset=4096)
         assert encode_message(topic, b"payload", **kw) == want, topic
@@ -106,8 +132,14 @@ def sha(path):
 
 
 def cli(*args, rc=0):
-    p = subprocess.run([sys.executable, "-m", "localmq", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                       timeout=120, env=ENV)
+    p = subprocess.run(
+        [sys.executable, "-m", "localmq", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     assert "Traceback" not in p.stderr, p.stderr
     assert p.returncode == rc, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
     return p.stdout
@@ -173,7 +205,8 @@ def test_mixed_store_every_reader(tmp_path):
     after = sha(path)
     # a plain open rewrote nothing of the commit log: every V2 record is where it was
     assert {k: v for k, v in after.items() if k.startswith("commitlog")} == {
-        k: v for k, v in before.items() if k.startswith("commitlog")}
+        k: v for k, v in before.items() if k.startswith("commitlog")
+    }
     # the Spark-free readers
     msgs = list(read_commitlog(os.path.join(path, "commitlog"), mapped_file_size=SEG))
     assert len(msgs) == 450 and {m.topic for m in msgs} == {"short", LONG, LONGEST}
@@ -206,13 +239,20 @@ def test_hand_built_rocketmq_segment_with_v2_records(tmp_path):
         topic = LONG if n % 3 else "TopicTest"
         body = f"m{n:05d}".encode() * 5
         k = (topic, n % 2)
-        rec = rocketmq_record(topic, body, f"KEYS\x01key{n}\x02TAGS\x01t{n % 4}".encode(), v2=len(topic) > 127,
-                              queue_id=n % 2, queue_offset=qoff.get(k, 0), physical_offset=pos,
-                              store_ts=1_700_000_000_000 + n)
+        rec = rocketmq_record(
+            topic,
+            body,
+            f"KEYS\x01key{n}\x02TAGS\x01t{n % 4}".encode(),
+            v2=len(topic) > 127,
+            queue_id=n % 2,
+            queue_offset=qoff.get(k, 0),
+            physical_offset=pos,
+            store_ts=1_700_000_000_000 + n,
+        )
         if pos + len(rec) + 8 > SEG:
-            seg[pos:pos + 8] = struct.pack(">iI", SEG - pos, 0xCBD43194)
+            seg[pos : pos + 8] = struct.pack(">iI", SEG - pos, 0xCBD43194)
             break
-        seg[pos:pos + len(rec)] = rec
+        seg[pos : pos + len(rec)] = rec
         qoff[k] = qoff.get(k, 0) + 1
         expect.setdefault(k, []).append(body)
         pos += len(rec)
@@ -232,7 +272,7 @@ def test_hand_built_rocketmq_segment_with_v2_records(tmp_path):
 
 # -- never repair what is not understood ----------------------------------------------------------------------------
 
-FOREIGN_MAGIC = 0xDAA320AF    # what a later RocketMQ record version would look like: RocketMQ's scheme, one byte apart
+FOREIGN_MAGIC = 0xDAA320AF  # what a later RocketMQ record version would look like: RocketMQ's scheme, one byte apart
 
 
 def write_v1(path, n=120):
@@ -324,7 +364,7 @@ def test_a_damaged_v1_magic_is_still_damage(tmp_path):
     seg, pos = segment_of(path, victim.physical_offset)
     with open(seg, "r+b") as f:
         f.seek(pos + 7)
-        f.write(bytes([0xC3]))       # da a3 20 a7 -> da a3 20 c3: differs from V1 in one byte, from V2 too
+        f.write(bytes([0xC3]))  # da a3 20 a7 -> da a3 20 c3: differs from V1 in one byte, from V2 too
     with localmq.open(path, **KW) as st:
         report = st.recovery
         assert [g["offset"] for g in report.gaps] == [victim.physical_offset]
@@ -370,8 +410,14 @@ def test_cli_on_an_unknown_format_record(tmp_path):
     before = sha(path)
     v = json.loads(cli("verify", path, "--json", rc=4))
     assert v["problems"] == [] and v["ok"] is False
-    assert v["unknown_records"] == [{"offset": victim.physical_offset, "magic": f"0x{FOREIGN_MAGIC:08X}",
-                                     "size": victim.wrote_bytes, "what": "a record of a format localmq does not know"}]
+    assert v["unknown_records"] == [
+        {
+            "offset": victim.physical_offset,
+            "magic": f"0x{FOREIGN_MAGIC:08X}",
+            "size": victim.wrote_bytes,
+            "what": "a record of a format localmq does not know",
+        }
+    ]
     assert v["records"] == 119
     text = cli("verify", path, rc=4)
     assert "UNKNOWN FORMAT" in text and "DAMAGE" not in text
@@ -382,16 +428,17 @@ def test_cli_on_an_unknown_format_record(tmp_path):
 
 def test_unknown_format_rule_both_directions():
     from localmq._record import unknown_format
+
     a = rocketmq_record("TopicTest", b"a" * 40, b"TAGS\x01x", v2=False)
     b = rocketmq_record(LONG, b"b" * 40, b"", v2=True, physical_offset=len(a))
     foreign = struct.pack(">iI", 120, FOREIGN_MAGIC) + bytes(range(1, 113))
     seg = foreign + a + b + bytes(200)
-    assert unknown_format(seg, 0) == FOREIGN_MAGIC                       # framed by the V1 record after it
-    assert unknown_format(foreign + b, 0) == FOREIGN_MAGIC               # ... by a V2 record
-    assert unknown_format(foreign + foreign, 0) == FOREIGN_MAGIC         # ... by another of its kind
-    assert unknown_format(foreign + bytes(64), 0) == FOREIGN_MAGIC       # ... by the end of the data
-    assert unknown_format(foreign, 0) == FOREIGN_MAGIC                   # ... by the segment's end
-    assert unknown_format(seg, len(foreign)) is None                     # a V1 record is known
+    assert unknown_format(seg, 0) == FOREIGN_MAGIC  # framed by the V1 record after it
+    assert unknown_format(foreign + b, 0) == FOREIGN_MAGIC  # ... by a V2 record
+    assert unknown_format(foreign + foreign, 0) == FOREIGN_MAGIC  # ... by another of its kind
+    assert unknown_format(foreign + bytes(64), 0) == FOREIGN_MAGIC  # ... by the end of the data
+    assert unknown_format(foreign, 0) == FOREIGN_MAGIC  # ... by the segment's end
+    assert unknown_format(seg, len(foreign)) is None  # a V1 record is known
     # damage: a length that lands inside a record, zeros with data after them, a magic with a zero byte (a lost
     # sector), a V1 record whose magic alone is damaged
     assert unknown_format(struct.pack(">iI", 96, FOREIGN_MAGIC) + bytes(92) + a, 0) is None
@@ -414,12 +461,14 @@ def test_columnar_decoders_read_v2_records():
     from the spec."""
     from localmq._columns import RecordColumns, decode_range, gather_binary, gather_keys
     from localmq._scan import scan_range
+
     recs, pos = [], 0
     topics = ["TopicTest", LONG, LONGEST, "x" * 128]
     for i in range(40):
         t = topics[i % 4]
-        r = rocketmq_record(t, b"body%d" % i, b"KEYS\x01k%d" % i, v2=len(t) > 127, physical_offset=pos,
-                            queue_offset=i // 4)
+        r = rocketmq_record(
+            t, b"body%d" % i, b"KEYS\x01k%d" % i, v2=len(t) > 127, physical_offset=pos, queue_offset=i // 4
+        )
         recs.append((t, b"body%d" % i, pos))
         pos += len(r)
         recs[-1] += (r,)
@@ -427,18 +476,18 @@ def test_columnar_decoders_read_v2_records():
     rows, nxt, reason, cols = scan_range(data, 0, len(data), fields=("body", "topic", "physical_offset"))
     assert (rows, nxt, reason) == (40, pos, "end")
     offs, buf = cols["topic"]
-    got_topics = [bytes(buf[offs[i]:offs[i + 1]]).decode() for i in range(rows)]
+    got_topics = [bytes(buf[offs[i] : offs[i + 1]]).decode() for i in range(rows)]
     assert got_topics == [r[0] for r in recs]
     boffs, bbuf = cols["body"]
-    assert [bytes(bbuf[boffs[i]:boffs[i + 1]]) for i in range(rows)] == [r[1] for r in recs]
+    assert [bytes(bbuf[boffs[i] : boffs[i + 1]]) for i in range(rows)] == [r[1] for r in recs]
     assert list(cols["physical_offset"]) == [r[2] for r in recs]
     rc = RecordColumns(64)
     n, nxt2, reason2 = decode_range(data, rc)
     assert (n, nxt2, reason2) == (40, pos, "end")
     toffs, tbuf = gather_binary(rc, "topic")
-    assert [bytes(tbuf[toffs[i]:toffs[i + 1]]) for i in range(n)] == [r[0].encode() for r in recs]
+    assert [bytes(tbuf[toffs[i] : toffs[i + 1]]) for i in range(n)] == [r[0].encode() for r in recs]
     lo, co, cd = gather_keys(rc)
-    keys = [[bytes(cd[co[j]:co[j + 1]]).decode() for j in range(lo[i], lo[i + 1])] for i in range(n)]
+    keys = [[bytes(cd[co[j] : co[j + 1]]).decode() for j in range(lo[i], lo[i + 1])] for i in range(n)]
     assert keys == [[f"k{i}"] for i in range(40)]
 
 
@@ -446,14 +495,22 @@ def test_columnar_decoders_read_v2_records():
 def test_spark_decode_layer_reads_v2_records(tmp_path, mode):
     """localmq.spark's Arrow batches (the executors' decode, without a Spark session) over V1 and V2 records."""
     import pyarrow as pa
+
     from localmq.spark import decode
     from localmq.spark.read import arrow_batches
+
     path = str(tmp_path / "s")
     written = write_mixed(path, n=60)
     batches = list(arrow_batches(path, partitioning=mode, minPartitions=3, mapped_file_size_commit_log=SEG))
     t = pa.Table.from_batches(batches, schema=decode.arrow_schema(None))
-    rows = sorted(zip(t.column("topic").to_pylist(), t.column("partition").to_pylist(),
-                      t.column("offset").to_pylist(), t.column("value").to_pylist()))
+    rows = sorted(
+        zip(
+            t.column("topic").to_pylist(),
+            t.column("partition").to_pylist(),
+            t.column("offset").to_pylist(),
+            t.column("value").to_pylist(),
+        )
+    )
     want = sorted((topic, q, i, b) for (topic, q), bodies in written.items() for i, b in enumerate(bodies))
     assert rows == want
 
@@ -481,8 +538,8 @@ def test_v2_record_with_a_topic_longer_than_a_file_name_is_refused_not_repaired(
     c = rocketmq_record("TopicTest", b"third", b"", v2=False, queue_offset=1, physical_offset=len(a) + len(b))
     seg = bytearray(SEG)
     data = a + b + c
-    seg[:len(data)] = data
-    seg[len(data):len(data) + 8] = struct.pack(">iI", SEG - len(data), 0xCBD43194)
+    seg[: len(data)] = data
+    seg[len(data) : len(data) + 8] = struct.pack(">iI", SEG - len(data), 0xCBD43194)
     (path / "commitlog" / f"{0:020d}").write_bytes(bytes(seg))
     before = sha(path)
     with pytest.raises(localmq.UnknownRecordFormatError) as e:
@@ -493,7 +550,10 @@ def test_v2_record_with_a_topic_longer_than_a_file_name_is_refused_not_repaired(
     assert v["problems"] == [] and [u["offset"] for u in v["unknown_records"]] == [len(a)]
     assert v["records"] == 2
     assert [m.topic for m in read_commitlog(str(path / "commitlog"), mapped_file_size=SEG)] == [
-        "TopicTest", "w" * 300, "TopicTest"]
+        "TopicTest",
+        "w" * 300,
+        "TopicTest",
+    ]
 
 
 def test_abnormal_recovery_over_segments_that_start_with_v2_records(tmp_path):
@@ -512,7 +572,7 @@ def test_abnormal_recovery_over_segments_that_start_with_v2_records(tmp_path):
     for s in segs:
         with open(os.path.join(path, "commitlog", s), "rb") as f:
             head = f.read(8)
-        assert head[4:8] in (bytes.fromhex("daa320ab"), bytes(4))   # every segment starts with a V2 record
+        assert head[4:8] in (bytes.fromhex("daa320ab"), bytes(4))  # every segment starts with a V2 record
     open(os.path.join(path, "abort"), "wb").close()
     # a checkpoint that says everything was flushed a day later: the walk may start at the last segment
     with open(os.path.join(path, "checkpoint"), "r+b") as f:

@@ -1,4 +1,5 @@
 """Acknowledgements, retries and dead letters: manual_ack consumers, RocketMQ's send-back records, the DLQ."""
+
 import json
 import os
 import re
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 SEG = 1 << 20
 SMALL = {"mapped_file_size_commit_log": SEG, "mapped_file_size_consume_queue": 6000}
-LEVELS = "1s 1s 1s 1s 1s 1s"   # every retry waits 1 s (RocketMQ's table starts 1s 5s 10s 30s ...)
+LEVELS = "1s 1s 1s 1s 1s 1s"  # every retry waits 1 s (RocketMQ's table starts 1s 5s 10s 30s ...)
 
 
 def _open(path, **kw):
@@ -70,30 +71,61 @@ def test_send_back_writes_rocketmq_retry_records(tmp_path):
         assert (m.topic, m.queue_offset, m.reconsume_times) == ("orders", 0, 0)
         m.nack()
         assert c.retried == 1 and c.unacked() == 0
-        (a,) = _all(st, "SCHEDULE_TOPIC_XXXX", 2)   # level 3 -> queue 2
+        (a,) = _all(st, "SCHEDULE_TOPIC_XXXX", 2)  # level 3 -> queue 2
         raw_a = _record_bytes(tmp_path, a)
         props_a = _spec_props(a.raw_properties)
-        want_props = {"color": "red", "TAGS": "created", "KEYS": "k1 k2", "UNIQ_KEY": orig.properties["UNIQ_KEY"],
-                      "RETRY_TOPIC": "orders", "WAIT": "false", "ORIGIN_MESSAGE_ID": orig.msg_id, "DELAY": "3",
-                      "REAL_TOPIC": "%RETRY%g1", "REAL_QID": "0"}
+        want_props = {
+            "color": "red",
+            "TAGS": "created",
+            "KEYS": "k1 k2",
+            "UNIQ_KEY": orig.properties["UNIQ_KEY"],
+            "RETRY_TOPIC": "orders",
+            "WAIT": "false",
+            "ORIGIN_MESSAGE_ID": orig.msg_id,
+            "DELAY": "3",
+            "REAL_TOPIC": "%RETRY%g1",
+            "REAL_QID": "0",
+        }
         assert props_a == want_props
         assert raw_a == golden_record(
-            topic=b"SCHEDULE_TOPIC_XXXX", body=b"payload", props=a.raw_properties, queue_id=2, flag=0,
-            queue_offset=0, phys=a.physical_offset, sys_flag=0, born_ts=orig.born_timestamp,
-            born_host=pack_host(orig.born_host), store_ts=a.store_timestamp, store_host=pack_host(orig.store_host),
-            reconsume=1, prepared=0)
+            topic=b"SCHEDULE_TOPIC_XXXX",
+            body=b"payload",
+            props=a.raw_properties,
+            queue_id=2,
+            flag=0,
+            queue_offset=0,
+            phys=a.physical_offset,
+            sys_flag=0,
+            born_ts=orig.born_timestamp,
+            born_host=pack_host(orig.born_host),
+            store_ts=a.store_timestamp,
+            store_host=pack_host(orig.store_host),
+            reconsume=1,
+            prepared=0,
+        )
         # record B: delivered by the schedule service after level 3's delay (1 s here)
         (b,) = _poll_until(c, 1, timeout=15)
-        assert b.topic == "orders"   # shown under its business topic (RocketMQ's client does the same)
+        assert b.topic == "orders"  # shown under its business topic (RocketMQ's client does the same)
         assert b.reconsume_times == 1 and b.body == b"payload" and b.tags == "created"
         (stored_b,) = _all(st, "%RETRY%g1", 0)
         assert stored_b.store_timestamp >= a.store_timestamp + 1000  # never early
-        assert stored_b.raw_properties == a.raw_properties          # "identical string to A"
+        assert stored_b.raw_properties == a.raw_properties  # "identical string to A"
         assert _record_bytes(tmp_path, stored_b) == golden_record(
-            topic=b"%RETRY%g1", body=b"payload", props=a.raw_properties, queue_id=0, flag=0, queue_offset=0,
-            phys=stored_b.physical_offset, sys_flag=0, born_ts=orig.born_timestamp,
-            born_host=pack_host(orig.born_host), store_ts=stored_b.store_timestamp,
-            store_host=pack_host(orig.store_host), reconsume=1, prepared=0)
+            topic=b"%RETRY%g1",
+            body=b"payload",
+            props=a.raw_properties,
+            queue_id=0,
+            flag=0,
+            queue_offset=0,
+            phys=stored_b.physical_offset,
+            sys_flag=0,
+            born_ts=orig.born_timestamp,
+            born_host=pack_host(orig.born_host),
+            store_ts=stored_b.store_timestamp,
+            store_host=pack_host(orig.store_host),
+            reconsume=1,
+            prepared=0,
+        )
         b.ack()
         c.commit()
         assert c.committed("orders", 2) == 1 and c.committed("%RETRY%g1", 0) == 1
@@ -112,12 +144,30 @@ def test_dead_letter_record_bytes(tmp_path):
             m.nack(delay_level=-1)
         (d,) = _all(st, "%DLQ%g", 0)
         assert _spec_props(d.raw_properties) == {
-            "k": "v", "TAGS": "x", "UNIQ_KEY": orig.uniq_key, "RETRY_TOPIC": "orders", "WAIT": "false",
-            "ORIGIN_MESSAGE_ID": orig.msg_id, "DELAY": "0"}
+            "k": "v",
+            "TAGS": "x",
+            "UNIQ_KEY": orig.uniq_key,
+            "RETRY_TOPIC": "orders",
+            "WAIT": "false",
+            "ORIGIN_MESSAGE_ID": orig.msg_id,
+            "DELAY": "0",
+        }
         assert _record_bytes(tmp_path, d) == golden_record(
-            topic=b"%DLQ%g", body=b"bad", props=d.raw_properties, queue_id=0, flag=0, queue_offset=0,
-            phys=d.physical_offset, sys_flag=0, born_ts=orig.born_timestamp, born_host=pack_host(orig.born_host),
-            store_ts=d.store_timestamp, store_host=pack_host(orig.store_host), reconsume=1, prepared=0)
+            topic=b"%DLQ%g",
+            body=b"bad",
+            props=d.raw_properties,
+            queue_id=0,
+            flag=0,
+            queue_offset=0,
+            phys=d.physical_offset,
+            sys_flag=0,
+            born_ts=orig.born_timestamp,
+            born_host=pack_host(orig.born_host),
+            store_ts=d.store_timestamp,
+            store_host=pack_host(orig.store_host),
+            reconsume=1,
+            prepared=0,
+        )
         assert "SCHEDULE_TOPIC_XXXX" not in st.topics()
 
 
@@ -137,7 +187,7 @@ def test_a_message_failed_every_time_is_seen_1_plus_16_times_then_dead_lettered(
                 seen.setdefault(m.body, []).append(m.reconsume_times)
                 m.nack(delay_level=1)
             assert c.dead_lettered == 3 and c.retried == 3 * 16
-            assert c.poll(2.5) is None   # nothing comes back from the dead letters
+            assert c.poll(2.5) is None  # nothing comes back from the dead letters
         assert seen == {b"job%d" % i: list(range(17)) for i in range(3)}
         dead = st.dead_letters("workers")
         assert sorted(m.body for m in dead) == [b"job0", b"job1", b"job2"]
@@ -145,8 +195,8 @@ def test_a_message_failed_every_time_is_seen_1_plus_16_times_then_dead_lettered(
             props = m.properties
             assert m.topic == "%DLQ%workers" and m.queue_id == 0 and m.reconsume_times == 17
             assert props["RETRY_TOPIC"] == "jobs" and props["DELAY"] == "0" and props["TAGS"] == "t"
-            assert props["n"] == m.body.decode()[-1]                 # the original properties
-            assert props["ORIGIN_MESSAGE_ID"] != m.msg_id            # the first record's id, kept
+            assert props["n"] == m.body.decode()[-1]  # the original properties
+            assert props["ORIGIN_MESSAGE_ID"] != m.msg_id  # the first record's id, kept
 
 
 def test_committed_offset_is_the_lowest_unfinished_message(tmp_path):
@@ -159,13 +209,13 @@ def test_committed_offset_is_the_lowest_unfinished_message(tmp_path):
         assert [m.queue_offset for m in got] == list(range(6))
         for i in (0, 1, 3, 5):
             got[i].ack()
-        got[0].ack()   # twice: nothing more
+        got[0].ack()  # twice: nothing more
         c.commit()
         assert c.committed("t", 0) == 2 and c.unacked() == 2
         got[2].ack()
         c.commit()
         assert c.committed("t", 0) == 4
-        c.close()   # offset 4 never acknowledged: delivered again
+        c.close()  # offset 4 never acknowledged: delivered again
         c2 = st.create_consumer("g", "t", manual_ack=True)
         again = _poll_until(c2, 2)
         assert [m.queue_offset for m in again] == [4, 5]
@@ -186,7 +236,7 @@ def test_max_unacked_holds_a_queue_back_until_the_oldest_is_done(tmp_path):
             assert [m.queue_offset for m in first] == [0, 1, 2]
             assert c.poll_batch(10, timeout=0.3) == []
             first[1].ack()
-            assert c.poll_batch(10, timeout=0.3) == []   # the span from offset 0 is still 3
+            assert c.poll_batch(10, timeout=0.3) == []  # the span from offset 0 is still 3
             first[0].ack()
             nxt = c.poll_batch(10, timeout=2)
             assert [m.queue_offset for m in nxt] == [3, 4]
@@ -212,9 +262,9 @@ def test_listener_answers_ack_or_retry(tmp_path):
             assert handled == 12 and c.retried == 4 and c.acked == 8
             c.commit()
             assert c.committed("t", 0) == 8 and c.committed("%RETRY%g", 0) == 4
-        firsts = sorted(b for (b, n), in calls if n == 0)
+        firsts = sorted(b for ((b, n),) in calls if n == 0)
         assert firsts == [b"%d" % i for i in range(8)]
-        assert sorted(b for (b, n), in calls if n == 1) == [b"1", b"3", b"5", b"7"]
+        assert sorted(b for ((b, n),) in calls if n == 1) == [b"1", b"3", b"5", b"7"]
 
 
 def test_ack_misuse_raises_typed_errors(tmp_path):
@@ -241,14 +291,14 @@ def test_ack_misuse_raises_typed_errors(tmp_path):
             with pytest.raises(InvalidDelayError):
                 got.nack(delay=1, delay_level=2)
             with pytest.raises(InvalidDelayError):
-                got.nack(delay=10_000)   # longer than the largest level
+                got.nack(delay=10_000)  # longer than the largest level
             assert c.unacked() == 1 and c.retried == 0
-            got.nack(delay_level=-1)   # straight to the dead letters
+            got.nack(delay_level=-1)  # straight to the dead letters
             assert c.dead_lettered == 1 and c.unacked() == 0
         with pytest.raises(ValueError):
             st.create_consumer("g3", "t", manual_ack=True, max_unacked=0)
         with pytest.raises(InvalidTopicError):
-            st.create_consumer("g" * 249, "t")   # "%RETRY%" + group would pass 255 characters
+            st.create_consumer("g" * 249, "t")  # "%RETRY%" + group would pass 255 characters
         st.wait_for_dispatch(5)
         assert [m.body for m in st.dead_letters("g2")] == [b"x"]
 
@@ -261,20 +311,38 @@ def test_dead_letters_are_listed_and_redriven_by_api_and_cli(tmp_path):
         with st.create_consumer("g", "orders", manual_ack=True) as c:
             for m in _poll_until(c, 4):
                 m.nack(delay_level=-1)
-    out = subprocess.run([sys.executable, "-m", "localmq", "dlq", str(tmp_path), "g", "--json"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, env=ENV)
+    out = subprocess.run(
+        [sys.executable, "-m", "localmq", "dlq", str(tmp_path), "g", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["body"] for r in rows] == ["o0", "o1", "o2", "o3"]
     assert all(r["properties"]["RETRY_TOPIC"] == "orders" and r["reconsume_times"] == 1 for r in rows)
-    none = subprocess.run([sys.executable, "-m", "localmq", "dlq", str(tmp_path), "nobody"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env=ENV)
+    none = subprocess.run(
+        [sys.executable, "-m", "localmq", "dlq", str(tmp_path), "nobody"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     assert none.returncode == 1 and "no dead letters" in none.stderr
-    red = subprocess.run([sys.executable, "-m", "localmq", "dlq", str(tmp_path), "g", "--redrive", "--max", "3"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120, env=ENV)
+    red = subprocess.run(
+        [sys.executable, "-m", "localmq", "dlq", str(tmp_path), "g", "--redrive", "--max", "3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     assert red.returncode == 0 and "re-drove 3" in red.stdout, red.stderr
     with _open(tmp_path) as st:
-        assert st.redrive_dead_letters("g") == 1   # only the one not re-driven before
+        assert st.redrive_dead_letters("g") == 1  # only the one not re-driven before
         assert st.redrive_dead_letters("g") == 0
         back = _all(st, "orders", 0)[4:]
         assert [m.body for m in back] == [b"o0", b"o1", b"o2", b"o3"]
@@ -297,7 +365,7 @@ def test_memory_queue_retries_at_once_only(tmp_path):
             m.nack(delay=0)
             (r,) = _poll_until(c, 1)
             assert r.topic == "t" and r.body == b"a" and r.properties["RECONSUME_TIME"] == "1"
-            r.nack(delay=0)   # max_reconsume_times reached: the dead letters
+            r.nack(delay=0)  # max_reconsume_times reached: the dead letters
             assert c.dead_lettered == 1 and c.retried == 1
         assert [m.body for m in mq.dead_letters("g")] == [b"a"]
 
@@ -343,8 +411,9 @@ def test_sigkilled_consumer_process_loses_nothing_in_a_shared_store(tmp_path):
         p = st.create_producer(queue_id=0)
         for i in range(20):
             p.send("t", b"%d" % i)
-        child = subprocess.Popen([sys.executable, "-c", _WORKER, str(tmp_path), str(REPO)], stdout=subprocess.PIPE,
-                                 text=True, env=ENV)
+        child = subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(tmp_path), str(REPO)], stdout=subprocess.PIPE, text=True, env=ENV
+        )
         try:
             assert child.stdout.readline().strip() == "holding"
         finally:
@@ -376,17 +445,17 @@ def test_orderly_consumer_suspends_the_queue_and_retries_the_same_message(tmp_pa
         with st.create_consumer("g", "t", orderly=True, suspend_ms=200, max_reconsume_times=2) as c:
             assert c.manual_ack and c.max_unacked == 1
             batch = c.poll_batch(10, timeout=2)
-            assert sorted(m.body for m in batch) == [b"a0", b"b0"]   # one per queue
-            assert c.poll_batch(10, timeout=0.2) == []                # nothing more until they are done
+            assert sorted(m.body for m in batch) == [b"a0", b"b0"]  # one per queue
+            assert c.poll_batch(10, timeout=0.2) == []  # nothing more until they are done
             deadline = time.monotonic() + 20
             pending = list(batch)
             while time.monotonic() < deadline and (pending or c.unacked()):
                 for m in pending:
                     log.append((m.body, m.reconsume_times, time.monotonic()))
                     if m.body == b"a1":
-                        m.nack()                                     # fails every time: DLQ after 1 + 2
+                        m.nack()  # fails every time: DLQ after 1 + 2
                     elif m.body == b"b2" and m.reconsume_times == 0:
-                        m.nack()                                     # fails once
+                        m.nack()  # fails once
                     else:
                         m.ack()
                 pending = c.poll_batch(10, timeout=0.5)
@@ -398,7 +467,7 @@ def test_orderly_consumer_suspends_the_queue_and_retries_the_same_message(tmp_pa
         assert order_a == [(b"a0", 0), (b"a1", 0), (b"a1", 1), (b"a1", 2), (b"a2", 0), (b"a3", 0)]
         assert order_b == [(b"b0", 0), (b"b1", 0), (b"b2", 0), (b"b2", 1), (b"b3", 0)]
         times = [t for b, _, t in log if b == b"a1"]
-        assert all(t2 - t1 >= 0.19 for t1, t2 in zip(times, times[1:]))   # suspended between tries
+        assert all(t2 - t1 >= 0.19 for t1, t2 in zip(times, times[1:]))  # suspended between tries
         assert "%RETRY%g" not in st.topics()
         st.wait_for_dispatch(5)
         (dead,) = st.dead_letters("g")

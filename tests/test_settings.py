@@ -1,5 +1,6 @@
 """Settings remembered: config/localmq.json, sizes read off a RocketMQ store's files, and failed opens that leave the
 directory as they found it."""
+
 import fcntl
 import json
 import os
@@ -10,7 +11,12 @@ import pytest
 import localmq
 from helpers import queue_messages
 from localmq.errors import (
-    ConfigError, CorruptStoreError, DamagedLogError, StoreLockedError, StoreSettingsError, UnsafePathError,
+    ConfigError,
+    CorruptStoreError,
+    DamagedLogError,
+    StoreLockedError,
+    StoreSettingsError,
+    UnsafePathError,
 )
 from localmq.layout import CONFIG_DIR, SETTINGS_FILE, SETTINGS_VERSION
 from localmq.queues.local import LocalMessageQueue
@@ -18,8 +24,9 @@ from localmq.queues.local import LocalMessageQueue
 SEG = 8192
 FIXTURE_BODY = b"Once, there was a chance for me!"
 CQ = 200
-SMALL = dict(mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=CQ, max_hash_slot_num=100,
-             max_index_num=400)
+SMALL = dict(
+    mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=CQ, max_hash_slot_num=100, max_index_num=400
+)
 
 
 def record(root):
@@ -53,8 +60,8 @@ def sizes(directory):
 def make_store(root, n=120):
     bodies = [b"m%04d" % i + b"x" * 200 for i in range(n)]
     with localmq.open(root, **SMALL) as st:
-        st.put_batch("orders", bodies[:n // 2], queue_id=0)
-        for b in bodies[n // 2:]:
+        st.put_batch("orders", bodies[: n // 2], queue_id=0)
+        for b in bodies[n // 2 :]:
             st.put("orders", b, queue_id=1, keys=["k"])
         st.wait_for_dispatch()
     return bodies
@@ -62,15 +69,21 @@ def make_store(root, n=120):
 
 # -- the record ---------------------------------------------------------------------------------------------------
 
+
 def test_created_store_records_its_settings(tmp_path):
     root = tmp_path / "s"
     make_store(root)
     doc = record(root)
     assert doc["version"] == SETTINGS_VERSION
     assert doc["settings"] == {
-        "mapped_file_size_commit_log": SEG, "mapped_file_size_consume_queue": CQ, "max_hash_slot_num": 100,
-        "max_index_num": 400, "enable_consume_queue_ext": False,
-        "mapped_file_size_consume_queue_ext": 48 * 1024 * 1024, "bit_map_length_consume_queue_ext": 64}
+        "mapped_file_size_commit_log": SEG,
+        "mapped_file_size_consume_queue": CQ,
+        "max_hash_slot_num": 100,
+        "max_index_num": 400,
+        "enable_consume_queue_ext": False,
+        "mapped_file_size_consume_queue_ext": 48 * 1024 * 1024,
+        "bit_map_length_consume_queue_ext": 64,
+    }
     assert not os.path.exists(os.path.join(root, CONFIG_DIR, SETTINGS_FILE + ".tmp"))
 
 
@@ -104,10 +117,15 @@ def test_explicit_same_values_are_accepted(tmp_path):
         assert st.max_offset("orders", 0) == 60
 
 
-@pytest.mark.parametrize("name, value", [("mapped_file_size_commit_log", 4096),
-                                         ("mapped_file_size_consume_queue", 400),
-                                         ("max_index_num", 800),
-                                         ("mapped_file_size_commit_log", 1024 * 1024 * 1024)])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("mapped_file_size_commit_log", 4096),
+        ("mapped_file_size_consume_queue", 400),
+        ("max_index_num", 800),
+        ("mapped_file_size_commit_log", 1024 * 1024 * 1024),
+    ],
+)
 def test_contradicting_setting_is_a_typed_error(tmp_path, name, value):
     root = tmp_path / "s"
     make_store(root)
@@ -186,11 +204,12 @@ def test_record_that_contradicts_the_segments_is_damaged_and_the_segments_win(tm
 
 # -- stores without the record ------------------------------------------------------------------------------------
 
+
 def test_rocketmq_store_opens_without_size_arguments(fixtures_dir, tmp_path):
     shutil.copytree(fixtures_dir / "apache-rocketmq-4e25b979" / "store", tmp_path / "store")
     root = tmp_path / "store"
     before = snapshot(root)
-    with localmq.open(root, read_only=True) as st:   # a view: the size from the files, nothing written
+    with localmq.open(root, read_only=True) as st:  # a view: the size from the files, nothing written
         assert st.config.mapped_file_size_commit_log == SEG
         assert st.look_message_by_offset(172).body == FIXTURE_BODY
     assert snapshot(root) == before
@@ -240,6 +259,7 @@ def test_store_of_an_older_localmq_gets_the_record(tmp_path):
 
 # -- a failed open leaves the directory as it found it ------------------------------------------------------------
 
+
 def _misnamed_segment(root):
     with open(root / "commitlog" / "junk", "wb") as f:
         f.write(b"x")
@@ -256,13 +276,16 @@ def _mixed_sizes(root):
         f.truncate(SEG * 2)
 
 
-@pytest.mark.parametrize("damage, error, kwargs", [
-    (_misnamed_segment, DamagedLogError, {}),
-    (_symlink, UnsafePathError, {}),
-    (_mixed_sizes, CorruptStoreError, {}),
-    (None, StoreSettingsError, {"mapped_file_size_commit_log": 4096}),
-    (None, ConfigError, {"shared": True, "transient_store_pool_enable": True}),
-])
+@pytest.mark.parametrize(
+    "damage, error, kwargs",
+    [
+        (_misnamed_segment, DamagedLogError, {}),
+        (_symlink, UnsafePathError, {}),
+        (_mixed_sizes, CorruptStoreError, {}),
+        (None, StoreSettingsError, {"mapped_file_size_commit_log": 4096}),
+        (None, ConfigError, {"shared": True, "transient_store_pool_enable": True}),
+    ],
+)
 def test_failed_open_leaves_the_directory_unchanged(tmp_path, damage, error, kwargs):
     root = tmp_path / "s"
     make_store(root)
@@ -282,7 +305,7 @@ def test_failed_open_of_a_rocketmq_store_without_checkpoint_or_queues(fixtures_d
     before = snapshot(root)
     with pytest.raises(DamagedLogError):
         localmq.open(root)
-    assert snapshot(root) == before   # no checkpoint, consumequeue/, lock or record left behind
+    assert snapshot(root) == before  # no checkpoint, consumequeue/, lock or record left behind
 
 
 def test_locked_store_is_unchanged(tmp_path):
@@ -321,15 +344,19 @@ def test_failure_after_the_services_started_is_undone(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalMessageQueue, "_start_clean_service", boom)
     with pytest.raises(RuntimeError, match="clean service"):
         localmq.open(root)
-    assert snapshot(root) == before   # abort, segments allocated ahead, index file: gone; checkpoint as it was
+    assert snapshot(root) == before  # abort, segments allocated ahead, index file: gone; checkpoint as it was
 
 
-@pytest.mark.parametrize("kwargs", [{"shared": True, "transient_store_pool_enable": True},
-                                    {"mapped_file_size_commit_log": SEG, "boom": True}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"shared": True, "transient_store_pool_enable": True}, {"mapped_file_size_commit_log": SEG, "boom": True}],
+)
 def test_failed_first_open_of_a_new_path_leaves_nothing(tmp_path, monkeypatch, kwargs):
     if kwargs.pop("boom", False):
+
         def boom(self):
             raise RuntimeError("clean service failed to start")
+
         monkeypatch.setattr(LocalMessageQueue, "_start_clean_service", boom)
     path = tmp_path / "a" / "b" / "store"
     with pytest.raises((ConfigError, RuntimeError)):

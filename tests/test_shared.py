@@ -1,4 +1,5 @@
 """One store, many processes (SharedMessageQueue): real processes, real SIGKILL and SIGSTOP, exact counts."""
+
 import hashlib
 import json
 import os
@@ -12,10 +13,9 @@ from pathlib import Path
 import pytest
 
 import localmq
+from helpers import wait_until
 from localmq.errors import ForkedStoreError, StoreBusyError, StoreLockedError
 from localmq.store.files import StoreFiles
-
-from helpers import wait_until
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shared_worker.py")
 KW = dict(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 4096)
@@ -27,9 +27,14 @@ class Worker:
 
     def __init__(self, role, path, **args):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
-        self.proc = subprocess.Popen([sys.executable, WORKER, role, str(path), json.dumps(args)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, WORKER, role, str(path), json.dumps(args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         self.lines = []
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()
@@ -44,8 +49,9 @@ class Worker:
 
     def acks(self):
         # a line cut by a SIGKILL is not an acknowledgement the test can rely on
-        return [(int(p[1]), int(p[2]), p[3]) for p in list(self.lines) if p[0] == "ack" and len(p) == 4
-                and len(p[3]) == 40]
+        return [
+            (int(p[1]), int(p[2]), p[3]) for p in list(self.lines) if p[0] == "ack" and len(p) == 4 and len(p[3]) == 40
+        ]
 
     def msgs(self):
         return [(int(p[1]), int(p[2]), p[3]) for p in list(self.lines) if p[0] == "msg"]
@@ -319,6 +325,7 @@ def test_random_sigkills_of_writers_and_the_housekeeper(tmp_path, workers, flush
     # SYNC_FLUSH: the housekeeper killed while puts of other processes wait in its group commit; the next one's
     # C loop must answer them (a FLUSH_DISK_TIMEOUT would show as a "fail" line)
     import random
+
     rng = random.Random(20261123)
     path = tmp_path / "s"
     mode = dict(flush_disk_type=flush)
@@ -332,8 +339,13 @@ def test_random_sigkills_of_writers_and_the_housekeeper(tmp_path, workers, flush
         assert not q.housekeeper
         for round_ in range(12):
             while len(live) < 2:
-                w = workers("produce_forever", path, name=f"r{round_}-{len(live)}", body=rng.choice([100, 5000, 60000]),
-                            config=mode)
+                w = workers(
+                    "produce_forever",
+                    path,
+                    name=f"r{round_}-{len(live)}",
+                    body=rng.choice([100, 5000, 60000]),
+                    config=mode,
+                )
                 w.wait_open()
                 live.append(w)
             time.sleep(rng.uniform(0.02, 0.2))
@@ -371,6 +383,7 @@ def test_random_sigkills_of_writers_and_the_housekeeper(tmp_path, workers, flush
 
 def test_network_filesystems_are_refused(tmp_path, monkeypatch):
     from localmq.queues import shared
+
     assert shared.filesystem_type(str(tmp_path)) not in shared.NETWORK_FILESYSTEMS  # this machine's /tmp is local
     monkeypatch.setattr(shared, "filesystem_type", lambda path: "nfs4")
     with pytest.raises(localmq.UnsupportedFilesystemError) as ei:
@@ -586,8 +599,10 @@ def test_a_full_disk_seen_by_the_housekeeper_stops_puts_in_every_process(tmp_pat
         usage["ratio"] = 0.99
         q.clean_service.run_once()
         assert q.put("T", b"here").status is localmq.PutStatus.SERVICE_NOT_AVAILABLE
-        assert wait_until(lambda: any(p[0] == "fail" and "SERVICE_NOT_AVAILABLE" in p[1] for p in list(w.lines)),
-                          5), (w.lines[-3:], q.stats()["shared"])
+        assert wait_until(lambda: any(p[0] == "fail" and "SERVICE_NOT_AVAILABLE" in p[1] for p in list(w.lines)), 5), (
+            w.lines[-3:],
+            q.stats()["shared"],
+        )
         usage["ratio"] = 0.5
         q.clean_service.run_once()
         n = len(w.acks())
@@ -683,10 +698,12 @@ def test_the_housekeeper_creates_the_next_segment_ahead_and_a_crash_leaves_it_ha
         q.close()
 
 
-@pytest.mark.parametrize("end,expected", [(0, None), (1, 1024), (1023, 1024), (1024, 1024), (1025, 2048),
-                                          (5 * 1024, 5 * 1024)])
+@pytest.mark.parametrize(
+    "end,expected", [(0, None), (1, 1024), (1023, 1024), (1024, 1024), (1025, 2048), (5 * 1024, 5 * 1024)]
+)
 def test_the_segment_made_ahead_follows_the_last_committed_byte(end, expected):
     from localmq.queues.shared import segment_ahead
+
     assert segment_ahead(end, 1024) == expected
 
 
@@ -733,8 +750,10 @@ def test_file_readers_on_a_live_shared_store_see_a_growing_prefix(tmp_path, work
     assert wait_until(lambda: w.acks() or w.proc.poll() is not None, 30)
     counts, ends = [], []
     while w.proc.poll() is None or not counts:
-        seen = [(m.queue_id, m.queue_offset) for m in
-                localmq.read_commitlog(str(path / "commitlog"), mapped_file_size=KW["mapped_file_size_commit_log"])]
+        seen = [
+            (m.queue_id, m.queue_offset)
+            for m in localmq.read_commitlog(str(path / "commitlog"), mapped_file_size=KW["mapped_file_size_commit_log"])
+        ]
         per_queue = {}
         for qid, qoff in seen:
             assert qoff == per_queue.get(qid, 0)  # each queue's messages in order, none missing before the end
@@ -744,8 +763,9 @@ def test_file_readers_on_a_live_shared_store_see_a_growing_prefix(tmp_path, work
     w.finish()
     assert ends == sorted(ends)
     assert counts == sorted(counts) and len(counts) >= 2
-    final = sum(1 for _ in localmq.read_commitlog(str(path / "commitlog"),
-                                                  mapped_file_size=KW["mapped_file_size_commit_log"]))
+    final = sum(
+        1 for _ in localmq.read_commitlog(str(path / "commitlog"), mapped_file_size=KW["mapped_file_size_commit_log"])
+    )
     assert final == 20000 == len(w.acks())
 
 
@@ -769,8 +789,16 @@ def test_processes_closing_at_the_same_moment_leave_the_store_clean(tmp_path):
     path = tmp_path / "s"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     for rnd in range(10):
-        procs = [subprocess.Popen([sys.executable, str(script), str(path), f"{rnd}-{k}"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True, env=env) for k in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(path), f"{rnd}-{k}"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for k in range(2)
+        ]
         try:
             for p in procs:
                 assert p.stdout.readline().strip() == "ready"
@@ -797,8 +825,11 @@ def _my_locks(path):
     st = os.stat(path)
     dev_ino = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     with open("/proc/locks") as f:
-        return sorted(line.split(":", 1)[1].strip() for line in f
-                      if " POSIX " in line and line.split()[4] == str(os.getpid()) and line.split()[5] == dev_ino)
+        return sorted(
+            line.split(":", 1)[1].strip()
+            for line in f
+            if " POSIX " in line and line.split()[4] == str(os.getpid()) and line.split()[5] == dev_ino
+        )
 
 
 def test_reading_the_files_of_a_store_this_process_shares_keeps_its_locks(tmp_path):

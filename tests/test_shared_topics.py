@@ -7,6 +7,7 @@ time. Expectations from outside the code: every (topic, queue) has exactly the o
 its body; the topics survive a close and an exclusive reopen; the control file holds blocks for its fixed sections
 and about one row (1,280 bytes) per topic, not for its whole capacity (layout.CTL_TOPIC_COUNT rows).
 """
+
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KW = dict(mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 64)
 PER_CHILD = 1600
 
-CHILD = textwrap.dedent('''
+CHILD = textwrap.dedent("""
     import sys
     import localmq
     root, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -33,7 +34,7 @@ CHILD = textwrap.dedent('''
         assert r.status.name == "PUT_OK" and r.queue_offset == 0, (i, r)
     st.close()
     print("done", n, flush=True)
-''')
+""")
 
 
 def _body(k, i):
@@ -46,8 +47,16 @@ def test_more_topics_than_the_old_fixed_table_added_by_two_processes_at_once(tmp
     st = localmq.open(root, shared=True, **KW)  # keeps the control file attached while the children run
     try:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
-        procs = [subprocess.Popen([sys.executable, "-c", CHILD, root, str(k), str(PER_CHILD)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CHILD, root, str(k), str(PER_CHILD)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for k in range(2)
+        ]
         for p in procs:
             out, err = p.communicate(timeout=400)
             assert p.returncode == 0, err[-3000:]
@@ -81,6 +90,7 @@ def test_more_topics_than_the_old_fixed_table_added_by_two_processes_at_once(tmp
 
 def test_topic_rows_are_found_again_and_refuse_a_name_too_long(tmp_path):
     from localmq import _shm
+
     cf = _shm.ControlFile(str(tmp_path / "mpctl"))
     try:
         rows = [cf.topic_row("t%d" % i, create=True) for i in range(3000)]
@@ -103,8 +113,9 @@ def test_a_full_disk_refuses_a_new_topic_with_a_typed_error_and_takes_it_once_th
     queue's file), never SIGBUS; once the disk has room again, puts are taken again, to old and new topics."""
     mnt = tmp_path / "tmpfs"
     mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "localmq-test", str(mnt)], capture_output=True,
-                       text=True)
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "localmq-test", str(mnt)], capture_output=True, text=True
+    )
     assert p.returncode == 0, f"cannot mount a tmpfs (the tests run as root): {p.stderr.strip()}"
     try:
         st = localmq.open(mnt / "s", shared=True, **KW)

@@ -1,5 +1,6 @@
 """The multi-process primitives of localmq._shm with real processes: the robust writer lock (SIGKILL and SIGSTOP of
 its holder), the eventcount's cross-process wake-ups and the fcntl liveness slots."""
+
 import errno
 import mmap
 import os
@@ -152,6 +153,7 @@ def now_ns():
 
 # -- the control file ----------------------------------------------------------------------------------------------
 
+
 def test_first_opener_initialises_later_ones_attach(ctl_path, spawn):
     def attach(end, path):
         with ControlFile(path) as c:
@@ -213,6 +215,7 @@ def test_close_refused_while_holding_the_lock(ctl_path):
 
 # -- writer lock ---------------------------------------------------------------------------------------------------
 
+
 def test_lock_in_one_process(ctl_path):
     with ControlFile(ctl_path) as ctl:
         assert ctl.lock.owner == 0
@@ -241,7 +244,7 @@ def test_counter_under_lock_is_exact(ctl_path, data, spawn):
             end.recv()
             for _ in range(n_incr):
                 c.lock.acquire(timeout=LIMIT)
-                v = struct.unpack_from("=q", d, 0)[0]   # a read-modify-write that races without the lock
+                v = struct.unpack_from("=q", d, 0)[0]  # a read-modify-write that races without the lock
                 for _ in range(20):
                     pass
                 struct.pack_into("=q", d, 0, v + 1)
@@ -267,9 +270,9 @@ def _hold_then_hang(end, path, data_path):
     d = map_data(data_path)
     c = ControlFile(path)
     assert c.lock.acquire(timeout=LIMIT) == ACQUIRED
-    struct.pack_into("=q", d, 8, 1)   # dirty
+    struct.pack_into("=q", d, 8, 1)  # dirty
     end.send("held")
-    end.recv(timeout=3600)            # until killed, or told to release
+    end.recv(timeout=3600)  # until killed, or told to release
     struct.pack_into("=q", d, 8, 0)
     c.lock.release()
     end.send("released")
@@ -389,6 +392,7 @@ def test_sigstop_of_the_holder_times_out_and_never_takes_over(ctl_path, data, sp
 
 # -- eventcount ----------------------------------------------------------------------------------------------------
 
+
 def test_eventcount_in_one_process(ctl_path):
     with ControlFile(ctl_path) as ctl:
         ev = ctl.events
@@ -446,7 +450,7 @@ def test_eventcount_notify_before_wait_is_not_lost(ctl_path, spawn):
         with ControlFile(path) as c:
             s = c.events.seq()
             end.send("seq")
-            end.recv()                    # the notify happens here, before wait()
+            end.recv()  # the notify happens here, before wait()
             end.send(int(c.events.wait(s, timeout=LIMIT)))
 
     with ControlFile(ctl_path) as ctl:
@@ -458,6 +462,7 @@ def test_eventcount_notify_before_wait_is_not_lost(ctl_path, spawn):
 
 
 # -- slots ---------------------------------------------------------------------------------------------------------
+
 
 def _claim_and_hang(end, path):
     c = ControlFile(path)
@@ -480,7 +485,7 @@ def test_slot_of_a_killed_process_is_free_at_once(ctl_path, spawn):
         assert ctl.slots.claimed_pid(sa) == a.pid  # the record stays; it says nothing about liveness
         assert ctl.slots.alive(sb)
         b.kill(signal.SIGSTOP)
-        assert ctl.slots.alive(sb)      # stopped is alive
+        assert ctl.slots.alive(sb)  # stopped is alive
         mine = ctl.slots.claim()
         assert mine not in (sb,) and ctl.slots.alive(mine) and ctl.slots.mine() == mine
         assert ctl.slots.claim() == mine
@@ -522,8 +527,8 @@ def test_forked_child_does_not_hold_its_parents_slot(ctl_path, spawn):
         p = spawn(parent, ctl_path)
         mine, alive_mine, holder_mine, other, child_mine, _gpid, other_alive_after = p.recv()
         assert alive_mine == "True" and int(holder_mine) == p.pid  # the child sees its parent's slot as held
-        assert other != mine and child_mine == other                  # and had to claim another one
-        assert other_alive_after == "0"                               # gone with the grandchild
+        assert other != mine and child_mine == other  # and had to claim another one
+        assert other_alive_after == "0"  # gone with the grandchild
         assert ctl.slots.alive(int(mine)) and not ctl.slots.alive(int(other))
         p.kill()
         p.wait()

@@ -14,6 +14,7 @@ What this test catches (issue 27's "flat after warm-up", and the correctness of 
   committed offsets reach every queue's end. Closes are clean, so at-least-once allows no duplicate here.
 Throughput is in the summary but never asserted.
 """
+
 import json
 import os
 import subprocess
@@ -26,16 +27,45 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.timeout(600)
 def test_soak_two_minutes(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "perf", "soak.py"), "--seconds", "120", "--reopen-every", "15",
-           "--dir", str(tmp_path), "--out", str(tmp_path / "soak.json")]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "perf", "soak.py"),
+        "--seconds",
+        "120",
+        "--reopen-every",
+        "15",
+        "--dir",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "soak.json"),
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
     lines = p.stdout.strip().splitlines()
     assert lines, p.stderr[-4000:]
     s = json.loads(lines[-1])
-    print(json.dumps({k: s[k] for k in ("put", "consumed", "nacked", "retried", "duplicates", "missing",
-                                        "reopen_cycles", "retention", "start", "half", "end", "verdicts")}))
+    print(
+        json.dumps(
+            {
+                k: s[k]
+                for k in (
+                    "put",
+                    "consumed",
+                    "nacked",
+                    "retried",
+                    "duplicates",
+                    "missing",
+                    "reopen_cycles",
+                    "retention",
+                    "start",
+                    "half",
+                    "end",
+                    "verdicts",
+                )
+            }
+        )
+    )
     assert s["errors"] == [], s["errors"]
-    assert [n for n in os.listdir(tmp_path) if n.startswith("localmq-soak-")] == []   # the store is removed
+    assert [n for n in os.listdir(tmp_path) if n.startswith("localmq-soak-")] == []  # the store is removed
 
     # correctness: nothing foreign, nothing lost, nothing twice, the group caught up
     assert s["never_put"] == 0, s["never_put_examples"]
@@ -50,7 +80,7 @@ def test_soak_two_minutes(tmp_path):
     assert s["reopen_cycles"] >= 3, s["reopen_times"]
     assert s["retention"]["deleted_commit_log_files"] >= 1, s["retention"]
     assert s["retention"]["deleted_unconsumed"] == 0 and s["retention"]["service_errors"] == 0, s["retention"]
-    assert s["queue_file_evictions"] > 0   # more queues than the mapping budget
+    assert s["queue_file_evictions"] > 0  # more queues than the mapping budget
 
     # flat after the warm-up
     v = s["verdicts"]

@@ -32,8 +32,9 @@ def store(tmp_path_factory):
     with localmq.open(path, mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=2000) as st:
         for i in range(N):
             topic, qid = TOPICS[i % 3], (i // 3) % QUEUES
-            r = st.put(topic, b"body-%06d" % i, queue_id=qid, tags=f"t{i % 5}", keys=[f"k{i}"],
-                       properties={"n": str(i)})
+            r = st.put(
+                topic, b"body-%06d" % i, queue_id=qid, tags=f"t{i % 5}", keys=[f"k{i}"], properties={"n": str(i)}
+            )
             sent.append((topic, qid, r.queue_offset, i, r.physical_offset))
         st.wait_for_dispatch()
     return str(path), sent
@@ -55,8 +56,10 @@ def test_batch_counts_sums_and_offsets(spark, store):
     df = load(spark, path)  # found through pyspark_localmq_python.DefaultSource, no register() call
     assert df.count() == N
     assert index_sum(df) == sum(s[3] for s in sent)
-    per_queue = {(r[0], r[1]): (r[2], r[3], r[4]) for r in df.groupBy("topic", "partition").agg(
-        F.min("offset"), F.max("offset"), F.count("*")).collect()}
+    per_queue = {
+        (r[0], r[1]): (r[2], r[3], r[4])
+        for r in df.groupBy("topic", "partition").agg(F.min("offset"), F.max("offset"), F.count("*")).collect()
+    }
     want = {}
     for topic, qid, off, _, _ in sent:
         lo, hi, n = want.get((topic, qid), (off, off, 0))
@@ -71,10 +74,14 @@ def test_batch_counts_sums_and_offsets(spark, store):
 
 def test_timestamps_are_store_times(spark, store):
     path, _ = store
-    stored = {(m.topic, m.queue_id, m.queue_offset): m.store_timestamp
-              for m in localmq.read_commitlog(os.path.join(path, "commitlog"), mapped_file_size=SEG)}
-    got = {(r[0], r[1], r[2]): r[3] for r in load(spark, path).select(
-        "topic", "partition", "offset", F.unix_millis("timestamp")).collect()}
+    stored = {
+        (m.topic, m.queue_id, m.queue_offset): m.store_timestamp
+        for m in localmq.read_commitlog(os.path.join(path, "commitlog"), mapped_file_size=SEG)
+    }
+    got = {
+        (r[0], r[1], r[2]): r[3]
+        for r in load(spark, path).select("topic", "partition", "offset", F.unix_millis("timestamp")).collect()
+    }
     assert got == stored
 
 
@@ -91,14 +98,23 @@ def test_read_commitlog_matches_the_data_source(spark, store):
 
 def test_bounds_topics_and_schema_subset(spark, store):
     path, sent = store
-    df = (spark.read.format(PY).schema("topic string, partition int, offset long")
-          .option("mapped_file_size_commit_log", SEG).option("topics", "orders")
-          .option("startingOffsets", '{"orders": {"0": 10, "1": -2, "2": -2, "3": -2}}')
-          .option("endingOffsets", '{"orders": {"0": 20, "1": -1, "2": 5, "3": -1}}').load(path))
+    df = (
+        spark.read.format(PY)
+        .schema("topic string, partition int, offset long")
+        .option("mapped_file_size_commit_log", SEG)
+        .option("topics", "orders")
+        .option("startingOffsets", '{"orders": {"0": 10, "1": -2, "2": -2, "3": -2}}')
+        .option("endingOffsets", '{"orders": {"0": 20, "1": -1, "2": 5, "3": -1}}')
+        .load(path)
+    )
     got = sorted(tuple(r) for r in df.collect())
     full = {q: sum(1 for s in sent if s[:2] == ("orders", q)) for q in range(QUEUES)}
-    want = [("orders", 0, o) for o in range(10, 20)] + [("orders", 1, o) for o in range(full[1])] + \
-        [("orders", 2, o) for o in range(5)] + [("orders", 3, o) for o in range(full[3])]
+    want = (
+        [("orders", 0, o) for o in range(10, 20)]
+        + [("orders", 1, o) for o in range(full[1])]
+        + [("orders", 2, o) for o in range(5)]
+        + [("orders", 3, o) for o in range(full[3])]
+    )
     assert got == sorted(want)
     with pytest.raises(Exception, match="has no column 'nope'"):
         spark.read.format(PY).schema("nope string").load(path).collect()
@@ -115,7 +131,8 @@ def test_rocketmq_fixture_store(spark, fixtures_dir, tmp_path):
     rows = df.select("topic", "partition", "offset", "value", "tags").collect()
     assert len(rows) == 47 and sorted(r.offset for r in rows) == list(range(47))
     assert {(r.topic, r.partition, r.value, r.tags) for r in rows} == {
-        ("abc", 0, b"Once, there was a chance for me!", "TAG1")}
+        ("abc", 0, b"Once, there was a chance for me!", "TAG1")
+    }
     # without the option the size is read off the segment files (issue 14); a wrong one is named
     assert spark.read.format(PY).load(str(store)).count() == 47
     with pytest.raises(Exception, match="mapped_file_size_commit_log=8192"):
@@ -126,8 +143,15 @@ def run_stream(spark, path, out, checkpoint, seg=SEG, **options):
     r = spark.readStream.format(PY).option("mapped_file_size_commit_log", seg)
     for k, v in options.items():
         r = r.option(k, v)
-    q = (r.load(path).select("topic", "partition", "offset", "value").writeStream.format("parquet")
-         .option("path", out).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    q = (
+        r.load(path)
+        .select("topic", "partition", "offset", "value")
+        .writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination(300)
     return [p["numInputRows"] for p in q.recentProgress]
 
@@ -173,8 +197,9 @@ def test_live_writer_batch_prefix_and_streaming(spark, tmp_path):
     path = str(tmp_path / "store")
     stop = tmp_path / "stop"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, path, str(stop)], env=env, stdout=subprocess.PIPE,
-                              text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, path, str(stop)], env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.time() + 60
         while not os.path.isdir(os.path.join(path, "consumequeue", "live", "1")):
@@ -252,8 +277,7 @@ def test_streaming_fail_on_data_loss(spark, tmp_path):
     os.unlink(os.path.join(path, "commitlog", "%020d" % 0))  # what retention does to the oldest segment
     with pytest.raises(Exception, match="removed by retention.*failOnDataLoss"):
         run_stream(spark, path, out, ck)
-    lost_to = min(m.queue_offset for m in localmq.read_commitlog(os.path.join(path, "commitlog"),
-                                                                 mapped_file_size=SEG))
+    lost_to = min(m.queue_offset for m in localmq.read_commitlog(os.path.join(path, "commitlog"), mapped_file_size=SEG))
     assert lost_to > 100
     assert sum(run_stream(spark, path, out, ck, failOnDataLoss="false")) == 3000 - lost_to
     values = sorted(int(r.value) for r in spark.read.parquet(out).collect())

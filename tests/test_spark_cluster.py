@@ -4,6 +4,7 @@ Executors only get partition descriptions and open the store's files by path (th
 their Python workers find ``pyspark_localmq`` on their own. The driver runs in a subprocess, so this run's
 in-process local session is not disturbed.
 """
+
 import json
 import os
 import shutil
@@ -59,8 +60,13 @@ def _free_port():
 
 
 def _spark_class(spark_home, env, log, *args):
-    return subprocess.Popen([os.path.join(spark_home, "bin", "spark-class"), *args], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [os.path.join(spark_home, "bin", "spark-class"), *args],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,21 +78,48 @@ def cluster(tmp_path_factory):
     home = os.path.dirname(pyspark.__file__)
     d = tmp_path_factory.mktemp("cluster")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               SPARK_WORKER_DIR=str(d / "work"))
+    env.update(
+        SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_WORKER_DIR=str(d / "work")
+    )
     port = _free_port()
     master = f"spark://127.0.0.1:{port}"
     log = open(d / "cluster.log", "w")
-    procs = [_spark_class(home, env, log, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                          "--port", str(port), "--webui-port", str(_free_port()))]
+    procs = [
+        _spark_class(
+            home,
+            env,
+            log,
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(_free_port()),
+        )
+    ]
     try:
         deadline = time.time() + 120
         while "I have been elected leader" not in (d / "cluster.log").read_text():
             assert time.time() < deadline and procs[0].poll() is None, (d / "cluster.log").read_text()[-3000:]
             time.sleep(0.2)
-        procs.append(_spark_class(home, env, log, "org.apache.spark.deploy.worker.Worker", master, "--cores", "2",
-                                  "--memory", "2g", "--webui-port", str(_free_port()), "--work-dir",
-                                  str(d / "work")))
+        procs.append(
+            _spark_class(
+                home,
+                env,
+                log,
+                "org.apache.spark.deploy.worker.Worker",
+                master,
+                "--cores",
+                "2",
+                "--memory",
+                "2g",
+                "--webui-port",
+                str(_free_port()),
+                "--work-dir",
+                str(d / "work"),
+            )
+        )
         while "Successfully registered with master" not in (d / "cluster.log").read_text():
             assert time.time() < deadline and procs[1].poll() is None, (d / "cluster.log").read_text()[-3000:]
             time.sleep(0.2)
@@ -119,14 +152,30 @@ def test_batch_and_streaming_on_a_standalone_cluster(cluster, fixtures_dir, tmp_
             st.put(topic, b"body-%06d" % i, queue_id=qid)
             sent[(topic, qid)] = sent.get((topic, qid), 0) + 1
         st.wait_for_dispatch()
-    fixture = shutil.copytree(fixtures_dir / "EricPanGopher-rocketmq-9835cd5f" / "store" / "unit_test_store",
-                              tmp_path / "fixture")
-    out = subprocess.run([sys.executable, "-c", DRIVER, master, str(store), str(fixture), str(tmp_path / "out"),
-                          str(tmp_path / "ck"), reader], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=600)
+    fixture = shutil.copytree(
+        fixtures_dir / "EricPanGopher-rocketmq-9835cd5f" / "store" / "unit_test_store", tmp_path / "fixture"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            master,
+            str(store),
+            str(fixture),
+            str(tmp_path / "out"),
+            str(tmp_path / "ck"),
+            reader,
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-5000:]
-    res = json.loads(lines[0][len("RESULT "):])
+    res = json.loads(lines[0][len("RESULT ") :])
     assert res["jvm_scan"] is (reader == "jvm")
     assert res["count"] == 6000 and res["mapinarrow"] == 6000
     assert res["sum"] == sum(range(6000))

@@ -14,13 +14,14 @@ import pytest
 import localmq
 from conftest import cut_dispatch
 from helpers import require
-from localmq import _record, _columns
+from localmq import _columns, _record
 from localmq.errors import ConfigError, CorruptFrameError, CorruptStoreError, NotAStoreError
 from localmq.store.files import StoreFiles
 
 pa = require("pyarrow")
 
-from localmq.spark import decode, plan as planmod  # noqa: E402
+from localmq.spark import decode  # noqa: E402
+from localmq.spark import plan as planmod  # noqa: E402
 from localmq.spark.read import arrow_batches, plan  # noqa: E402
 
 SEG = 64 * 1024
@@ -30,8 +31,10 @@ QUEUES = 4
 
 
 def table(path, **options):
-    return pa.Table.from_batches(list(arrow_batches(path, **dict(OPTS, **options))), schema=decode.arrow_schema(
-        options["columns"].split(",") if "columns" in options else None))
+    return pa.Table.from_batches(
+        list(arrow_batches(path, **dict(OPTS, **options))),
+        schema=decode.arrow_schema(options["columns"].split(",") if "columns" in options else None),
+    )
 
 
 @pytest.fixture
@@ -47,8 +50,14 @@ def write_store(tmp_path):
         for i in range(1200):
             topic, qid = TOPICS[i % 3], (i // 3) % QUEUES
             keys = [f"k{i}", "x"] if i % 4 == 0 else None
-            r = st.put(topic, b"body-%06d" % i, queue_id=qid, tags=f"t{i % 5}" if i % 2 else None, keys=keys,
-                       properties={"n": str(i)})
+            r = st.put(
+                topic,
+                b"body-%06d" % i,
+                queue_id=qid,
+                tags=f"t{i % 5}" if i % 2 else None,
+                keys=keys,
+                properties={"n": str(i)},
+            )
             sent.append((topic, qid, r.queue_offset, i))
         st.wait_for_dispatch()
     return str(path), sent
@@ -58,12 +67,24 @@ def records(props=None, n=6):
     """Hand-made records: IPv4 and IPv6 store hosts, with and without properties, keys with extra spaces."""
     out, pos = [], 0
     for i in range(n):
-        p = props if props is not None else (
-            {"TAGS": f"tag{i}", "KEYS": f" a{i}  b ", "UNIQ_KEY": f"U{i}"} if i % 2 == 0 else None)
-        r = localmq.encode_message(f"top{i % 2}", b"v" * i, queue_id=i, queue_offset=10 + i, physical_offset=pos,
-                                   store_host="[fe80::1]:10911" if i == 3 else "10.1.2.3:10911",
-                                   born_host="[::1]:9" if i == 5 else "127.0.0.1:1", store_timestamp=1000 + i,
-                                   born_timestamp=900 + i, reconsume_times=i, properties=p)
+        p = (
+            props
+            if props is not None
+            else ({"TAGS": f"tag{i}", "KEYS": f" a{i}  b ", "UNIQ_KEY": f"U{i}"} if i % 2 == 0 else None)
+        )
+        r = localmq.encode_message(
+            f"top{i % 2}",
+            b"v" * i,
+            queue_id=i,
+            queue_offset=10 + i,
+            physical_offset=pos,
+            store_host="[fe80::1]:10911" if i == 3 else "10.1.2.3:10911",
+            born_host="[::1]:9" if i == 5 else "127.0.0.1:1",
+            store_timestamp=1000 + i,
+            born_timestamp=900 + i,
+            reconsume_times=i,
+            properties=p,
+        )
         out.append(r)
         pos += len(r)
     return b"".join(out) + bytes(64)
@@ -73,16 +94,37 @@ def test_arrow_schema_is_what_spark_expects():
     require("pyspark")
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import (
-        ArrayType, BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
     )
 
-    types = {"binary": BinaryType(), "string": StringType(), "int": IntegerType(), "bigint": LongType(),
-             "timestamp": TimestampType(), "array<string>": ArrayType(StringType()),
-             "map<string,string>": MapType(StringType(), StringType())}
+    types = {
+        "binary": BinaryType(),
+        "string": StringType(),
+        "int": IntegerType(),
+        "bigint": LongType(),
+        "timestamp": TimestampType(),
+        "array<string>": ArrayType(StringType()),
+        "map<string,string>": MapType(StringType(), StringType()),
+    }
     spark_schema = StructType([StructField(n, types[t]) for n, t in decode.COLUMNS])
     assert decode.arrow_schema().equals(to_arrow_schema(spark_schema, timezone="UTC"))
-    assert [n for n, _ in decode.COLUMNS][:7] == ["key", "value", "topic", "partition", "offset", "timestamp",
-                                                 "timestampType"]
+    assert [n for n, _ in decode.COLUMNS][:7] == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+    ]
 
 
 def test_batch_columns_match_the_record_decoder():
@@ -96,8 +138,11 @@ def test_batch_columns_match_the_record_decoder():
         m = localmq.decode_message(data, pos)
         pos += m.store_size
         assert row["value"] == m.body and row["topic"] == m.topic
-        assert (row["partition"], row["offset"], row["physical_offset"]) == (m.queue_id, m.queue_offset,
-                                                                           m.physical_offset)
+        assert (row["partition"], row["offset"], row["physical_offset"]) == (
+            m.queue_id,
+            m.queue_offset,
+            m.physical_offset,
+        )
         assert row["timestamp"].timestamp() * 1000 == pytest.approx(m.store_timestamp)
         assert row["born_timestamp"].timestamp() * 1000 == pytest.approx(m.born_timestamp)
         assert row["timestampType"] == decode.TIMESTAMP_TYPE_LOG_APPEND
@@ -127,8 +172,9 @@ def test_properties_follow_rocketmq_parsing_rules():
     raw = b"A\x01x\x02\x01bad\x02short\x02E\x01\x02K\x01v1\x01v2\x02KEYS\x01 one  two \x02TAGS\x01t\x02"
     cols = _columns.RecordColumns(4)
     _columns.decode_range(localmq.encode_message("t", b"b", properties=raw), cols)
-    row = decode.record_batch(cols, None, ["properties", "keys", "key", "tags"],
-                              decode.arrow_schema(["properties", "keys", "key", "tags"])).to_pylist()[0]
+    row = decode.record_batch(
+        cols, None, ["properties", "keys", "key", "tags"], decode.arrow_schema(["properties", "keys", "key", "tags"])
+    ).to_pylist()[0]
     assert dict(row["properties"]) == localmq.parse_properties(raw)
     assert row["keys"] == ["one", "two"] and row["key"] == b" one  two " and row["tags"] == "t"
 
@@ -190,8 +236,9 @@ def test_segment_partitions_start_at_record_boundaries(written, wanted):
                 mf.close()
     # the ranges tile the log in order; shares are a multiple of the wanted count, none over a segment, even
     flat = [r for part in p.partitions for r in ranges_of(part)]
-    assert all(a.base + a.end == b.base + b.start or (b.start == 0 and b.base == a.base + SEG)
-               for a, b in zip(flat, flat[1:]))
+    assert all(
+        a.base + a.end == b.base + b.start or (b.start == 0 and b.base == a.base + SEG) for a, b in zip(flat, flat[1:])
+    )
     shares = [sum(r.end - r.start for r in ranges_of(part)) for part in p.partitions]
     assert len(shares) % wanted == 0 and max(shares) <= SEG
     assert max(shares) - min(shares) < 1024  # within a record or so (records here are under 300 bytes)
@@ -202,10 +249,8 @@ def test_segment_partitions_start_at_record_boundaries(written, wanted):
 def test_offsets_topics_and_bounds(written, mode):
     path, sent = written
     # Kafka's rule: JSON offsets name every queue of the topics read (-2 earliest, -1 latest)
-    starting = ('{"orders": {"0": 5, "1": -2, "2": -2, "3": -2}, '
-                '"clicks": {"0": -2, "1": 30, "2": -2, "3": -2}}')
-    ending = ('{"orders": {"0": 50, "1": -1, "2": -1, "3": 7}, '
-              '"clicks": {"0": -1, "1": -1, "2": -1, "3": -1}}')
+    starting = '{"orders": {"0": 5, "1": -2, "2": -2, "3": -2}, "clicks": {"0": -2, "1": 30, "2": -2, "3": -2}}'
+    ending = '{"orders": {"0": 50, "1": -1, "2": -1, "3": 7}, "clicks": {"0": -1, "1": -1, "2": -1, "3": -1}}'
     t = table(path, topics="orders,clicks", startingOffsets=starting, endingOffsets=ending, partitioning=mode)
     n = {(tp, q): sum(1 for s in sent if s[:2] == (tp, q)) for tp in TOPICS for q in range(QUEUES)}
     bounds = {("orders", 0): (5, 50), ("orders", 3): (0, 7), ("clicks", 1): (30, n[("clicks", 1)])}
@@ -353,8 +398,12 @@ def test_rocketmq_fixture_with_consume_queues(fixtures_dir, tmp_path):
         assert t.column("offset").to_pylist() == list(range(len(units)))
         assert t.column("physical_offset").to_pylist() == units["offset"].tolist()
     # offsets and times reach into the undispatched records
-    t = table(str(store), mapped_file_size_commit_log=8192, startingOffsets='{"abc": {"0": 50}}',
-              endingOffsets='{"abc": {"0": 100}}')
+    t = table(
+        str(store),
+        mapped_file_size_commit_log=8192,
+        startingOffsets='{"abc": {"0": 50}}',
+        endingOffsets='{"abc": {"0": 100}}',
+    )
     assert sorted(t.column("offset").to_pylist()) == list(range(50, 100))
     p = plan(str(store), mapped_file_size_commit_log=8192)
     assert p.offsets == {("abc", 0): (0, 179)}
@@ -391,8 +440,7 @@ def test_undispatched_records_are_read_from_a_stopped_store(undispatched):
         t = table(path, partitioning=mode, includeUndispatched="false")
         assert sorted(rows_of(t)) == sorted(r for r in want if int(r[3][5:]) < 200)
     p = plan(path, **OPTS)
-    assert p.offsets == {("orders", 0): (0, 150), ("orders", 1): (0, 150), ("late", 0): (0, 25),
-                         ("late", 1): (0, 25)}
+    assert p.offsets == {("orders", 0): (0, 150), ("orders", 1): (0, 150), ("late", 0): (0, 25), ("late", 1): (0, 25)}
     # offsets and store times that fall past the ConsumeQueues
     t = table(path, topics="orders", startingOffsets='{"orders": {"0": 90, "1": 140}}')
     assert sorted(rows_of(t)) == sorted(r for r in want if r[0] == "orders" and r[2] >= (90, 140)[r[1]])
@@ -412,10 +460,10 @@ def test_undispatched_records_end_at_a_torn_write(undispatched):
     base, seg = files.segments[-1]
     with open(files.segments[0][1], "rb") as f:
         first = f.read(4096)
-    record = first[:int.from_bytes(first[:4], "big")]
+    record = first[: int.from_bytes(first[:4], "big")]
     with open(seg, "r+b") as f:
         f.seek(end - base)
-        f.write(record[:len(record) // 2])
+        f.write(record[: len(record) // 2])
     with open(files.segment_path(base + SEG), "wb") as f:
         f.truncate(SEG)
     open(os.path.join(path, "abort"), "wb").close()
@@ -471,17 +519,21 @@ def test_spark_finds_the_data_source_without_registering(tmp_path):
     """What Spark 4's lookup_data_sources does in a fresh worker (pkgutil.iter_modules for ``pyspark_*`` modules
     with a DefaultSource), run with no PYTHONPATH from another directory: the install must expose the module."""
     require("pyspark")
-    code = ("import pkgutil, importlib\n"
-            "found = [m.name for m in pkgutil.iter_modules() if m.name == 'pyspark_localmq']\n"
-            "src = importlib.import_module(found[0]).DefaultSource if found else None\n"
-            "print(src.name() if src else 'missing', src.__module__ if src else '')\n")
+    code = (
+        "import pkgutil, importlib\n"
+        "found = [m.name for m in pkgutil.iter_modules() if m.name == 'pyspark_localmq']\n"
+        "src = importlib.import_module(found[0]).DefaultSource if found else None\n"
+        "print(src.name() if src else 'missing', src.__module__ if src else '')\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["localmq", "localmq.spark.datasource"], (
         "pyspark_localmq is not visible to pkgutil: install with pip install --config-settings "
-        "editable_mode=compat -e . (or a regular install), as the README says")
+        "editable_mode=compat -e . (or a regular install), as the README says"
+    )
 
 
 def test_pushed_filters_narrow_the_plan(written):
@@ -492,23 +544,40 @@ def test_pushed_filters_narrow_the_plan(written):
 
     from localmq.spark.datasource import LocalMQFilteringReader as LocalMQReader
 
-    schema = StructType([StructField("topic", StringType()), StructField("partition", IntegerType()),
-                         StructField("offset", LongType())])
+    schema = StructType(
+        [StructField("topic", StringType()), StructField("partition", IntegerType()), StructField("offset", LongType())]
+    )
 
     path, sent = written
     reader = LocalMQReader(dict(OPTS, path=path), schema)
-    filters = [EqualTo(("topic",), "orders"), In(("partition",), (1, 3)), GreaterThanOrEqual(("offset",), 10),
-               LessThan(("offset",), 40), StringStartsWith(("topic",), "ord"), IsNotNull(("offset",))]
+    filters = [
+        EqualTo(("topic",), "orders"),
+        In(("partition",), (1, 3)),
+        GreaterThanOrEqual(("offset",), 10),
+        LessThan(("offset",), 40),
+        StringStartsWith(("topic",), "ord"),
+        IsNotNull(("offset",)),
+    ]
     assert list(reader.pushFilters(filters)) == filters
     p = planmod.plan_batch(reader.opts)
     assert p.offsets == {("orders", 1): (10, 40), ("orders", 3): (10, 40)}
-    rows = [r for part in p.partitions for b in decode.read_partition(part, ["topic", "partition", "offset"])
-            for r in zip(*(b.column(i).to_pylist() for i in range(3)))]
+    rows = [
+        r
+        for part in p.partitions
+        for b in decode.read_partition(part, ["topic", "partition", "offset"])
+        for r in zip(*(b.column(i).to_pylist() for i in range(3)))
+    ]
     kept = [r for r in rows if r[0] == "orders" and r[1] in (1, 3) and 10 <= r[2] < 40]
     assert sorted(kept) == sorted(("orders", q, o) for q in (1, 3) for o in range(10, 40))
     # a JSON offsets option naming more topics than the filters leave is not an error
-    reader = LocalMQReader(dict(OPTS, path=path, startingOffsets='{"orders": {"0": 1, "1": 2, "2": 3, "3": 4}, '
-                                '"clicks": {"0": 0, "1": 0, "2": 0, "3": 0}}'), schema)
+    reader = LocalMQReader(
+        dict(
+            OPTS,
+            path=path,
+            startingOffsets='{"orders": {"0": 1, "1": 2, "2": 3, "3": 4}, "clicks": {"0": 0, "1": 0, "2": 0, "3": 0}}',
+        ),
+        schema,
+    )
     list(reader.pushFilters([EqualTo(("topic",), "orders"), EqualTo(("partition",), 2)]))
     assert planmod.plan_batch(reader.opts).offsets == {("orders", 2): (3, 100)}
 
@@ -583,14 +652,15 @@ def test_tags_and_sql_options_keep_the_rows_a_subscription_would(written, mode):
     assert _ns(table(path, partitioning=mode, tags="*", columns=cols)) == list(range(1200))
     t = table(path, partitioning=mode, sql="n BETWEEN 100 AND 199 AND TAGS IS NOT NULL", columns=cols)
     assert _ns(t) == [i for i in range(100, 200) if i % 2]
-    t = table(path, partitioning=mode, tags="t2", sql="n >= 600 OR KEYS = 'k8 x'", topics="orders",
-              columns="value,properties")
+    t = table(
+        path, partitioning=mode, tags="t2", sql="n >= 600 OR KEYS = 'k8 x'", topics="orders", columns="value,properties"
+    )
     assert _ns(t) == [i for i in range(1200) if i % 3 == 0 and i % 2 and i % 5 == 2 and i >= 600]
     assert len(table(path, partitioning=mode, tags="t9")) == 0
 
 
 def test_queue_partitions_prefilter_units_by_tag_hash_then_check_the_tag(tmp_path):
-    """"Aa" and "BB" share a Java hashCode: the ConsumeQueue step keeps both, the exact check only "Aa"."""
+    """ "Aa" and "BB" share a Java hashCode: the ConsumeQueue step keeps both, the exact check only "Aa"."""
     path = tmp_path / "store"
     with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
         assert localmq.java_hash("Aa") == localmq.java_hash("BB")
@@ -600,7 +670,7 @@ def test_queue_partitions_prefilter_units_by_tag_hash_then_check_the_tag(tmp_pat
     (part,) = plan(str(path), partitioning="queue", minPartitions=1, tags="Aa", **OPTS).partitions
     assert isinstance(part, planmod.QueueRange) and part.tag_names == frozenset({"Aa"})
     qoffs, _, _ = decode._queue_units(part)
-    assert qoffs.tolist() == [i for i in range(60) if i % 3 != 2]   # "Cc" never decoded
+    assert qoffs.tolist() == [i for i in range(60) if i % 3 != 2]  # "Cc" never decoded
     for mode in ("queue", "segment"):
         t = table(str(path), partitioning=mode, tags="Aa")
         assert t.column("offset").to_pylist() == list(range(0, 60, 3))

@@ -1,5 +1,6 @@
 """How a pip user gets the JVM reader (issue 28): localmq.spark.jar_path() builds the jar with javac + jar into a
 cache, configure_spark() puts it on a session, and there format("localmq") is the JVM reader."""
+
 import json
 import os
 import signal
@@ -21,8 +22,15 @@ SERVICES = "META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
 def run(code, env, timeout):
     """Run ``code`` in a fresh interpreter in its own process group; on a timeout the whole group (a Spark JVM
     included) is killed, so no JVM outlives the test. Returns the CompletedProcess."""
-    p = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -35,8 +43,9 @@ def run(code, env, timeout):
 def child_env(**extra):
     """This environment with the checkout first on PYTHONPATH (a worktree's localmq, not the installed one)."""
     env = {**os.environ, **extra}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                       if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     return env
 
 
@@ -48,8 +57,18 @@ def xdg_cache(tmp_path_factory):
     xdg = tmp_path_factory.mktemp("xdg")
     code = "import localmq.spark; print(localmq.spark.jar_path())"
     env = child_env(XDG_CACHE_HOME=str(xdg))
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
     try:
         outs = [p.communicate(timeout=600) for p in procs]
     finally:
@@ -80,8 +99,11 @@ def test_jar_path_builds_the_maven_jar_once(xdg_cache, localmq_spark_jar, monkey
     classes = sorted(n for n in mine.namelist() if n.endswith(".class"))
     assert classes == sorted(n for n in maven.namelist() if n.endswith(".class"))
     assert "localmq/spark/LocalMQProvider.class" in classes
-    assert mine.read(SERVICES) == maven.read(SERVICES) == \
-        b"localmq.spark.LocalMQTableProvider\nlocalmq.spark.LocalMQProvider\n"
+    assert (
+        mine.read(SERVICES)
+        == maven.read(SERVICES)
+        == b"localmq.spark.LocalMQTableProvider\nlocalmq.spark.LocalMQProvider\n"
+    )
     before = jar.stat()
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
     monkeypatch.delenv("JAVA_HOME", raising=False)
@@ -196,11 +218,12 @@ def test_a_session_configured_by_configure_spark_reads_localmq_with_the_jvm_read
     assert p.returncode == 0, p.stderr[-4000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["jars"] == str(jar) and got["python"] == sys.executable
-    assert got["providers"] == {"localmq": "localmq.spark.LocalMQProvider",
-                                "localmq-jvm": "localmq.spark.LocalMQTableProvider"}
+    assert got["providers"] == {
+        "localmq": "localmq.spark.LocalMQProvider",
+        "localmq-jvm": "localmq.spark.LocalMQTableProvider",
+    }
     assert got["jvm_scan"] == {"localmq": True, "localmq-python": False}
     assert got["python_source"] is True and got["stream"] is True
     assert got["count"] == 500 and got["same"] is True
     # the stream read through format("localmq") gave every row, in more than one micro-batch (120 rows at most each)
     assert got["streamed_same"] is True and got["stream_batches"] >= 5, got
-

@@ -2,6 +2,7 @@
 (``format("localmq-python")``) on shared vectors: RocketMQ's own stores, localmq stores with IPv6 hosts, V2 records,
 compressed bodies, transactions, empty bodies and odd properties, gap records, a bad CRC. Every column is compared,
 row by row (issue 28)."""
+
 import os
 import re
 import shutil
@@ -19,11 +20,26 @@ JVM = "localmq-jvm"
 PY = "localmq-python"
 SEG = 64 * 1024
 ORDER = "physical_offset"
-COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "tags", "keys",
-           "properties", "physical_offset", "born_timestamp", "reconsume_times", "sys_flag", "msg_id")
+COLUMNS = (
+    "key",
+    "value",
+    "topic",
+    "partition",
+    "offset",
+    "timestamp",
+    "timestampType",
+    "tags",
+    "keys",
+    "properties",
+    "physical_offset",
+    "born_timestamp",
+    "reconsume_times",
+    "sys_flag",
+    "msg_id",
+)
 
 COMPRESSED, PREPARED, COMMIT, ROLLBACK = 0x1, 0x4, 0x8, 0xC
-V2_TOPIC = "t" * 200        # longer than a V1 record's 127 bytes: written as a V2 record
+V2_TOPIC = "t" * 200  # longer than a V1 record's 127 bytes: written as a V2 record
 
 
 def read(spark, fmt, path, columns=None, **options):
@@ -49,11 +65,14 @@ def same_rows(spark, path, columns=None, expect_rows=None, **options):
     return py
 
 
-@pytest.mark.parametrize("fixture, records", [
-    ("apache-rocketmq-4e25b979/store", 47),
-    ("EricPanGopher-rocketmq-9835cd5f/store/unit_test_store", 179),
-    ("Shaoxubao-rocketmq-study-c4dcaab0/store/unit_test_store", None),
-])
+@pytest.mark.parametrize(
+    "fixture, records",
+    [
+        ("apache-rocketmq-4e25b979/store", 47),
+        ("EricPanGopher-rocketmq-9835cd5f/store/unit_test_store", 179),
+        ("Shaoxubao-rocketmq-study-c4dcaab0/store/unit_test_store", None),
+    ],
+)
 def test_rocketmq_fixture_stores(spark, fixtures_dir, tmp_path, fixture, records):
     """RocketMQ 4.x broker stores (8 KiB segments read off the files; one has an empty last segment and a
     ConsumeQueue that indexes 56 of its 179 records): the same rows, and the same with the size given."""
@@ -67,25 +86,39 @@ def write_vectors(path):
     """A closed localmq store of 64 KiB segments holding every kind of record the readers must agree on; returns the
     number of rows a reader gives (PREPARED and ROLLBACK records are none)."""
     rows = 0
-    with localmq.open(path, mapped_file_size_commit_log=SEG, store_host="[2001:db8::7]:10911",
-                      born_host="[fe80::1]:4321") as st:
+    with localmq.open(
+        path, mapped_file_size_commit_log=SEG, store_host="[2001:db8::7]:10911", born_host="[fe80::1]:4321"
+    ) as st:
         for i in range(300):
             # bodies of 0..~1 KiB (rolling several segments, so blank records end them), tags, two keys
-            st.put("orders", bytes([i % 251]) * (i * 7 % 1100), queue_id=i % 3,
-                   tags=None if i % 4 == 0 else "tag%d" % (i % 5),
-                   keys=None if i % 3 == 0 else ["k%d" % i, "o%d" % i],
-                   properties={"n": str(i), "e": "x" * (i % 2)} if i % 2 else None)
+            st.put(
+                "orders",
+                bytes([i % 251]) * (i * 7 % 1100),
+                queue_id=i % 3,
+                tags=None if i % 4 == 0 else "tag%d" % (i % 5),
+                keys=None if i % 3 == 0 else ["k%d" % i, "o%d" % i],
+                properties={"n": str(i), "e": "x" * (i % 2)} if i % 2 else None,
+            )
             rows += 1
         st.put(V2_TOPIC, b"a V2 record", queue_id=1, tags="long", keys=["v2"])
         st.put(V2_TOPIC, b"", queue_id=1)
         rows += 2
         body = b"compressible " * 500
-        st.put_ext("zipped", zlib.compress(body), extra=PutExtra(sys_flag=COMPRESSED, born_host="10.0.0.9:77",
-                                                                   store_host="192.168.1.2:10911"))
+        st.put_ext(
+            "zipped",
+            zlib.compress(body),
+            extra=PutExtra(sys_flag=COMPRESSED, born_host="10.0.0.9:77", store_host="192.168.1.2:10911"),
+        )
         rows += 1
         for flag in (PREPARED, ROLLBACK, COMMIT, PREPARED, COMMIT):
-            st.put_ext("txn", b"txn %d" % flag, queue_id=0, tags="t", keys=["tx"],
-                       extra=PutExtra(sys_flag=flag, reconsume_times=flag, prepared_transaction_offset=17))
+            st.put_ext(
+                "txn",
+                b"txn %d" % flag,
+                queue_id=0,
+                tags="t",
+                keys=["tx"],
+                extra=PutExtra(sys_flag=flag, reconsume_times=flag, prepared_transaction_offset=17),
+            )
             rows += flag not in (PREPARED, ROLLBACK)
         # properties as a broker may store them: empty names and values dropped, a trailing separator, duplicates
         raw = b"\x01a\x02b\x01\x02ab\x02KEYS\x01  one  two \x02TAGS\x01T\x02x\x01y\x02x\x01z\x02"
@@ -114,7 +147,7 @@ def test_localmq_store_every_column(spark, vectors):
     for r in rows:
         by_topic.setdefault(r["topic"], []).append(r)
     # the vectors are what they claim to be (read off the rows both readers agreed on)
-    assert {len(r["msg_id"]) for r in by_topic["orders"]} == {56}                  # IPv6 store host
+    assert {len(r["msg_id"]) for r in by_topic["orders"]} == {56}  # IPv6 store host
     assert len(by_topic[V2_TOPIC]) == 2 and by_topic[V2_TOPIC][1]["value"] == bytearray()
     assert zlib.decompress(by_topic["zipped"][0]["value"]) == b"compressible " * 500  # stored bytes, as stored
     assert by_topic["zipped"][0]["sys_flag"] & COMPRESSED and len(by_topic["zipped"][0]["msg_id"]) == 32
@@ -125,8 +158,15 @@ def test_localmq_store_every_column(spark, vectors):
     assert by_topic["raw"][1]["properties"] == {} and by_topic["raw"][1]["keys"] == []
 
 
-@pytest.mark.parametrize("columns", [("value",), ("offset", "partition"), ("keys", "msg_id", "physical_offset"),
-                                     ("properties", "tags", "key", "topic", "timestamp", "born_timestamp")])
+@pytest.mark.parametrize(
+    "columns",
+    [
+        ("value",),
+        ("offset", "partition"),
+        ("keys", "msg_id", "physical_offset"),
+        ("properties", "tags", "key", "topic", "timestamp", "born_timestamp"),
+    ],
+)
 def test_pruned_columns(spark, vectors, columns):
     """Only the columns a query uses are decoded: each subset gives the same values as the Python source's."""
     path, expected = vectors
@@ -203,8 +243,15 @@ def test_gap_records(spark, tmp_path):
     rows = same_rows(spark, root, failOnDataLoss="false")
     assert 3000 - 80 < len(rows) < 3000
     # queue partitions: the units of the lost messages point at the gap record; both readers say so, or skip them
-    same_error(spark, root, "OffsetRangeError", "DataLossException", "lost to damage in the commit log: a gap record "
-               "stands at offset", exact=False, partitioning="queue")
+    same_error(
+        spark,
+        root,
+        "OffsetRangeError",
+        "DataLossException",
+        "lost to damage in the commit log: a gap record stands at offset",
+        exact=False,
+        partitioning="queue",
+    )
     assert same_plan_and_rows(spark, root, failOnDataLoss="false", partitioning="queue") == rows
 
 
@@ -249,21 +296,30 @@ ORDERS_FROM = '{"orders": {"0": 10, "1": -2, "2": 5}}'
 ORDERS_TO = '{"orders": {"0": 50, "1": -1, "2": 7}}'
 
 
-@pytest.mark.parametrize("options, rows", [
-    ({"startingOffsets": ORDERS_FROM, "endingOffsets": ORDERS_TO}, 40 + 100 + 2),
-    ({"startingOffsets": ORDERS_FROM, "endingOffsets": ORDERS_TO, "partitioning": "queue", "minPartitions": 3},
-     142),
-    ({"startingOffsets": ORDERS_FROM, "endingOffsets": ORDERS_TO, "partitioning": "segment", "minPartitions": 5},
-     142),
-    ({"topics": "orders, txn", "startingOffsets": '{"orders": {"0": 90, "1": 99, "2": 0}, "txn": {"0": 1}}'},
-     10 + 1 + 100 + 1),
-    ({"topics": "txn,raw", "endingOffsets": '{"txn": {"0": 1}, "raw": {"0": -1}}'}, 1 + 2),
-    ({"startingOffsets": "earliest", "endingOffsets": "latest", "partitioning": "queue"}, None),
-    ({"partitioning": "queue", "minPartitions": 1}, None),
-    ({"partitioning": "queue", "minPartitions": 7, "batchSize": 3}, None),
-    ({"partitioning": "segment", "minPartitions": 3}, None),
-    ({"partitioning": "auto", "minPartitions": 1, "maxOffsetsPerTrigger": 5}, None),
-])
+@pytest.mark.parametrize(
+    "options, rows",
+    [
+        ({"startingOffsets": ORDERS_FROM, "endingOffsets": ORDERS_TO}, 40 + 100 + 2),
+        (
+            {"startingOffsets": ORDERS_FROM, "endingOffsets": ORDERS_TO, "partitioning": "queue", "minPartitions": 3},
+            142,
+        ),
+        (
+            {"startingOffsets": ORDERS_FROM, "endingOffsets": ORDERS_TO, "partitioning": "segment", "minPartitions": 5},
+            142,
+        ),
+        (
+            {"topics": "orders, txn", "startingOffsets": '{"orders": {"0": 90, "1": 99, "2": 0}, "txn": {"0": 1}}'},
+            10 + 1 + 100 + 1,
+        ),
+        ({"topics": "txn,raw", "endingOffsets": '{"txn": {"0": 1}, "raw": {"0": -1}}'}, 1 + 2),
+        ({"startingOffsets": "earliest", "endingOffsets": "latest", "partitioning": "queue"}, None),
+        ({"partitioning": "queue", "minPartitions": 1}, None),
+        ({"partitioning": "queue", "minPartitions": 7, "batchSize": 3}, None),
+        ({"partitioning": "segment", "minPartitions": 3}, None),
+        ({"partitioning": "auto", "minPartitions": 1, "maxOffsetsPerTrigger": 5}, None),
+    ],
+)
 def test_offsets_and_partitioning_options(spark, vectors, options, rows):
     """startingOffsets / endingOffsets (JSON, -2 / -1, the JSON's topics read without a topics option), partitioning
     (queue, segment, auto) and minPartitions: the same partitions planned and the same rows."""
@@ -295,14 +351,20 @@ def test_timestamp_options(spark, timed):
     path, (t1, t2) = timed
     same_plan_and_rows(spark, path, expect_rows=120, startingTimestamp=t1)
     same_plan_and_rows(spark, path, expect_rows=60, startingTimestamp=t1, endingTimestamp=t2)
-    same_plan_and_rows(spark, path, expect_rows=40, startingTimestamp=t1, endingTimestamp=t2, topics="a",
-                       partitioning="queue")
-    same_plan_and_rows(spark, path, expect_rows=0, startingTimestamp=t2 + 10 ** 6)
+    same_plan_and_rows(
+        spark, path, expect_rows=40, startingTimestamp=t1, endingTimestamp=t2, topics="a", partitioning="queue"
+    )
+    same_plan_and_rows(spark, path, expect_rows=0, startingTimestamp=t2 + 10**6)
     # a bare commit log (no ConsumeQueues): times and offsets are row filters
     shutil.rmtree(path / "consumequeue")
     same_plan_and_rows(spark, path, expect_rows=60, startingTimestamp=t1, endingTimestamp=t2)
-    same_plan_and_rows(spark, path, expect_rows=(60 - 50) + 15,  # 60 messages of topic a in each queue
-                       startingOffsets='{"a": {"0": 50, "1": -2}}', endingOffsets='{"a": {"0": 90, "1": 15}}')
+    same_plan_and_rows(
+        spark,
+        path,
+        expect_rows=(60 - 50) + 15,  # 60 messages of topic a in each queue
+        startingOffsets='{"a": {"0": 50, "1": -2}}',
+        endingOffsets='{"a": {"0": 90, "1": 15}}',
+    )
 
 
 BAD_OPTIONS = [
@@ -331,17 +393,24 @@ BAD_OPTIONS = [
     ({"partitioning": "round-robin"}, "option partitioning must be auto, segment or queue"),
     ({"mapped_file_size_commit_log": "100"}, "option mapped_file_size_commit_log must be >= 4096"),
     # planning: a JSON must name exactly the queues read (Kafka's rule)
-    ({"startingOffsets": '{"orders": {"0": 0}}'}, "startingOffsets JSON must give every queue.*missing: orders/1, "
-                                                   "orders/2"),
-    ({"topics": "orders,raw", "endingOffsets": '{"orders": {"0": 1, "1": 1, "2": 1}}'},
-     "endingOffsets JSON must give every queue.*missing: raw/0"),
-    ({"startingOffsets": '{"orders": {"0": 0, "1": 0, "2": 0, "9": 0}}'}, "names queues the store does not have.*"
-                                                                          "orders/9"),
+    (
+        {"startingOffsets": '{"orders": {"0": 0}}'},
+        "startingOffsets JSON must give every queue.*missing: orders/1, orders/2",
+    ),
+    (
+        {"topics": "orders,raw", "endingOffsets": '{"orders": {"0": 1, "1": 1, "2": 1}}'},
+        "endingOffsets JSON must give every queue.*missing: raw/0",
+    ),
+    (
+        {"startingOffsets": '{"orders": {"0": 0, "1": 0, "2": 0, "9": 0}}'},
+        "names queues the store does not have.*orders/9",
+    ),
 ]
 
 
-@pytest.mark.parametrize("tags, rows", [("tag1 || tag3", None), ("*", 307), ("", 307), (" || ", 0), ("T", 1),
-                                        ("long||t", 3)])
+@pytest.mark.parametrize(
+    "tags, rows", [("tag1 || tag3", None), ("*", 307), ("", 307), (" || ", 0), ("T", 1), ("long||t", 3)]
+)
 @pytest.mark.parametrize("mode", ["segment", "queue"])
 def test_tags_option(spark, vectors, tags, rows, mode):
     """A tag subscription keeps the rows whose TAGS is one of its names exactly (queue partitions first drop units by
@@ -354,8 +423,14 @@ def test_tags_option(spark, vectors, tags, rows, mode):
 
 def test_tags_of_separators_only_fail_alike(spark, vectors):
     path, _ = vectors
-    same_error(spark, path, "FilterSyntaxError", "IllegalArgumentException",
-               "a tag expression of separators only names nothing", tags="||")
+    same_error(
+        spark,
+        path,
+        "FilterSyntaxError",
+        "IllegalArgumentException",
+        "a tag expression of separators only names nothing",
+        tags="||",
+    )
 
 
 @pytest.mark.parametrize("options, pattern", BAD_OPTIONS, ids=[str(o) for o, _ in BAD_OPTIONS])
@@ -370,15 +445,26 @@ def test_offset_range_errors_and_retention(spark, vectors, tmp_path):
     """An ending offset before a starting one, and offsets that retention removed (the first segment deleted):
     OffsetRangeError / OffsetRangeException alike; failOnDataLoss=false reads from the earliest offset left."""
     path, _ = vectors
-    same_error(spark, path, "OffsetRangeError", "OffsetRangeException", "orders queue 0: ending offset 10 is before "
-               "starting offset 50", startingOffsets='{"orders": {"0": 50, "1": 0, "2": 0}}',
-               endingOffsets='{"orders": {"0": 10, "1": 5, "2": 5}}')
+    same_error(
+        spark,
+        path,
+        "OffsetRangeError",
+        "OffsetRangeException",
+        "orders queue 0: ending offset 10 is before starting offset 50",
+        startingOffsets='{"orders": {"0": 50, "1": 0, "2": 0}}',
+        endingOffsets='{"orders": {"0": 10, "1": 5, "2": 5}}',
+    )
     store = shutil.copytree(path, tmp_path / "retained")
     os.remove(sorted((store / "commitlog").iterdir())[0])
     whole = '{"orders": {"0": 0, "1": -2, "2": -2}}'
-    same_error(spark, store, "OffsetRangeError", "OffsetRangeException",
-               r"orders queue 0: offsets 0\.\.\d+ were removed by retention .*set failOnDataLoss=false",
-               startingOffsets=whole)
+    same_error(
+        spark,
+        store,
+        "OffsetRangeError",
+        "OffsetRangeException",
+        r"orders queue 0: offsets 0\.\.\d+ were removed by retention .*set failOnDataLoss=false",
+        startingOffsets=whole,
+    )
     rows = same_plan_and_rows(spark, store, startingOffsets=whole, failOnDataLoss="false")
     assert rows and min(r["offset"] for r in rows if r["partition"] == 0) > 0
 
@@ -390,17 +476,22 @@ def scanned_rows(df):
     return got, scan.metrics().apply("numOutputRows").value()
 
 
-@pytest.mark.parametrize("query, options", [
-    ("topic = 'orders' AND partition IN (1, 2) AND offset >= 5 AND offset < 60", {"partitioning": "queue"}),
-    ("topic = 'orders' AND partition IN (1, 2) AND offset >= 5 AND offset < 60", {}),
-    ("topic IN ('txn', 'raw', 'none') AND offset <= 0", {}),
-    ("partition = 1 AND offset > 95", {"topics": "orders," + V2_TOPIC}),
-    ("offset = 7", {"partitioning": "segment"}),
-    ("topic = 'nowhere'", {}),
-    # the JSON names queues the filters leave out: no error once they narrowed the read (plan.py's ``pushed``)
-    ("topic = 'orders' AND partition = 2",
-     {"startingOffsets": '{"orders": {"0": 3, "1": 4, "2": 5}, "txn": {"0": 0}}'}),
-])
+@pytest.mark.parametrize(
+    "query, options",
+    [
+        ("topic = 'orders' AND partition IN (1, 2) AND offset >= 5 AND offset < 60", {"partitioning": "queue"}),
+        ("topic = 'orders' AND partition IN (1, 2) AND offset >= 5 AND offset < 60", {}),
+        ("topic IN ('txn', 'raw', 'none') AND offset <= 0", {}),
+        ("partition = 1 AND offset > 95", {"topics": "orders," + V2_TOPIC}),
+        ("offset = 7", {"partitioning": "segment"}),
+        ("topic = 'nowhere'", {}),
+        # the JSON names queues the filters leave out: no error once they narrowed the read (plan.py's ``pushed``)
+        (
+            "topic = 'orders' AND partition = 2",
+            {"startingOffsets": '{"orders": {"0": 3, "1": 4, "2": 5}, "txn": {"0": 0}}'},
+        ),
+    ],
+)
 def test_filter_pushdown(spark, vectors, query, options):
     """topic / partition / offset filters reach the JVM scan without any Spark setting (the Python source needs
     spark.sql.python.filterPushdown.enabled and pushFilters=true): it plans the same pruned ranges as the Python
@@ -466,13 +557,23 @@ def test_include_undispatched(spark, undispatched, mode):
 
 def test_offsets_and_times_reach_past_the_consume_queues(spark, undispatched):
     path, t250 = undispatched
-    same_plan_and_rows(spark, path, expect_rows=(150 - 90) + (150 - 140), topics="orders",
-                       startingOffsets='{"orders": {"0": 90, "1": 140}}')
+    same_plan_and_rows(
+        spark,
+        path,
+        expect_rows=(150 - 90) + (150 - 140),
+        topics="orders",
+        startingOffsets='{"orders": {"0": 90, "1": 140}}',
+    )
     same_plan_and_rows(spark, path, expect_rows=100, startingTimestamp=t250)
     same_plan_and_rows(spark, path, expect_rows=50, startingTimestamp=t250, partitioning="queue", topics="orders")
     same_plan_and_rows(spark, path, expect_rows=0, endingTimestamp=t250, topics="late")
-    same_plan_and_rows(spark, path, expect_rows=15 + 15, startingOffsets='{"late": {"0": -2, "1": 10}}',
-                       endingOffsets='{"late": {"0": 15, "1": -1}}')
+    same_plan_and_rows(
+        spark,
+        path,
+        expect_rows=15 + 15,
+        startingOffsets='{"late": {"0": -2, "1": 10}}',
+        endingOffsets='{"late": {"0": 15, "1": -1}}',
+    )
 
 
 def test_undispatched_records_end_at_a_torn_write(spark, undispatched):
@@ -485,10 +586,10 @@ def test_undispatched_records_end_at_a_torn_write(spark, undispatched):
     end = files.walk_end()
     base, seg = files.segments[-1]
     record = (path / "commitlog" / ("%020d" % 0)).read_bytes()[:4096]
-    record = record[:int.from_bytes(record[:4], "big")]
+    record = record[: int.from_bytes(record[:4], "big")]
     with open(seg, "r+b") as f:
         f.seek(end - base)
-        f.write(record[:len(record) // 2])
+        f.write(record[: len(record) // 2])
     with open(files.segment_path(base + SEG), "wb") as f:
         f.truncate(SEG)
     (path / "abort").touch()
@@ -518,8 +619,9 @@ def test_rocketmq_fixture_past_its_consume_queue(spark, fixtures_dir, tmp_path):
     for mode in ("segment", "queue"):
         same_plan_and_rows(spark, store, expect_rows=179, partitioning=mode)
         same_plan_and_rows(spark, store, expect_rows=56, partitioning=mode, includeUndispatched="false")
-    same_plan_and_rows(spark, store, expect_rows=50, startingOffsets='{"abc": {"0": 50}}',
-                       endingOffsets='{"abc": {"0": 100}}')
+    same_plan_and_rows(
+        spark, store, expect_rows=50, startingOffsets='{"abc": {"0": 50}}', endingOffsets='{"abc": {"0": 100}}'
+    )
 
 
 # ------------------------------------------------------------------------------------------ streams (micro-batches)
@@ -529,8 +631,14 @@ def run_stream(spark, fmt, path, out, checkpoint, **options):
     """An availableNow stream of ``path`` through reader ``fmt`` into Parquet at ``out``; returns the rows of each
     micro-batch."""
     r = spark.readStream.format(fmt).options(**{k: str(v) for k, v in options.items()})
-    q = (r.load(str(path)).writeStream.format("parquet").option("path", str(out))
-         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    q = (
+        r.load(str(path))
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         assert q.awaitTermination(300)
     finally:
@@ -541,16 +649,23 @@ def run_stream(spark, fmt, path, out, checkpoint, **options):
 
 
 def stream_rows(spark, out):
-    return sorted((r.asDict() for r in spark.read.parquet(str(out)).collect()),
-                  key=lambda r: (r["topic"], r["partition"], r["offset"]))
+    return sorted(
+        (r.asDict() for r in spark.read.parquet(str(out)).collect()),
+        key=lambda r: (r["topic"], r["partition"], r["offset"]),
+    )
 
 
 def put_more(path, start, stop):
     """Messages start..stop-1 into ``path``: topics a and (odd ones) b, queues 0..2 (new queues and a new topic)."""
     with localmq.open(path, mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=2000) as st:
         for i in range(start, stop):
-            st.put("a" if i < 1000 or i % 2 else "b", b"%06d" % i, queue_id=i % (2 if i < 1000 else 3),
-                   tags="t%d" % (i % 4), keys=["k%d" % i])
+            st.put(
+                "a" if i < 1000 or i % 2 else "b",
+                b"%06d" % i,
+                queue_id=i % (2 if i < 1000 else 3),
+                tags="t%d" % (i % 4),
+                keys=["k%d" % i],
+            )
         st.wait_for_dispatch()
 
 
@@ -562,13 +677,21 @@ def test_streams_give_the_same_micro_batches(spark, tmp_path):
     put_more(path, 0, 1000)
     sizes = {}
     for fmt in (PY, JVM):
-        sizes[fmt] = run_stream(spark, fmt, path, tmp_path / fmt / "out", tmp_path / fmt / "ck",
-                                startingOffsets="earliest", maxOffsetsPerTrigger=300)
+        sizes[fmt] = run_stream(
+            spark,
+            fmt,
+            path,
+            tmp_path / fmt / "out",
+            tmp_path / fmt / "ck",
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger=300,
+        )
     assert sizes[PY] == sizes[JVM] == [300, 300, 300, 100]
     put_more(path, 1000, 1500)
     for fmt in (PY, JVM):
-        sizes[fmt] = run_stream(spark, fmt, path, tmp_path / fmt / "out", tmp_path / fmt / "ck",
-                                maxOffsetsPerTrigger=170)
+        sizes[fmt] = run_stream(
+            spark, fmt, path, tmp_path / fmt / "out", tmp_path / fmt / "ck", maxOffsetsPerTrigger=170
+        )
     assert sizes[PY] == sizes[JVM] and sum(sizes[JVM]) == 500
     py, jvm = (stream_rows(spark, tmp_path / fmt / "out") for fmt in (PY, JVM))
     assert len(py) == len(jvm) == 1500
@@ -581,8 +704,7 @@ def test_a_stream_resumes_from_the_other_readers_checkpoint(spark, tmp_path):
     path = tmp_path / "store"
     put_more(path, 0, 1000)
     out, ck = tmp_path / "out", tmp_path / "ck"
-    assert sum(run_stream(spark, PY, path, out, ck, startingOffsets="earliest", maxOffsetsPerTrigger=400)) \
-        == 1000
+    assert sum(run_stream(spark, PY, path, out, ck, startingOffsets="earliest", maxOffsetsPerTrigger=400)) == 1000
     put_more(path, 1000, 1300)
     assert sum(run_stream(spark, JVM, path, out, ck)) == 300
     put_more(path, 1300, 1500)
@@ -590,11 +712,14 @@ def test_a_stream_resumes_from_the_other_readers_checkpoint(spark, tmp_path):
     assert sorted(int(r["value"]) for r in stream_rows(spark, out)) == list(range(1500))
 
 
-@pytest.mark.parametrize("options, rows", [
-    ({}, 0),                                                    # a stream starts at latest by default
-    ({"startingOffsets": '{"a": {"0": 490, "1": -1}}'}, 10),    # -1: latest, allowed in a stream
-    ({"startingOffsets": '{"a": {"0": -2, "1": 495}}', "topics": "a", "partitioning": "queue"}, 505),
-])
+@pytest.mark.parametrize(
+    "options, rows",
+    [
+        ({}, 0),  # a stream starts at latest by default
+        ({"startingOffsets": '{"a": {"0": 490, "1": -1}}'}, 10),  # -1: latest, allowed in a stream
+        ({"startingOffsets": '{"a": {"0": -2, "1": 495}}', "topics": "a", "partitioning": "queue"}, 505),
+    ],
+)
 def test_stream_starting_offsets(spark, tmp_path, options, rows):
     path = tmp_path / "store"
     put_more(path, 0, 1000)
@@ -604,12 +729,15 @@ def test_stream_starting_offsets(spark, tmp_path, options, rows):
         assert stream_rows(spark, tmp_path / PY / "out") == stream_rows(spark, tmp_path / JVM / "out")
 
 
-@pytest.mark.parametrize("options, pattern", [
-    ({"endingOffsets": "latest"}, "endingOffsets is for batch reads only"),
-    ({"endingTimestamp": "5"}, "endingTimestamp is for batch reads only"),
-    ({"startingOffsets": '{"a": {"0": 0}}'}, "startingOffsets JSON must give every queue.*missing: a/1"),
-    ({"maxOffsetsPerTrigger": "-5"}, "option maxOffsetsPerTrigger must be >= 1, not -5"),
-])
+@pytest.mark.parametrize(
+    "options, pattern",
+    [
+        ({"endingOffsets": "latest"}, "endingOffsets is for batch reads only"),
+        ({"endingTimestamp": "5"}, "endingTimestamp is for batch reads only"),
+        ({"startingOffsets": '{"a": {"0": 0}}'}, "startingOffsets JSON must give every queue.*missing: a/1"),
+        ({"maxOffsetsPerTrigger": "-5"}, "option maxOffsetsPerTrigger must be >= 1, not -5"),
+    ],
+)
 def test_stream_bad_options_fail_alike(spark, tmp_path, options, pattern):
     path = tmp_path / "store"
     put_more(path, 0, 10)
@@ -644,11 +772,11 @@ def test_a_shared_store_is_read_to_its_committed_end(spark, tmp_path):
         seg = path / "commitlog" / ("%020d" % 0)
         data = bytearray(seg.read_bytes())
         at = rs[-1].physical_offset
-        live = at + int.from_bytes(data[at:at + 4], "big")  # the committed end: after the last put
+        live = at + int.from_bytes(data[at : at + 4], "big")  # the committed end: after the last put
         record = bytearray(data[at:live])
-        assert data[live:live + len(record)] == bytes(len(record))
-        record[20:28] = (25).to_bytes(8, "big")     # the next offset of queue 1 (its CRC covers the body only)
-        record[28:36] = live.to_bytes(8, "big")     # where it stands
+        assert data[live : live + len(record)] == bytes(len(record))
+        record[20:28] = (25).to_bytes(8, "big")  # the next offset of queue 1 (its CRC covers the body only)
+        record[28:36] = live.to_bytes(8, "big")  # where it stands
         with open(seg, "r+b") as f:
             f.seek(live)
             f.write(record)
@@ -667,12 +795,34 @@ def props_store(tmp_path_factory):
     """A closed store of 240 messages whose properties exercise RocketMQ's SQL92 conversions: ints, longs,
     floats (NaN, exponents, hex, blanks), booleans in any case, strings, and missing ones."""
     path = tmp_path_factory.mktemp("sql") / "store"
-    values = ["0", "7", "-3", "2147483648", "9999999999", "1.5", "-0.0", "NaN", "1e3", " 7 ", "0x10p0", "abc", "",
-              "true", "TRUE", "false", "x'y", "007"]
+    values = [
+        "0",
+        "7",
+        "-3",
+        "2147483648",
+        "9999999999",
+        "1.5",
+        "-0.0",
+        "NaN",
+        "1e3",
+        " 7 ",
+        "0x10p0",
+        "abc",
+        "",
+        "true",
+        "TRUE",
+        "false",
+        "x'y",
+        "007",
+    ]
     with localmq.open(path, mapped_file_size_commit_log=SEG) as st:
         for i in range(240):
-            props = {"i": str(i), "v": values[i % len(values)], "w": values[(i * 7) % len(values)],
-                     "s": "name-%d" % (i % 9)}
+            props = {
+                "i": str(i),
+                "v": values[i % len(values)],
+                "w": values[(i * 7) % len(values)],
+                "s": "name-%d" % (i % 9),
+            }
             if i % 5 == 0:
                 del props["v"]
             if i % 11 == 0:
@@ -683,12 +833,40 @@ def props_store(tmp_path_factory):
 
 
 SQL_EXPRESSIONS = [
-    "i > 100", "i >= 100 AND i < 120", "i BETWEEN 10 AND 20", "i NOT BETWEEN 10 AND 230", "v = 7", "v > 5",
-    "v < 2.5", "v >= 1e2", "v = 'abc'", "v <> 'abc'", "v = TRUE", "v IS NULL", "v IS NOT NULL",
-    "v IN ('abc', 'true', '7')", "v NOT IN ('abc', '7')", "s CONTAINS '-3'", "s STARTSWITH 'name-1'",
-    "s ENDSWITH '8'", "s NOT CONTAINS '4'", "v > w", "v = w", "NOT (v > 3)", "v > 3 OR w > 3", "v > 3 AND w < 1000",
-    "-v IS NULL", "v > -1 /* a comment */ -- and another", "v < 9999999999", "v > 2147483647", "v = 1.5",
-    "v BETWEEN 0 AND 1e4", "NOT v", "(v > 1 OR v IS NULL) AND NOT (w IN ('abc'))", "v = '007'", "i <> 3L",
+    "i > 100",
+    "i >= 100 AND i < 120",
+    "i BETWEEN 10 AND 20",
+    "i NOT BETWEEN 10 AND 230",
+    "v = 7",
+    "v > 5",
+    "v < 2.5",
+    "v >= 1e2",
+    "v = 'abc'",
+    "v <> 'abc'",
+    "v = TRUE",
+    "v IS NULL",
+    "v IS NOT NULL",
+    "v IN ('abc', 'true', '7')",
+    "v NOT IN ('abc', '7')",
+    "s CONTAINS '-3'",
+    "s STARTSWITH 'name-1'",
+    "s ENDSWITH '8'",
+    "s NOT CONTAINS '4'",
+    "v > w",
+    "v = w",
+    "NOT (v > 3)",
+    "v > 3 OR w > 3",
+    "v > 3 AND w < 1000",
+    "-v IS NULL",
+    "v > -1 /* a comment */ -- and another",
+    "v < 9999999999",
+    "v > 2147483647",
+    "v = 1.5",
+    "v BETWEEN 0 AND 1e4",
+    "NOT v",
+    "(v > 1 OR v IS NULL) AND NOT (w IN ('abc'))",
+    "v = '007'",
+    "i <> 3L",
 ]
 
 
@@ -702,9 +880,30 @@ def test_sql_option(spark, props_store, sql):
     assert len(rows) <= 240
 
 
-BAD_SQL = ["i >", "v = NULL", "'x' > 1", "i BETWEEN 5 AND 1", "5 IN ('a')", "v IN (1)", "v = 'abc", "v > 1 /* x",
-           "v # 1", "v > 1.5e999", "v > 99999999999999999999", "-v", "v IS 5", "v = 1 w", "", "(" * 70 + "v",
-           "v BETWEEN NULL AND 5", "TRUE = 'x'", "v IS NOT 3", "v > 0.0", "v > 'x'", "i = 007"]
+BAD_SQL = [
+    "i >",
+    "v = NULL",
+    "'x' > 1",
+    "i BETWEEN 5 AND 1",
+    "5 IN ('a')",
+    "v IN (1)",
+    "v = 'abc",
+    "v > 1 /* x",
+    "v # 1",
+    "v > 1.5e999",
+    "v > 99999999999999999999",
+    "-v",
+    "v IS 5",
+    "v = 1 w",
+    "",
+    "(" * 70 + "v",
+    "v BETWEEN NULL AND 5",
+    "TRUE = 'x'",
+    "v IS NOT 3",
+    "v > 0.0",
+    "v > 'x'",
+    "i = 007",
+]
 
 
 @pytest.mark.parametrize("sql", BAD_SQL)

@@ -12,12 +12,13 @@ import pytest
 
 import localmq
 from helpers import require
-from localmq import _record, _columns, _scan
+from localmq import _columns, _record, _scan
 from localmq.errors import CorruptFrameError, CorruptStoreError
 
 pa = require("pyarrow")
 
-from localmq.spark import decode, plan as planmod  # noqa: E402
+from localmq.spark import decode  # noqa: E402
+from localmq.spark import plan as planmod  # noqa: E402
 from localmq.spark.read import arrow_batches, plan  # noqa: E402
 from test_spark_decode import OPTS, SEG, TOPICS, ranges_of, records, table, write_store  # noqa: E402
 
@@ -26,6 +27,7 @@ from test_spark_decode import OPTS, SEG, TOPICS, ranges_of, records, table, writ
 def written(tmp_path):
     """tests/test_spark_decode.py's store: 3 topics x 4 queues over several segments; (path, messages)."""
     return write_store(tmp_path)
+
 
 # ---------------------------------------------------------------------------------------------- single-pass scan
 # The cheap columns are read by one walk (_scan.scan_range) instead of decode_range + gathers; what it yields
@@ -37,8 +39,10 @@ SCAN_COLUMNS = [c for c in decode._SCAN_FIELDS]
 @pytest.fixture
 def general_path(monkeypatch):
     """Call to make the reader use decode_range / decode_positions + gathers only (what every read used before)."""
+
     def force():
         monkeypatch.setattr(decode, "_scan_fields", lambda columns, *always: None)
+
     return force
 
 
@@ -47,9 +51,11 @@ def scans(monkeypatch):
     """Counts the single-pass scans (segment ranges and ConsumeQueue units) the reader makes."""
     seen = []
     for name in ("scan_range", "scan_positions"):
+
         def spy(*args, _real=getattr(_scan, name), **kw):
             seen.append(args[1:3])
             return _real(*args, **kw)
+
         monkeypatch.setattr(decode._scan, name, spy)
     return seen
 
@@ -73,8 +79,9 @@ def assert_same(fast, general):
     assert ft.equals(gt)
     for name in ft.column_names:
         fc, gc = ft.column(name).combine_chunks(), gt.column(name).combine_chunks()
-        assert [None if b is None else b.to_pybytes() for b in fc.buffers()[1:]] == \
-               [None if b is None else b.to_pybytes() for b in gc.buffers()[1:]], name
+        assert [None if b is None else b.to_pybytes() for b in fc.buffers()[1:]] == [
+            None if b is None else b.to_pybytes() for b in gc.buffers()[1:]
+        ], name
 
 
 def test_written_store_spans_segments_with_blank_ends(written):
@@ -92,30 +99,40 @@ def test_written_store_spans_segments_with_blank_ends(written):
 @pytest.mark.parametrize("mode", ["segment", "queue"])
 def test_scan_matches_general_path_whole_store(written, general_path, scans, columns, batch, mode):
     path, sent = written
-    fast, general = both_paths(general_path, scans, lambda: batches(path, columns=columns, batchSize=batch,
-                                                                    partitioning=mode, minPartitions=3))
+    fast, general = both_paths(
+        general_path, scans, lambda: batches(path, columns=columns, batchSize=batch, partitioning=mode, minPartitions=3)
+    )
     assert_same(fast, general)
     # no row filter: the same batches too
     assert [b.num_rows for b in fast] == [b.num_rows for b in general]
     assert sum(b.num_rows for b in fast) == len(sent)
 
 
-@pytest.mark.parametrize("options", [
-    {"topics": "orders,clicks"},
-    {"topics": "audit", "startingOffsets": '{"audit": {"0": -2, "1": 20, "2": -2, "3": -2}}',
-     "endingOffsets": '{"audit": {"0": -1, "1": 60, "2": -1, "3": 5}}'},
-    {"startingOffsets": '{"orders": {"0": 5, "1": -2, "2": -2, "3": -2}, "clicks": {"0": -2, "1": 30, "2": -2, '
-                        '"3": -2}}',
-     "endingOffsets": '{"orders": {"0": 50, "1": -1, "2": -1, "3": 7}, "clicks": {"0": -1, "1": -1, "2": -1, '
-                      '"3": -1}}'},
-    {"checkCRC": "true"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"topics": "orders,clicks"},
+        {
+            "topics": "audit",
+            "startingOffsets": '{"audit": {"0": -2, "1": 20, "2": -2, "3": -2}}',
+            "endingOffsets": '{"audit": {"0": -1, "1": 60, "2": -1, "3": 5}}',
+        },
+        {
+            "startingOffsets": '{"orders": {"0": 5, "1": -2, "2": -2, "3": -2}, "clicks": {"0": -2, "1": 30, "2": -2, '
+            '"3": -2}}',
+            "endingOffsets": '{"orders": {"0": 50, "1": -1, "2": -1, "3": 7}, "clicks": {"0": -1, "1": -1, "2": -1, '
+            '"3": -1}}',
+        },
+        {"checkCRC": "true"},
+    ],
+)
 @pytest.mark.parametrize("mode", ["segment", "queue"])
 def test_scan_matches_general_path_with_row_filters(written, general_path, scans, options, mode):
     path, _ = written
     columns = "topic,partition,offset,value,physical_offset"
-    fast, general = both_paths(general_path, scans, lambda: batches(path, columns=columns, batchSize=50,
-                                                                    partitioning=mode, **options))
+    fast, general = both_paths(
+        general_path, scans, lambda: batches(path, columns=columns, batchSize=50, partitioning=mode, **options)
+    )
     assert_same(fast, general)
     assert sum(b.num_rows for b in fast) > 0
 
@@ -135,18 +152,26 @@ def test_scan_matches_general_path_on_a_bare_commitlog_by_time(tmp_path, general
         _columns.decode_range(f.read(), cols)
     times = np.unique(cols["store_timestamp"])
     assert len(times) >= 3
-    options = {"startingTimestamp": int(times[1]), "endingTimestamp": int(times[-1]),
-               "startingOffsets": '{"audit": {"1": 10}}', "endingOffsets": '{"clicks": {"0": 100}}'}
-    fast, general = both_paths(general_path, scans, lambda: batches(str(path), columns=",".join(SCAN_COLUMNS),
-                                                                    batchSize=64, **options))
+    options = {
+        "startingTimestamp": int(times[1]),
+        "endingTimestamp": int(times[-1]),
+        "startingOffsets": '{"audit": {"1": 10}}',
+        "endingOffsets": '{"clicks": {"0": 100}}',
+    }
+    fast, general = both_paths(
+        general_path, scans, lambda: batches(str(path), columns=",".join(SCAN_COLUMNS), batchSize=64, **options)
+    )
     assert_same(fast, general)
     assert 0 < sum(b.num_rows for b in fast) < 900
 
 
 def test_scan_matches_general_path_on_the_rocketmq_fixture(fixtures_dir, tmp_path, general_path, scans):
     store = str(shutil.copytree(fixtures_dir / "apache-rocketmq-4e25b979" / "store", tmp_path / "store"))
-    fast, general = both_paths(general_path, scans, lambda: batches(
-        store, columns=",".join(SCAN_COLUMNS), mapped_file_size_commit_log=8192, batchSize=10))
+    fast, general = both_paths(
+        general_path,
+        scans,
+        lambda: batches(store, columns=",".join(SCAN_COLUMNS), mapped_file_size_commit_log=8192, batchSize=10),
+    )
     assert_same(fast, general)
     assert sum(b.num_rows for b in fast) == 47
 
@@ -180,8 +205,9 @@ def read_both(general_path, part, columns):
 
 
 def test_a_negative_queue_id_under_bounds_falls_back_to_the_general_path(tmp_path, general_path, scans):
-    recs = [localmq.encode_message("t", b"x%d" % i, queue_id=-1 if i == 6 else i % 2, queue_offset=i)
-            for i in range(10)]
+    recs = [
+        localmq.encode_message("t", b"x%d" % i, queue_id=-1 if i == 6 else i % 2, queue_offset=i) for i in range(10)
+    ]
     path, end = segment_of(tmp_path, recs)
     part = planmod.SegmentRange(path, 0, SEG, 0, end, bounds={("t", 0): (2, 8)})
     fast, general = read_both(general_path, part, ["partition", "offset", "value"])
@@ -282,7 +308,7 @@ def test_queue_scan_raises_what_the_general_path_raises(written, general_path, s
             f.write(struct.pack(">i", size + 1))
         elif damage == "unit offset":  # the next unit's record: a valid record, of the same queue, wrong offset
             f.seek(20 * j)
-            f.write(units[20 * (j + 1):20 * (j + 2)])
+            f.write(units[20 * (j + 1) : 20 * (j + 2)])
     if damage in ("magic", "crc"):
         with open(seg, "r+b") as f:
             at = phys % SEG + (4 if damage == "magic" else 90)  # the magic, or a body byte (IPv4 hosts: at 88)
@@ -294,8 +320,15 @@ def test_queue_scan_raises_what_the_general_path_raises(written, general_path, s
     for _ in range(2):
         rows = []
         with pytest.raises((CorruptFrameError, CorruptStoreError)) as e:
-            for b in arrow_batches(path, partitioning="queue", columns="offset,value", topics="orders",
-                                   checkCRC="true", batchSize=4, **OPTS):
+            for b in arrow_batches(
+                path,
+                partitioning="queue",
+                columns="offset,value",
+                topics="orders",
+                checkCRC="true",
+                batchSize=4,
+                **OPTS,
+            ):
                 rows.extend(b.column("offset").to_pylist())
         errors.append((type(e.value), str(e.value), getattr(e.value, "offset", None), rows))
         assert scans or errors[1:]
@@ -319,14 +352,22 @@ def test_scan_positions_checks_what_decode_positions_checks():
             assert all(np.array_equal(a, b) for a, b in zip(out[f], _columns.gather_binary(ref, f)))
         else:
             assert np.array_equal(out[f], ref[f]), f
-    for args in ((pos[:2], sizes[:2] + 1), ([pos[1] + 1], [sizes[1]]), ([len(data) - 8], [sizes[0]]),
-                 ([len(data) + 5], [sizes[0]]), ([-1], [sizes[0]])):
+    for args in (
+        (pos[:2], sizes[:2] + 1),
+        ([pos[1] + 1], [sizes[1]]),
+        ([len(data) - 8], [sizes[0]]),
+        ([len(data) + 5], [sizes[0]]),
+        ([-1], [sizes[0]]),
+    ):
         got = _scan.scan_positions(data, *args, 0, False, ("body",))[:3]
         want = _columns.decode_positions(data, _columns.RecordColumns(4), *args)
         assert got == want[:3], args
     good = records(n=2)[:-64]
     blank = good + localmq.encode_blank(64) + bytes(56)
-    assert _scan.scan_positions(blank, [len(good)], [64], 0, False, ("body",))[:3] == (0, 0, "corrupt") == \
-        _columns.decode_positions(blank, _columns.RecordColumns(1), [len(good)], [64])
+    assert (
+        _scan.scan_positions(blank, [len(good)], [64], 0, False, ("body",))[:3]
+        == (0, 0, "corrupt")
+        == _columns.decode_positions(blank, _columns.RecordColumns(1), [len(good)], [64])
+    )
     with pytest.raises(ValueError):
         _scan.scan_positions(data, pos, sizes[:2])

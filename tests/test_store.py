@@ -1,4 +1,5 @@
 """LocalMessageQueue: round trips across rolled segments and CQ files, reopen, batches, statuses, tags, lookups."""
+
 import hashlib
 import os
 import random
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 
 import localmq
-from localmq import GetStatus, PutStatus
 from helpers import queue_messages
+from localmq import GetStatus, PutStatus
 
 SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=200)
 
@@ -61,8 +62,10 @@ def test_round_trip_many_topics_queues_rolled_files(tmp_path):
         for (t, q), lst in expected.items():
             assert st.max_offset(t, q) == len(lst)
             msgs = read_all(st, t, q)
-            assert hashlib.sha256(b"".join(m.body for m in msgs)).digest() == \
-                hashlib.sha256(b"".join(b for b, _, _ in lst)).digest()
+            assert (
+                hashlib.sha256(b"".join(m.body for m in msgs)).digest()
+                == hashlib.sha256(b"".join(b for b, _, _ in lst)).digest()
+            )
         r = st.put("orders", b"after", queue_id=0)
         assert r.queue_offset == len(expected[("orders", 0)])
 
@@ -75,7 +78,7 @@ def test_consume_queue_units_match_spec_layout(store_factory, tmp_path):
     raw = (tmp_path / "store" / "consumequeue" / "abc" / "0" / "00000000000000000000").read_bytes()
     assert len(raw) == 200
     for i in range(10):
-        u = raw[i * 20:(i + 1) * 20]
+        u = raw[i * 20 : (i + 1) * 20]
         assert int.from_bytes(u[:8], "big") == rs[i].physical_offset
         assert int.from_bytes(u[8:12], "big") == rs[i].wrote_bytes
         assert int.from_bytes(u[12:], "big", signed=True) == 2567159
@@ -100,8 +103,8 @@ def test_blank_record_at_segment_end(store_factory, tmp_path):
     recs = list(localmq.read_commitlog(tmp_path / "store" / "commitlog" / "00000000000000000000"))
     end = recs[-1].physical_offset + recs[-1].store_size
     # spec 1.5: an 8-byte blank (TOTALSIZE = rest of file, BLANK magic) fills the segment
-    assert int.from_bytes(seg0[end:end + 4], "big") == 64 * 1024 - end
-    assert seg0[end + 4:end + 8] == bytes.fromhex("cbd43194")
+    assert int.from_bytes(seg0[end : end + 4], "big") == 64 * 1024 - end
+    assert seg0[end + 4 : end + 8] == bytes.fromhex("cbd43194")
     assert 64 * 1024 - end >= 8
 
 
@@ -235,7 +238,7 @@ def test_offset_by_time_and_lookup(store_factory):
     assert st.offset_by_time("time", 0, stamps[10]) == stamps.index(stamps[10])
     m = st.look_message_by_offset(st.consume_queue("time", 0).unit(7)[0])
     assert m.body == b"7" and m.queue_offset == 7
-    assert st.look_message_by_offset(10 ** 12) is None
+    assert st.look_message_by_offset(10**12) is None
 
 
 def test_concurrent_producers_keep_per_queue_order(store_factory):

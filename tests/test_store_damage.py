@@ -4,6 +4,7 @@ Each test damages a real store the way the adversarial probe did and checks ever
 exact bodies, nothing missing, nothing duplicated, or a typed error that names the damage. The CommitLog is the
 truth; ConsumeQueues, the index and the checkpoint are derived from it and rebuilt when damaged.
 """
+
 import os
 import random
 import shutil
@@ -13,8 +14,8 @@ import sys
 import pytest
 
 import helpers
-from helpers import patch, read_bytes
 import localmq
+from helpers import patch, read_bytes
 from localmq import GetStatus
 from localmq.errors import CorruptMessageError, DamagedLogError, UnsafePathError
 
@@ -51,8 +52,7 @@ def read_queue(st, topic, qid, errors=None):
             errors.append(e)
             off = e.next_offset
             continue
-        if g.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MATCHED_LOGIC_QUEUE,
-                        GetStatus.NO_MESSAGE_IN_QUEUE):
+        if g.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MATCHED_LOGIC_QUEUE, GetStatus.NO_MESSAGE_IN_QUEUE):
             return out
         assert g.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE), g
         out.extend(m.body for m in g.messages)
@@ -85,8 +85,7 @@ def test_unit_pointing_at_another_valid_record_is_never_returned_in_its_place(tm
         with pytest.raises(CorruptMessageError) as e:
             st.get_message("a", 0, 5, 32)
         assert (e.value.topic, e.value.queue_id, e.value.queue_offset, e.value.next_offset) == ("a", 0, 5, 6)
-        assert "queue offset 7" in str(e.value) and e.value.offset == int.from_bytes(
-            read_bytes(path, pos, 8), "big")
+        assert "queue offset 7" in str(e.value) and e.value.offset == int.from_bytes(read_bytes(path, pos, 8), "big")
         errors = []
         got = read_queue(st, "a", 0, errors)
         assert got == written["a", 0][:5] + written["a", 0][6:]  # message 7 once, message 5 reported, not replaced
@@ -98,11 +97,11 @@ def test_unit_pointing_at_another_queue_or_garbage(tmp_path):
     with localmq.open(root, **SMALL) as st:
         written = fill(st)
         path, pos = cq_file(root, "a", 1, 3)
-        patch(path, pos, read_bytes(*cq_file(root, "b", 1, 3), UNIT))   # a record of another topic
+        patch(path, pos, read_bytes(*cq_file(root, "b", 1, 3), UNIT))  # a record of another topic
         path2, pos2 = cq_file(root, "a", 1, 9)
-        patch(path2, pos2 + 8, (12345).to_bytes(4, "big"))            # a wrong size
+        patch(path2, pos2 + 8, (12345).to_bytes(4, "big"))  # a wrong size
         path3, pos3 = cq_file(root, "a", 1, 12)
-        patch(path3, pos3, (10 ** 12).to_bytes(8, "big"))               # past the end of the log
+        patch(path3, pos3, (10**12).to_bytes(8, "big"))  # past the end of the log
         errors = []
         got = read_queue(st, "a", 1, errors)
         assert [e.queue_offset for e in errors] == [3, 9, 12]
@@ -268,15 +267,16 @@ def test_deleted_first_segment_is_reported_not_taken_for_retention(tmp_path, abo
     if abort:
         (root / "abort").touch()
     seg = SMALL["mapped_file_size_commit_log"]
-    verify = subprocess.run([sys.executable, "-m", "localmq", "verify", str(root)], capture_output=True, text=True,
-                            timeout=120)
+    verify = subprocess.run(
+        [sys.executable, "-m", "localmq", "verify", str(root)], capture_output=True, text=True, timeout=120
+    )
     assert verify.returncode == 1 and "missing at the start of the log" in verify.stdout, verify.stdout
     with localmq.open(root, **SMALL) as st:
         assert st.recovery.missing_head == ["%020d" % 0]
         assert st.commit_log_min_offset == seg
         for (t, q), bodies in written.items():
             got = read_queue(st, t, q)
-            assert got and got == bodies[len(bodies) - len(got):], (t, q)
+            assert got and got == bodies[len(bodies) - len(got) :], (t, q)
     with localmq.open(root, **SMALL) as st:
         assert st.recovery.missing_head == []
 
@@ -328,7 +328,7 @@ def test_truncated_index_file_is_rebuilt(tmp_path):
             assert [m.body for m in st.query_message("k", "key%d" % i)] == [b"v%d" % i]
 
 
-@pytest.mark.parametrize("count", [-7, 0, 3, 2 ** 31 - 1])
+@pytest.mark.parametrize("count", [-7, 0, 3, 2**31 - 1])
 @pytest.mark.parametrize("which", ["first", "last"])
 def test_a_damaged_index_count_rebuilds_the_file_and_every_key_is_found(tmp_path, count, which):
     """Issue 24: a garbage indexCount made the open fail with a misleading StoreClosedError (the file was closed,
@@ -351,8 +351,13 @@ def test_a_damaged_index_count_rebuilds_the_file_and_every_key_is_found(tmp_path
     with open(damaged, "r+b") as f:
         f.seek(36)  # the header's indexCount (int32 at 36)
         f.write(struct.pack(">i", count))
-    p = subprocess.run([sys.executable, "-m", "localmq", "verify", str(root), "--no-progress"], capture_output=True,
-                       text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run(
+        [sys.executable, "-m", "localmq", "verify", str(root), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert p.returncode == 1 and damaged.name in p.stdout + p.stderr and "indexCount" in p.stdout + p.stderr, p
     with localmq.open(root, **cfg) as st:
         assert st.wait_for_index(10)
@@ -393,10 +398,13 @@ def _damage_in_an_old_segment(root, kind):
         return base + 8192, base + 8192 + 4096
     pos = 0
     while pos < 8192:  # the first record at or after 8 KiB
-        pos += int.from_bytes(data[pos:pos + 4], "big")
+        pos += int.from_bytes(data[pos : pos + 4], "big")
     t = data.index(b"topic", pos)  # V1: ... topic length (1 byte), topic, properties length (2 bytes), properties
-    at, value = {"topic length": (t - 1, data[t - 1] ^ 0x40), "properties length": (t + 5, data[t + 5] ^ 0x20),
-                 "topic letter": (t + 2, ord("/"))}[kind]
+    at, value = {
+        "topic length": (t - 1, data[t - 1] ^ 0x40),
+        "properties length": (t + 5, data[t + 5] ^ 0x20),
+        "topic letter": (t + 2, ord("/")),
+    }[kind]
     patch(seg, at, bytes([value]))
     return base + at, base + at + 1
 
@@ -515,7 +523,7 @@ def test_missing_segments_are_refused_and_named(tmp_path):
         # what is left is exact: every message read is one that was written, in order, none twice
         for (t, q), bodies in written.items():
             got = read_queue(st, t, q)
-            assert got == bodies[:len(got)]
+            assert got == bodies[: len(got)]
     assert any((root / "recovery").iterdir())
 
 
@@ -636,8 +644,9 @@ def test_random_damage_never_becomes_silent_loss_wrong_data_or_a_crash(base_stor
         st = localmq.open(root, **SMALL)
     except localmq.LocalMQError as e:
         # a typed refusal names the damage
-        assert isinstance(e, (DamagedLogError, UnsafePathError, localmq.CorruptStoreError,
-                              localmq.CorruptFrameError)), (kind, path, e)
+        assert isinstance(
+            e, (DamagedLogError, UnsafePathError, localmq.CorruptStoreError, localmq.CorruptFrameError)
+        ), (kind, path, e)
         return
     finally:
         if snapshot is not None:
@@ -654,5 +663,8 @@ def test_random_damage_never_becomes_silent_loss_wrong_data_or_a_crash(base_stor
             elif len(got) + len(errors) < len(bodies):
                 # messages lost from the log itself are reported: a cut tail, a typed error, or salvage
                 r = st.recovery
-                assert errors or r.dropped_at is not None or r.salvaged or r.deleted_segments or r.missing_head, \
-                    (kind, path, r)
+                assert errors or r.dropped_at is not None or r.salvaged or r.deleted_segments or r.missing_head, (
+                    kind,
+                    path,
+                    r,
+                )

@@ -1,4 +1,5 @@
 """Background services: flush modes, group commit, the transient store pool, allocation ahead and warm-up."""
+
 import logging
 import os
 import subprocess
@@ -8,12 +9,11 @@ import time
 
 import pytest
 
-from helpers import queue_messages, wait_until
-
 import localmq
+from helpers import queue_messages, wait_until
 from localmq import PutStatus
-from localmq.store.group_commit import GroupCommit
 from localmq.store.checkpoint import read_checkpoint
+from localmq.store.group_commit import GroupCommit
 
 SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=2000)
 
@@ -23,6 +23,7 @@ def _local_threads():
 
 
 # -- group commit ----------------------------------------------------------------------------------------------
+
 
 def test_group_commit_releases_many_waiters_with_one_publish():
     gc = GroupCommit(0)
@@ -35,6 +36,7 @@ def test_group_commit_releases_many_waiters_with_one_publish():
     threads = [threading.Thread(target=waiter, args=(t,)) for t in targets]
     for t in threads:
         t.start()
+
     # the flusher sees the highest offset asked for once every waiter has registered (a positive answer
     # claims the flush: give it back while not everyone is there)
     def claimed_all():
@@ -61,6 +63,7 @@ def test_group_commit_wait_times_out_and_close_releases():
     out = []
     t = threading.Thread(target=lambda: out.append(gc.wait(500, 10.0)))
     t.start()
+
     def claimed_500():
         t = gc.next_request(1000)  # a positive answer claims the flush; 51 is left over from the timed-out wait
         if 0 < t != 500:
@@ -129,14 +132,22 @@ def test_sync_flush_slower_than_timeout_gives_flush_disk_timeout(store_factory):
 
 # -- ASYNC_FLUSH and the consume queue flush -----------------------------------------------------------------
 
+
 def test_async_flush_service_flushes_and_moves_the_checkpoint(tmp_path):
     root = tmp_path / "s"
-    st = localmq.open(root, flush_interval_commit_log=10, flush_commit_log_least_pages=0,
-                      flush_interval_consume_queue=10, flush_consume_queue_thorough_interval=0, **SMALL)
+    st = localmq.open(
+        root,
+        flush_interval_commit_log=10,
+        flush_commit_log_least_pages=0,
+        flush_interval_consume_queue=10,
+        flush_consume_queue_thorough_interval=0,
+        **SMALL,
+    )
     try:
         results = [st.put("a", os.urandom(200)) for _ in range(500)]
         last_ts = results[-1].store_timestamp
         assert wait_until(lambda: st.stats()["flushed_offset"] == st.commit_log_max_offset)
+
         # the CQ service's thorough pass records the logical time and syncs the checkpoint file itself
         # (the two services set their fields independently: wait until a synced checkpoint holds both)
         def synced():
@@ -164,15 +175,20 @@ def test_service_errors_are_logged_and_counted(store_factory, caplog):
         svc.queues = lambda: [BrokenQueue()]
         assert wait_until(lambda: st.stats()["service_errors"]["FlushConsumeQueueService"] >= 2)
         svc.queues = real
-    assert any("FlushConsumeQueueService" in r.getMessage() and "Input/output error" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "FlushConsumeQueueService" in r.getMessage() and "Input/output error" in r.getMessage() for r in caplog.records
+    )
     assert svc.alive  # an error does not kill the service
 
 
 def test_close_leaves_no_thread_behind(tmp_path):
     before = set(_local_threads())
-    for mode in ({}, {"flush_disk_type": "SYNC_FLUSH"}, {"transient_store_pool_enable": True},
-                 {"warm_mapped_file_enable": True}):
+    for mode in (
+        {},
+        {"flush_disk_type": "SYNC_FLUSH"},
+        {"transient_store_pool_enable": True},
+        {"warm_mapped_file_enable": True},
+    ):
         st = localmq.open(tmp_path / "s", **SMALL, **mode)
         assert len(set(_local_threads()) - before) >= 4
         st.put("t", b"x")
@@ -182,10 +198,16 @@ def test_close_leaves_no_thread_behind(tmp_path):
 
 # -- transient store pool -------------------------------------------------------------------------------------
 
+
 def test_transient_pool_records_are_visible_once_committed(store_factory):
-    st = store_factory(transient_store_pool_enable=True, transient_store_pool_size=2,
-                       commit_interval_commit_log=60_000, commit_commit_log_thorough_interval=60_000,
-                       commit_commit_log_least_pages=10_000, **SMALL)
+    st = store_factory(
+        transient_store_pool_enable=True,
+        transient_store_pool_size=2,
+        commit_interval_commit_log=60_000,
+        commit_commit_log_thorough_interval=60_000,
+        commit_commit_log_least_pages=10_000,
+        **SMALL,
+    )
     mf_before = st.commit_log_max_offset
     assert mf_before == 0
     st.put("p", b"one")  # the first segment takes a pool buffer: the record sits in process memory
@@ -206,6 +228,7 @@ def test_transient_pool_is_refused_with_sync_flush(tmp_path):
 
 
 # -- allocation ahead ------------------------------------------------------------------------------------------
+
 
 def _segments(root):
     return sorted(os.listdir(root / "commitlog"))
@@ -287,8 +310,17 @@ def test_mlock_refused_degrades_to_one_warning(tmp_path):
     if shutil.which("setpriv") is None or os.geteuid() != 0:
         pytest.skip("needs root and setpriv to run a child without CAP_IPC_LOCK")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    cmd = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", "prlimit", "--memlock=8388608",
-           sys.executable, "-c", MLOCK_REFUSED, str(tmp_path / "s")]
+    cmd = [
+        "setpriv",
+        "--inh-caps=-ipc_lock",
+        "--bounding-set=-ipc_lock",
+        "prlimit",
+        "--memlock=8388608",
+        sys.executable,
+        "-c",
+        MLOCK_REFUSED,
+        str(tmp_path / "s"),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "mlock False" in p.stdout
@@ -297,6 +329,7 @@ def test_mlock_refused_degrades_to_one_warning(tmp_path):
 
 
 # -- disk full --------------------------------------------------------------------------------------------------
+
 
 def _read_all(st, topic):
     return [m.body for m in queue_messages(st, topic, 0, wait=False)]
@@ -307,8 +340,9 @@ def small_tmpfs(tmp_path):
     """A real 640 KiB tmpfs mounted for the test (skipped where mounting is not permitted)."""
     mnt = tmp_path / "tmpfs"
     mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=640k", "localmq-test", str(mnt)],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=640k", "localmq-test", str(mnt)], capture_output=True, text=True
+    )
     if p.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip() or p.returncode}")
     try:
@@ -341,7 +375,7 @@ def test_full_disk_gives_create_failed_stays_readable_and_recovers(small_tmpfs):
         # dispatcher says so (and retries), it does not stop or skip
         dispatched = st.wait_for_dispatch(2)
         got = _read_all(st, "full")
-        assert got == acked[:len(got)]
+        assert got == acked[: len(got)]
         blocked = st.stats()["dispatch_blocked"]
         print(f"acked {len(acked)}, indexed {len(got)}, dispatch blocked: {blocked}")
         assert (got == acked) == dispatched == (blocked is None)
@@ -367,8 +401,10 @@ def test_full_disk_gives_create_failed_stays_readable_and_recovers(small_tmpfs):
 
 # -- many files synced at once ---------------------------------------------------------------------------------
 
+
 def test_sync_each_tries_every_item_and_returns_the_failures_in_order():
     from localmq.store.mapped_file_queue import SYNC_PARALLEL_MIN, sync_each
+
     for n in (SYNC_PARALLEL_MIN - 1, 500):  # the calling thread alone, then the threads
         seen, lock = [], threading.Lock()
 
@@ -389,6 +425,7 @@ def test_sync_each_works_on_the_calling_thread_when_no_thread_starts(monkeypatch
     # Thread.start raises RuntimeError when no thread is left, and at interpreter shutdown on Python 3.12+ (a store
     # closed by an atexit hook): every item is still synced, by the threads that started and the caller
     from localmq.store.mapped_file_queue import sync_each
+
     real_start, started = threading.Thread.start, []
 
     def start(self):
@@ -418,8 +455,9 @@ def test_close_after_writes_to_many_queues_syncs_every_new_file_and_reports_a_fa
     fdatasync is called once, one that fails (EIO, injected) is raised naming its file, and the store opens again
     with every message."""
     root = tmp_path / "s"
-    st = localmq.open(root, mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 64,
-                      max_mapped_queue_files=64)
+    st = localmq.open(
+        root, mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=20 * 64, max_mapped_queue_files=64
+    )
     for t in range(75):
         for q in range(4):
             assert st.put(f"t{t}", b"m%d/%d" % (t, q), queue_id=q).status is PutStatus.PUT_OK

@@ -1,4 +1,5 @@
 """Bad input and misuse: typed errors (also the matching builtins), nothing written, nothing lost."""
+
 import os
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def test_invalid_topic_is_value_error(store_factory):
         store_factory(**SMALL).put("no/slash", b"x")
 
 
-@pytest.mark.parametrize("qid", [-1, 65536, 2 ** 31 - 1])
+@pytest.mark.parametrize("qid", [-1, 65536, 2**31 - 1])
 def test_invalid_queue_id(store_factory, qid):
     st = store_factory(**SMALL)
     with pytest.raises(localmq.InvalidQueueIdError):
@@ -119,8 +120,14 @@ def test_closed_store(tmp_path):
     st = localmq.open(tmp_path / "s", **SMALL)
     st.put("t", b"x")
     st.close()
-    for call in (lambda: st.put("t", b"x"), lambda: st.put_batch("t", [b"x"]), lambda: st.get_message("t", 0, 0),
-                 lambda: st.max_offset("t", 0), lambda: st.wait_for_dispatch(), lambda: st.flush()):
+    for call in (
+        lambda: st.put("t", b"x"),
+        lambda: st.put_batch("t", [b"x"]),
+        lambda: st.get_message("t", 0, 0),
+        lambda: st.max_offset("t", 0),
+        lambda: st.wait_for_dispatch(),
+        lambda: st.flush(),
+    ):
         with pytest.raises(localmq.StoreClosedError):
             call()
     with pytest.raises(ValueError):
@@ -140,7 +147,7 @@ def test_second_writer_other_process(tmp_path):
     code = textwrap.dedent(f"""
         import sys, localmq
         try:
-            localmq.open({str(tmp_path / 's')!r}, mapped_file_size_commit_log=65536)
+            localmq.open({str(tmp_path / "s")!r}, mapped_file_size_commit_log=65536)
         except localmq.StoreLockedError as e:
             print("LOCKED", e)
             sys.exit(3)
@@ -148,8 +155,13 @@ def test_second_writer_other_process(tmp_path):
     """)
     with localmq.open(tmp_path / "s", **SMALL) as st:
         st.put("t", b"keep")
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        p = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
         assert p.returncode == 3, p.stderr
         assert "LOCKED" in p.stdout
         st.put("t", b"still")
@@ -198,6 +210,7 @@ def test_not_a_store_for_readers(tmp_path):
 
 def test_native_errors_carry_errno_and_path(tmp_path):
     from localmq import _native
+
     p = tmp_path / "ro"
     p.write_bytes(b"")
     fd = os.open(p, os.O_RDONLY)
@@ -219,13 +232,22 @@ def test_store_io_error_is_the_builtin_of_its_errno_and_pickles():
     import pickle
 
     from localmq.errors import store_io_error
+
     e = store_io_error(OSError(errno.ENOSPC, "No space left on device"), "write", "/s/config/x.json")
     assert type(e) is localmq.StoreIOError and isinstance(e, localmq.LocalMQError) and isinstance(e, OSError)
-    assert (e.errno, e.strerror, e.filename, e.operation) == (errno.ENOSPC, "No space left on device",
-                                                              "/s/config/x.json", "write")
+    assert (e.errno, e.strerror, e.filename, e.operation) == (
+        errno.ENOSPC,
+        "No space left on device",
+        "/s/config/x.json",
+        "write",
+    )
     assert "ENOSPC" in str(e) and "/s/config/x.json" in str(e)
-    for err, builtin in [(errno.ENOENT, FileNotFoundError), (errno.EEXIST, FileExistsError),
-                         (errno.EACCES, PermissionError), (errno.ENOTDIR, NotADirectoryError)]:
+    for err, builtin in [
+        (errno.ENOENT, FileNotFoundError),
+        (errno.EEXIST, FileExistsError),
+        (errno.EACCES, PermissionError),
+        (errno.ENOTDIR, NotADirectoryError),
+    ]:
         e = store_io_error(err, "open", "/s/f")
         assert isinstance(e, builtin) and isinstance(e, localmq.StoreIOError)
         back = pickle.loads(pickle.dumps(e))
@@ -239,6 +261,7 @@ def test_a_dispatch_error_keeps_the_errno_and_the_file_of_its_cause():
     import pickle
 
     from localmq.errors import store_io_error
+
     cause = store_io_error(errno.EIO, "write", "/s/consumequeue/t/0/00000000000000000000")
     e = localmq.DispatchError.stopped(cause)
     assert isinstance(e, localmq.LocalMQError) and isinstance(e, RuntimeError)
@@ -258,23 +281,24 @@ def test_a_dispatch_error_keeps_the_errno_and_the_file_of_its_cause():
 @pytest.mark.parametrize("call", ["put", "put_batch"])
 def test_put_arguments_out_of_range_raise_typed_errors(tmp_path, call):
     with localmq.open(tmp_path / "s", mapped_file_size_commit_log=64 * 1024) as st:
+
         def put(**kw):
             return st.put("t", b"x", **kw) if call == "put" else st.put_batch("t", [b"x", b"y"], **kw)
 
         with pytest.raises(localmq.InvalidQueueIdError):
-            put(queue_id=2 ** 70)
+            put(queue_id=2**70)
         with pytest.raises(localmq.InvalidQueueIdError):
             put(queue_id=65536)
         with pytest.raises(localmq.ArgumentOverflowError) as e:
-            put(flag=2 ** 40)
+            put(flag=2**40)
         assert e.value.argument == "flag" and isinstance(e.value, OverflowError)
         with pytest.raises(TypeError):
             put(queue_id="1")
         # nothing was written by the refused calls; the next put is the queue's first message
-        r = put(queue_id=65535, flag=-(2 ** 31))
+        r = put(queue_id=65535, flag=-(2**31))
         assert r.status is localmq.PutStatus.PUT_OK and r.queue_offset == 0
         assert st.wait_for_dispatch(10)
-        assert [m.flag for m in st.get_message("t", 65535, 0).messages][0] == -(2 ** 31)
+        assert [m.flag for m in st.get_message("t", 65535, 0).messages][0] == -(2**31)
 
 
 def test_reopened_store_keeps_its_posix_byte_lock(tmp_path):
@@ -287,9 +311,11 @@ def test_reopened_store_keeps_its_posix_byte_lock(tmp_path):
     root = tmp_path / "s"
     with localmq.open(root, mapped_file_size_commit_log=64 * 1024) as st:
         st.put("t", b"x")
-    probe = ("import fcntl, os, struct, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
-             "got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 1, 0)); "
-             "print(struct.unpack('hhqqi', got)[0] == fcntl.F_WRLCK)")
+    probe = (
+        "import fcntl, os, struct, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+        "got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 1, 0)); "
+        "print(struct.unpack('hhqqi', got)[0] == fcntl.F_WRLCK)"
+    )
     for _ in range(2):
         with localmq.open(root, mapped_file_size_commit_log=64 * 1024):
             out = subprocess.run([sys.executable, "-c", probe, str(root / "lock")], capture_output=True, text=True)
@@ -328,21 +354,28 @@ def test_listen_on_a_closed_consumer_raises_as_poll_does(tmp_path):
 
 
 def _run_script(code, *args, extra_env=None):
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-           **(extra_env or {})}
-    return subprocess.run([sys.executable, "-W", "default", "-c", textwrap.dedent(code), *map(str, args)],
-                          capture_output=True, text=True, timeout=120, env=env)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))), **(extra_env or {})}
+    return subprocess.run(
+        [sys.executable, "-W", "default", "-c", textwrap.dedent(code), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_a_store_left_open_is_closed_at_exit_with_a_resource_warning(tmp_path):
     """A program that forgets close(): the exit hook closes the store (dispatch caught up, files flushed, ``abort``
     gone, so the next open needs no crash recovery) and says so with a ResourceWarning."""
-    p = _run_script("""
+    p = _run_script(
+        """
         import sys, localmq
         st = localmq.open(sys.argv[1], mapped_file_size_commit_log=64 * 1024)
         for i in range(100):
             st.put("t", b"m%d" % i)
-    """, tmp_path / "s")
+    """,
+        tmp_path / "s",
+    )
     assert p.returncode == 0, p.stderr
     assert "ResourceWarning" in p.stderr and "was never closed: closing it at exit" in p.stderr, p.stderr
     assert not (tmp_path / "s" / "abort").exists()
@@ -354,7 +387,8 @@ def test_a_store_left_open_is_closed_at_exit_with_a_resource_warning(tmp_path):
 def test_the_spark_module_says_how_to_install_what_it_needs(tmp_path):
     """Without pyarrow (hidden here through sys.modules), ``localmq.spark`` entry points raise ModuleNotFoundError
     naming the extra to install, not a bare ``No module named 'pyarrow'`` from deep inside."""
-    p = _run_script("""
+    p = _run_script(
+        """
         import sys
         sys.modules["pyarrow"] = None  # `import pyarrow` now fails as it does where pyarrow is not installed
         import localmq.spark
@@ -362,7 +396,9 @@ def test_the_spark_module_says_how_to_install_what_it_needs(tmp_path):
             localmq.spark.arrow_batches(sys.argv[1])
         except ModuleNotFoundError as e:
             print(e.name, "|", e)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("pyarrow | ") and "pip install 'localmq[spark]'" in p.stdout, p.stdout
 
@@ -372,7 +408,8 @@ def test_a_store_on_a_read_only_mount_says_so_and_opens_read_only(tmp_path):
     for writing (either queue kind, existing or new) raises ReadOnlyFilesystemError before anything is touched;
     ``read_only=True`` reads it. A real tmpfs remounted read-only, in a private mount namespace."""
     script = tmp_path / "ro.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys, localmq
         mnt = sys.argv[1]
         for kind in ("local", "embedded"):
@@ -385,15 +422,35 @@ def test_a_store_on_a_read_only_mount_says_so_and_opens_read_only(tmp_path):
                     print("refused", kind, os.path.basename(path))
         with localmq.open(mnt + "/s", read_only=True) as st:
             print("read", [m.body for m in st.get_message("t", 0, 0).messages])
-    """))
+    """)
+    )
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     setup = f'import localmq\\nwith localmq.open("{mnt}/s") as st: st.put("t", b"hello")'
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    p = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                        f'mount -t tmpfs -o size=8m localmq-ro "{mnt}" || exit 90; '
-                        f'printf \'{setup}\' | "{sys.executable}" - && mount -o remount,ro "{mnt}" && '
-                        f'"{sys.executable}" "{script}" "{mnt}"'], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'mount -t tmpfs -o size=8m localmq-ro "{mnt}" || exit 90; '
+            f'printf \'{setup}\' | "{sys.executable}" - && mount -o remount,ro "{mnt}" && '
+            f'"{sys.executable}" "{script}" "{mnt}"',
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.split("\n") == ["refused local s", "refused local store", "refused embedded s",
-                                    "refused embedded store", "read [b'hello']", ""], p.stdout + p.stderr
+    assert p.stdout.split("\n") == [
+        "refused local s",
+        "refused local store",
+        "refused embedded s",
+        "refused embedded store",
+        "read [b'hello']",
+        "",
+    ], p.stdout + p.stderr

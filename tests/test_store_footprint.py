@@ -1,5 +1,6 @@
 """Right-sized stores (issue 14): disk use grows with the data, not with the segment size, and a full disk refuses
 puts with a status instead of a SIGBUS."""
+
 import os
 import subprocess
 import sys
@@ -109,8 +110,15 @@ def test_full_disk_refuses_the_put_that_cannot_be_reserved_never_sigbus(tmp_path
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-           f'mount -t tmpfs -o size=6m tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"']
+    cmd = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size=6m tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"',
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
     assert "every one read back" in proc.stdout

@@ -5,6 +5,7 @@ recovery: on tmpfs a read fault on a hole of a shared mapping allocates a page, 
 Each scenario runs in its own process (a SIGBUS must fail the test, not kill the run) in a private mount namespace
 with its own tmpfs, and checks every acknowledged message against what was written (a CRC-32 in each body).
 """
+
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, os, signal, sys, zlib
     import localmq
     from localmq import PutStatus
@@ -114,7 +115,7 @@ SCRIPT = textwrap.dedent('''
             assert st.recovery.mode == "normal"
             check_all(st, acked + [AGAIN])
         print("ok", flush=True)
-''')
+""")
 
 
 def _run_on_tmpfs(tmp_path, scenario, size="24m"):
@@ -125,9 +126,16 @@ def _run_on_tmpfs(tmp_path, scenario, size="24m"):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     py = f'"{sys.executable}" "{script}" "{mnt}" {scenario}'
     # both phases in one private mount namespace holding the tmpfs; the fill phase of "crash" kills itself
-    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-           f'mount -t tmpfs -o size={size} localmq-full "{mnt}" || exit 90; '
-           f'{py} fill "{state}"; echo "fill exit $?"; {py} verify "{state}"']
+    cmd = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size={size} localmq-full "{mnt}" || exit 90; '
+        f'{py} fill "{state}"; echo "fill exit $?"; {py} verify "{state}"',
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
 
 

@@ -3,6 +3,7 @@
 Expectations come from what the tests put (bodies, counts, SHA-256 of the stream) and from get_message over the same
 range; damaged records must give get_message's typed errors.
 """
+
 import hashlib
 import random
 import zlib
@@ -10,8 +11,8 @@ import zlib
 import pytest
 
 import helpers
-from helpers import patch, read_bytes
 import localmq
+from helpers import patch, read_bytes
 from localmq import GetBodiesResult, GetStatus
 from localmq.errors import ArgumentRangeError, ArgumentTypeError, CorruptMessageError, StoreClosedError
 from localmq.store.commit_log import PutExtra
@@ -30,8 +31,14 @@ def fill(st, n=900, topics=("a", "b"), queues=2, seed=3):
         t = topics[i % len(topics)]
         q = (i // len(topics)) % queues
         body = b"%d:" % i + rng.randbytes(rng.randrange(0, 300))
-        st.put(t, body, queue_id=q, tags="t%d" % (i % 3), keys=["k%d" % i] if i % 4 == 0 else None,
-               properties={"n": str(i)} if i % 5 == 0 else None)
+        st.put(
+            t,
+            body,
+            queue_id=q,
+            tags="t%d" % (i % 3),
+            keys=["k%d" % i] if i % 4 == 0 else None,
+            properties={"n": str(i)} if i % 5 == 0 else None,
+        )
         written.setdefault((t, q), []).append(body)
     st.wait_for_dispatch(10)
     return written
@@ -74,7 +81,12 @@ def test_a_batch_is_get_message_without_message_objects(tmp_path):
                         r = st.get_bodies(t, q, off, n, tags=tags, fields=BODY_FIELDS)
                         assert isinstance(r, GetBodiesResult)
                         assert (r.status, r.next_begin_offset, r.min_offset, r.max_offset, r.compressed) == (
-                            g.status, g.next_begin_offset, g.min_offset, g.max_offset, g.compressed)
+                            g.status,
+                            g.next_begin_offset,
+                            g.min_offset,
+                            g.max_offset,
+                            g.compressed,
+                        )
                         assert r.bodies == [m.body for m in g.messages]
                         assert sorted(r.fields) == sorted(BODY_FIELDS)
                         for name in BODY_FIELDS:
@@ -96,7 +108,12 @@ def test_statuses_at_the_edges_are_get_message_s(tmp_path):
             g = st.get_message(*args)
             r = st.get_bodies(*args)
             assert (r.status, r.next_begin_offset, r.min_offset, r.max_offset, r.bodies) == (
-                g.status, g.next_begin_offset, g.min_offset, g.max_offset, []), args
+                g.status,
+                g.next_begin_offset,
+                g.min_offset,
+                g.max_offset,
+                [],
+            ), args
         assert st.get_bodies("a", 0, 10).status is GetStatus.OFFSET_OVERFLOW_ONE
         assert st.get_bodies("nope", 0, 0).status is GetStatus.NO_MATCHED_LOGIC_QUEUE
 
@@ -172,7 +189,15 @@ def both_raise(st, *args):
         st.get_bodies(*args)
     g, r = g.value, r.value
     assert (r.offset, r.path, r.topic, r.queue_id, r.queue_offset, r.next_offset, r.reason, str(r)) == (
-        g.offset, g.path, g.topic, g.queue_id, g.queue_offset, g.next_offset, g.reason, str(g))
+        g.offset,
+        g.path,
+        g.topic,
+        g.queue_id,
+        g.queue_offset,
+        g.next_offset,
+        g.reason,
+        str(g),
+    )
     return r
 
 
@@ -201,9 +226,9 @@ def test_a_unit_pointing_at_another_record_or_nowhere_is_get_message_s_error(tmp
         patch(*cq_file(root, "a", 0, 5), read_bytes(*cq_file(root, "a", 0, 7), UNIT))  # another record of the queue
         patch(*cq_file(root, "a", 1, 3), read_bytes(*cq_file(root, "b", 1, 3), UNIT))  # a record of another topic
         path, pos = cq_file(root, "a", 1, 9)
-        patch(path, pos + 8, (12345).to_bytes(4, "big"))                                # a wrong size
+        patch(path, pos + 8, (12345).to_bytes(4, "big"))  # a wrong size
         path, pos = cq_file(root, "a", 1, 12)
-        patch(path, pos, (10 ** 12).to_bytes(8, "big"))                                 # past the log's end
+        patch(path, pos, (10**12).to_bytes(8, "big"))  # past the log's end
         assert st.get_bodies("a", 0, 0, 100).bodies == written["a", 0][:5]
         assert "queue offset 7" in both_raise(st, "a", 0, 5, 100).reason
         for bad in (3, 9, 12):

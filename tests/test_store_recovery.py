@@ -1,4 +1,5 @@
 """Recovery: RocketMQ's own stores, torn tails, corrupted bodies, unclean exits and SIGKILLed writers."""
+
 import os
 import random
 import shutil
@@ -8,9 +9,8 @@ import zlib
 
 import pytest
 
-from helpers import kill_when_ready, queue_messages
-
 import localmq
+from helpers import kill_when_ready, queue_messages
 from localmq import GetStatus
 
 SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=200)
@@ -50,8 +50,7 @@ def test_open_store_written_by_rocketmq(fixtures_dir, tmp_path):
 def test_open_rocketmq_store_with_ext_addresses_and_dirty_tail(fixtures_dir, tmp_path):
     src = fixtures_dir / "EricPanGopher-rocketmq-9835cd5f" / "store" / "unit_test_store"
     shutil.copytree(src, tmp_path / "store")
-    with localmq.open(tmp_path / "store", mapped_file_size_commit_log=8192,
-                      mapped_file_size_consume_queue=200) as st:
+    with localmq.open(tmp_path / "store", mapped_file_size_commit_log=8192, mapped_file_size_consume_queue=200) as st:
         # abort present: the abnormal path; the dirty tail of file 4 (zeros at 6536) ends the log
         assert st.recovery.mode == "abnormal"
         assert st.recovery.end_offset == 3 * 8192 + 6536
@@ -136,7 +135,8 @@ def _check_kept(st, written, lost):
             mine = [w for i, w in enumerate(written) if w[0] == t and w[1] == q]
             assert [m.body for m in msgs] == [w[5] for w in mine if written.index(w) not in lost]
             assert [(e.queue_offset, e.offset) for e in errors] == [
-                (w[2], e.offset) for w, e in zip([w for w in mine if written.index(w) in lost], errors)]
+                (w[2], e.offset) for w, e in zip([w for w in mine if written.index(w) in lost], errors)
+            ]
             assert all("lost to damage" in e.reason for e in errors)
             assert len(errors) == sum(1 for w in mine if written.index(w) in lost)
 
@@ -154,8 +154,12 @@ def test_damaged_record_in_the_middle_keeps_every_record_after_it(tmp_path, capl
     victim = written[victim_index]
     seg, pos = _segment_of(root, victim[3])
     # a topic byte with its high bit set: no writer accepts such a name, so the header is known damaged
-    at = {"body": victim[4] - 2 - 1 - len(victim[0]) - len(victim[5]) + 3, "size": 1, "magic": 6,
-          "topic": victim[4] - 2 - len(victim[0])}[field]
+    at = {
+        "body": victim[4] - 2 - 1 - len(victim[0]) - len(victim[5]) + 3,
+        "size": 1,
+        "magic": 6,
+        "topic": victim[4] - 2 - len(victim[0]),
+    }[field]
     with open(seg, "r+b") as f:
         f.seek(pos + at)
         b = f.read(1)
@@ -174,7 +178,7 @@ def test_damaged_record_in_the_middle_keeps_every_record_after_it(tmp_path, capl
         assert qdata == victim[3].to_bytes(8, "big") + victim[4].to_bytes(8, "big") + damaged
         assert any("gap record" in r.getMessage() for r in caplog.records)
         _check_kept(st, written, {victim_index})
-        for w in written[:victim_index] + written[victim_index + 1:]:
+        for w in written[:victim_index] + written[victim_index + 1 :]:
             assert st.look_message_by_offset(w[3]).body == w[5]
         # RocketMQ reads the gap record as a blank record (it goes on in the next segment)
         with open(seg, "rb") as f:
@@ -265,7 +269,6 @@ def test_lost_consume_queue_is_rebuilt(tmp_path):
         assert got == [w[5] for w in written if w[0] == "a" and w[1] == 0]
 
 
-
 @pytest.mark.parametrize("victim_index", [0, 2])
 def test_lost_consume_queue_whose_first_record_is_damaged_starts_with_a_lost_unit(tmp_path, victim_index):
     """A power cut can lose a queue's file and the page of the log holding its first records: recovery re-dispatches
@@ -290,6 +293,7 @@ def test_lost_consume_queue_whose_first_record_is_damaged_starts_with_a_lost_uni
         assert [(g["offset"], g["bytes"]) for g in st.recovery.gaps] == [(victim[3], victim[4])]
         assert st.min_offset("a", 0) == 0
         _check_kept(st, written, {victim_index})
+
 
 WRITER = textwrap.dedent("""
     import os, sys, threading, zlib, localmq
@@ -334,8 +338,7 @@ def test_sigkill_writer_loses_no_acknowledged_message(tmp_path, mode):
             if p.exists():
                 p.unlink()
         kill_when_ready([script, root, mode, n_threads, kill], env, rng.uniform(0.05, 0.4))
-        with localmq.open(root, mapped_file_size_commit_log=256 * 1024,
-                          mapped_file_size_consume_queue=2000) as st:
+        with localmq.open(root, mapped_file_size_commit_log=256 * 1024, mapped_file_size_consume_queue=2000) as st:
             assert st.recovery.mode == "abnormal"
             for k in range(n_threads):
                 acked = [int(x) for x in (root / f"acked-{k}").read_text().split()]
@@ -350,7 +353,7 @@ def test_sigkill_writer_loses_no_acknowledged_message(tmp_path, mode):
                 assert all(seqs == list(range(len(seqs))) for seqs in sessions.values())
                 mine = sessions.get(kill, [])
                 if mode != "TRANSIENT_POOL":
-                    assert mine[:len(acked)] == acked  # every acknowledged message is there
+                    assert mine[: len(acked)] == acked  # every acknowledged message is there
                 else:
                     lost += max(0, len(acked) - len(mine))
                 checked += len(acked)

@@ -6,6 +6,7 @@ segment takes 10 of them (the 11th would leave less than the 8-byte END_OF_FILE 
 segment i // 10 at physical offset (i // 10) * 4096 + (i % 10) * 400. The 200-byte ConsumeQueue files hold 10
 units, so CQ file k indexes exactly the messages of segment k.
 """
+
 import gc
 import logging
 import os
@@ -17,9 +18,8 @@ import time
 
 import pytest
 
-from helpers import wait_until
-
 import localmq
+from helpers import wait_until
 from localmq import GetStatus, PutStatus, write_config_json
 
 SEG = 4096
@@ -69,11 +69,15 @@ def make_store(tmp_path):
     opened = []
 
     def make(clock, disk, path=None, **config):
-        cfg = dict(mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=CQ_FILE,
-                   clean_resource_interval=3_600_000,  # the thread stays idle: tests call run_once
-                   delete_commit_log_files_interval=0, delete_consume_queue_files_interval=0,
-                   # segments created ahead of need would show in the directory listings these tests compare
-                   preallocate_mapped_file=False)
+        cfg = dict(
+            mapped_file_size_commit_log=SEG,
+            mapped_file_size_consume_queue=CQ_FILE,
+            clean_resource_interval=3_600_000,  # the thread stays idle: tests call run_once
+            delete_commit_log_files_interval=0,
+            delete_consume_queue_files_interval=0,
+            # segments created ahead of need would show in the directory listings these tests compare
+            preallocate_mapped_file=False,
+        )
         cfg.update(config)
         st = localmq.open(path or tmp_path / "s", clock=clock, disk_usage=disk, **cfg)
         opened.append(st)
@@ -279,20 +283,27 @@ def test_unconsumed_segments_are_kept_and_reported_per_group(make_store, tmp_pat
     st = make_store(clock, disk)
     fill(st, 65)
     root = tmp_path / "s"
-    write_offsets(root, {
-        "t@behind35": {0: 35},  # next message 35: in segment 3
-        "t@behind45": {0: 45},  # next message 45: in segment 4
-        "t@done": {0: 65},      # consumed everything
-        "gone@g": {0: 0},       # a topic the store does not have
-    })
+    write_offsets(
+        root,
+        {
+            "t@behind35": {0: 35},  # next message 35: in segment 3
+            "t@behind45": {0: 45},  # next message 45: in segment 4
+            "t@done": {0: 65},  # consumed everything
+            "gone@g": {0: 0},  # a topic the store does not have
+        },
+    )
     set_ages(root, clock, [100])
     deleted, _ = run(st)
     assert [int(os.path.basename(p)) for p in deleted] == [0, SEG, 2 * SEG]
     assert segments(root) == [k * SEG for k in range(3, 7)]
     kept = st.stats()["retention"]["kept_for_consumers"]
     assert set(kept) == {"t@behind35", "t@behind45"}
-    assert kept["t@behind35"] == {"segments": [3 * SEG, 4 * SEG, 5 * SEG], "queue_id": 0, "queue_offset": 35,
-                              "physical_offset": phys(35)}
+    assert kept["t@behind35"] == {
+        "segments": [3 * SEG, 4 * SEG, 5 * SEG],
+        "queue_id": 0,
+        "queue_offset": 35,
+        "physical_offset": phys(35),
+    }
     assert kept["t@behind45"]["segments"] == [4 * SEG, 5 * SEG]
     assert kept["t@behind45"]["physical_offset"] == phys(45)
     # the message 'behind35' has not consumed is still readable
@@ -403,8 +414,9 @@ def test_queues_a_group_has_no_offset_for_are_kept_from_their_start(make_store, 
     assert [int(os.path.basename(p)) for p in deleted] == [0, SEG, 2 * SEG]
     key = "t@g" if where == "new_queue" else "%RETRY%g@g"
     kept = st.stats()["retention"]["kept_for_consumers"]
-    assert kept == {key: {"segments": [3 * SEG, 4 * SEG, 5 * SEG], "queue_id": qid, "queue_offset": 0,
-                          "physical_offset": 3 * SEG}}
+    assert kept == {
+        key: {"segments": [3 * SEG, 4 * SEG, 5 * SEG], "queue_id": qid, "queue_offset": 0, "physical_offset": 3 * SEG}
+    }
     # the group commits that queue: the segment goes
     write_offsets(root, {"t@g": {0: 60, 1: 10}} if where == "new_queue" else {"t@g": {0: 60}, key: {0: 10}})
     deleted, _ = run(st)
@@ -436,8 +448,14 @@ def test_delayed_messages_not_yet_delivered_are_kept(make_store, tmp_path, clean
         assert ret["deleted_unconsumed"] == {"SCHEDULE_TOPIC_XXXX": 3}  # 3, 4, 5 were kept for it
         return
     assert [int(os.path.basename(p)) for p in deleted] == [0, SEG, 2 * SEG]
-    assert ret["kept_for_consumers"] == {"SCHEDULE_TOPIC_XXXX": {
-        "segments": [3 * SEG, 4 * SEG, 5 * SEG], "queue_id": 1, "queue_offset": 0, "physical_offset": 3 * SEG}}
+    assert ret["kept_for_consumers"] == {
+        "SCHEDULE_TOPIC_XXXX": {
+            "segments": [3 * SEG, 4 * SEG, 5 * SEG],
+            "queue_id": 1,
+            "queue_offset": 0,
+            "physical_offset": 3 * SEG,
+        }
+    }
     # an unusable delayOffset.json keeps it too (and is reported); level 1's offset says nothing of level 2's
     (root / "config" / "delayOffset.json").write_text("{")
     assert run(st) == ([], [])
@@ -725,8 +743,12 @@ def test_readers_and_writer_run_while_retention_deletes(make_store, tmp_path):
 
     def read(zero_copy):
         offsets, n, kept = [0, 0], 0, None
-        move = {GetStatus.FOUND, GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_FOUND_NULL,
-                GetStatus.MESSAGE_WAS_REMOVING}
+        move = {
+            GetStatus.FOUND,
+            GetStatus.OFFSET_TOO_SMALL,
+            GetStatus.OFFSET_FOUND_NULL,
+            GetStatus.MESSAGE_WAS_REMOVING,
+        }
         wait = {GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MATCHED_LOGIC_QUEUE, GetStatus.NO_MESSAGE_IN_QUEUE}
         try:
             while not done.is_set():
@@ -747,8 +769,7 @@ def test_readers_and_writer_run_while_retention_deletes(make_store, tmp_path):
         except BaseException as e:  # noqa: BLE001
             failures.append(e)
 
-    threads = [threading.Thread(target=produce)] + [threading.Thread(target=read, args=(z,))
-                                                     for z in (False, True)]
+    threads = [threading.Thread(target=produce)] + [threading.Thread(target=read, args=(z,)) for z in (False, True)]
     for t in threads:
         t.start()
     passes = 0
@@ -793,8 +814,9 @@ def test_readers_never_touch_a_segment_being_unmapped(tmp_path):
     for as long as it touches the mapping. Reads of a segment being unmapped crashed (SIGSEGV in get_message's
     fault_in / parse_record) or failed (StoreClosedError building a zero-copy body), so the run is a subprocess."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "retention_stress.py")
-    p = subprocess.run([sys.executable, "-X", "faulthandler", script, str(tmp_path), "6"], capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-X", "faulthandler", script, str(tmp_path), "6"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, (p.returncode, p.stderr[-6000:])
     read, deleted = map(int, re.fullmatch(r"read (\d+) messages, deleted (\d+) segments\n", p.stdout).groups())
     assert read > 0 and deleted > 0

@@ -1,6 +1,7 @@
 """SYNC_FLUSH keeps the range ahead of the log written once and flushed (MappedFile.prepare), so that a group commit's
 fdatasync does not also commit an extent conversion. Checked from outside localmq: the file's bytes, and the extent
 flags the kernel reports through FIEMAP (FIEMAP_EXTENT_UNWRITTEN) on file systems that answer it."""
+
 import errno
 import fcntl
 import os
@@ -15,8 +16,8 @@ from localmq._mapped_file import MappedFile
 FS_IOC_FIEMAP = 0xC020660B
 FIEMAP_FLAG_SYNC = 0x1
 FIEMAP_EXTENT_UNWRITTEN = 0x800
-_HEAD = struct.Struct("=QQIIII")          # struct fiemap
-_EXTENT = struct.Struct("=QQQQQIIII")     # struct fiemap_extent
+_HEAD = struct.Struct("=QQIIII")  # struct fiemap
+_EXTENT = struct.Struct("=QQQQQIIII")  # struct fiemap_extent
 
 
 def unwritten_ranges(path):
@@ -58,12 +59,12 @@ def test_prepare_changes_no_byte_and_leaves_no_unwritten_extent(tmp_path):
         assert mf.prepared_pos == 512 << 10
         with open(path, "rb") as f:
             data = f.read()
-        assert data[:5] == b"hello" and data[5:] == bytes((1 << 20) - 5)   # nothing written but zeros
+        assert data[:5] == b"hello" and data[5:] == bytes((1 << 20) - 5)  # nothing written but zeros
         after = unwritten_ranges(str(path))
         if before is not None:  # ext4 / xfs: the fallocated file was unwritten; the prepared range no longer is
             assert overlap(before, 4096, 512 << 10)
             assert not overlap(after, 4096, 512 << 10)
-            assert overlap(after, 512 << 10, 1 << 20)       # beyond it nothing was touched
+            assert overlap(after, 512 << 10, 1 << 20)  # beyond it nothing was touched
         with pytest.raises(ValueError):
             mf.prepare(0, (1 << 20) + 1)
     finally:
@@ -75,8 +76,13 @@ def test_prepare_changes_no_byte_and_leaves_no_unwritten_extent(tmp_path):
 @pytest.mark.parametrize("shared", [False, True])
 def test_sync_flush_prepares_ahead_of_the_log(tmp_path, shared):
     seg = 1 << 20
-    q = localmq.open(tmp_path / "s", shared=shared, flush_disk_type="SYNC_FLUSH", mapped_file_size_commit_log=seg,
-                     mapped_file_size_consume_queue=20 * 4096)
+    q = localmq.open(
+        tmp_path / "s",
+        shared=shared,
+        flush_disk_type="SYNC_FLUSH",
+        mapped_file_size_commit_log=seg,
+        mapped_file_size_consume_queue=20 * 4096,
+    )
     try:
         bodies = [os.urandom(700) for _ in range(2000)]  # ~1.6 MiB: the second segment is prepared too
         for b in bodies:

@@ -1,4 +1,5 @@
 """Transactional messages: half, commit and op records (golden bytes), check-back, discard, crashes (spec §4)."""
+
 import os
 import signal
 import struct
@@ -20,24 +21,56 @@ FAST = {"transaction_timeout": 200, "transaction_check_interval": 100}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HALF, OP, DISCARD = "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"
 MAGIC = bytes.fromhex("daa320a7")
-BORN_HOST = bytes([127, 0, 0, 1]) + struct.pack(">i", 0)        # StoreConfig.born_host "127.0.0.1:0"
-STORE_HOST = bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)   # StoreConfig.store_host "127.0.0.1:10911"
+BORN_HOST = bytes([127, 0, 0, 1]) + struct.pack(">i", 0)  # StoreConfig.born_host "127.0.0.1:0"
+STORE_HOST = bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)  # StoreConfig.store_host "127.0.0.1:10911"
 
 
 def _open(path, **kw):
     return localmq.open(path, **SMALL, **{**FAST, **kw})
 
 
-def golden_record(*, topic, body, props, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_host,
-                  store_ts, store_host=STORE_HOST, reconsume=0, prepared=0):
+def golden_record(
+    *,
+    topic,
+    body,
+    props,
+    queue_id,
+    flag,
+    queue_offset,
+    phys,
+    sys_flag,
+    born_ts,
+    born_host,
+    store_ts,
+    store_host=STORE_HOST,
+    reconsume=0,
+    prepared=0,
+):
     """Store spec §1.1, field by field (big-endian), independent of localmq's encoder."""
     topic = topic.encode()
-    tail = (struct.pack(">i", reconsume) + struct.pack(">q", prepared) + struct.pack(">i", len(body)) + body
-            + struct.pack(">b", len(topic)) + topic + struct.pack(">h", len(props)) + props)
-    head = (MAGIC + struct.pack(">i", zlib.crc32(body) & 0x7FFFFFFF) + struct.pack(">i", queue_id)
-            + struct.pack(">i", flag) + struct.pack(">q", queue_offset) + struct.pack(">q", phys)
-            + struct.pack(">i", sys_flag) + struct.pack(">q", born_ts) + born_host + struct.pack(">q", store_ts)
-            + store_host)
+    tail = (
+        struct.pack(">i", reconsume)
+        + struct.pack(">q", prepared)
+        + struct.pack(">i", len(body))
+        + body
+        + struct.pack(">b", len(topic))
+        + topic
+        + struct.pack(">h", len(props))
+        + props
+    )
+    head = (
+        MAGIC
+        + struct.pack(">i", zlib.crc32(body) & 0x7FFFFFFF)
+        + struct.pack(">i", queue_id)
+        + struct.pack(">i", flag)
+        + struct.pack(">q", queue_offset)
+        + struct.pack(">q", phys)
+        + struct.pack(">i", sys_flag)
+        + struct.pack(">q", born_ts)
+        + born_host
+        + struct.pack(">q", store_ts)
+        + store_host
+    )
     rec = head + tail
     return struct.pack(">i", len(rec) + 4) + rec
 
@@ -70,13 +103,20 @@ def test_commit_writes_half_real_and_op_records_as_rocketmq(tmp_path):
     with _open(tmp_path, transaction_check_interval=60_000) as st:
         tp = st.create_transaction_producer("pg", lambda m: S.UNKNOW, queue_id=2)
         seen = []
-        r = tp.send_in_transaction("orders", b"pay 42", lambda m, arg: seen.append((m, arg)) or S.COMMIT_MESSAGE,
-                                   "ARG", tags="tA", keys=["k1", "k2"], properties={"x": "1", "DELAY": "3"},
-                                   flag=5)
+        r = tp.send_in_transaction(
+            "orders",
+            b"pay 42",
+            lambda m, arg: seen.append((m, arg)) or S.COMMIT_MESSAGE,
+            "ARG",
+            tags="tA",
+            keys=["k1", "k2"],
+            properties={"x": "1", "DELAY": "3"},
+            flag=5,
+        )
         assert r.state is S.COMMIT_MESSAGE and r.commit is not None and r.op is not None
         tid = r.transaction_id
         assert len(tid) == 32
-        (m, arg), = seen
+        ((m, arg),) = seen
         assert arg == "ARG" and m.topic == "orders" and m.queue_id == 2 and m.body == b"pay 42"
         assert m.uniq_key == tid and m.tags == "tA" and m.keys == ("k1", "k2")
         (half,) = _messages(st, HALF)
@@ -84,25 +124,62 @@ def test_commit_writes_half_real_and_op_records_as_rocketmq(tmp_path):
         (op,) = _messages(st, OP)
     # §4.3: producer properties (DELAY dropped by the client), then TRAN_MSG, PGROUP, REAL_TOPIC, REAL_QID;
     # sysflag transaction bits NOT_TYPE; topic RMQ_SYS_TRANS_HALF_TOPIC queue 0
-    half_props = _props(("x", "1"), ("TAGS", "tA"), ("KEYS", "k1 k2"), ("UNIQ_KEY", tid), ("TRAN_MSG", "true"),
-                        ("PGROUP", "pg"), ("REAL_TOPIC", "orders"), ("REAL_QID", "2"))
+    half_props = _props(
+        ("x", "1"),
+        ("TAGS", "tA"),
+        ("KEYS", "k1 k2"),
+        ("UNIQ_KEY", tid),
+        ("TRAN_MSG", "true"),
+        ("PGROUP", "pg"),
+        ("REAL_TOPIC", "orders"),
+        ("REAL_QID", "2"),
+    )
     assert r.half.physical_offset == 0 and half.physical_offset == 0
     assert _stored_bytes(tmp_path, 0) == golden_record(
-        topic=HALF, body=b"pay 42", props=half_props, queue_id=0, flag=5, queue_offset=0, phys=0, sys_flag=0,
-        born_ts=half.store_timestamp, born_host=BORN_HOST, store_ts=half.store_timestamp)
+        topic=HALF,
+        body=b"pay 42",
+        props=half_props,
+        queue_id=0,
+        flag=5,
+        queue_offset=0,
+        phys=0,
+        sys_flag=0,
+        born_ts=half.store_timestamp,
+        born_host=BORN_HOST,
+        store_ts=half.store_timestamp,
+    )
     # §4.4 committed record: REAL_TOPIC/REAL_QID, body/flag/born copied, sysflag COMMIT 0x8, prepared offset =
     # the half's commit-log offset, the half's property bytes unchanged
     assert real.physical_offset == r.commit.physical_offset
     assert _stored_bytes(tmp_path, real.physical_offset) == golden_record(
-        topic="orders", body=b"pay 42", props=half_props, queue_id=2, flag=5, queue_offset=0,
-        phys=real.physical_offset, sys_flag=0x8, born_ts=half.born_timestamp, born_host=BORN_HOST,
-        store_ts=real.store_timestamp, prepared=0)
+        topic="orders",
+        body=b"pay 42",
+        props=half_props,
+        queue_id=2,
+        flag=5,
+        queue_offset=0,
+        phys=real.physical_offset,
+        sys_flag=0x8,
+        born_ts=half.born_timestamp,
+        born_host=BORN_HOST,
+        store_ts=real.store_timestamp,
+        prepared=0,
+    )
     # §4.4 op record: body = the half's queue offset, properties WAIT=true and TAGS=d (Java HashMap order), born
     # host = the store's address
     assert _stored_bytes(tmp_path, op.physical_offset) == golden_record(
-        topic=OP, body=b"0", props=b"WAIT\x01true\x02TAGS\x01d", queue_id=0, flag=0, queue_offset=0,
-        phys=op.physical_offset, sys_flag=0, born_ts=op.born_timestamp, born_host=STORE_HOST,
-        store_ts=op.store_timestamp)
+        topic=OP,
+        body=b"0",
+        props=b"WAIT\x01true\x02TAGS\x01d",
+        queue_id=0,
+        flag=0,
+        queue_offset=0,
+        phys=op.physical_offset,
+        sys_flag=0,
+        born_ts=op.born_timestamp,
+        born_host=STORE_HOST,
+        store_ts=op.store_timestamp,
+    )
     assert op.born_timestamp == op.store_timestamp and op.physical_offset > real.physical_offset
 
 
@@ -159,8 +236,9 @@ def test_unknown_state_is_checked_back(tmp_path, answer, local):
         assert st.consumer_offsets.query("CID_RMQ_SYS_TRANS", OP, 0) == 1
         assert st.transaction_service.stats()["checks"] == 1
     doc = localmq.read_config_json(str(tmp_path / "config" / "consumerOffset.json"))
-    assert doc["offsetTable"]["RMQ_SYS_TRANS_HALF_TOPIC@CID_RMQ_SYS_TRANS"] == {"0": 2} or \
-        doc["offsetTable"]["RMQ_SYS_TRANS_HALF_TOPIC@CID_RMQ_SYS_TRANS"] == {0: 2}
+    assert doc["offsetTable"]["RMQ_SYS_TRANS_HALF_TOPIC@CID_RMQ_SYS_TRANS"] == {"0": 2} or doc["offsetTable"][
+        "RMQ_SYS_TRANS_HALF_TOPIC@CID_RMQ_SYS_TRANS"
+    ] == {0: 2}
 
 
 def test_check_max_discards_to_trans_check_max_time_topic(tmp_path):
@@ -176,8 +254,14 @@ def test_check_max_discards_to_trans_check_max_time_topic(tmp_path):
         assert len(halves) == 3
         last = halves[-1]
         # every field and the property bytes of the half that reached the maximum
-        assert (d.body, d.flag, d.born_timestamp, d.born_host, d.sys_flag, d.raw_properties) == \
-            (last.body, last.flag, last.born_timestamp, last.born_host, last.sys_flag, last.raw_properties)
+        assert (d.body, d.flag, d.born_timestamp, d.born_host, d.sys_flag, d.raw_properties) == (
+            last.body,
+            last.flag,
+            last.born_timestamp,
+            last.born_host,
+            last.sys_flag,
+            last.raw_properties,
+        )
         assert d.uniq_key == r.transaction_id and d.properties["TRANSACTION_CHECK_TIMES"] == "2"
         assert _messages(st, "orders", 0) == [] and _messages(st, OP) == []
         assert st.transaction_service.stats()["discarded"] == 1
@@ -200,8 +284,9 @@ def test_check_immunity_time_defers_the_check(tmp_path):
     asked = []
     with _open(tmp_path, transaction_check_interval=300) as st:
         tp = st.create_transaction_producer("pg", lambda m: asked.append(time.time()) or S.COMMIT_MESSAGE)
-        r = tp.send_in_transaction("orders", b"slow", lambda m, a: S.UNKNOW, queue_id=0,
-                                   properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "1"})
+        r = tp.send_in_transaction(
+            "orders", b"slow", lambda m, a: S.UNKNOW, queue_id=0, properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "1"}
+        )
         _wait(lambda: len(_messages(st, OP)) == 1)
         time.sleep(0.7)
         (orig, *copies) = _messages(st, HALF)
@@ -218,8 +303,9 @@ def test_immunity_copy_of_an_ended_transaction_is_not_checked_again(tmp_path):
     with _open(tmp_path, transaction_check_interval=600_000) as st:
         tp = st.create_transaction_producer("pg", lambda m: asked.append(m) or S.COMMIT_MESSAGE)
         svc = st.transaction_service
-        tp.send_in_transaction("orders", b"slow", lambda m, a: S.UNKNOW, queue_id=0,
-                               properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "1"})
+        tp.send_in_transaction(
+            "orders", b"slow", lambda m, a: S.UNKNOW, queue_id=0, properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "1"}
+        )
         st.wait_for_dispatch(10)
         svc.check_once()  # inside the immunity: a copy naming queue offset 0 is re-put
         orig, copy = _messages(st, HALF)
@@ -319,12 +405,14 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("where, index", [("before-commit", True), ("before-op", True), ("before-op", False),
-                                          ("during-check", True)])
+@pytest.mark.parametrize(
+    "where, index", [("before-commit", True), ("before-op", True), ("before-op", False), ("during-check", True)]
+)
 def test_sigkill_between_the_steps_commits_exactly_once(tmp_path, where, index):
     store = tmp_path / "s"
-    child = subprocess.run([sys.executable, "-c", _CHILD, str(store), ROOT, where], capture_output=True,
-                           text=True, timeout=60)
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(store), ROOT, where], capture_output=True, text=True, timeout=60
+    )
     assert child.returncode == -signal.SIGKILL, child.stderr
     asked = []
     # without the index the earlier commit is found by a scan of the real queue

@@ -1,6 +1,7 @@
 """The public API type-checks: ``mypy --strict`` passes on the bottom layer, the compiled modules' stubs and a
 program using the API (config: [tool.mypy] in pyproject.toml), reports every misuse in a second program, and
 ``mypy.stubtest`` finds the stubs true to the compiled modules."""
+
 import importlib.util
 import os
 import re
@@ -12,10 +13,24 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MISUSE = os.path.join("tests", "typing", "misuse_public_api.py")
 COMPILED = [
-    "localmq._native", "localmq._msg_id", "localmq._record", "localmq._columns", "localmq._scan",
-    "localmq._mapping", "localmq._mapped_file", "localmq._frame", "localmq._index", "localmq.store.commit_log",
-    "localmq.store.shared_commit", "localmq.store.put_args", "localmq.store.put_result", "localmq.store.group_commit",
-    "localmq.store.consume_queue", "localmq.store.get", "localmq.store.dispatch", "localmq._shm",
+    "localmq._native",
+    "localmq._msg_id",
+    "localmq._record",
+    "localmq._columns",
+    "localmq._scan",
+    "localmq._mapping",
+    "localmq._mapped_file",
+    "localmq._frame",
+    "localmq._index",
+    "localmq.store.commit_log",
+    "localmq.store.shared_commit",
+    "localmq.store.put_args",
+    "localmq.store.put_result",
+    "localmq.store.group_commit",
+    "localmq.store.consume_queue",
+    "localmq.store.get",
+    "localmq.store.dispatch",
+    "localmq._shm",
 ]
 
 
@@ -23,8 +38,7 @@ def run_mypy(*args):
     if importlib.util.find_spec("mypy") is None:
         pytest.fail("mypy is not installed: pip install mypy (or pip install -e '.[test]')")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO] + [p for p in sys.path if p])}
-    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
 def test_public_api_is_strictly_typed():

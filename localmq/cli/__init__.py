@@ -1,4 +1,5 @@
 """The ``localmq`` command: look inside a store (stats, topics, lag, tail, query, dlq, verify, dump); run the demo."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,14 +15,36 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import localmq
 from localmq._record import scan_record
 from localmq.cli.common import (
-    CliError, EXIT_BUSY, EXIT_DAMAGE, EXIT_FOUND_NOTHING, EXIT_OK, EXIT_USAGE, _emit, _files, _int_at_least, _iso,
-    _lock_state, _message_dict, _message_line, _open, _queue_offsets, _say, _show_message, _time_ms,
+    EXIT_BUSY,
+    EXIT_DAMAGE,
+    EXIT_FOUND_NOTHING,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    _emit,
+    _files,
+    _int_at_least,
+    _iso,
+    _lock_state,
+    _message_dict,
+    _message_line,
+    _open,
+    _queue_offsets,
+    _say,
+    _show_message,
+    _time_ms,
 )
 from localmq.cli.verify import _verify
 from localmq.errors import CorruptFrameError, CorruptStoreError, LocalMQError, NotAStoreError, StoreLockedError
 from localmq.layout import (
-    CONFIG_DIR, CQ_BLANK_UNIT_SIZE, CTL_S_FLUSHED, CTL_S_HOUSEKEEPER, CTL_S_INDEXED, CTL_S_PUTS,
-    CTL_S_REPUT, CTL_S_WPOS,
+    CONFIG_DIR,
+    CQ_BLANK_UNIT_SIZE,
+    CTL_S_FLUSHED,
+    CTL_S_HOUSEKEEPER,
+    CTL_S_INDEXED,
+    CTL_S_PUTS,
+    CTL_S_REPUT,
+    CTL_S_WPOS,
 )
 from localmq.status import GetStatus, RecordStatus
 from localmq.store.checkpoint import read_checkpoint
@@ -61,52 +84,82 @@ def _stats(args) -> int:
     apparent, allocated = _disk_use(files.root)
     try:
         cp = read_checkpoint(files.checkpoint)
-        checkpoint: Optional[Dict[str, int]] = {"physic_msg_timestamp": cp.physic_msg_timestamp,
-                                                "logics_msg_timestamp": cp.logics_msg_timestamp,
-                                                "index_msg_timestamp": cp.index_msg_timestamp}
+        checkpoint: Optional[Dict[str, int]] = {
+            "physic_msg_timestamp": cp.physic_msg_timestamp,
+            "logics_msg_timestamp": cp.logics_msg_timestamp,
+            "index_msg_timestamp": cp.index_msg_timestamp,
+        }
     except (NotAStoreError, CorruptStoreError):
         checkpoint = None
     live: Optional[Dict[str, int]] = None
     view = ControlView.open(files.root)
     if view is not None:
         try:
-            live = {"committed_end": view.load(CTL_S_WPOS), "dispatched_end": view.load(CTL_S_REPUT),
-                    "indexed_end": view.load(CTL_S_INDEXED), "sync_flushed_end": view.load(CTL_S_FLUSHED),
-                    "puts": view.load(CTL_S_PUTS), "housekeeper_pid": view.load(CTL_S_HOUSEKEEPER)}
+            live = {
+                "committed_end": view.load(CTL_S_WPOS),
+                "dispatched_end": view.load(CTL_S_REPUT),
+                "indexed_end": view.load(CTL_S_INDEXED),
+                "sync_flushed_end": view.load(CTL_S_FLUSHED),
+                "puts": view.load(CTL_S_PUTS),
+                "housekeeper_pid": view.load(CTL_S_HOUSEKEEPER),
+            }
         finally:
             view.close()
         dispatched = live["dispatched_end"]
         end = max(end, live["committed_end"])  # read after the queues: the log's end as of now
     out = {
-        "store": files.root, "state": held, "clean_exit": not os.path.exists(files.abort) if held == "closed" else None,
-        "commit_log": {"min_offset": files.min_offset, "end": end, "bytes": end - files.min_offset,
-                       "segments": len(files.segments), "segment_size": files.segment_size},
-        "messages": sum(mx - mn for _, _, mn, mx in queues), "topics": len({t for t, *_ in queues}),
+        "store": files.root,
+        "state": held,
+        "clean_exit": not os.path.exists(files.abort) if held == "closed" else None,
+        "commit_log": {
+            "min_offset": files.min_offset,
+            "end": end,
+            "bytes": end - files.min_offset,
+            "segments": len(files.segments),
+            "segment_size": files.segment_size,
+        },
+        "messages": sum(mx - mn for _, _, mn, mx in queues),
+        "topics": len({t for t, *_ in queues}),
         "queues": len(queues),
         "dispatch": {"dispatched_end": dispatched, "behind_bytes": max(0, end - dispatched)},
-        "checkpoint": checkpoint, "live": live, "index_files": len(files.index_files()),
+        "checkpoint": checkpoint,
+        "live": live,
+        "index_files": len(files.index_files()),
         "disk": {"apparent_bytes": apparent, "allocated_bytes": allocated},
     }
     if args.json:
         _emit(out)
         return EXIT_OK
     cl = out["commit_log"]
-    exit_note = "" if held != "closed" else ", last exit clean" if out["clean_exit"] else \
-        ", last exit NOT clean: abort present, the next writer recovers"
+    exit_note = (
+        ""
+        if held != "closed"
+        else ", last exit clean"
+        if out["clean_exit"]
+        else ", last exit NOT clean: abort present, the next writer recovers"
+    )
     _say(f"store        {files.root} ({held}{exit_note})")
-    _say(f"commit log   offsets {cl['min_offset']:,} .. {cl['end']:,} ({cl['bytes']:,} bytes) in "
-         f"{cl['segments']} segment(s) of {cl['segment_size']:,} bytes")
+    _say(
+        f"commit log   offsets {cl['min_offset']:,} .. {cl['end']:,} ({cl['bytes']:,} bytes) in "
+        f"{cl['segments']} segment(s) of {cl['segment_size']:,} bytes"
+    )
     _say(f"messages     {out['messages']:,} in {out['queues']} queue(s) of {out['topics']} topic(s)")
-    _say(f"dispatch     ConsumeQueues reach offset {dispatched:,} ({out['dispatch']['behind_bytes']:,} bytes "
-         "behind the log end)")
+    _say(
+        f"dispatch     ConsumeQueues reach offset {dispatched:,} ({out['dispatch']['behind_bytes']:,} bytes "
+        "behind the log end)"
+    )
     if checkpoint is not None:
-        _say(f"flushed      checkpoint: commit log to {_iso(checkpoint['physic_msg_timestamp'])}, consume queues to "
-             f"{_iso(checkpoint['logics_msg_timestamp'])}, index to {_iso(checkpoint['index_msg_timestamp'])}")
+        _say(
+            f"flushed      checkpoint: commit log to {_iso(checkpoint['physic_msg_timestamp'])}, consume queues to "
+            f"{_iso(checkpoint['logics_msg_timestamp'])}, index to {_iso(checkpoint['index_msg_timestamp'])}"
+        )
     if live is not None:
-        _say(f"live         committed end {live['committed_end']:,}, dispatched {live['dispatched_end']:,}, "
-             f"indexed {live['indexed_end']:,}, {live['puts']:,} puts since the first opener, housekeeper pid "
-             f"{live['housekeeper_pid']}" + (f", SYNC_FLUSH flushed {live['sync_flushed_end']:,}"
-                                              if live["sync_flushed_end"] else ""))
+        _say(
+            f"live         committed end {live['committed_end']:,}, dispatched {live['dispatched_end']:,}, "
+            f"indexed {live['indexed_end']:,}, {live['puts']:,} puts since the first opener, housekeeper pid "
+            f"{live['housekeeper_pid']}"
+            + (f", SYNC_FLUSH flushed {live['sync_flushed_end']:,}" if live["sync_flushed_end"] else "")
+        )
     _say(f"index        {out['index_files']} file(s)")
     _say(f"disk         {allocated:,} bytes allocated ({apparent:,} apparent)")
     return EXIT_OK
@@ -117,8 +170,11 @@ def _stats(args) -> int:
 
 def _topics(args) -> int:
     with _open(args.store) as mq:
-        rows = [{"topic": t, "queue_id": q, "min_offset": mn, "max_offset": mx, "messages": mx - mn}
-                for t, q, mn, mx in _queue_offsets(mq) if args.topic is None or t == args.topic]
+        rows = [
+            {"topic": t, "queue_id": q, "min_offset": mn, "max_offset": mx, "messages": mx - mn}
+            for t, q, mn, mx in _queue_offsets(mq)
+            if args.topic is None or t == args.topic
+        ]
     if args.topic is not None and not rows:
         raise CliError(f"no topic {args.topic!r} in {args.store}")
     if args.json:
@@ -143,11 +199,22 @@ def _lag(args) -> int:
             for q in sorted(set(existing.get(topic, ())) | set(committed)):
                 mx, mn = mq.max_offset(topic, q), mq.min_offset(topic, q)
                 c = committed.get(q)
-                rows.append({"group": group, "topic": topic, "queue_id": q, "committed": c, "max_offset": mx,
-                             "lag": None if c is None else max(0, mx - max(c, mn))})
+                rows.append(
+                    {
+                        "group": group,
+                        "topic": topic,
+                        "queue_id": q,
+                        "committed": c,
+                        "max_offset": mx,
+                        "lag": None if c is None else max(0, mx - max(c, mn)),
+                    }
+                )
     if not rows:
-        raise CliError(f"no committed offsets for group {args.group!r} in config/consumerOffset.json"
-                       if args.group else "no committed offsets in config/consumerOffset.json")
+        raise CliError(
+            f"no committed offsets for group {args.group!r} in config/consumerOffset.json"
+            if args.group
+            else "no committed offsets in config/consumerOffset.json"
+        )
     if args.json:
         _emit({"lag": rows, "total": sum(r["lag"] or 0 for r in rows)})
         return EXIT_OK
@@ -194,9 +261,8 @@ def _tail(args) -> int:
             qs = mq.topics().get(args.topic, [])
             return [q for q in qs if args.queue is None or q == args.queue]
 
-        next_off = {q: max(mq.min_offset(args.topic, q), mq.max_offset(args.topic, q) - args.lines)
-                    for q in queues()}
-        first = _pull(mq, args.topic, list(next_off), next_off)[-args.lines:] if args.lines else []
+        next_off = {q: max(mq.min_offset(args.topic, q), mq.max_offset(args.topic, q) - args.lines) for q in queues()}
+        first = _pull(mq, args.topic, list(next_off), next_off)[-args.lines :] if args.lines else []
         for m in first:
             if args.max is not None and shown >= args.max:
                 return EXIT_OK
@@ -238,8 +304,12 @@ def _query(args) -> int:
         if args.key is not None:
             found = mq.query_message(args.topic, args.key, max_num=args.max)
         elif args.uniq_key is not None:
-            found = [m for t in topics for m in mq.query_message(t, args.uniq_key, max_num=args.max)
-                     if m.uniq_key == args.uniq_key]
+            found = [
+                m
+                for t in topics
+                for m in mq.query_message(t, args.uniq_key, max_num=args.max)
+                if m.uniq_key == args.uniq_key
+            ]
         elif args.id is not None:
             try:
                 m = mq.look_message_by_id(args.id, args.topic)
@@ -277,8 +347,10 @@ def _dlq(args) -> int:
                 d["reconsume_times"] = m.reconsume_times
                 _emit(d)
             else:
-                _say(f"{_message_line(m, args.body_bytes)} topic={m.properties.get('RETRY_TOPIC')!r} "
-                     f"reconsume_times={m.reconsume_times}")
+                _say(
+                    f"{_message_line(m, args.body_bytes)} topic={m.properties.get('RETRY_TOPIC')!r} "
+                    f"reconsume_times={m.reconsume_times}"
+                )
         if not msgs:
             print(f"no dead letters for group {args.group!r}", file=sys.stderr)
         return EXIT_OK if msgs else EXIT_FOUND_NOTHING
@@ -286,9 +358,11 @@ def _dlq(args) -> int:
     try:
         st = localmq.open(args.store, shared=True)
     except StoreLockedError:
-        raise CliError(f"{os.path.abspath(args.store)} is held by one live process alone (opened with "
-                       "shared=False): re-drive from that process (mq.redrive_dead_letters) or when it has closed",
-                       EXIT_BUSY) from None
+        raise CliError(
+            f"{os.path.abspath(args.store)} is held by one live process alone (opened with "
+            "shared=False): re-drive from that process (mq.redrive_dead_letters) or when it has closed",
+            EXIT_BUSY,
+        ) from None
     with st:
         sent = st.redrive_dead_letters(args.group, queue_id=args.queue, max_messages=args.max)
     if args.json:
@@ -343,17 +417,20 @@ def _dump(args) -> int:
     try:
         reader = read_commitlog(path, check_crc=not args.no_crc, start=start)
     except NotAStoreError as e:
-        raise CliError(f"{args.path}: {e.strerror} (give a store directory, its commitlog directory or a "
-                       "segment)") from None
+        raise CliError(
+            f"{args.path}: {e.strerror} (give a store directory, its commitlog directory or a segment)"
+        ) from None
     shown = 0
     try:
         with reader:
             for m in reader:
-                if ((args.topic is not None and m.topic != args.topic)
-                        or (args.queue is not None and m.queue_id != args.queue)
-                        or (args.offset is not None and m.queue_offset < args.offset)
-                        or (args.since is not None and m.store_timestamp < args.since)
-                        or (args.until is not None and m.store_timestamp > args.until)):
+                if (
+                    (args.topic is not None and m.topic != args.topic)
+                    or (args.queue is not None and m.queue_id != args.queue)
+                    or (args.offset is not None and m.queue_offset < args.offset)
+                    or (args.since is not None and m.store_timestamp < args.since)
+                    or (args.until is not None and m.store_timestamp > args.until)
+                ):
                     continue
                 if args.limit and shown >= args.limit:
                     break
@@ -364,8 +441,10 @@ def _dump(args) -> int:
         raise CliError(f"damaged record: {e}", EXIT_DAMAGE) from None
     stop = "limit" if args.limit and shown >= args.limit else reader.stop_reason
     if not args.json:
-        _say(f"{shown} record(s) shown; {reader.messages_read} read from {reader.segments_read} segment(s) "
-             f"starting at offset {start:,}; stopped: {stop} at {reader.stop_offset}")
+        _say(
+            f"{shown} record(s) shown; {reader.messages_read} read from {reader.segments_read} segment(s) "
+            f"starting at offset {start:,}; stopped: {stop} at {reader.stop_offset}"
+        )
     return EXIT_OK
 
 
@@ -396,8 +475,10 @@ def _run_demo(args, path: str) -> int:
     topics = [f"demo-topic-{i}" for i in range(args.topics)]
     n, nq, nt = args.messages, args.queues, len(topics)
     if not args.json:
-        print(f"localmq {localmq.__version__} demo: {n:,} messages of {args.body_size} B over {nt} topics x {nq} "
-              f"queues into {path}")
+        print(
+            f"localmq {localmq.__version__} demo: {n:,} messages of {args.body_size} B over {nt} topics x {nq} "
+            f"queues into {path}"
+        )
     digests: Dict[Tuple[str, int], Any] = {}
     put_s = 0.0
     body_bytes = 0
@@ -406,8 +487,10 @@ def _run_demo(args, path: str) -> int:
         first = {(t, q): st.max_offset(t, q) for t in topics for q in range(nq)}
         put = st.put
         for chunk in range(0, n, 10_000):
-            batch = [(topics[i % nt], (i // nt) % nq, body, "even" if i % 2 == 0 else "odd")
-                     for i, body in _demo_bodies(args, chunk, min(n, chunk + 10_000))]
+            batch = [
+                (topics[i % nt], (i // nt) % nq, body, "even" if i % 2 == 0 else "odd")
+                for i, body in _demo_bodies(args, chunk, min(n, chunk + 10_000))
+            ]
             t0 = time.perf_counter()
             for t, qid, body, tag in batch:
                 r = put(t, body, queue_id=qid, tags=tag)
@@ -445,17 +528,34 @@ def _run_demo(args, path: str) -> int:
     mb = body_bytes / 1e6
     ok = read == n and bad == 0
     if args.json:
-        _emit({"store": path, "messages": n, "put_seconds": put_s, "dispatch_seconds": dispatch_s, "read": read,
-               "read_seconds": read_s, "body_bytes": body_bytes, "segments": stats["segments"], "verified": ok})
+        _emit(
+            {
+                "store": path,
+                "messages": n,
+                "put_seconds": put_s,
+                "dispatch_seconds": dispatch_s,
+                "read": read,
+                "read_seconds": read_s,
+                "body_bytes": body_bytes,
+                "segments": stats["segments"],
+                "verified": ok,
+            }
+        )
         return 0 if ok else 1
-    print(f"put     {n:>12,} msgs in {put_s:6.2f} s  {n / put_s:>12,.0f} msgs/s  {mb / put_s:8.1f} MB/s "
-          "(the put calls alone, one per message from a Python loop; bodies built and checksummed outside the "
-          "timing; dispatch not included)")
+    print(
+        f"put     {n:>12,} msgs in {put_s:6.2f} s  {n / put_s:>12,.0f} msgs/s  {mb / put_s:8.1f} MB/s "
+        "(the put calls alone, one per message from a Python loop; bodies built and checksummed outside the "
+        "timing; dispatch not included)"
+    )
     print(f"dispatch caught up {dispatch_s:.2f} s after the last put")
-    print(f"read    {read:>12,} msgs in {read_s:6.2f} s  {read / read_s:>12,.0f} msgs/s  {mb / read_s:8.1f} MB/s "
-          "(get_message batches of 32, sha256 of every body included)")
-    print(f"commit log {stats['commit_log_max_offset']:,} bytes in {stats['segments']} segment(s); "
-          f"{stats['consume_queues']} consume queues")
+    print(
+        f"read    {read:>12,} msgs in {read_s:6.2f} s  {read / read_s:>12,.0f} msgs/s  {mb / read_s:8.1f} MB/s "
+        "(get_message batches of 32, sha256 of every body included)"
+    )
+    print(
+        f"commit log {stats['commit_log_max_offset']:,} bytes in {stats['segments']} segment(s); "
+        f"{stats['consume_queues']} consume queues"
+    )
     print("verified: all messages read back in order with matching checksums" if ok else "VERIFICATION FAILED")
     return 0 if ok else 1
 
@@ -465,11 +565,13 @@ def _run_demo(args, path: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="localmq", description=__doc__,
+        prog="localmq",
+        description=__doc__,
         epilog="Every command but `dlq --redrive` opens the store read-only (no lock, no write): beside a live "
-               "writer that opened it with shared=True, or a closed store. Exit codes: 0 ok, 1 damage found or "
-               "nothing found, 2 usage error, 3 the store is held by one live process alone (dump and verify still "
-               "read its files), 4 (verify) no damage but records of a format localmq does not know.")
+        "writer that opened it with shared=True, or a closed store. Exit codes: 0 ok, 1 damage found or "
+        "nothing found, 2 usage error, 3 the store is held by one live process alone (dump and verify still "
+        "read its files), 4 (verify) no damage but records of a format localmq does not know.",
+    )
     p.add_argument("--version", action="version", version=f"localmq {localmq.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
@@ -484,8 +586,13 @@ def _parser() -> argparse.ArgumentParser:
         return c
 
     def body_bytes(c: argparse.ArgumentParser) -> None:
-        c.add_argument("--body-bytes", type=_int_at_least(0), default=60, metavar="N",
-                       help="body bytes shown per message in text output (default 60)")
+        c.add_argument(
+            "--body-bytes",
+            type=_int_at_least(0),
+            default=60,
+            metavar="N",
+            help="body bytes shown per message in text output (default 60)",
+        )
 
     command("stats", _stats, "sizes, message counts, offsets, flush and dispatch progress")
     c = command("topics", _topics, "every queue's min and max offsets")
@@ -505,31 +612,54 @@ def _parser() -> argparse.ArgumentParser:
     how.add_argument("--key", "-k", help="a KEYS entry (needs --topic)")
     how.add_argument("--id", help="a message id (32 or 56 hex digits)")
     how.add_argument("--uniq-key", "-u", help="a client UNIQ_KEY")
-    how.add_argument("--time", "-t", type=_time_ms, help="the first message stored at or after this time per "
-                     "queue (ms since the epoch or ISO 8601; needs --topic)")
+    how.add_argument(
+        "--time",
+        "-t",
+        type=_time_ms,
+        help="the first message stored at or after this time per queue (ms since the epoch or ISO 8601; needs --topic)",
+    )
     c.add_argument("--topic", help="the topic (with --key and --time)")
     c.add_argument("--queue", type=_int_at_least(0), help="with --time: only this queue id")
     c.add_argument("--max", type=_int_at_least(1), default=32, help="most messages returned by --key (default 32)")
     body_bytes(c)
-    c = command("dlq", _dlq, "the dead letters of a consumer group (topic %%DLQ%%<group>); --redrive sends the ones "
-                "not re-driven before to their topics again")
+    c = command(
+        "dlq",
+        _dlq,
+        "the dead letters of a consumer group (topic %%DLQ%%<group>); --redrive sends the ones "
+        "not re-driven before to their topics again",
+    )
     c.add_argument("group", help="the consumer group whose dead letters are shown")
-    c.add_argument("--redrive", action="store_true", help="send them again (the one command that writes: it opens "
-                   "the store with shared=True, beside a live shared store or on a closed one)")
+    c.add_argument(
+        "--redrive",
+        action="store_true",
+        help="send them again (the one command that writes: it opens "
+        "the store with shared=True, beside a live shared store or on a closed one)",
+    )
     c.add_argument("--queue", type=_int_at_least(0), default=0, help="with --redrive: the queue id they go to")
     c.add_argument("--max", type=_int_at_least(1), help="at most N messages")
     body_bytes(c)
-    c = command("verify", _verify, "walk every file: record CRCs and structure, ConsumeQueue units, index, "
-                "checkpoint and config files; exit code 1 on damage, 4 on records of a format localmq "
-                "does not know (not damage)")
+    c = command(
+        "verify",
+        _verify,
+        "walk every file: record CRCs and structure, ConsumeQueue units, index, "
+        "checkpoint and config files; exit code 1 on damage, 4 on records of a format localmq "
+        "does not know (not damage)",
+    )
     c.add_argument("--no-progress", action="store_true", help="no progress bar (none is shown off a terminal)")
-    c = command("dump", _dump, "print commit log records (a localmq or RocketMQ store, its commitlog directory or a "
-                "segment file)", store=False)
+    c = command(
+        "dump",
+        _dump,
+        "print commit log records (a localmq or RocketMQ store, its commitlog directory or a segment file)",
+        store=False,
+    )
     c.add_argument("path", help="a store, its commitlog directory or one segment file")
     c.add_argument("--topic", help="only this topic")
     c.add_argument("--queue", type=_int_at_least(0), help="only this queue id (with --topic)")
-    c.add_argument("--offset", type=_int_at_least(0),
-                   help="queue offsets from this one (with --topic and --queue it starts there directly)")
+    c.add_argument(
+        "--offset",
+        type=_int_at_least(0),
+        help="queue offsets from this one (with --topic and --queue it starts there directly)",
+    )
     c.add_argument("--start", type=_int_at_least(0), help="the commit log offset of the first record to read")
     c.add_argument("--since", type=_time_ms, help="store time from (ms since the epoch or ISO 8601)")
     c.add_argument("--until", type=_time_ms, help="store time up to (ms since the epoch or ISO 8601)")

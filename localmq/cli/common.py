@@ -1,4 +1,5 @@
 """What every ``localmq`` command shares: exit codes, errors, output, progress, opening a store."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,15 +13,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import localmq
 from localmq.errors import CorruptStoreError, NotAStoreError, StoreLockedError
-from localmq.queues.readonly import _lock_holder  # the read-only view's F_GETLK probe (takes no lock)
 from localmq.layout import CONSUMEQUEUE_DIR
+from localmq.queues.readonly import _lock_holder  # the read-only view's F_GETLK probe (takes no lock)
 from localmq.store.control_view import ControlView
 from localmq.store.files import StoreFiles, numbered_files
 from localmq.store.settings import read_settings
 
 EXIT_OK, EXIT_FOUND_NOTHING, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 EXIT_DAMAGE = 1
-EXIT_UNKNOWN_FORMAT = 4   # verify: no damage, but records of a format localmq does not know (README, Recovery)
+EXIT_UNKNOWN_FORMAT = 4  # verify: no damage, but records of a format localmq does not know (README, Recovery)
 _CHUNK = 16 << 20  # bytes walked between two progress updates
 
 
@@ -44,6 +45,7 @@ def _int_at_least(low: int):
         if v < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, not {v}")
         return v
+
     parse.__name__ = "integer"
     return parse
 
@@ -81,17 +83,30 @@ def _message_dict(m) -> Dict[str, Any]:
         text: Optional[str] = body.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    return {"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
-            "physical_offset": m.physical_offset, "store_size": m.store_size, "store_timestamp": m.store_timestamp,
-            "born_timestamp": m.born_timestamp, "msg_id": m.msg_id, "tags": m.tags, "keys": list(m.keys),
-            "properties": m.properties, "body": text, "body_base64": base64.b64encode(body).decode("ascii")}
+    return {
+        "topic": m.topic,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "physical_offset": m.physical_offset,
+        "store_size": m.store_size,
+        "store_timestamp": m.store_timestamp,
+        "born_timestamp": m.born_timestamp,
+        "msg_id": m.msg_id,
+        "tags": m.tags,
+        "keys": list(m.keys),
+        "properties": m.properties,
+        "body": text,
+        "body_base64": base64.b64encode(body).decode("ascii"),
+    }
 
 
 def _message_line(m, body_bytes: int) -> str:
     body = bytes(m.body)
     shown = repr(body[:body_bytes]) + ("..." if len(body) > body_bytes else "")
-    return (f"{m.physical_offset:>12} {m.topic}/{m.queue_id}@{m.queue_offset} {_iso(m.store_timestamp)} "
-            f"size={m.store_size} tags={m.tags!r} keys={list(m.keys)} body={shown}")
+    return (
+        f"{m.physical_offset:>12} {m.topic}/{m.queue_id}@{m.queue_offset} {_iso(m.store_timestamp)} "
+        f"size={m.store_size} tags={m.tags!r} keys={list(m.keys)} body={shown}"
+    )
 
 
 def _show_message(args, m) -> None:
@@ -105,8 +120,7 @@ class _Progress:
     """A one-line progress bar on stderr, only when stderr is a terminal (and not --json / --no-progress)."""
 
     def __init__(self, args, label: str, total: int):
-        self.on = (not args.json and not getattr(args, "no_progress", False) and total > 0
-                   and sys.stderr.isatty())
+        self.on = not args.json and not getattr(args, "no_progress", False) and total > 0 and sys.stderr.isatty()
         self.label, self.total, self.last = label, total, 0.0
 
     def update(self, done: int) -> None:
@@ -163,10 +177,12 @@ def _open(path: str):
     try:
         return localmq.open(path, read_only=True, **sizes)
     except StoreLockedError:
-        raise CliError(f"{os.path.abspath(path)} is held by one live process alone (opened with shared=False): "
-                       "its end is in that process's memory. Open it with shared=True there to look inside while "
-                       "it runs, or wait until it closes; `dump` and `verify` read the files alone.",
-                       EXIT_BUSY) from None
+        raise CliError(
+            f"{os.path.abspath(path)} is held by one live process alone (opened with shared=False): "
+            "its end is in that process's memory. Open it with shared=True there to look inside while "
+            "it runs, or wait until it closes; `dump` and `verify` read the files alone.",
+            EXIT_BUSY,
+        ) from None
     except (CorruptStoreError, NotAStoreError) as e:
         raise CliError(f"{path}: {e}") from None
 
@@ -177,7 +193,7 @@ def _queue_offsets(mq) -> List[Tuple[str, int, int, int]]:
 
 
 def _lock_state(root: str) -> str:
-    """"closed", "shared by live processes" or "held by one live process" (asked without taking a lock)."""
+    """ "closed", "shared by live processes" or "held by one live process" (asked without taking a lock)."""
     view = ControlView.open(root)
     if view is not None:
         view.close()

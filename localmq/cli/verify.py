@@ -1,4 +1,5 @@
 """``localmq verify``: walk a store's files alone and report damage (commit log, ConsumeQueues, index)."""
+
 from __future__ import annotations
 
 import os
@@ -6,12 +7,20 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from localmq._index import key_hash
 from localmq._record import decode_message, scan_record, unknown_format, walk_records
 from localmq.cli.common import (
-    EXIT_DAMAGE, EXIT_OK, EXIT_UNKNOWN_FORMAT, _CHUNK, _Progress, _emit, _files, _lock_state, _say,
+    _CHUNK,
+    EXIT_DAMAGE,
+    EXIT_OK,
+    EXIT_UNKNOWN_FORMAT,
+    _emit,
+    _files,
+    _lock_state,
+    _Progress,
+    _say,
 )
 from localmq.errors import CorruptFrameError, CorruptStoreError, NotAStoreError, UnknownRecordFormatError
-from localmq._index import key_hash
 from localmq.layout import CQ_BLANK_UNIT_SIZE, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE, REC_MIN_SIZE
 from localmq.status import RecordStatus, Stop
 from localmq.store.checkpoint import read_checkpoint
@@ -41,8 +50,15 @@ def _record_extent(mf, pos: int, size: int) -> int:
     return pos + total if REC_MIN_SIZE <= total <= size - pos else size
 
 
-def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problems: list, notes: list,
-                       unknown: Optional[dict] = None, known_end: int = 0) -> int:
+def _verify_commit_log(
+    files: StoreFiles,
+    end: int,
+    progress: _Progress,
+    problems: list,
+    notes: list,
+    unknown: Optional[dict] = None,
+    known_end: int = 0,
+) -> int:
     """Walk every record of every segment below ``end`` with CRCs and header checks; returns records walked. A record
     localmq does not understand (``files.not_understood``: an unknown format, a V2 record naming a topic longer than
     localmq's names) is no problem: it goes to ``unknown`` ({offset: (magic, size, what)}) and the walk goes on after
@@ -70,8 +86,11 @@ def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problem
                 if stop < limit and (pos >= stop or outcome == RecordStatus.TORN):
                     stop = min(limit, max(pos, stop) + _CHUNK)  # the chunk ended (maybe inside a record): go on
                     continue
-                found = (not_understood(mf, pos, outcome, limit)
-                         if outcome in (RecordStatus.BAD_MAGIC, RecordStatus.BAD_TOPIC) else None)
+                found = (
+                    not_understood(mf, pos, outcome, limit)
+                    if outcome in (RecordStatus.BAD_MAGIC, RecordStatus.BAD_TOPIC)
+                    else None
+                )
                 if found is not None:
                     # framed by its TOTALSIZE: the walk goes on after it (never a repair, never damage)
                     magic, rsize, what = found
@@ -95,20 +114,25 @@ def _verify_commit_log(files: StoreFiles, end: int, progress: _Progress, problem
             elif at >= known_end and not _has_data(mf, _record_extent(mf, pos, size), size):
                 # past what the ConsumeQueues reach, with nothing after it: a write a crash cut short, which the
                 # dispatcher never read (a SIGKILLed writer, RocketMQ's or ours). Recovery ends the log there
-                notes.append(f"commit log offset {at:,}: a torn record at the end of the data ({outcome}; what a "
-                             "crash leaves, never dispatched: recovery cuts it)")
+                notes.append(
+                    f"commit log offset {at:,}: a torn record at the end of the data ({outcome}; what a "
+                    "crash leaves, never dispatched: recovery cuts it)"
+                )
                 data_ended_at = at
             else:
-                problems.append(f"commit log offset {at:,} ({fpath}): {outcome} record" + (
-                    " followed by more data" if at >= known_end else "; the rest of this segment is not walked"))
+                problems.append(
+                    f"commit log offset {at:,} ({fpath}): {outcome} record"
+                    + (" followed by more data" if at >= known_end else "; the rest of this segment is not walked")
+                )
         finally:
             mf.close()
         done += files.segment_size
     return records
 
 
-def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress, problems: list,
-                   notes: list, unknown: dict) -> Tuple[int, int]:
+def _verify_queues(
+    files: StoreFiles, end: int, live: bool, progress: _Progress, problems: list, notes: list, unknown: dict
+) -> Tuple[int, int]:
     """Every ConsumeQueue unit must point at the record of its topic, queue id and queue offset."""
     maps: Dict[int, Any] = {}
     units_checked = lost = 0
@@ -126,16 +150,20 @@ def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress,
             progress.update(i)
             loaded = load_consume_queue(cq.path)
             if loaded.stop_reason != Stop.END and not live:
-                problems.append(f"consume queue {cq.topic}/{cq.queue_id}: {loaded.stop_reason} after queue offset "
-                                f"{loaded.max_queue_offset:,} ({cq.path})")
+                problems.append(
+                    f"consume queue {cq.topic}/{cq.queue_id}: {loaded.stop_reason} after queue offset "
+                    f"{loaded.max_queue_offset:,} ({cq.path})"
+                )
             units = loaded.units
             for j in range(len(units)):
                 phys, size = int(units["offset"][j]), int(units["size"][j])
                 qoff = loaded.queue_offset_base + j
                 if size == CQ_BLANK_UNIT_SIZE or phys < files.min_offset or phys + size > end:
                     if phys + size > end and size != CQ_BLANK_UNIT_SIZE and not live:
-                        problems.append(f"consume queue {cq.topic}/{cq.queue_id}@{qoff}: points past the end of "
-                                        f"the commit log ({phys:,})")
+                        problems.append(
+                            f"consume queue {cq.topic}/{cq.queue_id}@{qoff}: points past the end of "
+                            f"the commit log ({phys:,})"
+                        )
                     continue
                 if gap_at.get(phys) == size:
                     lost += 1
@@ -148,8 +176,13 @@ def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress,
                     mf = maps[seg[0]] = files.map_segment(*seg)
                 try:
                     m = decode_message(mf, phys - seg[0], check_crc=False, base_offset=seg[0], copy=False)
-                    ok = (m is not None and m.topic == cq.topic and m.queue_id == cq.queue_id
-                          and m.queue_offset == qoff and m.store_size == size)
+                    ok = (
+                        m is not None
+                        and m.topic == cq.topic
+                        and m.queue_id == cq.queue_id
+                        and m.queue_offset == qoff
+                        and m.store_size == size
+                    )
                     m = None
                 except CorruptFrameError:
                     ok = False
@@ -157,8 +190,10 @@ def _verify_queues(files: StoreFiles, end: int, live: bool, progress: _Progress,
                     continue  # a record of a format localmq does not know: counted by the commit log walk
                 units_checked += 1
                 if not ok:
-                    problems.append(f"consume queue {cq.topic}/{cq.queue_id}@{qoff}: unit ({phys:,}, {size}) does "
-                                    "not point at that message's record")
+                    problems.append(
+                        f"consume queue {cq.topic}/{cq.queue_id}@{qoff}: unit ({phys:,}, {size}) does "
+                        "not point at that message's record"
+                    )
     finally:
         for mf in maps.values():
             mf.close()
@@ -218,9 +253,11 @@ def _verify(args) -> int:
     live = files.live_end is not None or state != "closed"
     log_start = read_log_start(files.root)
     if log_start is not None and files.segments and files.min_offset > log_start:
-        problems.append(f"commit log segments missing at the start of the log: it starts at {files.min_offset:,}, "
-                        f"but localmq's retention moved it to {log_start:,} only (deleted by hand, lost, or by "
-                        f"RocketMQ's retention); the next open reports and accepts it")
+        problems.append(
+            f"commit log segments missing at the start of the log: it starts at {files.min_offset:,}, "
+            f"but localmq's retention moved it to {log_start:,} only (deleted by hand, lost, or by "
+            f"RocketMQ's retention); the next open reports and accepts it"
+        )
     total = sum(files.segment_size for _ in files.segments)
     progress = _Progress(args, "verify: commit log", total)
     unknown: Dict[int, Tuple[int, int, str]] = {}
@@ -241,10 +278,12 @@ def _verify(args) -> int:
         finally:
             idx.close()
         if wrong:
-            problems.append(f"index file {f.path}: {wrong} of {sampled} sampled items do not hold the key hash of the "
-                            f"record they point at, read with {idx.hash_slot_num} slots and {idx.index_num} items "
-                            f"(a file of another geometry, or damaged): queries would miss keys. It is derived "
-                            f"data: delete it and the next open indexes its records again")
+            problems.append(
+                f"index file {f.path}: {wrong} of {sampled} sampled items do not hold the key hash of the "
+                f"record they point at, read with {idx.hash_slot_num} slots and {idx.index_num} items "
+                f"(a file of another geometry, or damaged): queries would miss keys. It is derived "
+                f"data: delete it and the next open indexes its records again"
+            )
     try:
         read_checkpoint(files.checkpoint)
     except NotAStoreError:
@@ -259,14 +298,27 @@ def _verify(args) -> int:
         except ValueError as e:
             problems.append(f"config/{name} does not parse: {e}")
     if lost:
-        notes.append(f"{lost} ConsumeQueue unit(s) mark messages lost to damage that recovery quarantined "
-                     f"(recovery/commitlog-gap-*)")
-    unknown_rows = [{"offset": off, "magic": f"0x{magic:08X}", "size": size, "what": what}
-                    for off, (magic, size, what) in unknown.items()]
-    summary = {"store": files.root, "ok": not problems and not unknown, "problems": problems, "notes": notes,
-               "unknown_records": unknown_rows,
-               "segments": len(files.segments), "records": records, "consume_queue_units": units,
-               "consume_queues": len(files.queues()), "index_files": len(index_files), "config_files": len(cfg)}
+        notes.append(
+            f"{lost} ConsumeQueue unit(s) mark messages lost to damage that recovery quarantined "
+            f"(recovery/commitlog-gap-*)"
+        )
+    unknown_rows = [
+        {"offset": off, "magic": f"0x{magic:08X}", "size": size, "what": what}
+        for off, (magic, size, what) in unknown.items()
+    ]
+    summary = {
+        "store": files.root,
+        "ok": not problems and not unknown,
+        "problems": problems,
+        "notes": notes,
+        "unknown_records": unknown_rows,
+        "segments": len(files.segments),
+        "records": records,
+        "consume_queue_units": units,
+        "consume_queues": len(files.queues()),
+        "index_files": len(index_files),
+        "config_files": len(cfg),
+    }
     if args.json:
         _emit(summary)
     else:
@@ -275,10 +327,14 @@ def _verify(args) -> int:
         for n in notes:
             _say(f"note: {n}")
         for u in unknown_rows:
-            _say(f"UNKNOWN FORMAT: commit log offset {u['offset']:,}: {u['what']} ({u['size']} bytes, magic "
-                 f"{u['magic']}; not damage: a writable open refuses the store)")
+            _say(
+                f"UNKNOWN FORMAT: commit log offset {u['offset']:,}: {u['what']} ({u['size']} bytes, magic "
+                f"{u['magic']}; not damage: a writable open refuses the store)"
+            )
         state = "damaged" if problems else "unknown format" if unknown else "ok"
-        _say(f"{state}: {records:,} records in {len(files.segments)} segment(s), "
-             f"{units:,} ConsumeQueue units in {summary['consume_queues']} queue(s), {len(index_files)} index "
-             f"file(s), {len(cfg)} config file(s) checked; {len(problems)} problem(s)")
+        _say(
+            f"{state}: {records:,} records in {len(files.segments)} segment(s), "
+            f"{units:,} ConsumeQueue units in {summary['consume_queues']} queue(s), {len(index_files)} index "
+            f"file(s), {len(cfg)} config file(s) checked; {len(problems)} problem(s)"
+        )
     return EXIT_DAMAGE if problems else EXIT_UNKNOWN_FORMAT if unknown else EXIT_OK

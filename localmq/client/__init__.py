@@ -1,4 +1,5 @@
 """The clients of every queue: Producer, Consumer, ConsumerScheduler and ConsumerOffsetManager."""
+
 from localmq.client.consumer import Consumer
 from localmq.client.offsets import ConsumerOffsetManager
 from localmq.client.producer import Producer

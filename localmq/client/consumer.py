@@ -1,4 +1,5 @@
 """Consumer: a pull consumer of a group, with prefetch, round-robin over its queues, long polling and offsets."""
+
 from __future__ import annotations
 
 import collections
@@ -9,13 +10,17 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tupl
 
 from localmq._record import Message, bind_delivery, inflate_body
 from localmq.client.retry import (
-    DEFAULT_MAX_RECONSUME_TIMES, RETRY_PREFIX, check_group_for_retry, retry_topic, send_back,
+    DEFAULT_MAX_RECONSUME_TIMES,
+    RETRY_PREFIX,
+    check_group_for_retry,
+    retry_topic,
+    send_back,
 )
-from localmq.layout import SYSFLAG_COMPRESSED, TOPIC_RE
-from localmq.status import ConsumeStatus, GetStatus
 from localmq.config import check_topic
 from localmq.errors import AckError, ArgumentRangeError, CorruptMessageError, QueueReassignedError, StoreClosedError
 from localmq.filter import compile_sql92, tag_names
+from localmq.layout import SYSFLAG_COMPRESSED, TOPIC_RE
+from localmq.status import ConsumeStatus, GetStatus
 
 log = logging.getLogger("localmq.client.consumer")
 
@@ -34,8 +39,21 @@ class _Cursor:
     holds their queue offsets until done, ``inflight`` the offsets handed out in order (trimmed at the front as
     they are done). Both are guarded by the consumer's ``_ack_lock``."""
 
-    __slots__ = ("bucket", "epoch", "fetch_offset", "buffer", "committed", "consumer", "pending", "inflight",
-                 "retry", "dropped", "redo", "suspended_until", "redo_count")
+    __slots__ = (
+        "bucket",
+        "epoch",
+        "fetch_offset",
+        "buffer",
+        "committed",
+        "consumer",
+        "pending",
+        "inflight",
+        "retry",
+        "dropped",
+        "redo",
+        "suspended_until",
+        "redo_count",
+    )
 
     def __init__(self, bucket: Bucket, epoch: int, offset: int, committed: Optional[int], consumer: "Consumer"):
         self.bucket = bucket
@@ -124,12 +142,28 @@ class Consumer:
     ``for m in consumer`` iterates until the consumer (or its queue) is closed; ``with`` closes it.
     """
 
-    def __init__(self, mq, group: str, topics: Union[str, Iterable[str]], *, tags: Optional[str] = None,
-                 broadcast: bool = False, auto_commit: bool = False, batch_size: int = 32,
-                 consumer_retention_ms: int = 30_000, from_offset: str = "earliest", client_id: Optional[str] = None,
-                 rebalance_interval_ms: int = 100, skip_corrupt: bool = True, manual_ack: bool = False,
-                 max_reconsume_times: Optional[int] = None, max_unacked: int = 2000, orderly: bool = False,
-                 suspend_ms: int = 1000, sql: Optional[str] = None):
+    def __init__(
+        self,
+        mq,
+        group: str,
+        topics: Union[str, Iterable[str]],
+        *,
+        tags: Optional[str] = None,
+        broadcast: bool = False,
+        auto_commit: bool = False,
+        batch_size: int = 32,
+        consumer_retention_ms: int = 30_000,
+        from_offset: str = "earliest",
+        client_id: Optional[str] = None,
+        rebalance_interval_ms: int = 100,
+        skip_corrupt: bool = True,
+        manual_ack: bool = False,
+        max_reconsume_times: Optional[int] = None,
+        max_unacked: int = 2000,
+        orderly: bool = False,
+        suspend_ms: int = 1000,
+        sql: Optional[str] = None,
+    ):
         if not isinstance(group, str) or TOPIC_RE.match(group) is None:
             raise ValueError(f"invalid group name {group!r}: must match [%|a-zA-Z0-9_-]{{1,255}}")
         topics = [topics] if isinstance(topics, str) else list(topics)
@@ -145,8 +179,9 @@ class Consumer:
             raise ValueError("from_offset must be 'earliest' or 'latest'")
         if client_id is not None and (not isinstance(client_id, str) or TOPIC_RE.match(client_id) is None):
             raise ValueError(f"invalid client_id {client_id!r}")
-        if max_reconsume_times is not None and (isinstance(max_reconsume_times, bool) or
-                                                not isinstance(max_reconsume_times, int) or max_reconsume_times < 0):
+        if max_reconsume_times is not None and (
+            isinstance(max_reconsume_times, bool) or not isinstance(max_reconsume_times, int) or max_reconsume_times < 0
+        ):
             raise ValueError("max_reconsume_times must be an int >= 0 (or None: RocketMQ's default)")
         if max_unacked < 1:
             raise ValueError("max_unacked must be at least 1")
@@ -193,7 +228,7 @@ class Consumer:
         self._sched = self._state.scheduler
         self._refresh_s = rebalance_interval_ms / 1000.0
         self._wait_slice = min(0.5, consumer_retention_ms / 3000.0)
-        self._lock = threading.RLock()   # one poll / commit / seek / close at a time; released while waiting
+        self._lock = threading.RLock()  # one poll / commit / seek / close at a time; released while waiting
         # manual_ack: cursors' pending/inflight (ack() from any thread); taken inside _lock and the scheduler lock,
         # never around a store call. Lock order: ARCHITECTURE.md, Locks.
         self._ack_lock = threading.Lock()
@@ -332,7 +367,9 @@ class Consumer:
                     lost, self._lost = self._lost, []
                     raise QueueReassignedError(
                         f"consumer of group {self.group!r} did not poll for {self.consumer_retention_ms} ms; "
-                        f"queues {lost} passed to another consumer", lost)
+                        f"queues {lost} passed to another consumer",
+                        lost,
+                    )
                 out: List[Message] = []
                 while True:
                     token = mq.progress
@@ -439,8 +476,14 @@ class Consumer:
         one that does not inflate is handed out as stored, with a warning."""
         for m in msgs:
             if m.sys_flag & SYSFLAG_COMPRESSED and not inflate_body(m):
-                log.warning("group %s: %s queue %d offset %d: the body is marked compressed but does not inflate; "
-                            "handed out as stored", self.group, m.topic, m.queue_id, m.queue_offset)
+                log.warning(
+                    "group %s: %s queue %d offset %d: the body is marked compressed but does not inflate; "
+                    "handed out as stored",
+                    self.group,
+                    m.topic,
+                    m.queue_id,
+                    m.queue_offset,
+                )
 
     def _hand_out(self, cur: _Cursor, out: List[Message], start: int) -> None:
         """Messages ``out[start:]`` leave ``cur``: with manual_ack they become pending and ack()/nack() reach
@@ -496,11 +539,23 @@ class Consumer:
                 send_back(self._mq, self.group, m, delay_level=-1, max_reconsume_times=self.max_reconsume_times)
                 self.dead_lettered += 1
             elif self.broadcast:
-                log.warning("broadcast consumer of group %s: %s queue %d offset %d failed; dropped (broadcasting "
-                            "consumers never send back)", self.group, m.topic, m.queue_id, m.queue_offset)
+                log.warning(
+                    "broadcast consumer of group %s: %s queue %d offset %d failed; dropped (broadcasting "
+                    "consumers never send back)",
+                    self.group,
+                    m.topic,
+                    m.queue_id,
+                    m.queue_offset,
+                )
             else:
-                kind, _ = send_back(self._mq, self.group, m, delay=delay, delay_level=delay_level,
-                                    max_reconsume_times=self.max_reconsume_times)
+                kind, _ = send_back(
+                    self._mq,
+                    self.group,
+                    m,
+                    delay=delay,
+                    delay_level=delay_level,
+                    max_reconsume_times=self.max_reconsume_times,
+                )
                 if kind == "dlq":
                     self.dead_lettered += 1
                 else:
@@ -514,8 +569,14 @@ class Consumer:
         with self._ack_lock:
             return sum(len(cur.pending) for cur in self._order)
 
-    def listen(self, listener: Callable[[List[Message]], Optional[ConsumeStatus]], *, batch_size: int = 1,
-               idle_timeout: Optional[float] = None, max_messages: Optional[int] = None) -> int:
+    def listen(
+        self,
+        listener: Callable[[List[Message]], Optional[ConsumeStatus]],
+        *,
+        batch_size: int = 1,
+        idle_timeout: Optional[float] = None,
+        max_messages: Optional[int] = None,
+    ) -> int:
         """Run a RocketMQ-style listener: ``listener(messages)`` for batches of up to ``batch_size`` messages; it
         answers ConsumeStatus.CONSUME_SUCCESS (or None) to acknowledge the batch, RECONSUME_LATER to fail it (each
         message sent back, see ``nack``); an exception it raises fails the batch too (logged). Returns the number
@@ -545,8 +606,9 @@ class Consumer:
             try:
                 status = listener(msgs)
             except Exception:  # noqa: BLE001 - RocketMQ's rule: a listener that throws asks for a retry
-                log.exception("group %s: listener raised; the batch of %d will be consumed again later", self.group,
-                              len(msgs))
+                log.exception(
+                    "group %s: listener raised; the batch of %d will be consumed again later", self.group, len(msgs)
+                )
                 status = ConsumeStatus.RECONSUME_LATER
             if status is None or status is ConsumeStatus.CONSUME_SUCCESS:
                 for m in msgs:
@@ -557,8 +619,9 @@ class Consumer:
             else:
                 for m in msgs:
                     m.nack(delay_level=1)  # never leave a batch in flight; the wrong answer still raises
-                raise TypeError(f"a listener answers ConsumeStatus.CONSUME_SUCCESS, RECONSUME_LATER or None, "
-                                f"not {status!r}")
+                raise TypeError(
+                    f"a listener answers ConsumeStatus.CONSUME_SUCCESS, RECONSUME_LATER or None, not {status!r}"
+                )
             handled += len(msgs)
             if max_messages is not None and handled >= max_messages:
                 break
@@ -588,8 +651,14 @@ class Consumer:
                 # the messages before it were delivered by earlier pulls; skip this one, count it, go on
                 if not self.skip_corrupt or e.next_offset is None or e.next_offset <= cur.fetch_offset:
                     raise
-                log.error("group %s, %s queue %d: skipping corrupt message at queue offset %d: %s", self.group,
-                          topic, qid, cur.fetch_offset, e)
+                log.error(
+                    "group %s, %s queue %d: skipping corrupt message at queue offset %d: %s",
+                    self.group,
+                    topic,
+                    qid,
+                    cur.fetch_offset,
+                    e,
+                )
                 self.skipped_corrupt += 1
                 self.corrupt_errors.append(e)
                 cur.fetch_offset = e.next_offset
@@ -601,7 +670,7 @@ class Consumer:
                     self._inflate(r.messages)
                 msgs = r.messages
                 match = self._sql_match
-                if match is not None and not cur.retry:   # a retried message matched when first handed out
+                if match is not None and not cur.retry:  # a retried message matched when first handed out
                     msgs = [m for m in msgs if match(m.properties)]
                     self.filtered_out += len(r.messages) - len(msgs)
                 cur.buffer.extend(msgs)
@@ -611,9 +680,17 @@ class Consumer:
                 cur.fetch_offset = r.next_begin_offset
                 moved = True
             elif st is GetStatus.OFFSET_TOO_SMALL or st is GetStatus.OFFSET_OVERFLOW_BADLY:
-                log.warning("group %s, %s queue %d: offset %d is outside %d..%d (%s); continuing from %d",
-                            self.group, topic, qid, cur.fetch_offset, r.min_offset, r.max_offset, st.name,
-                            r.next_begin_offset)
+                log.warning(
+                    "group %s, %s queue %d: offset %d is outside %d..%d (%s); continuing from %d",
+                    self.group,
+                    topic,
+                    qid,
+                    cur.fetch_offset,
+                    r.min_offset,
+                    r.max_offset,
+                    st.name,
+                    r.next_begin_offset,
+                )
                 cur.fetch_offset = r.next_begin_offset
                 moved = True
         return moved
@@ -747,5 +824,7 @@ class Consumer:
 
     def __repr__(self) -> str:
         mode = "broadcast" if self.broadcast else "clustering"
-        return (f"<Consumer group={self.group!r} topics={list(self.topics)} {mode} queues={len(self._cursors)} "
-                f"{'closed' if self.closed else 'open'}>")
+        return (
+            f"<Consumer group={self.group!r} topics={list(self.topics)} {mode} queues={len(self._cursors)} "
+            f"{'closed' if self.closed else 'open'}>"
+        )

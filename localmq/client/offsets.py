@@ -1,4 +1,5 @@
 """ConsumerOffsetManager: committed offsets per group / topic / queue, persisted as RocketMQ's consumerOffset.json."""
+
 from __future__ import annotations
 
 import logging
@@ -31,12 +32,13 @@ class ConsumerOffsetManager:
     at once), as RocketMQ's group commit does for messages.
     """
 
-    def __init__(self, path: Optional[str], flush_interval_ms: int = 5000, *,
-                 before_write: Optional[Callable[[], None]] = None):
+    def __init__(
+        self, path: Optional[str], flush_interval_ms: int = 5000, *, before_write: Optional[Callable[[], None]] = None
+    ):
         self.path = path
         self.flush_interval_ms = flush_interval_ms
         self.before_write = before_write
-        self._lock = threading.Lock()          # the table and the version counters
+        self._lock = threading.Lock()  # the table and the version counters
         self._persist_lock = threading.Lock()  # one writer of the file at a time
         self._table: Dict[str, Dict[int, int]] = {}
         self._extra: Dict[str, object] = {}
@@ -82,7 +84,7 @@ class ConsumerOffsetManager:
         with self._lock:
             for key, row in self._table.items():
                 if key.endswith(suffix) and key.count("@") == 1:
-                    topic = key[:-len(suffix)]
+                    topic = key[: -len(suffix)]
                     for qid, off in row.items():
                         out[(topic, qid)] = off
         return out

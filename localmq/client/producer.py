@@ -1,4 +1,5 @@
 """Producer: sends messages to a queue (Memory, Embedded or Local), one queue id per producer by default."""
+
 from __future__ import annotations
 
 import itertools
@@ -9,8 +10,8 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from localmq._record import Message, properties_to_bytes
-from localmq.errors import DelayNotSupportedError, InvalidDelayError, SendError, StoreClosedError
 from localmq.config import check_queue_id, check_topic, message_properties
+from localmq.errors import DelayNotSupportedError, InvalidDelayError, SendError, StoreClosedError
 from localmq.services.schedule import delay_rewrite, level_for_delay
 from localmq.status import PutStatus
 
@@ -54,8 +55,11 @@ class _UniqKeys:
         pid = os.getpid()
         if pid != self._pid:
             self._pid = pid
-            self._prefix = (self._ip() + (pid & 0xFFFF).to_bytes(2, "big")
-                            + random.getrandbits(32).to_bytes(4, "big")).hex().upper()
+            self._prefix = (
+                (self._ip() + (pid & 0xFFFF).to_bytes(2, "big") + random.getrandbits(32).to_bytes(4, "big"))
+                .hex()
+                .upper()
+            )
         now = time.time()
         if now >= self._next_month or now < self._month_start:
             self._month(now)
@@ -133,9 +137,16 @@ class Producer:
     in which the ``send`` calls took the queue's put lock. ``close()`` (or ``with``) only forbids further sends.
     """
 
-    def __init__(self, mq, *, queue_id: Optional[int] = None, queue_selector: Optional[QueueSelector] = None,
-                 queue_nums: Optional[int] = None, on_delivery: Optional[DeliveryCallback] = None,
-                 uniq_keys: bool = True):
+    def __init__(
+        self,
+        mq,
+        *,
+        queue_id: Optional[int] = None,
+        queue_selector: Optional[QueueSelector] = None,
+        queue_nums: Optional[int] = None,
+        on_delivery: Optional[DeliveryCallback] = None,
+        uniq_keys: bool = True,
+    ):
         state = mq._client_state()
         self.queue_nums, self.queue_id = producer_queue(mq, state, queue_id, queue_nums)
         self.queue_selector = queue_selector
@@ -148,8 +159,9 @@ class Producer:
         self.closed = False
         state.register(self, consumer=False)
 
-    def create_message(self, topic: str, body, *, tags: Optional[str] = None, keys=None,
-                       properties: Optional[Dict[str, str]] = None) -> Message:
+    def create_message(
+        self, topic: str, body, *, tags: Optional[str] = None, keys=None, properties: Optional[Dict[str, str]] = None
+    ) -> Message:
         """A Message to ``send`` later (OpenMessaging style)."""
         return Message(topic, body, tags=tags, keys=keys, properties=properties)
 
@@ -158,9 +170,17 @@ class Producer:
         check_queue_id(q)
         return q
 
-    def send(self, topic: Union[str, Message], body=None, *, tags: Optional[str] = None, keys=None,
-             properties: Optional[Dict[str, str]] = None, delay_level: Optional[int] = None,
-             delay: Optional[float] = None):
+    def send(
+        self,
+        topic: Union[str, Message],
+        body=None,
+        *,
+        tags: Optional[str] = None,
+        keys=None,
+        properties: Optional[Dict[str, str]] = None,
+        delay_level: Optional[int] = None,
+        delay: Optional[float] = None,
+    ):
         """Send one message: ``send(topic, body, tags=..., keys=..., properties=...)`` or ``send(message)``.
 
         Delayed messages (RocketMQ's delay levels, ``message_delay_level``): ``delay_level=N`` (1-based; above the
@@ -194,8 +214,15 @@ class Producer:
             if self.uniq_keys and "UNIQ_KEY" not in props:
                 props["UNIQ_KEY"] = _uniq_keys.new()
             qid = self._queue_for(m) if self.queue_selector is not None else self.queue_id
-            r = self._put(m.topic, m.body, queue_id=qid, tags=tags, keys=keys.split(" ") if keys else None,
-                          properties=props or None, flag=m.flag)
+            r = self._put(
+                m.topic,
+                m.body,
+                queue_id=qid,
+                tags=tags,
+                keys=keys.split(" ") if keys else None,
+                properties=props or None,
+                flag=m.flag,
+            )
             return self._deliver(r, 1, uniq_key=props.get("UNIQ_KEY"))
         if self.uniq_keys and (properties is None or "UNIQ_KEY" not in properties):
             properties = dict(properties or ())
@@ -212,7 +239,8 @@ class Producer:
         if levels_of is None:
             raise DelayNotSupportedError(
                 f"{type(self._mq).__name__} has no ScheduleMessageService: delayed messages need a "
-                f"LocalMessageQueue (localmq.open(path))")
+                f"LocalMessageQueue (localmq.open(path))"
+            )
         levels = levels_of()
         if delay_level is not None and delay is not None:
             raise InvalidDelayError("pass delay_level or delay, not both")
@@ -251,11 +279,19 @@ class Producer:
             if r.status is PutStatus.CREATE_MAPPED_FILE_FAILED:
                 why = getattr(cl, "last_failure", None) or ""
             elif failure is not None and r.status in (PutStatus.SERVICE_NOT_AVAILABLE, PutStatus.FLUSH_DISK_TIMEOUT):
-                why = (f"a flush of the commit log failed ({failure}); a failed flush is never retried: the store "
-                       f"takes no more puts until it is closed and opened again")
-            err = SendError(f"send answered {r.status.name}: {stored} of {count} message(s) stored"
-                            f"{' (not known to be on disk)' if 'TIMEOUT' in r.status.name else ''}"
-                            f"{'; ' + why if why else ''}", r.status, r, stored, before)
+                why = (
+                    f"a flush of the commit log failed ({failure}); a failed flush is never retried: the store "
+                    f"takes no more puts until it is closed and opened again"
+                )
+            err = SendError(
+                f"send answered {r.status.name}: {stored} of {count} message(s) stored"
+                f"{' (not known to be on disk)' if 'TIMEOUT' in r.status.name else ''}"
+                f"{'; ' + why if why else ''}",
+                r.status,
+                r,
+                stored,
+                before,
+            )
             if failure is not None and why and r.status is not PutStatus.CREATE_MAPPED_FILE_FAILED:
                 err.__cause__ = failure
         if self.on_delivery is not None:
@@ -264,8 +300,15 @@ class Producer:
             raise err
         return r
 
-    def send_batch(self, topic: Union[str, List[Message]], bodies: Optional[Iterable] = None, *,
-                   tags: Optional[str] = None, keys=None, properties: Optional[Dict[str, str]] = None):
+    def send_batch(
+        self,
+        topic: Union[str, List[Message]],
+        bodies: Optional[Iterable] = None,
+        *,
+        tags: Optional[str] = None,
+        keys=None,
+        properties: Optional[Dict[str, str]] = None,
+    ):
         """Send several bodies to one queue with consecutive offsets under one lock (``put_batch``); they share
         ``tags``, ``keys`` and ``properties``. ``send_batch(messages)`` sends Message objects in order, one
         ``put_batch`` for each run of consecutive messages with the same topic, tags, keys, properties and flag,
@@ -280,12 +323,14 @@ class Producer:
         if not isinstance(topic, str):
             msgs = list(topic)
             if any(_delay_property(m.properties.get("DELAY")) for m in msgs):
-                raise InvalidDelayError("a batch cannot be delayed (RocketMQ refuses delayed batches too): "
-                                        "send delayed messages one by one")
+                raise InvalidDelayError(
+                    "a batch cannot be delayed (RocketMQ refuses delayed batches too): send delayed messages one by one"
+                )
             return self._send_messages(msgs)
         if properties is not None and _delay_property(properties.get("DELAY")):
-            raise InvalidDelayError("a batch cannot be delayed (RocketMQ refuses delayed batches too): send delayed "
-                                    "messages one by one")
+            raise InvalidDelayError(
+                "a batch cannot be delayed (RocketMQ refuses delayed batches too): send delayed messages one by one"
+            )
         bodies = bodies if isinstance(bodies, list) else list(bodies)
         if not bodies:
             raise ValueError("send_batch needs at least one body")
@@ -309,8 +354,15 @@ class Producer:
                 runs.append((key, [m.body]))
         results: list = []
         for (topic, qid, tags, keys, props, flag), bodies in runs:
-            r = self._put_batch(topic, bodies, queue_id=qid, tags=tags, keys=keys.split(" ") if keys else None,
-                                properties=dict(props) or None, flag=flag)
+            r = self._put_batch(
+                topic,
+                bodies,
+                queue_id=qid,
+                tags=tags,
+                keys=keys.split(" ") if keys else None,
+                properties=dict(props) or None,
+                flag=flag,
+            )
             before = list(results)
             results.append(self._deliver(r, len(bodies), before))
         return results

@@ -12,6 +12,7 @@ The Memory and Embedded queues have no schedule service and no record fields: a 
 client fallback (§1.4), a plain put to the retry topic with ``RECONSUME_TIME`` and ``MAX_RECONSUME_TIMES``
 properties, delivered at once, so only ``delay=0`` (or ``delay_level=-1``, the dead letters) is accepted there.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -22,8 +23,8 @@ from localmq.services.schedule import level_for_delay
 from localmq.status import PutStatus
 from localmq.store.commit_log import PutExtra
 
-RETRY_QUEUE_ID = 0         # retryQueueNums = 1
-DLQ_QUEUE_ID = 0           # DLQ_NUMS_PER_GROUP = 1
+RETRY_QUEUE_ID = 0  # retryQueueNums = 1
+DLQ_QUEUE_ID = 0  # DLQ_NUMS_PER_GROUP = 1
 DEFAULT_MAX_RECONSUME_TIMES = 16
 # the offsets of a re-drive of the dead letters of group G are committed under this group on %DLQ%G
 REDRIVE_GROUP_SUFFIX = "%REDRIVE"
@@ -51,8 +52,9 @@ def check_group_for_retry(group: str) -> None:
     try:
         retry_topic(group)
     except InvalidTopicError:
-        raise InvalidTopicError(f"group {group!r} is too long for its retry topic {RETRY_PREFIX + group!r} "
-                                f"(255 characters at most)") from None
+        raise InvalidTopicError(
+            f"group {group!r} is too long for its retry topic {RETRY_PREFIX + group!r} (255 characters at most)"
+        ) from None
 
 
 def reconsume_count(m: Any) -> int:
@@ -72,8 +74,9 @@ def original_topic(m: Any) -> str:
     return m.topic
 
 
-def choose_level(levels_ms: Optional[Tuple[int, ...]], reconsumed: int, delay: Optional[float],
-                 delay_level: Optional[int]) -> int:
+def choose_level(
+    levels_ms: Optional[Tuple[int, ...]], reconsumed: int, delay: Optional[float], delay_level: Optional[int]
+) -> int:
     """The delay level of a send-back: ``delay_level`` (-1: dead letters at once), else the smallest level of at
     least ``delay`` seconds, else RocketMQ's 3 + reconsume times; clamped to the largest level. 0 means no delay
     (only where the queue has no schedule service and ``delay=0`` was asked)."""
@@ -85,21 +88,31 @@ def choose_level(levels_ms: Optional[Tuple[int, ...]], reconsumed: int, delay: O
         if delay_level == -1:
             return -1
         if levels_ms is None:
-            raise DelayNotSupportedError("this queue has no ScheduleMessageService: nack(delay=0) or "
-                                         "nack(delay_level=-1) only")
+            raise DelayNotSupportedError(
+                "this queue has no ScheduleMessageService: nack(delay=0) or nack(delay_level=-1) only"
+            )
         return min(delay_level, len(levels_ms))
     if levels_ms is None:
         if delay is not None and delay == 0 and not isinstance(delay, bool):
             return 0
-        raise DelayNotSupportedError("this queue has no ScheduleMessageService: a retry cannot wait; "
-                                     "nack(delay=0) retries at once, nack(delay_level=-1) sends to the dead letters")
+        raise DelayNotSupportedError(
+            "this queue has no ScheduleMessageService: a retry cannot wait; "
+            "nack(delay=0) retries at once, nack(delay_level=-1) sends to the dead letters"
+        )
     if delay is not None:
         return level_for_delay(levels_ms, delay)
     return min(3 + reconsumed, len(levels_ms))
 
 
-def send_back(mq: Any, group: str, m: Any, *, delay: Optional[float] = None, delay_level: Optional[int] = None,
-              max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES) -> Tuple[str, Any]:
+def send_back(
+    mq: Any,
+    group: str,
+    m: Any,
+    *,
+    delay: Optional[float] = None,
+    delay_level: Optional[int] = None,
+    max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+) -> Tuple[str, Any]:
     """Send failed message ``m`` (as read from the store) back for group ``group``: to its retry topic after a
     delay, or to its dead-letter topic. Returns (``"retry"`` or ``"dlq"``, PutResult).
 
@@ -125,22 +138,30 @@ def send_back(mq: Any, group: str, m: Any, *, delay: Optional[float] = None, del
         topic = dlq_topic(group) if to_dlq else retry_topic(group)
         r = mq.put(topic, body, queue_id=DLQ_QUEUE_ID if to_dlq else RETRY_QUEUE_ID, properties=props, flag=m.flag)
     else:
-        extra = PutExtra(sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
-                         store_host=m.store_host,
-                         reconsume_times=reconsumed + 1)
+        extra = PutExtra(
+            sys_flag=m.sys_flag,
+            born_timestamp=m.born_timestamp,
+            born_host=m.born_host,
+            store_host=m.store_host,
+            reconsume_times=reconsumed + 1,
+        )
         if to_dlq:
             props["DELAY"] = "0"
-            r = mq.put_ext(dlq_topic(group), body, queue_id=DLQ_QUEUE_ID, properties=props, flag=m.flag,
-                           extra=extra)
+            r = mq.put_ext(dlq_topic(group), body, queue_id=DLQ_QUEUE_ID, properties=props, flag=m.flag, extra=extra)
         else:
             props["DELAY"] = str(level)
             props["REAL_TOPIC"] = retry_topic(group)
             props["REAL_QID"] = str(RETRY_QUEUE_ID)
             r = mq.put_ext(SCHEDULE_TOPIC, body, queue_id=level - 1, properties=props, flag=m.flag, extra=extra)
     if r.status is not PutStatus.PUT_OK:
-        raise SendError(f"send-back of {m.topic} queue {m.queue_id} offset {m.queue_offset} to the {kind} topic "
-                        f"of group {group!r} answered {r.status.name}; the message stays unacknowledged",
-                        r.status, r, 0, ())
+        raise SendError(
+            f"send-back of {m.topic} queue {m.queue_id} offset {m.queue_offset} to the {kind} topic "
+            f"of group {group!r} answered {r.status.name}; the message stays unacknowledged",
+            r.status,
+            r,
+            0,
+            (),
+        )
     return kind, r
 
 
@@ -161,8 +182,9 @@ def dead_letters(mq: Any, group: str, *, start: int = 0, max_messages: Optional[
     return out
 
 
-def redrive_dead_letters(mq: Any, group: str, *, offsets: Any, queue_id: int = 0,
-                         max_messages: Optional[int] = None) -> int:
+def redrive_dead_letters(
+    mq: Any, group: str, *, offsets: Any, queue_id: int = 0, max_messages: Optional[int] = None
+) -> int:
     """Send the dead letters of ``group`` again, each to its business topic (RETRY_TOPIC) queue ``queue_id``, as a
     new message (same body, flag, tags, keys and user properties, ORIGIN_MESSAGE_ID kept; the retry bookkeeping
     properties dropped, so it gets a fresh set of retries). Progress is the committed offset of group
@@ -181,11 +203,15 @@ def redrive_dead_letters(mq: Any, group: str, *, offsets: Any, queue_id: int = 0
             for k in _RETRY_BOOKKEEPING:
                 props.pop(k, None)
             props.pop("RETRY_TOPIC", None)
-            r = mq.put(target, m.body if m.body is not None else b"", queue_id=queue_id, properties=props,
-                       flag=m.flag)
+            r = mq.put(target, m.body if m.body is not None else b"", queue_id=queue_id, properties=props, flag=m.flag)
             if r.status is not PutStatus.PUT_OK:
-                raise SendError(f"re-drive of {topic} offset {m.queue_offset} to {target!r} answered "
-                                f"{r.status.name}", r.status, r, 0, ())
+                raise SendError(
+                    f"re-drive of {topic} offset {m.queue_offset} to {target!r} answered {r.status.name}",
+                    r.status,
+                    r,
+                    0,
+                    (),
+                )
             sent += 1
             start = m.queue_offset + 1
     finally:

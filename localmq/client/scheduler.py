@@ -1,4 +1,5 @@
 """ConsumerScheduler: which consumer of a group holds each (topic, queue) in clustering mode."""
+
 from __future__ import annotations
 
 import threading
@@ -16,7 +17,7 @@ class _Member:
         self.topics = topics
         self.retention_s = retention_s
         self.last_seen = now
-        self.owned: Dict[Bucket, int] = {}   # bucket -> epoch of the grant
+        self.owned: Dict[Bucket, int] = {}  # bucket -> epoch of the grant
 
 
 class _Group:
@@ -24,7 +25,7 @@ class _Group:
 
     def __init__(self):
         self.members: Dict[int, _Member] = {}
-        self.owners: Dict[Bucket, Tuple[int, int]] = {}   # bucket -> (consumer id, epoch)
+        self.owners: Dict[Bucket, Tuple[int, int]] = {}  # bucket -> (consumer id, epoch)
         self.epoch = 0
 
 
@@ -139,8 +140,9 @@ class ConsumerScheduler:
     def _held(g: _Group, m: _Member) -> int:
         return sum(1 for b, e in m.owned.items() if g.owners.get(b) == (m.id, e))
 
-    def assign(self, group: str, cid: int, buckets: List[Bucket], retention_ms: int,
-               topics: Iterable[str] = ()) -> Assignment:
+    def assign(
+        self, group: str, cid: int, buckets: List[Bucket], retention_ms: int, topics: Iterable[str] = ()
+    ) -> Assignment:
         """Heartbeat, free the queues of consumers past their retention, and balance ``buckets`` (the queues of
         this consumer's topics that exist now) for ``cid``. A consumer that had been expired is a member again."""
         with self.lock:
@@ -154,8 +156,11 @@ class ConsumerScheduler:
             for b in lost:
                 del me.owned[b]
             self._expire(g, now, cid)
-            live = [m for m in g.members.values()
-                    if m.topics == me.topics and (m.id == cid or now - m.last_seen <= m.retention_s)]
+            live = [
+                m
+                for m in g.members.values()
+                if m.topics == me.topics and (m.id == cid or now - m.last_seen <= m.retention_s)
+            ]
             k = max(1, len(live))
             n = len(buckets)
             low = n // k

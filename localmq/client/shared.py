@@ -1,5 +1,6 @@
 """Consumer groups and committed offsets shared by every process of a shared store (the control file's clients'
 table): SharedClientTable, SharedConsumerScheduler, SharedOffsetManager."""
+
 from __future__ import annotations
 
 import errno
@@ -14,7 +15,12 @@ from localmq.client.offsets import Bucket, ConsumerOffsetManager
 from localmq.client.scheduler import ConsumerScheduler, _Group, _Member
 from localmq.errors import ArgumentRangeError
 from localmq.layout import (
-    CTL_C_ACTIVE, CTL_C_BUF, CTL_C_BUF_SIZE, CTL_C_LEN, CTL_C_VERSION, CTL_LOCK_BYTE_OFFSETS,
+    CTL_C_ACTIVE,
+    CTL_C_BUF,
+    CTL_C_BUF_SIZE,
+    CTL_C_LEN,
+    CTL_C_VERSION,
+    CTL_LOCK_BYTE_OFFSETS,
 )
 from localmq.store.config_json import write_config_json
 
@@ -38,8 +44,8 @@ class SharedClientTable:
         self._version = -1
         self.doc: Dict[str, Any] = {}
         self.dirty = False
-        self.loaded_hooks: list = []   # called with the document after it was (re)parsed
-        self.saving_hooks: list = []   # called with the document before it is published
+        self.loaded_hooks: list = []  # called with the document after it was (re)parsed
+        self.saving_hooks: list = []  # called with the document before it is published
 
     def __enter__(self) -> Dict[str, Any]:
         self._local.acquire()
@@ -91,13 +97,16 @@ class SharedClientTable:
         data = json.dumps(self.doc, separators=(",", ":")).encode()
         if len(data) > CTL_C_BUF_SIZE:
             self._version = -1
-            raise ArgumentRangeError(f"the consumer groups and offsets of this shared store need {len(data)} bytes, "
-                                     f"more than the control file's {CTL_C_BUF_SIZE}", argument="offsets")
+            raise ArgumentRangeError(
+                f"the consumer groups and offsets of this shared store need {len(data)} bytes, "
+                f"more than the control file's {CTL_C_BUF_SIZE}",
+                argument="offsets",
+            )
         nxt = 1 - ctl.load(CTL_C_ACTIVE)
         ctl.write_bytes(CTL_C_BUF + nxt * CTL_C_BUF_SIZE, data)
         ctl.store(CTL_C_LEN + 8 * nxt, len(data))
         v = ctl.load(CTL_C_VERSION) + 1
-        ctl.store(CTL_C_VERSION, v)   # first: a death before the switch re-parses the old document, unchanged
+        ctl.store(CTL_C_VERSION, v)  # first: a death before the switch re-parses the old document, unchanged
         ctl.store(CTL_C_ACTIVE, nxt)
         self._version = v
 
@@ -140,9 +149,15 @@ class SharedConsumerScheduler(ConsumerScheduler):
         for name, g in self._groups.items():
             out[name] = {
                 "epoch": g.epoch,
-                "members": {str(m.id): {"topics": sorted(m.topics), "retention_s": m.retention_s,
-                                        "last_seen": m.last_seen, "owned": [[t, q, e] for (t, q), e in m.owned.items()]}
-                            for m in g.members.values()},
+                "members": {
+                    str(m.id): {
+                        "topics": sorted(m.topics),
+                        "retention_s": m.retention_s,
+                        "last_seen": m.last_seen,
+                        "owned": [[t, q, e] for (t, q), e in m.owned.items()],
+                    }
+                    for m in g.members.values()
+                },
                 "owners": [[t, q, c, e] for (t, q), (c, e) in g.owners.items()],
                 "slots": {str(k): v for k, v in self._slots.get(name, {}).items() if k in g.members},
             }
@@ -210,8 +225,14 @@ class SharedOffsetManager(ConsumerOffsetManager):
     process at a time (an fcntl lock on a byte of the control file). The first process of a run loads the file
     into the table."""
 
-    def __init__(self, table: SharedClientTable, path: Optional[str], flush_interval_ms: int = 5000, *,
-                 before_write: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        table: SharedClientTable,
+        path: Optional[str],
+        flush_interval_ms: int = 5000,
+        *,
+        before_write: Optional[Callable[[], None]] = None,
+    ) -> None:
         # parses the file: the table's first content
         super().__init__(path, flush_interval_ms, before_write=before_write)
         self.clients = table
@@ -248,7 +269,7 @@ class SharedOffsetManager(ConsumerOffsetManager):
             for key, row in doc.get("offsets", {}).items():
                 if key.endswith(suffix) and key.count("@") == 1:
                     for q, off in row.items():
-                        out[(key[:-len(suffix)], int(q))] = off
+                        out[(key[: -len(suffix)], int(q))] = off
         return out
 
     def table(self) -> Dict[str, Dict[int, int]]:  # type: ignore[override]
@@ -264,8 +285,10 @@ class SharedOffsetManager(ConsumerOffsetManager):
                 return False
             v = self._version
             with self.clients as doc:
-                table = {k: dict(sorted(((int(q), o) for q, o in row.items()))) for k, row in
-                         sorted(doc.get("offsets", {}).items())}
+                table = {
+                    k: dict(sorted(((int(q), o) for q, o in row.items())))
+                    for k, row in sorted(doc.get("offsets", {}).items())
+                }
                 out = dict(doc.get("offsets_extra", {}))
             out["offsetTable"] = table
             if self.before_write is not None:

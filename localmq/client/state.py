@@ -1,4 +1,5 @@
 """ClientState: what the producers and consumers of one queue object share (offsets, scheduler, numbering)."""
+
 from __future__ import annotations
 
 import itertools
@@ -26,8 +27,9 @@ class ClientState:
         else:
             # a store that can lose what it acknowledged (a power cut) makes what consumers read durable before
             # their offsets are written (LocalMessageQueue.flush_before_offsets)
-            self.offsets = ConsumerOffsetManager(mq.offset_store_path, flush_interval_ms,
-                                                 before_write=getattr(mq, "flush_before_offsets", None))
+            self.offsets = ConsumerOffsetManager(
+                mq.offset_store_path, flush_interval_ms, before_write=getattr(mq, "flush_before_offsets", None)
+            )
             self.scheduler = ConsumerScheduler()
         self.offsets.start()
         self._producer_seq = itertools.count()

@@ -1,4 +1,5 @@
 """TransactionProducer: RocketMQ's TransactionMQProducer (half message, local transaction, commit or rollback)."""
+
 from __future__ import annotations
 
 import logging
@@ -34,13 +35,21 @@ class TransactionProducer:
     Thread-safe. ``close()`` (or ``with``) unregisters the check listener and refuses further sends.
     """
 
-    def __init__(self, mq: Any, group: str, check_listener: CheckListener, *, queue_id: Optional[int] = None,
-                 queue_nums: Optional[int] = None):
+    def __init__(
+        self,
+        mq: Any,
+        group: str,
+        check_listener: CheckListener,
+        *,
+        queue_id: Optional[int] = None,
+        queue_nums: Optional[int] = None,
+    ):
         svc = getattr(mq, "transaction_service", None)
         if svc is None:
             raise TransactionNotSupportedError(
                 f"{type(mq).__name__} has no TransactionalMessageCheckService: transactional messages need an "
-                f"exclusive LocalMessageQueue (localmq.open(path) without shared=True)")
+                f"exclusive LocalMessageQueue (localmq.open(path) without shared=True)"
+            )
         if not isinstance(group, str) or not group or "\x01" in group or "\x02" in group:
             raise InvalidPropertyError(f"a producer group is a non-empty str without 0x01/0x02, not {group!r}")
         if not callable(check_listener):
@@ -59,9 +68,19 @@ class TransactionProducer:
     def _check(self, message: Message) -> Any:
         return self.check_listener(message)
 
-    def send_in_transaction(self, topic: str, body: Any, local_transaction: LocalTransaction, arg: Any = None, *,
-                            queue_id: Optional[int] = None, tags: Optional[str] = None, keys: Any = None,
-                            properties: Optional[Dict[str, str]] = None, flag: int = 0) -> TransactionSendResult[Any]:
+    def send_in_transaction(
+        self,
+        topic: str,
+        body: Any,
+        local_transaction: LocalTransaction,
+        arg: Any = None,
+        *,
+        queue_id: Optional[int] = None,
+        tags: Optional[str] = None,
+        keys: Any = None,
+        properties: Optional[Dict[str, str]] = None,
+        flag: int = 0,
+    ) -> TransactionSendResult[Any]:
         """Put the half message, run ``local_transaction(message, arg)``, end the transaction with its answer.
 
         Returns TransactionSendResult (``half``, ``state``, ``transaction_id``, ``commit``, ``op``). Raises
@@ -72,8 +91,9 @@ class TransactionProducer:
         if self.closed:
             raise StoreClosedError("the producer is closed")
         if not callable(local_transaction):
-            raise TypeError("local_transaction must be callable: local_transaction(message, arg) -> "
-                            "LocalTransactionState")
+            raise TypeError(
+                "local_transaction must be callable: local_transaction(message, arg) -> LocalTransactionState"
+            )
         check_topic(topic)
         qid = self.queue_id if queue_id is None else queue_id
         check_queue_id(qid)

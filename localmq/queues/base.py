@@ -1,4 +1,5 @@
 """What the three queues share: the client factories (QueueClientsMixin), long polling, property building."""
+
 from __future__ import annotations
 
 import atexit
@@ -54,14 +55,22 @@ def _close_at_exit() -> None:
     for q in list(_PROCESS_BOUND):
         if q._closed or q._forked:
             continue
-        warnings.warn(f"{type(q).__name__} {getattr(q, 'root', '')!r} was never closed: closing it at exit (use "
-                      f"`with localmq.open(...) as st:` or st.close())", ResourceWarning, stacklevel=1)
+        warnings.warn(
+            f"{type(q).__name__} {getattr(q, 'root', '')!r} was never closed: closing it at exit (use "
+            f"`with localmq.open(...) as st:` or st.close())",
+            ResourceWarning,
+            stacklevel=1,
+        )
         t = threading.Thread(target=_close_logged, args=(q,), name="localmq-close-at-exit", daemon=True)
         t.start()
         t.join(EXIT_CLOSE_TIMEOUT_S)
         if t.is_alive():
-            log.error("%s %r did not close within %.0f s at exit; the next open recovers it", type(q).__name__,
-                      getattr(q, "root", ""), EXIT_CLOSE_TIMEOUT_S)
+            log.error(
+                "%s %r did not close within %.0f s at exit; the next open recovers it",
+                type(q).__name__,
+                getattr(q, "root", ""),
+                EXIT_CLOSE_TIMEOUT_S,
+            )
 
 
 def _close_logged(q: Any) -> None:
@@ -92,16 +101,26 @@ class ProcessBoundMixin:
             return ForkedStoreError(
                 f"{type(self).__name__} {getattr(self, 'root', '')!r} was opened by process that forked this one "
                 f"(pid {os.getpid()}): open the store in this process instead (localmq.open(path, shared=True) in "
-                f"both processes lets them share it), or open it only after forking")
+                f"both processes lets them share it), or open it only after forking"
+            )
         return StoreClosedError("the store is closed")
 
     def __reduce__(self) -> Any:
-        raise TypeError(f"a {type(self).__name__} cannot be pickled or sent to another process: pass its path and "
-                        f"open it there (localmq.open(path)), once this process has closed it")
+        raise TypeError(
+            f"a {type(self).__name__} cannot be pickled or sent to another process: pass its path and "
+            f"open it there (localmq.open(path)), once this process has closed it"
+        )
 
 
-__all__ = ["MessageStore", "QueueClientsMixin", "ProgressWaiterMixin", "ProcessBoundMixin", "build_properties",
-           "check_queue_id", "tag_names"]
+__all__ = [
+    "MessageStore",
+    "QueueClientsMixin",
+    "ProgressWaiterMixin",
+    "ProcessBoundMixin",
+    "build_properties",
+    "check_queue_id",
+    "tag_names",
+]
 
 
 class QueueClientsMixin:
@@ -131,21 +150,36 @@ class QueueClientsMixin:
         cfg = getattr(self, "config", None)
         return int(getattr(cfg, "flush_consumer_offset_interval", 5000))
 
-    def create_producer(self, *, queue_id: Optional[int] = None, queue_selector=None,
-                        queue_nums: Optional[int] = None, on_delivery=None, uniq_keys: bool = True) -> Producer:
+    def create_producer(
+        self,
+        *,
+        queue_id: Optional[int] = None,
+        queue_selector=None,
+        queue_nums: Optional[int] = None,
+        on_delivery=None,
+        uniq_keys: bool = True,
+    ) -> Producer:
         """A Producer (see localmq.client.producer.Producer for the parameters)."""
-        return Producer(self, queue_id=queue_id, queue_selector=queue_selector, queue_nums=queue_nums,
-                        on_delivery=on_delivery, uniq_keys=uniq_keys)
+        return Producer(
+            self,
+            queue_id=queue_id,
+            queue_selector=queue_selector,
+            queue_nums=queue_nums,
+            on_delivery=on_delivery,
+            uniq_keys=uniq_keys,
+        )
 
-    def create_transaction_producer(self, group: str, check_listener, *, queue_id: Optional[int] = None,
-                                    queue_nums: Optional[int] = None) -> TransactionProducer:
+    def create_transaction_producer(
+        self, group: str, check_listener, *, queue_id: Optional[int] = None, queue_nums: Optional[int] = None
+    ) -> TransactionProducer:
         """A TransactionProducer of producer group ``group`` whose ``check_listener(message)`` answers the store's
         check-backs (see localmq.client.transaction). Raises TransactionNotSupportedError unless this is an
         exclusive LocalMessageQueue."""
         return TransactionProducer(self, group, check_listener, queue_id=queue_id, queue_nums=queue_nums)
 
-    def create_consumer(self, group: str, topics, *, tags: Optional[str] = None, broadcast: bool = False,
-                        **options: Any) -> Consumer:
+    def create_consumer(
+        self, group: str, topics, *, tags: Optional[str] = None, broadcast: bool = False, **options: Any
+    ) -> Consumer:
         """A pull Consumer of ``group`` on ``topics`` (see localmq.client.consumer.Consumer for ``options``)."""
         return Consumer(self, group, topics, tags=tags, broadcast=broadcast, **options)
 
@@ -165,8 +199,9 @@ class QueueClientsMixin:
         """Send the dead letters of ``group`` not re-driven before again, each to its business topic queue
         ``queue_id`` as a new message (fresh retries); progress is committed under group ``<group>%REDRIVE``, so a
         second call sends only what arrived since. Returns how many were sent. Raises SendError."""
-        return retry.redrive_dead_letters(self, group, offsets=self._client_state().offsets, queue_id=queue_id,
-                                          max_messages=max_messages)
+        return retry.redrive_dead_letters(
+            self, group, offsets=self._client_state().offsets, queue_id=queue_id, max_messages=max_messages
+        )
 
     @property
     def consumer_offsets(self):

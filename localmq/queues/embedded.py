@@ -1,4 +1,5 @@
 """EmbeddedMessageQueue: one file queue of mapped partitions per (topic, queue id) (the second LocalMQ queue)."""
+
 from __future__ import annotations
 
 import array
@@ -10,27 +11,43 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from localmq.store.undo import check_writable_filesystem, missing_ancestor
-from localmq.store.put_result import make_put_result
-from localmq.layout import (
-    FRAME_BODY_AT, FRAME_BODY_LEN, FRAME_BODY_LEN_AT, FRAME_OVERHEAD, FRAME_STORE_TS, frame_store_ts_at,
-)
 from localmq._frame import frame_size, read_frames, walk_frames, write_frame
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
-from localmq.layout import MAX_QUEUE_ID, TOPIC_RE
-from localmq.status import GetResult, GetStatus, PutStatus, Stop
 from localmq.config import batch_bodies, body_length, check_topic
 from localmq.errors import (
+    ArgumentRangeError,
+    ConfigError,
+    CorruptStoreError,
+    InvalidQueueIdError,
+    MessageSizeError,
+    StoreClosedError,
     check_int_range,
-    ArgumentRangeError, ConfigError, CorruptStoreError, InvalidQueueIdError, MessageSizeError, StoreClosedError,
+)
+from localmq.layout import (
+    FRAME_BODY_AT,
+    FRAME_BODY_LEN,
+    FRAME_BODY_LEN_AT,
+    FRAME_OVERHEAD,
+    FRAME_STORE_TS,
+    MAX_QUEUE_ID,
+    TOPIC_RE,
+    frame_store_ts_at,
 )
 from localmq.queues.base import (
-    ProcessBoundMixin, ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names,
+    ProcessBoundMixin,
+    ProgressWaiterMixin,
+    QueueClientsMixin,
+    build_properties,
+    check_queue_id,
+    tag_names,
 )
 from localmq.services.service_thread import ServiceThread
-from localmq.store.mapped_file_queue import makedirs_durable
+from localmq.status import GetResult, GetStatus, PutStatus, Stop
 from localmq.store.lock import StoreLock
+from localmq.store.mapped_file_queue import makedirs_durable
+from localmq.store.put_result import make_put_result
+from localmq.store.undo import check_writable_filesystem, missing_ancestor
 
 log = logging.getLogger("localmq.queues.embedded")
 
@@ -38,8 +55,8 @@ MAX_GET_MESSAGES = (1 << 31) - 1  # the largest max_messages of get_message (an 
 
 _PUT_OK = PutStatus.PUT_OK
 _CREATE_FAILED = PutStatus.CREATE_MAPPED_FILE_FAILED
-_SCAN_FRAMES = 1024            # frames one filtered get_message looks at, at most
-_READ_CAP = 1024 * 1024        # bytes one get_message reads, at most (at least one frame)
+_SCAN_FRAMES = 1024  # frames one filtered get_message looks at, at most
+_READ_CAP = 1024 * 1024  # bytes one get_message reads, at most (at least one frame)
 _OS_PAGE = 4096
 
 
@@ -102,27 +119,29 @@ class _Bucket:
                 with memoryview(mf) as view:
                     starts, stop, outcome = walk_frames(view, 0, size, True)
                     if starts:
-                        hdr = view[starts[-1]:stop]
+                        hdr = view[starts[-1] : stop]
                         body_len = FRAME_BODY_LEN.unpack_from(hdr, FRAME_BODY_LEN_AT)[0]
                         self.last_ts = FRAME_STORE_TS.unpack_from(hdr, frame_store_ts_at(body_len))[0]
             except BaseException:
                 mf.close()
                 raise
             if outcome is Stop.TORN:
-                later = names[i + 1:]
+                later = names[i + 1 :]
                 if any(self._has_frames(os.path.join(self.directory, n)) for n in later):
                     mf.close()
-                    raise CorruptStoreError(f"partition {path}: damaged frame at {stop} before valid data in "
-                                            f"later partitions")
+                    raise CorruptStoreError(
+                        f"partition {path}: damaged frame at {stop} before valid data in later partitions"
+                    )
                 self.cut_frames += 1
-                log.warning("bucket %s-%d: cutting a torn frame at byte %d of %s", self.topic, self.queue_id,
-                            stop, path)
+                log.warning(
+                    "bucket %s-%d: cutting a torn frame at byte %d of %s", self.topic, self.queue_id, stop, path
+                )
                 mf.zero_tail(stop)
                 for n in later:
                     os.unlink(os.path.join(self.directory, n))
                 if later:
                     fsync_dir(self.directory)
-                names = names[:i + 1]
+                names = names[: i + 1]
             self.partitions.append(_Partition(base, path, self.count, stop))
             self.firsts.append(self.count)
             self.positions.extend(base + s for s in starts)
@@ -269,9 +288,17 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
     Thread-safety: every method may be called from any thread; puts to one bucket are ordered by its lock.
     """
 
-    def __init__(self, path, *, partition_size: int = 16 * 1024 * 1024, max_message_size: int = 4 * 1024 * 1024,
-                 flush_interval_ms: int = 500, flush_least_pages: int = 4, flush_consumer_offset_interval: int = 5000,
-                 max_open_read_files: int = 256):
+    def __init__(
+        self,
+        path,
+        *,
+        partition_size: int = 16 * 1024 * 1024,
+        max_message_size: int = 4 * 1024 * 1024,
+        flush_interval_ms: int = 500,
+        flush_least_pages: int = 4,
+        flush_consumer_offset_interval: int = 5000,
+        max_open_read_files: int = 256,
+    ):
         if not isinstance(partition_size, int) or partition_size < 4096 or partition_size > (1 << 31) - 1:
             raise ConfigError("partition_size must be an int between 4096 and 2 GiB - 1")
         if max_message_size <= 0:
@@ -284,8 +311,8 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         self.flush_consumer_offset_interval = flush_consumer_offset_interval
         self._closed = True
         self._buckets: Dict[Tuple[str, int], _Bucket] = {}
-        self._lock = threading.Lock()          # creating buckets
-        self._full_lock = threading.Lock()     # partitions handed to the flush service
+        self._lock = threading.Lock()  # creating buckets
+        self._full_lock = threading.Lock()  # partitions handed to the flush service
         self._full: List[MappedFile] = []
         self._cond = threading.Condition(threading.Lock())
         self._waiters = 0
@@ -356,8 +383,9 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
             with self._lock:
                 b = self._buckets.get(key)
                 if b is None:
-                    b = _Bucket(topic, queue_id, os.path.join(self._bucket_root, topic, str(queue_id)),
-                                self.partition_size)
+                    b = _Bucket(
+                        topic, queue_id, os.path.join(self._bucket_root, topic, str(queue_id)), self.partition_size
+                    )
                     self._buckets[key] = b
         return b
 
@@ -381,8 +409,9 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         if n > self.max_message_size:
             raise MessageSizeError(f"body of {n} bytes exceeds max_message_size {self.max_message_size}")
         if frame_size(n, props_len) > self.partition_size:
-            raise MessageSizeError(f"a frame of {frame_size(n, props_len)} bytes cannot fit a partition of "
-                                   f"{self.partition_size}")
+            raise MessageSizeError(
+                f"a frame of {frame_size(n, props_len)} bytes cannot fit a partition of {self.partition_size}"
+            )
 
     def _published(self, n: int) -> None:
         self._progress += n
@@ -421,8 +450,17 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         b.partitions[-1].end = end
         return start, end - pos
 
-    def put(self, topic: str, body, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
-            properties: Optional[Dict[str, str]] = None, flag: int = 0):
+    def put(
+        self,
+        topic: str,
+        body,
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys=None,
+        properties: Optional[Dict[str, str]] = None,
+        flag: int = 0,
+    ):
         """Append one message to its bucket. Returns PutResult (``physical_offset`` is the bucket byte offset,
         ``msg_id`` None).
 
@@ -453,8 +491,17 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         self._published(1)
         return make_put_result(_PUT_OK, start, off, size, ts, 1)
 
-    def put_batch(self, topic: str, bodies: Iterable, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
-                  properties: Optional[Dict[str, str]] = None, flag: int = 0):
+    def put_batch(
+        self,
+        topic: str,
+        bodies: Iterable,
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys=None,
+        properties: Optional[Dict[str, str]] = None,
+        flag: int = 0,
+    ):
         """Append several messages to one bucket under one lock (consecutive offsets, one store time)."""
         if self._closed:
             raise self._closed_error()
@@ -499,8 +546,16 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         finally:
             self._files.release(e)
 
-    def get_message(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
-                    tags: Optional[str] = None, zero_copy: bool = False) -> GetResult:
+    def get_message(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        *,
+        tags: Optional[str] = None,
+        zero_copy: bool = False,
+    ) -> GetResult:
         """Pull up to ``max_messages`` (from one partition, at most 1 MiB unless one frame is larger) from
         ``offset``; statuses and ``next_begin_offset`` as the Local queue's. ``tags`` "a || b" keeps messages
         whose tag is one of them (a filtered pull looks at most 1024 frames).
@@ -591,7 +646,6 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
                 out.setdefault(t, []).append(q)
         return {t: sorted(qs) for t, qs in sorted(out.items())}
 
-
     # -- flush / close --------------------------------------------------------------------------------------
 
     def flush(self) -> None:
@@ -609,8 +663,7 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
         return {
             "buckets": len(self._buckets),
             "partitions": sum(len(b.partitions) for b in list(self._buckets.values())),
-            "mapped_partitions": sum(1 for b in list(self._buckets.values()) if b.active is not None)
-            + len(self._full),
+            "mapped_partitions": sum(1 for b in list(self._buckets.values()) if b.active is not None) + len(self._full),
             "messages": sum(b.count for b in list(self._buckets.values())),
             "recovered_messages": self.recovered_messages,
             "cut_frames": self.cut_frames,

@@ -3,6 +3,7 @@
 The store's life cycle (open, recovery, the services, close) is DefaultMessageStore's (queues/message_store.py);
 the format, the put and get paths and recovery live in the store modules it calls.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,12 +15,22 @@ from typing import Any, Dict, List, Optional, Tuple
 from localmq._record import Message, decode_message_id, java_hash
 from localmq.config import check_topic, parse_delay_levels
 from localmq.errors import (
-    DispatchError, IndexDisabledError, InvalidMessageIdError, InvalidPropertyError,
-    InvalidQueueIdError, ArgumentRangeError, ArgumentTypeError, check_int_range,
+    ArgumentRangeError,
+    ArgumentTypeError,
+    DispatchError,
+    IndexDisabledError,
+    InvalidMessageIdError,
+    InvalidPropertyError,
+    InvalidQueueIdError,
     StoreClosedError,
+    check_int_range,
 )
 from localmq.layout import (
-    CONFIG_DIR, CQ_BLANK_UNIT_SIZE, MAX_QUEUE_ID, SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_MASK,
+    CONFIG_DIR,
+    CQ_BLANK_UNIT_SIZE,
+    MAX_QUEUE_ID,
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_MASK,
 )
 from localmq.queues.base import ProcessBoundMixin, QueueClientsMixin, tag_names
 from localmq.queues.message_store import DefaultMessageStore
@@ -101,8 +112,9 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
             raise DispatchError("the index service is not running")
         return False
 
-    def query_message(self, topic: str, key: str, max_num: Optional[int] = None, begin_ms: int = 0,
-                      end_ms: Optional[int] = None) -> List[Any]:
+    def query_message(
+        self, topic: str, key: str, max_num: Optional[int] = None, begin_ms: int = 0, end_ms: Optional[int] = None
+    ) -> List[Any]:
         """Messages of ``topic`` whose KEYS (space-separated) hold ``key`` or whose UNIQ_KEY is ``key``, stored
         within [begin_ms, end_ms] (ms; ``end_ms`` None: no upper bound).
 
@@ -170,8 +182,11 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
             return None
 
         def committed(m: Any) -> bool:
-            return (m.topic == topic and m.uniq_key == key
-                    and (m.sys_flag & SYSFLAG_TRANSACTION_MASK) == SYSFLAG_TRANSACTION_COMMIT)
+            return (
+                m.topic == topic
+                and m.uniq_key == key
+                and (m.sys_flag & SYSFLAG_TRANSACTION_MASK) == SYSFLAG_TRANSACTION_COMMIT
+            )
 
         if self.config.message_index_enable:
             if not self.wait_for_index(60.0):
@@ -356,8 +371,16 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
                 self._tag_filters[tags] = f
         return f
 
-    def get_message(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
-                    tags: Optional[str] = None, zero_copy: bool = False) -> GetResult[Message]:
+    def get_message(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        *,
+        tags: Optional[str] = None,
+        zero_copy: bool = False,
+    ) -> GetResult[Message]:
         """Pull up to ``max_messages`` from (topic, queue) starting at queue offset ``offset``.
 
         ``tags``: "*" / None for all, or "a || b": units are filtered by tag hash, then by the exact tag.
@@ -402,12 +425,33 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
         f = self._tag_filter(tags)
         hashes, names = f if f is not None else ((), None)
         mfq = self._cl_mfq
-        return get.get_message(cq, mfq.files, mfq.file_size, offset, max_messages, hashes, names, self._get_limits,
-                               mfq.max_offset(), not zero_copy, mn, mx, self._check_crc_on_read)
+        return get.get_message(
+            cq,
+            mfq.files,
+            mfq.file_size,
+            offset,
+            max_messages,
+            hashes,
+            names,
+            self._get_limits,
+            mfq.max_offset(),
+            not zero_copy,
+            mn,
+            mx,
+            self._check_crc_on_read,
+        )
 
-    def get_bodies(self, topic: str, queue_id: int, offset: int, max_messages: int = 1024, *,
-                   tags: Optional[str] = None, fields: Tuple[str, ...] = (),
-                   max_bytes: int = 4 << 20) -> GetBodiesResult:
+    def get_bodies(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 1024,
+        *,
+        tags: Optional[str] = None,
+        fields: Tuple[str, ...] = (),
+        max_bytes: int = 4 << 20,
+    ) -> GetBodiesResult:
         """``get_message`` for a consumer that wants bodies: up to ``max_messages`` bodies of (topic, queue) from
         queue offset ``offset`` as ``bytes`` (copies: they stay valid whatever happens to the store afterwards,
         retention and close included), and no Message objects.
@@ -431,8 +475,9 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
                     raise TypeError
                 fields = tuple(fields)
             except TypeError:
-                raise ArgumentTypeError(f"fields must be a tuple of names, not {type(fields).__name__}",
-                                        "fields") from None
+                raise ArgumentTypeError(
+                    f"fields must be a tuple of names, not {type(fields).__name__}", "fields"
+                ) from None
         if type(max_bytes) is not int:
             if isinstance(max_bytes, bool) or getattr(max_bytes, "__index__", None) is None:
                 raise ArgumentTypeError(f"max_bytes must be an int, not {type(max_bytes).__name__}", "max_bytes")
@@ -449,8 +494,21 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
             if len(self._bodies_limits) < 64:
                 self._bodies_limits[max_bytes] = limits
         mfq = self._cl_mfq
-        return get.get_bodies(cq, mfq.files, mfq.file_size, offset, max_messages, hashes, names, limits,
-                              mfq.max_offset(), mn, mx, self._check_crc_on_read, fields)
+        return get.get_bodies(
+            cq,
+            mfq.files,
+            mfq.file_size,
+            offset,
+            max_messages,
+            hashes,
+            names,
+            limits,
+            mfq.max_offset(),
+            mn,
+            mx,
+            self._check_crc_on_read,
+            fields,
+        )
 
     def _pull(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: Optional[str]):
         """The checks and bounds of a get (get_message has them inlined): (ConsumeQueue, min offset, max offset, tag
@@ -535,16 +593,27 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
             levels = self._delay_levels = parse_delay_levels(self.config.message_delay_level)
         return levels
 
-    def put_ext(self, topic: str, body, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
-                properties: Optional[Dict[str, str]] = None, flag: int = 0, extra: PutExtra) -> PutResult:
+    def put_ext(
+        self,
+        topic: str,
+        body,
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys=None,
+        properties: Optional[Dict[str, str]] = None,
+        flag: int = 0,
+        extra: PutExtra,
+    ) -> PutResult:
         """A broker-side re-put (retry send-back, delayed delivery, transactions): ``put`` plus the record fields
         in ``extra`` (a PutExtra: sysflag, born timestamp and host, reconsume times, prepared transaction offset,
         optionally the exact properties bytes). Returns and raises as ``put``."""
         cl = self.commit_log
         if cl is None:
             raise StoreClosedError("the store is not open")
-        return cl.put_ext(topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=properties, flag=flag,
-                          extra=extra)
+        return cl.put_ext(
+            topic, body, queue_id=queue_id, tags=tags, keys=keys, properties=properties, flag=flag, extra=extra
+        )
 
     def look_message_by_offset(self, physical_offset: int, *, zero_copy: bool = False):
         """The message stored at commit log offset ``physical_offset``, or None when there is none."""
@@ -561,7 +630,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
         """{topic: sorted queue ids} of every queue that has a ConsumeQueue."""
         self._check_open()
         out: Dict[str, List[int]] = {}
-        for (t, q) in list(self._cqs):
+        for t, q in list(self._cqs):
             out.setdefault(t, []).append(q)
         return {t: sorted(qs) for t, qs in sorted(out.items())}
 
@@ -602,17 +671,25 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
             "dispatch_blocked": str(core.blocked) if core.blocked is not None else None,
             "dispatch_gap_units": sum(cq.gap_units for cq in list(self._cqs.values())),
-            "service_errors": {**{s.name: s.errors for s in self._services},
-                               "CleanService": self.clean_service.errors if self.clean_service else 0},
+            "service_errors": {
+                **{s.name: s.errors for s in self._services},
+                "CleanService": self.clean_service.errors if self.clean_service else 0,
+            },
             "retention": self.clean_service.stats() if self.clean_service else {},
             "flush_disk_type": self.config.flush_disk_type.value,
-            "flushed_offset": (max(self._group_commit.flushed, self._cl_mfq.flushed_where)
-                               if self._group_commit is not None else self._cl_mfq.flushed_where),
+            "flushed_offset": (
+                max(self._group_commit.flushed, self._cl_mfq.flushed_where)
+                if self._group_commit is not None
+                else self._cl_mfq.flushed_where
+            ),
             "committed_offset": self._cl_mfq.committed_where if self._pool is not None else self._cl_mfq.max_offset(),
             "flushes": getattr(self._flush_service, "flushes", 0),
             "allocate": self._allocate_service.stats() if self._allocate_service is not None else None,
-            "transient_store_pool": ({"available": self._pool.available, "borrow_failures": self._pool.borrow_failures}
-                                     if self._pool is not None else None),
+            "transient_store_pool": (
+                {"available": self._pool.available, "borrow_failures": self._pool.borrow_failures}
+                if self._pool is not None
+                else None
+            ),
             "recovery": self.recovery.as_dict(),
             "index": self._index_stats(),
             "skipped_directories": list(self._cq_table.skipped_dirs),

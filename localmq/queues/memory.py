@@ -1,19 +1,19 @@
 """MemoryMessageQueue: buckets of messages in memory, no persistence (the first of LocalMQ's three queues)."""
+
 from __future__ import annotations
 
 import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from localmq.store.put_result import make_put_result
 from localmq._frame import stored_message
 from localmq._record import properties_to_bytes
-from localmq.layout import MAX_QUEUE_ID
-from localmq.status import GetStatus, PutStatus
 from localmq.config import batch_bodies, body_length, check_topic
-from localmq.errors import ArgumentRangeError, check_int_range, InvalidQueueIdError, MessageSizeError, StoreClosedError
+from localmq.errors import ArgumentRangeError, InvalidQueueIdError, MessageSizeError, StoreClosedError, check_int_range
+from localmq.layout import MAX_QUEUE_ID
 from localmq.queues.base import ProgressWaiterMixin, QueueClientsMixin, build_properties, check_queue_id, tag_names
-from localmq.status import GetResult
+from localmq.status import GetResult, GetStatus, PutStatus
+from localmq.store.put_result import make_put_result
 
 MAX_GET_MESSAGES = (1 << 31) - 1  # the largest max_messages of get_message (an int32 in the compiled get path)
 
@@ -57,7 +57,7 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         self.max_message_size = max_message_size
         self.flush_consumer_offset_interval = flush_consumer_offset_interval
         self._buckets: Dict[Tuple[str, int], _Bucket] = {}
-        self._lock = threading.Lock()          # creating buckets
+        self._lock = threading.Lock()  # creating buckets
         self._cond = threading.Condition(threading.Lock())
         self._waiters = 0
         self._progress = 0
@@ -109,8 +109,17 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
             with self._cond:
                 self._cond.notify_all()
 
-    def put(self, topic: str, body, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
-            properties: Optional[Dict[str, str]] = None, flag: int = 0):
+    def put(
+        self,
+        topic: str,
+        body,
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys=None,
+        properties: Optional[Dict[str, str]] = None,
+        flag: int = 0,
+    ):
         """Append one message. Returns PutResult (``physical_offset`` -1, ``msg_id`` None).
 
         Raises InvalidTopicError, InvalidQueueIdError, MessageSizeError, InvalidPropertyError, PropertiesSizeError,
@@ -130,8 +139,17 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
         self._published(1)
         return make_put_result(_PUT_OK, -1, off, len(body), ts, 1)
 
-    def put_batch(self, topic: str, bodies: Iterable, *, queue_id: int = 0, tags: Optional[str] = None, keys=None,
-                  properties: Optional[Dict[str, str]] = None, flag: int = 0):
+    def put_batch(
+        self,
+        topic: str,
+        bodies: Iterable,
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys=None,
+        properties: Optional[Dict[str, str]] = None,
+        flag: int = 0,
+    ):
         """Append several messages to one queue with consecutive offsets and one store time; one PutResult."""
         if self._closed:
             raise StoreClosedError("the queue is closed")
@@ -144,15 +162,27 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
             ts = b.last_ts = now if now > b.last_ts else b.last_ts
             first = len(b.messages)
             t = b.topic
-            b.messages.extend([stored_message(t, body, props, queue_id, first + i, ts, now, flag, raw)
-                               for i, body in enumerate(bodies)])
+            b.messages.extend(
+                [
+                    stored_message(t, body, props, queue_id, first + i, ts, now, flag, raw)
+                    for i, body in enumerate(bodies)
+                ]
+            )
         self._published(len(bodies))
         return make_put_result(_PUT_OK, -1, first, sum(map(len, bodies)), ts, len(bodies))
 
     # -- get ------------------------------------------------------------------------------------------------
 
-    def get_message(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
-                    tags: Optional[str] = None, zero_copy: bool = False) -> GetResult:
+    def get_message(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        *,
+        tags: Optional[str] = None,
+        zero_copy: bool = False,
+    ) -> GetResult:
         """Pull up to ``max_messages`` from ``offset``; statuses and ``next_begin_offset`` as the Local queue's.
 
         ``tags`` "a || b" keeps messages whose tag is one of them (a scan looks at most 4096 messages).
@@ -181,7 +211,7 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], mx, 0, mx)
         names = tag_names(tags)
         if names is None:
-            out = msgs[offset:offset + max_messages]
+            out = msgs[offset : offset + max_messages]
             return GetResult(GetStatus.FOUND, out, offset + len(out), 0, mx)
         out = []
         end = min(mx, offset + _SCAN_LIMIT)
@@ -221,10 +251,9 @@ class MemoryMessageQueue(ProgressWaiterMixin, QueueClientsMixin):
     def topics(self) -> Dict[str, List[int]]:
         self._check_open()
         out: Dict[str, List[int]] = {}
-        for (t, q) in list(self._buckets):
+        for t, q in list(self._buckets):
             out.setdefault(t, []).append(q)
         return {t: sorted(qs) for t, qs in sorted(out.items())}
-
 
     # -- close ----------------------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
 """DefaultMessageStore: a store's life cycle (open, recover, start and stop the services, close) and its state."""
+
 from __future__ import annotations
 
 import errno
@@ -12,14 +13,23 @@ from localmq._native import fsync_dir
 from localmq._record import Message
 from localmq.config import FlushDiskType, StoreConfig
 from localmq.errors import (
-    CorruptStoreError, DispatchError, LocalMQError, StoreClosedError, StorePathError, UnsafePathError, io_operation,
+    CorruptStoreError,
+    DispatchError,
+    LocalMQError,
+    StoreClosedError,
+    StorePathError,
+    UnsafePathError,
+    io_operation,
     store_io_error,
 )
 from localmq.layout import ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CQ_UNIT_SIZE, LOCK_FILE
 from localmq.services.allocate import AllocateMappedFileService
 from localmq.services.clean import CleanService
 from localmq.services.flush import (
-    CommitRealTimeService, FlushConsumeQueueService, FlushRealTimeService, GroupCommitService,
+    CommitRealTimeService,
+    FlushConsumeQueueService,
+    FlushRealTimeService,
+    GroupCommitService,
 )
 from localmq.services.index import IndexDispatchService
 from localmq.services.reput import ReputMessageService
@@ -32,16 +42,26 @@ from localmq.store.commit_log import CommitLog
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
-from localmq.store.group_commit import GroupCommit
 from localmq.store.files import unsafe_entries
+from localmq.store.group_commit import GroupCommit
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable, sync_each
 from localmq.store.recovery import (
-    MinCorrected, RecoveryReport, check_segments, next_queue_offsets, recover_store, sync_directories,
+    MinCorrected,
+    RecoveryReport,
+    check_segments,
+    next_queue_offsets,
+    recover_store,
+    sync_directories,
 )
 from localmq.store.settings import (
-    explicit_settings, read_log_start, resolve_settings, settings_path, write_log_start, write_settings,
+    explicit_settings,
+    read_log_start,
+    resolve_settings,
+    settings_path,
+    write_log_start,
+    write_settings,
 )
 from localmq.store.transient_store_pool import TransientStorePool
 from localmq.store.undo import OpenUndo, check_writable_filesystem, missing_ancestor
@@ -53,7 +73,7 @@ def _total_ram() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        return 24 * 1024 ** 3
+        return 24 * 1024**3
 
 
 class DefaultMessageStore:
@@ -76,10 +96,16 @@ class DefaultMessageStore:
     _cq_table: Optional[ConsumeQueueTable] = None
     checkpoint: Optional[StoreCheckpoint] = None
 
-    def __init__(self, path: str | os.PathLike, config: Optional[StoreConfig] = None, *,
-                 progress: Optional[Callable[[int, int], None]] = None,
-                 clock: Optional[Callable[[], int]] = None, disk_usage: Optional[Callable[[str], float]] = None,
-                 **kwargs: Any):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        config: Optional[StoreConfig] = None,
+        *,
+        progress: Optional[Callable[[int, int], None]] = None,
+        clock: Optional[Callable[[], int]] = None,
+        disk_usage: Optional[Callable[[str], float]] = None,
+        **kwargs: Any,
+    ):
         if config is not None and kwargs:
             raise TypeError("pass either a StoreConfig or keyword settings, not both")
         # the settings that shape the files which the caller chose: they must agree with the store's record
@@ -93,7 +119,7 @@ class DefaultMessageStore:
         self._closed = True
         self._lock = None
         self._reput_service: Optional[ReputMessageService] = None
-        self._services: List[Any] = []   # every background service, in start order
+        self._services: List[Any] = []  # every background service, in start order
         self._cqs: Dict[Tuple[str, int], ConsumeQueue] = {}  # (topic, queue id) -> ConsumeQueue; read without a lock
         self._group_commit: Optional[GroupCommit] = None
         self._pool: Optional[TransientStorePool] = None
@@ -119,15 +145,19 @@ class DefaultMessageStore:
         if created_root is None:
             unsafe = unsafe_entries(self.root)
             if unsafe:
-                raise UnsafePathError(f"store {self.root} holds symlinks or entries outside it, which localmq "
-                                      f"never writes through: {unsafe[:5]}", path=unsafe[0])
+                raise UnsafePathError(
+                    f"store {self.root} holds symlinks or entries outside it, which localmq "
+                    f"never writes through: {unsafe[:5]}",
+                    path=unsafe[0],
+                )
         try:
             # the new directories' names made durable too (an fsync of each one's parent): without it a power cut
             # after SYNC_FLUSH acknowledgements could take the whole store away (tests/test_power_loss.py)
             makedirs_durable(self.root)
         except (FileExistsError, NotADirectoryError) as e:  # a file there, or on the way there: nothing created
-            raise StorePathError(errno.ENOTDIR, f"a store is a directory; {e.filename or self.root} is not one",
-                                 self.root) from None
+            raise StorePathError(
+                errno.ENOTDIR, f"a store is a directory; {e.filename or self.root} is not one", self.root
+            ) from None
         except BaseException:
             if created_root is not None and os.path.lexists(created_root):
                 OpenUndo(self.root, created_root).restore()
@@ -216,24 +246,37 @@ class DefaultMessageStore:
             self.checkpoint = StoreCheckpoint(cp_path)
             rebuilt.append(f"checkpoint: {e}")
         self._cq_root = os.path.join(self.root, CONSUMEQUEUE_DIR)
-        self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log,
-                                       reserve_step=c.reserve_step_commit_log)
+        self._cl_mfq = MappedFileQueue(
+            os.path.join(self.root, COMMITLOG_DIR),
+            c.mapped_file_size_commit_log,
+            reserve_step=c.reserve_step_commit_log,
+        )
         for d in (self._cl_mfq.directory, self._cq_root):
             makedirs_durable(d)
         salvaged = check_segments(self.root, self._cl_mfq.directory, self._cl_mfq.file_size, self._cq_root, c.salvage)
         self._cl_mfq.load()
-        self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,
-                                           c.reserve_step_consume_queue, c.max_mapped_queue_files)
+        self._cq_table = ConsumeQueueTable(
+            self._cq_root, c.mapped_file_size_consume_queue, c.reserve_step_consume_queue, c.max_mapped_queue_files
+        )
         self._cqs = self._cq_table.queues
         if self._undo is not None:
             # a failed open gives the queue files it cut or deleted their bytes back
             self._cq_table.watch_rewrites(self._undo.save_derived)
         self._cq_table.load()
         min_corrected: MinCorrected = {}
-        report = recover_store(self.root, self._cl_mfq, self._cq_table, abnormal=not last_exit_ok,
-                               check_crc=c.check_crc_on_recover, checkpoint_min_ts=self.checkpoint.min_timestamp,
-                               progress=progress, verify_queues=c.check_consume_queue_on_open,
-                               salvage=c.salvage, undo=self._undo, min_corrected=min_corrected)
+        report = recover_store(
+            self.root,
+            self._cl_mfq,
+            self._cq_table,
+            abnormal=not last_exit_ok,
+            check_crc=c.check_crc_on_recover,
+            checkpoint_min_ts=self.checkpoint.min_timestamp,
+            progress=progress,
+            verify_queues=c.check_consume_queue_on_open,
+            salvage=c.salvage,
+            undo=self._undo,
+            min_corrected=min_corrected,
+        )
         report.rebuilt += rebuilt
         report.salvaged += salvaged
         if not last_exit_ok:
@@ -241,10 +284,10 @@ class DefaultMessageStore:
         cl_min = self._cl_mfq.min_offset()
         self._check_log_start(cl_min, report)
         self._cl_mfq.before_head_delete = functools.partial(write_log_start, self.root)
-        self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
-                                    store_host=c.store_host, born_host=c.born_host)
-        self._reput = ReputCore(self._cl_mfq, self._cq_factory, report.reput_from,
-                                c.dispatch_idle_wait_us)
+        self.commit_log = CommitLog(
+            self._cl_mfq, max_message_size=c.max_message_size, store_host=c.store_host, born_host=c.born_host
+        )
+        self._reput = ReputCore(self._cl_mfq, self._cq_factory, report.reput_from, c.dispatch_idle_wait_us)
         self._reput.set_delay_levels(self.delay_levels_ms())
         self._reput.on_blocked = self._dispatch_blocked
         self._reput.skip_offsets = set(report.damaged_headers) or None
@@ -265,10 +308,12 @@ class DefaultMessageStore:
             self._reput.blocked = e
             self._reput.paused = True
             self._dispatch_blocked(e)
-            log.error("recovery of %s: %s; the store opens, the rest is indexed once space returns", self.root,
-                      report.dispatch_blocked)
-            undispatched = next_queue_offsets(self._cl_mfq.directory, self._cl_mfq.file_size,
-                                              self._reput.reput_offset)
+            log.error(
+                "recovery of %s: %s; the store opens, the rest is indexed once space returns",
+                self.root,
+                report.dispatch_blocked,
+            )
+            undispatched = next_queue_offsets(self._cl_mfq.directory, self._cl_mfq.file_size, self._reput.reput_offset)
         for (topic, qid), cq in self._cqs.items():
             if min_corrected.get((topic, qid)) != (cl_min, cq.max_offset):  # not yet, or re-dispatch added units
                 cq.correct_min_offset(cl_min)
@@ -277,12 +322,19 @@ class DefaultMessageStore:
             self.commit_log.set_queue_offset(topic, qid, nxt)
         report.seconds = time.monotonic() - t0
         self.recovery = report
-        if (report.dropped_at is not None or report.cq_units_truncated or report.cq_rebuilt or report.rebuilt
-                or report.salvaged or report.gaps):
+        if (
+            report.dropped_at is not None
+            or report.cq_units_truncated
+            or report.cq_rebuilt
+            or report.rebuilt
+            or report.salvaged
+            or report.gaps
+        ):
             log.warning("recovery of %s: %s", self.root, report)
         else:
-            log.info("recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds,
-                     report.end_offset)
+            log.info(
+                "recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds, report.end_offset
+            )
         return last_exit_ok
 
     def _mark_queue_ends(self, undo: OpenUndo) -> None:
@@ -305,9 +357,15 @@ class DefaultMessageStore:
         if missing:
             size = self._cl_mfq.file_size
             report.missing_head = [f"{b:020d}" for b in range(recorded, cl_min, size)][:64]
-            log.error("commit log of %s: segments %s missing at the start of the log (%d bytes from offset %d): "
-                      "localmq's retention did not delete them (deleted by hand, lost, or by RocketMQ's retention); "
-                      "their messages are gone", self.root, report.missing_head, cl_min - recorded, recorded)
+            log.error(
+                "commit log of %s: segments %s missing at the start of the log (%d bytes from offset %d): "
+                "localmq's retention did not delete them (deleted by hand, lost, or by RocketMQ's retention); "
+                "their messages are gone",
+                self.root,
+                report.missing_head,
+                cl_min - recorded,
+                recorded,
+            )
 
     def _check_log_on_disk(self) -> None:
         """The dispatcher stopped on an invalid record in the log this store wrote: a flush of the whole log tells
@@ -333,8 +391,9 @@ class DefaultMessageStore:
             if gc is not None:
                 gc.done(gc.flushed)
 
-    def _dispatch_stopped(self, error: Optional[BaseException],
-                          what: str = "the dispatch service stopped") -> DispatchError:
+    def _dispatch_stopped(
+        self, error: Optional[BaseException], what: str = "the dispatch service stopped"
+    ) -> DispatchError:
         """The DispatchError for a dispatcher stopped on ``error``; on an invalid record, once the dispatch thread
         has asked the disk (``_check_log_on_disk``, at most 5 s), so that a failed write-back is named."""
         svc = self._reput_service
@@ -375,9 +434,12 @@ class DefaultMessageStore:
         self._check_crc_on_read = bool(c.check_crc_on_read)
         self._bodies_limits: Dict[int, get.GetLimits] = {}  # get_bodies: GetLimits per max_bytes
         self._get_limits = get.GetLimits(
-            c.max_transfer_count_on_message_in_memory, c.max_transfer_bytes_on_message_in_memory,
-            c.max_transfer_count_on_message_in_disk, c.max_transfer_bytes_on_message_in_disk,
-            _total_ram() * c.access_message_in_memory_max_ratio // 100)
+            c.max_transfer_count_on_message_in_memory,
+            c.max_transfer_bytes_on_message_in_memory,
+            c.max_transfer_count_on_message_in_disk,
+            c.max_transfer_bytes_on_message_in_disk,
+            _total_ram() * c.access_message_in_memory_max_ratio // 100,
+        )
         self._opened_at = time.time()
 
     def _go_live(self, last_exit_ok: bool) -> None:
@@ -410,8 +472,11 @@ class DefaultMessageStore:
             mfq.on_buffer_released = self._pool.give_back
         if c.preallocate_mapped_file or self._pool is not None:
             svc = AllocateMappedFileService(
-                mfq, warm=c.warm_mapped_file_enable,
-                warm_flush_pages=c.flush_least_pages_when_warm_mapped_file if sync else 0, pool=self._pool)
+                mfq,
+                warm=c.warm_mapped_file_enable,
+                warm_flush_pages=c.flush_least_pages_when_warm_mapped_file if sync else 0,
+                pool=self._pool,
+            )
             self._allocate_service = svc
             mfq.allocator = svc.allocate
             svc.start()
@@ -437,8 +502,9 @@ class DefaultMessageStore:
             self._commit_service = CommitRealTimeService(mfq, c, committed)
             self._commit_service.start()
             self._services.append(self._commit_service)
-        self._cq_flush_service = FlushConsumeQueueService(lambda: self._cqs.values(), c, self.checkpoint,
-                                                          self.checkpoint.flush, self._cq_table.sync_names)
+        self._cq_flush_service = FlushConsumeQueueService(
+            lambda: self._cqs.values(), c, self.checkpoint, self.checkpoint.flush, self._cq_table.sync_names
+        )
         self._cq_flush_service.start()
         self._services.append(self._cq_flush_service)
 
@@ -484,8 +550,15 @@ class DefaultMessageStore:
         loaded (``delayOffset.json``), not started."""
         c = self.config
         svc = ScheduleMessageService(
-            self.root, self.delay_levels_ms(), self._schedule_cq, self._schedule_read, self.put_ext,
-            self._flush_log, c.flush_delay_offset_interval, self._clock)
+            self.root,
+            self.delay_levels_ms(),
+            self._schedule_cq,
+            self._schedule_read,
+            self.put_ext,
+            self._flush_log,
+            c.flush_delay_offset_interval,
+            self._clock,
+        )
         self.schedule_service = svc
         return svc
 
@@ -537,12 +610,22 @@ class DefaultMessageStore:
             return self.look_message_by_offset(physical_offset)
 
         svc = TransactionalMessageCheckService(
-            read=read, put=self.put, put_ext=self.put_ext,
-            find_cq=lambda t, q: self._cqs.get((t, q)), find_commit=self._find_transaction_commit,
-            query_offset=query_offset, commit_offsets=commit_offsets, flush_log=self._flush_log,
-            store_host=c.store_host, timeout_ms=c.transaction_timeout, check_max=c.transaction_check_max,
-            interval_ms=c.transaction_check_interval, file_reserved_ms=c.file_reserved_time * 3_600_000,
-            clock=self._clock, before_pass=lambda: self.wait_for_dispatch(10.0))
+            read=read,
+            put=self.put,
+            put_ext=self.put_ext,
+            find_cq=lambda t, q: self._cqs.get((t, q)),
+            find_commit=self._find_transaction_commit,
+            query_offset=query_offset,
+            commit_offsets=commit_offsets,
+            flush_log=self._flush_log,
+            store_host=c.store_host,
+            timeout_ms=c.transaction_timeout,
+            check_max=c.transaction_check_max,
+            interval_ms=c.transaction_check_interval,
+            file_reserved_ms=c.file_reserved_time * 3_600_000,
+            clock=self._clock,
+            before_pass=lambda: self.wait_for_dispatch(10.0),
+        )
         self.transaction_service = svc
         svc.start()
         self._services.append(svc)
@@ -553,8 +636,15 @@ class DefaultMessageStore:
         """Start the retention thread (CleanCommitLogService + CleanConsumeQueueService, every
         ``clean_resource_interval`` ms); ``clean_service.run_once()`` runs a pass at once."""
         self.clean_service = CleanService(
-            self.config, self._cl_mfq, self.commit_log, lambda: self._reput.reput_offset, lambda: self._cqs,
-            self.root, clock=self._clock, disk_usage=self._disk_usage)
+            self.config,
+            self._cl_mfq,
+            self.commit_log,
+            lambda: self._reput.reput_offset,
+            lambda: self._cqs,
+            self.root,
+            clock=self._clock,
+            disk_usage=self._disk_usage,
+        )
         self.clean_service.index_service = self.index_service
         self.clean_service.start()
 
@@ -580,8 +670,7 @@ class DefaultMessageStore:
         c = self.config
         if not c.message_index_enable:
             return
-        svc = IndexService(self.root, c.max_hash_slot_num, c.max_index_num, self.checkpoint,
-                           grow=c.grow_index_files)
+        svc = IndexService(self.root, c.max_hash_slot_num, c.max_index_num, self.checkpoint, grow=c.grow_index_files)
         undo = self._undo
         svc.load(last_exit_ok, self._cl_mfq.max_offset(), undo.set_aside if undo is not None else os.unlink)
         self.index_service = svc

@@ -1,4 +1,5 @@
 """ReadOnlyMessageQueue: ``localmq.open(path, read_only=True)``, a view that writes nothing and locks nothing."""
+
 from __future__ import annotations
 
 import errno
@@ -14,7 +15,14 @@ from localmq._mapping import MappingBudget
 from localmq.config import check_topic
 from localmq.errors import IndexDisabledError, NotAStoreError, ReadOnlyStoreError, StoreLockedError
 from localmq.layout import (
-    COMMITLOG_DIR, CONSUMEQUEUE_DIR, CQ_DTYPE, CQ_UNIT_SIZE, CTL_S_REPUT, CTL_S_WPOS, LOCK_FILE, MAX_QUEUE_ID,
+    COMMITLOG_DIR,
+    CONSUMEQUEUE_DIR,
+    CQ_DTYPE,
+    CQ_UNIT_SIZE,
+    CTL_S_REPUT,
+    CTL_S_WPOS,
+    LOCK_FILE,
+    MAX_QUEUE_ID,
 )
 from localmq.queues.local import LocalMessageQueue
 from localmq.store.consume_queue import ConsumeQueue
@@ -28,7 +36,7 @@ _FLOCK = struct.Struct("hh4xqqi4x")
 
 
 def _lock_holder(root: str) -> Optional[str]:
-    """"exclusive", "shared" or None: how the store's ``lock`` file is held by other processes (F_GETLK on byte 0,
+    """ "exclusive", "shared" or None: how the store's ``lock`` file is held by other processes (F_GETLK on byte 0,
     which RocketMQ and localmq both lock; asking takes no lock)."""
     path = os.path.join(root, LOCK_FILE)
     try:
@@ -84,29 +92,33 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
         super().__init__(root, config, **kwargs)
 
     _writes = False
-    _view: Optional[ControlView] = None   # the live shared store's control file, read-only (None: closed store)
+    _view: Optional[ControlView] = None  # the live shared store's control file, read-only (None: closed store)
 
     def _make_lock(self):
         return _NoLock()
 
     def _list_for_undo(self, created_root):
-        return None   # nothing is written, and a live writer's files must never look like this open's
+        return None  # nothing is written, and a live writer's files must never look like this open's
 
     def _record_settings(self) -> None:
-        pass   # the settings come from the record or the files, but a view writes nothing
+        pass  # the settings come from the record or the files, but a view writes nothing
 
     def _open(self, progress) -> None:
         c = self.config
         self._view = ControlView.open(self.root)
         if self._view is None and _lock_holder(self.root) == "exclusive":
-            err = StoreLockedError(errno.EAGAIN, f"store {self.root} is held by one live process alone (opened with "
-                                   "shared=False, or a broker): its committed end is in that process's memory; "
-                                   "open it with shared=True there to read it live from other processes",
-                                   os.path.join(self.root, LOCK_FILE))
+            err = StoreLockedError(
+                errno.EAGAIN,
+                f"store {self.root} is held by one live process alone (opened with "
+                "shared=False, or a broker): its committed end is in that process's memory; "
+                "open it with shared=True there to read it live from other processes",
+                os.path.join(self.root, LOCK_FILE),
+            )
             raise err
         self._cq_root = os.path.join(self.root, CONSUMEQUEUE_DIR)
-        self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log,
-                                       writable=False)
+        self._cl_mfq = MappedFileQueue(
+            os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log, writable=False
+        )
         if self._view is not None:
             end = self._view.load(CTL_S_WPOS)
         else:
@@ -194,11 +206,18 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
         view = self._view
         if cq is None:
             check_topic(topic)  # never a path outside consumequeue/
-            if not 0 <= queue_id <= MAX_QUEUE_ID or not os.path.isdir(os.path.join(self._cq_root, topic,
-                                                                                 str(queue_id))):
+            if not 0 <= queue_id <= MAX_QUEUE_ID or not os.path.isdir(
+                os.path.join(self._cq_root, topic, str(queue_id))
+            ):
                 return None
-            cq = ConsumeQueue(topic, queue_id, self._cq_root, self.config.mapped_file_size_consume_queue,
-                              writable=False, budget=self._cq_budget)
+            cq = ConsumeQueue(
+                topic,
+                queue_id,
+                self._cq_root,
+                self.config.mapped_file_size_consume_queue,
+                writable=False,
+                budget=self._cq_budget,
+            )
             if view is None:
                 cq.mapped_file_queue.load(fix_empty_tail=False)
                 cq._reset_state(self._units_end(cq))
@@ -279,8 +298,13 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
         self._wakes = self._wakes + 1
 
     def stats(self) -> Dict[str, Any]:
-        return {"read_only": True, "live": self._view is not None, "commit_log_max_offset": self._cl_mfq.max_offset(),
-                "segments": len(self._cl_mfq.files), "consume_queues": len(self._cqs)}
+        return {
+            "read_only": True,
+            "live": self._view is not None,
+            "commit_log_max_offset": self._cl_mfq.max_offset(),
+            "segments": len(self._cl_mfq.files),
+            "consume_queues": len(self._cqs),
+        }
 
     def close(self) -> None:
         """Unmap everything. Writes nothing."""

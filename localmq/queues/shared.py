@@ -7,6 +7,7 @@ process, the housekeeper (whoever holds an fcntl lock on a byte of the control f
 per store: dispatch into the ConsumeQueues, the IndexFile, flushing, retention and the checkpoint. Readers in
 every process adopt the unit counts it publishes and sleep on a shared eventcount.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,20 +23,43 @@ from localmq._shm import ControlFile
 from localmq.client.shared import SharedClientTable, SharedConsumerScheduler, SharedOffsetManager
 from localmq.config import FlushDiskType
 from localmq.errors import (
-    ConfigError, ControlFileError, CorruptStoreError, DispatchError, IndexDisabledError, StoreBusyError,
-    UnsupportedFilesystemError, io_operation,
+    ConfigError,
+    ControlFileError,
+    CorruptStoreError,
+    DispatchError,
+    IndexDisabledError,
+    StoreBusyError,
+    UnsupportedFilesystemError,
+    io_operation,
 )
 from localmq.layout import (
-    CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CTL_FILE, CTL_LOCK_BYTE_HOUSEKEEPER, CTL_LOCK_BYTE_STORE,
-    CTL_S_CQ_SIZE, CTL_S_FLUSHED, CTL_S_HOUSEKEEPER, CTL_S_PUTS, CTL_S_READY, CTL_S_REPAIRS, CTL_S_REPUT,
-    CTL_S_SEG_SIZE, CTL_S_WPOS, CTL_TOPIC_QUEUES, ABORT_FILE, CTL_S_INDEXED, CTL_S_DISK_FULL, LOCK_FILE,
+    ABORT_FILE,
+    CHECKPOINT_FILE,
+    COMMITLOG_DIR,
+    CONSUMEQUEUE_DIR,
+    CTL_FILE,
+    CTL_LOCK_BYTE_HOUSEKEEPER,
+    CTL_LOCK_BYTE_STORE,
+    CTL_S_CQ_SIZE,
+    CTL_S_DISK_FULL,
+    CTL_S_FLUSHED,
+    CTL_S_HOUSEKEEPER,
+    CTL_S_INDEXED,
+    CTL_S_PUTS,
+    CTL_S_READY,
+    CTL_S_REPAIRS,
+    CTL_S_REPUT,
+    CTL_S_SEG_SIZE,
+    CTL_S_WPOS,
+    CTL_TOPIC_QUEUES,
+    LOCK_FILE,
 )
 from localmq.queues.local import LocalMessageQueue
 from localmq.services.flush import FlushConsumeQueueService, FlushRealTimeService, SharedGroupCommitService
 from localmq.services.reput import ReputMessageService
 from localmq.services.service_thread import ServiceThread
-from localmq.store.checkpoint import StoreCheckpoint
 from localmq.status import PutStatus
+from localmq.store.checkpoint import StoreCheckpoint
 from localmq.store.commit_log import CommitLog
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
@@ -54,8 +78,22 @@ log = logging.getLogger("localmq.shared")
 ELECTION_INTERVAL_MS = 100
 # Filesystems (/proc/mounts types) where a robust mutex in a shared mapping and fcntl locks cannot be trusted: the
 # processes sharing a store may run on other hosts, or the locks are emulated.
-NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "afs", "gfs2",
-                       "ocfs2", "fuse", "fuseblk")
+NETWORK_FILESYSTEMS = (
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "9p",
+    "ceph",
+    "glusterfs",
+    "lustre",
+    "afs",
+    "gfs2",
+    "ocfs2",
+    "fuse",
+    "fuseblk",
+)
 
 
 def filesystem_type(path: str) -> str:
@@ -132,10 +170,10 @@ class SharedMessageQueue(LocalMessageQueue):
     _election: Optional[_Election] = None
     _housekeeper = False
     _hk_flush: Optional[ServiceThread] = None
-    _allocated_ahead = -1           # base offset of the last segment the housekeeper created ahead (or found)
-    allocated_ahead = 0             # segments this process created ahead of need as the housekeeper
+    _allocated_ahead = -1  # base offset of the last segment the housekeeper created ahead (or found)
+    allocated_ahead = 0  # segments this process created ahead of need as the housekeeper
     first_opener = False
-    _first_exit_ok = False          # the first opener found the last exit clean (its index files are whole)
+    _first_exit_ok = False  # the first opener found the last exit clean (its index files are whole)
 
     def _make_lock(self) -> StoreLock:
         return StoreLock(self.root, shared=True)
@@ -151,13 +189,16 @@ class SharedMessageQueue(LocalMessageQueue):
     def _open(self, progress) -> None:
         c = self.config
         if c.transient_store_pool_enable:
-            raise ConfigError("transient_store_pool_enable writes through a buffer of one process; a store shared "
-                              "between processes writes straight into the shared mapping (use shared=False)")
+            raise ConfigError(
+                "transient_store_pool_enable writes through a buffer of one process; a store shared "
+                "between processes writes straight into the shared mapping (use shared=False)"
+            )
         fs_type = filesystem_type(self.root)
         if fs_type.split(".")[0] in NETWORK_FILESYSTEMS:
             raise UnsupportedFilesystemError(
                 f"{self.root} is on a {fs_type} filesystem: a store shared between processes needs a local one "
-                f"(its robust mutex and fcntl locks do not hold across hosts); open it with shared=False")
+                f"(its robust mutex and fcntl locks do not hold across hosts); open it with shared=False"
+            )
         self._hk_lock = threading.RLock()
         self._hk_services: List[Any] = []
         self._reput_attached = False
@@ -173,7 +214,7 @@ class SharedMessageQueue(LocalMessageQueue):
                 # the first process of a run (or the one after a first opener died mid-recovery): recover as a
                 # single process would, with every other opener waiting on the store byte
                 if self._undo is not None:
-                    self._undo.retake(ctl_created)   # nobody else writes until this open ends
+                    self._undo.retake(ctl_created)  # nobody else writes until this open ends
                 last_exit_ok = self._recover(progress)
                 self._record_settings()
                 self._publish_first()
@@ -205,10 +246,12 @@ class SharedMessageQueue(LocalMessageQueue):
         assert ctl is not None
         c = self.config
         table = self.commit_log.topic_table()
-        for (topic, qid) in list(table) + list(self._cqs):
+        for topic, qid in list(table) + list(self._cqs):
             if qid >= CTL_TOPIC_QUEUES:
-                raise ConfigError(f"queue {topic}-{qid}: a store shared between processes has queue ids "
-                                  f"0..{CTL_TOPIC_QUEUES - 1}; open this store with shared=False")
+                raise ConfigError(
+                    f"queue {topic}-{qid}: a store shared between processes has queue ids "
+                    f"0..{CTL_TOPIC_QUEUES - 1}; open this store with shared=False"
+                )
         self.commit_log.attach_control(ctl, c.shared_lock_timeout)
         ctl.store(CTL_S_SEG_SIZE, self._cl_mfq.file_size)
         ctl.store(CTL_S_CQ_SIZE, c.mapped_file_size_consume_queue)
@@ -228,30 +271,38 @@ class SharedMessageQueue(LocalMessageQueue):
         ctl = self._ctl
         assert ctl is not None
         c = self.config
-        for word, mine, name in ((CTL_S_SEG_SIZE, c.mapped_file_size_commit_log, "mapped_file_size_commit_log"),
-                                 (CTL_S_CQ_SIZE, c.mapped_file_size_consume_queue, "mapped_file_size_consume_queue")):
+        for word, mine, name in (
+            (CTL_S_SEG_SIZE, c.mapped_file_size_commit_log, "mapped_file_size_commit_log"),
+            (CTL_S_CQ_SIZE, c.mapped_file_size_consume_queue, "mapped_file_size_consume_queue"),
+        ):
             theirs = ctl.load(word)
             if theirs != mine:
                 raise ConfigError(f"{name}={mine}, but the processes that have {self.root} open use {theirs}")
         self._abort_path = os.path.join(self.root, ABORT_FILE)
         self.checkpoint = StoreCheckpoint(os.path.join(self.root, CHECKPOINT_FILE))
         self._cq_root = os.path.join(self.root, CONSUMEQUEUE_DIR)
-        self._cl_mfq = MappedFileQueue(os.path.join(self.root, COMMITLOG_DIR), c.mapped_file_size_commit_log,
-                                       reserve_step=c.reserve_step_commit_log)
+        self._cl_mfq = MappedFileQueue(
+            os.path.join(self.root, COMMITLOG_DIR),
+            c.mapped_file_size_commit_log,
+            reserve_step=c.reserve_step_commit_log,
+        )
         self._cl_mfq.load_view(ctl.load(CTL_S_WPOS))
         # the housekeeper's retention records where the log starts before it deletes segments
         self._cl_mfq.before_head_delete = functools.partial(write_log_start, self.root)
-        self._cq_table = ConsumeQueueTable(self._cq_root, c.mapped_file_size_consume_queue,
-                                           c.reserve_step_consume_queue, c.max_mapped_queue_files)
+        self._cq_table = ConsumeQueueTable(
+            self._cq_root, c.mapped_file_size_consume_queue, c.reserve_step_consume_queue, c.max_mapped_queue_files
+        )
         self._cqs = self._cq_table.queues
-        self.commit_log = CommitLog(self._cl_mfq, max_message_size=c.max_message_size,
-                                    store_host=c.store_host, born_host=c.born_host)
+        self.commit_log = CommitLog(
+            self._cl_mfq, max_message_size=c.max_message_size, store_host=c.store_host, born_host=c.born_host
+        )
         self.commit_log.attach_control(ctl, c.shared_lock_timeout)
         self._reput = ReputCore(self._cl_mfq, self._cq_factory, ctl.load(CTL_S_REPUT), c.dispatch_idle_wait_us)
         self._reput.set_delay_levels(self.delay_levels_ms())
         self._shared_live = True
-        self.recovery = RecoveryReport(mode="attached", end_offset=ctl.load(CTL_S_WPOS),
-                                       reput_from=ctl.load(CTL_S_REPUT))
+        self.recovery = RecoveryReport(
+            mode="attached", end_offset=ctl.load(CTL_S_WPOS), reput_from=ctl.load(CTL_S_REPUT)
+        )
 
     def _adopt(self, cq: ConsumeQueue) -> None:
         """A ConsumeQueue loaded from files another process's dispatcher wrote: take its unit count from the
@@ -273,7 +324,7 @@ class SharedMessageQueue(LocalMessageQueue):
         self.commit_log.sync_view()
         return super()._schedule_read(physical_offset)
 
-    _shared_live = False   # the control file describes the store (after _publish_first or _attach)
+    _shared_live = False  # the control file describes the store (after _publish_first or _attach)
 
     def _cq_factory(self, topic: str, queue_id: int) -> ConsumeQueue:
         if not self._shared_live:
@@ -281,8 +332,10 @@ class SharedMessageQueue(LocalMessageQueue):
         assert self._ctl is not None
         cq = self._cq_table.find_or_load(topic, queue_id, self._adopt)
         if not cq.bind_shared(self._ctl):
-            raise CorruptStoreError(f"{self._ctl.path}: a record of {topic}-{queue_id} was committed but the topic "
-                                    f"has no row in the shared topic table")
+            raise CorruptStoreError(
+                f"{self._ctl.path}: a record of {topic}-{queue_id} was committed but the topic "
+                f"has no row in the shared topic table"
+            )
         return cq
 
     # -- housekeeping: the work done once per store ----------------------------------------------------------------
@@ -336,8 +389,9 @@ class SharedMessageQueue(LocalMessageQueue):
             self._hk_flush = FlushRealTimeService(self._cl_mfq, c, self.checkpoint)
         self._hk_flush.start()
         self._hk_services.append(self._hk_flush)
-        self._cq_flush_service = FlushConsumeQueueService(lambda: self._cqs.values(), c, self.checkpoint,
-                                                          self.checkpoint.flush, self._cq_table.sync_names)
+        self._cq_flush_service = FlushConsumeQueueService(
+            lambda: self._cqs.values(), c, self.checkpoint, self.checkpoint.flush, self._cq_table.sync_names
+        )
         self._cq_flush_service.start()
         self._hk_services.append(self._cq_flush_service)
         before = len(self._services)
@@ -349,8 +403,12 @@ class SharedMessageQueue(LocalMessageQueue):
         self._start_clean_service()
         # delayed messages and retries: delayOffset.json has one writer, the housekeeper
         self._hk_services.append(self._start_schedule_service())
-        log.info("pid %d is the housekeeper of %s from commit log offset %d", os.getpid(), self.root,
-                 self._reput.reput_offset)
+        log.info(
+            "pid %d is the housekeeper of %s from commit log offset %d",
+            os.getpid(),
+            self.root,
+            self._reput.reput_offset,
+        )
 
     def _stop_housekeeping(self, flush: bool) -> None:
         """Stop this process's housekeeping services and hand the role on (the byte is released last)."""
@@ -387,8 +445,9 @@ class SharedMessageQueue(LocalMessageQueue):
         scheduler = SharedConsumerScheduler(table)
         # the commit log flushed (every process's records: _flush_log moves the view first) before each write of
         # consumerOffset.json, as an exclusive store's manager does (tests/test_power_loss_shared.py)
-        offsets = SharedOffsetManager(table, self.offset_store_path, flush_interval_ms,
-                                      before_write=self.flush_before_offsets)
+        offsets = SharedOffsetManager(
+            table, self.offset_store_path, flush_interval_ms, before_write=self.flush_before_offsets
+        )
         return offsets, scheduler
 
     def _allocate_ahead(self) -> None:
@@ -459,7 +518,7 @@ class SharedMessageQueue(LocalMessageQueue):
         """{topic: sorted queue ids} of every queue with a ConsumeQueue (on disk or in this process)."""
         self._check_open()
         out: Dict[str, set] = {}
-        for (t, q) in list(self._cqs):
+        for t, q in list(self._cqs):
             out.setdefault(t, set()).add(q)
         if os.path.isdir(self._cq_root):
             for t in os.listdir(self._cq_root):
@@ -618,8 +677,9 @@ class SharedMessageQueue(LocalMessageQueue):
         try:
             self._take_byte(CTL_LOCK_BYTE_STORE, OPEN_WAIT_S, "another process's open or close")
         except StoreBusyError as e:
-            log.warning("%s: closing without waiting for the other process (%s); the last one may leave `abort`",
-                        self.root, e)
+            log.warning(
+                "%s: closing without waiting for the other process (%s); the last one may leave `abort`", self.root, e
+            )
         last = ctl.last_attached()
         clean = last
         if last:

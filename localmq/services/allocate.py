@@ -1,4 +1,5 @@
 """AllocateMappedFileService: creates the next CommitLog segments ahead of need, reserved and optionally warm."""
+
 from __future__ import annotations
 
 import logging
@@ -20,7 +21,7 @@ class _Request:
         self.path = path
         self.offset = offset
         self.created = threading.Event()  # the file exists, sized and reserved (warm-up may still run)
-        self.done = threading.Event()     # creation and warm-up finished (or failed)
+        self.done = threading.Event()  # creation and warm-up finished (or failed)
         self.mf: Optional[MappedFile] = None
         self.error: Optional[BaseException] = None
         self.taken = False
@@ -48,8 +49,16 @@ class AllocateMappedFileService(ServiceThread):
 
     AHEAD = 2
 
-    def __init__(self, mfq, *, warm: bool = False, warm_flush_pages: int = 0, pool=None, reserve: bool = True,
-                 wait_timeout_s: float = 5.0):
+    def __init__(
+        self,
+        mfq,
+        *,
+        warm: bool = False,
+        warm_flush_pages: int = 0,
+        pool=None,
+        reserve: bool = True,
+        wait_timeout_s: float = 5.0,
+    ):
         super().__init__("AllocateMappedFileService")
         self.mfq = mfq
         self.directory = mfq.directory
@@ -89,11 +98,13 @@ class AllocateMappedFileService(ServiceThread):
             with self._cond:
                 self._requests.pop(path, None)
             if mf is None and ready.is_set() is False:
-                log.warning("%s: %s not ready after %.1f s; creating it synchronously", self.name, path,
-                            self.wait_timeout_s)
+                log.warning(
+                    "%s: %s not ready after %.1f s; creating it synchronously", self.name, path, self.wait_timeout_s
+                )
         if mf is None:
-            mf = MappedFile(path, file_size, start_offset, create=True, reserve=self.reserve,
-                            reserve_step=self.mfq.reserve_step)
+            mf = MappedFile(
+                path, file_size, start_offset, create=True, reserve=self.reserve, reserve_step=self.mfq.reserve_step
+            )
             fsync_dir(self.directory)
             self.served_sync += 1
         if self.pool is not None:
@@ -165,8 +176,14 @@ class AllocateMappedFileService(ServiceThread):
                 # which the next open refuses ("missing segments between others") if the process dies before the
                 # put path creates the missing one (tests/test_power_loss.py)
                 raise FileNotFoundError(2, "the segment before it does not exist", before)
-            mf = MappedFile(req.path, self.file_size, req.offset, create=True, reserve=self.reserve,
-                            reserve_step=self.mfq.reserve_step)
+            mf = MappedFile(
+                req.path,
+                self.file_size,
+                req.offset,
+                create=True,
+                reserve=self.reserve,
+                reserve_step=self.mfq.reserve_step,
+            )
             fsync_dir(self.directory)
             req.mf = mf
             req.created.set()
@@ -246,9 +263,15 @@ class AllocateMappedFileService(ServiceThread):
             try:
                 r.mf.destroy(0)
             except OSError as e:
-                log.error("%s: cannot delete %s, created ahead and never used: %s; it stays (and %d more before it) "
-                          "as an empty segment at the end of the log", self.name, r.path, e, len(unused) - 1 - i)
-                for rest in unused[i + 1:]:
+                log.error(
+                    "%s: cannot delete %s, created ahead and never used: %s; it stays (and %d more before it) "
+                    "as an empty segment at the end of the log",
+                    self.name,
+                    r.path,
+                    e,
+                    len(unused) - 1 - i,
+                )
+                for rest in unused[i + 1 :]:
                     rest.mf.close()
                 break
             removed = True
@@ -259,6 +282,10 @@ class AllocateMappedFileService(ServiceThread):
                 log.error("%s: %s", self.name, e)
 
     def stats(self) -> dict:
-        return {"created_ahead": self.created_ahead, "served_ready": self.served_ready,
-                "served_sync": self.served_sync, "warm_seconds": round(self.warm_seconds, 3),
-                "mlock": self._mlock_ok}
+        return {
+            "created_ahead": self.created_ahead,
+            "served_ready": self.served_ready,
+            "served_sync": self.served_sync,
+            "warm_seconds": round(self.warm_seconds, 3),
+            "mlock": self._mlock_ok,
+        }

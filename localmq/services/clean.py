@@ -52,6 +52,7 @@ Time goes through an injectable clock (ms since the epoch; mtimes are compared w
 ``delete_when`` hour is its local hour) and disk usage through an injectable callable, so tests use a fake
 clock and simulate a full disk.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,12 +63,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from localmq.status import PutStatus
 from localmq.config import RETRY_PREFIX, SCHEDULE_TOPIC, StoreConfig
 from localmq.errors import CorruptStoreError
 from localmq.layout import CQ_BLANK_UNIT_SIZE
 from localmq.services.schedule import DELAY_OFFSET_FILE, read_delay_offsets
 from localmq.services.service_thread import ServiceThread
+from localmq.status import PutStatus
 from localmq.store.config_json import read_offset_table
 from localmq.store.mapped_file_queue import DELETE_FILES_BATCH_MAX, MappedFileQueue
 
@@ -75,7 +76,7 @@ log = logging.getLogger("localmq.clean")
 
 # RocketMQ 4.x system properties rocketmq.broker.diskSpaceCleanForciblyRatio / diskSpaceWarningLevelRatio
 DISK_SPACE_CLEAN_FORCIBLY_RATIO = 0.85
-DISK_SPACE_WARNING_LEVEL_RATIO = 0.90    # RocketMQ's refusal level: disk_full_refuse_ratio=90 reproduces it
+DISK_SPACE_WARNING_LEVEL_RATIO = 0.90  # RocketMQ's refusal level: disk_full_refuse_ratio=90 reproduces it
 _HOUR_MS = 3_600_000
 
 
@@ -161,10 +162,19 @@ class CleanCommitLogService:
     :param sleep: (ms) -> bool, the pause between two deletions; False stops the pass.
     """
 
-    def __init__(self, config: StoreConfig, mapped_file_queue: MappedFileQueue, commit_log,
-                 dispatched_offset: Callable[[], int], consume_queues: Callable[[], Dict[Tuple[str, int], Any]],
-                 consumer_offset_path: str, logics_dir: str, clock: Callable[[], int],
-                 disk_usage: Callable[[str], float], sleep: Callable[[int], bool]):
+    def __init__(
+        self,
+        config: StoreConfig,
+        mapped_file_queue: MappedFileQueue,
+        commit_log,
+        dispatched_offset: Callable[[], int],
+        consume_queues: Callable[[], Dict[Tuple[str, int], Any]],
+        consumer_offset_path: str,
+        logics_dir: str,
+        clock: Callable[[], int],
+        disk_usage: Callable[[str], float],
+        sleep: Callable[[int], bool],
+    ):
         self.config = config
         self.mfq = mapped_file_queue
         self.commit_log = commit_log
@@ -181,7 +191,7 @@ class CleanCommitLogService:
         self.clean_immediately = False
         self.disk_ratio = 0.0
         self.deleted_files = 0
-        self.deleted_segments: List[int] = []      # base offsets, newest last (the last 100)
+        self.deleted_segments: List[int] = []  # base offsets, newest last (the last 100)
         self.deleted_unconsumed: Dict[str, int] = {}
         self.kept_for_consumers: Dict[str, Dict[str, Any]] = {}
         self.kept_for_dispatch: List[int] = []
@@ -218,8 +228,12 @@ class CleanCommitLogService:
             if not self.disk_full:
                 self.disk_full = True
                 self.commit_log.refuse_status = PutStatus.SERVICE_NOT_AVAILABLE
-                log.error("disk %.0f%% used (more than disk_full_refuse_ratio %.0f%%): marked full, puts answer "
-                          "SERVICE_NOT_AVAILABLE until it drops", ratio * 100, refuse * 100)
+                log.error(
+                    "disk %.0f%% used (more than disk_full_refuse_ratio %.0f%%): marked full, puts answer "
+                    "SERVICE_NOT_AVAILABLE until it drops",
+                    ratio * 100,
+                    refuse * 100,
+                )
         elif self.disk_full:
             self.disk_full = False
             # only undo our own refusal: another component may have set a different status meanwhile
@@ -342,9 +356,14 @@ class CleanCommitLogService:
         if bounds and not override:
             limit = min(limit, bounds[0].physical_offset)
         res = self.mfq.delete_expired_files(
-            c.file_reserved_time * _HOUR_MS, now, forcibly_ms=c.destroy_mapped_file_interval_forcibly,
-            clean_immediately=at_once, max_end_offset=limit, batch_max=DELETE_FILES_BATCH_MAX,
-            between=lambda: self.sleep(c.delete_commit_log_files_interval))
+            c.file_reserved_time * _HOUR_MS,
+            now,
+            forcibly_ms=c.destroy_mapped_file_interval_forcibly,
+            clean_immediately=at_once,
+            max_end_offset=limit,
+            batch_max=DELETE_FILES_BATCH_MAX,
+            between=lambda: self.sleep(c.delete_commit_log_files_interval),
+        )
         size = self.mfq.file_size
         deleted_bases = [int(os.path.basename(p)) for p in res.deleted]
         self.deleted_files += len(res.deleted)
@@ -360,9 +379,11 @@ class CleanCommitLogService:
                     groups.append(b.group)
             self.deleted_unconsumed = unconsumed
             if groups:
-                log.warning("retention deleted segments holding messages not yet consumed by %s (%s)",
-                            ", ".join(groups),
-                            "clean_unconsumed" if c.clean_unconsumed else f"disk {self.disk_ratio:.0%} used")
+                log.warning(
+                    "retention deleted segments holding messages not yet consumed by %s (%s)",
+                    ", ".join(groups),
+                    "clean_unconsumed" if c.clean_unconsumed else f"disk {self.disk_ratio:.0%} used",
+                )
         kept: Dict[str, Dict[str, Any]] = {}
         kept_for_dispatch: List[int] = []
         for mf in res.held_back:
@@ -371,18 +392,31 @@ class CleanCommitLogService:
             if not groups_of:
                 kept_for_dispatch.append(mf.file_from_offset)
             for b in groups_of:
-                entry = kept.setdefault(b.group, {
-                    "segments": [], "queue_id": b.queue_id, "queue_offset": b.queue_offset,
-                    "physical_offset": b.physical_offset})
+                entry = kept.setdefault(
+                    b.group,
+                    {
+                        "segments": [],
+                        "queue_id": b.queue_id,
+                        "queue_offset": b.queue_offset,
+                        "physical_offset": b.physical_offset,
+                    },
+                )
                 entry["segments"].append(mf.file_from_offset)
         self.kept_for_consumers = kept
         self.kept_for_dispatch = kept_for_dispatch
         if self.kept_for_consumers:
-            log.info("retention kept %d segment(s) for unconsumed messages of %s", len(res.held_back),
-                     ", ".join(sorted(self.kept_for_consumers)))
+            log.info(
+                "retention kept %d segment(s) for unconsumed messages of %s",
+                len(res.held_back),
+                ", ".join(sorted(self.kept_for_consumers)),
+            )
         if res.deleted:
-            log.info("retention deleted %d segment(s) (%s): %s", len(res.deleted),
-                     "at once" if at_once else "time" if timeup else "space", deleted_bases)
+            log.info(
+                "retention deleted %d segment(s) (%s): %s",
+                len(res.deleted),
+                "at once" if at_once else "time" if timeup else "space",
+                deleted_bases,
+            )
         return gone + res.deleted
 
 
@@ -390,9 +424,14 @@ class CleanConsumeQueueService:
     """ConsumeQueues (and, later, index files) follow the commit log's min offset (RocketMQ's
     CleanConsumeQueueService). Parameters as CleanCommitLogService."""
 
-    def __init__(self, config: StoreConfig, mapped_file_queue: MappedFileQueue,
-                 consume_queues: Callable[[], Dict[Tuple[str, int], Any]], clock: Callable[[], int],
-                 sleep: Callable[[int], bool]):
+    def __init__(
+        self,
+        config: StoreConfig,
+        mapped_file_queue: MappedFileQueue,
+        consume_queues: Callable[[], Dict[Tuple[str, int], Any]],
+        clock: Callable[[], int],
+        sleep: Callable[[int], bool],
+    ):
         self.config = config
         self.mfq = mapped_file_queue
         self.consume_queues = consume_queues
@@ -436,8 +475,7 @@ class CleanConsumeQueueService:
             if isinstance(n, int):
                 self.deleted_index_files += n
         if deleted:
-            log.info("retention deleted %d consume queue file(s) below commit log offset %d", len(deleted),
-                     min_offset)
+            log.info("retention deleted %d consume queue file(s) below commit log offset %d", len(deleted), min_offset)
         return deleted
 
 
@@ -456,21 +494,38 @@ class CleanService(ServiceThread):
     :param disk_usage: path -> used ratio 0..1; default ``disk_used_ratio`` (statvfs).
     """
 
-    def __init__(self, config: StoreConfig, commit_log_queue: MappedFileQueue, commit_log,
-                 dispatched_offset: Callable[[], int], consume_queues: Callable[[], Dict[Tuple[str, int], Any]],
-                 root: str, *, clock: Optional[Callable[[], int]] = None,
-                 disk_usage: Optional[Callable[[str], float]] = None):
+    def __init__(
+        self,
+        config: StoreConfig,
+        commit_log_queue: MappedFileQueue,
+        commit_log,
+        dispatched_offset: Callable[[], int],
+        consume_queues: Callable[[], Dict[Tuple[str, int], Any]],
+        root: str,
+        *,
+        clock: Optional[Callable[[], int]] = None,
+        disk_usage: Optional[Callable[[str], float]] = None,
+    ):
         super().__init__("CleanService")
         self.config = config
         self.clock = clock or wall_clock_ms
         self._pass_lock = threading.Lock()  # run_once from a caller and the thread never overlap
         self.passes = 0
         self.commit_log_service = CleanCommitLogService(
-            config, commit_log_queue, commit_log, dispatched_offset, consume_queues,
-            os.path.join(root, "config", "consumerOffset.json"), os.path.join(root, "consumequeue"),
-            self.clock, disk_usage or disk_used_ratio, self._pause)
+            config,
+            commit_log_queue,
+            commit_log,
+            dispatched_offset,
+            consume_queues,
+            os.path.join(root, "config", "consumerOffset.json"),
+            os.path.join(root, "consumequeue"),
+            self.clock,
+            disk_usage or disk_used_ratio,
+            self._pause,
+        )
         self.consume_queue_service = CleanConsumeQueueService(
-            config, commit_log_queue, consume_queues, self.clock, self._pause)
+            config, commit_log_queue, consume_queues, self.clock, self._pause
+        )
 
     @property
     def index_service(self):
@@ -525,8 +580,9 @@ class CleanService(ServiceThread):
             "disk_used_ratio": cl.disk_ratio,
             "disk_full": cl.disk_full,
             "clean_immediately": cl.clean_immediately,
-            "kept_for_consumers": {g: dict(v, segments=list(v["segments"]))
-                                   for g, v in cl.kept_for_consumers.items()},  # replaced whole, never mutated
+            "kept_for_consumers": {
+                g: dict(v, segments=list(v["segments"])) for g, v in cl.kept_for_consumers.items()
+            },  # replaced whole, never mutated
             "kept_for_dispatch": list(cl.kept_for_dispatch),
             "deleted_unconsumed": dict(cl.deleted_unconsumed),
             "consumer_offsets_error": cl.consumer_offsets_error,

@@ -1,5 +1,6 @@
 """Flush services: FlushRealTimeService (ASYNC_FLUSH), GroupCommitService (SYNC_FLUSH), CommitRealTimeService
 (transient store pool) and FlushConsumeQueueService, with RocketMQ's intervals and least-pages rules."""
+
 from __future__ import annotations
 
 import logging
@@ -260,8 +261,14 @@ class FlushConsumeQueueService(ServiceThread):
     ms; after a thorough pass the checkpoint's logical timestamp moves and the checkpoint file is synced.
     """
 
-    def __init__(self, queues: Callable[[], Iterable], config, checkpoint, flush_checkpoint: Callable[[], None],
-                 sync_names: Callable[[], int] = lambda: 0):
+    def __init__(
+        self,
+        queues: Callable[[], Iterable],
+        config,
+        checkpoint,
+        flush_checkpoint: Callable[[], None],
+        sync_names: Callable[[], int] = lambda: 0,
+    ):
         super().__init__("FlushConsumeQueueService")
         self.queues = queues
         # makes the names of queue files created since the last pass durable (ConsumeQueueTable.sync_names)

@@ -16,6 +16,7 @@ Idle: when caught up the thread waits 1 ms, doubling to 20 ms while nothing arri
 A record that cannot be decoded stops the service (``error``), as the ConsumeQueue dispatcher does; a file
 that cannot be created (ENOSPC) is retried every 100 ms (``blocked``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,10 +24,10 @@ import threading
 import time
 from typing import Callable, Optional
 
-from localmq._columns import decode_range, RecordColumns
+from localmq._columns import RecordColumns, decode_range
 from localmq.errors import CorruptFrameError, StoreClosedError
-from localmq.status import Stop
 from localmq.services.service_thread import ServiceThread
+from localmq.status import Stop
 
 log = logging.getLogger("localmq.index")
 
@@ -76,8 +77,7 @@ class IndexDispatchService(ServiceThread):
                 except OSError as e:
                     # an index file cannot be created (disk full): nothing is lost, the log is re-read later
                     if self.blocked is None:
-                        log.error("index blocked at commit log offset %d: %s; retrying every 100 ms",
-                                  self._offset, e)
+                        log.error("index blocked at commit log offset %d: %s; retrying every 100 ms", self._offset, e)
                     # kept without its traceback: the frames hold the segment's buffer, which close() must unmap
                     self.blocked = e.with_traceback(None)
                     del e
@@ -143,8 +143,11 @@ class IndexDispatchService(ServiceThread):
             self._offset = base + size
             return True
         if reason in (Stop.TORN, Stop.CORRUPT):
-            raise CorruptFrameError(f"index service found a {reason} record at commit log offset {base + pos}",
-                                    offset=base + pos, path=seg.path)
+            raise CorruptFrameError(
+                f"index service found a {reason} record at commit log offset {base + pos}",
+                offset=base + pos,
+                path=seg.path,
+            )
         self._offset = base + pos
         return n > 0
 

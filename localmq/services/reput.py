@@ -1,10 +1,11 @@
 """ReputMessageService: the dispatch thread that builds ConsumeQueues from new CommitLog records."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from localmq.store.dispatch import ReputCore
 from localmq.services.service_thread import ServiceThread
+from localmq.store.dispatch import ReputCore
 
 
 class ReputMessageService(ServiceThread):

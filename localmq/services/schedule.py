@@ -1,4 +1,5 @@
 """ScheduleMessageService: delivers delayed messages from SCHEDULE_TOPIC_XXXX to their real topic when due."""
+
 from __future__ import annotations
 
 import logging
@@ -50,12 +51,14 @@ def level_for_delay(levels_ms: Tuple[int, ...], seconds: float) -> int:
     for i, ms in enumerate(levels_ms):
         if ms >= want:
             return i + 1
-    raise InvalidDelayError(f"delay {seconds} s is longer than the largest delay level "
-                            f"({len(levels_ms)}: {levels_ms[-1] / 1000} s)")
+    raise InvalidDelayError(
+        f"delay {seconds} s is longer than the largest delay level ({len(levels_ms)}: {levels_ms[-1] / 1000} s)"
+    )
 
 
-def delay_rewrite(topic: str, queue_id: int, properties: Optional[Dict[str, str]], level: Any,
-                  max_level: int) -> Tuple[str, int, Dict[str, str]]:
+def delay_rewrite(
+    topic: str, queue_id: int, properties: Optional[Dict[str, str]], level: Any, max_level: int
+) -> Tuple[str, int, Dict[str, str]]:
     """RocketMQ's store-side delay rewrite (CommitLog.asyncPutMessage): clamp the level to ``max_level``, add
     DELAY (the clamped level), REAL_TOPIC and REAL_QID to the properties, and send to SCHEDULE_TOPIC_XXXX queue
     level - 1. Returns (topic, queue id, properties); ``properties`` is not modified.
@@ -101,9 +104,17 @@ class ScheduleMessageService(ServiceThread):
     ``put_ext``) -> PutResult; ``flush_log()``; ``clock()`` -> ms since the epoch.
     """
 
-    def __init__(self, root: str, levels_ms: Tuple[int, ...], find_cq: Callable[[str, int], Any],
-                 read: Callable[[int], Any], put: Callable[..., Any], flush_log: Callable[[], None],
-                 flush_interval_ms: int = 100, clock: Optional[Callable[[], int]] = None):
+    def __init__(
+        self,
+        root: str,
+        levels_ms: Tuple[int, ...],
+        find_cq: Callable[[str, int], Any],
+        read: Callable[[int], Any],
+        put: Callable[..., Any],
+        flush_log: Callable[[], None],
+        flush_interval_ms: int = 100,
+        clock: Optional[Callable[[], int]] = None,
+    ):
         super().__init__("ScheduleMessageService")
         self.path = os.path.join(root, CONFIG_DIR, DELAY_OFFSET_FILE)
         self.levels_ms = tuple(levels_ms)
@@ -118,13 +129,13 @@ class ScheduleMessageService(ServiceThread):
         self._lock = threading.Lock()
         self.offsets: Dict[int, int] = self._load()
         self._dirty = False
-        self._last_persist = self._clock()   # on ``clock``, as the due times: a test's fake clock drives both
-        self._persist_every_ms = flush_interval_ms   # 10 s after a failed write (RocketMQ's back-off)
+        self._last_persist = self._clock()  # on ``clock``, as the due times: a test's fake clock drives both
+        self._persist_every_ms = flush_interval_ms  # 10 s after a failed write (RocketMQ's back-off)
         self.persists = 0
         # levels whose offset came from delayOffset.json and whose next units may have been re-put already (after
         # the file's last write, before a crash): each due unit is first looked for in its real queue
         self._unconfirmed = set(range(1, self.max_level + 1))
-        self._found_after: Dict[Tuple[str, int], int] = {}   # real queue -> index after the last re-put found
+        self._found_after: Dict[Tuple[str, int], int] = {}  # real queue -> index after the last re-put found
         self.redeliveries_avoided = 0
         self.delivered = 0
         self.skipped = 0
@@ -142,7 +153,7 @@ class ScheduleMessageService(ServiceThread):
                     wait_ms = max(1, min(POLL_MS, next_due - self._clock()))
                 hold = self._persist_if_due()
                 if hold > 0:
-                    wait_ms = max(1, min(wait_ms, hold))   # wake for the write held back
+                    wait_ms = max(1, min(wait_ms, hold))  # wake for the write held back
             except Exception as e:  # noqa: BLE001 - logged, counted, retried after RocketMQ's 10 s back-off
                 self.errors += 1
                 self.last_error = e
@@ -183,7 +194,7 @@ class ScheduleMessageService(ServiceThread):
                 deliver = now
             if deliver > now:
                 return deliver
-            self._persist_if_due()   # a long pass (a backlog) writes every interval too, before its next re-put
+            self._persist_if_due()  # a long pass (a backlog) writes every interval too, before its next re-put
             if level in self._unconfirmed:
                 if self._delivered_before(m, unit[0]):
                     self.redeliveries_avoided += 1
@@ -224,8 +235,14 @@ class ScheduleMessageService(ServiceThread):
         for i in range(lo, min(cq.max_offset, lo + SCAN_UNITS)):
             u = cq.unit(i)
             r = self._read(u[0]) if u is not None else None
-            if (r is not None and r.body == m.body and r.born_timestamp == m.born_timestamp and r.flag == m.flag
-                    and r.born_host == m.born_host and r.raw_properties == m.raw_properties):
+            if (
+                r is not None
+                and r.body == m.body
+                and r.born_timestamp == m.born_timestamp
+                and r.flag == m.flag
+                and r.born_host == m.born_host
+                and r.raw_properties == m.raw_properties
+            ):
                 self._found_after[(topic, qid)] = i + 1
                 return True
         return False
@@ -244,11 +261,15 @@ class ScheduleMessageService(ServiceThread):
         # RocketMQ's messageTimeup: body, flag, sysflag, born timestamp and host and reconsume times copied, and
         # the schedule record's properties string unchanged (DELAY, REAL_TOPIC, REAL_QID, WAIT stay); a DELAY on a
         # topic other than SCHEDULE_TOPIC_XXXX is inert here
-        extra = PutExtra(sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
-                         store_host=m.store_host,
-                         reconsume_times=m.reconsume_times, raw_properties=m.raw_properties)
-        r = self._put(real_topic, m.body if m.body is not None else b"", queue_id=real_qid, flag=m.flag,
-                      extra=extra)
+        extra = PutExtra(
+            sys_flag=m.sys_flag,
+            born_timestamp=m.born_timestamp,
+            born_host=m.born_host,
+            store_host=m.store_host,
+            reconsume_times=m.reconsume_times,
+            raw_properties=m.raw_properties,
+        )
+        r = self._put(real_topic, m.body if m.body is not None else b"", queue_id=real_qid, flag=m.flag, extra=extra)
         if r.status is not PutStatus.PUT_OK:
             self.put_failures += 1
             log.warning("%s: re-put of level %d unit %d answered %s; retrying", self.name, level, off, r.status.name)
@@ -310,7 +331,12 @@ class ScheduleMessageService(ServiceThread):
                 log.exception("service %s: writing %s", self.name, self.path)
 
     def stats(self) -> Dict[str, Any]:
-        return {"delivered": self.delivered, "skipped": self.skipped, "put_failures": self.put_failures,
-                "redeliveries_avoided": self.redeliveries_avoided,
-                "offsets": dict(self.offsets), "persists": self.persists,
-                "errors": self.errors}
+        return {
+            "delivered": self.delivered,
+            "skipped": self.skipped,
+            "put_failures": self.put_failures,
+            "redeliveries_avoided": self.redeliveries_avoided,
+            "offsets": dict(self.offsets),
+            "persists": self.persists,
+            "errors": self.errors,
+        }

@@ -1,4 +1,5 @@
 """ServiceThread: one base for every background service (start, wakeup, wait, shutdown with join)."""
+
 from __future__ import annotations
 
 import logging

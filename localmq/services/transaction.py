@@ -30,6 +30,7 @@ processes have no checker (TransactionNotSupportedError), so no other process co
 skips the look-up (its UNIQ_KEY is fresh) unless the checker already asked about that transaction.
 A half message without UNIQ_KEY (a foreign client's) cannot be looked up and is committed as RocketMQ would.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,9 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from localmq._record import Message, properties_to_bytes
 from localmq.errors import InvalidTransactionError, SendError
 from localmq.layout import (
-    SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_NOT_TYPE,
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_NOT_TYPE,
 )
 from localmq.services.service_thread import ServiceThread
 from localmq.status import LocalTransactionState, PutStatus
@@ -70,12 +73,16 @@ PROPERTY_DELAY = "DELAY"
 # a default HashMap (16 buckets) holding TAGS and WAIT=true; it iterates bucket order: WAIT (13) before TAGS (14).
 OP_PROPERTIES = properties_to_bytes({"WAIT": "true", "TAGS": OP_REMOVE_TAG})
 
-HALF_QUEUE_ID = 0            # RocketMQ uses only queue 0 of the half topic (and the same id in the op topic)
-OP_BATCH = 32                # ops read per getOpMsg in RocketMQ; here the unit count read per CQ scan step
-MAX_CHECK_SECONDS = 60.0     # RocketMQ's MAX_PROCESS_TIME_LIMIT: one queue is walked at most this long per pass
-_CHECKED_KEYS_MAX = 65_536   # transaction ids the checker asked about, remembered for the producers' commits
-_STORED_ANYWAY = (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT, PutStatus.FLUSH_SLAVE_TIMEOUT,
-                  PutStatus.SLAVE_NOT_AVAILABLE)
+HALF_QUEUE_ID = 0  # RocketMQ uses only queue 0 of the half topic (and the same id in the op topic)
+OP_BATCH = 32  # ops read per getOpMsg in RocketMQ; here the unit count read per CQ scan step
+MAX_CHECK_SECONDS = 60.0  # RocketMQ's MAX_PROCESS_TIME_LIMIT: one queue is walked at most this long per pass
+_CHECKED_KEYS_MAX = 65_536  # transaction ids the checker asked about, remembered for the producers' commits
+_STORED_ANYWAY = (
+    PutStatus.PUT_OK,
+    PutStatus.FLUSH_DISK_TIMEOUT,
+    PutStatus.FLUSH_SLAVE_TIMEOUT,
+    PutStatus.SLAVE_NOT_AVAILABLE,
+)
 
 CheckListener = Callable[[Message], Any]
 
@@ -100,8 +107,9 @@ def user_message(half: Message) -> Message:
         qid = int(props.get(PROPERTY_REAL_QUEUE_ID, "0"))
     except ValueError:
         qid = 0
-    return Message(props.get(PROPERTY_REAL_TOPIC, half.topic), bytes(half.body), properties=props, flag=half.flag,
-                   queue_id=qid)
+    return Message(
+        props.get(PROPERTY_REAL_TOPIC, half.topic), bytes(half.body), properties=props, flag=half.flag, queue_id=qid
+    )
 
 
 def _stored(r: Any, what: str) -> Any:
@@ -131,13 +139,25 @@ class TransactionalMessageCheckService(ServiceThread):
     ``_end_lock``, taken before the store's put lock (ARCHITECTURE.md, Locks). Listeners are called without any lock.
     """
 
-    def __init__(self, *, read: Callable[[int], Optional[Message]], put: Callable[..., Any],
-                 put_ext: Callable[..., Any], find_cq: Callable[[str, int], Any],
-                 find_commit: Callable[[Message], Optional[Message]],
-                 query_offset: Callable[[str], Optional[int]], commit_offsets: Callable[[Dict[str, int]], None],
-                 flush_log: Callable[[], None], store_host: str, timeout_ms: int = 6000, check_max: int = 15,
-                 interval_ms: int = 60_000, file_reserved_ms: int = 72 * 3_600_000,
-                 clock: Optional[Callable[[], int]] = None, before_pass: Optional[Callable[[], Any]] = None):
+    def __init__(
+        self,
+        *,
+        read: Callable[[int], Optional[Message]],
+        put: Callable[..., Any],
+        put_ext: Callable[..., Any],
+        find_cq: Callable[[str, int], Any],
+        find_commit: Callable[[Message], Optional[Message]],
+        query_offset: Callable[[str], Optional[int]],
+        commit_offsets: Callable[[Dict[str, int]], None],
+        flush_log: Callable[[], None],
+        store_host: str,
+        timeout_ms: int = 6000,
+        check_max: int = 15,
+        interval_ms: int = 60_000,
+        file_reserved_ms: int = 72 * 3_600_000,
+        clock: Optional[Callable[[], int]] = None,
+        before_pass: Optional[Callable[[], Any]] = None,
+    ):
         super().__init__("TransactionalMessageCheckService")
         self._read = read
         self._put = put
@@ -154,7 +174,7 @@ class TransactionalMessageCheckService(ServiceThread):
         self.interval_ms = interval_ms
         self.file_reserved_ms = file_reserved_ms
         self._clock = clock or (lambda: int(time.time() * 1000))
-        self._end_lock = threading.Lock()       # commits and op records: look-up and put together
+        self._end_lock = threading.Lock()  # commits and op records: look-up and put together
         self._listeners_lock = threading.Lock()  # the listener table
         self._listeners: Dict[str, List[CheckListener]] = {}
         # UNIQ_KEYs the checker asked a listener about (guarded by _end_lock): a producer's own commit of one of
@@ -200,16 +220,18 @@ class TransactionalMessageCheckService(ServiceThread):
 
     # -- prepare / end ------------------------------------------------------------------------------------------
 
-    def prepare(self, topic: str, body: Any, queue_id: int, group: str, properties: Dict[str, str],
-                flag: int = 0) -> Any:
+    def prepare(
+        self, topic: str, body: Any, queue_id: int, group: str, properties: Dict[str, str], flag: int = 0
+    ) -> Any:
         """Put the half message of a transaction (§4.3). ``properties`` must hold UNIQ_KEY. Returns the PutResult;
         raises SendError when it was not stored, and what ``put`` raises."""
         props = half_properties(topic, queue_id, group, properties)
         r = self._put(TRANS_HALF_TOPIC, body, queue_id=HALF_QUEUE_ID, properties=props, flag=flag)
         return _stored(r, "half message")
 
-    def end_transaction(self, half: Message, state: LocalTransactionState, *, group: Optional[str] = None,
-                        look_up: bool = True) -> Tuple[Any, Any]:
+    def end_transaction(
+        self, half: Message, state: LocalTransactionState, *, group: Optional[str] = None, look_up: bool = True
+    ) -> Tuple[Any, Any]:
         """End the transaction of the half record ``half`` (as read from the log, any copy) with ``state`` (§4.4).
 
         COMMIT: the real record (unless one of this transaction is already committed, see the module docstring),
@@ -224,8 +246,10 @@ class TransactionalMessageCheckService(ServiceThread):
             raise InvalidTransactionError(f"not a half message: {half!r}")
         props = half.properties
         if group is not None and props.get(PROPERTY_PRODUCER_GROUP) != group:
-            raise InvalidTransactionError(f"the half message at {half.physical_offset} belongs to producer group "
-                                          f"{props.get(PROPERTY_PRODUCER_GROUP)!r}, not {group!r}")
+            raise InvalidTransactionError(
+                f"the half message at {half.physical_offset} belongs to producer group "
+                f"{props.get(PROPERTY_PRODUCER_GROUP)!r}, not {group!r}"
+            )
         if not props.get(PROPERTY_REAL_TOPIC) or not props.get(PROPERTY_REAL_QUEUE_ID, "").isdigit():
             raise InvalidTransactionError(f"the half message at {half.physical_offset} has no REAL_TOPIC/REAL_QID")
         if state is LocalTransactionState.UNKNOW:
@@ -242,25 +266,37 @@ class TransactionalMessageCheckService(ServiceThread):
                     self.commits += 1
                 else:
                     self.duplicates_avoided += 1
-                    log.info("transaction %s is already committed at %d: writing only its op record", key,
-                             existing.physical_offset)
+                    log.info(
+                        "transaction %s is already committed at %d: writing only its op record",
+                        key,
+                        existing.physical_offset,
+                    )
             else:
                 self.rollbacks += 1
             op = self._put_op(half)
         return commit, op
 
     def _put_commit(self, half: Message, props: Dict[str, str]) -> Any:
-        extra = PutExtra(sys_flag=(half.sys_flag & ~SYSFLAG_TRANSACTION_MASK) | SYSFLAG_TRANSACTION_COMMIT,
-                         born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=half.store_host,
-                         reconsume_times=half.reconsume_times, prepared_transaction_offset=half.physical_offset,
-                         raw_properties=bytes(half.raw_properties))
-        r = self._put_ext(props[PROPERTY_REAL_TOPIC], half.body, queue_id=int(props[PROPERTY_REAL_QUEUE_ID]),
-                          flag=half.flag, extra=extra)
+        extra = PutExtra(
+            sys_flag=(half.sys_flag & ~SYSFLAG_TRANSACTION_MASK) | SYSFLAG_TRANSACTION_COMMIT,
+            born_timestamp=half.born_timestamp,
+            born_host=half.born_host,
+            store_host=half.store_host,
+            reconsume_times=half.reconsume_times,
+            prepared_transaction_offset=half.physical_offset,
+            raw_properties=bytes(half.raw_properties),
+        )
+        r = self._put_ext(
+            props[PROPERTY_REAL_TOPIC],
+            half.body,
+            queue_id=int(props[PROPERTY_REAL_QUEUE_ID]),
+            flag=half.flag,
+            extra=extra,
+        )
         return _stored(r, "committed message")
 
     def _put_op(self, half: Message) -> Any:
-        extra = PutExtra(sys_flag=SYSFLAG_TRANSACTION_NOT_TYPE, born_host=self.store_host,
-                         raw_properties=OP_PROPERTIES)
+        extra = PutExtra(sys_flag=SYSFLAG_TRANSACTION_NOT_TYPE, born_host=self.store_host, raw_properties=OP_PROPERTIES)
         r = self._put_ext(TRANS_OP_HALF_TOPIC, str(half.queue_offset).encode(), queue_id=half.queue_id, extra=extra)
         return _stored(r, "op record")
 
@@ -362,8 +398,7 @@ class TransactionalMessageCheckService(ServiceThread):
             self._flush_log()
             self._commit_offsets({TRANS_HALF_TOPIC: new_half, TRANS_OP_HALF_TOPIC: op})
 
-    def _check_one(self, m: Message, start: int, remove: Dict[int, int], done: Set[int],
-                   ended: Dict[int, int]) -> str:
+    def _check_one(self, m: Message, start: int, remove: Dict[int, int], done: Set[int], ended: Dict[int, int]) -> str:
         """One half record: "next" (done with it), "stop" (end this pass) or "checked" (re-put and a listener
         asked). ``remove``, ``done``, ``ended``: see ``_ops``."""
         props = m.properties
@@ -410,8 +445,9 @@ class TransactionalMessageCheckService(ServiceThread):
             return "next"
         return self._check(m, props)
 
-    def _immune(self, m: Message, props: Dict[str, str], remove: Dict[int, int], done: Set[int],
-                ended: Dict[int, int]) -> bool:
+    def _immune(
+        self, m: Message, props: Dict[str, str], remove: Dict[int, int], done: Set[int], ended: Dict[int, int]
+    ) -> bool:
         """RocketMQ's checkPrepareQueueOffset: a half still inside its CHECK_IMMUNITY_TIME is re-put with
         TRAN_PREPARED_QUEUE_OFFSET naming the original, or is done when an op names that original (RocketMQ looks
         only among ops at or above the half offset, so it misses the usual case, an op naming the original that
@@ -447,8 +483,12 @@ class TransactionalMessageCheckService(ServiceThread):
         listener = self._listener(group)
         if listener is None:
             self.unanswered += 1
-            log.warning("%s: no check listener of producer group %r in this process for transaction %s",
-                        self.name, group, m.uniq_key)
+            log.warning(
+                "%s: no check listener of producer group %r in this process for transaction %s",
+                self.name,
+                group,
+                m.uniq_key,
+            )
             return "checked"
         key = m.uniq_key
         if key is not None:
@@ -467,23 +507,44 @@ class TransactionalMessageCheckService(ServiceThread):
     def _re_put(self, m: Message, props: Dict[str, str]) -> Any:
         """RocketMQ's putBackHalfMsgQueue: a copy of the half at the tail of its queue, properties re-serialised
         (with the new TRANSACTION_CHECK_TIMES), born time and host, sysflag and reconsume times kept."""
-        extra = PutExtra(sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
-                         store_host=m.store_host,
-                         reconsume_times=m.reconsume_times, raw_properties=properties_to_bytes(props))
-        return _stored(self._put_ext(TRANS_HALF_TOPIC, m.body, queue_id=m.queue_id, flag=m.flag, extra=extra),
-                       "half message re-put")
+        extra = PutExtra(
+            sys_flag=m.sys_flag,
+            born_timestamp=m.born_timestamp,
+            born_host=m.born_host,
+            store_host=m.store_host,
+            reconsume_times=m.reconsume_times,
+            raw_properties=properties_to_bytes(props),
+        )
+        return _stored(
+            self._put_ext(TRANS_HALF_TOPIC, m.body, queue_id=m.queue_id, flag=m.flag, extra=extra),
+            "half message re-put",
+        )
 
     def _discard(self, m: Message, raw: bytes, why: str) -> None:
         """RocketMQ's resolveDiscardMsg: a copy in TRANS_CHECK_MAX_TIME_TOPIC queue 0, every field kept."""
-        extra = PutExtra(sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
-                         store_host=m.store_host,
-                         reconsume_times=m.reconsume_times, raw_properties=raw)
-        _stored(self._put_ext(TRANS_CHECK_MAX_TIME_TOPIC, m.body, queue_id=0, flag=m.flag, extra=extra),
-                "discarded half message")
+        extra = PutExtra(
+            sys_flag=m.sys_flag,
+            born_timestamp=m.born_timestamp,
+            born_host=m.born_host,
+            store_host=m.store_host,
+            reconsume_times=m.reconsume_times,
+            raw_properties=raw,
+        )
+        _stored(
+            self._put_ext(TRANS_CHECK_MAX_TIME_TOPIC, m.body, queue_id=0, flag=m.flag, extra=extra),
+            "discarded half message",
+        )
         self.discarded += 1
         log.warning("%s: transaction %s discarded to %s (%s)", self.name, m.uniq_key, TRANS_CHECK_MAX_TIME_TOPIC, why)
 
     def stats(self) -> Dict[str, Any]:
-        return {"passes": self.passes, "checks": self.checks, "commits": self.commits, "rollbacks": self.rollbacks,
-                "discarded": self.discarded, "duplicates_avoided": self.duplicates_avoided,
-                "unanswered": self.unanswered, "errors": self.errors}
+        return {
+            "passes": self.passes,
+            "checks": self.checks,
+            "commits": self.commits,
+            "rollbacks": self.rollbacks,
+            "discarded": self.discarded,
+            "duplicates_avoided": self.duplicates_avoided,
+            "unanswered": self.unanswered,
+            "errors": self.errors,
+        }

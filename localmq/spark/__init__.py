@@ -10,8 +10,16 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["register", "read_commitlog", "arrow_batches", "jar_path", "configure_spark", "spark_ddl", "COLUMNS",
-           "LocalMQDataSource"]
+__all__ = [
+    "register",
+    "read_commitlog",
+    "arrow_batches",
+    "jar_path",
+    "configure_spark",
+    "spark_ddl",
+    "COLUMNS",
+    "LocalMQDataSource",
+]
 
 
 def _need(*modules: str) -> None:
@@ -23,7 +31,9 @@ def _need(*modules: str) -> None:
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(
                 f"localmq.spark needs {name}, which is not installed: pip install 'localmq[spark]' (pyspark, pyarrow, "
-                f"pandas; Spark also needs Java 17)", name=name) from e
+                f"pandas; Spark also needs Java 17)",
+                name=name,
+            ) from e
 
 
 def register(spark: "SparkSession") -> None:

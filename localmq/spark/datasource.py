@@ -12,8 +12,16 @@ from localmq.errors import ConfigError
 from localmq.spark.decode import COLUMN_TYPES, read_partition, spark_ddl
 from localmq.spark.options import LATEST, ReadOptions
 from localmq.spark.plan import (
-    OffsetRangeError, check_offsets_json, log, offset_for_time, open_store_files, plan_batch, queue_partitions,
-    split_ranges, store_state, tail_partitions,
+    OffsetRangeError,
+    check_offsets_json,
+    log,
+    offset_for_time,
+    open_store_files,
+    plan_batch,
+    queue_partitions,
+    split_ranges,
+    store_state,
+    tail_partitions,
 )
 
 if TYPE_CHECKING:
@@ -25,7 +33,7 @@ if TYPE_CHECKING:
     from localmq.spark.plan import Key, State, Tail
     from localmq.store.files import StoreFiles
 
-    OffsetsJson = dict[str, dict[str, int]]     # Spark's offsets: {"topic": {"queueId": offset}}
+    OffsetsJson = dict[str, dict[str, int]]  # Spark's offsets: {"topic": {"queueId": offset}}
 
 __all__ = ["LocalMQDataSource", "LocalMQReader", "LocalMQFilteringReader", "LocalMQStreamReader"]
 
@@ -103,7 +111,12 @@ class LocalMQFilteringReader(LocalMQReader):
         """Prune by ``topic``, ``partition`` and ``offset`` comparisons. Every filter is also returned, so Spark
         still applies it to the rows: pruning only skips what cannot match, so the result stays exact."""
         from pyspark.sql.datasource import (
-            EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual,
+            EqualTo,
+            GreaterThan,
+            GreaterThanOrEqual,
+            In,
+            LessThan,
+            LessThanOrEqual,
         )
 
         opts = self.opts
@@ -120,12 +133,20 @@ class LocalMQFilteringReader(LocalMQReader):
                 wanted_ids = frozenset(q for q in values if isinstance(q, int))
                 opts.queue_ids = wanted_ids if opts.queue_ids is None else opts.queue_ids & wanted_ids
                 opts.pushed = True
-            elif (col == "offset" and isinstance(f, (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan,
-                                                     LessThanOrEqual))
-                  and isinstance(f.value, int) and not isinstance(f.value, bool)):
+            elif (
+                col == "offset"
+                and isinstance(f, (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual))
+                and isinstance(f.value, int)
+                and not isinstance(f.value, bool)
+            ):
                 v = f.value
-                lo, hi = {EqualTo: (v, v + 1), GreaterThan: (v + 1, None), GreaterThanOrEqual: (v, None),
-                          LessThan: (0, v), LessThanOrEqual: (0, v + 1)}.get(type(f), (0, None))
+                lo, hi = {
+                    EqualTo: (v, v + 1),
+                    GreaterThan: (v + 1, None),
+                    GreaterThanOrEqual: (v, None),
+                    LessThan: (0, v),
+                    LessThanOrEqual: (0, v + 1),
+                }.get(type(f), (0, None))
                 opts.offset_lo = max(opts.offset_lo, lo)
                 if hi is not None:
                     opts.offset_hi = hi if opts.offset_hi is None else min(opts.offset_hi, hi)

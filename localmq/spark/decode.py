@@ -15,8 +15,8 @@ from localmq.errors import CorruptFrameError, CorruptStoreError
 from localmq.filter import compile_sql92
 from localmq.layout import CQ_EXT_ADDRESS_MAX, file_name
 from localmq.spark.plan import OffsetRangeError, Partition, QueueRange, SegmentRange, SegmentRanges, dispatched
-from localmq.store.files import ConsumeQueueFiles, map_segment, points_at_records
 from localmq.status import RecordStatus, Stop
+from localmq.store.files import ConsumeQueueFiles, map_segment, points_at_records
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -29,11 +29,21 @@ log = logging.getLogger("localmq.spark")
 
 # (name, Spark SQL type). Kafka's source columns first, then RocketMQ's.
 COLUMNS = (
-    ("key", "binary"), ("value", "binary"), ("topic", "string"), ("partition", "int"), ("offset", "bigint"),
-    ("timestamp", "timestamp"), ("timestampType", "int"),
-    ("tags", "string"), ("keys", "array<string>"), ("properties", "map<string,string>"),
-    ("physical_offset", "bigint"), ("born_timestamp", "timestamp"), ("reconsume_times", "int"),
-    ("sys_flag", "int"), ("msg_id", "string"),
+    ("key", "binary"),
+    ("value", "binary"),
+    ("topic", "string"),
+    ("partition", "int"),
+    ("offset", "bigint"),
+    ("timestamp", "timestamp"),
+    ("timestampType", "int"),
+    ("tags", "string"),
+    ("keys", "array<string>"),
+    ("properties", "map<string,string>"),
+    ("physical_offset", "bigint"),
+    ("born_timestamp", "timestamp"),
+    ("reconsume_times", "int"),
+    ("sys_flag", "int"),
+    ("msg_id", "string"),
 )
 COLUMN_TYPES = dict(COLUMNS)
 # Kafka's timestampType: 0 CreateTime, 1 LogAppendTime. ``timestamp`` is the store time the broker (or localmq)
@@ -52,8 +62,12 @@ def _arrow_type(sql: str) -> "pa.DataType":
     import pyarrow as pa
 
     return {
-        "binary": pa.binary(), "string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
-        "timestamp": pa.timestamp("us", tz="UTC"), "array<string>": pa.list_(pa.field("element", pa.string())),
+        "binary": pa.binary(),
+        "string": pa.string(),
+        "int": pa.int32(),
+        "bigint": pa.int64(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+        "array<string>": pa.list_(pa.field("element", pa.string())),
         "map<string,string>": pa.map_(pa.string(), pa.string()),
     }[sql]
 
@@ -75,12 +89,19 @@ def _buf(a: npt.NDArray[Any]) -> "pa.Buffer":
     return pa.py_buffer(a)
 
 
-def _binary(pa_type: "pa.DataType", n: int, offs: npt.NDArray[np.int32], data: npt.NDArray[np.uint8],
-            valid: npt.NDArray[np.uint8] | None = None, nulls: int = 0) -> "pa.Array":
+def _binary(
+    pa_type: "pa.DataType",
+    n: int,
+    offs: npt.NDArray[np.int32],
+    data: npt.NDArray[np.uint8],
+    valid: npt.NDArray[np.uint8] | None = None,
+    nulls: int = 0,
+) -> "pa.Array":
     import pyarrow as pa
 
-    return pa.Array.from_buffers(pa_type, n, [None if valid is None else _buf(valid), _buf(offs), _buf(data)],
-                                 null_count=nulls)
+    return pa.Array.from_buffers(
+        pa_type, n, [None if valid is None else _buf(valid), _buf(offs), _buf(data)], null_count=nulls
+    )
 
 
 def _fixed(pa_type: "pa.DataType", values: npt.NDArray[Any]) -> "pa.Array":
@@ -89,8 +110,9 @@ def _fixed(pa_type: "pa.DataType", values: npt.NDArray[Any]) -> "pa.Array":
     return pa.Array.from_buffers(pa_type, len(values), [None, _buf(np.ascontiguousarray(values))], null_count=0)
 
 
-def record_batch(cols: _columns.RecordColumns, rows: npt.NDArray[np.integer[Any]] | None, columns: Iterable[str],
-                 schema: "pa.Schema") -> "pa.RecordBatch":
+def record_batch(
+    cols: _columns.RecordColumns, rows: npt.NDArray[np.integer[Any]] | None, columns: Iterable[str], schema: "pa.Schema"
+) -> "pa.RecordBatch":
     """One RecordBatch of the decoded rows of ``cols`` (all, or the int64 indices ``rows``), columns as named."""
     import pyarrow as pa
 
@@ -129,7 +151,8 @@ def record_batch(cols: _columns.RecordColumns, rows: npt.NDArray[np.integer[Any]
             k = len(koffs) - 1
             entries = pa.StructArray.from_arrays(
                 [_binary(pa.string(), k, koffs, kdata), _binary(pa.string(), k, voffs, vdata)],
-                fields=[t.key_field, t.item_field])
+                fields=[t.key_field, t.item_field],
+            )
             out.append(pa.Array.from_buffers(t, n, [None, _buf(moffs)], null_count=0, children=[entries]))
         elif name == "physical_offset":
             out.append(_fixed(t, col("physical_offset")))
@@ -186,8 +209,9 @@ def _filtered(part: SegmentRange | QueueRange) -> bool:
     return part.tag_names is not None or part.sql is not None
 
 
-def _content_rows(cols: _columns.RecordColumns, part: SegmentRange | QueueRange,
-                  rows: npt.NDArray[np.integer[Any]] | None) -> npt.NDArray[np.integer[Any]] | None:
+def _content_rows(
+    cols: _columns.RecordColumns, part: SegmentRange | QueueRange, rows: npt.NDArray[np.integer[Any]] | None
+) -> npt.NDArray[np.integer[Any]] | None:
     """``rows`` (indices, or None for all) narrowed to those ``part``'s tags and SQL92 filters keep.
 
     Tags: the TAGS value must be one of the names exactly (bytes compared; no TAGS, no match), as a consumer's
@@ -230,15 +254,25 @@ def _range_done(part: SegmentRange, reason: Stop, nxt: int) -> bool:
     if reason in (Stop.FULL, Stop.FALLBACK):
         return False
     what = "zero bytes" if reason == Stop.END else f"a {reason} record"
-    raise CorruptFrameError(f"{what} at offset {part.base + nxt} of the commit log, inside the range "
-                            f"planned to read ({part.path})", offset=part.base + nxt, path=part.path)
+    raise CorruptFrameError(
+        f"{what} at offset {part.base + nxt} of the commit log, inside the range planned to read ({part.path})",
+        offset=part.base + nxt,
+        path=part.path,
+    )
 
 
 # Columns the single-pass scan (_scan.scan_range) fills, with the codec field each comes from.
 _SCAN_FIELDS = {
-    "value": "body", "topic": "topic", "partition": "queue_id", "offset": "queue_offset",
-    "timestamp": "store_timestamp", "timestampType": None, "physical_offset": "physical_offset",
-    "born_timestamp": "born_timestamp", "reconsume_times": "reconsume_times", "sys_flag": "sys_flag",
+    "value": "body",
+    "topic": "topic",
+    "partition": "queue_id",
+    "offset": "queue_offset",
+    "timestamp": "store_timestamp",
+    "timestampType": None,
+    "physical_offset": "physical_offset",
+    "born_timestamp": "born_timestamp",
+    "reconsume_times": "reconsume_times",
+    "sys_flag": "sys_flag",
 }
 
 
@@ -279,8 +313,12 @@ def _scan_setup(part: SegmentRange, columns: Iterable[str]) -> tuple[tuple[str, 
                 return None
             bounds[(raw, q)] = v
     try:
-        flt = _scan.RowFilter(cast("list[bytes] | None", topics),  # None in topics returned above
-                                 bounds, part.min_ts, part.max_ts)
+        flt = _scan.RowFilter(
+            cast("list[bytes] | None", topics),  # None in topics returned above
+            bounds,
+            part.min_ts,
+            part.max_ts,
+        )
     except (ValueError, OverflowError):
         return None  # a negative queue id or a bound beyond int64: the numpy filter's own rules apply
     return fields, flt
@@ -305,13 +343,21 @@ def _scan_batch(n: int, out: dict[str, Any], columns: Iterable[str], schema: "pa
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _scan_segment(mf: "MappedFile", part: SegmentRange, columns: list[str], schema: "pa.Schema", batch_size: int,
-                  fields: tuple[str, ...], flt: _scan.RowFilter) -> Generator["pa.RecordBatch", None, int | None]:
+def _scan_segment(
+    mf: "MappedFile",
+    part: SegmentRange,
+    columns: list[str],
+    schema: "pa.Schema",
+    batch_size: int,
+    fields: tuple[str, ...],
+    flt: _scan.RowFilter,
+) -> Generator["pa.RecordBatch", None, int | None]:
     """Yield ``part``'s batches from single-pass scans; returns where the general path must go on, or None."""
     pos, hint = part.start, 0
     while True:
-        n, nxt, reason, out = _scan.scan_range(mf, pos, part.end, part.base, part.check_crc, batch_size, fields,
-                                                flt, hint)
+        n, nxt, reason, out = _scan.scan_range(
+            mf, pos, part.end, part.base, part.check_crc, batch_size, fields, flt, hint
+        )
         if n:
             if "body" in out:
                 # the next batch's data buffer: this one's bytes per row (no regrowth for even bodies)
@@ -324,8 +370,9 @@ def _scan_segment(mf: "MappedFile", part: SegmentRange, columns: list[str], sche
             return pos
 
 
-def _read_segment(part: SegmentRange, columns: list[str], schema: "pa.Schema",
-                  batch_size: int) -> Iterator["pa.RecordBatch"]:
+def _read_segment(
+    part: SegmentRange, columns: list[str], schema: "pa.Schema", batch_size: int
+) -> Iterator["pa.RecordBatch"]:
     """Batches of a SegmentRange: single-pass scans when its columns and filters allow, else decode_range."""
     mf = map_segment(part.path, part.size, part.base)
     try:
@@ -361,8 +408,9 @@ def _queue_units(part: QueueRange) -> tuple[npt.NDArray[np.int64], npt.NDArray[n
             _lost(part, i, stop, "its ConsumeQueue file is gone")
             continue
         if len(units) < stop - i or not points_at_records(units):
-            raise CorruptStoreError(f"consume queue {part.cq_path}: units {i}..{stop} planned to be read are "
-                                    f"missing or invalid")
+            raise CorruptStoreError(
+                f"consume queue {part.cq_path}: units {i}..{stop} planned to be read are missing or invalid"
+            )
         keep = None if part.tag_names is None else _tag_units(part, units["tags_code"])
         offs.append(np.arange(i, stop, dtype=np.int64) if keep is None else np.flatnonzero(keep) + i)
         phys.append(units["offset"].astype(np.int64) if keep is None else units["offset"][keep].astype(np.int64))
@@ -379,8 +427,9 @@ def _lost(part: QueueRange, first: int, stop: int, why: str) -> None:
     log.warning("%s; skipping them", msg)
 
 
-def _read_queue(part: QueueRange, columns: list[str], schema: "pa.Schema",
-                batch_size: int) -> Iterator["pa.RecordBatch"]:
+def _read_queue(
+    part: QueueRange, columns: list[str], schema: "pa.Schema", batch_size: int
+) -> Iterator["pa.RecordBatch"]:
     """Batches of a QueueRange: its units' records, each checked against its unit (size, queue id, offset)."""
     qoffs, phys, sizes = _queue_units(part)
     if not len(phys):
@@ -410,32 +459,43 @@ def _read_queue(part: QueueRange, columns: list[str], schema: "pa.Schema",
             while i < n_units:
                 stop = min(n_units, i + batch_size)
                 if fields is not None:
-                    n, done, reason, out = _scan.scan_positions(mf, r_p[i:stop] - base, r_s[i:stop], base,
-                                                                 part.check_crc, fields, hint)
+                    n, done, reason, out = _scan.scan_positions(
+                        mf, r_p[i:stop] - base, r_s[i:stop], base, part.check_crc, fields, hint
+                    )
                     if reason == Stop.FULL:  # 2 GiB of bodies: this batch ends early, the next starts there
                         stop, reason = i + n, Stop.END
                     got_offsets, got_ids = out["queue_offset"], out["queue_id"]
                 else:
                     cols = _columns.RecordColumns(stop - i)
-                    n, done, reason = _columns.decode_positions(mf, cols, r_p[i:stop] - base, r_s[i:stop], base,
-                                                              part.check_crc)
+                    n, done, reason = _columns.decode_positions(
+                        mf, cols, r_p[i:stop] - base, r_s[i:stop], base, part.check_crc
+                    )
                     got_offsets, got_ids = cols["queue_offset"], cols["queue_id"]
                 if reason != Stop.END:
                     k = i + done
                     at = int(r_p[k])
                     status, size = scan_record(mf, at - base) if 0 <= at - base < seg else ("torn", 0)
                     if status == RecordStatus.GAP and size == int(r_s[k]):
-                        _lost(part, int(r_q[k]), int(r_q[k]) + 1,
-                              f"the message was lost to damage in the commit log: a gap record stands at offset {at}")
+                        _lost(
+                            part,
+                            int(r_q[k]),
+                            int(r_q[k]) + 1,
+                            f"the message was lost to damage in the commit log: a gap record stands at offset {at}",
+                        )
                         r_q, r_p, r_s = np.delete(r_q, k), np.delete(r_p, k), np.delete(r_s, k)
                         n_units -= 1
                         continue  # this batch again, without the lost unit
-                    raise CorruptFrameError(f"consume queue {part.cq_path} unit {int(r_q[k])} points at "
-                                            f"offset {at}, where there is no record of its size ({reason})",
-                                            offset=at, path=path)
+                    raise CorruptFrameError(
+                        f"consume queue {part.cq_path} unit {int(r_q[k])} points at "
+                        f"offset {at}, where there is no record of its size ({reason})",
+                        offset=at,
+                        path=path,
+                    )
                 if not (np.array_equal(got_offsets, r_q[i:stop]) and (got_ids == part.queue_id).all()):
-                    raise CorruptStoreError(f"consume queue {part.cq_path}: units {int(r_q[i])}.."
-                                            f"{int(r_q[stop - 1])} point at records of another queue or offset")
+                    raise CorruptStoreError(
+                        f"consume queue {part.cq_path}: units {int(r_q[i])}.."
+                        f"{int(r_q[stop - 1])} point at records of another queue or offset"
+                    )
                 if fields is not None:
                     if "body" in out:
                         hint = len(out["body"][1]) * batch_size // n + 4096
@@ -449,8 +509,9 @@ def _read_queue(part: QueueRange, columns: list[str], schema: "pa.Schema",
             mf.close()
 
 
-def read_partition(part: Partition, columns: Iterable[str] | None = None,
-                   batch_size: int = 65536) -> Iterator["pa.RecordBatch"]:
+def read_partition(
+    part: Partition, columns: Iterable[str] | None = None, batch_size: int = 65536
+) -> Iterator["pa.RecordBatch"]:
     """Decode one planned partition (SegmentRange, SegmentRanges or QueueRange) into pyarrow RecordBatches.
 
     :param columns: the column names to produce (default all of ``COLUMNS``, in that order).

@@ -1,4 +1,5 @@
 """The JVM reader's jar for a pip user: compiled with javac + jar from the packaged sources, cached per user."""
+
 from __future__ import annotations
 
 import fcntl
@@ -32,13 +33,19 @@ def _pyspark_jars() -> tuple[str, Path]:
     try:
         import pyspark
     except ModuleNotFoundError as e:
-        raise MissingToolError("the JVM reader's jar is compiled against the installed pyspark, which is not "
-                               "installed: pip install 'localmq[spark]'", missing="pyspark") from e
+        raise MissingToolError(
+            "the JVM reader's jar is compiled against the installed pyspark, which is not "
+            "installed: pip install 'localmq[spark]'",
+            missing="pyspark",
+        ) from e
     jars = Path(pyspark.__file__).resolve().parent / "jars"
     if not any(jars.glob("spark-sql_*.jar")):
         # pyspark-client (Spark Connect only) ships no jars: there is no Spark in this process to read with
-        raise MissingToolError(f"pyspark {pyspark.__version__} has no Spark jars in {jars} (a Spark Connect "
-                               "client?): install the full pyspark wheel", missing="pyspark jars")
+        raise MissingToolError(
+            f"pyspark {pyspark.__version__} has no Spark jars in {jars} (a Spark Connect "
+            "client?): install the full pyspark wheel",
+            missing="pyspark jars",
+        )
     return pyspark.__version__, jars
 
 
@@ -49,9 +56,11 @@ def _tool(name: str) -> str:
     if found is None and home:
         found = shutil.which(name, path=os.path.join(home, "bin"))
     if found is None:
-        raise MissingToolError(f"building the JVM reader's jar needs the JDK's `{name}` (JDK 17 or later; a JRE has "
-                               f"none), on PATH or in $JAVA_HOME/bin: e.g. apt-get install openjdk-17-jdk-headless",
-                               missing=name)
+        raise MissingToolError(
+            f"building the JVM reader's jar needs the JDK's `{name}` (JDK 17 or later; a JRE has "
+            f"none), on PATH or in $JAVA_HOME/bin: e.g. apt-get install openjdk-17-jdk-headless",
+            missing=name,
+        )
     return found
 
 
@@ -60,8 +69,10 @@ def _source_files() -> list[Path]:
     files = sorted(SOURCES.rglob("*.java"))
     services = SOURCES / SERVICES
     if not files or not services.is_file():
-        raise MissingToolError(f"the JVM reader's Java sources are not in {SOURCES} (an install without the package "
-                               "data?)", missing=str(SOURCES))
+        raise MissingToolError(
+            f"the JVM reader's Java sources are not in {SOURCES} (an install without the package data?)",
+            missing=str(SOURCES),
+        )
     return files + [services]
 
 
@@ -87,8 +98,20 @@ def _build(out: Path, files: list[Path], jars: Path, javac: str, jar: str) -> No
     classes.mkdir()
     sources = [str(f) for f in files if f.suffix == ".java"]
     # the classpath wildcard is expanded by javac itself; warnings are the developers' concern (Maven's -Werror)
-    cmd = [javac, "--release", "17", "-encoding", "UTF-8", "-nowarn", "-proc:none", "-cp", str(jars / "*"),
-           "-d", str(classes), *sources]
+    cmd = [
+        javac,
+        "--release",
+        "17",
+        "-encoding",
+        "UTF-8",
+        "-nowarn",
+        "-proc:none",
+        "-cp",
+        str(jars / "*"),
+        "-d",
+        str(classes),
+        *sources,
+    ]
     _run(cmd, "javac")
     services = classes / SERVICES
     services.parent.mkdir(parents=True)
@@ -104,8 +127,7 @@ def _run(cmd: list[str], what: str) -> None:
         raise JarBuildError(f"{what} did not finish in {e.timeout:.0f} s", output="") from e
     if r.returncode != 0:
         output = (r.stdout + r.stderr)[-4000:]
-        raise JarBuildError(f"{what} failed ({r.returncode}) building the JVM reader's jar:\n{output}",
-                            output=output)
+        raise JarBuildError(f"{what} failed ({r.returncode}) building the JVM reader's jar:\n{output}", output=output)
 
 
 def jar_path(cache_dir: Union[str, os.PathLike[str], None] = None) -> str:
@@ -163,8 +185,10 @@ def configure_spark(builder: "SparkSession.Builder", jar: Optional[str] = None) 
     current = [j for j in options.get("spark.jars", "").split(",") if j.strip()]
     if path not in current:
         builder = builder.config("spark.jars", ",".join(current + [path]))
-    for key, env in (("spark.pyspark.python", "PYSPARK_PYTHON"),
-                     ("spark.pyspark.driver.python", "PYSPARK_DRIVER_PYTHON")):
+    for key, env in (
+        ("spark.pyspark.python", "PYSPARK_PYTHON"),
+        ("spark.pyspark.driver.python", "PYSPARK_DRIVER_PYTHON"),
+    ):
         if key not in options and not os.environ.get(env):
             builder = builder.config(key, sys.executable)
     return builder

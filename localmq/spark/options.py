@@ -45,7 +45,7 @@ def _int(value: object, name: str, minimum: int | None = None) -> int:
 
 
 def _offsets_spec(value: object, name: str) -> OffsetSpec | None:
-    """"earliest", "latest" or a JSON {"topic": {"queueId": offset}} (-2 earliest, -1 latest)."""
+    """ "earliest", "latest" or a JSON {"topic": {"queueId": offset}} (-2 earliest, -1 latest)."""
     if value is None:
         return None
     text = str(value).strip()
@@ -54,8 +54,9 @@ def _offsets_spec(value: object, name: str) -> OffsetSpec | None:
     try:
         spec = json.loads(text)
     except ValueError:
-        raise ConfigError(f"option {name} must be 'earliest', 'latest' or JSON like "
-                          f'{{"topic":{{"0":23}}}}, not {value!r}') from None
+        raise ConfigError(
+            f"option {name} must be 'earliest', 'latest' or JSON like {{\"topic\":{{\"0\":23}}}}, not {value!r}"
+        ) from None
     if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
         raise ConfigError(f'option {name}: JSON must map topics to {{"queueId": offset}} objects, not {value!r}')
     out: Offsets = {}
@@ -71,23 +72,23 @@ class ReadOptions:
 
     path: str
     topics: tuple[str, ...] | None = None
-    starting: OffsetSpec = "earliest"       # "earliest" | "latest" | {(topic, qid): offset}
-    ending: Literal["latest"] | Offsets = "latest"    # (never "earliest")
+    starting: OffsetSpec = "earliest"  # "earliest" | "latest" | {(topic, qid): offset}
+    ending: Literal["latest"] | Offsets = "latest"  # (never "earliest")
     starting_timestamp: int | None = None
     ending_timestamp: int | None = None
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
-    segment_size: int | None = None     # None: the store's settings record, else the size of its segment files
+    segment_size: int | None = None  # None: the store's settings record, else the size of its segment files
     batch_size: int = 65536
     min_partitions: int | None = None
-    partitioning: str = "auto"          # "auto" | "segment" | "queue"
+    partitioning: str = "auto"  # "auto" | "segment" | "queue"
     check_crc: bool = True
-    include_undispatched: Literal["auto"] | bool = "auto"   # records past the ConsumeQueues (see Tail)
+    include_undispatched: Literal["auto"] | bool = "auto"  # records past the ConsumeQueues (see Tail)
     # pushed-down filters (batch, spark.sql.python.filterPushdown.enabled): queue ids, offsets [lo, hi)
     queue_ids: frozenset[int] | None = None
     offset_lo: int = 0
     offset_hi: int | None = None
-    pushed: bool = False                    # filters narrowed the topics or queues read
+    pushed: bool = False  # filters narrowed the topics or queues read
     # message filters, as a consumer's subscription: tags "a || b" (None: every tag), a SQL92 expression
     tag_names: frozenset[str] | None = None
     sql: str | None = None
@@ -109,7 +110,8 @@ class ReadOptions:
                 raise ConfigError(f"option {kafka_only} is Kafka's; localmq takes 'topics' (a comma list)")
         out = cls(path=os.fspath(path), topics=topics)
         out.starting = _offsets_spec(opts.get("startingoffsets"), "startingOffsets") or (
-            "latest" if streaming else "earliest")
+            "latest" if streaming else "earliest"
+        )
         ending = _offsets_spec(opts.get("endingoffsets"), "endingOffsets") or "latest"
         if streaming and "endingoffsets" in opts:
             raise ConfigError("endingOffsets is for batch reads only")
@@ -178,11 +180,28 @@ class ReadOptions:
 
 # every option the reader takes, by its lower-cased name (Spark passes option names as given)
 OPTION_NAMES = {
-    n.lower(): n for n in (
-        "path", "topics", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
-        "maxOffsetsPerTrigger", "failOnDataLoss", "mapped_file_size_commit_log", "batchSize", "minPartitions",
-        "partitioning", "pushFilters", "checkCRC", "includeUndispatched", "tags", "sql",
-        "subscribe", "subscribePattern", "assign",  # Kafka's: refused with a pointer to 'topics'
+    n.lower(): n
+    for n in (
+        "path",
+        "topics",
+        "startingOffsets",
+        "endingOffsets",
+        "startingTimestamp",
+        "endingTimestamp",
+        "maxOffsetsPerTrigger",
+        "failOnDataLoss",
+        "mapped_file_size_commit_log",
+        "batchSize",
+        "minPartitions",
+        "partitioning",
+        "pushFilters",
+        "checkCRC",
+        "includeUndispatched",
+        "tags",
+        "sql",
+        "subscribe",
+        "subscribePattern",
+        "assign",  # Kafka's: refused with a pointer to 'topics'
     )
 }
 
@@ -198,5 +217,7 @@ def check_option_names(opts: Mapping[str, object]) -> None:
         for k in unknown:
             close = difflib.get_close_matches(k, list(OPTION_NAMES), n=1, cutoff=0.6)
             hints.append(f"{k!r}" + (f" (did you mean {OPTION_NAMES[close[0]]!r}?)" if close else ""))
-        raise ConfigError(f"unknown localmq option(s): {', '.join(hints)}; the options are: "
-                          f"{', '.join(sorted(OPTION_NAMES.values(), key=str.lower))}")
+        raise ConfigError(
+            f"unknown localmq option(s): {', '.join(hints)}; the options are: "
+            f"{', '.join(sorted(OPTION_NAMES.values(), key=str.lower))}"
+        )

@@ -10,29 +10,50 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 from localmq.errors import ConfigError, CorruptStoreError
 from localmq.layout import (
-    LOCK_FILE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
+    LOCK_FILE,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
 )
-from localmq.spark.options import DEFAULT_SEGMENT, EARLIEST, LATEST, OffsetSpec, Offsets, ReadOptions
+from localmq.spark.options import DEFAULT_SEGMENT, EARLIEST, LATEST, Offsets, OffsetSpec, ReadOptions
+from localmq.status import Stop
 from localmq.store.files import ConsumeQueueFiles, StoreFiles
 from localmq.store.settings import read_settings
-from localmq.status import Stop
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
 __all__ = [
-    "StoreFiles", "ConsumeQueueFiles", "ReadOptions", "SegmentRange", "SegmentRanges", "QueueRange",
-    "OffsetRangeError", "plan_batch", "resolve_offsets", "queue_partitions", "queue_state", "store_state",
-    "writer_active", "Tail", "offset_for_time", "split_ranges", "tail_partitions", "check_offsets_json",
+    "StoreFiles",
+    "ConsumeQueueFiles",
+    "ReadOptions",
+    "SegmentRange",
+    "SegmentRanges",
+    "QueueRange",
+    "OffsetRangeError",
+    "plan_batch",
+    "resolve_offsets",
+    "queue_partitions",
+    "queue_state",
+    "store_state",
+    "writer_active",
+    "Tail",
+    "offset_for_time",
+    "split_ranges",
+    "tail_partitions",
+    "check_offsets_json",
     "open_store_files",
-    "dispatched", "DEFAULT_SEGMENT", "EARLIEST", "LATEST",
+    "dispatched",
+    "DEFAULT_SEGMENT",
+    "EARLIEST",
+    "LATEST",
 ]
 
 log = logging.getLogger("localmq.spark")
 
-Key = tuple[str, int]                       # (topic, queue id)
-Ranges = dict[Key, tuple[int, int]]         # {(topic, queue id): (start, end)} of queue offsets
+Key = tuple[str, int]  # (topic, queue id)
+Ranges = dict[Key, tuple[int, int]]  # {(topic, queue id): (start, end)} of queue offsets
 # {(topic, queue id): (ConsumeQueue or None when only the tail has the queue, first offset, end offset)}
 State = dict[Key, tuple[ConsumeQueueFiles | None, int, int]]
 
@@ -63,8 +84,8 @@ class SegmentRange:
     min_ts: int | None = None
     max_ts: int | None = None
     check_crc: bool = True
-    tag_names: frozenset[str] | None = None     # rows whose TAGS is one of these (None: every row)
-    sql: str | None = None          # rows whose properties match this SQL92 expression (None: every row)
+    tag_names: frozenset[str] | None = None  # rows whose TAGS is one of these (None: every row)
+    sql: str | None = None  # rows whose properties match this SQL92 expression (None: every row)
 
 
 @dataclass(frozen=True)
@@ -87,8 +108,8 @@ class QueueRange:
     end: int
     fail_on_data_loss: bool = True
     check_crc: bool = True
-    tag_names: frozenset[str] | None = None     # units whose tags code is one of these tags' hash codes, then rows
-    sql: str | None = None          # rows whose properties match this SQL92 expression
+    tag_names: frozenset[str] | None = None  # units whose tags code is one of these tags' hash codes, then rows
+    sql: str | None = None  # rows whose properties match this SQL92 expression
 
 
 # one planned partition: what a task reads
@@ -100,7 +121,7 @@ class Plan:
     """What a batch read will return: per-queue offsets (when ConsumeQueues exist) and the partitions."""
 
     partitions: list["Partition"]
-    offsets: Ranges = field(default_factory=dict)    # {(topic, qid): (start, end)}
+    offsets: Ranges = field(default_factory=dict)  # {(topic, qid): (start, end)}
     mode: str = "segment"
     bound: int = 0
 
@@ -167,7 +188,7 @@ def scan_tail(store: StoreFiles, start: int, with_times: bool = False) -> Tail:
     filled ``with_times`` (16 bytes a record, for offset-by-time)."""
     import numpy as np
 
-    from localmq._columns import decode_range, RecordColumns, topic_codes
+    from localmq._columns import RecordColumns, decode_range, topic_codes
 
     start = max(start, store.min_offset)
     end = store.walk_end(start, known_end=start)  # a torn write past the queues ends the log, as in recovery
@@ -192,7 +213,8 @@ def scan_tail(store: StoreFiles, start: int, with_times: bool = False) -> Tail:
                         m = key == k
                         q = qoff[m]
                         found.setdefault((names[k >> 32], k & 0xFFFFFFFF), []).append(
-                            (int(q.min()), int(q.max()) + 1, (q, ts[m]) if with_times else None))
+                            (int(q.min()), int(q.max()) + 1, (q, ts[m]) if with_times else None)
+                        )
                 if reason != Stop.FULL:
                     break  # blank (end of this segment) or the end walked to above
         finally:
@@ -285,8 +307,9 @@ def split_ranges(state: State, tail: Tail | None, offsets: Ranges) -> tuple[Rang
     return covered, beyond
 
 
-def tail_partitions(store: StoreFiles, tail: Tail | None, beyond: Ranges, opts: ReadOptions,
-                    parts_wanted: int) -> list[Partition]:
+def tail_partitions(
+    store: StoreFiles, tail: Tail | None, beyond: Ranges, opts: ReadOptions, parts_wanted: int
+) -> list[Partition]:
     """SegmentRange partitions over the tail keeping only the rows in ``beyond``'s per-queue ranges."""
     if not beyond:
         return []
@@ -296,15 +319,23 @@ def tail_partitions(store: StoreFiles, tail: Tail | None, beyond: Ranges, opts: 
     return segment_partitions(store, tail.start, tail.end, opts, parts_wanted, (), bounds)
 
 
-def resolve_offsets(store: StoreFiles, opts: ReadOptions, state: State, starting: OffsetSpec | None = None,
-                    ending: Literal["latest"] | Offsets | None = None, tail: Tail | None = None) -> Ranges:
+def resolve_offsets(
+    store: StoreFiles,
+    opts: ReadOptions,
+    state: State,
+    starting: OffsetSpec | None = None,
+    ending: Literal["latest"] | Offsets | None = None,
+    tail: Tail | None = None,
+) -> Ranges:
     """Per-queue [start, end) offsets for ``opts`` (earliest / latest / JSON / timestamps), checking data loss.
 
     A JSON ``startingOffsets`` / ``endingOffsets`` must name every queue of the topics read (Kafka's rule), so
     that a queue left out is an error rather than a silent default; -2 / -1 stand for earliest / latest.
     """
-    for spec, name in ((starting if starting is not None else opts.starting, "startingOffsets"),
-                       (ending if ending is not None else opts.ending, "endingOffsets")):
+    for spec, name in (
+        (starting if starting is not None else opts.starting, "startingOffsets"),
+        (ending if ending is not None else opts.ending, "endingOffsets"),
+    ):
         if isinstance(spec, dict):
             check_offsets_json(spec, state, name, narrowed=opts.pushed)
     starting = opts.starting if starting is None else starting
@@ -320,7 +351,7 @@ def resolve_offsets(store: StoreFiles, opts: ReadOptions, state: State, starting
         if opts.ending_timestamp is not None:
             e = offset_for_time(store, state, tail, key, opts.ending_timestamp)
         if s < lo:
-            msg = (f"{key[0]} queue {key[1]}: offsets {s}..{lo} were removed by retention (the earliest is {lo})")
+            msg = f"{key[0]} queue {key[1]}: offsets {s}..{lo} were removed by retention (the earliest is {lo})"
             if opts.fail_on_data_loss:
                 raise OffsetRangeError(msg + "; set failOnDataLoss=false to skip them")
             log.warning("%s; skipping them", msg)
@@ -338,20 +369,23 @@ def resolve_offsets(store: StoreFiles, opts: ReadOptions, state: State, starting
 
 def check_offsets_json(spec: Offsets, state: State, name: str, narrowed: bool = False) -> None:
     """A JSON offsets spec names exactly the queues being read (Kafka: "you must specify all TopicPartitions")."""
+
     def show(keys: Iterable[Key]) -> str:
         return ", ".join(f"{t}/{q}" for t, q in sorted(keys))
 
     missing = [k for k in state if k not in spec]
     unknown = [] if narrowed else [k for k in spec if k not in state]
     if missing:
-        raise ConfigError(f"{name} JSON must give every queue of the topics read (-2 earliest, -1 latest); "
-                          f"missing: {show(missing)}")
+        raise ConfigError(
+            f"{name} JSON must give every queue of the topics read (-2 earliest, -1 latest); missing: {show(missing)}"
+        )
     if unknown:
         raise ConfigError(f"{name} names queues the store does not have (or topics not read): {show(unknown)}")
 
 
-def queue_partitions(store: StoreFiles, state: State, offsets: Ranges, opts: ReadOptions,
-                     parts_wanted: int) -> list[Partition]:
+def queue_partitions(
+    store: StoreFiles, state: State, offsets: Ranges, opts: ReadOptions, parts_wanted: int
+) -> list[Partition]:
     """QueueRange partitions: each queue's range split so the whole read spreads over ``parts_wanted`` tasks."""
     total = sum(e - s for s, e in offsets.values())
     if total == 0:
@@ -363,15 +397,35 @@ def queue_partitions(store: StoreFiles, state: State, offsets: Ranges, opts: Rea
         while s < e:
             assert cq is not None  # the offsets are ranges ConsumeQueues cover (split_ranges)
             stop = min(e, s + per)
-            out.append(QueueRange(cq.topic, cq.queue_id, cq.path, store.commitlog, store.segment_size, s, stop,
-                                  opts.fail_on_data_loss, opts.check_crc, opts.tag_names, opts.sql))
+            out.append(
+                QueueRange(
+                    cq.topic,
+                    cq.queue_id,
+                    cq.path,
+                    store.commitlog,
+                    store.segment_size,
+                    s,
+                    stop,
+                    opts.fail_on_data_loss,
+                    opts.check_crc,
+                    opts.tag_names,
+                    opts.sql,
+                )
+            )
             s = stop
     return out
 
 
-def segment_partitions(store: StoreFiles, lo_phys: int, hi_phys: int, opts: ReadOptions, parts_wanted: int,
-                       queues: Sequence[ConsumeQueueFiles] = (), bounds: Ranges | None = None,
-                       with_ts: bool = False) -> list[Partition]:
+def segment_partitions(
+    store: StoreFiles,
+    lo_phys: int,
+    hi_phys: int,
+    opts: ReadOptions,
+    parts_wanted: int,
+    queues: Sequence[ConsumeQueueFiles] = (),
+    bounds: Ranges | None = None,
+    with_ts: bool = False,
+) -> list[Partition]:
     """Partitions covering records in [lo_phys, hi_phys), cut at record boundaries into equal byte shares.
 
     The count is a multiple of ``parts_wanted`` (each task of a wave gets the same share) and no share exceeds
@@ -384,8 +438,10 @@ def segment_partitions(store: StoreFiles, lo_phys: int, hi_phys: int, opts: Read
     gaps = [g for g in store.gap_offsets() if lo_phys <= g < hi_phys]
     if gaps:
         # messages there were lost to damage (recovery replaced them by gap records, which the walk steps over)
-        msg = (f"the commit log range read holds {len(gaps)} gap record(s) where damaged messages were (offsets "
-               f"{gaps[:5]}{'...' if len(gaps) > 5 else ''}; the damaged bytes are in {store.root}/recovery)")
+        msg = (
+            f"the commit log range read holds {len(gaps)} gap record(s) where damaged messages were (offsets "
+            f"{gaps[:5]}{'...' if len(gaps) > 5 else ''}; the damaged bytes are in {store.root}/recovery)"
+        )
         if opts.fail_on_data_loss:
             raise OffsetRangeError(msg + "; set failOnDataLoss=false to read past them")
         log.warning("%s; reading past them", msg)
@@ -410,10 +466,21 @@ def segment_partitions(store: StoreFiles, lo_phys: int, hi_phys: int, opts: Read
         inside = [c for c in cuts if s < c < e]
         for a, b in zip([s] + inside, inside + [e]):
             groups[bisect.bisect_right(cuts, a)].append(
-                SegmentRange(fpath, base, store.segment_size, a - base, b - base, topics, bounds,
-                             opts.starting_timestamp if with_ts else None,
-                             opts.ending_timestamp if with_ts else None, opts.check_crc, opts.tag_names,
-                             opts.sql))
+                SegmentRange(
+                    fpath,
+                    base,
+                    store.segment_size,
+                    a - base,
+                    b - base,
+                    topics,
+                    bounds,
+                    opts.starting_timestamp if with_ts else None,
+                    opts.ending_timestamp if with_ts else None,
+                    opts.check_crc,
+                    opts.tag_names,
+                    opts.sql,
+                )
+            )
     return [g[0] if len(g) == 1 else SegmentRanges(tuple(g)) for g in groups if g]
 
 
@@ -446,9 +513,9 @@ def plan_batch(opts: ReadOptions) -> Plan:
         if isinstance(opts.starting, dict) or isinstance(opts.ending, dict):
             bounds: Ranges | None
             bounds = {}
-            for key, s in (opts.starting.items() if isinstance(opts.starting, dict) else ()):
+            for key, s in opts.starting.items() if isinstance(opts.starting, dict) else ():
                 bounds[key] = (max(s, 0), -1)
-            for key, e in (opts.ending.items() if isinstance(opts.ending, dict) else ()):
+            for key, e in opts.ending.items() if isinstance(opts.ending, dict) else ():
                 bounds[key] = (bounds.get(key, (0, -1))[0], e)
         else:
             bounds = None
@@ -470,8 +537,11 @@ def plan_batch(opts: ReadOptions) -> Plan:
         mode = "segment" if selected * 2 >= whole else "queue"
     if mode == "queue":
         return Plan(queue_partitions(store, state, covered, opts, parts_wanted) + parts, offsets, "queue", bound)
-    exact = all(covered.get(k) == (lo, _cq_end(state, tail, k)) for k, (cq, lo, _) in state.items()
-                if cq is not None and lo < _cq_end(state, tail, k))
+    exact = all(
+        covered.get(k) == (lo, _cq_end(state, tail, k))
+        for k, (cq, lo, _) in state.items()
+        if cq is not None and lo < _cq_end(state, tail, k)
+    )
     lo_phys: int | None = None
     hi_phys = 0
     for key, (s, e) in covered.items():
@@ -487,5 +557,9 @@ def plan_batch(opts: ReadOptions) -> Plan:
     # every queue read whole up to the bound: no row filter; else each row is checked against its queue's range
     bounds = None if exact else dict(covered)
     queues = [cq for cq, _, _ in state.values() if cq is not None]
-    return Plan(segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues, bounds) + parts, offsets,
-                "segment", bound)
+    return Plan(
+        segment_partitions(store, lo_phys, hi_phys, opts, parts_wanted, queues, bounds) + parts,
+        offsets,
+        "segment",
+        bound,
+    )

@@ -22,8 +22,8 @@ def _split(path: str | os.PathLike[str], options: Mapping[str, Any]) -> tuple[Re
     if isinstance(columns, str):
         columns = [c.strip() for c in columns.split(",") if c.strip()]
     if columns is not None:
-        from localmq.spark.decode import COLUMN_TYPES
         from localmq.errors import ConfigError
+        from localmq.spark.decode import COLUMN_TYPES
 
         unknown = [c for c in columns if c not in COLUMN_TYPES]
         if unknown:

@@ -115,8 +115,13 @@ class StoreCheckpoint:
             os.close(fd)
             raise
         self._fd = fd
-        (self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
-         self.master_flushed_offset, self.confirm_phy_offset) = values
+        (
+            self.physic_msg_timestamp,
+            self.logics_msg_timestamp,
+            self.index_msg_timestamp,
+            self.master_flushed_offset,
+            self.confirm_phy_offset,
+        ) = values
 
     @property
     def closed(self) -> bool:
@@ -135,8 +140,13 @@ class StoreCheckpoint:
 
     def snapshot(self) -> Checkpoint:
         """The current field values as a frozen ``Checkpoint`` (not necessarily flushed yet)."""
-        return Checkpoint(self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
-                          self.master_flushed_offset, self.confirm_phy_offset)
+        return Checkpoint(
+            self.physic_msg_timestamp,
+            self.logics_msg_timestamp,
+            self.index_msg_timestamp,
+            self.master_flushed_offset,
+            self.confirm_phy_offset,
+        )
 
     def flush(self) -> None:
         """Write the five fields at offset 0 and fdatasync the file.
@@ -148,13 +158,19 @@ class StoreCheckpoint:
         with self._lock:
             if self._fd < 0:
                 raise StoreClosedError(f"checkpoint {self.path} is closed")
-            data = CHECKPOINT.pack(self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
-                                self.master_flushed_offset, self.confirm_phy_offset)
+            data = CHECKPOINT.pack(
+                self.physic_msg_timestamp,
+                self.logics_msg_timestamp,
+                self.index_msg_timestamp,
+                self.master_flushed_offset,
+                self.confirm_phy_offset,
+            )
             with io_operation("write", self.path):
                 n = os.pwrite(self._fd, data, 0)
             if n != len(data):
-                raise StoreIOError(errno.EIO, f"short write to the checkpoint ({n} of {len(data)} bytes)", self.path,
-                                   operation="write")
+                raise StoreIOError(
+                    errno.EIO, f"short write to the checkpoint ({n} of {len(data)} bytes)", self.path, operation="write"
+                )
             fdatasync(self._fd, path=self.path)
 
     def close(self) -> None:
@@ -171,5 +187,7 @@ class StoreCheckpoint:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"StoreCheckpoint({self.path!r}, physic={self.physic_msg_timestamp}, "
-                f"logics={self.logics_msg_timestamp}, index={self.index_msg_timestamp})")
+        return (
+            f"StoreCheckpoint({self.path!r}, physic={self.physic_msg_timestamp}, "
+            f"logics={self.logics_msg_timestamp}, index={self.index_msg_timestamp})"
+        )

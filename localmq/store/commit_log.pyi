@@ -1,4 +1,5 @@
 """Stub for the compiled localmq.store.commit_log: the CommitLog put path."""
+
 import logging
 from typing import Any, Callable, Iterable, Mapping, Optional, Tuple, Union
 
@@ -10,7 +11,8 @@ from localmq._shm import ControlFile
 from localmq.status import PutStatus
 from localmq.store.group_commit import GroupCommit
 from localmq.store.mapped_file_queue import MappedFileQueue
-from localmq.store.put_args import PutExtra as PutExtra, TopicEntry as TopicEntry
+from localmq.store.put_args import PutExtra as PutExtra
+from localmq.store.put_args import TopicEntry as TopicEntry
 from localmq.store.put_result import PutResult
 
 log: logging.Logger
@@ -56,8 +58,9 @@ class CommitLog:
     def tune_shared_flush(self, gather_permille: int) -> None: ...
     def shared_flush_stats(self) -> dict[str, int]: ...
     def stop_shared_flush(self, stop: bool = ...) -> None: ...
-    def __new__(cls, mapped_file_queue: MappedFileQueue, *, max_message_size: int, store_host: str,
-                 born_host: str) -> Self: ...
+    def __new__(
+        cls, mapped_file_queue: MappedFileQueue, *, max_message_size: int, store_host: str, born_host: str
+    ) -> Self: ...
     def set_group_commit(self, gc: Optional[GroupCommit], timeout_ms: int) -> None: ...
     def set_dispatch_event(self, event: Optional[Event]) -> None: ...
     def set_queue_offset(self, topic: str, queue_id: int, next_offset: int) -> None: ...
@@ -66,12 +69,40 @@ class CommitLog:
     def reset_write_segment(self) -> None: ...
     @property
     def max_offset(self) -> int: ...
-    def put(self, topic: str, body: _Body, *, queue_id: int = 0, tags: Optional[str] = None, keys: _Keys = None,
-            properties: Optional[Mapping[str, str]] = None, flag: int = 0) -> PutResult: ...
-    def put_batch(self, topic: str, bodies: Iterable[_Body], *, queue_id: int = 0, tags: Optional[str] = None,
-                  keys: _Keys = None, properties: Optional[Mapping[str, str]] = None, flag: int = 0) -> PutResult: ...
-    def put_ext(self, topic: str, body: _Body, *, queue_id: int = 0, tags: Optional[str] = None, keys: _Keys = None,
-                properties: Optional[Mapping[str, str]] = None, flag: int = 0, extra: PutExtra) -> PutResult: ...
+    def put(
+        self,
+        topic: str,
+        body: _Body,
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys: _Keys = None,
+        properties: Optional[Mapping[str, str]] = None,
+        flag: int = 0,
+    ) -> PutResult: ...
+    def put_batch(
+        self,
+        topic: str,
+        bodies: Iterable[_Body],
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys: _Keys = None,
+        properties: Optional[Mapping[str, str]] = None,
+        flag: int = 0,
+    ) -> PutResult: ...
+    def put_ext(
+        self,
+        topic: str,
+        body: _Body,
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys: _Keys = None,
+        properties: Optional[Mapping[str, str]] = None,
+        flag: int = 0,
+        extra: PutExtra,
+    ) -> PutResult: ...
     def close(self) -> None: ...
 
 @disjoint_base
@@ -79,7 +110,25 @@ class CommitLogFront:
     """Base class of LocalMessageQueue: put and put_batch hand their arguments to ``commit_log`` at C level."""
 
     commit_log: Optional[CommitLog]
-    def put(self, topic: str, body: _Body, *, queue_id: int = 0, tags: Optional[str] = None, keys: _Keys = None,
-            properties: Optional[Mapping[str, str]] = None, flag: int = 0) -> PutResult: ...
-    def put_batch(self, topic: str, bodies: Iterable[_Body], *, queue_id: int = 0, tags: Optional[str] = None,
-                  keys: _Keys = None, properties: Optional[Mapping[str, str]] = None, flag: int = 0) -> PutResult: ...
+    def put(
+        self,
+        topic: str,
+        body: _Body,
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys: _Keys = None,
+        properties: Optional[Mapping[str, str]] = None,
+        flag: int = 0,
+    ) -> PutResult: ...
+    def put_batch(
+        self,
+        topic: str,
+        bodies: Iterable[_Body],
+        *,
+        queue_id: int = 0,
+        tags: Optional[str] = None,
+        keys: _Keys = None,
+        properties: Optional[Mapping[str, str]] = None,
+        flag: int = 0,
+    ) -> PutResult: ...

@@ -292,13 +292,16 @@ def _offset(value: object) -> int | None:
 
 
 @overload
-def read_offset_table(path: str | os.PathLike[str], *,
-                      key_type: type[str] = ...) -> tuple[dict[str, dict[int, int]], dict[str, Any]]: ...
+def read_offset_table(
+    path: str | os.PathLike[str], *, key_type: type[str] = ...
+) -> tuple[dict[str, dict[int, int]], dict[str, Any]]: ...
 @overload
-def read_offset_table(path: str | os.PathLike[str], *,
-                      key_type: type[int]) -> tuple[dict[int, int], dict[str, Any]]: ...
-def read_offset_table(path: str | os.PathLike[str], *,
-                      key_type: type[str] | type[int] = str) -> tuple[dict[Any, Any], dict[str, Any]]:
+def read_offset_table(
+    path: str | os.PathLike[str], *, key_type: type[int]
+) -> tuple[dict[int, int], dict[str, Any]]: ...
+def read_offset_table(
+    path: str | os.PathLike[str], *, key_type: type[str] | type[int] = str
+) -> tuple[dict[Any, Any], dict[str, Any]]:
     """The ``offsetTable`` of a RocketMQ offsets file (``consumerOffset.json``: ``{"topic@group": {queueId: offset}}``;
     ``delayOffset.json``: ``{level: offset}``, with ``key_type=int``) and the document's other members.
 
@@ -326,19 +329,25 @@ def read_offset_table(path: str | os.PathLike[str], *,
         if key_type is int:
             k, v = _offset(key), _offset(row)
             if k is None or v is None:
-                raise CorruptStoreError(f"{path}: offsetTable entry {key!r}: {json.dumps(row)} is not an integer "
-                                        f"level and offset; fix or remove the entry")
+                raise CorruptStoreError(
+                    f"{path}: offsetTable entry {key!r}: {json.dumps(row)} is not an integer "
+                    f"level and offset; fix or remove the entry"
+                )
             out[k] = v
             continue
         if not isinstance(key, str) or not isinstance(row, dict):
-            raise CorruptStoreError(f"{path}: offsetTable entry {key!r} must map \"topic@group\" to an object of "
-                                    f"queue id: offset, not {json.dumps(row)}")
+            raise CorruptStoreError(
+                f'{path}: offsetTable entry {key!r} must map "topic@group" to an object of '
+                f"queue id: offset, not {json.dumps(row)}"
+            )
         queues: dict[int, int] = {}
         for q, o in row.items():
             qid, off = _offset(q), _offset(o)
             if qid is None or off is None:
-                raise CorruptStoreError(f"{path}: offsetTable[{key!r}][{q!r}] is {json.dumps(o)}, not an integer "
-                                        f"offset; fix or remove the entry (the group then starts that queue afresh)")
+                raise CorruptStoreError(
+                    f"{path}: offsetTable[{key!r}][{q!r}] is {json.dumps(o)}, not an integer "
+                    f"offset; fix or remove the entry (the group then starts that queue afresh)"
+                )
             queues[qid] = off
         out[key] = queues
     return out, extra

@@ -1,4 +1,5 @@
 """ConsumeQueueTable: every ConsumeQueue of a store, loaded from ``consumequeue/`` and created on first dispatch."""
+
 from __future__ import annotations
 
 import logging
@@ -45,8 +46,15 @@ class ConsumeQueueTable:
         self.before_rewrite: Optional[Callable[[str, int, int], None]] = None
 
     def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = ConsumeQueue(topic, queue_id, self.root, self.file_size, reserve_step=self.reserve_step,
-                          dir_syncs=self.dir_syncs, budget=self.budget)
+        cq = ConsumeQueue(
+            topic,
+            queue_id,
+            self.root,
+            self.file_size,
+            reserve_step=self.reserve_step,
+            dir_syncs=self.dir_syncs,
+            budget=self.budget,
+        )
         cq.mapped_file_queue.before_rewrite = self.before_rewrite
         return cq
 
@@ -79,8 +87,13 @@ class ConsumeQueueTable:
                     cq.load()
                 except CorruptStoreError as e:
                     # derived data: drop the files (never following a link) and let recovery rebuild the queue
-                    log.error("consume queue %s-%s cannot be loaded (%s); deleting its files to rebuild it from "
-                              "the commit log", topic, q, e)
+                    log.error(
+                        "consume queue %s-%s cannot be loaded (%s); deleting its files to rebuild it from "
+                        "the commit log",
+                        topic,
+                        q,
+                        e,
+                    )
                     qdir = os.path.join(tdir, q)
                     for name in os.listdir(qdir):
                         path = os.path.join(qdir, name)
@@ -127,8 +140,11 @@ class ConsumeQueueTable:
         ``queue_file_evictions`` and ``queue_file_remaps`` (None without a budget)."""
         b = self.budget
         if b is None:
-            return {"mapped_queue_files": sum(len(cq.mapped_file_queue.files) for cq in list(self.queues.values())),
-                    "queue_file_evictions": None, "queue_file_remaps": None}
+            return {
+                "mapped_queue_files": sum(len(cq.mapped_file_queue.files) for cq in list(self.queues.values())),
+                "queue_file_evictions": None,
+                "queue_file_remaps": None,
+            }
         return {"mapped_queue_files": b.mapped, "queue_file_evictions": b.evictions, "queue_file_remaps": b.remaps}
 
     def sync_names(self) -> int:

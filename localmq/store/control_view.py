@@ -1,4 +1,5 @@
 """ControlView: a read-only look at a shared store's control file (no lock taken, nothing written)."""
+
 from __future__ import annotations
 
 import fcntl
@@ -10,9 +11,25 @@ from typing import Optional
 from localmq import _shm
 from localmq.errors import ControlFileError
 from localmq.layout import (
-    CTL_FILE, CTL_FILE_SIZE, CTL_H_MAGIC, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_MAGIC, CTL_ROWS_OFF, CTL_S_READY,
-    CTL_T_DISPATCHED, CTL_T_NAME, CTL_T_NAME_LEN, CTL_T_STATE, CTL_TOPIC_COUNT, CTL_TOPIC_QUEUES, CTL_TOPIC_ROW,
-    CTL_TOPIC_SLOTS, CTL_TOPICS_OFF, CTL_S_WPOS, CTL_VERSION,
+    CTL_FILE,
+    CTL_FILE_SIZE,
+    CTL_H_MAGIC,
+    CTL_H_VERSION,
+    CTL_LOCK_BYTE_OPEN,
+    CTL_MAGIC,
+    CTL_ROWS_OFF,
+    CTL_S_READY,
+    CTL_S_WPOS,
+    CTL_T_DISPATCHED,
+    CTL_T_NAME,
+    CTL_T_NAME_LEN,
+    CTL_T_STATE,
+    CTL_TOPIC_COUNT,
+    CTL_TOPIC_QUEUES,
+    CTL_TOPIC_ROW,
+    CTL_TOPIC_SLOTS,
+    CTL_TOPICS_OFF,
+    CTL_VERSION,
 )
 
 _I64 = struct.Struct("=q")
@@ -68,9 +85,11 @@ class ControlView:
                 if version != CTL_VERSION:
                     # live processes of another localmq version: their committed end is not known here, and reading
                     # past it would take a put being copied for damage
-                    raise ControlFileError(f"{path} is version {version} (a process of another localmq version "
-                                           f"shares this store), this localmq reads {CTL_VERSION}: read it with "
-                                           f"that version, or once its processes have closed it")
+                    raise ControlFileError(
+                        f"{path} is version {version} (a process of another localmq version "
+                        f"shares this store), this localmq reads {CTL_VERSION}: read it with "
+                        f"that version, or once its processes have closed it"
+                    )
             if st.st_size < CTL_FILE_SIZE:
                 os.close(fd)
                 return None
@@ -79,8 +98,11 @@ class ControlView:
             os.close(fd)
             raise
         view = cls(fd, mm, path)
-        if (_U32.unpack_from(mm, CTL_H_MAGIC)[0] != CTL_MAGIC or _U32.unpack_from(mm, CTL_H_VERSION)[0] != CTL_VERSION
-                or view.load(CTL_S_READY) != 1):
+        if (
+            _U32.unpack_from(mm, CTL_H_MAGIC)[0] != CTL_MAGIC
+            or _U32.unpack_from(mm, CTL_H_VERSION)[0] != CTL_VERSION
+            or view.load(CTL_S_READY) != 1
+        ):
             view.close()
             return None
         return view
@@ -107,8 +129,11 @@ class ControlView:
             if v <= CTL_TOPIC_COUNT:
                 row = CTL_ROWS_OFF + (v - 1) * CTL_TOPIC_ROW
                 n = _U32.unpack_from(mm, row + CTL_T_NAME_LEN)[0]
-                if (_U32.unpack_from(mm, row + CTL_T_STATE)[0] == 1 and n == len(name)
-                        and mm[row + CTL_T_NAME:row + CTL_T_NAME + n] == name):
+                if (
+                    _U32.unpack_from(mm, row + CTL_T_STATE)[0] == 1
+                    and n == len(name)
+                    and mm[row + CTL_T_NAME : row + CTL_T_NAME + n] == name
+                ):
                     return self.load(row + CTL_T_DISPATCHED + 8 * queue_id)
             i = (i + 1) % CTL_TOPIC_SLOTS
         return None

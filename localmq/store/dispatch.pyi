@@ -1,7 +1,7 @@
 """Stub for the compiled localmq.store.dispatch: the reput loop that writes ConsumeQueue units."""
+
 import logging
 import threading
-
 from typing import Callable, Optional, Sequence, Set
 
 from typing_extensions import Self, disjoint_base
@@ -46,8 +46,13 @@ class ReputCore:
     @property
     def blocked_count(self) -> int: ...
     idle_wait_us: int
-    def __new__(cls, commit_log_mfq: MappedFileQueue, cq_factory: Callable[[str, int], ConsumeQueue],
-                 reput_from: int, idle_wait_us: int = 1000) -> Self: ...
+    def __new__(
+        cls,
+        commit_log_mfq: MappedFileQueue,
+        cq_factory: Callable[[str, int], ConsumeQueue],
+        reput_from: int,
+        idle_wait_us: int = 1000,
+    ) -> Self: ...
     @property
     def reput_offset(self) -> int: ...
     def set_reput_offset(self, offset: int) -> None: ...

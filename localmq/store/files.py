@@ -15,9 +15,24 @@ from localmq._record import decode_message, scan_record, unknown_format, walk_re
 from localmq.config import StoreConfig
 from localmq.errors import CorruptFrameError, CorruptStoreError, NotAStoreError
 from localmq.layout import (
-    ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, CQ_BLANK_UNIT_SIZE,
-    CQ_DTYPE, CQ_UNIT_SIZE, GAP_FILE_RE, INDEX_DIR, INDEX_NAME_DIGITS, LOCK_FILE, MAX_TOPIC_NAME_BYTES,
-    MESSAGE_MAGIC_CODE_V2, RECOVERY_DIR, SEGMENT_NAME_RE, file_name,
+    ABORT_FILE,
+    CHECKPOINT_FILE,
+    COMMITLOG_DIR,
+    CONFIG_DIR,
+    CONSUMEQUEUE_DIR,
+    CONSUMEQUEUE_EXT_DIR,
+    CQ_BLANK_UNIT_SIZE,
+    CQ_DTYPE,
+    CQ_UNIT_SIZE,
+    GAP_FILE_RE,
+    INDEX_DIR,
+    INDEX_NAME_DIGITS,
+    LOCK_FILE,
+    MAX_TOPIC_NAME_BYTES,
+    MESSAGE_MAGIC_CODE_V2,
+    RECOVERY_DIR,
+    SEGMENT_NAME_RE,
+    file_name,
 )
 from localmq.status import RecordStatus
 from localmq.store.control_view import committed_end
@@ -26,8 +41,16 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 __all__ = [
-    "DEFAULT_SEGMENT_SIZE", "SegmentFile", "numbered_files", "list_segments", "StoreFiles", "ConsumeQueueFiles",
-    "points_at_records", "map_segment", "unsafe_entries", "numbered_units",
+    "DEFAULT_SEGMENT_SIZE",
+    "SegmentFile",
+    "numbered_files",
+    "list_segments",
+    "StoreFiles",
+    "ConsumeQueueFiles",
+    "points_at_records",
+    "map_segment",
+    "unsafe_entries",
+    "numbered_units",
 ]
 
 DEFAULT_SEGMENT_SIZE = StoreConfig.mapped_file_size_commit_log
@@ -35,17 +58,21 @@ DEFAULT_SEGMENT_SIZE = StoreConfig.mapped_file_size_commit_log
 _CQ_FIELDS = CQ_DTYPE.fields
 assert _CQ_FIELDS is not None  # a structured dtype (numpy types ``fields`` as Optional)
 _UNIT_HEAD_SIZE = _CQ_FIELDS["tags_code"][1]
-_UNIT_HEAD = np.dtype({"names": ["offset", "size"], "formats": [CQ_DTYPE["offset"], CQ_DTYPE["size"]],
-                       "offsets": [_CQ_FIELDS["offset"][1], _CQ_FIELDS["size"][1]],
-                       "itemsize": _UNIT_HEAD_SIZE})
+_UNIT_HEAD = np.dtype(
+    {
+        "names": ["offset", "size"],
+        "formats": [CQ_DTYPE["offset"], CQ_DTYPE["size"]],
+        "offsets": [_CQ_FIELDS["offset"][1], _CQ_FIELDS["size"][1]],
+        "itemsize": _UNIT_HEAD_SIZE,
+    }
+)
 
 
 # RocketMQ's topic characters, any length: a V2 record may name a topic longer than localmq's names
 _LONG_TOPIC_RE = re.compile(rb"[%|a-zA-Z0-9_-]+")
 
 
-def not_understood(data: "ReadableBuffer", pos: int, status: RecordStatus,
-                   end: int) -> tuple[int, int, str] | None:
+def not_understood(data: "ReadableBuffer", pos: int, status: RecordStatus, end: int) -> tuple[int, int, str] | None:
     """(magic, TOTALSIZE, what) of the record at ``data[pos:]`` (a segment; ``end``: the end of its written data)
     where a walk stopped with ``status`` when localmq does not understand it rather than finds it damaged, else None:
     a record of an unknown format (status "bad magic": ``_record.unknown_format``, README Recovery), or a whole,
@@ -55,7 +82,7 @@ def not_understood(data: "ReadableBuffer", pos: int, status: RecordStatus,
         magic = unknown_format(data, pos, end)
         if magic is None:
             return None
-        size = int.from_bytes(memoryview(data).cast("B")[pos:pos + 4], "big", signed=True)
+        size = int.from_bytes(memoryview(data).cast("B")[pos : pos + 4], "big", signed=True)
         return magic, size, "a record of a format localmq does not know"
     if status != RecordStatus.BAD_TOPIC:
         return None
@@ -68,9 +95,12 @@ def not_understood(data: "ReadableBuffer", pos: int, status: RecordStatus,
     tb = m.topic.encode("utf-8", "surrogateescape")
     if len(tb) <= MAX_TOPIC_NAME_BYTES or _LONG_TOPIC_RE.fullmatch(tb) is None:
         return None
-    return (MESSAGE_MAGIC_CODE_V2 & 0xFFFFFFFF, m.store_size,
-            f"a V2 record naming a topic of {len(tb)} bytes, longer than localmq's topic names "
-            f"({MAX_TOPIC_NAME_BYTES} bytes, a ConsumeQueue directory name)")
+    return (
+        MESSAGE_MAGIC_CODE_V2 & 0xFFFFFFFF,
+        m.store_size,
+        f"a V2 record naming a topic of {len(tb)} bytes, longer than localmq's topic names "
+        f"({MAX_TOPIC_NAME_BYTES} bytes, a ConsumeQueue directory name)",
+    )
 
 
 @dataclass(frozen=True)
@@ -102,8 +132,17 @@ def unsafe_entries(root: str | os.PathLike[str]) -> list[str]:
     never write, truncate or delete through them. Returns their paths (empty for a safe store)."""
     root = os.path.realpath(os.fspath(root))
     bad: list[str] = []
-    for name in (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, INDEX_DIR, CONFIG_DIR, RECOVERY_DIR,
-                 CHECKPOINT_FILE, ABORT_FILE, LOCK_FILE):
+    for name in (
+        COMMITLOG_DIR,
+        CONSUMEQUEUE_DIR,
+        CONSUMEQUEUE_EXT_DIR,
+        INDEX_DIR,
+        CONFIG_DIR,
+        RECOVERY_DIR,
+        CHECKPOINT_FILE,
+        ABORT_FILE,
+        LOCK_FILE,
+    ):
         top = os.path.join(root, name)
         if not os.path.lexists(top):
             continue
@@ -173,8 +212,9 @@ def points_at_records(units: npt.NDArray[np.void]) -> bool:
     return not ((sizes <= 0).any() or (sizes == CQ_BLANK_UNIT_SIZE).any())
 
 
-def _segments(files: list[SegmentFile], segment_size: int | None,
-              live_end: int | None) -> tuple[int, list[tuple[int, str]]]:
+def _segments(
+    files: list[SegmentFile], segment_size: int | None, live_end: int | None
+) -> tuple[int, list[tuple[int, str]]]:
     """(segment size, [(base, path)]) of a listing of commit log segments, checked: one size (given, or the largest
     file's), names multiples of it, no hole. An empty last file (a creation interrupted or under way) and, in a live
     store (``live_end`` not None), files at or past the segment holding ``live_end`` are left out."""
@@ -190,10 +230,12 @@ def _segments(files: list[SegmentFile], segment_size: int | None,
         if size != segment_size:
             raise CorruptStoreError(
                 f"commit log segment {fpath} is {size} bytes, not the configured {segment_size}: "
-                f"pass option mapped_file_size_commit_log={size} if the store was written with that size")
+                f"pass option mapped_file_size_commit_log={size} if the store was written with that size"
+            )
         if base % segment_size:
-            raise CorruptStoreError(f"commit log segment {fpath}: name is not a multiple of the segment size "
-                                    f"{segment_size}")
+            raise CorruptStoreError(
+                f"commit log segment {fpath}: name is not a multiple of the segment size {segment_size}"
+            )
         if segments and base != segments[-1][0] + segment_size:
             raise CorruptStoreError(f"commit log gap: {fpath} follows {segments[-1][1]}")
         segments.append((base, fpath))
@@ -213,14 +255,17 @@ class StoreFiles:
         path = os.fspath(path)
         if not os.path.isdir(path):
             if os.path.exists(path):
-                raise NotAStoreError(errno.ENOTDIR, "not a localmq / RocketMQ store: a store is a directory, this is "
-                                     "a file (`localmq dump` reads one segment file)", path)
+                raise NotAStoreError(
+                    errno.ENOTDIR,
+                    "not a localmq / RocketMQ store: a store is a directory, this is "
+                    "a file (`localmq dump` reads one segment file)",
+                    path,
+                )
             raise NotAStoreError(errno.ENOENT, "not a localmq / RocketMQ store: no such directory", path)
         self.root = path
         self.commitlog = os.path.join(path, COMMITLOG_DIR)
         if not os.path.isdir(self.commitlog):
-            raise NotAStoreError(errno.ENOENT, "not a localmq / RocketMQ store: it has no commitlog directory",
-                                 path)
+            raise NotAStoreError(errno.ENOENT, "not a localmq / RocketMQ store: it has no commitlog directory", path)
         self.consumequeue = os.path.join(path, CONSUMEQUEUE_DIR)
         self.consumequeue_ext = os.path.join(path, CONSUMEQUEUE_EXT_DIR)
         self.index = os.path.join(path, INDEX_DIR)
@@ -359,8 +404,11 @@ class StoreFiles:
                     return base + pos
                 if known_end is not None and base + pos >= known_end:
                     return base + pos
-                raise CorruptFrameError(f"{outcome} record at offset {base + pos} of the commit log ({fpath})",
-                                        offset=base + pos, path=fpath)
+                raise CorruptFrameError(
+                    f"{outcome} record at offset {base + pos} of the commit log ({fpath})",
+                    offset=base + pos,
+                    path=fpath,
+                )
             finally:
                 mf.close()
         return end
@@ -407,8 +455,9 @@ class StoreFiles:
         finally:
             mf.close()
         if outcome not in (RecordStatus.END, RecordStatus.BLANK):
-            raise CorruptFrameError(f"{outcome} record at offset {base + pos} of the commit log ({fpath})",
-                                    offset=base + pos, path=fpath)
+            raise CorruptFrameError(
+                f"{outcome} record at offset {base + pos} of the commit log ({fpath})", offset=base + pos, path=fpath
+            )
         return base + pos
 
     # -- consume queues -------------------------------------------------------------------------------------------

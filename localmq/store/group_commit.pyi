@@ -1,4 +1,5 @@
 """Stub for the compiled localmq.store.group_commit: SYNC_FLUSH's group commit of a store one process writes."""
+
 from typing import Optional, Tuple
 
 from typing_extensions import Self, disjoint_base

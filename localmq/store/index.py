@@ -34,6 +34,7 @@ Design choices:
   second precision (begin + whole seconds, never later than the real store time), so callers that filter by
   the record's real store time widen ``begin`` by one second (``query_offsets`` does).
 """
+
 from __future__ import annotations
 
 import errno
@@ -51,13 +52,19 @@ from localmq import _index
 from localmq._mapped_file import MappedFile
 from localmq._native import fsync_dir
 from localmq.errors import ConfigError, CorruptStoreError, StoreClosedError
+from localmq.layout import (
+    INDEX_DIR,
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    INDEX_ITEM_SIZE,
+    INDEX_ITEMS_PER_SLOT,
+    INDEX_MAX_FILE_SIZE,
+    INDEX_NAME_DIGITS,
+    INDEX_SLOT_SIZE,
+)
 from localmq.status import Stop
 from localmq.store.get import read_record
 from localmq.store.mapped_file_queue import makedirs_durable
-from localmq.layout import (
-    INDEX_DIR, INDEX_HEADER, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_ITEMS_PER_SLOT, INDEX_MAX_FILE_SIZE,
-    INDEX_NAME_DIGITS, INDEX_SLOT_SIZE,
-)
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -68,8 +75,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("localmq.index")
 
-__all__ = ["IndexHeader", "IndexFile", "IndexService", "index_file_size", "infer_geometry", "geometry_from_content",
-           "INDEX_DIR"]
+__all__ = [
+    "IndexHeader",
+    "IndexFile",
+    "IndexService",
+    "index_file_size",
+    "infer_geometry",
+    "geometry_from_content",
+    "INDEX_DIR",
+]
 
 # IndexService.deleteExpiredFile destroys with a 3 s forcible interval
 DESTROY_FORCIBLY_MS = 3000
@@ -85,12 +99,10 @@ def check_geometry(hash_slot_num: int, index_num: int) -> None:
     if hash_slot_num < 1 or index_num < 2:
         raise ConfigError("max_hash_slot_num must be >= 1 and max_index_num >= 2 (item 0 is never used)")
     if index_file_size(hash_slot_num, index_num) > INDEX_MAX_FILE_SIZE:
-        raise ConfigError("an index file must stay below 2 GiB (40 + slots*4 + items*20): RocketMQ uses int "
-                          "positions")
+        raise ConfigError("an index file must stay below 2 GiB (40 + slots*4 + items*20): RocketMQ uses int positions")
 
 
-def infer_geometry(size: int, hash_slot_num: Optional[int] = None,
-                   index_num: Optional[int] = None) -> tuple[int, int]:
+def infer_geometry(size: int, hash_slot_num: Optional[int] = None, index_num: Optional[int] = None) -> tuple[int, int]:
     """(slots, items) of an index file of ``size`` bytes.
 
     With both given they must match the size. Otherwise: the given one fixes the other; with neither,
@@ -100,8 +112,9 @@ def infer_geometry(size: int, hash_slot_num: Optional[int] = None,
     body = size - INDEX_HEADER_SIZE
     if hash_slot_num is not None and index_num is not None:
         if index_file_size(hash_slot_num, index_num) != size:
-            raise CorruptStoreError(f"an index file of {size} bytes does not have {hash_slot_num} slots and "
-                                    f"{index_num} items")
+            raise CorruptStoreError(
+                f"an index file of {size} bytes does not have {hash_slot_num} slots and {index_num} items"
+            )
         return hash_slot_num, index_num
     if hash_slot_num is not None:
         rest = body - hash_slot_num * INDEX_SLOT_SIZE
@@ -115,8 +128,9 @@ def infer_geometry(size: int, hash_slot_num: Optional[int] = None,
         per = INDEX_SLOT_SIZE + INDEX_ITEMS_PER_SLOT * INDEX_ITEM_SIZE
         if body >= per and body % per == 0:
             return body // per, INDEX_ITEMS_PER_SLOT * (body // per)
-    raise CorruptStoreError(f"cannot infer the geometry of an index file of {size} bytes: pass hash_slot_num "
-                            f"and index_num")
+    raise CorruptStoreError(
+        f"cannot infer the geometry of an index file of {size} bytes: pass hash_slot_num and index_num"
+    )
 
 
 def _probe(fd: int, slots: int, count: int, end_phy: int) -> bool:
@@ -216,8 +230,11 @@ def geometry_from_content(path: str) -> Optional[tuple[int, int]]:
         if count < 2:
             return None
         per = INDEX_SLOT_SIZE + INDEX_ITEMS_PER_SLOT * INDEX_ITEM_SIZE
-        if body % per == 0 and count <= INDEX_ITEMS_PER_SLOT * (body // per) and _probe(fd, body // per, count,
-                                                                                         end_phy):
+        if (
+            body % per == 0
+            and count <= INDEX_ITEMS_PER_SLOT * (body // per)
+            and _probe(fd, body // per, count, end_phy)
+        ):
             return body // per, INDEX_ITEMS_PER_SLOT * (body // per)
         # every slot count s that leaves room for ``count`` items (a file a broker extended in place to its
         # configured size holds fewer items than its size allows): the last item of candidate s lies at p0 + 4 s,
@@ -263,7 +280,7 @@ def _pages_with_blocks(mf: MappedFile) -> npt.NDArray[np.uint8]:
     """One byte per 4 KiB page of ``mf``: 1 where its data extents (SEEK_DATA) say it has blocks."""
     pages = np.zeros((mf.file_size + _PAGE - 1) // _PAGE, np.uint8)
     for lo, hi in mf.data_ranges():
-        pages[lo // _PAGE:(hi + _PAGE - 1) // _PAGE] = 1
+        pages[lo // _PAGE : (hi + _PAGE - 1) // _PAGE] = 1
     return pages
 
 
@@ -303,8 +320,9 @@ class IndexFile:
         self.pages = _pages_with_blocks(mapped_file)
 
     @classmethod
-    def create(cls, path: str, hash_slot_num: int, index_num: int, end_phy_offset: int = 0,
-               end_timestamp: int = 0) -> "IndexFile":
+    def create(
+        cls, path: str, hash_slot_num: int, index_num: int, end_phy_offset: int = 0, end_timestamp: int = 0
+    ) -> "IndexFile":
         """Create (reserve blocks, map) a new file whose begin and end values start from the previous file's
         end (RocketMQ's IndexFile constructor), with indexCount 1 in its header.
 
@@ -314,8 +332,9 @@ class IndexFile:
         if os.path.exists(path):
             raise FileExistsError(17, "index file exists", path)
         # sparse, its first page reserved (the header); the pages an insert touches are reserved as it goes
-        mf = MappedFile(path, index_file_size(hash_slot_num, index_num), 0, create=True, reserve=True,
-                        reserve_step=_PAGE)
+        mf = MappedFile(
+            path, index_file_size(hash_slot_num, index_num), 0, create=True, reserve=True, reserve_step=_PAGE
+        )
         f = cls(mf, hash_slot_num, index_num)
         begin_phy = end_phy_offset if end_phy_offset > 0 else 0
         begin_ts = end_timestamp if end_timestamp > 0 else 0
@@ -323,8 +342,9 @@ class IndexFile:
         return f
 
     @classmethod
-    def open(cls, path: str, hash_slot_num: Optional[int] = None, index_num: Optional[int] = None, *,
-             writable: bool = True) -> "IndexFile":
+    def open(
+        cls, path: str, hash_slot_num: Optional[int] = None, index_num: Optional[int] = None, *, writable: bool = True
+    ) -> "IndexFile":
         """Map an existing file. The geometry is checked against, or inferred from, the file size
         (``infer_geometry``). ``writable=False`` maps it read-only (a copy of a broker's store).
 
@@ -339,10 +359,19 @@ class IndexFile:
             # place to its configured size): read it as it was written, or not at all
             fits = geometry_from_content(path)
             if fits is None:
-                raise CorruptStoreError(f"index file {path}: its items do not fit {slots} slots, nor any geometry "
-                                        f"of its size (derived data: rebuilt from the commit log)")
-            log.warning("index file %s was written with %d slots and %d items, not the %d and %d its size suggests; "
-                        "read that way (a RocketMQ broker misreads it)", path, fits[0], fits[1], slots, items)
+                raise CorruptStoreError(
+                    f"index file {path}: its items do not fit {slots} slots, nor any geometry "
+                    f"of its size (derived data: rebuilt from the commit log)"
+                )
+            log.warning(
+                "index file %s was written with %d slots and %d items, not the %d and %d its size suggests; "
+                "read that way (a RocketMQ broker misreads it)",
+                path,
+                fits[0],
+                fits[1],
+                slots,
+                items,
+            )
             slots, items = fits
             _check_count(path, size, slots, items)
         mf = MappedFile(path, size, 0, create=False, reserve=False, writable=writable)
@@ -394,8 +423,16 @@ class IndexFile:
 
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
         """Insert the full index key ``key`` (``"<topic>#<key>"`` in a store). False when the file is full."""
-        return _index.put_key(self.mapped_file, self.hash_slot_num, self.index_num, _index.key_hash(key),
-                              phy_offset, store_timestamp, self.mapped_file.fileno, self.pages)
+        return _index.put_key(
+            self.mapped_file,
+            self.hash_slot_num,
+            self.index_num,
+            _index.key_hash(key),
+            phy_offset,
+            store_timestamp,
+            self.mapped_file.fileno,
+            self.pages,
+        )
 
     def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> List[int]:
         """Offsets of items of the full index key ``key`` in [begin, end], newest first (hash matches: the
@@ -438,8 +475,17 @@ class IndexQueries:
 
     # -- queries ----------------------------------------------------------------------------------------------
 
-    def query_messages(self, commit_log_files: List[MappedFile], seg_size: int, topic: str, key: str, max_num: int,
-                       begin: int, end: int, uniq_only: bool) -> List[Message]:
+    def query_messages(
+        self,
+        commit_log_files: List[MappedFile],
+        seg_size: int,
+        topic: str,
+        key: str,
+        max_num: int,
+        begin: int,
+        end: int,
+        uniq_only: bool,
+    ) -> List[Message]:
         """Messages of ``topic`` whose KEYS hold ``key`` (unless ``uniq_only``) or whose UNIQ_KEY is ``key``, stored
         within [begin, end] ms: candidates from ``query_offsets``, each read from the commit log (its MappedFiles,
         ``seg_size`` bytes each) and kept only on an exact match, so hash collisions never show. At most
@@ -450,8 +496,7 @@ class IndexQueries:
             found: List[Message] = []
             for off in offsets:
                 m = read_record(commit_log_files, seg_size, off, True)
-                if (m is None or m.physical_offset != off or m.topic != topic
-                        or not begin <= m.store_timestamp <= end):
+                if m is None or m.physical_offset != off or m.topic != topic or not begin <= m.store_timestamp <= end:
                     continue  # a hash collision, or a record retention removed
                 if (not uniq_only and key in m.keys) or m.uniq_key == key:
                     found.append(m)
@@ -475,8 +520,9 @@ class IndexQueries:
         for f in reversed(self.files):
             try:
                 times = f._times()
-                found = f._select(h, max_num - len(out), wbegin, end).tolist() \
-                    if _time_matched(times, wbegin, end) else ()
+                found = (
+                    f._select(h, max_num - len(out), wbegin, end).tolist() if _time_matched(times, wbegin, end) else ()
+                )
             except StoreClosedError:
                 continue  # deleted by retention after the snapshot
             if found:
@@ -534,8 +580,15 @@ class IndexService(IndexQueries):
     Raises ConfigError for a bad geometry.
     """
 
-    def __init__(self, root: str, hash_slot_num: int, index_num: int, checkpoint: StoreCheckpoint,
-                 clock: Optional[Callable[[], int]] = None, grow: bool = False):
+    def __init__(
+        self,
+        root: str,
+        hash_slot_num: int,
+        index_num: int,
+        checkpoint: StoreCheckpoint,
+        clock: Optional[Callable[[], int]] = None,
+        grow: bool = False,
+    ):
         check_geometry(hash_slot_num, index_num)
         # grow: a store's first index file is 1/256 of the configured geometry (4 items a slot, so later opens
         # infer it from the size) and each next one 4 times its predecessor, up to the configured one: a small
@@ -567,8 +620,7 @@ class IndexService(IndexQueries):
 
     # -- load / recovery ------------------------------------------------------------------------------------
 
-    def load(self, last_exit_ok: bool, commit_log_max_offset: int,
-             remove: Callable[[str], None] = os.unlink) -> None:
+    def load(self, last_exit_ok: bool, commit_log_max_offset: int, remove: Callable[[str], None] = os.unlink) -> None:
         """Map the files of ``<root>/index`` (sorted by name). After an unclean exit, delete those past the
         checkpoint's index time or not full; always delete those whose entries reach ``commit_log_max_offset``
         (see the module docstring). Names that are not 17 digits are ignored with a warning. ``remove`` deletes a
@@ -601,10 +653,18 @@ class IndexService(IndexQueries):
                     files.append(IndexFile.open(path, hs, n))
                 except CorruptStoreError as e:
                     # derived data: this file and every later one are deleted and indexed again from the log
-                    later = [os.path.join(self.directory, m) for m in names[names.index(name):]
-                             if len(m) == INDEX_NAME_DIGITS and m.isdigit()]
-                    log.error("index file %s cannot be used (%s); deleting it and %d later file(s): their keys "
-                              "are indexed again from the commit log", path, e, len(later) - 1)
+                    later = [
+                        os.path.join(self.directory, m)
+                        for m in names[names.index(name) :]
+                        if len(m) == INDEX_NAME_DIGITS and m.isdigit()
+                    ]
+                    log.error(
+                        "index file %s cannot be used (%s); deleting it and %d later file(s): their keys "
+                        "are indexed again from the commit log",
+                        path,
+                        e,
+                        len(later) - 1,
+                    )
                     for p in later:
                         if os.path.isfile(p) and not os.path.islink(p):
                             remove(p)
@@ -628,10 +688,12 @@ class IndexService(IndexQueries):
         for f in files[keep:]:
             # routine after an unclean exit (RocketMQ does the same): nothing is lost, the keys come back
             (log.info if not last_exit_ok else log.warning)(
-                "deleting index file %s (%s); its keys are indexed again from the commit log", f.path,
-                "unclean exit" if not last_exit_ok else "it points past the commit log end")
+                "deleting index file %s (%s); its keys are indexed again from the commit log",
+                f.path,
+                "unclean exit" if not last_exit_ok else "it points past the commit log end",
+            )
             self.deleted_on_load.append(f.path)
-            f.close()   # nobody else holds it yet: unmapped now
+            f.close()  # nobody else holds it yet: unmapped now
             remove(f.path)
         if keep < len(files):
             fsync_dir(self.directory)
@@ -712,9 +774,24 @@ class IndexService(IndexQueries):
             mf = f.mapped_file if f is not None else None
             slots = f.hash_slot_num if f is not None else 1
             items = f.index_num if f is not None else 2
-            outcome, row, key, k = _index.index_rows(mf, slots, items, data, phys, sts, sysf, tpos, tlen, ppos,
-                                                     plen, row, key, n, mf.fileno if mf is not None else -1,
-                                                     f.pages if f is not None else None)
+            outcome, row, key, k = _index.index_rows(
+                mf,
+                slots,
+                items,
+                data,
+                phys,
+                sts,
+                sysf,
+                tpos,
+                tlen,
+                ppos,
+                plen,
+                row,
+                key,
+                n,
+                mf.fileno if mf is not None else -1,
+                f.pages if f is not None else None,
+            )
             added += k
             if outcome is Stop.END:
                 return added

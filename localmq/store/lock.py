@@ -1,4 +1,5 @@
 """StoreLock: the ``lock`` file that keeps a second writer (localmq or a RocketMQ broker) off a store."""
+
 from __future__ import annotations
 
 import errno
@@ -34,7 +35,7 @@ class StoreLock:
     def __init__(self, root: str, shared: bool = False) -> None:
         self.path = os.path.join(root, LOCK_FILE)
         self.shared = shared
-        self.created = False   # this lock created the file (a failed open removes it again)
+        self.created = False  # this lock created the file (a failed open removes it again)
         for _ in range(100):
             fd = self._acquire(root, shared)
             # a failed open removes the lock file it created, under the lock: a lock taken on that removed file
@@ -79,8 +80,10 @@ class StoreLock:
                     pass
             os.close(fd)
             if holders_shared:
-                msg = (f"store {root} is open by processes sharing it: open it with shared=True to join them "
-                       f"(localmq.open(path) does so by itself)")
+                msg = (
+                    f"store {root} is open by processes sharing it: open it with shared=True to join them "
+                    f"(localmq.open(path) does so by itself)"
+                )
             elif shared:
                 msg = f"store {root} is open by a process that holds it alone (opened with shared=False) or a broker"
             else:

@@ -1,4 +1,5 @@
 """MappedFileQueue: the segment files of one directory seen as one logical file."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -108,8 +109,9 @@ def sync_each(fn: Callable[[T], object], items: List[T]) -> List[Tuple[T, BaseEx
                 with lock:
                     failures.append((nxt[0], nxt[1], e))
 
-    threads = [threading.Thread(target=work, name="localmq-sync", daemon=True)
-               for _ in range(min(SYNC_THREADS, len(items)))]
+    threads = [
+        threading.Thread(target=work, name="localmq-sync", daemon=True) for _ in range(min(SYNC_THREADS, len(items)))
+    ]
     started = []
     for t in threads:
         try:
@@ -215,9 +217,13 @@ def earlier_sync_failure(error: BaseException) -> BaseException:
     its errno and file, saying so."""
     if not isinstance(error, OSError) or error.errno is None:
         return error
-    return StoreIOError(error.errno, error.strerror, error.filename,
-                        operation=f"an earlier {getattr(error, 'operation', None) or 'flush'} failed and is never "
-                                  f"retried; the store takes no puts until it is closed and opened again:")
+    return StoreIOError(
+        error.errno,
+        error.strerror,
+        error.filename,
+        operation=f"an earlier {getattr(error, 'operation', None) or 'flush'} failed and is never "
+        f"retried; the store takes no puts until it is closed and opened again:",
+    )
 
 
 class MappedFileQueue:
@@ -230,10 +236,20 @@ class MappedFileQueue:
     ``files`` at once and waits in ``hanged`` (see ``retry_delete_hanged``).
     """
 
-    def __init__(self, directory: str, file_size: int, *, reserve: bool = True, reserve_step: int = 0,
-                 allocator: Optional[Callable[[str, int, int], MappedFile]] = None, writable: bool = True,
-                 keep_fd: bool = True, dir_syncs: Optional[DeferredDirSyncs] = None,
-                 budget: Optional[MappingBudget] = None, reserve_first: int = 0):
+    def __init__(
+        self,
+        directory: str,
+        file_size: int,
+        *,
+        reserve: bool = True,
+        reserve_step: int = 0,
+        allocator: Optional[Callable[[str, int, int], MappedFile]] = None,
+        writable: bool = True,
+        keep_fd: bool = True,
+        dir_syncs: Optional[DeferredDirSyncs] = None,
+        budget: Optional[MappingBudget] = None,
+        reserve_first: int = 0,
+    ):
         self.directory = os.fspath(directory)
         # > 0: a new file reserves this much first, then steps that double up to reserve_step (ConsumeQueue files:
         # a page, so that a queue with one message costs one block)
@@ -296,30 +312,45 @@ class MappedFileQueue:
                 path = os.path.join(self.directory, name)
                 size = os.path.getsize(path)
                 if size == 0 and i == len(names) - 1 and fix_empty_tail:
-                    log.warning("segment %s is empty (interrupted creation); sizing it to %d bytes",
-                                path, self.file_size)
-                elif (0 < size < self.file_size and i == len(names) - 1 and i > 0 and fix_empty_tail):
+                    log.warning(
+                        "segment %s is empty (interrupted creation); sizing it to %d bytes", path, self.file_size
+                    )
+                elif 0 < size < self.file_size and i == len(names) - 1 and i > 0 and fix_empty_tail:
                     # The last segment was cut short (a truncated copy, a file system that lost its tail) while
                     # every earlier one has the configured size, so the size setting is right: give it back its
                     # size (zeros) and let recovery cut the torn record and report it. A lone short file is
                     # refused below: it more likely means the wrong segment size was configured.
-                    log.error("segment %s is %d bytes, shorter than %d: its tail is lost; extending it with "
-                              "zeros so that recovery keeps every whole record before the cut", path, size,
-                              self.file_size)
+                    log.error(
+                        "segment %s is %d bytes, shorter than %d: its tail is lost; extending it with "
+                        "zeros so that recovery keeps every whole record before the cut",
+                        path,
+                        size,
+                        self.file_size,
+                    )
                     os.truncate(path, self.file_size)
                 elif size != self.file_size:
                     raise CorruptStoreError(
                         f"segment {path} is {size} bytes but the configured size is {self.file_size}; "
-                        f"open the store with the size it was written with")
-                mf = MappedFile(path, self.file_size, create=False, reserve=self.reserve,
-                                reserve_step=self.reserve_step, writable=self.writable, keep_fd=self.keep_fd,
-                                budget=self.budget, reserve_first=self.reserve_first,
-                                map_now=self.budget is None)  # a budget's files: mapped on first use
+                        f"open the store with the size it was written with"
+                    )
+                mf = MappedFile(
+                    path,
+                    self.file_size,
+                    create=False,
+                    reserve=self.reserve,
+                    reserve_step=self.reserve_step,
+                    writable=self.writable,
+                    keep_fd=self.keep_fd,
+                    budget=self.budget,
+                    reserve_first=self.reserve_first,
+                    map_now=self.budget is None,
+                )  # a budget's files: mapped on first use
                 if files and mf.file_from_offset != files[-1].file_from_offset + self.file_size:
                     mf.close()
                     raise CorruptStoreError(
                         f"segment {path} does not follow {files[-1].path}: expected base "
-                        f"{files[-1].file_from_offset + self.file_size}")
+                        f"{files[-1].file_from_offset + self.file_size}"
+                    )
                 # until recovery says otherwise, a loaded file counts as fully written (RocketMQ does the same)
                 mf.set_positions(self.file_size)
                 files.append(mf)
@@ -381,10 +412,19 @@ class MappedFileQueue:
             if self.allocator is not None:
                 mf = self.allocator(path, self.file_size, start_offset)
             else:
-                mf = MappedFile(path, self.file_size, start_offset, create=True, reserve=self.reserve,
-                                reserve_step=self.reserve_step, writable=self.writable, keep_fd=self.keep_fd,
-                                budget=self.budget, reserve_first=self.reserve_first,
-                                sync_size=self.dir_syncs is None)
+                mf = MappedFile(
+                    path,
+                    self.file_size,
+                    start_offset,
+                    create=True,
+                    reserve=self.reserve,
+                    reserve_step=self.reserve_step,
+                    writable=self.writable,
+                    keep_fd=self.keep_fd,
+                    budget=self.budget,
+                    reserve_first=self.reserve_first,
+                    sync_size=self.dir_syncs is None,
+                )
                 try:
                     if self.dir_syncs is not None:
                         self.dir_syncs.add(self.directory, path)
@@ -420,10 +460,17 @@ class MappedFileQueue:
                 base = int(name)
                 if files and base != files[-1].file_from_offset + fs:
                     raise CorruptStoreError(f"segment {name} does not follow {files[-1].path} in {self.directory}")
-                mf = MappedFile(os.path.join(self.directory, name), fs, create=False, reserve=self.reserve,
-                                reserve_step=self.reserve_step,
-                                writable=self.writable, keep_fd=self.keep_fd, budget=self.budget,
-                                reserve_first=self.reserve_first)
+                mf = MappedFile(
+                    os.path.join(self.directory, name),
+                    fs,
+                    create=False,
+                    reserve=self.reserve,
+                    reserve_step=self.reserve_step,
+                    writable=self.writable,
+                    keep_fd=self.keep_fd,
+                    budget=self.budget,
+                    reserve_first=self.reserve_first,
+                )
                 mf.set_positions(min(fs, end - base))
                 if self.writable:
                     # not known to be on disk (the process that wrote it may have died before flushing): the next
@@ -437,8 +484,10 @@ class MappedFileQueue:
         if names and files[-1].file_from_offset + fs < end:
             for mf in files:
                 mf.close()
-            raise CorruptStoreError(f"{self.directory}: committed data up to {end} but the segments end at "
-                                    f"{files[-1].file_from_offset + fs}")
+            raise CorruptStoreError(
+                f"{self.directory}: committed data up to {end} but the segments end at "
+                f"{files[-1].file_from_offset + fs}"
+            )
         self.files = files
         return len(files)
 
@@ -446,9 +495,18 @@ class MappedFileQueue:
         """Map the existing segment at ``base`` (created by another process) and append it; called under ``lock``."""
         path = os.path.join(self.directory, offset_to_file_name(base))
         # create=True opens an existing file as it is and sizes one whose creator died before sizing it
-        mf = MappedFile(path, self.file_size, base, create=True, reserve=self.reserve, reserve_step=self.reserve_step,
-                        writable=self.writable, keep_fd=self.keep_fd, budget=self.budget,
-                        reserve_first=self.reserve_first)
+        mf = MappedFile(
+            path,
+            self.file_size,
+            base,
+            create=True,
+            reserve=self.reserve,
+            reserve_step=self.reserve_step,
+            writable=self.writable,
+            keep_fd=self.keep_fd,
+            budget=self.budget,
+            reserve_first=self.reserve_first,
+        )
         self.files.append(mf)
         return mf
 
@@ -519,7 +577,7 @@ class MappedFileQueue:
             # the next writer to open), so that the view ends where the log does
             keep = [mf for mf in self.files if mf.file_from_offset <= start]
             if len(keep) < len(self.files):
-                for mf in self.files[len(keep):]:
+                for mf in self.files[len(keep) :]:
                     mf.close()
                 self.files = keep
 
@@ -572,8 +630,9 @@ class MappedFileQueue:
         self.committed_where = min(self.committed_where, offset)
         return removed
 
-    def expired_files(self, expired_ms: int, now_ms: int, *, clean_immediately: bool = False,
-                      batch_max: int = DELETE_FILES_BATCH_MAX) -> List[MappedFile]:
+    def expired_files(
+        self, expired_ms: int, now_ms: int, *, clean_immediately: bool = False, batch_max: int = DELETE_FILES_BATCH_MAX
+    ) -> List[MappedFile]:
         """The leading run of files that retention may delete, oldest first (RocketMQ's deleteExpiredFileByTime
         selection): every file but the last, each qualifying when ``now_ms >= mtime + expired_ms`` or
         ``clean_immediately``; the run stops at the first file that does not qualify (nothing is deleted from
@@ -594,8 +653,14 @@ class MappedFileQueue:
             out.append(mf)
         return out
 
-    def delete_files(self, files: List[MappedFile], *, forcibly_ms: int, now_ms: Optional[int] = None,
-                     between: Optional[Callable[[], bool]] = None) -> DeleteResult:
+    def delete_files(
+        self,
+        files: List[MappedFile],
+        *,
+        forcibly_ms: int,
+        now_ms: Optional[int] = None,
+        between: Optional[Callable[[], bool]] = None,
+    ) -> DeleteResult:
         """Delete ``files``, which must be the head of ``files`` in order (from ``expired_files``).
 
         Each file leaves ``files`` first (new readers no longer find it; a reader that already took the old
@@ -636,10 +701,17 @@ class MappedFileQueue:
                 fsync_dir(self.directory)
         return res
 
-    def delete_expired_files(self, expired_ms: int, now_ms: int, *, forcibly_ms: int,
-                             clean_immediately: bool = False, max_end_offset: Optional[int] = None,
-                             batch_max: int = DELETE_FILES_BATCH_MAX,
-                             between: Optional[Callable[[], bool]] = None) -> DeleteResult:
+    def delete_expired_files(
+        self,
+        expired_ms: int,
+        now_ms: int,
+        *,
+        forcibly_ms: int,
+        clean_immediately: bool = False,
+        max_end_offset: Optional[int] = None,
+        batch_max: int = DELETE_FILES_BATCH_MAX,
+        between: Optional[Callable[[], bool]] = None,
+    ) -> DeleteResult:
         """Delete up to ``batch_max`` expired files from the head (``expired_files`` then ``delete_files``).
 
         Nothing is deleted while an earlier deletion hangs (``retry_delete_hanged`` first).
@@ -650,8 +722,7 @@ class MappedFileQueue:
         """
         if self.hanged:
             return DeleteResult(hanged=True)
-        candidates = self.expired_files(expired_ms, now_ms, clean_immediately=clean_immediately,
-                                        batch_max=batch_max)
+        candidates = self.expired_files(expired_ms, now_ms, clean_immediately=clean_immediately, batch_max=batch_max)
         n = len(candidates)
         if max_end_offset is not None:
             n = 0

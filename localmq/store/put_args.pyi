@@ -1,4 +1,5 @@
 """Stub for the compiled localmq.store.put_args: a topic's queue offsets and a re-put's record fields."""
+
 from typing import Optional, Union
 
 from typing_extensions import Self, disjoint_base, final
@@ -33,6 +34,14 @@ class PutExtra:
     def prepared_transaction_offset(self) -> int: ...
     @property
     def raw_properties(self) -> Optional[bytes]: ...
-    def __init__(self, *, sys_flag: int = 0, born_timestamp: int = -1, born_host: Union[str, bytes, None] = None,
-                 store_host: Union[str, bytes, None] = None, reconsume_times: int = 0,
-                 prepared_transaction_offset: int = 0, raw_properties: Optional[bytes] = None) -> None: ...
+    def __init__(
+        self,
+        *,
+        sys_flag: int = 0,
+        born_timestamp: int = -1,
+        born_host: Union[str, bytes, None] = None,
+        store_host: Union[str, bytes, None] = None,
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+        raw_properties: Optional[bytes] = None,
+    ) -> None: ...

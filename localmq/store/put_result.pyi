@@ -1,4 +1,5 @@
 """Stub for the compiled localmq.store.put_result: what a put or put_batch answers."""
+
 from typing import Optional
 
 from typing_extensions import disjoint_base
@@ -26,5 +27,6 @@ class PutResult:
     @property
     def ok(self) -> bool: ...
 
-def make_put_result(status: PutStatus, physical_offset: int, queue_offset: int, wrote_bytes: int,
-                    store_timestamp: int, msg_num: int = 1) -> PutResult: ...
+def make_put_result(
+    status: PutStatus, physical_offset: int, queue_offset: int, wrote_bytes: int, store_timestamp: int, msg_num: int = 1
+) -> PutResult: ...

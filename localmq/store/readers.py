@@ -14,15 +14,24 @@ import numpy.typing as npt
 
 from localmq import _record
 from localmq.errors import CorruptFrameError, CorruptStoreError, UnknownRecordFormatError
-from localmq.status import RecordStatus
 from localmq.layout import CQ_DTYPE, CQ_EXT_ADDRESS_MAX, CQ_EXT_HEAD, CQ_EXT_SIZE, CQ_UNIT_SIZE
+from localmq.status import RecordStatus
 from localmq.store.control_view import committed_end
 from localmq.store.files import SegmentFile, list_segments
 
 __all__ = [
-    "CQ_DTYPE", "CQ_UNIT_SIZE", "EXT_ADDRESS_MAX", "CommitLogReader", "ConsumeQueueUnits", "CqExtUnit",
-    "read_commitlog", "read_consume_queue", "load_consume_queue", "read_consume_queue_ext",
-    "is_ext_address", "ext_offset",
+    "CQ_DTYPE",
+    "CQ_UNIT_SIZE",
+    "EXT_ADDRESS_MAX",
+    "CommitLogReader",
+    "ConsumeQueueUnits",
+    "CqExtUnit",
+    "read_commitlog",
+    "read_consume_queue",
+    "load_consume_queue",
+    "read_consume_queue_ext",
+    "is_ext_address",
+    "ext_offset",
 ]
 
 log = logging.getLogger("localmq.readers")
@@ -49,8 +58,14 @@ def _find_gaps(segments: Sequence[SegmentFile], file_size: int, what: str) -> li
         expected = prev.base + file_size
         if cur.base != expected:
             gaps.append((expected, cur.base))
-            log.warning("%s gap: after %s the next file should start at %d but %s starts at %d",
-                        what, prev.path, expected, cur.path, cur.base)
+            log.warning(
+                "%s gap: after %s the next file should start at %d but %s starts at %d",
+                what,
+                prev.path,
+                expected,
+                cur.path,
+                cur.base,
+            )
     return gaps
 
 
@@ -145,8 +160,16 @@ class CommitLogReader:
     Not thread-safe: iterate it from one thread.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, mapped_file_size: int | None = None, check_crc: bool = True,
-                 copy: bool = True, on_corrupt: Literal["raise", "stop"] = "raise", start: int = 0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        mapped_file_size: int | None = None,
+        check_crc: bool = True,
+        copy: bool = True,
+        on_corrupt: Literal["raise", "stop"] = "raise",
+        start: int = 0,
+    ) -> None:
         if on_corrupt not in ("raise", "stop"):
             raise ValueError(f"on_corrupt must be 'raise' or 'stop', not {on_corrupt!r}")
         self.path = os.fspath(path)
@@ -191,7 +214,7 @@ class CommitLogReader:
         self.close()
 
     def _later_segments_hold_data(self, index: int) -> bool:
-        for seg_file in self._segments[index + 1:]:
+        for seg_file in self._segments[index + 1 :]:
             if seg_file.size == 0:
                 continue
             seg = _MappedSegment(seg_file.path)
@@ -223,8 +246,9 @@ class CommitLogReader:
                 self.stop_offset = base + pos
                 while pos < limit:
                     try:
-                        msg = _record.decode_message(seg.mm, pos, check_crc=self.check_crc, base_offset=base,
-                                                    copy=self.copy)
+                        msg = _record.decode_message(
+                            seg.mm, pos, check_crc=self.check_crc, base_offset=base, copy=self.copy
+                        )
                     except CorruptFrameError:
                         status, size = _record.scan_record(seg.mm, pos, False)
                         if status == RecordStatus.GAP and pos + size <= n:
@@ -268,20 +292,31 @@ class CommitLogReader:
                 if magic is not None:
                     # a record of a format localmq does not know (README, Recovery): not damage, and not skipped
                     self.stop_reason = "unknown format"
-                    text = (f"a record of a format localmq does not know at offset {offset} of the commit log "
-                            f"(magic 0x{magic:08X}; {seg_file.path})")
+                    text = (
+                        f"a record of a format localmq does not know at offset {offset} of the commit log "
+                        f"(magic 0x{magic:08X}; {seg_file.path})"
+                    )
                     if self.on_corrupt == "stop":
                         log.warning("commit log: %s; stopping there", text)
                         return
-                    raise UnknownRecordFormatError(text, offset=offset, path=seg_file.path, magic=magic,
-                                                   size=int.from_bytes(seg.mm[pos:pos + 4], "big", signed=True))
+                    raise UnknownRecordFormatError(
+                        text,
+                        offset=offset,
+                        path=seg_file.path,
+                        magic=magic,
+                        size=int.from_bytes(seg.mm[pos : pos + 4], "big", signed=True),
+                    )
                 if not seg.has_data(tail) and not self._later_segments_hold_data(index):
                     if status == RecordStatus.END:
                         self.stop_reason = "end"
                     else:
                         self.stop_reason = "torn"
-                        log.warning("commit log %s: %s record at the end of the data (offset %d); stopping there",
-                                    seg_file.path, status, offset)
+                        log.warning(
+                            "commit log %s: %s record at the end of the data (offset %d); stopping there",
+                            seg_file.path,
+                            status,
+                            offset,
+                        )
                     return
                 self.stop_reason = "corrupt"
                 what = "zero bytes" if status == RecordStatus.END else f"{status} record"
@@ -297,14 +332,24 @@ class CommitLogReader:
     def _relocate(self, msg: _record.Message, offset: int, path: str) -> _record.Message:
         if not self._relocation_logged:
             self._relocation_logged = True
-            log.warning("commit log %s: stored physical offset %d differs from the file position %d; "
-                        "using file positions", path, msg.physical_offset, offset)
+            log.warning(
+                "commit log %s: stored physical offset %d differs from the file position %d; using file positions",
+                path,
+                msg.physical_offset,
+                offset,
+            )
         return _relocated(msg, offset)
 
 
-def read_commitlog(path: str | os.PathLike[str], *, mapped_file_size: int | None = None, check_crc: bool = True,
-                   copy: bool = True, on_corrupt: Literal["raise", "stop"] = "raise",
-                   start: int = 0) -> CommitLogReader:
+def read_commitlog(
+    path: str | os.PathLike[str],
+    *,
+    mapped_file_size: int | None = None,
+    check_crc: bool = True,
+    copy: bool = True,
+    on_corrupt: Literal["raise", "stop"] = "raise",
+    start: int = 0,
+) -> CommitLogReader:
     """Iterate the messages of a RocketMQ commit log, read-only.
 
     :param path: a ``commitlog`` directory (segment files named by their 20-digit base offset) or one segment
@@ -327,8 +372,9 @@ def read_commitlog(path: str | os.PathLike[str], *, mapped_file_size: int | None
         absolute ``offset`` and the segment ``path``; never skipped.
     :raises ValueError: for an unknown ``on_corrupt``.
     """
-    return CommitLogReader(path, mapped_file_size=mapped_file_size, check_crc=check_crc, copy=copy,
-                           on_corrupt=on_corrupt, start=start)
+    return CommitLogReader(
+        path, mapped_file_size=mapped_file_size, check_crc=check_crc, copy=copy, on_corrupt=on_corrupt, start=start
+    )
 
 
 # ---------------------------------------------------------------------------------------------- consume queue
@@ -395,11 +441,15 @@ def load_consume_queue(path: str | os.PathLike[str]) -> ConsumeQueueUnits:
         if bad.size:
             first = int(bad[0])
             arrays.append(arr[:first])
-            unit = data[first * CQ_UNIT_SIZE:(first + 1) * CQ_UNIT_SIZE]
+            unit = data[first * CQ_UNIT_SIZE : (first + 1) * CQ_UNIT_SIZE]
             if any(unit):
                 reason = "invalid"
-                log.warning("consume queue %s: invalid unit %r at position %d; stopping there",
-                            seg.path, tuple(arr[first].tolist()), first * CQ_UNIT_SIZE)
+                log.warning(
+                    "consume queue %s: invalid unit %r at position %d; stopping there",
+                    seg.path,
+                    tuple(arr[first].tolist()),
+                    first * CQ_UNIT_SIZE,
+                )
             break
         arrays.append(arr)
         if len(data) != count * CQ_UNIT_SIZE:
@@ -411,7 +461,7 @@ def load_consume_queue(path: str | os.PathLike[str]) -> ConsumeQueueUnits:
     units = np.empty(sum(len(a) for a in arrays), CQ_DTYPE)
     at = 0
     for a in arrays:
-        units[at:at + len(a)] = a
+        units[at : at + len(a)] = a
         at += len(a)
     return ConsumeQueueUnits(units, segments[0].base // CQ_UNIT_SIZE, tuple(files), reason)
 
@@ -491,19 +541,28 @@ def read_consume_queue_ext(path: str | os.PathLike[str]) -> list[CqExtUnit]:
                 break
             where = seg.base + pos
             if size < _EXT_MIN_UNIT or pos + size > n:
-                raise CorruptFrameError(f"consume queue ext unit of size {size} at offset {where} ({seg.path})",
-                                        offset=where, path=seg.path)
+                raise CorruptFrameError(
+                    f"consume queue ext unit of size {size} at offset {where} ({seg.path})", offset=where, path=seg.path
+                )
             _, tags_code, store_time, bitmap_size = _EXT_HEAD.unpack_from(data, pos)
             if bitmap_size < 0 or _EXT_MIN_UNIT + bitmap_size > size:
-                raise CorruptFrameError(f"consume queue ext unit at offset {where}: bitmap of {bitmap_size} bytes "
-                                        f"in a unit of {size} ({seg.path})", offset=where, path=seg.path)
+                raise CorruptFrameError(
+                    f"consume queue ext unit at offset {where}: bitmap of {bitmap_size} bytes "
+                    f"in a unit of {size} ({seg.path})",
+                    offset=where,
+                    path=seg.path,
+                )
             start = pos + _EXT_MIN_UNIT
-            out.append(CqExtUnit(where, tags_code, store_time, bytes(data[start:start + bitmap_size])))
+            out.append(CqExtUnit(where, tags_code, store_time, bytes(data[start : start + bitmap_size])))
             pos += size
         if size == 0 and pos + 2 <= n:  # the end of the written data
-            later = [s.path for s in segments[index + 1:] if s.size]
+            later = [s.path for s in segments[index + 1 :] if s.size]
             if any(data[pos:]) or later:
-                log.warning("consume queue ext %s: data after the end at offset %d is ignored (later files: %s)",
-                            seg.path, seg.base + pos, later)
+                log.warning(
+                    "consume queue ext %s: data after the end at offset %d is ignored (later files: %s)",
+                    seg.path,
+                    seg.base + pos,
+                    later,
+                )
             break
     return out

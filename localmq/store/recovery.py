@@ -1,4 +1,5 @@
 """Recovery of the CommitLog and ConsumeQueues after a clean (normal) or unclean (abnormal) exit."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,21 +10,35 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from localmq._record import (
-    decode_message, encode_blank, encode_gap, find_record, scan_record, walk_records,
-)
 from localmq._columns import RecordColumns, decode_range, topic_codes
 from localmq._native import fdatasync, fsync_dir
+from localmq._record import (
+    decode_message,
+    encode_blank,
+    encode_gap,
+    find_record,
+    scan_record,
+    walk_records,
+)
 from localmq.errors import DamagedLogError, UnknownRecordFormatError, io_operation
+from localmq.layout import (
+    CQ_BLANK_UNIT_SIZE,
+    CQ_DTYPE,
+    CQ_UNIT_SIZE,
+    END_FILE_MIN_BLANK_LENGTH,
+    GAP_RECORD_SIZE,
+    MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
+    RECOVERY_DIR,
+    SEGMENT_NAME_RE,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+)
 from localmq.status import RecordStatus, Stop
 from localmq.store.files import not_understood, numbered_units
 from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.readers import read_commitlog
-from localmq.layout import (
-    CQ_BLANK_UNIT_SIZE, CQ_DTYPE, CQ_UNIT_SIZE, END_FILE_MIN_BLANK_LENGTH, GAP_RECORD_SIZE, MESSAGE_MAGIC_CODE,
-    MESSAGE_MAGIC_CODE_V2, RECOVERY_DIR, SEGMENT_NAME_RE, SYSFLAG_TRANSACTION_MASK,
-    SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
-)
 
 if TYPE_CHECKING:  # annotations only: these modules import nothing of this one
     from localmq._mapped_file import MappedFile
@@ -45,21 +60,21 @@ MinCorrected = Dict[Tuple[str, int], Tuple[int, int]]
 class RecoveryReport:
     """What recovery did. ``dropped_*`` describe the tail cut off the CommitLog (a torn write or corruption)."""
 
-    mode: str = "none"                      # "normal", "abnormal" or "none" (no segments)
-    start_offset: int = 0                   # where the walk began
-    end_offset: int = 0                     # end of the last valid record (the new max offset)
+    mode: str = "none"  # "normal", "abnormal" or "none" (no segments)
+    start_offset: int = 0  # where the walk began
+    end_offset: int = 0  # end of the last valid record (the new max offset)
     records_checked: int = 0
     crc_checked: bool = True
-    stop_reason: str = "end"                # why the walk stopped: end, torn, bad magic, bad length, bad crc
-    dropped_at: Optional[int] = None        # absolute offset of the first byte dropped
-    dropped_bytes: int = 0                  # non-zero bytes after dropped_at that were cut
-    dropped_records: int = 0                # whole records recognised in the dropped tail (lower bound)
-    quarantine_path: Optional[str] = None   # copy of the dropped bytes, so nothing is lost for good
+    stop_reason: str = "end"  # why the walk stopped: end, torn, bad magic, bad length, bad crc
+    dropped_at: Optional[int] = None  # absolute offset of the first byte dropped
+    dropped_bytes: int = 0  # non-zero bytes after dropped_at that were cut
+    dropped_records: int = 0  # whole records recognised in the dropped tail (lower bound)
+    quarantine_path: Optional[str] = None  # copy of the dropped bytes, so nothing is lost for good
     deleted_segments: List[str] = dataclasses.field(default_factory=list)
     cq_units_truncated: Dict[str, int] = dataclasses.field(default_factory=dict)
     cq_damaged: List[str] = dataclasses.field(default_factory=list)
     cq_rebuilt: Dict[str, str] = dataclasses.field(default_factory=dict)  # queue -> what was wrong, what was done
-    rebuilt: List[str] = dataclasses.field(default_factory=list)   # other derived files rebuilt (checkpoint, index)
+    rebuilt: List[str] = dataclasses.field(default_factory=list)  # other derived files rebuilt (checkpoint, index)
     salvaged: List[str] = dataclasses.field(default_factory=list)  # log damage accepted with salvage=True
     # damaged regions in the middle of the log: each {"offset", "bytes", "reason", "quarantine_path"}; the records
     # after one are kept (resynchronised), its bytes copied aside and replaced by a gap record
@@ -96,8 +111,9 @@ def next_queue_offsets(commitlog_dir: str, segment_size: int, start: int) -> Dic
     return out
 
 
-def _first_unit_lost(commit_log: MappedFileQueue, queues: ConsumeQueueTable, start: int,
-                     end: int) -> Optional[Tuple[int, str, int, int]]:
+def _first_unit_lost(
+    commit_log: MappedFileQueue, queues: ConsumeQueueTable, start: int, end: int
+) -> Optional[Tuple[int, str, int, int]]:
     """(physical offset, topic, queue id, queue offset) of the first record in [start, end) that its ConsumeQueue
     does not reach (its queue offset at or past the queue's end, or no queue), or None. A queue whose last units
     were zeroed reads as a queue that ends there: without this check, a normal open dispatches from where the
@@ -118,10 +134,13 @@ def _first_unit_lost(commit_log: MappedFileQueue, queues: ConsumeQueueTable, sta
                 indexed = (txn != SYSFLAG_TRANSACTION_PREPARED) & (txn != SYSFLAG_TRANSACTION_ROLLBACK)
                 qid, qoff = cols["queue_id"], cols["queue_offset"]
                 # each record's queue end: one look-up per (topic, queue id) of the range, spread back by np.unique
-                keys, where = np.unique(codes.astype(np.int64) << 32 | (qid.astype(np.int64) & 0xFFFFFFFF),
-                                        return_inverse=True)
-                cqs = (queues.queues.get((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1)))
-                       for k in keys.tolist())
+                keys, where = np.unique(
+                    codes.astype(np.int64) << 32 | (qid.astype(np.int64) & 0xFFFFFFFF), return_inverse=True
+                )
+                cqs = (
+                    queues.queues.get((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1)))
+                    for k in keys.tolist()
+                )
                 ends = np.array([-1 if cq is None else cq.max_offset for cq in cqs], np.int64)[where]
                 lost = np.flatnonzero(indexed & (qoff >= ends))
                 if lost.size:
@@ -214,11 +233,17 @@ def refuse_unknown(mf: MappedFile, pos: int, status: RecordStatus, data_end: int
     raise UnknownRecordFormatError(
         f"{mf.path}: {what} at commit log offset {at} (magic 0x{magic:08X}, {size} bytes; localmq reads RocketMQ's "
         f"V1 and V2 records): it is not damage, so the store is left as it is; open it with read_only=True to read "
-        f"the records localmq knows", offset=at, path=mf.path, magic=magic, size=size)
+        f"the records localmq knows",
+        offset=at,
+        path=mf.path,
+        magic=magic,
+        size=size,
+    )
 
 
-def _resync(files: List[MappedFile], i: int, pos: int, limit: int,
-            agrees: Callable[[MappedFile, int], bool]) -> Optional[Tuple[int, int]]:
+def _resync(
+    files: List[MappedFile], i: int, pos: int, limit: int, agrees: Callable[[MappedFile, int], bool]
+) -> Optional[Tuple[int, int]]:
     """The first record after the damage at ``files[i]`` + ``pos`` that was written where it lies (magic, length and
     body CRC valid, PHYSICALOFFSET equal to its place) and whose queue offset agrees with its ConsumeQueue, looking
     no further than ``limit`` (how far the log is known to reach); (segment index, position) or None."""
@@ -274,9 +299,17 @@ def _mark_gap(files: List[MappedFile], i: int, pos: int, j: int, q: int) -> Opti
     return record
 
 
-def _walk(root: str, mfq: MappedFileQueue, first_index: int, check_crc: bool, report: RecoveryReport,
-          progress: Optional[Callable[[int, int], None]], known_end: int,
-          agrees: Callable[[MappedFile, int], bool], undo: Optional["OpenUndo"] = None) -> int:
+def _walk(
+    root: str,
+    mfq: MappedFileQueue,
+    first_index: int,
+    check_crc: bool,
+    report: RecoveryReport,
+    progress: Optional[Callable[[int, int], None]],
+    known_end: int,
+    agrees: Callable[[MappedFile, int], bool],
+    undo: Optional["OpenUndo"] = None,
+) -> int:
     """Walk records from segment ``first_index`` on; returns the end of the last valid record.
 
     Damage with valid records after it (below ``known_end``: how far the ConsumeQueues say the log reached) is
@@ -306,8 +339,13 @@ def _walk(root: str, mfq: MappedFileQueue, first_index: int, check_crc: bool, re
             if progress is not None:
                 progress(i - first_index + 1, total_files - first_index)
             if total_files - first_index > 3:
-                log.info("recovery: segment %d of %d checked (%s, %d records so far)", i - first_index + 1,
-                         total_files - first_index, os.path.basename(mf.path), report.records_checked)
+                log.info(
+                    "recovery: segment %d of %d checked (%s, %d records so far)",
+                    i - first_index + 1,
+                    total_files - first_index,
+                    os.path.basename(mf.path),
+                    report.records_checked,
+                )
             process = base + size
             i, pos = i + 1, 0
             continue
@@ -326,11 +364,24 @@ def _walk(root: str, mfq: MappedFileQueue, first_index: int, check_crc: bool, re
                 undo.repaired_log(mfq.directory, mfq.file_size, at, resume, path)
             record = _mark_gap(files, i, pos, j, q)
             if record is not None:
-                report.gaps.append({"offset": at, "bytes": resume - at, "reason": str(status),
-                                    "quarantine_path": path, "record": record})
-                log.error("commit log: %s at offset %d; %d bytes up to the next valid record at %d replaced by a "
-                          "gap record (copy kept in %s); the records after it are kept", "zero bytes"
-                          if status == RecordStatus.END else f"{status} record", at, resume - at, resume, path)
+                report.gaps.append(
+                    {
+                        "offset": at,
+                        "bytes": resume - at,
+                        "reason": str(status),
+                        "quarantine_path": path,
+                        "record": record,
+                    }
+                )
+                log.error(
+                    "commit log: %s at offset %d; %d bytes up to the next valid record at %d replaced by a "
+                    "gap record (copy kept in %s); the records after it are kept",
+                    "zero bytes" if status == RecordStatus.END else f"{status} record",
+                    at,
+                    resume - at,
+                    resume,
+                    path,
+                )
                 i, pos = j, q
                 continue
         process = at
@@ -349,10 +400,19 @@ def _walk(root: str, mfq: MappedFileQueue, first_index: int, check_crc: bool, re
     return process
 
 
-def recover_commit_log(root: str, mfq: MappedFileQueue, *, abnormal: bool, check_crc: bool, checkpoint_min_ts: int,
-                       progress: Optional[Callable[[int, int], None]] = None, known_end: int = 0,
-                       agrees: Optional[Callable[[MappedFile, int], bool]] = None,
-                       keep_segment_names: bool = False, undo: Optional["OpenUndo"] = None) -> RecoveryReport:
+def recover_commit_log(
+    root: str,
+    mfq: MappedFileQueue,
+    *,
+    abnormal: bool,
+    check_crc: bool,
+    checkpoint_min_ts: int,
+    progress: Optional[Callable[[int, int], None]] = None,
+    known_end: int = 0,
+    agrees: Optional[Callable[[MappedFile, int], bool]] = None,
+    keep_segment_names: bool = False,
+    undo: Optional["OpenUndo"] = None,
+) -> RecoveryReport:
     """Find the end of valid data in the commit log, quarantine and cut what follows it; damage in the middle
     (valid records after it, below ``known_end``: what the dispatcher had read) becomes a gap record instead
     (``report.gaps``), and the records after it are kept. Segments after the end are deleted, or with
@@ -384,32 +444,56 @@ def recover_commit_log(root: str, mfq: MappedFileQueue, *, abnormal: bool, check
                 break
     else:
         first = max(0, len(files) - 3)
-    end = _walk(root, mfq, first, check_crc, report, progress, known_end,
-                agrees if agrees is not None else (lambda mf, q: True), undo)
+    end = _walk(
+        root,
+        mfq,
+        first,
+        check_crc,
+        report,
+        progress,
+        known_end,
+        agrees if agrees is not None else (lambda mf, q: True),
+        undo,
+    )
     report.end_offset = end
     if report.dropped_at is not None:
         report.quarantine_path, report.dropped_bytes = _quarantine(root, mfq, report.dropped_at)
-        log.error("commit log: %s record at offset %d; cutting the log there (%d bytes, %d whole records after "
-                  "it; copy kept in %s)", report.stop_reason, report.dropped_at, report.dropped_bytes,
-                  report.dropped_records, report.quarantine_path)
+        log.error(
+            "commit log: %s record at offset %d; cutting the log there (%d bytes, %d whole records after "
+            "it; copy kept in %s)",
+            report.stop_reason,
+            report.dropped_at,
+            report.dropped_bytes,
+            report.dropped_records,
+            report.quarantine_path,
+        )
     if undo is not None and files and end < files[-1].file_from_offset + mfq.file_size:
         # what is cut (zeroed, segments deleted) is in the quarantine copy: an open that fails writes it back
-        undo.repaired_log(mfq.directory, mfq.file_size, end, files[-1].file_from_offset + mfq.file_size,
-                          report.quarantine_path)
+        undo.repaired_log(
+            mfq.directory, mfq.file_size, end, files[-1].file_from_offset + mfq.file_size, report.quarantine_path
+        )
     report.deleted_segments = mfq.truncate_dirty_files(end, keep_names=keep_segment_names)
     mfq.flushed_where = end
     mfq.committed_where = end
     if report.deleted_segments:
         # with nothing dropped they held no record: segments created ahead of need before an unclean exit
         (log.info if report.dropped_at is None else log.warning)(
-            "commit log: deleted segments past offset %d: %s", end, report.deleted_segments)
+            "commit log: deleted segments past offset %d: %s", end, report.deleted_segments
+        )
     report.seconds = time.monotonic() - t0
     return report
 
 
-
-def _repair_segment(root: str, mfq: MappedFileQueue, i: int, check_crc: bool, report: RecoveryReport, known_end: int,
-                    agrees: Callable[[MappedFile, int], bool], undo: Optional["OpenUndo"] = None) -> None:
+def _repair_segment(
+    root: str,
+    mfq: MappedFileQueue,
+    i: int,
+    check_crc: bool,
+    report: RecoveryReport,
+    known_end: int,
+    agrees: Callable[[MappedFile, int], bool],
+    undo: Optional["OpenUndo"] = None,
+) -> None:
     """Walk segment ``i`` (one the recovery walk did not cover: older than its start) and replace each damaged region
     by a gap record, as the walk does (quarantined copy, ``report.gaps``): up to the next record written where it
     lies in the segment, else to the segment's end (the next segment starts with a record)."""
@@ -434,19 +518,25 @@ def _repair_segment(root: str, mfq: MappedFileQueue, i: int, check_crc: bool, re
         if record is None:
             log.error("commit log: %s at offset %d in an old segment: too short to mark; left as it is", status, at)
             return
-        report.gaps.append({"offset": at, "bytes": resume - at, "reason": str(status), "quarantine_path": path,
-                            "record": record})
-        log.error("commit log: %s at offset %d (segment %s, older than the recovery walk, found through the "
-                  "ConsumeQueues); replaced by a gap record, copy kept in %s; the records after it are kept",
-                  "zero bytes" if status == RecordStatus.END else f"{status} record", at, os.path.basename(mf.path),
-                  path)
+        report.gaps.append(
+            {"offset": at, "bytes": resume - at, "reason": str(status), "quarantine_path": path, "record": record}
+        )
+        log.error(
+            "commit log: %s at offset %d (segment %s, older than the recovery walk, found through the "
+            "ConsumeQueues); replaced by a gap record, copy kept in %s; the records after it are kept",
+            "zero bytes" if status == RecordStatus.END else f"{status} record",
+            at,
+            os.path.basename(mf.path),
+            path,
+        )
         if j != i:
             return
         pos = q
 
 
-def _damaged_old_segments(commit_log: MappedFileQueue, queues: ConsumeQueueTable, walked_from: int,
-                          end: int) -> List[int]:
+def _damaged_old_segments(
+    commit_log: MappedFileQueue, queues: ConsumeQueueTable, walked_from: int, end: int
+) -> List[int]:
     """Indexes of the commit log segments before ``walked_from`` (which the recovery walk did not cover) that hold
     the record of a ConsumeQueue's first bad unit, where that record does not parse: damage in an old segment, found
     through the queues (a zeroed page, a flipped length byte, a topic name no writer accepts), to be repaired before
@@ -506,8 +596,15 @@ def _header_outvoted(commit_log: MappedFileQueue, queues: ConsumeQueueTable, cq:
     return theirs is not None and theirs[0] != phys
 
 
-def _first_bad_unit(first_bad_unit: _FirstBadUnit, cq: ConsumeQueue, files: List[MappedFile], seg_size: int,
-                    start: int, end: int, gaps: List[Dict[str, Any]]) -> Tuple[int, Optional[str]]:
+def _first_bad_unit(
+    first_bad_unit: _FirstBadUnit,
+    cq: ConsumeQueue,
+    files: List[MappedFile],
+    seg_size: int,
+    start: int,
+    end: int,
+    gaps: List[Dict[str, Any]],
+) -> Tuple[int, Optional[str]]:
     """``get.first_bad_unit`` from ``start``, and also the first unit pointing inside a region that this recovery
     replaced by a gap record (other than a lost unit pointing at the gap record itself), whichever comes first.
     Such a unit may still find a whole record there (a record whose bytes in a lost page were zeros anyway, or one
@@ -531,12 +628,20 @@ def _first_bad_unit(first_bad_unit: _FirstBadUnit, cq: ConsumeQueue, files: List
             first_hit, region = int(found[0]), g
     if region is None:
         return idx, why
-    return start + first_hit, (f"offset {int(offsets[first_hit])} lies in the damaged region at {region['offset']} "
-                               f"({region['bytes']} bytes) that recovery replaced by a gap record")
+    return start + first_hit, (
+        f"offset {int(offsets[first_hit])} lies in the damaged region at {region['offset']} "
+        f"({region['bytes']} bytes) that recovery replaced by a gap record"
+    )
 
 
-def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: int, cl_min: int,
-                   report: RecoveryReport, min_corrected: Optional[MinCorrected] = None) -> List[int]:
+def _verify_queues(
+    commit_log: MappedFileQueue,
+    queues: ConsumeQueueTable,
+    end: int,
+    cl_min: int,
+    report: RecoveryReport,
+    min_corrected: Optional[MinCorrected] = None,
+) -> List[int]:
     """Check every ConsumeQueue against the recovered log (derived data: the log is the truth) and cut each one
     at its first unit that does not match its record; returns the commit log offsets the dispatcher must start
     from (at the latest) so that the cut queues are rebuilt. Fills ``report.cq_rebuilt``. A queue found whole
@@ -564,8 +669,10 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
         first = mfq.files[0].file_from_offset // CQ_UNIT_SIZE
         if key in missing_head:
             cq.destroy()
-            report.cq_rebuilt[name] = (f"files before unit {first} missing while the log still holds records of "
-                                       f"them before offset {missing_head[key]}: rebuilt from the commit log")
+            report.cq_rebuilt[name] = (
+                f"files before unit {first} missing while the log still holds records of "
+                f"them before offset {missing_head[key]}: rebuilt from the commit log"
+            )
             starts.append(cl_min)
             continue
         idx, why = _first_bad_unit(first_bad_unit, cq, files, seg_size, first, end, report.gaps)
@@ -577,8 +684,13 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
             # a real unit only: an empty one (offset 0, size 0: a unit never written, or lost with its page) says
             # nothing of a record, even when a gap starts at the log's offset 0 (it was made a lost unit there, and
             # the queue kept every empty unit after it: tests/test_power_loss.py)
-            gap = None if unit is None or unit[1] <= 0 or not report.gaps else next(
-                (g for g in report.gaps if g["record"] and g["offset"] <= unit[0] < g["offset"] + g["bytes"]), None)
+            gap = (
+                None
+                if unit is None or unit[1] <= 0 or not report.gaps
+                else next(
+                    (g for g in report.gaps if g["record"] and g["offset"] <= unit[0] < g["offset"] + g["bytes"]), None
+                )
+            )
             if gap is not None and queues.before_rewrite is not None:
                 _announce_unit(queues.before_rewrite, cq, idx)
             if gap is not None and cq.mark_lost(idx, *gap["record"]):
@@ -587,21 +699,29 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
                 assert unit is not None  # _header_outvoted is False without a unit
                 lost += 1
                 report.damaged_headers.append(unit[0])
-                log.error("consume queue %s: unit %d points at a record whose topic or queue id does not match while "
-                          "its place, size, queue offset and body do: a damaged header, the message is lost", name,
-                          idx)
+                log.error(
+                    "consume queue %s: unit %d points at a record whose topic or queue id does not match while "
+                    "its place, size, queue offset and body do: a damaged header, the message is lost",
+                    name,
+                    idx,
+                )
             else:
                 break
             idx, why = _first_bad_unit(first_bad_unit, cq, files, seg_size, idx + 1, end, report.gaps)
         if lost:
             report.cq_lost_units[name] = lost
-            log.error("consume queue %s: %d messages lost to damage in the commit log; a get at their offsets "
-                      "raises CorruptMessageError", name, lost)
+            log.error(
+                "consume queue %s: %d messages lost to damage in the commit log; a get at their offsets "
+                "raises CorruptMessageError",
+                name,
+                lost,
+            )
         if idx >= 0:
             n = cq.truncate_to(idx)
             report.cq_rebuilt[name] = f"unit {idx}: {why}; {n} units cut and rebuilt from the commit log"
-            log.error("consume queue %s: unit %d does not match the commit log (%s); rebuilding it from there",
-                      name, idx, why)
+            log.error(
+                "consume queue %s: unit %d does not match the commit log (%s); rebuilding it from there", name, idx, why
+            )
             starts.append(cq.max_physic_offset if cq.max_physic_offset >= cl_min else cl_min)
             continue
         last = mfq.files[-1]
@@ -615,8 +735,9 @@ def _verify_queues(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: 
     return starts
 
 
-def _missing_first_files(commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: int,
-                         cl_min: int) -> Dict[Tuple[str, int], int]:
+def _missing_first_files(
+    commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: int, cl_min: int
+) -> Dict[Tuple[str, int], int]:
     """The queues whose first files are gone although the log still holds records of them: {key: the log offset of
     the queue's first unit}.
 
@@ -643,9 +764,12 @@ def _missing_first_files(commit_log: MappedFileQueue, queues: ConsumeQueueTable,
     if not doubt:
         return {}
     from localmq._scan import RowFilter, scan_range  # compiled, one layer down
+
     stop = min(end, max(h for _, h in doubt.values()))
-    flt = RowFilter(topics=sorted({t.encode() for t, _ in doubt}),
-                    bounds={(t.encode(), q): (0, first) for (t, q), (first, _) in doubt.items()})
+    flt = RowFilter(
+        topics=sorted({t.encode() for t, _ in doubt}),
+        bounds={(t.encode(), q): (0, first) for (t, q), (first, _) in doubt.items()},
+    )
     lost: Dict[Tuple[str, int], int] = {}
     seg_size = commit_log.file_size
     pos, walked = cl_min, True
@@ -655,14 +779,17 @@ def _missing_first_files(commit_log: MappedFileQueue, queues: ConsumeQueueTable,
             walked = False
             break
         base = mf.file_from_offset
-        n, nxt, reason, out = scan_range(mf, pos - base, min(seg_size, stop - base), base, False, 4096,
-                                         ("topic", "queue_id", "sys_flag"), flt)
+        n, nxt, reason, out = scan_range(
+            mf, pos - base, min(seg_size, stop - base), base, False, 4096, ("topic", "queue_id", "sys_flag"), flt
+        )
         offs, data = out["topic"]
         for i in range(n):
-            if int(out["sys_flag"][i]) & SYSFLAG_TRANSACTION_MASK in (SYSFLAG_TRANSACTION_PREPARED,
-                                                                          SYSFLAG_TRANSACTION_ROLLBACK):
+            if int(out["sys_flag"][i]) & SYSFLAG_TRANSACTION_MASK in (
+                SYSFLAG_TRANSACTION_PREPARED,
+                SYSFLAG_TRANSACTION_ROLLBACK,
+            ):
                 continue  # not in any queue (its queue offset field is 0)
-            key = (bytes(data[offs[i]:offs[i + 1]]).decode("utf-8", "replace"), int(out["queue_id"][i]))
+            key = (bytes(data[offs[i] : offs[i + 1]]).decode("utf-8", "replace"), int(out["queue_id"][i]))
             if key in doubt:
                 lost[key] = doubt[key][1]
         if reason in ("end", "blank"):
@@ -674,9 +801,13 @@ def _missing_first_files(commit_log: MappedFileQueue, queues: ConsumeQueueTable,
     if not walked:
         for key, (_, head) in doubt.items():
             lost.setdefault(key, head)
-        log.warning("consume queues %s: files before their first unit are missing and the commit log could not be "
-                    "walked to tell whether retention deleted them (%s at offset %d): rebuilt from the log",
-                    sorted(f"{t}-{q}" for t, q in doubt), reason if mf is not None else "no segment", pos)
+        log.warning(
+            "consume queues %s: files before their first unit are missing and the commit log could not be "
+            "walked to tell whether retention deleted them (%s at offset %d): rebuilt from the log",
+            sorted(f"{t}-{q}" for t, q in doubt),
+            reason if mf is not None else "no segment",
+            pos,
+        )
     return lost
 
 
@@ -734,23 +865,35 @@ def _check_segments_at_end(commit_log: "MappedFileQueue", queues: "ConsumeQueueT
     """Units pointing past the last segment mean segments lost at the end: DamagedLogError naming the first one,
     unless ``salvage`` (then logged; the queues are cut to the log afterwards)."""
     log_end = commit_log.files[-1].file_from_offset + commit_log.file_size if commit_log.files else 0
-    beyond = {f"{k[0]}-{k[1]}": cq.max_physic_offset for k, cq in queues.queues.items()
-              if cq.max_physic_offset > log_end}
+    beyond = {
+        f"{k[0]}-{k[1]}": cq.max_physic_offset for k, cq in queues.queues.items() if cq.max_physic_offset > log_end
+    }
     if beyond and commit_log.files:
         first_missing = log_end // commit_log.file_size * commit_log.file_size
-        msg = (f"consume queues {sorted(beyond)} point past the last commit log segment (up to offset "
-               f"{max(beyond.values())}, the log ends at {log_end}): segment {first_missing:020d} and later are "
-               f"missing")
+        msg = (
+            f"consume queues {sorted(beyond)} point past the last commit log segment (up to offset "
+            f"{max(beyond.values())}, the log ends at {log_end}): segment {first_missing:020d} and later are "
+            f"missing"
+        )
         if not salvage:
             raise DamagedLogError(msg + "; open with salvage=True to keep what is there", [f"{first_missing:020d}"])
         log.error("salvage: %s; the queues are cut to the log", msg)
 
 
-def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueueTable", *, abnormal: bool,
-                  check_crc: bool, checkpoint_min_ts: int,
-                  progress: Optional[Callable[[int, int], None]] = None,
-                  verify_queues: bool = True, salvage: bool = False,
-                  undo: Optional["OpenUndo"] = None, min_corrected: Optional[MinCorrected] = None) -> RecoveryReport:
+def recover_store(
+    root: str,
+    commit_log: "MappedFileQueue",
+    queues: "ConsumeQueueTable",
+    *,
+    abnormal: bool,
+    check_crc: bool,
+    checkpoint_min_ts: int,
+    progress: Optional[Callable[[int, int], None]] = None,
+    verify_queues: bool = True,
+    salvage: bool = False,
+    undo: Optional["OpenUndo"] = None,
+    min_corrected: Optional[MinCorrected] = None,
+) -> RecoveryReport:
     """Recover the commit log and bring every ConsumeQueue in line with it (RocketMQ's DefaultMessageStore.recover).
 
     Each queue is checked (``ConsumeQueue.recover``), the commit log is recovered (``recover_commit_log``), units
@@ -782,9 +925,18 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         unit = cq.unit(m.queue_offset)
         return unit is None or unit[1] <= 0 or unit[0] == mf.file_from_offset + q or unit[1] == CQ_BLANK_UNIT_SIZE
 
-    report = recover_commit_log(root, commit_log, abnormal=abnormal, check_crc=check_crc,
-                                checkpoint_min_ts=checkpoint_min_ts, progress=progress, known_end=known_end,
-                                agrees=agrees, keep_segment_names=True, undo=undo)
+    report = recover_commit_log(
+        root,
+        commit_log,
+        abnormal=abnormal,
+        check_crc=check_crc,
+        checkpoint_min_ts=checkpoint_min_ts,
+        progress=progress,
+        known_end=known_end,
+        agrees=agrees,
+        keep_segment_names=True,
+        undo=undo,
+    )
     end = report.end_offset
     cl_min = commit_log.min_offset()
     if not commit_log.files:
@@ -810,8 +962,13 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
             if cq.max_physic_offset > report.start_offset:
                 n = _rewrite_units(cq, report.start_offset)
                 if n:
-                    log.info("consume queue %s-%s: the %d units of the records from offset %d on are written again",
-                             key[0], key[1], n, report.start_offset)
+                    log.info(
+                        "consume queue %s-%s: the %d units of the records from offset %d on are written again",
+                        key[0],
+                        key[1],
+                        n,
+                        report.start_offset,
+                    )
     reput_from = max((cq.max_physic_offset for cq in queues.queues.values()), default=cl_min)
     reput_from = max(reput_from, cl_min)
     if abnormal:
@@ -829,8 +986,10 @@ def recover_store(root: str, commit_log: "MappedFileQueue", queues: "ConsumeQueu
         lost = _first_unit_lost(commit_log, queues, report.start_offset, reput_from)
         if lost is not None:
             at, topic, qid, qoff = lost
-            what = (f"ends before queue offset {qoff}, whose record is at commit log offset {at} (its last units "
-                    f"damaged): the records from there on are dispatched again")
+            what = (
+                f"ends before queue offset {qoff}, whose record is at commit log offset {at} (its last units "
+                f"damaged): the records from there on are dispatched again"
+            )
             log.error("consume queue %s-%d %s", topic, qid, what)
             report.cq_rebuilt.setdefault(f"{topic}-{qid}", what)
             reput_from = at

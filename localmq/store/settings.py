@@ -14,6 +14,7 @@ record was first written, moved by localmq's retention before it deletes segment
 not deleted by localmq's retention (by hand, or lost): the open reports it (``RecoveryReport.missing_head``). It
 is written atomically (a temporary file, fsync, rename, fsync of ``config/``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,22 +27,43 @@ from localmq._native import fdatasync, fsync_dir
 from localmq.config import StoreConfig
 from localmq.errors import ConfigError, CorruptStoreError, StoreSettingsError, io_operation
 from localmq.layout import (
-    COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, CQ_UNIT_SIZE, INDEX_DIR, INDEX_NAME_DIGITS,
-    SETTINGS_FILE, SETTINGS_VERSION,
+    COMMITLOG_DIR,
+    CONFIG_DIR,
+    CONSUMEQUEUE_DIR,
+    CONSUMEQUEUE_EXT_DIR,
+    CQ_UNIT_SIZE,
+    INDEX_DIR,
+    INDEX_NAME_DIGITS,
+    SETTINGS_FILE,
+    SETTINGS_VERSION,
 )
 from localmq.store.files import numbered_files
 from localmq.store.index import geometry_from_content, index_file_size
 
 log = logging.getLogger("localmq.store")
 
-__all__ = ["FILE_SETTINGS", "settings_path", "read_settings", "infer_settings", "write_settings",
-           "resolve_settings", "explicit_settings", "read_log_start", "write_log_start"]
+__all__ = [
+    "FILE_SETTINGS",
+    "settings_path",
+    "read_settings",
+    "infer_settings",
+    "write_settings",
+    "resolve_settings",
+    "explicit_settings",
+    "read_log_start",
+    "write_log_start",
+]
 
 # The StoreConfig fields that shape the files (sizes of segments and queue files, the index geometry, RocketMQ's
 # ConsumeQueueExt): a store must be opened with the values it was created with.
 FILE_SETTINGS = (
-    "mapped_file_size_commit_log", "mapped_file_size_consume_queue", "max_hash_slot_num", "max_index_num",
-    "enable_consume_queue_ext", "mapped_file_size_consume_queue_ext", "bit_map_length_consume_queue_ext",
+    "mapped_file_size_commit_log",
+    "mapped_file_size_consume_queue",
+    "max_hash_slot_num",
+    "max_index_num",
+    "enable_consume_queue_ext",
+    "mapped_file_size_consume_queue_ext",
+    "bit_map_length_consume_queue_ext",
 )
 _DEFAULTS = StoreConfig()
 
@@ -66,21 +88,25 @@ def read_settings(root: str) -> Optional[Dict[str, Any]]:
     try:
         doc = json.loads(raw)
     except ValueError as e:
-        raise CorruptStoreError(f"settings record {path} is not JSON ({e}): restore it or remove it (the sizes are "
-                                f"then read off the files)") from None
+        raise CorruptStoreError(
+            f"settings record {path} is not JSON ({e}): restore it or remove it (the sizes are then read off the files)"
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict) or type(doc.get("version")) is not int:
         raise CorruptStoreError(f"settings record {path} holds no version and settings")
     if doc["version"] > SETTINGS_VERSION:
-        raise CorruptStoreError(f"settings record {path} is version {doc['version']}, written by a later localmq "
-                                f"(this one reads version {SETTINGS_VERSION})")
+        raise CorruptStoreError(
+            f"settings record {path} is version {doc['version']}, written by a later localmq "
+            f"(this one reads version {SETTINGS_VERSION})"
+        )
     out: Dict[str, Any] = {}
     for name in FILE_SETTINGS:
         if name not in doc["settings"]:
             continue
         value = doc["settings"][name]
         if type(value) is not type(getattr(_DEFAULTS, name)):
-            raise CorruptStoreError(f"settings record {path}: {name} is {value!r}, not a "
-                                    f"{type(getattr(_DEFAULTS, name)).__name__}")
+            raise CorruptStoreError(
+                f"settings record {path}: {name} is {value!r}, not a {type(getattr(_DEFAULTS, name)).__name__}"
+            )
         out[name] = value
     return out
 
@@ -149,8 +175,7 @@ def _index_geometry(directory: str) -> Optional[Tuple[int, int]]:
     another ``maxHashSlotNum`` / ``maxIndexNum`` wrote them, and localmq's new files must have it too (RocketMQ
     maps every file at its configured size). None without such a file."""
     try:
-        names = sorted((n for n in os.listdir(directory) if len(n) == INDEX_NAME_DIGITS and n.isdigit()),
-                       reverse=True)
+        names = sorted((n for n in os.listdir(directory) if len(n) == INDEX_NAME_DIGITS and n.isdigit()), reverse=True)
     except FileNotFoundError:
         return None
     for name in names:
@@ -248,9 +273,14 @@ def resolve_settings(root: str, config: StoreConfig, explicit: Collection[str]) 
         # digit still parses). The files win, and the record is written again once the store is open
         seg = _segment_size(os.path.join(root, COMMITLOG_DIR))
         if seg is not None and seg != recorded["mapped_file_size_commit_log"]:
-            log.error("settings record %s says mapped_file_size_commit_log=%d, but the commit log segments are %d "
-                      "bytes: the record is damaged; opening with %d and writing the record again",
-                      settings_path(root), recorded["mapped_file_size_commit_log"], seg, seg)
+            log.error(
+                "settings record %s says mapped_file_size_commit_log=%d, but the commit log segments are %d "
+                "bytes: the record is damaged; opening with %d and writing the record again",
+                settings_path(root),
+                recorded["mapped_file_size_commit_log"],
+                seg,
+                seg,
+            )
             known = {**recorded, "mapped_file_size_commit_log": seg}
             rewrite = True
     for name, value in known.items():
@@ -260,7 +290,11 @@ def resolve_settings(root: str, config: StoreConfig, explicit: Collection[str]) 
             raise StoreSettingsError(
                 f"{name}={given!r} was passed, but {where} say{'s' if recorded is not None else ''} the store has "
                 f"{name}={value!r}: open it without {name} (or with {name}={value!r})",
-                setting=name, recorded=value, given=given, source=source)
+                setting=name,
+                recorded=value,
+                given=given,
+                source=source,
+            )
     changes = {n: v for n, v in known.items() if getattr(config, n) != v}
     if changes:
         try:

@@ -1,4 +1,5 @@
 """Stub for the compiled localmq.store.shared_commit: the commit protocol of a store shared between processes."""
+
 import logging
 from typing import Any
 

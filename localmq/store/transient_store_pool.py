@@ -1,4 +1,5 @@
 """TransientStorePool: locked write buffers that the CommitLog writes into before they are committed to a file."""
+
 from __future__ import annotations
 
 import logging
@@ -52,8 +53,11 @@ class TransientStorePool:
             raise
         if self.lock and not buf.locked and not self._warned:
             self._warned = True
-            log.warning("transient store pool: mlock of a %d-byte buffer refused (%s); buffers stay unlocked",
-                        self.file_size, buf.lock_error)
+            log.warning(
+                "transient store pool: mlock of a %d-byte buffer refused (%s); buffers stay unlocked",
+                self.file_size,
+                buf.lock_error,
+            )
         return buf
 
     def give_back(self, buf: WriteBuffer) -> None:

@@ -1,4 +1,5 @@
 """OpenUndo: what an open created or grew in a store directory, so that an open that fails can leave it as it was."""
+
 from __future__ import annotations
 
 import errno
@@ -9,8 +10,17 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 from localmq._native import fsync_dir
 from localmq.errors import ReadOnlyFilesystemError
 from localmq.layout import (
-    ABORT_FILE, CHECKPOINT_FILE, CHECKPOINT_FILE_SIZE, COMMITLOG_DIR, CONFIG_DIR, CONSUMEQUEUE_DIR,
-    CONSUMEQUEUE_EXT_DIR, CTL_FILE, INDEX_DIR, LOCK_FILE, RECOVERY_DIR,
+    ABORT_FILE,
+    CHECKPOINT_FILE,
+    CHECKPOINT_FILE_SIZE,
+    COMMITLOG_DIR,
+    CONFIG_DIR,
+    CONSUMEQUEUE_DIR,
+    CONSUMEQUEUE_EXT_DIR,
+    CTL_FILE,
+    INDEX_DIR,
+    LOCK_FILE,
+    RECOVERY_DIR,
 )
 
 __all__ = ["OpenUndo", "missing_ancestor", "read_quarantine", "STORE_ENTRIES"]
@@ -21,8 +31,18 @@ log = logging.getLogger("localmq.store")
 UNDO_PREFIX = "undo-"
 
 # Everything an open may create or change under a store's root; nothing else there is touched.
-STORE_ENTRIES = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CONSUMEQUEUE_EXT_DIR, INDEX_DIR, CONFIG_DIR, RECOVERY_DIR,
-                 CHECKPOINT_FILE, ABORT_FILE, LOCK_FILE, CTL_FILE)
+STORE_ENTRIES = (
+    COMMITLOG_DIR,
+    CONSUMEQUEUE_DIR,
+    CONSUMEQUEUE_EXT_DIR,
+    INDEX_DIR,
+    CONFIG_DIR,
+    RECOVERY_DIR,
+    CHECKPOINT_FILE,
+    ABORT_FILE,
+    LOCK_FILE,
+    CTL_FILE,
+)
 
 
 def check_writable_filesystem(root: str, created_root: Optional[str]) -> None:
@@ -34,8 +54,12 @@ def check_writable_filesystem(root: str, created_root: Optional[str]) -> None:
     except OSError:
         return  # the open itself reports what is wrong with the path
     if readonly:
-        raise ReadOnlyFilesystemError(errno.EROFS, f"the store {root} is on a read-only file system: open it with "
-                                      f"localmq.open(path, read_only=True) to read it", root)
+        raise ReadOnlyFilesystemError(
+            errno.EROFS,
+            f"the store {root} is on a read-only file system: open it with "
+            f"localmq.open(path, read_only=True) to read it",
+            root,
+        )
 
 
 def read_quarantine(path: str) -> Iterator[Tuple[int, bytes]]:
@@ -47,10 +71,10 @@ def read_quarantine(path: str) -> Iterator[Tuple[int, bytes]]:
     while p < len(data):
         if p + 16 > len(data):
             raise ValueError(f"{path}: truncated chunk header at {p}")
-        off, n = int.from_bytes(data[p:p + 8], "big"), int.from_bytes(data[p + 8:p + 16], "big")
+        off, n = int.from_bytes(data[p : p + 8], "big"), int.from_bytes(data[p + 8 : p + 16], "big")
         if p + 16 + n > len(data):
             raise ValueError(f"{path}: truncated chunk at {p}")
-        yield off, data[p + 16:p + 16 + n]
+        yield off, data[p + 16 : p + 16 + n]
         p += 16 + n
 
 
@@ -83,12 +107,13 @@ class OpenUndo:
     Only the process that holds the store alone may restore: another writer's files would look new.
     """
 
-    def __init__(self, root: str, created_root: Optional[str] = None, created: tuple[str, ...] = (),
-                 listing: bool = True) -> None:
+    def __init__(
+        self, root: str, created_root: Optional[str] = None, created: tuple[str, ...] = (), listing: bool = True
+    ) -> None:
         self.root = root
         self.created_root = created_root
         self.created = tuple(created)
-        self.listing = listing   # False: undo only ``created`` (the store may have other writers right now)
+        self.listing = listing  # False: undo only ``created`` (the store may have other writers right now)
         self.files: Dict[str, int] = {}
         self.dirs: Set[str] = set()
         self.kept: Dict[str, bytes] = {}
@@ -97,7 +122,7 @@ class OpenUndo:
         # derived files' regions the open rewrote, oldest first: (path, start, end or -1 for the file's end, the
         # non-zero chunks they held as (offset, bytes))
         self.derived: List[Tuple[str, int, int, List[Tuple[int, bytes]]]] = []
-        self.set_aside_files: List[Tuple[str, str]] = []   # (path, where it was moved), oldest first
+        self.set_aside_files: List[Tuple[str, str]] = []  # (path, where it was moved), oldest first
         if listing:
             self._take(self.created)
 
@@ -184,8 +209,9 @@ class OpenUndo:
             try:
                 os.unlink(os.path.join(aside, n))
             except OSError:
-                log.warning("cannot delete %s (a derived file a failed open kept)", os.path.join(aside, n),
-                            exc_info=True)
+                log.warning(
+                    "cannot delete %s (a derived file a failed open kept)", os.path.join(aside, n), exc_info=True
+                )
         if names:
             try:
                 fsync_dir(aside)
@@ -248,8 +274,7 @@ class OpenUndo:
         try:
             self._restore_derived(undone, touched)
         except OSError:
-            log.exception("writing back the derived files (ConsumeQueues, index) the open had changed in %s",
-                          self.root)
+            log.exception("writing back the derived files (ConsumeQueues, index) the open had changed in %s", self.root)
         if not self.listing:
             for path in self.created:
                 try:
@@ -330,7 +355,7 @@ def _data_chunks(path: str, start: int, end: int) -> Iterator[Tuple[int, bytes]]
                 pos = os.lseek(fd, pos, os.SEEK_DATA)
                 stop = min(end, os.lseek(fd, pos, os.SEEK_HOLE))
             except OSError as e:
-                if e.errno == errno.ENXIO:   # no data after pos
+                if e.errno == errno.ENXIO:  # no data after pos
                     return
                 if e.errno != errno.EINVAL:
                     raise
@@ -346,8 +371,9 @@ def _data_chunks(path: str, start: int, end: int) -> Iterator[Tuple[int, bytes]]
         os.close(fd)
 
 
-def _write_back(path: str, size: int, lo: int, hi: int, chunks: List[Tuple[int, bytes]], base: int = 0,
-                sync: bool = True) -> bool:
+def _write_back(
+    path: str, size: int, lo: int, hi: int, chunks: List[Tuple[int, bytes]], base: int = 0, sync: bool = True
+) -> bool:
     """Give ``path`` (created if missing, grown to ``size`` if shorter) back the bytes of [lo, hi): zeros where it
     holds data there, then the parts of ``chunks`` ((offset, bytes), saved before the open changed them) inside the
     range; offsets are the file's plus ``base`` (a commit log segment's base offset). fsync it when ``sync``.
@@ -361,7 +387,7 @@ def _write_back(path: str, size: int, lo: int, hi: int, chunks: List[Tuple[int, 
         for off, data in chunks:
             a, b = max(off, lo), min(off + len(data), hi)
             if a < b:
-                os.pwrite(fd, data[a - off:b - off], a - base)
+                os.pwrite(fd, data[a - off : b - off], a - base)
         if sync:
             os.fsync(fd)
     finally:

@@ -1,5 +1,6 @@
 """RocketMQ 5.3.1's own DefaultMessageStore (interop/v5/, Store5Harness.java) and localmq on stores with V2 records:
 a 200-character topic, which RocketMQ 5.x stores as V2 records (magic 0xDAA320AB), beside a short topic (V1)."""
+
 from __future__ import annotations
 
 import base64
@@ -22,9 +23,14 @@ from . import test_rocketmq_index
 ROOT = Path(__file__).resolve().parents[2]
 POM = ROOT / "interop" / "v5" / "pom.xml"
 JAR = ROOT / "interop" / "v5" / "target" / "store5-harness.jar"
-SIZES: dict[str, Any] = {"mapped_file_size_commit_log": 64 * 1024, "mapped_file_size_consume_queue": 20 * 300,
-                         "max_hash_slot_num": 5000, "max_index_num": 20000, "grow_index_files": False}
-LONG = "Topic" + "L" * 195          # 200 characters
+SIZES: dict[str, Any] = {
+    "mapped_file_size_commit_log": 64 * 1024,
+    "mapped_file_size_consume_queue": 20 * 300,
+    "max_hash_slot_num": 5000,
+    "max_index_num": 20000,
+    "grow_index_files": False,
+}
+LONG = "Topic" + "L" * 195  # 200 characters
 SHORT = "TopicTest"
 
 
@@ -33,12 +39,15 @@ def harness5() -> list[str]:
     """The command that runs Store5Harness, built once per session with Maven (a failure, never a skip)."""
     java, mvn = shutil.which("java"), shutil.which("mvn")
     if java is None or mvn is None:
-        pytest.fail("tests/interop needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: "
-                    f"java={java!r}, mvn={mvn!r}", pytrace=False)
+        pytest.fail(
+            f"tests/interop needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: java={java!r}, mvn={mvn!r}",
+            pytrace=False,
+        )
     r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "package"], capture_output=True, text=True, timeout=600)
     if r.returncode != 0 or not JAR.exists():
-        pytest.fail(f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}", pytrace=False
+        )
     return [java, "-Xmx256m", "-XX:+UseSerialGC", "-jar", str(JAR)]
 
 
@@ -46,10 +55,12 @@ def run5(cmd: list[str], *args: str) -> list[list[str]]:
     """Runs Store5Harness (args[1]: the store directory, args[2]: its output) and returns the output's rows."""
     jtmp = Path(args[1]).resolve().parent / "java-tmp"
     jtmp.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], *args], capture_output=True, text=True,
-                       timeout=180)
-    assert r.returncode == 0, (f"Store5Harness {args[0]} failed ({r.returncode}):\n{r.stdout[-4000:]}\n"
-                              f"{r.stderr[-4000:]}")
+    r = subprocess.run(
+        [cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], *args], capture_output=True, text=True, timeout=180
+    )
+    assert r.returncode == 0, (
+        f"Store5Harness {args[0]} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    )
     with open(args[2], encoding="utf-8") as f:
         return [line.rstrip("\n").split("\t") for line in f]
 
@@ -59,8 +70,9 @@ def hashes(directory: Path) -> dict[str, str]:
 
 
 def verify_exits_0(store: Path) -> None:
-    verify = subprocess.run([sys.executable, "-m", "localmq", "verify", str(store)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    verify = subprocess.run(
+        [sys.executable, "-m", "localmq", "verify", str(store)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
@@ -130,7 +142,8 @@ index_sizes = test_rocketmq_index.index_files
 
 
 def test_keys_localmq_indexed_with_its_defaults_are_found_by_rocketmq5_with_its_defaults(
-        tmp_path: Path, harness5: list[str]) -> None:
+    tmp_path: Path, harness5: list[str]
+) -> None:
     """V1 and V2 records, localmq's default index geometry: RocketMQ 5.3.1 with its defaults finds every key, keeps
     the file as it is, and localmq still finds every key afterwards."""
     store = tmp_path / "lmq"
@@ -155,7 +168,8 @@ def test_keys_localmq_indexed_with_its_defaults_are_found_by_rocketmq5_with_its_
 
 
 def test_keys_rocketmq5_indexed_with_its_defaults_are_found_by_localmq_with_its_defaults(
-        tmp_path: Path, harness5: list[str]) -> None:
+    tmp_path: Path, harness5: list[str]
+) -> None:
     """RocketMQ 5.3.1's default index files: localmq finds every key, appends into them, and RocketMQ then finds the
     keys localmq added as well as its own."""
     store = tmp_path / "rmq5"
@@ -165,14 +179,14 @@ def test_keys_rocketmq5_indexed_with_its_defaults_are_found_by_localmq_with_its_
     with localmq.open(store, **DEFAULT_SIZES) as st:
         assert st.wait_for_index(60)
         assert index_sizes(store) == before
-        wrong = [(p[1], p[7]) for p in puts
-                 if [m.physical_offset for m in st.query_message(p[1], p[7])] != [int(p[4])]]
+        wrong = [(p[1], p[7]) for p in puts if [m.physical_offset for m in st.query_message(p[1], p[7])] != [int(p[4])]]
         assert not wrong, f"{len(wrong)} of {len(puts)} keys not found by localmq, first {wrong[:3]}"
         added = {}
         for i in range(300):
             topic = LONG if i % 2 else SHORT
-            added[(topic, f"after{i}")] = st.put(topic, b"after %d" % i, queue_id=i % 2,
-                                                 keys=[f"after{i}"]).physical_offset
+            added[(topic, f"after{i}")] = st.put(
+                topic, b"after %d" % i, queue_id=i % 2, keys=[f"after{i}"]
+            ).physical_offset
         assert st.wait_for_index(60)
     assert set(index_sizes(store).values()) == {ROCKETMQ_INDEX_FILE}
     back = run5(default_index(harness5), "read", str(store), str(tmp_path / "read.tsv"), LONG, SHORT)
@@ -186,8 +200,13 @@ def test_spark_reads_a_rocketmq5_v2_store(spark: Any, tmp_path: Path, harness5: 
     with the topic, queue, offsets, body and tag RocketMQ reported."""
     store = tmp_path / "rmq5"
     puts = run5(harness5, "write", str(store), str(tmp_path / "puts.tsv"), "300", LONG, SHORT)
-    rows = (spark.read.format("localmq").option("minPartitions", "2").load(str(store))
-            .selectExpr("topic", "partition", "offset", "physical_offset", "value", "tags").collect())
+    rows = (
+        spark.read.format("localmq")
+        .option("minPartitions", "2")
+        .load(str(store))
+        .selectExpr("topic", "partition", "offset", "physical_offset", "value", "tags")
+        .collect()
+    )
     got = sorted((r.topic, r.partition, r.offset, r.physical_offset, bytes(r.value), r.tags) for r in rows)
     assert got == sorted((p[1], int(p[2]), int(p[3]), int(p[4]), base64.b64decode(p[6]), p[8]) for p in puts)
     assert {r.topic for r in rows} == {LONG, SHORT}
@@ -213,7 +232,7 @@ def test_rocketmq5_property_crc_tail_read_by_localmq(tmp_path: Path, harness5: l
     verify_exits_0(store)
     with localmq.open(store, **SIZES) as st:
         for (_, topic, _, _, phys, size, *_), m in each_put_read_back(st, puts):
-            record = seg0[int(phys):int(phys) + int(size)]
+            record = seg0[int(phys) : int(phys) + int(size)]
             assert record[4:8] == bytes.fromhex("daa320ab" if len(topic) > 127 else "daa320a7")
             # the tail is the end of the record and of its properties, as the spec lays it out
             assert record.endswith(crc_tail(record)) and m.raw_properties.endswith(crc_tail(record))

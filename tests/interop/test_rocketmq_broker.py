@@ -1,5 +1,6 @@
 """A RocketMQ 4.9.7 NameServer and Broker on a store localmq wrote: Java consumers read it, a Java producer appends
 to it, and localmq reads the appends (interop/broker/, BrokerHarness)."""
+
 from __future__ import annotations
 
 import base64
@@ -35,12 +36,15 @@ def broker_harness() -> list[str]:
     """The command that runs BrokerHarness, built once per session with Maven (a failure, never a skip)."""
     java, mvn = shutil.which("java"), shutil.which("mvn")
     if java is None or mvn is None:
-        pytest.fail("tests/interop needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: "
-                    f"java={java!r}, mvn={mvn!r}", pytrace=False)
+        pytest.fail(
+            f"tests/interop needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: java={java!r}, mvn={mvn!r}",
+            pytrace=False,
+        )
     r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "package"], capture_output=True, text=True, timeout=600)
     if r.returncode != 0 or not JAR.exists():
-        pytest.fail(f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}", pytrace=False
+        )
     return [java, "-Xmx384m", "-XX:+UseSerialGC", "-jar", str(JAR)]
 
 
@@ -57,9 +61,19 @@ def broker_workload(st: Any, seed: int) -> list[dict[str, Any]]:
         keys = None if i % 3 else ([f"k-{i}"] if i % 6 == 0 else [f"k-{i}", "shared-key"])
         props = {**PROPS, "n": str(i)} if i % 4 == 0 else None
         r = st.put(topic, body, queue_id=qid, tags=tags, keys=keys, properties=props)
-        written.append({"topic": topic, "queueId": qid, "queueOffset": r.queue_offset,
-                        "commitLogOffset": r.physical_offset, "body": body, "tags": tags, "keys": keys,
-                        "props": props or {}, "storeTimestamp": r.store_timestamp})
+        written.append(
+            {
+                "topic": topic,
+                "queueId": qid,
+                "queueOffset": r.queue_offset,
+                "commitLogOffset": r.physical_offset,
+                "body": body,
+                "tags": tags,
+                "keys": keys,
+                "props": props or {},
+                "storeTimestamp": r.store_timestamp,
+            }
+        )
     return written
 
 
@@ -71,9 +85,22 @@ def run_broker(cmd: list[str], tmp_path: Path, store: Path, out: Path) -> None:
     with open(log, "wb") as f:
         # user.home and java.io.tmpdir: what RocketMQ writes under ~ and its remoting's self-signed TLS certificate
         # (keyutil_*.crt / .key, written to the temp directory by every broker start) stay in tmp_path
-        proc = subprocess.Popen([cmd[0], f"-Duser.home={home}", f"-Djava.io.tmpdir={jtmp}", *cmd[1:], str(store),
-                                 str(tmp_path / "work"), str(out), str(COUNT), str(PRODUCE), "29"],
-                                stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                cmd[0],
+                f"-Duser.home={home}",
+                f"-Djava.io.tmpdir={jtmp}",
+                *cmd[1:],
+                str(store),
+                str(tmp_path / "work"),
+                str(out),
+                str(COUNT),
+                str(PRODUCE),
+                "29",
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
         try:
             rc = proc.wait(timeout=150)
         finally:
@@ -115,9 +142,14 @@ def check_received(name: str, received: dict[str, Any], written: list[dict[str, 
         stored = {k: v for k, v in m["properties"].items() if k not in CLIENT_ADDED}
         assert stored == dict(mine.properties), (name, key)
         assert (m["bornHost"], m["storeHost"]) == (mine.born_host, mine.store_host), (name, key)
-        assert (m["bornTimestamp"], m["flag"], m["sysFlag"], m["reconsumeTimes"], m["storeSize"], m["bodyCRC"]) == \
-            (mine.born_timestamp, mine.flag, mine.sys_flag, mine.reconsume_times, mine.store_size, mine.body_crc), \
-            (name, key)
+        assert (m["bornTimestamp"], m["flag"], m["sysFlag"], m["reconsumeTimes"], m["storeSize"], m["bodyCRC"]) == (
+            mine.born_timestamp,
+            mine.flag,
+            mine.sys_flag,
+            mine.reconsume_times,
+            mine.store_size,
+            mine.body_crc,
+        ), (name, key)
         assert m["msgId"] == mine.msg_id, (name, key)
 
 
@@ -192,8 +224,10 @@ def test_broker_on_a_localmq_store(broker_harness: list[str], tmp_path: Path) ->
             assert props["CLUSTER"] == "localmq", where
             assert m.msg_id == s["offsetMsgId"], where
             assert localmq.decode_message_id(s["offsetMsgId"])[1] == m.physical_offset, where
-        assert any(m.sys_flag & SYSFLAG_COMPRESSED for m in (
-            st.get_message(s["topic"], s["queueId"], s["queueOffset"], 1).messages[0] for s in produced))
+        assert any(
+            m.sys_flag & SYSFLAG_COMPRESSED
+            for m in (st.get_message(s["topic"], s["queueId"], s["queueOffset"], 1).messages[0] for s in produced)
+        )
         for s in produced:  # the Broker's IndexFile entries, looked up by localmq
             for key in keys_of(s["keys"]):
                 found = {g.physical_offset for g in st.query_message(s["topic"], key)}

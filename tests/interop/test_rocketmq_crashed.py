@@ -6,6 +6,7 @@ AllocateMappedFileService, a next segment that was never written. `localmq stats
 it is: the log end they print must be the end that recovery finds, localmq's and RocketMQ's own, and the ordinary
 torn tail (a record the kill cut short) is a note, not damage. Neither command changes a byte.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,15 +28,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _cli(*args: str) -> tuple[int, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-m", "localmq", *args, "--json"], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "localmq", *args, "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode in (0, 1, 4), (args, r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     return r.returncode, json.loads(r.stdout)
 
 
 def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _flooded(cmd: list[str], store: Path) -> None:
@@ -44,8 +49,12 @@ def _flooded(cmd: list[str], store: Path) -> None:
     jtmp.mkdir(parents=True, exist_ok=True)
     err = store.parent / "flood.stderr"  # a file, not a pipe nobody reads while the JVM runs (a full pipe blocks it)
     with open(err, "wb") as errf:
-        proc = subprocess.Popen([cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], "flood", str(store)],
-                                stdout=subprocess.PIPE, stderr=errf, text=True)
+        proc = subprocess.Popen(
+            [cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], "flood", str(store)],
+            stdout=subprocess.PIPE,
+            stderr=errf,
+            text=True,
+        )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -104,11 +113,11 @@ def test_cli_on_a_crashed_rocketmq_store_prints_what_recovery_finds(harness: lis
     end = stats["commit_log"]["end"]
     seg_size = SIZES["mapped_file_size_commit_log"]
     first = (store / "commitlog" / f"{0:020d}").read_bytes()
-    record = first[:int.from_bytes(first[:4], "big")]  # a whole record RocketMQ wrote
+    record = first[: int.from_bytes(first[:4], "big")]  # a whole record RocketMQ wrote
     seg = store / "commitlog" / f"{end - end % seg_size:020d}"  # made ahead by RocketMQ if ``end`` starts it
     assert seg.exists() and end % seg_size + len(record) <= seg_size, (end, len(record))
     with open(seg, "r+b") as f:
         f.seek(end % seg_size)
-        f.write(record[:len(record) // 2])
+        f.write(record[: len(record) // 2])
     _check_cli(harness, store, tmp_path, end)
     shutil.rmtree(store)

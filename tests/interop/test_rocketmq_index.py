@@ -5,6 +5,7 @@ Only the commit log and ConsumeQueue sizes are the harness's small ones (StoreHa
 left to each side's defaults (the harness runs with ``-Dlocalmq.interop.index=default``: RocketMQ's 5,000,000 slots
 and 20,000,000 items, a 420,000,040-byte file, sparse on both sides).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import localmq
+
 from .test_rocketmq_store import harness, run_harness  # noqa: F401 - harness is a fixture
 
 SIZES = {"mapped_file_size_commit_log": 64 * 1024, "mapped_file_size_consume_queue": 20 * 300}
@@ -73,13 +75,20 @@ def test_keys_rocketmq_indexed_with_its_defaults_are_found_by_localmq_with_its_d
                 wrong[name] = (got, offs)
         assert not wrong, f"{len(wrong)} of {len(queried)} keys differ: {list(wrong.items())[:3]}"
         # localmq appends: its new keys go into RocketMQ's file, findable by both
-        extra = {f"after-{i}": st.put("orders", b"after %d" % i, keys=[f"after-{i}"]).physical_offset
-                 for i in range(300)}
+        extra = {
+            f"after-{i}": st.put("orders", b"after %d" % i, keys=[f"after-{i}"]).physical_offset for i in range(300)
+        }
         assert st.wait_for_index(60)
     assert set(index_files(store).values()) == {ROCKETMQ_INDEX_FILE}
     out = tmp_path / "read.json"
-    run_harness(default_index(harness), "read", str(store), str(out),
-                *[a for k in extra for a in ("orders", k)], *[a for n in list(queried)[:50] for a in n.split("/", 1)])
+    run_harness(
+        default_index(harness),
+        "read",
+        str(store),
+        str(out),
+        *[a for k in extra for a in ("orders", k)],
+        *[a for n in list(queried)[:50] for a in n.split("/", 1)],
+    )
     found = json.loads(out.read_text(encoding="utf-8"))["queried"]
     missing = [k for k, off in extra.items() if off not in found[f"orders/{k}"]]
     assert not missing, f"RocketMQ found {len(extra) - len(missing)} of {len(extra)} keys localmq added"
@@ -103,11 +112,15 @@ def test_a_store_rocketmq_indexed_with_another_geometry_keeps_it_both_ways(harne
         assert (st.config.max_hash_slot_num, st.config.max_index_num) == (97, 1003)
         assert st.wait_for_index(60)
         assert set(before) <= set(index_files(store))  # none deleted
-        wrong = [n for n, offs in queried.items()
-                 if sorted(m.physical_offset for m in st.query_message(*n.split("/", 1))) != sorted(offs)]
+        wrong = [
+            n
+            for n, offs in queried.items()
+            if sorted(m.physical_offset for m in st.query_message(*n.split("/", 1))) != sorted(offs)
+        ]
         assert not wrong, f"{len(wrong)} of {len(queried)} keys differ, first {wrong[:3]}"
-        extra = {f"more-{i}": st.put("orders", b"more %d" % i, keys=[f"more-{i}"]).physical_offset
-                 for i in range(2500)}  # more than two files of 1,003 items: localmq rolls
+        extra = {
+            f"more-{i}": st.put("orders", b"more %d" % i, keys=[f"more-{i}"]).physical_offset for i in range(2500)
+        }  # more than two files of 1,003 items: localmq rolls
         assert st.wait_for_index(60)
     after = index_files(store)
     assert len(after) >= len(before) + 2 and set(after.values()) == {size}, after

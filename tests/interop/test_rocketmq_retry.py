@@ -1,4 +1,5 @@
 """Retry, dead-letter and scheduled records written by localmq read by RocketMQ 4.9.8's DefaultMessageStore."""
+
 from __future__ import annotations
 
 import base64
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import localmq
 from helpers import queue_messages
+
 from .test_rocketmq_store import SIZES, harness, run_harness  # noqa: F401 - harness is a fixture
 
 SCHED = "SCHEDULE_TOPIC_XXXX"
@@ -35,9 +37,9 @@ def test_localmq_retries_read_by_rocketmq(harness: list[str], tmp_path: Path) ->
                 if m is None:
                     continue
                 if m.body in (b"o1", b"o2"):
-                    m.nack(delay_level=1)   # o1, o2: retried once, then dead letters
+                    m.nack(delay_level=1)  # o1, o2: retried once, then dead letters
                 elif m.body == b"o3" and m.reconsume_times == 0:
-                    m.nack(delay_level=1)   # o3: retried once, then acked
+                    m.nack(delay_level=1)  # o3: retried once, then acked
                 else:
                     m.ack()
             assert c.dead_lettered == 2 and c.acked == 3, (c.dead_lettered, c.acked, c.retried)
@@ -58,12 +60,25 @@ def test_localmq_retries_read_by_rocketmq(harness: list[str], tmp_path: Path) ->
         for m, j in zip(msgs, q["messages"]):
             where = (topic, qid, m.queue_offset)
             assert j["getStatus"] == "FOUND", where
-            assert (j["topic"], j["queueId"], j["queueOffset"], j["commitLogOffset"], j["storeSize"]) == \
-                (topic, qid, m.queue_offset, m.physical_offset, m.store_size), where
-            assert (j["flag"], j["sysFlag"], j["reconsumeTimes"], j["preparedTransactionOffset"]) == \
-                (m.flag, m.sys_flag, m.reconsume_times, m.prepared_transaction_offset), where
-            assert (j["bornTimestamp"], j["storeTimestamp"], j["bornHost"], j["storeHost"]) == \
-                (m.born_timestamp, m.store_timestamp, m.born_host, m.store_host), where
+            assert (j["topic"], j["queueId"], j["queueOffset"], j["commitLogOffset"], j["storeSize"]) == (
+                topic,
+                qid,
+                m.queue_offset,
+                m.physical_offset,
+                m.store_size,
+            ), where
+            assert (j["flag"], j["sysFlag"], j["reconsumeTimes"], j["preparedTransactionOffset"]) == (
+                m.flag,
+                m.sys_flag,
+                m.reconsume_times,
+                m.prepared_transaction_offset,
+            ), where
+            assert (j["bornTimestamp"], j["storeTimestamp"], j["bornHost"], j["storeHost"]) == (
+                m.born_timestamp,
+                m.store_timestamp,
+                m.born_host,
+                m.store_host,
+            ), where
             assert base64.b64decode(j["body"]) == bytes(m.body) and j["properties"] == m.properties, where
             assert j["tags"] == m.tags, where
             compared += 1
@@ -72,8 +87,9 @@ def test_localmq_retries_read_by_rocketmq(harness: list[str], tmp_path: Path) ->
     assert [j["reconsumeTimes"] for j in dlq] == [2, 2]
     assert all(j["properties"]["RETRY_TOPIC"] == "orders" and j["properties"]["DELAY"] == "0" for j in dlq)
     # the index: every copy of o1 is found under its own topic and the UNIQ_KEY it kept
-    retry_o1 = [j["commitLogOffset"] for j in read["queues"]["%RETRY%g/0"]["messages"]
-                if base64.b64decode(j["body"]) == b"o1"]
+    retry_o1 = [
+        j["commitLogOffset"] for j in read["queues"]["%RETRY%g/0"]["messages"] if base64.b64decode(j["body"]) == b"o1"
+    ]
     dlq_o1 = [j["commitLogOffset"] for j in dlq if base64.b64decode(j["body"]) == b"o1"]
     assert read["queried"][f"%RETRY%g/{uniq_o1}"] == retry_o1
     assert read["queried"][f"%DLQ%g/{uniq_o1}"] == dlq_o1

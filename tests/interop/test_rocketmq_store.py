@@ -1,4 +1,5 @@
 """Stores written by RocketMQ 4.9.8's DefaultMessageStore read by localmq, and the other way round (interop/)."""
+
 from __future__ import annotations
 
 import base64
@@ -20,8 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 POM = ROOT / "interop" / "pom.xml"
 JAR = ROOT / "interop" / "target" / "store-harness.jar"
 # the harness's sizes (StoreHarness.java): localmq writes its store with the same ones
-SIZES: dict[str, Any] = {"mapped_file_size_commit_log": 64 * 1024, "mapped_file_size_consume_queue": 20 * 300,
-                         "max_hash_slot_num": 5000, "max_index_num": 20000, "grow_index_files": False}
+SIZES: dict[str, Any] = {
+    "mapped_file_size_commit_log": 64 * 1024,
+    "mapped_file_size_consume_queue": 20 * 300,
+    "max_hash_slot_num": 5000,
+    "max_index_num": 20000,
+    "grow_index_files": False,
+}
 PROPS = {"color": "red", "ünï_ñame": "välue ✓ =:;,\"'{}[] \t end 😀"}
 TAGS = ["created", "paid", "tag with space", "ünïcode-✓"]
 
@@ -31,12 +37,15 @@ def harness() -> list[str]:
     """The command that runs StoreHarness, built once per session with Maven (a failure, never a skip)."""
     java, mvn = shutil.which("java"), shutil.which("mvn")
     if java is None or mvn is None:
-        pytest.fail("tests/interop needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: "
-                    f"java={java!r}, mvn={mvn!r}", pytrace=False)
+        pytest.fail(
+            f"tests/interop needs a JDK 17 (`java`) and Maven (`mvn`) on PATH: java={java!r}, mvn={mvn!r}",
+            pytrace=False,
+        )
     r = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "package"], capture_output=True, text=True, timeout=600)
     if r.returncode != 0 or not JAR.exists():
-        pytest.fail(f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"`mvn -q -f {POM} package` failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}", pytrace=False
+        )
     return [java, "-Xmx256m", "-XX:+UseSerialGC", "-jar", str(JAR)]
 
 
@@ -45,8 +54,9 @@ def run_harness(cmd: list[str], *args: str) -> None:
     removed with it), not into /tmp."""
     jtmp = Path(args[1]).resolve().parent / "java-tmp"
     jtmp.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], *args], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [cmd[0], f"-Djava.io.tmpdir={jtmp}", *cmd[1:], *args], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, f"StoreHarness {args[0]} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
 
 
@@ -76,9 +86,19 @@ def localmq_workload(st: Any, seed: int) -> list[dict[str, Any]]:
         keys = None if i % 3 else ([f"k-{i}"] if i % 6 == 0 else [f"k-{i}", "shared-key"])
         props = {**PROPS, "n": str(i)} if i % 4 == 0 else None
         r = st.put(topic, body, queue_id=qid, tags=tags, keys=keys, properties=props)
-        written.append({"topic": topic, "queueId": qid, "queueOffset": r.queue_offset,
-                        "commitLogOffset": r.physical_offset, "body": body, "tags": tags, "keys": keys,
-                        "props": props or {}, "storeTimestamp": r.store_timestamp})
+        written.append(
+            {
+                "topic": topic,
+                "queueId": qid,
+                "queueOffset": r.queue_offset,
+                "commitLogOffset": r.physical_offset,
+                "body": body,
+                "tags": tags,
+                "keys": keys,
+                "props": props or {},
+                "storeTimestamp": r.store_timestamp,
+            }
+        )
     return written
 
 
@@ -151,8 +171,12 @@ def test_localmq_killed_rocketmq_recovers(harness: list[str], tmp_path: Path) ->
     """A localmq writer SIGKILLed right after its last put (store open, abort file left): RocketMQ's abnormal
     recovery finds every message, with the fields it was put with."""
     store, log, out = tmp_path / "store", tmp_path / "written.json", tmp_path / "read.json"
-    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(store), str(log), str(Path(__file__).parent)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(store), str(log), str(Path(__file__).parent)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "written"
@@ -192,22 +216,29 @@ def test_empty_tag_and_property_values_read_by_rocketmq(harness: list[str], tmp_
     reader drops those pairs (no tag, the key absent), as localmq's does, and its ConsumeQueue has tagsCode 0 for
     them, whether it reads localmq's units or dispatches the records itself (consumequeue/ removed)."""
     store = tmp_path / "store"
-    puts = [("put", dict(tags="", properties={"a": "", "b": "x"})),
-            ("tagged", dict(tags="TAG1", properties={"a": ""})),
-            ("only-empty", dict(properties={"TAGS": "", "c": ""})),
-            ("plain", dict(tags="z"))]
+    puts = [
+        ("put", dict(tags="", properties={"a": "", "b": "x"})),
+        ("tagged", dict(tags="TAG1", properties={"a": ""})),
+        ("only-empty", dict(properties={"TAGS": "", "c": ""})),
+        ("plain", dict(tags="z")),
+    ]
     with localmq.open(store, **SIZES) as st:
         written = [st.put("empty", name.encode(), queue_id=1, **kw) for name, kw in puts]
-        written.append(st.put_batch("empty", [b"b1", b"b2"], queue_id=1, tags="", keys=["bk"],
-                                    properties={"a": ""}))
+        written.append(st.put_batch("empty", [b"b1", b"b2"], queue_id=1, tags="", keys=["bk"], properties={"a": ""}))
         assert st.wait_for_dispatch(10)
         ours = st.get_message("empty", 1, 0, 16).messages
     assert [m.body for m in ours] == [b"put", b"tagged", b"only-empty", b"plain", b"b1", b"b2"]
     assert [(m.tags, m.properties) for m in ours] == [
-        (None, {"b": "x"}), ("TAG1", {"TAGS": "TAG1"}), (None, {}), ("z", {"TAGS": "z"}),
-        (None, {"KEYS": "bk"}), (None, {"KEYS": "bk"})]
-    assert all(b"a\x01" in m.raw_properties.split(b"\x02") for m in ours if m.body != b"plain"
-               and m.body != b"only-empty")
+        (None, {"b": "x"}),
+        ("TAG1", {"TAGS": "TAG1"}),
+        (None, {}),
+        ("z", {"TAGS": "z"}),
+        (None, {"KEYS": "bk"}),
+        (None, {"KEYS": "bk"}),
+    ]
+    assert all(
+        b"a\x01" in m.raw_properties.split(b"\x02") for m in ours if m.body != b"plain" and m.body != b"only-empty"
+    )
     tags_codes = [0, 2567159, 0, localmq.java_hash("z"), 0, 0]  # spec 2.2: "TAG1" -> 2567159; no tag -> 0
     redispatched = tmp_path / "redispatched"
     shutil.copytree(store, redispatched)

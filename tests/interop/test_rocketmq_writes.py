@@ -8,11 +8,12 @@ records with 2 commits and 3 op records, 9 delayed messages and 5 retry send-bac
 by RocketMQ's ScheduleMessageService before it stops, level 2 not), 2 dead-letter send-backs, and the broker's
 consumerOffset.json of group ``billing`` on ``orders``.
 """
+
 from __future__ import annotations
 
 import base64
-import functools
 import collections
+import functools
 import ipaddress
 import json
 import os
@@ -27,9 +28,10 @@ from typing import Any, Iterator
 import pytest
 
 import localmq
-from helpers import queue_messages
 import localmq.cli as localmq_cli
+from helpers import queue_messages
 from localmq.status import GetStatus
+
 from .test_rocketmq_store import harness, keys_of, run_harness  # noqa: F401 - harness is a fixture
 
 SEG = 64 * 1024
@@ -83,8 +85,12 @@ def kinds(manifest: dict[str, Any]) -> dict[int, str]:
 def pending(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """The schedule records RocketMQ's delayOffset.json says are not delivered yet."""
     table = manifest["delayOffset"]["offsetTable"]
-    return [m for q in (0, 1) for m in manifest["queues"][f"{SCHED}/{q}"]["messages"]
-            if m["queueOffset"] >= table.get(str(q + 1), 0)]
+    return [
+        m
+        for q in (0, 1)
+        for m in manifest["queues"][f"{SCHED}/{q}"]["messages"]
+        if m["queueOffset"] >= table.get(str(q + 1), 0)
+    ]
 
 
 def by_queue_delay(by_queue: dict[Any, Any], put: dict[str, Any]) -> str:
@@ -109,10 +115,19 @@ def canonical_host(text: str) -> str:
 def check(got: Any, m: dict[str, Any]) -> None:
     """Every field of a localmq message/record against RocketMQ's reading of it."""
     where = (m["topic"], m["queueId"], m["queueOffset"], m["commitLogOffset"])
-    assert (got.topic, got.queue_id, got.queue_offset, got.physical_offset, got.store_size) == \
-        (m["topic"], m["queueId"], m["queueOffset"], m["commitLogOffset"], m["storeSize"]), where
-    assert (got.flag, got.sys_flag, got.reconsume_times, got.prepared_transaction_offset) == \
-        (m["flag"], m["sysFlag"], m["reconsumeTimes"], m["preparedTransactionOffset"]), where
+    assert (got.topic, got.queue_id, got.queue_offset, got.physical_offset, got.store_size) == (
+        m["topic"],
+        m["queueId"],
+        m["queueOffset"],
+        m["commitLogOffset"],
+        m["storeSize"],
+    ), where
+    assert (got.flag, got.sys_flag, got.reconsume_times, got.prepared_transaction_offset) == (
+        m["flag"],
+        m["sysFlag"],
+        m["reconsumeTimes"],
+        m["preparedTransactionOffset"],
+    ), where
     assert (got.born_timestamp, got.store_timestamp) == (m["bornTimestamp"], m["storeTimestamp"]), where
     # localmq writes IPv6 hosts as "[RFC 5952 text]:port", Java as "[uncompressed]:port": the same address
     assert (got.born_host, got.store_host) == (canonical_host(m["bornHost"]), canonical_host(m["storeHost"])), where
@@ -130,9 +145,17 @@ def test_manifest_has_every_kind(written: tuple[Path, dict[str, Any]]) -> None:
     recs, kind = records(manifest), kinds(manifest)
     counts = collections.Counter(kind.values())
     left = pending(manifest)
-    assert counts == {"plain": 240, "batch": sum(p["msgNum"] for p in manifest["puts"] if p["kind"] == "batch"),
-                      "delayed": 9, "retry": 5, "dlq": 2, "delivered": 14 - len(left), "half": 4, "commit": 2,
-                      "op": 3}, counts
+    assert counts == {
+        "plain": 240,
+        "batch": sum(p["msgNum"] for p in manifest["puts"] if p["kind"] == "batch"),
+        "delayed": 9,
+        "retry": 5,
+        "dlq": 2,
+        "delivered": 14 - len(left),
+        "half": 4,
+        "commit": 2,
+        "op": 3,
+    }, counts
     assert counts["batch"] > 8  # batches of several messages
     assert len(recs) == len(kind) == 305 + 8
     # a committed transaction: sysflag COMMIT, prepared transaction offset = its half record's commit-log offset
@@ -155,8 +178,11 @@ def test_manifest_has_every_kind(written: tuple[Path, dict[str, Any]]) -> None:
     assert sorted(m["properties"]["DELAY"] for m in manifest["queues"][f"{SCHED}/1"]["messages"]) == ["2"] * 6
     # END_OF_FILE: a record at a segment start whose predecessor ended short of the boundary, a blank record between
     ordered = sorted(recs, key=lambda m: m["commitLogOffset"])
-    rolls = [(a, b) for a, b in zip(ordered, ordered[1:])
-             if b["commitLogOffset"] % SEG == 0 and a["commitLogOffset"] + a["storeSize"] < b["commitLogOffset"]]
+    rolls = [
+        (a, b)
+        for a, b in zip(ordered, ordered[1:])
+        if b["commitLogOffset"] % SEG == 0 and a["commitLogOffset"] + a["storeSize"] < b["commitLogOffset"]
+    ]
     assert len(rolls) >= 3, len(rolls)
     for a, b in rolls:
         end = a["commitLogOffset"] + a["storeSize"]
@@ -189,7 +215,7 @@ def test_rocketmq_writes_localmq_reads(written: tuple[Path, dict[str, Any]]) -> 
 
     ids = {}  # RocketMQ's offset msg ids from its put results (a batch's are comma-separated)
     for p in manifest["puts"]:
-        offs = sorted(o for o in by_offset if o >= p["commitLogOffset"])[:p["msgNum"]]
+        offs = sorted(o for o in by_offset if o >= p["commitLogOffset"])[: p["msgNum"]]
         ids.update(zip(offs, p["msgId"].split(",")))
     st = localmq.open(store, read_only=True)
     try:
@@ -225,8 +251,9 @@ def cli(*args: str, capsys: Any = None) -> list[dict[str, Any]]:
         out = capsys.readouterr().out
     else:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        r = subprocess.run([sys.executable, "-m", "localmq", *args, "--json"], capture_output=True, text=True,
-                           env=env, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "localmq", *args, "--json"], capture_output=True, text=True, env=env, timeout=120
+        )
         assert r.returncode == 0, (args, r.stdout[-2000:], r.stderr[-2000:])
         out = r.stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
@@ -235,10 +262,18 @@ def cli(*args: str, capsys: Any = None) -> list[dict[str, Any]]:
 def check_json(j: dict[str, Any], m: dict[str, Any]) -> None:
     """A CLI message line against RocketMQ's reading (the fields the CLI prints)."""
     where = (m["topic"], m["queueId"], m["queueOffset"])
-    assert (j["topic"], j["queue_id"], j["queue_offset"], j["physical_offset"], j["store_size"]) == \
-        (m["topic"], m["queueId"], m["queueOffset"], m["commitLogOffset"], m["storeSize"]), where
-    assert (j["store_timestamp"], j["born_timestamp"], j["msg_id"]) == \
-        (m["storeTimestamp"], m["bornTimestamp"], m["msgId"]), where
+    assert (j["topic"], j["queue_id"], j["queue_offset"], j["physical_offset"], j["store_size"]) == (
+        m["topic"],
+        m["queueId"],
+        m["queueOffset"],
+        m["commitLogOffset"],
+        m["storeSize"],
+    ), where
+    assert (j["store_timestamp"], j["born_timestamp"], j["msg_id"]) == (
+        m["storeTimestamp"],
+        m["bornTimestamp"],
+        m["msgId"],
+    ), where
     assert (j["tags"], keys_of(j["keys"]), j["properties"]) == (m["tags"], keys_of(m["keys"]), m["properties"]), where
     assert base64.b64decode(j["body_base64"]) == base64.b64decode(m["body"]), where
 
@@ -270,12 +305,14 @@ def test_cli_reads_rocketmq_store(written: tuple[Path, dict[str, Any]], capsys: 
     assert len(picked) > 10
     with capsys.disabled():  # one through the entry point
         topic, key = picked[0].split("/", 1)
-        assert sorted(j["physical_offset"] for j in cli("query", str(store), "--topic", topic, "--key", key)) == \
-            sorted(manifest["queried"][picked[0]])
+        assert sorted(j["physical_offset"] for j in cli("query", str(store), "--topic", topic, "--key", key)) == sorted(
+            manifest["queried"][picked[0]]
+        )
     for name in picked:
         topic, key = name.split("/", 1)
-        got = sorted(j["physical_offset"] for j in cli("query", str(store), "--topic", topic, "--key", key,
-                                                       capsys=capsys))
+        got = sorted(
+            j["physical_offset"] for j in cli("query", str(store), "--topic", topic, "--key", key, capsys=capsys)
+        )
         assert got == sorted(manifest["queried"][name]), name
 
 
@@ -283,26 +320,63 @@ def test_spark_reads_rocketmq_store(spark: Any, written: tuple[Path, dict[str, A
     """One Spark read of the whole store: a row per ConsumeQueue unit, with RocketMQ's fields."""
     store, manifest = written
     by_offset = {m["commitLogOffset"]: m for m in records(manifest)}
-    rows = (spark.read.format("localmq").option("minPartitions", "1").load(str(store))
-            .selectExpr("topic", "partition", "offset", "physical_offset", "value", "reconsume_times", "sys_flag",
-                        "tags", "properties", "msg_id", "CAST(unix_micros(timestamp) / 1000 AS BIGINT) AS store_ms",
-                        "CAST(unix_micros(born_timestamp) / 1000 AS BIGINT) AS born_ms").collect())
+    rows = (
+        spark.read.format("localmq")
+        .option("minPartitions", "1")
+        .load(str(store))
+        .selectExpr(
+            "topic",
+            "partition",
+            "offset",
+            "physical_offset",
+            "value",
+            "reconsume_times",
+            "sys_flag",
+            "tags",
+            "properties",
+            "msg_id",
+            "CAST(unix_micros(timestamp) / 1000 AS BIGINT) AS store_ms",
+            "CAST(unix_micros(born_timestamp) / 1000 AS BIGINT) AS born_ms",
+        )
+        .collect()
+    )
     assert len(rows) == len(by_offset)
     for r in rows:
         m = by_offset[r.physical_offset]
-        assert (r.topic, r.partition, r.offset, bytes(r.value), r.store_ms, r.born_ms, r.reconsume_times, r.sys_flag,
-                r.tags, dict(r.properties), r.msg_id) == \
-            (m["topic"], m["queueId"], m["queueOffset"], base64.b64decode(m["body"]), m["storeTimestamp"],
-             m["bornTimestamp"], m["reconsumeTimes"], m["sysFlag"], m["tags"], m["properties"], m["msgId"]), \
-            r.physical_offset
+        assert (
+            r.topic,
+            r.partition,
+            r.offset,
+            bytes(r.value),
+            r.store_ms,
+            r.born_ms,
+            r.reconsume_times,
+            r.sys_flag,
+            r.tags,
+            dict(r.properties),
+            r.msg_id,
+        ) == (
+            m["topic"],
+            m["queueId"],
+            m["queueOffset"],
+            base64.b64decode(m["body"]),
+            m["storeTimestamp"],
+            m["bornTimestamp"],
+            m["reconsumeTimes"],
+            m["sysFlag"],
+            m["tags"],
+            m["properties"],
+            m["msgId"],
+        ), r.physical_offset
 
 
 _queue = functools.partial(queue_messages, wait=False)
 
 
 @pytest.fixture(scope="module")
-def taken_over(written: tuple[Path, dict[str, Any]],
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
+def taken_over(
+    written: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
     """A copy of RocketMQ's store opened by localmq with the same levels until its schedule service has delivered
     what RocketMQ's delayOffset.json leaves (then 1.5 s more: a second delivery of anything would show), closed;
     and the records localmq delivered, as (record, the schedule record it came from) field dicts."""
@@ -323,14 +397,24 @@ def taken_over(written: tuple[Path, dict[str, Any]],
         for t, n in expect.items():
             msgs = _queue(st, *t)
             assert len(msgs) == n, (t, len(msgs), n, before[t])  # nothing lost, nothing delivered twice
-            for got in msgs[before[t]:]:
+            for got in msgs[before[t] :]:
                 body = bytes(got.body)
                 assert body in left, (t, got.queue_offset)  # none RocketMQ delivered is delivered again
-                delivered.append({"topic": got.topic, "queueId": got.queue_id, "body": body, "flag": got.flag,
-                                  "sysFlag": got.sys_flag, "bornTimestamp": got.born_timestamp,
-                                  "bornHost": got.born_host, "storeHost": got.store_host,
-                                  "reconsumeTimes": got.reconsume_times, "properties": dict(got.properties),
-                                  "from": left[body]})
+                delivered.append(
+                    {
+                        "topic": got.topic,
+                        "queueId": got.queue_id,
+                        "body": body,
+                        "flag": got.flag,
+                        "sysFlag": got.sys_flag,
+                        "bornTimestamp": got.born_timestamp,
+                        "bornHost": got.born_host,
+                        "storeHost": got.store_host,
+                        "reconsumeTimes": got.reconsume_times,
+                        "properties": dict(got.properties),
+                        "from": left[body],
+                    }
+                )
     assert sorted(d["body"] for d in delivered) == sorted(left)
     yield store, delivered
     shutil.rmtree(root)
@@ -345,8 +429,13 @@ def test_localmq_delivers_what_rocketmq_left(taken_over: tuple[Path, list[dict[s
         m = d["from"]
         assert (d["topic"], d["queueId"]) == (m["properties"]["REAL_TOPIC"], int(m["properties"]["REAL_QID"]))
         assert d["properties"] == m["properties"]
-        assert (d["flag"], d["sysFlag"] & ~0x20, d["bornTimestamp"], d["reconsumeTimes"], d["bornHost"]) == \
-            (m["flag"], m["sysFlag"] & ~0x20, m["bornTimestamp"], m["reconsumeTimes"], canonical_host(m["bornHost"]))
+        assert (d["flag"], d["sysFlag"] & ~0x20, d["bornTimestamp"], d["reconsumeTimes"], d["bornHost"]) == (
+            m["flag"],
+            m["sysFlag"] & ~0x20,
+            m["bornTimestamp"],
+            m["reconsumeTimes"],
+            canonical_host(m["bornHost"]),
+        )
     offsets = localmq.read_config_json(store / "config" / "delayOffset.json")["offsetTable"]
     assert {int(k): v for k, v in offsets.items()} == {1: 8, 2: 6}
 
@@ -360,21 +449,27 @@ def test_localmq_delivery_keeps_store_host(taken_over: tuple[Path, list[dict[str
     assert got == want, (got, want)
 
 
-def test_localmq_consumer_reads_rocketmq_retries_and_dead_letters(written: tuple[Path, dict[str, Any]],
-                                                                  taken_over: tuple[Path, Any]) -> None:
+def test_localmq_consumer_reads_rocketmq_retries_and_dead_letters(
+    written: tuple[Path, dict[str, Any]], taken_over: tuple[Path, Any]
+) -> None:
     """Group billing (committed at the end of orders in RocketMQ's consumerOffset.json) gets its 5 retries (3
     delivered by RocketMQ, 2 by localmq) under orders with reconsume times 1; dead_letters lists the DLQ records."""
     _, manifest = written
     store, _ = taken_over
-    retries = [m for q in (0, 1) for m in manifest["queues"][f"{SCHED}/{q}"]["messages"]
-               if m["properties"]["REAL_TOPIC"] == "%RETRY%billing"]
+    retries = [
+        m
+        for q in (0, 1)
+        for m in manifest["queues"][f"{SCHED}/{q}"]["messages"]
+        if m["properties"]["REAL_TOPIC"] == "%RETRY%billing"
+    ]
     assert len(retries) == 5
     got_retries = []
     with localmq.open(store, message_delay_level=LEVELS) as st:
         # RocketMQ's consumerOffset.json as localmq's ConsumerOffsetManager reads it: orders committed to its end
         offsets = st.consumer_offsets
-        assert {q: offsets.query("billing", "orders", q) for q in range(4)} == \
-            {q: manifest["queues"][f"orders/{q}"]["maxOffset"] for q in range(4)}
+        assert {q: offsets.query("billing", "orders", q) for q in range(4)} == {
+            q: manifest["queues"][f"orders/{q}"]["maxOffset"] for q in range(4)
+        }
         assert offsets.query("billing", "%RETRY%billing", 0) is None
         with st.create_consumer("billing", "orders", manual_ack=True) as c:
             deadline = time.monotonic() + 20
@@ -384,8 +479,9 @@ def test_localmq_consumer_reads_rocketmq_retries_and_dead_letters(written: tuple
                     got_retries.append((bytes(m.body), m.topic, m.reconsume_times, m.properties["ORIGIN_MESSAGE_ID"]))
                     m.ack()
             assert c.poll(0.5) is None  # nothing more: orders itself is committed to its end
-        assert sorted(got_retries) == \
-            sorted((base64.b64decode(m["body"]), "orders", 1, m["properties"]["ORIGIN_MESSAGE_ID"]) for m in retries)
+        assert sorted(got_retries) == sorted(
+            (base64.b64decode(m["body"]), "orders", 1, m["properties"]["ORIGIN_MESSAGE_ID"]) for m in retries
+        )
         dlq = manifest["queues"]["%DLQ%billing/0"]["messages"]
         dead = st.dead_letters("billing")
         assert len(dead) == len(dlq) == 2
@@ -394,8 +490,7 @@ def test_localmq_consumer_reads_rocketmq_retries_and_dead_letters(written: tuple
             assert (got.reconsume_times, got.properties["RETRY_TOPIC"], got.properties["DELAY"]) == (17, "orders", "0")
 
 
-def test_localmq_send_back_keeps_store_host(written: tuple[Path, dict[str, Any]],
-                                            taken_over: tuple[Path, Any]) -> None:
+def test_localmq_send_back_keeps_store_host(written: tuple[Path, dict[str, Any]], taken_over: tuple[Path, Any]) -> None:
     """A localmq consumer fails a message RocketMQ wrote (store host 192.168.1.7:10911 or an IPv6 one): the
     send-back record in SCHEDULE_TOPIC_XXXX keeps that store host, as a 4.9.8 broker's does."""
     _, manifest = written

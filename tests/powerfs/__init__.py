@@ -12,6 +12,7 @@ sources' hash (``$POWERFS_CACHE``, else ``$XDG_CACHE_HOME/localmq-powerfs``, els
 It needs /dev/fuse, gcc, pkg-config and Debian's fuse3 + libfuse3-dev; anything missing raises PowerFSError saying
 what to install (tests turn it into a failure, never a skip).
 """
+
 import errno as _errno
 import hashlib
 import os
@@ -30,8 +31,10 @@ __all__ = ["PowerFS", "PowerFSError", "build", "run_then_kill", "INSTALL_HINT"]
 SOURCE = Path(__file__).resolve().with_name("powerfs.c")
 # the daemon's sources: the FUSE front (powerfs.c), the overlay model (overlay.c) and what they share (powerfs.h)
 SOURCES = [SOURCE, SOURCE.with_name("overlay.c"), SOURCE.with_name("powerfs.h")]
-INSTALL_HINT = ("powerfs needs /dev/fuse, gcc and libfuse3: apt-get install -y fuse3 libfuse3-dev pkg-config gcc "
-                "(.ci/run installs them)")
+INSTALL_HINT = (
+    "powerfs needs /dev/fuse, gcc and libfuse3: apt-get install -y fuse3 libfuse3-dev pkg-config gcc "
+    "(.ci/run installs them)"
+)
 FSTYPE = "fuse.powerfs"
 CTL_NAME = ".powerfs"
 MODES = ("all", "random", "torn")
@@ -62,16 +65,25 @@ def build(cache_dir=None):
     for tool in ("gcc", "pkg-config"):
         if shutil.which(tool) is None:
             raise PowerFSError(f"cannot build powerfs: {tool} is not installed. {INSTALL_HINT}")
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True,
-                           timeout=60)
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True, timeout=60)
     if flags.returncode != 0:
-        raise PowerFSError(f"cannot build powerfs: pkg-config finds no fuse3 ({flags.stderr.strip()}). "
-                           f"{INSTALL_HINT}")
+        raise PowerFSError(f"cannot build powerfs: pkg-config finds no fuse3 ({flags.stderr.strip()}). {INSTALL_HINT}")
     binary.parent.mkdir(parents=True, exist_ok=True)
     tmp = binary.with_name(f"powerfs.{os.getpid()}.{threading.get_ident()}.tmp")
     sources = [str(p) for p in SOURCES if p.suffix == ".c"]
-    cmd = ["gcc", "-O2", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", *sources, "-o", str(tmp),
-           *flags.stdout.split()]
+    cmd = [
+        "gcc",
+        "-O2",
+        "-g",
+        "-std=gnu11",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        *sources,
+        "-o",
+        str(tmp),
+        *flags.stdout.split(),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
@@ -90,7 +102,7 @@ def _unescape(field):
     r"""/proc/self/mountinfo escapes space, tab, newline and backslash as \ooo."""
     out, i = [], 0
     while i < len(field):
-        code = field[i + 1:i + 4]
+        code = field[i + 1 : i + 4]
         if field[i] == "\\" and len(code) == 3 and code.isdigit():
             out.append(chr(int(code, 8)))
             i += 4
@@ -180,17 +192,24 @@ class PowerFS:
         self._log = tempfile.TemporaryFile()
         env = dict(os.environ, POWERFS_PDEATHSIG="1")
         opts = "fsname=powerfs,subtype=powerfs,default_permissions,max_threads=8"
-        self._proc = subprocess.Popen([str(binary), os.path.realpath(self.backing), mnt, "-f", "-o", opts],
-                                      stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
+        self._proc = subprocess.Popen(
+            [str(binary), os.path.realpath(self.backing), mnt, "-f", "-o", opts],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         self.aborted = False
         mounted = _wait(lambda: _powerfs_mounts(mnt) or self._proc.poll() is not None, self.mount_timeout)
         if not mounted or self._proc.poll() is not None:
             log = self._read_log()
             self._stop_daemon()
             self._detach(mnt)
-            raise PowerFSError(f"powerfs did not mount on {mnt} within {self.mount_timeout} s "
-                               f"(daemon exit code {self._proc_rc}): {log.strip()}\n{INSTALL_HINT}")
+            raise PowerFSError(
+                f"powerfs did not mount on {mnt} within {self.mount_timeout} s "
+                f"(daemon exit code {self._proc_rc}): {log.strip()}\n{INSTALL_HINT}"
+            )
         self._watchdog = threading.Timer(self.deadline, self._abort)
         self._watchdog.daemon = True
         self._watchdog.start()
@@ -221,8 +240,9 @@ class PowerFS:
             if not _powerfs_mounts(mnt):
                 return
             try:
-                subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               timeout=10)
+                subprocess.run(
+                    cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10
+                )
             except (OSError, subprocess.TimeoutExpired):
                 pass
 
@@ -269,8 +289,9 @@ class PowerFS:
                 # a plain unmount first: when it succeeds the kernel has written back the page cache and the daemon
                 # has answered DESTROY (made everything durable) before it returns; busy: detach lazily
                 try:
-                    done = subprocess.run(["fusermount3", "-u", mnt], stdin=subprocess.DEVNULL,
-                                          capture_output=True, timeout=30)
+                    done = subprocess.run(
+                        ["fusermount3", "-u", mnt], stdin=subprocess.DEVNULL, capture_output=True, timeout=30
+                    )
                     ok = done.returncode == 0
                 except (OSError, subprocess.TimeoutExpired):
                     ok = False
@@ -361,8 +382,13 @@ def run_then_kill(code, *args, timeout=30.0, cwd=None):
 
     Every wait has a timeout (AssertionError when it passes); the child is killed whatever happens.  Returns what
     the child printed before "ready"."""
-    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=cwd, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
     out = b""
     try:
         end = time.monotonic() + timeout

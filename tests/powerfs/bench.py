@@ -7,6 +7,7 @@
 3. one mount + cut + unmount cycle (what each crash of a crash loop costs), with 16 MiB unsynced.
 Each is also run on the backing directory itself, for comparison.  The best of ``--repeat`` runs is printed.
 """
+
 import argparse
 import mmap
 import os
@@ -47,7 +48,7 @@ def mmap_write_msync(path, mib=16):
     start = time.perf_counter()
     m = mmap.mmap(fd, size, mmap.MAP_SHARED)
     for off in range(0, size, PAGE):
-        m[off:off + PAGE] = chunk
+        m[off : off + PAGE] = chunk
     m.flush()  # msync(MS_SYNC)
     elapsed = time.perf_counter() - start
     m.close()
@@ -84,13 +85,23 @@ def main():
         raw.mkdir()
         with PowerFS(base / "disk", base / "mnt") as fs:
             rows = [
-                ("4 KiB writes + fsync / 64 writes", "MiB/s",
-                 lambda: seq_writes(fs.mountpoint / "seq", args.mib), lambda: seq_writes(raw / "seq", args.mib)),
-                ("16 MiB mmap written + msync", "MiB/s",
-                 lambda: mmap_write_msync(fs.mountpoint / "map"), lambda: mmap_write_msync(raw / "map")),
+                (
+                    "4 KiB writes + fsync / 64 writes",
+                    "MiB/s",
+                    lambda: seq_writes(fs.mountpoint / "seq", args.mib),
+                    lambda: seq_writes(raw / "seq", args.mib),
+                ),
+                (
+                    "16 MiB mmap written + msync",
+                    "MiB/s",
+                    lambda: mmap_write_msync(fs.mountpoint / "map"),
+                    lambda: mmap_write_msync(raw / "map"),
+                ),
             ]
-            results = [(name, unit, max(f() for _ in range(args.repeat)), max(g() for _ in range(args.repeat)))
-                       for name, unit, f, g in rows]
+            results = [
+                (name, unit, max(f() for _ in range(args.repeat)), max(g() for _ in range(args.repeat)))
+                for name, unit, f, g in rows
+            ]
         cycle = min(cut_cycle(base) for _ in range(args.repeat))
         print(f"{'workload':40} {'powerfs':>10} {'backing dir':>12}")
         for name, unit, on_fs, on_raw in results:

@@ -1,4 +1,5 @@
 """Misuses localmq's public API; ``mypy --strict`` must report every line marked ``# E:`` (tests/test_typing.py)."""
+
 from __future__ import annotations
 
 import localmq

@@ -3,6 +3,7 @@
 Never run: it only has to type-check. Every name it binds is checked against a real type (``assert_type``),
 so a public name that silently degrades to ``Any`` fails the check.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -11,8 +12,16 @@ from typing_extensions import assert_type
 
 import localmq
 from localmq import (
-    GetResult, GetStatus, LocalMessageQueue, Message, PutResult, PutStatus, StoreConfig, decode_message,
-    decode_message_id, encode_message,
+    GetResult,
+    GetStatus,
+    LocalMessageQueue,
+    Message,
+    PutResult,
+    PutStatus,
+    StoreConfig,
+    decode_message,
+    decode_message_id,
+    encode_message,
 )
 from localmq.client import Consumer, Producer
 
@@ -112,7 +121,7 @@ def use_acks(path: str) -> None:
 
 
 def use_filter(properties: Dict[str, str]) -> None:
-    from localmq.filter import compile_sql92, FilterSyntaxError, Sql92Filter
+    from localmq.filter import FilterSyntaxError, Sql92Filter, compile_sql92
 
     f = compile_sql92("a > 5 AND b = 'x'")
     assert_type(f, Sql92Filter)
