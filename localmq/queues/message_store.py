@@ -47,14 +47,8 @@ from localmq.store.group_commit import GroupCommit
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable, sync_each
-from localmq.store.recovery import (
-    MinCorrected,
-    RecoveryReport,
-    check_segments,
-    next_queue_offsets,
-    recover_store,
-    sync_directories,
-)
+from localmq.store.queue_recovery import MinCorrected, RecoveryReport, next_queue_offsets, sync_directories
+from localmq.store.recovery import check_segments, recover_store
 from localmq.store.settings import (
     explicit_settings,
     read_log_start,

@@ -30,7 +30,7 @@ from localmq.store.control_view import ControlView
 from localmq.store.index import IndexReader
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
-from localmq.store.recovery import RecoveryReport
+from localmq.store.queue_recovery import RecoveryReport
 
 _FLOCK = struct.Struct("hh4xqqi4x")
 

@@ -67,7 +67,7 @@ from localmq.store.dispatch import ReputCore
 from localmq.store.index import IndexReader
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
-from localmq.store.recovery import RecoveryReport
+from localmq.store.queue_recovery import RecoveryReport
 from localmq.store.settings import write_log_start
 from localmq.store.undo import OpenUndo
 

@@ -288,24 +288,8 @@ class CommitLogReader:
                     tail = min(n, pos + 8)
                 offset = base + pos
                 self.stop_offset = offset
-                magic = _record.unknown_format(seg.mm, pos, limit) if status == RecordStatus.BAD_MAGIC else None
-                if magic is not None:
-                    # a record of a format localmq does not know (README, Recovery): not damage, and not skipped
-                    self.stop_reason = "unknown format"
-                    text = (
-                        f"a record of a format localmq does not know at offset {offset} of the commit log "
-                        f"(magic 0x{magic:08X}; {seg_file.path})"
-                    )
-                    if self.on_corrupt == "stop":
-                        log.warning("commit log: %s; stopping there", text)
-                        return
-                    raise UnknownRecordFormatError(
-                        text,
-                        offset=offset,
-                        path=seg_file.path,
-                        magic=magic,
-                        size=int.from_bytes(seg.mm[pos : pos + 4], "big", signed=True),
-                    )
+                if status == RecordStatus.BAD_MAGIC and self._unknown_format(seg, seg_file.path, pos, limit, offset):
+                    return
                 if not seg.has_data(tail) and not self._later_segments_hold_data(index):
                     if status == RecordStatus.END:
                         self.stop_reason = "end"
@@ -328,6 +312,25 @@ class CommitLogReader:
             finally:
                 seg.close()
         self.stop_reason = "end"
+
+    def _unknown_format(self, seg: _MappedSegment, path: str, pos: int, limit: int, offset: int) -> bool:
+        """Whether the record at ``pos`` is of a format localmq does not know (README, Recovery): not damage, and
+        not skipped. True: the walk stops there (``on_corrupt="stop"``); otherwise raises UnknownRecordFormatError.
+        False: not such a record."""
+        assert seg.mm is not None
+        magic = _record.unknown_format(seg.mm, pos, limit)
+        if magic is None:
+            return False
+        self.stop_reason = "unknown format"
+        text = (
+            f"a record of a format localmq does not know at offset {offset} of the commit log "
+            f"(magic 0x{magic:08X}; {path})"
+        )
+        if self.on_corrupt == "stop":
+            log.warning("commit log: %s; stopping there", text)
+            return True
+        size = int.from_bytes(seg.mm[pos : pos + 4], "big", signed=True)
+        raise UnknownRecordFormatError(text, offset=offset, path=path, magic=magic, size=size)
 
     def _relocate(self, msg: _record.Message, offset: int, path: str) -> _record.Message:
         if not self._relocation_logged:
