@@ -14,7 +14,7 @@ import time
 import pytest
 
 import localmq
-from helpers import java_hash_reference, kill_when_ready
+from helpers import java_hash_reference, kill_when_ready, patch
 from localmq import (
     IndexDisabledError,
     InvalidMessageIdError,
@@ -529,3 +529,30 @@ def test_verify_reports_an_index_file_whose_items_do_not_match_their_records(tmp
             f.write(((h + 1) % (1 << 31)).to_bytes(4, "big"))
     r = subprocess.run([sys.executable, "-m", "localmq", "verify", str(root)], capture_output=True, text=True)
     assert r.returncode != 0 and "sampled items do not hold the key hash" in r.stdout, r.stdout + r.stderr
+
+
+def test_an_index_that_ended_inside_a_recovered_gap_resumes_at_the_gap(tmp_path):
+    """The index resumes at its last file's endPhyOffset: the start of the last record that had a key. When
+    an open (a clean exit's) replaces damaged bytes around that point by a gap record, the records after it being
+    intact, the index thread read zeros there for good: every key put afterwards stayed unindexed and close() waited
+    for the thread for 60 s. It now steps to the gap's end and indexes on. (After a crash the file being written is
+    dropped and indexed again from its start, which steps over the gap record from its head.)"""
+    root = tmp_path / "s"
+    cfg = dict(SMALL, max_index_num=5000)
+    with localmq.open(root, **cfg) as st:
+        keyed = [st.put("t", b"k%04d" % i + b"x" * 40, keys=f"k{i}") for i in range(200)]
+        for i in range(50):
+            assert st.put("t", b"p%04d" % i + b"y" * 40).ok
+        assert st.wait_for_index(10)
+    end = keyed[-1].physical_offset  # where the index resumes: endPhyOffset, the last keyed record's start
+    seg = sorted((root / "commitlog").iterdir())[-1]
+    base = int(seg.name)
+    assert base < end - 16
+    patch(seg, end - base - 16, bytes(32))  # the tail of the last keyed record but one and the head of the last
+    with localmq.open(root, **cfg) as st:
+        gaps = [(g["offset"], g["bytes"]) for g in st.recovery.gaps]
+        assert len(gaps) == 1 and gaps[0][0] < end < gaps[0][0] + gaps[0][1], (gaps, end)
+        assert st.put("t", b"after", keys="after").ok
+        assert st.wait_for_index(10)
+        assert [m.body for m in st.query_message("t", "after", 10)] == [b"after"]
+        assert [m.body for m in st.query_message("t", "k0", 10)] == [b"k0000" + b"x" * 40]

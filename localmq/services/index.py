@@ -25,6 +25,7 @@ import time
 from typing import Callable, Optional
 
 from localmq._columns import RecordColumns, decode_range
+from localmq._record import walk_records
 from localmq.errors import CorruptFrameError, StoreClosedError
 from localmq.services.service_thread import ServiceThread
 from localmq.status import Stop
@@ -139,6 +140,18 @@ class IndexDispatchService(ServiceThread):
             if n:
                 self.keys += self.index.build(view, cols)
                 self.records += n
+            elif reason == Stop.END and pos < end:
+                # zeros below the published end: the index resumed (at the last index file's end) inside a span
+                # that recovery has since replaced by a gap record. The first record boundary at or past pos,
+                # walking the segment's records from its start, is where it goes on; zeros at a boundary are damage
+                at, outcome, _, _, _ = walk_records(view, 0, pos, False)
+                if at > pos and outcome == "end":
+                    log.warning(
+                        "index offset %d lies inside a gap record; resuming after it at %d", base + pos, base + at
+                    )
+                    self._offset = base + at
+                    return True
+                reason = Stop.CORRUPT
         if reason == Stop.BLANK:
             self._offset = base + size
             return True
