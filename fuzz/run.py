@@ -85,6 +85,10 @@ def run_target(path, seconds, runs, plain, jobs=1):
             log.close()
             m = re.findall(r"Done (\d+) runs", text) or re.findall(r"stat::number_of_executed_units:\s*(\d+)", text)
             total = None if total is None or not m else total + int(m[-1])
+            if code == 0 and not plain and "Instrumenting localmq" not in text:
+                # atheris ran without coverage of localmq's Python code (imported before instrument_imports): a
+                # blind run, not the guided one this reports
+                code, text = 2, text + "\nlocalmq was not instrumented: import common before localmq\n"
             if code != 0 and rc == 0:
                 rc, out = code, text
             elif rc == 0:
