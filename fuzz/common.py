@@ -224,5 +224,7 @@ def main(test, seeds):
         for i, s in enumerate(seeds()):
             with open(os.path.join(d, f"seed-{i}"), "wb") as f:
                 f.write(s)
-    atheris.Setup([sys.argv[0], *argv], test)
+    # libFuzzer runs argv[0] through the shell for the inner processes of -merge=1 (and -fork, -jobs): the
+    # interpreter and the target's path, since a target file is not executable
+    atheris.Setup([f"{sys.executable} {os.path.abspath(sys.argv[0])}", *argv], test)
     atheris.Fuzz()

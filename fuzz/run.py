@@ -18,6 +18,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ARTIFACTS = os.path.join(HERE, "artifacts")
+CORPUS = os.path.join(HERE, "corpus")
 
 
 def have_atheris():
@@ -46,7 +47,10 @@ def _command(path, seconds, runs, plain, work, job):
     cmd += [f"-runs={runs}"] if runs else [f"-max_total_time={int(seconds)}"]
     corpus = os.path.join(work, f"corpus-{job}")
     os.makedirs(corpus)
-    return cmd + [corpus]
+    # the kept corpus of the target (fuzz/corpus/<name>: inputs that reached new code in earlier campaigns), read
+    # after the new one; libFuzzer writes only to the first directory, so the kept one is never changed
+    kept = os.path.join(CORPUS, os.path.basename(path)[5:-3])
+    return cmd + [corpus] + ([kept] if os.path.isdir(kept) else [])
 
 
 def run_target(path, seconds, runs, plain, jobs=1):
