@@ -6,7 +6,7 @@ import threading
 cimport cython
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcmp, memset
 
 from localmq._layout cimport (
     CQ_UNIT_SIZE, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK,
@@ -18,7 +18,7 @@ from localmq.store.consume_queue cimport ConsumeQueue, CQState
 from localmq._mapped_file cimport MappedFile
 from localmq._native cimport Event
 from localmq._layout cimport (
-    CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_S_REPUT, CTL_S_WPOS, MAX_TOPIC_NAME_BYTES, REC_MIN_SIZE,
+    CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_S_REPUT, CTL_S_WPOS, REC_MIN_SIZE,
 )
 from localmq._shm cimport ControlFile, lmq_shm_event_notify, lmq_shm_event_seq, lmq_shm_event_wait
 from localmq._os cimport (
@@ -46,7 +46,9 @@ cdef struct Slot:
     uint64_t hash
     int32_t queue_id
     int32_t topic_len
-    uint8_t topic[MAX_TOPIC_NAME_BYTES]  # a ConsumeQueue has a valid name: cq_factory checked it
+    # the name's bytes, held by ReputCore.topic_names as long as the slot is (out of line: a slot is 32 bytes, not
+    # the 280 of a name of the longest length, and the table is twice the queue count)
+    const uint8_t *topic
     CQState *st
 
 
@@ -71,6 +73,7 @@ cdef class ReputCore:
     cdef int64_t cap
     cdef int64_t used
     cdef list keep_alive
+    cdef dict topic_names                  # topic -> its UTF-8 bytes, which the slots point into
     cdef MappedFile seg
     cdef uint8_t *seg_addr
     cdef int64_t seg_base
@@ -122,6 +125,7 @@ cdef class ReputCore:
         memset(self.table, 0, self.cap * sizeof(Slot))
         self.used = 0
         self.keep_alive = []
+        self.topic_names = {}
         self.seg = None
         self.seg_addr = NULL
         self.seg_wrote = NULL
@@ -220,23 +224,26 @@ cdef class ReputCore:
         self.table[j].hash = h
         self.table[j].queue_id = qid
         self.table[j].topic_len = n
-        memcpy(self.table[j].topic, t, n)
+        self.table[j].topic = t
         self.table[j].st = st
         self.used += 1
         return 0
 
     def register(self, ConsumeQueue cq):
         """Make the loop write (cq.topic, cq.queue_id) units straight into ``cq``."""
-        tb = cq.topic.encode("utf-8")
+        tb = self.topic_names.get(cq.topic)
+        if tb is None:
+            tb = self.topic_names[cq.topic] = cq.topic.encode("utf-8")
         if self.lookup(tb, len(tb), cq.queue_id) != NULL:
             return
         self.keep_alive.append(cq)
-        self.insert(tb, len(tb), cq.queue_id, cq.state_ptr())
+        self.insert(tb, len(tb), cq.queue_id, cq.state_ptr())  # the slot points into tb, kept in topic_names
 
     def clear(self):
         memset(self.table, 0, self.cap * sizeof(Slot))
         self.used = 0
         self.keep_alive = []
+        self.topic_names = {}
 
     # -- the loop --------------------------------------------------------------------------------------------
 
