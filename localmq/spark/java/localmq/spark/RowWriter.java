@@ -1,5 +1,8 @@
 package localmq.spark;
 
+import java.lang.invoke.MethodHandle;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.MethodType;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 
@@ -16,6 +19,12 @@ final class RowWriter implements AutoCloseable {
     private static final byte[] HEX = "0123456789ABCDEF".getBytes(StandardCharsets.US_ASCII);
     private static final byte[] KEYS = "KEYS".getBytes(StandardCharsets.UTF_8);
     private static final byte[] TAGS = "TAGS".getBytes(StandardCharsets.UTF_8);
+    /**
+     * {@code WritableColumnVector.putByteArray(int, ByteBuffer, int, int)}: one copy from the mapping into the vector
+     * (a bulk get). Newer Spark versions have it, older ones do not: looked up once, and without it a value goes
+     * through the scratch array (two copies). A static final handle, so the JIT inlines the call.
+     */
+    private static final MethodHandle PUT_FROM_BUFFER = findPutFromBuffer();
 
     private final Column[] columns;
     private final WritableColumnVector[] vectors;
@@ -38,6 +47,30 @@ final class RowWriter implements AutoCloseable {
         }
     }
 
+    private static MethodHandle findPutFromBuffer() {
+        try {
+            return MethodHandles.publicLookup().findVirtual(WritableColumnVector.class, "putByteArray",
+                    MethodType.methodType(int.class, int.class, ByteBuffer.class, int.class, int.class));
+        } catch (NoSuchMethodException | IllegalAccessException e) {
+            return null;
+        }
+    }
+
+    /** Row {@code row} of {@code v} := the bytes [at, at + len) of the record's buffer. */
+    private void putBytes(WritableColumnVector v, int row, int at, int len) {
+        if (PUT_FROM_BUFFER != null) {
+            try {
+                int ignored = (int) PUT_FROM_BUFFER.invokeExact(v, row, buf, at, len);
+            } catch (RuntimeException | Error e) {
+                throw e;
+            } catch (Throwable e) {
+                throw new IllegalStateException(e);
+            }
+        } else {
+            v.putByteArray(row, bytes(at, len), 0, len);
+        }
+    }
+
     private byte[] bytes(int at, int len) {
         if (scratch.length < len) {
             scratch = new byte[Math.max(len, scratch.length * 2)];
@@ -54,10 +87,10 @@ final class RowWriter implements AutoCloseable {
             WritableColumnVector v = vectors[c];
             switch (columns[c]) {
                 case VALUE:
-                    v.putByteArray(row, bytes(rec.bodyPos, rec.bodyLen), 0, rec.bodyLen);
+                    putBytes(v, row, rec.bodyPos, rec.bodyLen);
                     break;
                 case TOPIC:
-                    v.putByteArray(row, bytes(rec.topicPos, rec.topicLen), 0, rec.topicLen);
+                    putBytes(v, row, rec.topicPos, rec.topicLen);
                     break;
                 case PARTITION:
                     v.putInt(row, rec.queueId);
@@ -110,7 +143,7 @@ final class RowWriter implements AutoCloseable {
                 if (i < 0) {
                     v.putNull(row);
                 } else {
-                    v.putByteArray(row, bytes(props.valuePos(i), props.valueLen(i)), 0, props.valueLen(i));
+                    putBytes(v, row, props.valuePos(i), props.valueLen(i));
                 }
                 break;
             }
