@@ -531,12 +531,15 @@ def test_verify_reports_an_index_file_whose_items_do_not_match_their_records(tmp
     assert r.returncode != 0 and "sampled items do not hold the key hash" in r.stdout, r.stdout + r.stderr
 
 
-def test_an_index_that_ended_inside_a_recovered_gap_resumes_at_the_gap(tmp_path):
+@pytest.mark.parametrize("damage", [b"\0", b"\xaa"], ids=["zeros", "garbage"])
+def test_an_index_that_ended_inside_a_recovered_gap_resumes_at_the_gap(tmp_path, damage):
     """The index resumes at its last file's endPhyOffset: the start of the last record that had a key. When
     an open (a clean exit's) replaces damaged bytes around that point by a gap record, the records after it being
     intact, the index thread read zeros there for good: every key put afterwards stayed unindexed and close() waited
-    for the thread for 60 s. It now steps to the gap's end and indexes on. (After a crash the file being written is
-    dropped and indexed again from its start, which steps over the gap record from its head.)"""
+    for the thread for 60 s; garbage there (a gap record keeps the damaged bytes after its 16-byte header) made it
+    raise, at every later open again. It now checks its resume point once against the segment's records, steps to the
+    gap's end and indexes on. (After a crash the file being written is dropped and indexed again from its start,
+    which steps over the gap record from its head.)"""
     root = tmp_path / "s"
     cfg = dict(SMALL, max_index_num=5000)
     with localmq.open(root, **cfg) as st:
@@ -548,7 +551,7 @@ def test_an_index_that_ended_inside_a_recovered_gap_resumes_at_the_gap(tmp_path)
     seg = sorted((root / "commitlog").iterdir())[-1]
     base = int(seg.name)
     assert base < end - 16
-    patch(seg, end - base - 16, bytes(32))  # the tail of the last keyed record but one and the head of the last
+    patch(seg, end - base - 16, damage * 32)  # the tail of the last keyed record but one and the head of the last
     with localmq.open(root, **cfg) as st:
         gaps = [(g["offset"], g["bytes"]) for g in st.recovery.gaps]
         assert len(gaps) == 1 and gaps[0][0] < end < gaps[0][0] + gaps[0][1], (gaps, end)

@@ -51,6 +51,9 @@ class IndexDispatchService(ServiceThread):
         self.mfq = mapped_file_queue
         self._offset = start_offset
         self.start_offset = start_offset
+        # the resume point (the last index file's endPhyOffset, a record's start when the file was written) is
+        # checked once to be a record boundary still: an open may have replaced damage around it by a gap record
+        self._resume_checked = False
         self.batch_rows = batch_rows
         self.records = 0
         self.keys = 0
@@ -136,22 +139,25 @@ class IndexDispatchService(ServiceThread):
         except StoreClosedError:
             return True  # deleted by retention: the next round jumps to the new min offset
         with view:
+            if not self._resume_checked:
+                self._resume_checked = True
+                if rel > 0:
+                    # walk the segment's records from its start (gap records are stepped over) to the resume point:
+                    # past it means the point lies inside a gap record, whose bytes after its header are whatever the
+                    # damage left (zeros, garbage, something that looks like a blank record); go on after the gap
+                    at, outcome, _, _, _ = walk_records(view, 0, rel, False)
+                    if at > rel and outcome == "end":
+                        log.warning(
+                            "index offset %d lies inside a gap record; resuming after it at %d", base + rel, base + at
+                        )
+                        self._offset = base + at
+                        return True
             n, pos, reason = decode_range(view, cols, rel, end, base)
             if n:
                 self.keys += self.index.build(view, cols)
                 self.records += n
-            elif reason == Stop.END and pos < end:
-                # zeros below the published end: the index resumed (at the last index file's end) inside a span
-                # that recovery has since replaced by a gap record. The first record boundary at or past pos,
-                # walking the segment's records from its start, is where it goes on; zeros at a boundary are damage
-                at, outcome, _, _, _ = walk_records(view, 0, pos, False)
-                if at > pos and outcome == "end":
-                    log.warning(
-                        "index offset %d lies inside a gap record; resuming after it at %d", base + pos, base + at
-                    )
-                    self._offset = base + at
-                    return True
-                reason = Stop.CORRUPT
+        if n == 0 and reason == Stop.END and pos < end:
+            reason = Stop.CORRUPT  # zeros at a record boundary below the published end: damage, not the log's end
         if reason == Stop.BLANK:
             self._offset = base + size
             return True
