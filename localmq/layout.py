@@ -116,6 +116,22 @@ LOCK_FILE = "lock"
 SETTINGS_FILE = "localmq.json"  # in CONFIG_DIR: the settings that shape the files, written at creation
 SETTINGS_VERSION = 1  # its "version"; a record of a later version is refused
 
+# -- the queue snapshot (localmq's own): the ConsumeQueues' ends, written at a clean close ----------------------------
+# config/queues.snapshot vouches for every ConsumeQueue file it names whose inode, size and change time are still
+# the ones it recorded, so that the next open need not read them (store/queue_snapshot.py)
+QUEUE_SNAPSHOT_FILE = "queues.snapshot"  # in CONFIG_DIR
+QUEUE_SNAPSHOT_MAGIC = 0x4C4D5153  # "LMQS"
+QUEUE_SNAPSHOT_VERSION = 1
+QUEUE_SNAPSHOT_HEADER = struct.Struct(">IIIq")  # magic, version, CRC-32 of the body, body length
+# body: cq file size, commit log file size, the log's min offset the rows' min offsets are right for (-1: not
+# known), the log's end, the consumequeue directory's (ctime ns, inode), segment count, topic count; then the
+# checkpoint's first bytes (CHECKPOINT.size), the segments, the topics each followed by its queues and their files
+QUEUE_SNAPSHOT_META = struct.Struct(">qqqqqqII")
+QUEUE_SNAPSHOT_FILE_ROW = struct.Struct(">qqq")  # a segment or a queue file: base offset, ctime ns, inode
+QUEUE_SNAPSHOT_TOPIC_ROW = struct.Struct(">HqqI")  # name length (the name follows), dir ctime ns, inode, queue count
+# a queue: id, dir ctime ns (-1: not vouched for), inode, max offset, min offset, max physical offset, file count
+QUEUE_SNAPSHOT_QUEUE_ROW = struct.Struct(">IqqqqqI")
+
 MAX_QUEUE_ID = 65535
 TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,255}\Z")  # MAX_TOPIC_NAME_BYTES
 

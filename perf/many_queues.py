@@ -1,5 +1,6 @@
 """What many queues cost (issue 27): N topics x 4 queues, one 100-byte message per queue, in an exclusive store with
-the default settings. For each N: the first put to every queue plus its dispatch, a clean close, then a reopen;
+the default settings. For each N: the first put to every queue plus its dispatch, a clean close, then a reopen
+(queues taken from the queue snapshot the close wrote), then a reopen without it (every queue read and checked);
 after each, the file descriptors and mappings the process holds (beyond those it held before opening), its RSS
 growth and the store's disk use (``du``). Each phase runs in a fresh process, so the figures are the store's own.
 
@@ -36,6 +37,11 @@ def phase(kind: str, root: str, n_topics: int, shared: bool = False) -> dict:
 
     base = {"fds": fds(), "maps": maps(), "rss_kib": rss_kib()}
     out: dict = {}
+    if kind == "reopen-checked":  # without the queue snapshot of the last close: every queue read and checked
+        snap = os.path.join(root, "config", "queues.snapshot")
+        out["had_snapshot"] = os.path.exists(snap)
+        if out["had_snapshot"]:
+            os.unlink(snap)
     t = time.perf_counter()
     st = localmq.open(root, shared=shared)
     out["open_s"] = time.perf_counter() - t
@@ -52,6 +58,7 @@ def phase(kind: str, root: str, n_topics: int, shared: bool = False) -> dict:
             out["put_dispatch_s"] = time.perf_counter() - t
         else:
             out["recovery_s"] = st.recovery.seconds
+            out["cq_vouched"] = st.recovery.cq_vouched
             # every queue reads back its one message
             t = time.perf_counter()
             for i in range(n_topics):
@@ -77,7 +84,7 @@ def run(n_topics: int, rlimit=None, shared=False) -> dict:
     root = tempfile.mkdtemp(prefix="localmq-many-queues-")
     try:
         res = {"topics": n_topics, "queues": n_topics * TOPIC_QUEUES, "shared": shared}
-        for kind in ("write", "reopen"):
+        for kind in ("write", "reopen", "reopen-checked"):
             cmd = [sys.executable, os.path.abspath(__file__), "--phase", kind, root, str(n_topics)]
             if rlimit:
                 cmd += ["--rlimit-nofile", str(rlimit)]
@@ -108,15 +115,16 @@ def main(argv) -> None:
         return
     sizes = [int(a) for a in argv] or [500, 2000]
     print(
-        "| queues (topics x 4) | first put + dispatch | reopen (recovery) | read every queue | fds held | "
-        "mappings | RSS growth | disk |"
+        "| queues (topics x 4) | first put + dispatch | reopen (recovery) | reopen, every queue checked | "
+        "read every queue | fds held | mappings | RSS growth | disk |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         r = run(n, rlimit, shared)
-        w, o = r["write"], r["reopen"]
+        w, o, c = r["write"], r["reopen"], r["reopen-checked"]
         print(
-            f"| {r['queues']:,} | {w['put_dispatch_s']:.2f} s | {o['open_s']:.2f} s ({o['recovery_s']:.2f} s) | "
+            f"| {r['queues']:,} | {w['put_dispatch_s']:.2f} s | {o['open_s']:.2f} s ({o['recovery_s']:.2f} s, "
+            f"{o['cq_vouched']:,} from the snapshot) | {c['open_s']:.2f} s ({c['recovery_s']:.2f} s) | "
             f"{o['read_all_s']:.2f} s | {w['fds']:,} / {o['fds']:,} | {w['maps']:,} / {o['maps']:,} | "
             f"{w['rss_kib'] / 1024:.0f} / {o['rss_kib'] / 1024:.0f} MiB | {r['du_kib'] / 1024:.0f} MiB |",
             flush=True,

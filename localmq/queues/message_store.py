@@ -48,6 +48,7 @@ from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable, sync_each
 from localmq.store.queue_recovery import MinCorrected, RecoveryReport, next_queue_offsets, sync_directories
+from localmq.store.queue_snapshot import read_snapshot, remove_snapshot, write_snapshot
 from localmq.store.recovery import check_segments, recover_store
 from localmq.store.settings import (
     explicit_settings,
@@ -85,6 +86,10 @@ class DefaultMessageStore:
     """
 
     _writes = True  # a read-only view says False: it opens on a read-only file system
+    # a clean close writes the queues' ends, the next open takes the queues it vouches for from there
+    # (store/queue_snapshot.py); a shared store says False: its processes' queues are not all in one table
+    _reads_queue_snapshot = True
+    _mins_at = -1  # the log's min offset every queue's min offset was last corrected for (the open's)
     # what a half-built open holds (set as the open builds it; None or empty until then)
     _cl_mfq: Optional[MappedFileQueue] = None
     _cq_table: Optional[ConsumeQueueTable] = None
@@ -229,6 +234,17 @@ class DefaultMessageStore:
         last_exit_ok = not os.path.exists(self._abort_path)
         rebuilt: List[str] = []
         cp_path = os.path.join(self.root, CHECKPOINT_FILE)
+        snapshot = None
+        if last_exit_ok and self._reads_queue_snapshot:
+            snapshot = read_snapshot(
+                self.root,
+                cp_path,
+                os.path.join(self.root, COMMITLOG_DIR),
+                c.mapped_file_size_consume_queue,
+                c.mapped_file_size_commit_log,
+            )
+        # gone before anything is written: an open that fails after this gets it back, a crash never meets it
+        remove_snapshot(self.root, self._undo)
         try:
             self.checkpoint = StoreCheckpoint(cp_path)
         except CorruptStoreError as e:
@@ -256,7 +272,7 @@ class DefaultMessageStore:
         if self._undo is not None:
             # a failed open gives the queue files it cut or deleted their bytes back
             self._cq_table.watch_rewrites(self._undo.save_derived)
-        self._cq_table.load()
+        self._cq_table.load(snapshot)
         min_corrected: MinCorrected = {}
         report = recover_store(
             self.root,
@@ -270,12 +286,16 @@ class DefaultMessageStore:
             salvage=c.salvage,
             undo=self._undo,
             min_corrected=min_corrected,
+            vouched_end=snapshot.log_end if snapshot is not None else -1,
         )
         report.rebuilt += rebuilt
         report.salvaged += salvaged
         if not last_exit_ok:
             sync_directories(self.root)
         cl_min = self._cl_mfq.min_offset()
+        if snapshot is not None and snapshot.mins_at == cl_min:
+            for key in self._cq_table.vouched:  # their min offsets were right for this log's start at the close
+                min_corrected.setdefault(key, (cl_min, self._cqs[key].max_offset))
         self._check_log_start(cl_min, report)
         self._cl_mfq.before_head_delete = functools.partial(write_log_start, self.root)
         self.commit_log = CommitLog(
@@ -314,6 +334,7 @@ class DefaultMessageStore:
             self.commit_log.set_queue_offset(topic, qid, max(cq.max_offset, undispatched.pop((topic, qid), 0)))
         for (topic, qid), nxt in undispatched.items():  # queues whose first file could not be created
             self.commit_log.set_queue_offset(topic, qid, nxt)
+        self._mins_at = cl_min  # every queue's min offset is right for this log's start
         report.seconds = time.monotonic() - t0
         self.recovery = report
         if (
@@ -733,6 +754,33 @@ class DefaultMessageStore:
         if failure is not None:
             raise earlier_sync_failure(failure)
 
+    def _write_queue_snapshot(self) -> None:
+        """The queues' ends for the next open (store/queue_snapshot.py), after the last flush of a clean close and
+        before ``abort`` goes. A failure only costs the next open its shortcut: logged, never raised."""
+        mfq = self._cl_mfq
+        cl_min = mfq.min_offset()
+        svc = self.clean_service
+        # the rows' min offsets are right for the log's start when no segment was deleted since the open corrected
+        # them, or when retention's last pass over every queue was for this start
+        mins_ok = cl_min == self._mins_at or (
+            svc is not None and svc.consume_queue_service.last_physical_min_offset == cl_min
+        )
+        try:
+            written = write_snapshot(
+                self.root,
+                self._cq_table,
+                mfq.directory,
+                os.path.join(self.root, CHECKPOINT_FILE),
+                mfq.file_size,
+                mfq.max_offset(),
+                cl_min if mins_ok else -1,
+            )
+        except OSError as e:
+            log.warning("%s: no queue snapshot written (%s); the next open checks every queue", self.root, e)
+            return
+        if not written:
+            log.debug("%s: no queue snapshot: old segments changed within the last moments", self.root)
+
     def close(self) -> None:
         """Stop accepting puts, commit write-buffered records, let the dispatcher catch up, stop every service,
         flush the commit log, the consume queues and the checkpoint, remove ``abort``, release the lock.
@@ -774,6 +822,8 @@ class DefaultMessageStore:
             clean = False
         try:
             self._flush_all()  # raises the commit log's failed flush, if one failed: `abort` stays
+            if clean:
+                self._write_queue_snapshot()
         except OSError:
             clean = False
             raise

@@ -166,6 +166,8 @@ class SharedMessageQueue(LocalMessageQueue):
     only; transactional producers are refused (TransactionNotSupportedError).
     """
 
+    _reads_queue_snapshot = False  # its close writes none: the other processes' queues are not in this one's table
+
     _ctl: Optional[ControlFile] = None
     _election: Optional[_Election] = None
     _housekeeper = False

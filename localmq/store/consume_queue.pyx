@@ -248,6 +248,21 @@ cdef class ConsumeQueue:
         else:
             self.st.min_offset = max_offset
 
+    def restore(self, long long max_offset, long long min_offset, long long max_physic_offset):
+        """Set the queue's state from a queue snapshot that vouches for its files (store/queue_snapshot.py), without
+        reading a unit: what ``recover`` and ``correct_min_offset`` would find in them. The files are loaded
+        (``MappedFileQueue.load_known``) and the last one holds unit ``max_offset``."""
+        mfq = self.mapped_file_queue
+        last = mfq.last()
+        if last is not None:
+            end = max_offset * CQ_UNIT_SIZE
+            last.set_positions(end - last.file_from_offset)
+            mfq.flushed_where = min(mfq.flushed_where, end)
+            mfq.committed_where = min(mfq.committed_where, end)
+        self.st.min_offset = min_offset
+        self._reset_state(max_offset)
+        self.st.max_physic_offset = max_physic_offset
+
     def truncate_dirty(self, long long phy_offset):
         """Drop the units of the records at or past ``phy_offset`` (the log was cut there): the queue's tail after
         its last unit that points below it.

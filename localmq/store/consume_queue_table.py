@@ -5,17 +5,23 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.config import check_topic
 from localmq.errors import CorruptStoreError
-from localmq.layout import MAX_QUEUE_ID, TOPIC_RE
+from localmq.layout import CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import DeferredDirSyncs
+from localmq.store.queue_snapshot import NOT_VOUCHED, QueueEntry, QueueSnapshot
 
 log = logging.getLogger("localmq.store")
+
+
+def _stamp_of(path: str) -> Tuple[int, int]:
+    st = os.stat(path)
+    return st.st_ctime_ns, st.st_ino
 
 
 class ConsumeQueueTable:
@@ -40,6 +46,8 @@ class ConsumeQueueTable:
         # (topic, queue id) -> why its files could not be loaded (wrong size, a missing file between others):
         # they were deleted, recovery rebuilds the queue from the commit log
         self.damaged: Dict[Tuple[str, int], str] = {}
+        # the queues whose state a queue snapshot gave (load): their files are as a clean close left them
+        self.vouched: Set[Tuple[str, int]] = set()
         self._lock = threading.Lock()
         # while an open that may fail runs: told (path, start, -1) before a queue file is cut or deleted
         # (OpenUndo.save_derived; see MappedFileQueue.before_rewrite)
@@ -64,11 +72,14 @@ class ConsumeQueueTable:
         for cq in list(self.queues.values()):
             cq.mapped_file_queue.before_rewrite = before_rewrite
 
-    def load(self) -> None:
-        """Map every queue found under ``root`` (files as they are; ``ConsumeQueue.recover`` checks them)."""
+    def load(self, snapshot: Optional[QueueSnapshot] = None) -> None:
+        """Map every queue found under ``root`` (files as they are; ``ConsumeQueue.recover`` checks them). A queue
+        whose files ``snapshot`` vouches for (store/queue_snapshot.py) takes its state from there instead, without
+        a read of its directory or its units, and is entered in ``vouched``."""
         root = self.root
         if not os.path.isdir(root):
             return
+        known = snapshot.topics if snapshot is not None else {}
         with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
             topics = sorted(e.name for e in it if e.is_dir())
         for topic in topics:
@@ -77,11 +88,31 @@ class ConsumeQueueTable:
                 self.skipped_dirs.append(tdir)
                 log.warning("ignoring consume queue directory %s: not a valid topic name", tdir)
                 continue
-            for q in sorted(os.listdir(tdir)):
+            entry = known.get(topic)
+            if (
+                entry is not None
+                and entry.dir_ctime != NOT_VOUCHED
+                and _stamp_of(tdir)
+                == (
+                    entry.dir_ctime,
+                    entry.dir_ino,
+                )
+            ):
+                names = sorted(str(q) for q in entry.queues)  # the directory holds what it held at the close
+            else:
+                names = sorted(os.listdir(tdir))
+            for q in names:
                 if not q.isdigit() or int(q) > MAX_QUEUE_ID:
                     self.skipped_dirs.append(os.path.join(tdir, q))
                     log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
                     continue
+                row = entry.queues.get(int(q)) if entry is not None else None
+                if row is not None and row.dir_ctime != NOT_VOUCHED:
+                    vouched = self._restore(topic, int(q), row)
+                    if vouched is not None:
+                        self.queues[(topic, int(q))] = vouched
+                        self.vouched.add((topic, int(q)))
+                        continue
                 cq = self._new(topic, int(q))
                 try:
                     cq.load()
@@ -105,6 +136,34 @@ class ConsumeQueueTable:
                     cq = self._new(topic, int(q))
                     self.damaged[(topic, int(q))] = str(e)
                 self.queues[(topic, int(q))] = cq
+
+    def _restore(self, topic: str, queue_id: int, row: QueueEntry) -> Optional[ConsumeQueue]:
+        """The queue built from its snapshot row when its directory and files are still those of the row (inode,
+        ctime, size), else None (then it is loaded and checked as usual)."""
+        qdir = f"{self.root}/{topic}/{queue_id}"  # names checked by load (os.path.join costs here at 100,000 queues)
+        try:
+            if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
+                return None
+            for base, ctime, ino in row.files:
+                st = os.stat(f"{qdir}/{base:020d}")
+                if (st.st_ctime_ns, st.st_ino, st.st_size) != (ctime, ino, self.file_size):
+                    return None
+        except FileNotFoundError:
+            return None
+        bases = [base for base, _, _ in row.files]
+        size = self.file_size
+        if not bases or bases != list(range(bases[0], bases[0] + len(bases) * size, size)):
+            return None
+        if not bases[-1] <= row.max_offset * CQ_UNIT_SIZE <= bases[-1] + size:
+            return None  # not what a close writes: check the queue
+        cq = self._new(topic, queue_id)
+        try:
+            cq.mapped_file_queue.load_known(bases)
+        except (OSError, CorruptStoreError):
+            cq.close()
+            return None
+        cq.restore(row.max_offset, row.min_offset, row.max_physic_offset)
+        return cq
 
     def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
         """The ConsumeQueue of (topic, queue), created (no file yet) when missing. Raises InvalidTopicError."""

@@ -333,18 +333,7 @@ class MappedFileQueue:
                         f"segment {path} is {size} bytes but the configured size is {self.file_size}; "
                         f"open the store with the size it was written with"
                     )
-                mf = MappedFile(
-                    path,
-                    self.file_size,
-                    create=False,
-                    reserve=self.reserve,
-                    reserve_step=self.reserve_step,
-                    writable=self.writable,
-                    keep_fd=self.keep_fd,
-                    budget=self.budget,
-                    reserve_first=self.reserve_first,
-                    map_now=self.budget is None,
-                )  # a budget's files: mapped on first use
+                mf = self._existing(path)
                 if files and mf.file_from_offset != files[-1].file_from_offset + self.file_size:
                     mf.close()
                     raise CorruptStoreError(
@@ -360,6 +349,36 @@ class MappedFileQueue:
             raise
         self.files = files
         return len(files)
+
+    def _existing(self, path: str) -> MappedFile:
+        return MappedFile(
+            path,
+            self.file_size,
+            create=False,
+            reserve=self.reserve,
+            reserve_step=self.reserve_step,
+            writable=self.writable,
+            keep_fd=self.keep_fd,
+            budget=self.budget,
+            reserve_first=self.reserve_first,
+            map_now=self.budget is None,
+        )  # a budget's files: mapped on first use
+
+    def load_known(self, bases: List[int]) -> None:
+        """Take the files of these consecutive base offsets (checked by the caller: a queue snapshot vouches for
+        their size and names; store/queue_snapshot.py) without listing the directory; each counts as fully
+        written until the caller sets the last one's positions (``ConsumeQueue.restore``)."""
+        files: List[MappedFile] = []
+        try:
+            for base in bases:
+                mf = self._existing(f"{self.directory}/{base:020d}")
+                mf.set_positions(self.file_size)
+                files.append(mf)
+        except BaseException:
+            for mf in files:
+                mf.close()
+            raise
+        self.files = files
 
     # -- lookup -------------------------------------------------------------------------------------------
 

@@ -443,8 +443,8 @@ def _damaged_old_segments(
     if not files or walked_from <= files[0].file_from_offset:
         return []
     found: set[int] = set()
-    for cq in queues.queues.values():
-        if not cq.mapped_file_queue.files:
+    for key, cq in queues.queues.items():
+        if key in queues.vouched or not cq.mapped_file_queue.files:
             continue
         first = cq.mapped_file_queue.files[0].file_from_offset // CQ_UNIT_SIZE
         idx, _ = first_bad_unit(cq, files, seg_size, first, cq.max_offset, end)
@@ -494,6 +494,7 @@ def recover_store(
     salvage: bool = False,
     undo: Optional["OpenUndo"] = None,
     min_corrected: Optional[MinCorrected] = None,
+    vouched_end: int = -1,
 ) -> RecoveryReport:
     """Recover the commit log and bring every ConsumeQueue in line with it (RocketMQ's DefaultMessageStore.recover).
 
@@ -506,8 +507,13 @@ def recover_store(
     short by damage. With no commit log at all every queue is deleted (they could only point nowhere), as
     RocketMQ does (the caller refuses that unless salvaging). Units pointing past the last segment (segments lost
     at the end) raise DamagedLogError unless ``salvage``.
+
+    The queues in ``queues.vouched`` (their state from a queue snapshot, ``vouched_end`` the log's end it recorded)
+    are neither read nor checked, unless the log's recovery finds anything to repair or another end: then each is
+    checked as every other queue.
     """
-    damaged = [key for key, cq in queues.queues.items() if cq.recover()]
+    vouched = queues.vouched  # state from a queue snapshot (store/queue_snapshot.py): not read, not checked
+    damaged = [key for key, cq in queues.queues.items() if key not in vouched and cq.recover()]
     _check_segments_at_end(commit_log, queues, salvage)
     known_end = max((cq.max_physic_offset for k, cq in queues.queues.items() if k not in damaged), default=0)
 
@@ -539,6 +545,15 @@ def recover_store(
         undo=undo,
     )
     end = report.end_offset
+    if vouched and (
+        end != vouched_end or report.gaps or report.dropped_at is not None or report.deleted_segments or abnormal
+    ):
+        # the log is not as the snapshot's close left it: no queue is vouched for, each is checked as usual
+        log.warning("recovery of %s: the commit log changed since its clean close; checking every queue", root)
+        late = sorted(vouched)
+        vouched.clear()
+        damaged += [key for key in late if queues.queues[key].recover()]
+    report.cq_vouched = len(vouched)
     cl_min = commit_log.min_offset()
     if not commit_log.files:
         queues.destroy_all()
