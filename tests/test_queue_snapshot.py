@@ -16,6 +16,8 @@ from localmq.layout import (
     QUEUE_SNAPSHOT_FILE_ROW,
     QUEUE_SNAPSHOT_HEADER,
     QUEUE_SNAPSHOT_META,
+    QUEUE_SNAPSHOT_QUEUE_ROW,
+    QUEUE_SNAPSHOT_TOPIC_ROW,
 )
 from localmq.store.queue_snapshot import FRESH_NS
 
@@ -250,3 +252,49 @@ def test_min_offsets_after_retention_are_those_a_full_check_finds(tmp_path):
         assert st.recovery.cq_vouched == 0
         checked = {(t, q): (st.min_offset(t, q), st.max_offset(t, q)) for t in TOPICS for q in range(QUEUES)}
     assert vouched == checked
+
+
+def _forge_queue_file_ctime(root, topic, qid, base):
+    """Write the queue file's present ctime into the snapshot, walking its rows by the layout (CRC made again): bit
+    rot, a change its ctime does not show."""
+    data = bytearray(snapshot(root).read_bytes())
+    body = QUEUE_SNAPSHOT_HEADER.size
+    meta = QUEUE_SNAPSHOT_META.unpack_from(data, body)
+    at = body + QUEUE_SNAPSHOT_META.size + CHECKPOINT.size + meta[6] * QUEUE_SNAPSHOT_FILE_ROW.size
+    forged = False
+    for _ in range(meta[7]):
+        name_len, _, _, n_queues = QUEUE_SNAPSHOT_TOPIC_ROW.unpack_from(data, at)
+        name = bytes(data[at + QUEUE_SNAPSHOT_TOPIC_ROW.size : at + QUEUE_SNAPSHOT_TOPIC_ROW.size + name_len]).decode()
+        at += QUEUE_SNAPSHOT_TOPIC_ROW.size + name_len
+        for _ in range(n_queues):
+            q, *_, n_files = QUEUE_SNAPSHOT_QUEUE_ROW.unpack_from(data, at)
+            at += QUEUE_SNAPSHOT_QUEUE_ROW.size
+            for _ in range(n_files):
+                b, _, ino = QUEUE_SNAPSHOT_FILE_ROW.unpack_from(data, at)
+                if (name, q, b) == (topic, qid, base):
+                    path = root / "consumequeue" / topic / str(qid) / f"{base:020d}"
+                    QUEUE_SNAPSHOT_FILE_ROW.pack_into(data, at, b, os.stat(path).st_ctime_ns, ino)
+                    forged = True
+                at += QUEUE_SNAPSHOT_FILE_ROW.size
+    assert forged and at == len(data)
+    magic, version, _, length = QUEUE_SNAPSHOT_HEADER.unpack_from(data, 0)
+    QUEUE_SNAPSHOT_HEADER.pack_into(data, 0, magic, version, zlib.crc32(bytes(data[body:])), length)
+    snapshot(root).write_bytes(bytes(data))
+
+
+def test_a_damaged_unit_its_ctime_does_not_show_gives_a_typed_error_never_another_message(tmp_path):
+    # what the snapshot cannot see: the get path checks each record against its unit
+    root = tmp_path / "s"
+    fill(root)
+    path, pos = cq_file(root, "T4", 1, 5, CQ_FILE)
+    with open(path, "rb") as f:
+        f.seek(pos + 4 * CQ_UNIT_SIZE)
+        other = f.read(CQ_UNIT_SIZE)  # unit 9: another record of this queue
+    patch(path, pos, other)
+    _forge_queue_file_ctime(root, "T4", 1, 0)
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == len(TOPICS) * QUEUES  # the snapshot believed it
+        with pytest.raises(localmq.CorruptMessageError):
+            st.get_message("T4", 1, 5, 1)
+        for i in [0, 4, 6, 9, 24]:
+            assert st.get_message("T4", 1, i, 1).messages[0].body == body("T4", 1, i)
