@@ -3,6 +3,8 @@ and checks as before every queue whose files changed since, and every queue when
 
 import os
 import shutil
+import stat
+import subprocess
 import time
 import zlib
 
@@ -298,3 +300,77 @@ def test_a_damaged_unit_its_ctime_does_not_show_gives_a_typed_error_never_anothe
             st.get_message("T4", 1, 5, 1)
         for i in [0, 4, 6, 9, 24]:
             assert st.get_message("T4", 1, i, 1).messages[0].body == body("T4", 1, i)
+
+
+def _run(*cmd):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError as e:
+        pytest.fail(f"{cmd[0]} is needed for an ext4 of whole-second timestamps (e2fsprogs, util-linux): {e}")
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))}: {r.stderr.strip()}"
+    return r.stdout.strip()
+
+
+@pytest.fixture
+def whole_seconds(tmp_path):
+    """A directory on ext4 with 128-byte inodes, whose timestamps are whole seconds (as ext3's or HFS+'s), through a
+    loop device (root)."""
+    image, mnt = tmp_path / "ext4.img", tmp_path / "mnt"
+    with open(image, "wb") as f:
+        f.truncate(48 << 20)
+    _run("mkfs.ext4", "-q", "-F", "-I", "128", str(image))
+    mnt.mkdir()
+    dev = _run("losetup", "-f", "--show", str(image))
+    try:
+        _run("mount", "-t", "ext4", dev, str(mnt))
+        try:
+            yield mnt
+        finally:
+            _run("umount", str(mnt))
+    finally:
+        _run("losetup", "-d", dev)
+
+
+def test_on_whole_second_timestamps_a_queue_changed_in_the_second_of_the_close_is_checked(whole_seconds):
+    root = whole_seconds / "s"
+    fill(root)
+    path, pos = cq_file(root, "T4", 1, 5, CQ_FILE)
+    patch(path, pos, bytes(CQ_UNIT_SIZE))  # at once: most likely the same second as the queue's last write
+    assert os.stat(path).st_ctime_ns % 10**9 == 0
+    with localmq.open(root, **KW) as st:
+        # written within three seconds before the close: nothing is vouched for on this file system
+        assert st.recovery.cq_vouched == 0
+        assert "T4-1" in st.recovery.cq_rebuilt or "T4-1" in st.recovery.cq_damaged
+        assert every_queue(st) == expected()
+        time.sleep(4.5)  # files older than three granules (whole seconds): the next close vouches for them
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == len(TOPICS) * QUEUES
+
+
+@pytest.mark.parametrize("where", ["queues.snapshot", "queues.snapshot.tmp"])
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_an_entry_that_is_not_a_regular_file_is_left_alone_and_the_store_opens(tmp_path, where, kind):
+    root = tmp_path / "s"
+    fill(root)
+    os.unlink(snapshot(root))
+    entry = root / "config" / where
+    if kind == "directory":
+        entry.mkdir()
+    else:
+        os.mkfifo(entry)  # a plain open for reading would wait for a writer forever
+    for _ in range(2):  # the open, then the close (which cannot write its snapshot there), twice
+        with localmq.open(root, **KW) as st:
+            assert st.recovery.cq_vouched == 0
+            assert every_queue(st) == expected()
+        assert entry.is_dir() if kind == "directory" else stat.S_ISFIFO(os.lstat(entry).st_mode)
+
+
+@pytest.mark.parametrize("where", ["queues.snapshot", "queues.snapshot.tmp"])
+def test_a_symlink_there_is_refused_as_every_link_in_a_store(tmp_path, where):
+    root = tmp_path / "s"
+    fill(root)
+    os.unlink(snapshot(root))
+    (root / "config" / where).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(localmq.UnsafePathError):
+        localmq.open(root, **KW)
+    assert not (tmp_path / "elsewhere").exists()

@@ -20,7 +20,7 @@ log = logging.getLogger("localmq.store")
 
 
 def _stamp_of(path: str) -> Tuple[int, int]:
-    st = os.stat(path)
+    st = os.lstat(path)  # a link in place of a directory is not the directory the snapshot saw
     return st.st_ctime_ns, st.st_ino
 
 
@@ -145,7 +145,7 @@ class ConsumeQueueTable:
             if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
                 return None
             for base, ctime, ino in row.files:
-                st = os.stat(f"{qdir}/{base:020d}")
+                st = os.lstat(f"{qdir}/{base:020d}")
                 if (st.st_ctime_ns, st.st_ino, st.st_size) != (ctime, ino, self.file_size):
                     return None
         except FileNotFoundError:

@@ -10,18 +10,21 @@ too, at its first fault after the flush), and nobody can set a ctime back, so a 
 replaced or grown after the close is not vouched for and gets today's checks (``ConsumeQueue.recover``, the unit
 check of ``store/queue_recovery.py``); so is every queue when the commit log's recovery finds anything to repair.
 
-A file changed within the same clock tick as the close's last write of it could keep its ctime on a kernel with
-coarse timestamps: what was written in the last ``FRESH_NS`` before the snapshot is not vouched for (on Linux >= 6.13
-ext4 and tmpfs ctimes are fine-grained once read, which the close does). The open deletes the snapshot (durably)
+A file changed within the same clock tick (or timestamp granule) as the close's last write of it could keep its
+ctime: what changed less than ``FRESH_NS``, or three granules of the file system's timestamps (1 s on ext3, ext4
+with 128-byte inodes or HFS+, as the recorded ctimes show), before the close began, on the file system's own clock
+(the ctime of the snapshot's temporary file, made first), is not vouched for. On Linux >= 6.13 ext4 and tmpfs
+ctimes are fine-grained once read, which the close does. The open deletes the snapshot (durably)
 before it writes anything, so a crash after it never meets a stale one; a failed open gives it back (OpenUndo).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 import struct
-import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -47,6 +50,8 @@ log = logging.getLogger("localmq.store")
 
 FRESH_NS = 50_000_000  # what changed this recently before the snapshot is not vouched for (coarse ctimes)
 NOT_VOUCHED = -1  # a ctime field: the entry is listed, not vouched for
+# the largest file read as a snapshot: about 60 bytes a queue and 24 a file, so millions of queues
+MAX_SNAPSHOT_BYTES = 1 << 30
 SEGMENTS_WALKED = 3  # the normal recovery walks the last three segments: their changes it finds itself
 
 
@@ -99,6 +104,18 @@ def _segment_rows(commitlog_dir: str) -> List[Tuple[int, int, int, int]]:
     return rows
 
 
+def _granularity(ctimes: List[int]) -> int:
+    """The file system's timestamp granularity as the ctimes show it (ns): the largest power of ten, up to 10 s,
+    that divides every one (1 s on ext4 with 128-byte inodes, ext3 or HFS+; 2 s on FAT gives 1 s here)."""
+    g = 10**10
+    for c in ctimes:
+        while g > 1 and c % g:
+            g //= 10
+        if g == 1:
+            break
+    return g
+
+
 def write_snapshot(
     root: str,
     table: Any,  # a ConsumeQueueTable (which imports this module)
@@ -111,30 +128,86 @@ def write_snapshot(
     """Write the snapshot of a store closed cleanly: after every file was flushed, before ``abort`` is removed
     (tmp, fsync, rename, directory fsync). Returns False (and writes nothing) when an old segment changed too
     recently to be vouched for. Raises OSError; the caller logs it and closes without a snapshot."""
+    path = snapshot_path(root)
+    tmp = path + ".tmp"
+    # no link followed, no wait on a FIFO (ENXIO): an entry there that is not localmq's is an error, left alone
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    owned = False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EEXIST, "not a regular file", tmp)
+        owned = True
+        # the file system's own "now", before the first stat: a change after a file's stat gets a ctime at or after
+        # it on that file system's clock (a network file system's server may lag this host's clock)
+        fs_now = os.fstat(fd).st_ctime_ns
+        data = _encode(table, commitlog_dir, checkpoint_path, log_file_size, log_end, mins_at, fs_now)
+        if data is None:
+            os.close(fd)
+            fd = -1
+            os.unlink(tmp)
+            return False
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                raise OSError(errno.EEXIST, "not a regular file, left as it is", path)
+        except FileNotFoundError:
+            pass
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        if owned and os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(os.path.dirname(path))
+    return True
+
+
+def _encode(
+    table: Any, commitlog_dir: str, checkpoint_path: str, log_file_size: int, log_end: int, mins_at: int, fs_now: int
+) -> Optional[bytes]:
     with open(checkpoint_path, "rb") as f:
         cp = f.read(CHECKPOINT.size)
     # the segments made ahead, past the end, are deleted by the close after this
     segments = [row for row in _segment_rows(commitlog_dir) if row[0] < log_end]
     cq_root = table.root
-    topic_stats: Dict[str, os.stat_result] = {}
+    topic_stats: Dict[str, Optional[os.stat_result]] = {}
     queue_stats: Dict[Tuple[str, int], Tuple[os.stat_result, List[os.stat_result]]] = {}
     for (topic, qid), cq in sorted(table.queues.items()):
-        if topic not in topic_stats:
-            topic_stats[topic] = os.stat(os.path.join(cq_root, topic))
-        files = cq.mapped_file_queue.files
+        mfq = cq.mapped_file_queue
         try:
-            queue_stats[(topic, qid)] = (os.stat(cq.mapped_file_queue.directory), [os.stat(mf.path) for mf in files])
+            if topic not in topic_stats:
+                topic_stats[topic] = None
+                topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
+            queue_stats[(topic, qid)] = (os.lstat(mfq.directory), [os.lstat(mf.path) for mf in mfq.files])
         except FileNotFoundError:
             continue  # a queue without a directory (never written): the open finds nothing there either
-    root_st = os.stat(cq_root)
-    fresh_after = time.time_ns() - FRESH_NS  # after every stat: a change from here on gets a later ctime
+    root_st = os.lstat(cq_root)
+    ctimes = [ctime for _, ctime, _, _ in segments] + [fs_now, root_st.st_ctime_ns]
+    for dst, fsts in queue_stats.values():
+        ctimes.append(dst.st_ctime_ns)
+        ctimes += [fst.st_ctime_ns for fst in fsts]
+    # what changed this recently may share its ctime with a later change (a coarse clock or coarse timestamps)
+    fresh_after = fs_now - max(FRESH_NS, 3 * _granularity(ctimes))
     if any(ctime >= fresh_after for _, ctime, _, _ in segments[:-SEGMENTS_WALKED]):
-        return False
+        return None
     parts = [b""]
     root_ctime, root_ino = _stamp(root_st, fresh_after)
     parts.append(
         QUEUE_SNAPSHOT_META.pack(
-            table.file_size, log_file_size, mins_at, log_end, root_ctime, root_ino, len(segments), len(topic_stats)
+            table.file_size,
+            log_file_size,
+            mins_at,
+            log_end,
+            root_ctime,
+            root_ino,
+            len(segments),
+            sum(1 for st in topic_stats.values() if st is not None),
         )
     )
     parts.append(cp)
@@ -144,20 +217,28 @@ def write_snapshot(
     for topic, qid in queue_stats:
         by_topic.setdefault(topic, []).append(qid)
     for topic, tst in topic_stats.items():
+        if tst is None:
+            continue
         name = topic.encode()
         qids = by_topic.get(topic, [])
-        ctime, ino = _stamp(tst, fresh_after)
+        ctime, ino = _stamp(tst, fresh_after) if stat.S_ISDIR(tst.st_mode) else (NOT_VOUCHED, tst.st_ino)
         parts.append(QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name), ctime, ino, len(qids)) + name)
         for qid in qids:
             cq = table.queues[(topic, qid)]
+            mfq = cq.mapped_file_queue
             dst, fsts = queue_stats[(topic, qid)]
             dctime, dino = _stamp(dst, fresh_after)
             vouched = (
                 dctime != NOT_VOUCHED
+                and stat.S_ISDIR(dst.st_mode)
                 and bool(fsts)
-                and all(fst.st_ctime_ns < fresh_after and fst.st_size == table.file_size for fst in fsts)
+                and not mfq.hanged  # a file whose deletion waits for a reader: the next open must list the directory
+                and all(
+                    stat.S_ISREG(fst.st_mode) and fst.st_ctime_ns < fresh_after and fst.st_size == table.file_size
+                    for fst in fsts
+                )
             )
-            files = cq.mapped_file_queue.files
+            files = mfq.files
             parts.append(
                 QUEUE_SNAPSHOT_QUEUE_ROW.pack(
                     qid,
@@ -175,20 +256,7 @@ def write_snapshot(
                     for mf, fst in zip(files, fsts)
                 ]
     body = b"".join(parts)
-    data = QUEUE_SNAPSHOT_HEADER.pack(QUEUE_SNAPSHOT_MAGIC, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body)) + body
-    path = snapshot_path(root)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
-    return True
+    return QUEUE_SNAPSHOT_HEADER.pack(QUEUE_SNAPSHOT_MAGIC, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body)) + body
 
 
 class _Reader:
@@ -209,6 +277,26 @@ class _Reader:
         return out
 
 
+def _read_regular(path: str) -> bytes:
+    """The bytes of a regular file of at most MAX_SNAPSHOT_BYTES; ValueError for anything else (a directory, a
+    FIFO, which a plain open would wait on forever, a link, a huge file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MAX_SNAPSHOT_BYTES:
+            raise ValueError(f"{st.st_size} bytes, more than a snapshot holds")
+        chunks: List[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def read_snapshot(
     root: str, checkpoint_path: str, commitlog_dir: str, cq_file_size: int, log_file_size: int
 ) -> Optional[QueueSnapshot]:
@@ -216,11 +304,10 @@ def read_snapshot(
     checks every queue). Never raises for what the file holds; a file that cannot be read is no snapshot."""
     path = snapshot_path(root)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _read_regular(path)
     except FileNotFoundError:
         return None
-    except OSError as e:
+    except (OSError, ValueError) as e:
         log.warning("queue snapshot %s cannot be read (%s): every queue is checked", path, e)
         return None
     try:
@@ -273,14 +360,31 @@ def _parse(
 
 def remove_snapshot(root: str, undo: Any) -> None:
     """Delete the snapshot (and a temporary one a failed close left) durably, before the open writes anything: a
-    failed open gets it back (``undo``: the open's OpenUndo, or None)."""
+    failed open gets it back (``undo``: the open's OpenUndo, or None). Never raises: what cannot be deleted is
+    logged and left (a snapshot that stays is checked against the store like any other); an entry that is not a
+    regular file is not localmq's and is left as it is."""
     path = snapshot_path(root)
     removed = False
     for p in (path, path + ".tmp"):
-        if os.path.lexists(p):
-            if undo is not None:
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            log.warning("queue snapshot %s: %s", p, e)
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            log.warning("%s is not a regular file: left as it is, no queue snapshot is written or used", p)
+            continue
+        try:
+            if undo is not None and st.st_size <= MAX_SNAPSHOT_BYTES:
                 undo.keep(p)
             os.unlink(p)
             removed = True
+        except OSError as e:
+            log.warning("queue snapshot %s could not be removed (%s)", p, e)
     if removed:
-        fsync_dir(os.path.dirname(path))
+        try:
+            fsync_dir(os.path.dirname(path))
+        except OSError as e:
+            log.warning("queue snapshot %s: directory sync after its removal failed (%s)", path, e)

@@ -545,15 +545,18 @@ def recover_store(
         undo=undo,
     )
     end = report.end_offset
-    if vouched and (
-        end != vouched_end or report.gaps or report.dropped_at is not None or report.deleted_segments or abnormal
-    ):
+
+    def check_vouched() -> None:
         # the log is not as the snapshot's close left it: no queue is vouched for, each is checked as usual
         log.warning("recovery of %s: the commit log changed since its clean close; checking every queue", root)
         late = sorted(vouched)
         vouched.clear()
-        damaged += [key for key in late if queues.queues[key].recover()]
-    report.cq_vouched = len(vouched)
+        damaged.extend(key for key in late if queues.queues[key].recover())
+
+    if vouched and (
+        end != vouched_end or report.gaps or report.dropped_at is not None or report.deleted_segments or abnormal
+    ):
+        check_vouched()
     cl_min = commit_log.min_offset()
     if not commit_log.files:
         queues.destroy_all()
@@ -572,6 +575,11 @@ def recover_store(
         # dispatcher failing on it (every open failed, and the failed open had cut the queues)
         for k in _damaged_old_segments(commit_log, queues, report.start_offset, end):
             _repair_segment(root, commit_log, k, check_crc, report, known_end, agrees, undo)
+        if vouched and report.gaps:  # damage an unvouched queue met in an old segment: vouched ones may point there
+            check_vouched()
+            for k in _damaged_old_segments(commit_log, queues, report.start_offset, end):
+                _repair_segment(root, commit_log, k, check_crc, report, known_end, agrees, undo)
+    report.cq_vouched = len(vouched)
     starts = _verify_queues(commit_log, queues, end, cl_min, report, min_corrected) if verify_queues else []
     if abnormal:
         for key, cq in queues.queues.items():
