@@ -59,6 +59,7 @@ def phase(kind: str, root: str, n_topics: int, shared: bool = False) -> dict:
         else:
             out["recovery_s"] = st.recovery.seconds
             out["cq_vouched"] = st.recovery.cq_vouched
+            out["recovery_mode"] = st.recovery.mode  # "abnormal": the last close was not clean
             # every queue reads back its one message
             t = time.perf_counter()
             for i in range(n_topics):
@@ -94,6 +95,8 @@ def run(n_topics: int, rlimit=None, shared=False) -> dict:
             if p.returncode != 0:
                 raise RuntimeError(f"{kind} phase failed:\n{p.stderr[-4000:]}")
             res[kind] = json.loads(p.stdout.strip().splitlines()[-1])
+            # why a snapshot was not written or not used, when that happened (the store logs it as a warning)
+            res[kind]["snapshot_log"] = [line for line in p.stderr.splitlines() if "snapshot" in line][-3:]
         res["du_kib"] = _du(root)
         return res
     finally:
