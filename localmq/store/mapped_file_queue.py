@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import Callable, List, Optional, Set, Tuple, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, Set, Tuple, TypeVar
 
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._mapping import MappingBudget
@@ -226,6 +226,19 @@ def earlier_sync_failure(error: BaseException) -> BaseException:
     )
 
 
+def _collect(made: Iterator[MappedFile]) -> List[MappedFile]:
+    """The files ``made`` yields; when making one fails, every one made before is closed again."""
+    files: List[MappedFile] = []
+    try:
+        for mf in made:
+            files.append(mf)
+    except BaseException:
+        for mf in files:
+            mf.close()
+        raise
+    return files
+
+
 class MappedFileQueue:
     """Fixed-size segments named by their 20-digit base offset, in one directory.
 
@@ -350,35 +363,36 @@ class MappedFileQueue:
         self.files = files
         return len(files)
 
-    def _existing(self, path: str) -> MappedFile:
+    def _file(self, path: str, **kw: Any) -> MappedFile:
+        """A MappedFile of this queue's settings (``kw``: what differs for this one)."""
         return MappedFile(
             path,
             self.file_size,
-            create=False,
             reserve=self.reserve,
             reserve_step=self.reserve_step,
             writable=self.writable,
             keep_fd=self.keep_fd,
             budget=self.budget,
             reserve_first=self.reserve_first,
-            map_now=self.budget is None,
-        )  # a budget's files: mapped on first use
+            **kw,
+        )
+
+    def _existing(self, path: str, map_now: Optional[bool] = None) -> MappedFile:
+        """An existing file of this queue; a budget's files are mapped on first use unless ``map_now``."""
+        return self._file(path, create=False, map_now=self.budget is None if map_now is None else map_now)
 
     def load_known(self, bases: List[int]) -> None:
         """Take the files of these consecutive base offsets (checked by the caller: a queue snapshot vouches for
         their size and names; store/queue_snapshot.py) without listing the directory; each counts as fully
         written until the caller sets the last one's positions (``ConsumeQueue.restore``)."""
-        files: List[MappedFile] = []
-        try:
+
+        def made() -> Iterator[MappedFile]:
             for base in bases:
                 mf = self._existing(f"{self.directory}/{base:020d}")
                 mf.set_positions(self.file_size)
-                files.append(mf)
-        except BaseException:
-            for mf in files:
-                mf.close()
-            raise
-        self.files = files
+                yield mf
+
+        self.files = _collect(made())
 
     # -- lookup -------------------------------------------------------------------------------------------
 
@@ -431,19 +445,7 @@ class MappedFileQueue:
             if self.allocator is not None:
                 mf = self.allocator(path, self.file_size, start_offset)
             else:
-                mf = MappedFile(
-                    path,
-                    self.file_size,
-                    start_offset,
-                    create=True,
-                    reserve=self.reserve,
-                    reserve_step=self.reserve_step,
-                    writable=self.writable,
-                    keep_fd=self.keep_fd,
-                    budget=self.budget,
-                    reserve_first=self.reserve_first,
-                    sync_size=self.dir_syncs is None,
-                )
+                mf = self._file(path, file_from_offset=start_offset, create=True, sync_size=self.dir_syncs is None)
                 try:
                     if self.dir_syncs is not None:
                         self.dir_syncs.add(self.directory, path)
@@ -473,33 +475,23 @@ class MappedFileQueue:
             return 0
         fs = self.file_size
         names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit() and int(n) < end)
-        files: List[MappedFile] = []
-        try:
+
+        def made() -> Iterator[MappedFile]:
+            prev = None
             for name in names:
                 base = int(name)
-                if files and base != files[-1].file_from_offset + fs:
-                    raise CorruptStoreError(f"segment {name} does not follow {files[-1].path} in {self.directory}")
-                mf = MappedFile(
-                    os.path.join(self.directory, name),
-                    fs,
-                    create=False,
-                    reserve=self.reserve,
-                    reserve_step=self.reserve_step,
-                    writable=self.writable,
-                    keep_fd=self.keep_fd,
-                    budget=self.budget,
-                    reserve_first=self.reserve_first,
-                )
+                if prev is not None and base != prev + fs:
+                    raise CorruptStoreError(f"segment {name} does not follow {prev:020d} in {self.directory}")
+                mf = self._existing(os.path.join(self.directory, name), map_now=True)
                 mf.set_positions(min(fs, end - base))
                 if self.writable:
                     # not known to be on disk (the process that wrote it may have died before flushing): the next
                     # flush of this view fdatasyncs it once
                     mf.flushed_position = 0
-                files.append(mf)
-        except BaseException:
-            for mf in files:
-                mf.close()
-            raise
+                prev = base
+                yield mf
+
+        files = _collect(made())
         if names and files[-1].file_from_offset + fs < end:
             for mf in files:
                 mf.close()
@@ -514,18 +506,7 @@ class MappedFileQueue:
         """Map the existing segment at ``base`` (created by another process) and append it; called under ``lock``."""
         path = os.path.join(self.directory, offset_to_file_name(base))
         # create=True opens an existing file as it is and sizes one whose creator died before sizing it
-        mf = MappedFile(
-            path,
-            self.file_size,
-            base,
-            create=True,
-            reserve=self.reserve,
-            reserve_step=self.reserve_step,
-            writable=self.writable,
-            keep_fd=self.keep_fd,
-            budget=self.budget,
-            reserve_first=self.reserve_first,
-        )
+        mf = self._file(path, file_from_offset=base, create=True)
         self.files.append(mf)
         return mf
 
