@@ -256,32 +256,75 @@ def test_min_offsets_after_retention_are_those_a_full_check_finds(tmp_path):
     assert vouched == checked
 
 
-def _forge_queue_file_ctime(root, topic, qid, base):
-    """Write the queue file's present ctime into the snapshot, walking its rows by the layout (CRC made again): bit
-    rot, a change its ctime does not show."""
-    data = bytearray(snapshot(root).read_bytes())
-    body = QUEUE_SNAPSHOT_HEADER.size
-    meta = QUEUE_SNAPSHOT_META.unpack_from(data, body)
-    at = body + QUEUE_SNAPSHOT_META.size + CHECKPOINT.size + meta[6] * QUEUE_SNAPSHOT_FILE_ROW.size
-    forged = False
+def _rows(data):
+    """(topic, queue id, position of its row, positions of its file rows) of every queue row of a snapshot's bytes,
+    walked by the layout (the format's one definition), not by the module under test."""
+    at = QUEUE_SNAPSHOT_HEADER.size
+    meta = QUEUE_SNAPSHOT_META.unpack_from(data, at)
+    at += QUEUE_SNAPSHOT_META.size + CHECKPOINT.size + meta[6] * QUEUE_SNAPSHOT_FILE_ROW.size
     for _ in range(meta[7]):
         name_len, _, _, n_queues = QUEUE_SNAPSHOT_TOPIC_ROW.unpack_from(data, at)
         name = bytes(data[at + QUEUE_SNAPSHOT_TOPIC_ROW.size : at + QUEUE_SNAPSHOT_TOPIC_ROW.size + name_len]).decode()
         at += QUEUE_SNAPSHOT_TOPIC_ROW.size + name_len
         for _ in range(n_queues):
             q, *_, n_files = QUEUE_SNAPSHOT_QUEUE_ROW.unpack_from(data, at)
-            at += QUEUE_SNAPSHOT_QUEUE_ROW.size
-            for _ in range(n_files):
-                b, _, ino = QUEUE_SNAPSHOT_FILE_ROW.unpack_from(data, at)
-                if (name, q, b) == (topic, qid, base):
-                    path = root / "consumequeue" / topic / str(qid) / f"{base:020d}"
-                    QUEUE_SNAPSHOT_FILE_ROW.pack_into(data, at, b, os.stat(path).st_ctime_ns, ino)
-                    forged = True
-                at += QUEUE_SNAPSHOT_FILE_ROW.size
-    assert forged and at == len(data)
+            files = [at + QUEUE_SNAPSHOT_QUEUE_ROW.size + i * QUEUE_SNAPSHOT_FILE_ROW.size for i in range(n_files)]
+            yield name, q, at, files
+            at += QUEUE_SNAPSHOT_QUEUE_ROW.size + n_files * QUEUE_SNAPSHOT_FILE_ROW.size
+    assert at == len(data)
+
+
+def _write_forged(root, data):
+    """The changed snapshot with its CRC made right again: a lie only the files can tell."""
     magic, version, _, length = QUEUE_SNAPSHOT_HEADER.unpack_from(data, 0)
-    QUEUE_SNAPSHOT_HEADER.pack_into(data, 0, magic, version, zlib.crc32(bytes(data[body:])), length)
+    QUEUE_SNAPSHOT_HEADER.pack_into(
+        data, 0, magic, version, zlib.crc32(bytes(data[QUEUE_SNAPSHOT_HEADER.size :])), length
+    )
     snapshot(root).write_bytes(bytes(data))
+
+
+def _forge_queue_file_ctime(root, topic, qid, base):
+    """Write the queue file's present ctime into the snapshot: bit rot, a change its ctime does not show."""
+    data = bytearray(snapshot(root).read_bytes())
+    forged = False
+    for name, q, _, files in _rows(data):
+        for at in files:
+            b, _, ino = QUEUE_SNAPSHOT_FILE_ROW.unpack_from(data, at)
+            if (name, q, b) == (topic, qid, base):
+                path = root / "consumequeue" / topic / str(qid) / f"{base:020d}"
+                QUEUE_SNAPSHOT_FILE_ROW.pack_into(data, at, b, os.stat(path).st_ctime_ns, ino)
+                forged = True
+    assert forged
+    _write_forged(root, data)
+
+
+@pytest.mark.parametrize(
+    "field, change",
+    [
+        (3, -1),  # the max offset one unit short: the last message hidden, and a put would write over its unit
+        (3, -5),  # short by a whole file's tail: the last unit the row names lies in the file before
+        (4, 5),  # a min offset past units retention never expired: five messages hidden
+        (5, 1),  # the last record's end one byte off
+        (5, -(10**6)),
+    ],
+)
+def test_a_forged_row_the_units_disagree_with_is_refused_and_costs_nothing(tmp_path, caplog, field, change):
+    # a snapshot with a right CRC that lies about one queue (a forgery, or a bug of the close that wrote it): the
+    # units at the queue's ends tell, that queue is checked as if there were no snapshot, the others still vouched
+    root = tmp_path / "s"
+    fill(root)
+    data = bytearray(snapshot(root).read_bytes())
+    for name, q, at, _ in _rows(data):
+        if (name, q) == ("T3", 2):
+            row = list(QUEUE_SNAPSHOT_QUEUE_ROW.unpack_from(data, at))
+            row[field] += change
+            QUEUE_SNAPSHOT_QUEUE_ROW.pack_into(data, at, *row)
+    _write_forged(root, data)
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == len(TOPICS) * QUEUES - 1
+        assert every_queue(st) == expected()
+        assert st.put("T3", b"next", queue_id=2).queue_offset == PER_QUEUE
+    assert "consume queue T3-2: its units are not where the queue snapshot says" in caplog.text
 
 
 def test_a_damaged_unit_its_ctime_does_not_show_gives_a_typed_error_never_another_message(tmp_path):

@@ -11,7 +11,7 @@ from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.config import check_topic
 from localmq.errors import CorruptStoreError
-from localmq.layout import CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE
+from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import DeferredDirSyncs
 from localmq.store.queue_snapshot import NOT_VOUCHED, QueueEntry, QueueSnapshot
@@ -22,6 +22,49 @@ log = logging.getLogger("localmq.store")
 def _stamp_of(path: str) -> Tuple[int, int]:
     st = os.lstat(path)  # a link in place of a directory is not the directory the snapshot saw
     return st.st_ctime_ns, st.st_ino
+
+
+def _units_at(qdir: str, bases: List[int], file_size: int, pos: int, n: int) -> bytes:
+    """``n`` bytes of the queue's files from logical position ``pos`` (within one file), read with pread: no
+    mapping, no descriptor kept."""
+    base = pos - (pos - bases[0]) % file_size
+    fd = os.open(f"{qdir}/{base:020d}", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        data = os.pread(fd, n, pos - base)
+    finally:
+        os.close(fd)
+    if len(data) != n:
+        raise OSError(f"{qdir}: {len(data)} of {n} bytes at {pos}")
+    return data
+
+
+def _row_agrees(qdir: str, bases: List[int], file_size: int, row: QueueEntry, mins_at: int) -> bool:
+    """True when the queue's units are where its snapshot row says: the unit before ``max_offset`` is a real one
+    that ends at ``max_physic_offset``, the unit at ``max_offset`` (when a file holds it) is all zeros, and a
+    ``min_offset`` past the first file's start follows a unit retention expired (blank, or its record below the
+    log's min offset ``mins_at``). Units read with pread, one or two a queue: a row that lies (a snapshot forged with
+    a right CRC, or a bug of the close that wrote it) must never hide units that exist, nor let a put write over
+    one. Raises OSError when a file cannot be read."""
+    last = row.max_offset * CQ_UNIT_SIZE - CQ_UNIT_SIZE  # the last unit's logical position
+    first = row.min_offset * CQ_UNIT_SIZE
+    if last < bases[0] or not bases[0] <= first <= last + CQ_UNIT_SIZE:
+        return False
+    tail_in_file = (last - bases[0]) % file_size + 2 * CQ_UNIT_SIZE <= file_size
+    data = _units_at(qdir, bases, file_size, last, 2 * CQ_UNIT_SIZE if tail_in_file else CQ_UNIT_SIZE)
+    if not tail_in_file and last + CQ_UNIT_SIZE < bases[-1] + file_size:
+        data += _units_at(qdir, bases, file_size, last + CQ_UNIT_SIZE, CQ_UNIT_SIZE)
+    phys = int.from_bytes(data[:8], "big", signed=True)
+    size = int.from_bytes(data[8:12], "big", signed=True)
+    if not (phys >= 0 and 0 < size < CQ_BLANK_UNIT_SIZE and phys + size == row.max_physic_offset):
+        return False
+    if any(data[CQ_UNIT_SIZE:]):
+        return False
+    if first > bases[0]:
+        before = _units_at(qdir, bases, file_size, first - CQ_UNIT_SIZE, CQ_UNIT_SIZE)
+        size = int.from_bytes(before[8:12], "big", signed=True)
+        if size != CQ_BLANK_UNIT_SIZE and int.from_bytes(before[:8], "big", signed=True) >= mins_at:
+            return False
+    return True
 
 
 class ConsumeQueueTable:
@@ -80,6 +123,7 @@ class ConsumeQueueTable:
         if not os.path.isdir(root):
             return
         known = snapshot.topics if snapshot is not None else {}
+        mins_at = snapshot.mins_at if snapshot is not None else 0
         with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
             topics = sorted(e.name for e in it if e.is_dir())
         for topic in topics:
@@ -108,7 +152,7 @@ class ConsumeQueueTable:
                     continue
                 row = entry.queues.get(int(q)) if entry is not None else None
                 if row is not None and row.dir_ctime != NOT_VOUCHED:
-                    vouched = self._restore(topic, int(q), row)
+                    vouched = self._restore(topic, int(q), row, mins_at)
                     if vouched is not None:
                         self.queues[(topic, int(q))] = vouched
                         self.vouched.add((topic, int(q)))
@@ -137,9 +181,10 @@ class ConsumeQueueTable:
                     self.damaged[(topic, int(q))] = str(e)
                 self.queues[(topic, int(q))] = cq
 
-    def _restore(self, topic: str, queue_id: int, row: QueueEntry) -> Optional[ConsumeQueue]:
+    def _restore(self, topic: str, queue_id: int, row: QueueEntry, mins_at: int) -> Optional[ConsumeQueue]:
         """The queue built from its snapshot row when its directory and files are still those of the row (inode,
-        ctime, size), else None (then it is loaded and checked as usual)."""
+        ctime, size) and its units are where the row says (``_row_agrees``), else None (then it is loaded and
+        checked as usual)."""
         qdir = f"{self.root}/{topic}/{queue_id}"  # names checked by load (os.path.join costs here at 100,000 queues)
         try:
             if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
@@ -156,6 +201,12 @@ class ConsumeQueueTable:
             return None
         if not bases[-1] <= row.max_offset * CQ_UNIT_SIZE <= bases[-1] + size:
             return None  # not what a close writes: check the queue
+        try:
+            if not _row_agrees(qdir, bases, size, row, mins_at):
+                log.warning("consume queue %s-%d: its units are not where the queue snapshot says", topic, queue_id)
+                return None
+        except OSError:
+            return None
         cq = self._new(topic, queue_id)
         try:
             cq.mapped_file_queue.load_known(bases)
