@@ -15,12 +15,14 @@ import hashlib
 import os
 import shutil
 import struct
+import time
 
 import pytest
 
 import localmq
 from helpers import powerfs_mounted
 from localmq.layout import MESSAGE_MAGIC_CODE
+from localmq.store.queue_snapshot import FRESH_NS
 
 # small index files too: each copy of the store into powerfs is held in its memory until a directory fsync
 SMALL = dict(
@@ -164,3 +166,69 @@ def test_an_open_failing_at_any_file_operation_leaves_the_store_as_it_found_it(p
     fresh()
     with localmq.open(root, **SMALL) as st:
         assert _summary(st) == expected
+
+
+def make_clean_store(root):
+    """A store closed cleanly: the next open takes its queues from the queue snapshot the close writes."""
+    with localmq.open(root, **SMALL) as st:
+        for i in range(900):
+            t, q = ("a", "b", "c")[i % 3], i % 2
+            st.put(t, b"%s-%d-%d:" % (t.encode(), q, i) + bytes(40 + i % 90), queue_id=q, keys=[f"k{i}"])
+        assert st.wait_for_dispatch(10)
+
+
+# about 60 opens through a FUSE file system each, each after a copy, a clean open and close and a wait
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("err", ["EIO", "ENOSPC"])
+def test_a_failed_open_that_took_queues_from_the_snapshot_leaves_the_store_as_it_found_it(pfs, tmp_path, err):
+    # the open lists each queue directory only as it loads the queue (OpenUndo.take_queue_dir): from the snapshot's
+    # rows for the queues it vouches for, by a walk for the one whose file was cut short (deleted and rebuilt from
+    # the log); whatever operation fails, every file and directory is as it was
+    pristine = tmp_path / "pristine"
+    make_clean_store(pristine)
+    root = pfs.mountpoint / "s"
+    cut = root / "consumequeue" / "b" / "1" / f"{0:020d}"
+
+    def fresh():
+        if root.exists():
+            shutil.rmtree(root)
+        shutil.copytree(pristine, root)  # new inodes: the pristine store's snapshot vouches for nothing here
+        time.sleep(2 * FRESH_NS / 1e9)  # older than what a close leaves unvouched
+        with localmq.open(root, **SMALL):
+            pass
+        os.truncate(cut, 100)  # after the close: that queue is loaded, refused, deleted and rebuilt
+        return snapshot(root)
+
+    before = fresh()
+    n0 = pfs.counters()["ops"]
+    with localmq.open(root, **SMALL) as st:
+        ops = pfs.counters()["ops"] - n0
+        expected = _summary(st)
+        assert st.recovery.cq_vouched == 5 and st.recovery.cq_rebuilt, st.recovery
+    assert ops > 20
+    changed, failed = [], 0
+    for k in range(1, ops + 1):
+        before = fresh()
+        pfs.fail(k, err)
+        try:
+            st = localmq.open(root, **SMALL)
+        except localmq.LocalMQError as e:
+            failed += 1
+            pfs.fail_off()
+            assert not open_files_under(pfs.mountpoint), k
+            now = snapshot(root)
+            if now != before:
+                diff = sorted(
+                    {p for p in before[0].keys() | now[0].keys() if before[0].get(p) != now[0].get(p)}
+                    | (before[1] ^ now[1])
+                )
+                changed.append((k, type(e).__name__, str(e)[:160], diff[:6]))
+            with localmq.open(root, **SMALL) as st:
+                assert _summary(st) == expected, k
+            continue
+        pfs.fail_off()
+        with st:
+            assert _summary(st) == expected, k
+    print(f"\n{ops} operations in the fault-free open: {failed} failed opens")
+    assert failed > 0
+    assert not changed, f"{len(changed)} of {failed} failed opens changed the store: {changed[:10]}"

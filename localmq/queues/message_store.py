@@ -198,7 +198,8 @@ class DefaultMessageStore:
     def _list_for_undo(self, created_root: Optional[str]) -> Optional[OpenUndo]:
         """What a failed open must undo: listed now that this process holds the store alone."""
         lock_path = os.path.join(self.root, LOCK_FILE)
-        return OpenUndo(self.root, created_root, (lock_path,) if self._lock.created else ())
+        # the queue directories are listed as the ConsumeQueueTable loads them (_recover), most from the snapshot
+        return OpenUndo(self.root, created_root, (lock_path,) if self._lock.created else (), defer_queues=True)
 
     def _resolve_settings(self) -> Tuple[StoreConfig, bool]:
         """The config with the settings that shape the files taken from the store's record (or its files), and
@@ -272,7 +273,11 @@ class DefaultMessageStore:
         if self._undo is not None:
             # a failed open gives the queue files it cut or deleted their bytes back
             self._cq_table.watch_rewrites(self._undo.save_derived)
+            self._cq_table.list_queue_dir = self._undo.take_queue_dir
         self._cq_table.load(snapshot)
+        if self._undo is not None:
+            self._cq_table.list_queue_dir = None
+            self._undo.take_deferred()  # what the table did not load (nothing, unless a directory changed meanwhile)
         min_corrected: MinCorrected = {}
         report = recover_store(
             self.root,

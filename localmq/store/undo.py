@@ -20,7 +20,9 @@ from localmq.layout import (
     CTL_FILE,
     INDEX_DIR,
     LOCK_FILE,
+    MAX_QUEUE_ID,
     RECOVERY_DIR,
+    TOPIC_RE,
 )
 
 __all__ = ["OpenUndo", "missing_ancestor", "read_quarantine", "STORE_ENTRIES"]
@@ -105,15 +107,28 @@ class OpenUndo:
     appending, ``set_aside`` moves a file away instead of deleting it), and they are undone newest first.
 
     Only the process that holds the store alone may restore: another writer's files would look new.
+
+    ``defer_queues``: the files of each queue directory (``consumequeue/<topic>/<queue id>`` with a valid name) are
+    not listed now but by the open's ConsumeQueueTable as it loads the queue, before anything writes there
+    (``take_queue_dir``: from a queue snapshot's rows, or by walking it then): at 100,000 queues the walk of every
+    queue directory was a second of the open. A deferred directory nobody took was never written, and ``restore``
+    leaves it as it is.
     """
 
     def __init__(
-        self, root: str, created_root: Optional[str] = None, created: tuple[str, ...] = (), listing: bool = True
+        self,
+        root: str,
+        created_root: Optional[str] = None,
+        created: tuple[str, ...] = (),
+        listing: bool = True,
+        defer_queues: bool = False,
     ) -> None:
         self.root = root
         self.created_root = created_root
         self.created = tuple(created)
         self.listing = listing  # False: undo only ``created`` (the store may have other writers right now)
+        self.defer_queues = defer_queues
+        self.deferred: Set[str] = set()  # queue directories whose files are not listed yet (take_queue_dir)
         self.files: Dict[str, int] = {}
         self.dirs: Set[str] = set()
         self.kept: Dict[str, bytes] = {}
@@ -133,11 +148,8 @@ class OpenUndo:
                 continue
             if os.path.isdir(top) and not os.path.islink(top):
                 self.dirs.add(top)
-                for dirpath, dirnames, filenames in os.walk(top):
-                    self.dirs.update(os.path.join(dirpath, d) for d in dirnames)
-                    for n in filenames:
-                        p = os.path.join(dirpath, n)
-                        self.files[p] = os.lstat(p).st_size
+                queues_of = os.path.join(top, "") if self.defer_queues and name == CONSUMEQUEUE_DIR else None
+                self._walk(top, queues_of)
             else:
                 self.files[top] = os.lstat(top).st_size
                 if name == CHECKPOINT_FILE and self.files[top] <= CHECKPOINT_FILE_SIZE:
@@ -146,6 +158,38 @@ class OpenUndo:
                     # one RocketMQ and other processes test), and a failed open writes no byte there anyway.
                     self.keep(top)
 
+    def _walk(self, top: str, queues_of: Optional[str] = None) -> None:
+        """List the directories and files below ``top``; queue directories are deferred when ``queues_of`` is the
+        consumequeue directory (with its separator)."""
+        for dirpath, dirnames, filenames in os.walk(top):
+            self.dirs.update(os.path.join(dirpath, d) for d in dirnames)
+            for n in filenames:
+                p = os.path.join(dirpath, n)
+                self.files[p] = os.lstat(p).st_size
+            if queues_of is not None and dirpath.startswith(queues_of):
+                topic = dirpath[len(queues_of) :]
+                if os.sep not in topic and TOPIC_RE.match(topic) is not None:
+                    later = [d for d in dirnames if d.isdigit() and int(d) <= MAX_QUEUE_ID]
+                    self.deferred.update(os.path.join(dirpath, d) for d in later)
+                    dirnames[:] = [d for d in dirnames if d not in later]
+
+    def take_queue_dir(self, qdir: str, files: Optional[Dict[str, int]] = None) -> None:
+        """List a deferred queue directory now, before anything writes there: ``files`` (path -> size) when the
+        caller knows them (a queue snapshot's rows, their stamps just checked), else by walking it. A directory
+        that is not deferred needs nothing."""
+        if qdir not in self.deferred:
+            return
+        self.deferred.discard(qdir)
+        if files is not None:
+            self.files.update(files)
+        else:
+            self._walk(qdir)
+
+    def take_deferred(self) -> None:
+        """List every queue directory still deferred (those the ConsumeQueueTable did not load)."""
+        for qdir in sorted(self.deferred):
+            self.take_queue_dir(qdir)
+
     def retake(self, created: tuple[str, ...] = ()) -> None:
         """List the entries now (the opener holds the store alone from here on); ``created`` are more paths this
         open made."""
@@ -153,6 +197,7 @@ class OpenUndo:
         self.listing = True
         self.files.clear()
         self.dirs.clear()
+        self.deferred.clear()
         self._take(self.created)
 
     def keep(self, path: str) -> None:
@@ -300,15 +345,19 @@ class OpenUndo:
                 if top in self.files:
                     self._restore_file(top, undone, touched)
                     continue
-                for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+                for dirpath, dirnames, filenames in os.walk(top):
                     for n in filenames:
                         self._restore_file(os.path.join(dirpath, n), undone, touched)
+                    kept = []
                     for d in dirnames:
                         p = os.path.join(dirpath, d)
                         if p not in self.dirs:
                             _remove_tree(p)
                             undone.append(p)
                             touched.add(dirpath)
+                        elif p not in self.deferred:  # a deferred directory nobody took was never written
+                            kept.append(d)
+                    dirnames[:] = kept
             except OSError:
                 log.exception("undoing the changes of a failed open in %s", top)
         for path, data in self.kept.items():
