@@ -209,6 +209,16 @@ def _first_bad_unit(
     )
 
 
+def _gap_holding(unit: Optional[Tuple[int, int, int]], gaps: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The gap record of this recovery whose region held ``unit``'s record, or None. A real unit only: an empty
+    one (offset 0, size 0: a unit never written, or lost with its page) says nothing of a record, even when a gap
+    starts at the log's offset 0 (it was made a lost unit there, and the queue kept every empty unit after it:
+    tests/test_power_loss.py)."""
+    if unit is None or unit[1] <= 0 or not gaps:
+        return None
+    return next((g for g in gaps if g["record"] and g["offset"] <= unit[0] < g["offset"] + g["bytes"]), None)
+
+
 def _verify_queues(
     commit_log: MappedFileQueue,
     queues: ConsumeQueueTable,
@@ -258,16 +268,7 @@ def _verify_queues(
             # a unit whose record lay in a region that this recovery replaced by a gap record: its message is lost;
             # it becomes a lost unit (a get there raises CorruptMessageError) and the queue keeps its offsets
             unit = cq.unit(idx)
-            # a real unit only: an empty one (offset 0, size 0: a unit never written, or lost with its page) says
-            # nothing of a record, even when a gap starts at the log's offset 0 (it was made a lost unit there, and
-            # the queue kept every empty unit after it: tests/test_power_loss.py)
-            gap = (
-                None
-                if unit is None or unit[1] <= 0 or not report.gaps
-                else next(
-                    (g for g in report.gaps if g["record"] and g["offset"] <= unit[0] < g["offset"] + g["bytes"]), None
-                )
-            )
+            gap = _gap_holding(unit, report.gaps)
             if gap is not None and queues.before_rewrite is not None:
                 _announce_unit(queues.before_rewrite, cq, idx)
             if gap is not None and cq.mark_lost(idx, *gap["record"]):

@@ -517,21 +517,7 @@ def recover_store(
     _check_segments_at_end(commit_log, queues, salvage)
     known_end = max((cq.max_physic_offset for k, cq in queues.queues.items() if k not in damaged), default=0)
 
-    def agrees(mf: MappedFile, q: int) -> bool:
-        # a resynchronisation candidate's queue offset must agree with its queue: a unit it has for that offset
-        # points at this record (a unit that is blank or lost says nothing)
-        try:
-            m = decode_message(mf, q, check_crc=False)
-        except ValueError:
-            return False
-        if m is None:
-            return False
-        cq = queues.queues.get((m.topic, m.queue_id))
-        if cq is None or (m.topic, m.queue_id) in damaged or m.queue_offset >= cq.max_offset:
-            return True
-        unit = cq.unit(m.queue_offset)
-        return unit is None or unit[1] <= 0 or unit[0] == mf.file_from_offset + q or unit[1] == CQ_BLANK_UNIT_SIZE
-
+    agrees = _agreement(queues, damaged)
     report = recover_commit_log(
         root,
         commit_log,
@@ -582,19 +568,45 @@ def recover_store(
     report.cq_vouched = len(vouched)
     starts = _verify_queues(commit_log, queues, end, cl_min, report, min_corrected) if verify_queues else []
     if abnormal:
-        for key, cq in queues.queues.items():
-            if cq.max_physic_offset > report.start_offset:
-                n = _rewrite_units(cq, report.start_offset)
-                if n:
-                    log.info(
-                        "consume queue %s-%s: the %d units of the records from offset %d on are written again",
-                        key[0],
-                        key[1],
-                        n,
-                        report.start_offset,
-                    )
+        _rewrite_after(queues, report.start_offset)
     report.reput_from = _reput_from(commit_log, queues, report, cl_min, damaged, starts, abnormal, verify_queues)
     return report
+
+
+def _agreement(queues: "ConsumeQueueTable", damaged: List[Tuple[str, int]]) -> Callable[[MappedFile, int], bool]:
+    """The check of a resynchronisation candidate (the record at position ``q`` of segment ``mf``): its queue
+    offset must agree with its queue, whose unit for that offset points at this record (a unit that is blank or
+    lost, a queue that is damaged or shorter, says nothing)."""
+
+    def agrees(mf: MappedFile, q: int) -> bool:
+        try:
+            m = decode_message(mf, q, check_crc=False)
+        except ValueError:
+            return False
+        if m is None:
+            return False
+        cq = queues.queues.get((m.topic, m.queue_id))
+        if cq is None or (m.topic, m.queue_id) in damaged or m.queue_offset >= cq.max_offset:
+            return True
+        unit = cq.unit(m.queue_offset)
+        return unit is None or unit[1] <= 0 or unit[0] == mf.file_from_offset + q or unit[1] == CQ_BLANK_UNIT_SIZE
+
+    return agrees
+
+
+def _rewrite_after(queues: "ConsumeQueueTable", start: int) -> None:
+    """After an unclean exit: the units of the records from the recovery start on are written again."""
+    for key, cq in queues.queues.items():
+        if cq.max_physic_offset > start:
+            n = _rewrite_units(cq, start)
+            if n:
+                log.info(
+                    "consume queue %s-%s: the %d units of the records from offset %d on are written again",
+                    key[0],
+                    key[1],
+                    n,
+                    start,
+                )
 
 
 def _reput_from(
