@@ -97,7 +97,7 @@ cdef class Mapping:
     cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2
     cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil
     cdef int _reopen(self) except -1
-    cdef int _defer(self, MappingBudget budget, bint keep_fd, bint create) except -1
+    cdef int _defer(self, MappingBudget budget, bint keep_fd, bint create, tuple file_id) except -1
     cdef int _open_same(self) except -1
     cdef int _sync_unmapped(self) except -1
     cdef int _close_borrowed(self, int fd) except -1

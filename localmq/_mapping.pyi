@@ -52,6 +52,7 @@ class Mapping:
         budget: Optional[MappingBudget] = None,
         reserve_first: int = 0,
         map_now: bool = True,
+        file_id: Optional[Tuple[int, int]] = None,
     ) -> Self: ...
     @property
     def budget(self) -> Optional[MappingBudget]: ...

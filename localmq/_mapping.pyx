@@ -114,12 +114,14 @@ cdef class Mapping:
     queue). Flushes then go through the mapping (msync, also for ``fsync``), and a reservation or a hole lookup
     opens the file for that call only, refusing a path that no longer names the mapped inode (StoreIOError ESTALE).
     ``sync_size=False`` leaves a new file's size to the owner to make durable (an fdatasync) before its name.
-    ``map_now=False`` (an existing file of a ``budget``) checks the file and leaves it unmapped until its first use.
+    ``map_now=False`` (an existing file of a ``budget``) checks the file and leaves it unmapped until its first use;
+    ``file_id`` ((st_dev, st_ino) of a stat the caller just made and checked the size of) spares that check.
     """
 
     def __cinit__(self, path, long long file_size, long long file_from_offset=-1, *, bint create=True,
                   bint reserve=True, bint writable=True, long long reserve_step=0, bint keep_fd=True,
-                  bint sync_size=True, MappingBudget budget=None, long long reserve_first=0, bint map_now=True):
+                  bint sync_size=True, MappingBudget budget=None, long long reserve_first=0, bint map_now=True,
+                  tuple file_id=None):
         cdef void *p = NULL
         self.fd = -1
         self.keeps_fd = keep_fd
@@ -151,7 +153,7 @@ cdef class Mapping:
         self.reserved = file_size if (reserve and reserve_step == 0) else 0
         flags = os.O_RDWR if writable else os.O_RDONLY
         if not map_now:
-            self._defer(budget, keep_fd, create)
+            self._defer(budget, keep_fd, create, file_id)
             return
         existed = os.path.exists(self.path)
         if not existed and not create:
@@ -204,12 +206,17 @@ cdef class Mapping:
                 raise ValueError("a file with a mapping budget keeps no descriptor (keep_fd=False)")
             budget.admit(self)
 
-    cdef int _defer(self, MappingBudget budget, bint keep_fd, bint create) except -1:
+    cdef int _defer(self, MappingBudget budget, bint keep_fd, bint create, tuple file_id) except -1:
         """``map_now=False``: an existing file of ``budget`` is checked (its size, by one stat of its name) and left
         unmapped, as an evicted file is, until ensure_mapped maps it on first use: a store of more queues than its
         budget maps would otherwise open and map every file at open only to unmap most of them again."""
         if budget is None or keep_fd or create:
             raise ValueError("map_now=False is for an existing file (create=False) of a budget (keep_fd=False)")
+        if file_id is not None:  # the caller's stat: the size checked there (a queue snapshot's restore)
+            self.file_id = file_id
+            self.budget = budget
+            self.evicted = True
+            return 0
         try:
             stat = os.stat(self.path)
         except FileNotFoundError:

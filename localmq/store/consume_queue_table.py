@@ -194,10 +194,12 @@ class ConsumeQueueTable:
         try:
             if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
                 return None
+            ids = []
             for base, ctime, ino in row.files:
                 st = os.lstat(f"{qdir}/{base:020d}")
                 if (st.st_ctime_ns, st.st_ino, st.st_size) != (ctime, ino, self.file_size):
                     return None
+                ids.append((st.st_dev, st.st_ino))
         except FileNotFoundError:
             return None
         bases = [base for base, _, _ in row.files]
@@ -214,7 +216,7 @@ class ConsumeQueueTable:
             return None
         cq = self._new(topic, queue_id)
         try:
-            cq.mapped_file_queue.load_known(bases)
+            cq.mapped_file_queue.load_known(bases, ids)
         except (OSError, CorruptStoreError):
             cq.close()
             return None

@@ -377,18 +377,24 @@ class MappedFileQueue:
             **kw,
         )
 
-    def _existing(self, path: str, map_now: Optional[bool] = None) -> MappedFile:
-        """An existing file of this queue; a budget's files are mapped on first use unless ``map_now``."""
-        return self._file(path, create=False, map_now=self.budget is None if map_now is None else map_now)
+    def _existing(
+        self, path: str, map_now: Optional[bool] = None, file_id: Optional[Tuple[int, int]] = None
+    ) -> MappedFile:
+        """An existing file of this queue; a budget's files are mapped on first use unless ``map_now``
+        (``file_id``: its (st_dev, st_ino) from a stat the caller made, its size checked there)."""
+        if map_now is None:
+            map_now = self.budget is None
+        return self._file(path, create=False, map_now=map_now, file_id=None if map_now else file_id)
 
-    def load_known(self, bases: List[int]) -> None:
+    def load_known(self, bases: List[int], ids: Optional[List[Tuple[int, int]]] = None) -> None:
         """Take the files of these consecutive base offsets (checked by the caller: a queue snapshot vouches for
         their size and names; store/queue_snapshot.py) without listing the directory; each counts as fully
-        written until the caller sets the last one's positions (``ConsumeQueue.restore``)."""
+        written until the caller sets the last one's positions (``ConsumeQueue.restore``). ``ids``: each file's
+        (st_dev, st_ino) from the caller's stat, which spares a budget's files another one."""
 
         def made() -> Iterator[MappedFile]:
-            for base in bases:
-                mf = self._existing(f"{self.directory}/{base:020d}")
+            for i, base in enumerate(bases):
+                mf = self._existing(f"{self.directory}/{base:020d}", file_id=ids[i] if ids is not None else None)
                 mf.set_positions(self.file_size)
                 yield mf
 
