@@ -277,7 +277,9 @@ class DefaultMessageStore:
         self._cq_table.load(snapshot)
         if self._undo is not None:
             self._cq_table.list_queue_dir = None
-            self._undo.take_deferred()  # what the table did not load (nothing, unless a directory changed meanwhile)
+            # what the table did not load (nothing, unless a directory changed meanwhile); the queue directories a
+            # snapshot vouched for stay deferred: listed when a write into one is announced
+            self._undo.take_deferred()
         min_corrected: MinCorrected = {}
         report = recover_store(
             self.root,
@@ -312,7 +314,7 @@ class DefaultMessageStore:
         self._reput.skip_offsets = set(report.damaged_headers) or None
         for cq in self._cqs.values():
             self._reput.register(cq)
-        if self._undo is not None:
+        if self._undo is not None and report.reput_from < report.end_offset:  # re-dispatch will append units
             self._mark_queue_ends(self._undo)
         undispatched: Dict[Tuple[str, int], int] = {}
         try:

@@ -95,9 +95,9 @@ class ConsumeQueueTable:
         # while an open that may fail runs: told (path, start, -1) before a queue file is cut or deleted
         # (OpenUndo.save_derived; see MappedFileQueue.before_rewrite)
         self.before_rewrite: Optional[Callable[[str, int, int], None]] = None
-        # while an open that may fail runs: told (queue directory, {path: size} or None) as ``load`` reaches each
-        # queue directory, before anything writes there (OpenUndo.take_queue_dir: the listing of its files)
-        self.list_queue_dir: Optional[Callable[[str, Optional[Dict[str, int]]], None]] = None
+        # while an open that may fail runs: told (queue directory, whether a snapshot vouched for it) as ``load``
+        # reaches each queue directory, before anything writes there (OpenUndo.take_queue_dir)
+        self.list_queue_dir: Optional[Callable[[str, bool], None]] = None
 
     def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(
@@ -161,7 +161,7 @@ class ConsumeQueueTable:
                         self.vouched.add((topic, int(q)))
                         continue
                 if self.list_queue_dir is not None:
-                    self.list_queue_dir(os.path.join(tdir, q), None)
+                    self.list_queue_dir(os.path.join(tdir, q), False)
                 cq = self._new(topic, int(q))
                 try:
                     cq.load()
@@ -221,8 +221,8 @@ class ConsumeQueueTable:
             cq.close()
             return None
         cq.restore(row.max_offset, row.min_offset, row.max_physic_offset)
-        if self.list_queue_dir is not None:  # the files just checked against the row, sized as the row says
-            self.list_queue_dir(qdir, {f"{qdir}/{base:020d}": size for base in bases})
+        if self.list_queue_dir is not None:  # its files are as the close left them: listed if the open writes there
+            self.list_queue_dir(qdir, True)
         return cq
 
     def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:

@@ -109,10 +109,10 @@ class OpenUndo:
     Only the process that holds the store alone may restore: another writer's files would look new.
 
     ``defer_queues``: the files of each queue directory (``consumequeue/<topic>/<queue id>`` with a valid name) are
-    not listed now but by the open's ConsumeQueueTable as it loads the queue, before anything writes there
-    (``take_queue_dir``: from a queue snapshot's rows, or by walking it then): at 100,000 queues the walk of every
-    queue directory was a second of the open. A deferred directory nobody took was never written, and ``restore``
-    leaves it as it is.
+    not listed now (at 100,000 queues the walk of every queue directory was a second of the open) but when the
+    open's ConsumeQueueTable loads the queue, before anything writes there (``take_queue_dir``), or, for a queue a
+    snapshot vouched for (which the open does not write), when a write into it is first announced (``save_derived``,
+    ``mark_derived_end``). A deferred directory nobody took was never written, and ``restore`` leaves it as it is.
     """
 
     def __init__(
@@ -129,6 +129,7 @@ class OpenUndo:
         self.listing = listing  # False: undo only ``created`` (the store may have other writers right now)
         self.defer_queues = defer_queues
         self.deferred: Set[str] = set()  # queue directories whose files are not listed yet (take_queue_dir)
+        self.vouched: Set[str] = set()  # deferred ones a queue snapshot vouched for: listed on a first announced write
         self.files: Dict[str, int] = {}
         self.dirs: Set[str] = set()
         self.kept: Dict[str, bytes] = {}
@@ -173,21 +174,28 @@ class OpenUndo:
                     self.deferred.update(os.path.join(dirpath, d) for d in later)
                     dirnames[:] = [d for d in dirnames if d not in later]
 
-    def take_queue_dir(self, qdir: str, files: Optional[Dict[str, int]] = None) -> None:
-        """List a deferred queue directory now, before anything writes there: ``files`` (path -> size) when the
-        caller knows them (a queue snapshot's rows, their stamps just checked), else by walking it. A directory
-        that is not deferred needs nothing."""
+    def take_queue_dir(self, qdir: str, vouched: bool = False) -> None:
+        """The open is about to load the queue of a deferred directory: list it now (a walk), or, when a queue
+        snapshot vouched for it (``vouched``: the open writes nothing there unless it announces it), when a write
+        into it is first announced. A directory that is not deferred needs nothing."""
         if qdir not in self.deferred:
             return
+        if vouched:
+            self.vouched.add(qdir)
+            return
         self.deferred.discard(qdir)
-        if files is not None:
-            self.files.update(files)
-        else:
-            self._walk(qdir)
+        self.vouched.discard(qdir)
+        self._walk(qdir)
 
     def take_deferred(self) -> None:
-        """List every queue directory still deferred (those the ConsumeQueueTable did not load)."""
-        for qdir in sorted(self.deferred):
+        """List every deferred queue directory but the vouched ones (those the ConsumeQueueTable did not load)."""
+        for qdir in sorted(self.deferred - self.vouched):
+            self.take_queue_dir(qdir)
+
+    def _announced(self, path: str) -> None:
+        # a write into a queue directory still deferred: its files are listed before it
+        qdir = os.path.dirname(path)
+        if qdir in self.deferred:
             self.take_queue_dir(qdir)
 
     def retake(self, created: tuple[str, ...] = ()) -> None:
@@ -198,6 +206,7 @@ class OpenUndo:
         self.files.clear()
         self.dirs.clear()
         self.deferred.clear()
+        self.vouched.clear()
         self._take(self.created)
 
     def keep(self, path: str) -> None:
@@ -216,6 +225,7 @@ class OpenUndo:
         """The open is about to rewrite the derived file ``path`` (a ConsumeQueue file) from ``start`` on: ``length``
         bytes, or to its end (zeroed or deleted) when -1. Its non-zero bytes there are kept (in memory: a queue's
         cut tail, a unit) for ``restore``. A file the listing does not know (made by this open) needs nothing."""
+        self._announced(path)
         if not self.listing or path not in self.files:
             return
         end = -1 if length < 0 else start + length
@@ -224,6 +234,7 @@ class OpenUndo:
     def mark_derived_end(self, path: str, pos: int) -> None:
         """Re-dispatch is about to append units to ``path`` from ``pos`` on, where it holds only zeros (recovery
         found or made it so): ``restore`` zeroes the file from there again."""
+        self._announced(path)
         if self.listing and path in self.files:
             self.derived.append((path, pos, -1, []))
 
