@@ -417,3 +417,20 @@ def test_a_symlink_there_is_refused_as_every_link_in_a_store(tmp_path, where):
     with pytest.raises(localmq.UnsafePathError):
         localmq.open(root, **KW)
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_an_entry_the_open_skipped_in_a_topic_directory_is_reported_at_every_open(tmp_path):
+    # the snapshot does not vouch for the names of a topic directory holding an entry that is not a queue id: the
+    # next open lists that directory and reports the entry again, while the topic's queues are still vouched for
+    root = tmp_path / "s"
+    fill(root)
+    odd = root / "consumequeue" / "T2" / "not-a-queue"
+    odd.mkdir()
+    for _ in range(2):
+        with localmq.open(root, **KW) as st:
+            assert st.stats()["skipped_directories"] == [str(odd)]
+            assert every_queue(st) == expected()
+        time.sleep(2 * FRESH_NS / 1e9)
+    with localmq.open(root, **KW) as st:
+        assert st.stats()["skipped_directories"] == [str(odd)]
+        assert st.recovery.cq_vouched == len(TOPICS) * QUEUES

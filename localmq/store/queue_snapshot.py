@@ -213,6 +213,13 @@ def _encode(
     parts.append(cp)
     for base, ctime, ino, _ in segments:
         parts.append(QUEUE_SNAPSHOT_FILE_ROW.pack(base, ctime, ino))
+    # a topic directory that held an entry the open skipped (not a queue id) is listed again by the next open, which
+    # reports it again (stats()["skipped_directories"]) instead of taking the queue names from here
+    odd = {
+        os.path.basename(os.path.dirname(p))
+        for p in table.skipped_dirs
+        if os.path.dirname(os.path.dirname(p)) == cq_root
+    }
     by_topic: Dict[str, List[int]] = {}
     for topic, qid in queue_stats:
         by_topic.setdefault(topic, []).append(qid)
@@ -222,6 +229,8 @@ def _encode(
         name = topic.encode()
         qids = by_topic.get(topic, [])
         ctime, ino = _stamp(tst, fresh_after) if stat.S_ISDIR(tst.st_mode) else (NOT_VOUCHED, tst.st_ino)
+        if topic in odd:
+            ctime = NOT_VOUCHED
         parts.append(QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name), ctime, ino, len(qids)) + name)
         for qid in qids:
             cq = table.queues[(topic, qid)]
