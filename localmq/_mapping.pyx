@@ -139,7 +139,7 @@ cdef class Mapping:
         self.file_size = file_size
         name = os.path.basename(self.path)
         if file_from_offset < 0:
-            if len(name) != FILE_NAME_DIGITS or not name.isdigit():
+            if len(name) != FILE_NAME_DIGITS or not (name.isascii() and name.isdigit()):
                 raise ValueError(f"cannot derive a base offset from file name {name!r}")
             file_from_offset = int(name)
         self.file_from_offset = file_from_offset

@@ -14,7 +14,7 @@ from localmq.errors import (
     InvalidQueueIdError,
     InvalidTopicError,
 )
-from localmq.layout import CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE
+from localmq.layout import CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
 
 
 class FlushDiskType(enum.Enum):
@@ -177,7 +177,7 @@ class StoreConfig:
         if self.transient_store_pool_enable and self.transient_store_pool_size < 1:
             raise ConfigError("transient_store_pool_size must be at least 1")
         hours = [h.strip() for h in self.delete_when.split(";")] if isinstance(self.delete_when, str) else None
-        if not hours or not all(h.isdigit() and 0 <= int(h) <= 23 for h in hours):
+        if not hours or not all(is_decimal(h) and 0 <= int(h) <= 23 for h in hours):
             # RocketMQ skips entries it cannot parse, which silently turns time-based retention off
             raise ConfigError(
                 f'delete_when must be \';\'-separated hours 0..23 such as "04" or "04;05", not {self.delete_when!r}'
@@ -365,7 +365,7 @@ def parse_delay_levels(text: str) -> "tuple[int, ...]":
     out = []
     for tok in text.split(" ") if isinstance(text, str) else ():
         unit = _DELAY_UNITS_MS.get(tok[-1:])
-        if unit is None or not tok[:-1].isdigit() or not tok[:-1].isascii() or int(tok[:-1]) < 1:
+        if unit is None or not is_decimal(tok[:-1]) or int(tok[:-1]) < 1:
             raise ConfigError(
                 f"message_delay_level: {tok!r} is not a positive number followed by s, m, h or d (in {text!r})"
             )

@@ -238,6 +238,13 @@ CTL_LOCK_BYTE_OFFSETS = 3  # write lock: writing config/consumerOffset.json
 CTL_SLOT_LOCK_BASE = CTL_FILE_SIZE  # slot k is held while byte CTL_SLOT_LOCK_BASE + k is write-locked
 
 
+def is_decimal(text: str) -> bool:
+    """True for ASCII digits only: the names of the store's files and queue directories, numeric properties.
+    ``str.isdigit`` alone also takes "²" (which ``int`` refuses: a ValueError out of an open) and "٣" (which ``int``
+    reads as 3: a directory taken for another's)."""
+    return text.isascii() and text.isdigit()
+
+
 def file_name(offset: int) -> str:
     """The 20-digit zero-padded decimal name of a segment or ConsumeQueue file starting at ``offset``."""
     return f"{offset:0{FILE_NAME_DIGITS}d}"

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import localmq
 from localmq.errors import CorruptStoreError, NotAStoreError, StoreLockedError
-from localmq.layout import CONSUMEQUEUE_DIR
+from localmq.layout import CONSUMEQUEUE_DIR, is_decimal
 from localmq.queues.readonly import _lock_holder  # the read-only view's F_GETLK probe (takes no lock)
 from localmq.store.control_view import ControlView
 from localmq.store.files import StoreFiles, numbered_files
@@ -52,7 +52,7 @@ def _int_at_least(low: int):
 
 def _time_ms(text: str) -> int:
     """Milliseconds since the epoch, or an ISO 8601 date/time (local time unless it names a zone)."""
-    if text.isdigit():
+    if is_decimal(text):
         return int(text)
     try:
         return int(datetime.datetime.fromisoformat(text).timestamp() * 1000)

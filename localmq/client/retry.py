@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from localmq.config import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, check_topic
 from localmq.errors import DelayNotSupportedError, InvalidDelayError, InvalidTopicError, SendError
+from localmq.layout import is_decimal
 from localmq.services.schedule import level_for_delay
 from localmq.status import PutStatus
 from localmq.store.commit_log import PutExtra
@@ -62,7 +63,7 @@ def reconsume_count(m: Any) -> int:
     property RECONSUME_TIME (Memory / Embedded queues)."""
     n = int(getattr(m, "reconsume_times", 0) or 0)
     p = m.properties.get("RECONSUME_TIME")
-    if p is not None and p.isdigit():
+    if p is not None and is_decimal(p):
         n = max(n, int(p))
     return n
 

@@ -33,6 +33,7 @@ from localmq.layout import (
     MAX_QUEUE_ID,
     TOPIC_RE,
     frame_store_ts_at,
+    is_decimal,
 )
 from localmq.queues.base import (
     ProcessBoundMixin,
@@ -101,7 +102,7 @@ class _Bucket:
         """Map the partitions, walk their frames, index every whole frame and cut a torn tail (zeroed, so it is
         never read back). Raises CorruptStoreError for a bad partition size or a damaged frame followed by
         valid data in a later partition."""
-        names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit())
+        names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and is_decimal(n))
         size = self.partition_size
         for i, name in enumerate(names):
             path = os.path.join(self.directory, name)
@@ -351,7 +352,7 @@ class EmbeddedMessageQueue(ProcessBoundMixin, ProgressWaiterMixin, QueueClientsM
                 log.warning("ignoring %s: not a topic directory", tdir)
                 continue
             for q in sorted(os.listdir(tdir)):
-                if not q.isdigit() or int(q) > MAX_QUEUE_ID:
+                if not is_decimal(q) or int(q) > MAX_QUEUE_ID:
                     log.warning("ignoring %s: not a queue id", os.path.join(tdir, q))
                     continue
                 b = _Bucket(topic, int(q), os.path.join(tdir, q), self.partition_size)

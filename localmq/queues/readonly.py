@@ -23,6 +23,7 @@ from localmq.layout import (
     CTL_S_WPOS,
     LOCK_FILE,
     MAX_QUEUE_ID,
+    is_decimal,
 )
 from localmq.queues.local import LocalMessageQueue
 from localmq.store.consume_queue import ConsumeQueue
@@ -122,7 +123,7 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
         if self._view is not None:
             end = self._view.load(CTL_S_WPOS)
         else:
-            names = [int(n) for n in os.listdir(self._cl_mfq.directory) if len(n) == 20 and n.isdigit()]
+            names = [int(n) for n in os.listdir(self._cl_mfq.directory) if len(n) == 20 and is_decimal(n)]
             end = max(names) + c.mapped_file_size_commit_log if names else 0
         self._cl_mfq.load_view(end)
         # the queue files it maps are bounded as a writer's are (StoreConfig.max_mapped_queue_files)
@@ -251,7 +252,7 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
             for t in sorted(os.listdir(self._cq_root)):
                 tdir = os.path.join(self._cq_root, t)
                 if os.path.isdir(tdir):
-                    qs = sorted(int(q) for q in os.listdir(tdir) if q.isdigit() and int(q) <= MAX_QUEUE_ID)
+                    qs = sorted(int(q) for q in os.listdir(tdir) if is_decimal(q) and int(q) <= MAX_QUEUE_ID)
                     if qs:
                         out[t] = qs
         return out

@@ -53,6 +53,7 @@ from localmq.layout import (
     CTL_S_WPOS,
     CTL_TOPIC_QUEUES,
     LOCK_FILE,
+    is_decimal,
 )
 from localmq.queues.local import LocalMessageQueue
 from localmq.services.flush import FlushConsumeQueueService, FlushRealTimeService, SharedGroupCommitService
@@ -527,7 +528,7 @@ class SharedMessageQueue(LocalMessageQueue):
                 tdir = os.path.join(self._cq_root, t)
                 if os.path.isdir(tdir):
                     for q in os.listdir(tdir):
-                        if q.isdigit():
+                        if is_decimal(q):
                             out.setdefault(t, set()).add(int(q))
         return {t: sorted(qs) for t, qs in sorted(out.items())}
 

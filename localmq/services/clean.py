@@ -65,7 +65,7 @@ import numpy as np
 
 from localmq.config import RETRY_PREFIX, SCHEDULE_TOPIC, StoreConfig
 from localmq.errors import CorruptStoreError
-from localmq.layout import CQ_BLANK_UNIT_SIZE
+from localmq.layout import CQ_BLANK_UNIT_SIZE, is_decimal
 from localmq.services.schedule import DELAY_OFFSET_FILE, read_delay_offsets
 from localmq.services.service_thread import ServiceThread
 from localmq.status import PutStatus
@@ -106,7 +106,7 @@ def is_delete_hour(delete_when: str, now_ms: int) -> bool:
     hour = time.localtime(now_ms / 1000.0).tm_hour
     for part in delete_when.split(";"):
         part = part.strip()
-        if part.isdigit() and int(part) == hour:
+        if is_decimal(part) and int(part) == hour:
             return True
     return False
 

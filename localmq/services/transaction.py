@@ -45,6 +45,7 @@ from localmq.layout import (
     SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_NOT_TYPE,
+    is_decimal,
 )
 from localmq.services.service_thread import ServiceThread
 from localmq.status import LocalTransactionState, PutStatus
@@ -250,7 +251,7 @@ class TransactionalMessageCheckService(ServiceThread):
                 f"the half message at {half.physical_offset} belongs to producer group "
                 f"{props.get(PROPERTY_PRODUCER_GROUP)!r}, not {group!r}"
             )
-        if not props.get(PROPERTY_REAL_TOPIC) or not props.get(PROPERTY_REAL_QUEUE_ID, "").isdigit():
+        if not props.get(PROPERTY_REAL_TOPIC) or not is_decimal(props.get(PROPERTY_REAL_QUEUE_ID, "")):
             raise InvalidTransactionError(f"the half message at {half.physical_offset} has no REAL_TOPIC/REAL_QID")
         if state is LocalTransactionState.UNKNOW:
             return None, None
@@ -438,7 +439,7 @@ class TransactionalMessageCheckService(ServiceThread):
         if not (age > immunity or age <= -1):
             return "stop"
         prepared = props.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, "")
-        if prepared.isdigit() and int(prepared) in ended:
+        if is_decimal(prepared) and int(prepared) in ended:
             # an immunity copy whose original was ended meanwhile: RocketMQ checks it again once its immunity is
             # over (a second commit if the answer is COMMIT); the op naming the original already ended it
             done.add(ended[int(prepared)])

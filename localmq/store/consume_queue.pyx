@@ -147,7 +147,7 @@ cdef class ConsumeQueue:
         if m > lmq_load_acq(&self.st.max_offset):
             mfq = self.mapped_file_queue
             if not mfq.files:
-                names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit()) \
+                names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isascii() and n.isdigit()) \
                     if os.path.isdir(self.directory) else []
                 if names:
                     self.st.min_offset = int(names[0]) // CQ_UNIT_SIZE

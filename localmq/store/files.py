@@ -33,6 +33,7 @@ from localmq.layout import (
     RECOVERY_DIR,
     SEGMENT_NAME_RE,
     file_name,
+    is_decimal,
 )
 from localmq.status import RecordStatus
 from localmq.store.control_view import committed_end
@@ -308,7 +309,7 @@ class StoreFiles:
             return out
         for name in names:
             p = os.path.join(self.index, name)
-            if len(name) == INDEX_NAME_DIGITS and name.isdigit() and os.path.isfile(p):
+            if len(name) == INDEX_NAME_DIGITS and is_decimal(name) and os.path.isfile(p):
                 out.append(SegmentFile(int(name), p, os.path.getsize(p)))
         return out
 
@@ -476,7 +477,7 @@ class StoreFiles:
             if not os.path.isdir(tdir):
                 continue
             for q in sorted(os.listdir(tdir)):
-                if q.isdigit():
+                if is_decimal(q):
                     cq = ConsumeQueueFiles(topic, int(q), os.path.join(tdir, q))
                     if cq.files:
                         out.append(cq)

@@ -61,6 +61,7 @@ from localmq.layout import (
     INDEX_MAX_FILE_SIZE,
     INDEX_NAME_DIGITS,
     INDEX_SLOT_SIZE,
+    is_decimal,
 )
 from localmq.status import Stop
 from localmq.store.get import read_record
@@ -549,7 +550,7 @@ class IndexReader(IndexQueries):
     def refresh(self) -> None:
         if not os.path.isdir(self.directory):
             return
-        names = sorted(n for n in os.listdir(self.directory) if len(n) == 17 and n.isdigit())
+        names = sorted(n for n in os.listdir(self.directory) if len(n) == 17 and is_decimal(n))
         have = {os.path.basename(f.path): f for f in self.files}
         files = []
         for name in names:
@@ -635,7 +636,7 @@ class IndexService(IndexQueries):
         try:
             for name in names:
                 path = os.path.join(self.directory, name)
-                if len(name) != INDEX_NAME_DIGITS or not name.isdigit() or not os.path.isfile(path):
+                if len(name) != INDEX_NAME_DIGITS or not is_decimal(name) or not os.path.isfile(path):
                     log.warning("ignoring %s in the index directory: not an index file name", path)
                     continue
                 if os.path.getsize(path) == 0:
@@ -656,7 +657,7 @@ class IndexService(IndexQueries):
                     later = [
                         os.path.join(self.directory, m)
                         for m in names[names.index(name) :]
-                        if len(m) == INDEX_NAME_DIGITS and m.isdigit()
+                        if len(m) == INDEX_NAME_DIGITS and is_decimal(m)
                     ]
                     log.error(
                         "index file %s cannot be used (%s); deleting it and %d later file(s): their keys "

@@ -12,6 +12,7 @@ from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.errors import CorruptStoreError, StoreIOError, io_operation, store_io_error
+from localmq.layout import is_decimal
 
 log = logging.getLogger("localmq.mapped_file_queue")
 T = TypeVar("T")
@@ -318,7 +319,7 @@ class MappedFileQueue:
         """
         if not os.path.isdir(self.directory):
             return 0
-        names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit())
+        names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and is_decimal(n))
         files: List[MappedFile] = []
         try:
             for i, name in enumerate(names):
@@ -480,7 +481,7 @@ class MappedFileQueue:
         if not os.path.isdir(self.directory):
             return 0
         fs = self.file_size
-        names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit() and int(n) < end)
+        names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and is_decimal(n) and int(n) < end)
 
         def made() -> Iterator[MappedFile]:
             prev = None
@@ -530,7 +531,7 @@ class MappedFileQueue:
             if last is None:
                 if end == 0:
                     return None
-                names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and n.isdigit())
+                names = sorted(n for n in os.listdir(self.directory) if len(n) == 20 and is_decimal(n))
                 if not names or int(names[0]) >= end:
                     raise CorruptStoreError(f"{self.directory}: committed data up to {end} but no segment below it")
                 last = self._map_existing(int(names[0]))

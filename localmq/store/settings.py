@@ -36,6 +36,7 @@ from localmq.layout import (
     INDEX_NAME_DIGITS,
     SETTINGS_FILE,
     SETTINGS_VERSION,
+    is_decimal,
 )
 from localmq.store.files import numbered_files
 from localmq.store.index import geometry_from_content, index_file_size
@@ -175,7 +176,9 @@ def _index_geometry(directory: str) -> Optional[Tuple[int, int]]:
     another ``maxHashSlotNum`` / ``maxIndexNum`` wrote them, and localmq's new files must have it too (RocketMQ
     maps every file at its configured size). None without such a file."""
     try:
-        names = sorted((n for n in os.listdir(directory) if len(n) == INDEX_NAME_DIGITS and n.isdigit()), reverse=True)
+        names = sorted(
+            (n for n in os.listdir(directory) if len(n) == INDEX_NAME_DIGITS and is_decimal(n)), reverse=True
+        )
     except FileNotFoundError:
         return None
     for name in names:

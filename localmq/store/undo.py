@@ -23,6 +23,7 @@ from localmq.layout import (
     MAX_QUEUE_ID,
     RECOVERY_DIR,
     TOPIC_RE,
+    is_decimal,
 )
 
 __all__ = ["OpenUndo", "missing_ancestor", "read_quarantine", "STORE_ENTRIES"]
@@ -170,7 +171,7 @@ class OpenUndo:
             if queues_of is not None and dirpath.startswith(queues_of):
                 topic = dirpath[len(queues_of) :]
                 if os.sep not in topic and TOPIC_RE.match(topic) is not None:
-                    later = [d for d in dirnames if d.isdigit() and int(d) <= MAX_QUEUE_ID]
+                    later = [d for d in dirnames if is_decimal(d) and int(d) <= MAX_QUEUE_ID]
                     self.deferred.update(os.path.join(dirpath, d) for d in later)
                     dirnames[:] = [d for d in dirnames if d not in later]
 
