@@ -275,11 +275,10 @@ def _rows(data):
 
 
 def _write_forged(root, data):
-    """The changed snapshot with its CRC made right again: a lie only the files can tell."""
-    magic, version, _, length = QUEUE_SNAPSHOT_HEADER.unpack_from(data, 0)
-    QUEUE_SNAPSHOT_HEADER.pack_into(
-        data, 0, magic, version, zlib.crc32(bytes(data[QUEUE_SNAPSHOT_HEADER.size :])), length
-    )
+    """The changed snapshot with its CRC and length made right again: a lie only the files can tell."""
+    magic, version, _, _ = QUEUE_SNAPSHOT_HEADER.unpack_from(data, 0)
+    body = bytes(data[QUEUE_SNAPSHOT_HEADER.size :])
+    QUEUE_SNAPSHOT_HEADER.pack_into(data, 0, magic, version, zlib.crc32(body), len(body))
     snapshot(root).write_bytes(bytes(data))
 
 
@@ -319,6 +318,42 @@ def test_a_forged_row_the_units_disagree_with_is_refused_and_costs_nothing(tmp_p
             row = list(QUEUE_SNAPSHOT_QUEUE_ROW.unpack_from(data, at))
             row[field] += change
             QUEUE_SNAPSHOT_QUEUE_ROW.pack_into(data, at, *row)
+    _write_forged(root, data)
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == len(TOPICS) * QUEUES - 1
+        assert every_queue(st) == expected()
+        assert st.put("T3", b"next", queue_id=2).queue_offset == PER_QUEUE
+    assert "consume queue T3-2: its units are not where the queue snapshot says" in caplog.text
+
+
+@pytest.mark.parametrize("left_out", ["first", "last"])
+def test_a_forged_row_that_leaves_out_a_file_is_refused_and_costs_nothing(tmp_path, caplog, left_out):
+    # the row names the queue's files; one that names all but the first (its min offset moved to the second file's
+    # start) or all but the last (its max offset and last record's end moved to the first file's end) agrees with
+    # every unit it names: the file it leaves out tells
+    root = tmp_path / "s"
+    fill(root)
+    data = bytearray(snapshot(root).read_bytes())
+    for name, q, at, files in _rows(data):
+        if (name, q) != ("T3", 2):
+            continue
+        row = list(QUEUE_SNAPSHOT_QUEUE_ROW.unpack_from(data, at))
+        assert row[6] == 2 and len(files) == 2
+        first_units = CQ_FILE // CQ_UNIT_SIZE
+        if left_out == "first":
+            row[4] = first_units
+            drop = files[0]
+        else:
+            unit = cq_file(root, "T3", 2, first_units - 1, CQ_FILE)
+            with open(unit[0], "rb") as f:
+                f.seek(unit[1])
+                phys, size = int.from_bytes(f.read(8), "big"), int.from_bytes(f.read(4), "big")
+            row[3], row[5] = first_units, phys + size
+            drop = files[1]
+        row[6] = 1
+        QUEUE_SNAPSHOT_QUEUE_ROW.pack_into(data, at, *row)
+        del data[drop : drop + QUEUE_SNAPSHOT_FILE_ROW.size]
+        break
     _write_forged(root, data)
     with localmq.open(root, **KW) as st:
         assert st.recovery.cq_vouched == len(TOPICS) * QUEUES - 1
@@ -434,3 +469,18 @@ def test_an_entry_the_open_skipped_in_a_topic_directory_is_reported_at_every_ope
     with localmq.open(root, **KW) as st:
         assert st.stats()["skipped_directories"] == [str(odd)]
         assert st.recovery.cq_vouched == len(TOPICS) * QUEUES
+
+
+@pytest.mark.parametrize("name", ["²", "٣", "3x", "65536"])
+def test_a_queue_directory_whose_name_is_not_an_ascii_queue_id_is_skipped(tmp_path, name):
+    # "²" passes str.isdigit but not int() (every open raised a bare ValueError); "٣" passes both and was taken for
+    # queue 3 (whose directory is "3"): only ASCII digits name a queue (layout.is_decimal)
+    root = tmp_path / "s"
+    fill(root)
+    odd = root / "consumequeue" / "T1" / name
+    odd.mkdir()
+    (odd / f"{0:020d}").write_bytes(bytes(CQ_FILE))
+    with localmq.open(root, **KW) as st:
+        assert st.stats()["skipped_directories"] == [str(odd)]
+        assert every_queue(st) == expected()
+    assert (odd / f"{0:020d}").read_bytes() == bytes(CQ_FILE)  # not localmq's: left as it was

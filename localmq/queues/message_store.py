@@ -274,7 +274,7 @@ class DefaultMessageStore:
             # a failed open gives the queue files it cut or deleted their bytes back
             self._cq_table.watch_rewrites(self._undo.save_derived)
             self._cq_table.list_queue_dir = self._undo.take_queue_dir
-        self._cq_table.load(snapshot)
+        self._cq_table.load(snapshot, self._cl_mfq.min_offset())
         if self._undo is not None:
             self._cq_table.list_queue_dir = None
             # what the table did not load (nothing, unless a directory changed meanwhile); the queue directories a

@@ -11,7 +11,7 @@ from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.config import check_topic
 from localmq.errors import CorruptStoreError
-from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE
+from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import DeferredDirSyncs
 from localmq.store.queue_snapshot import NOT_VOUCHED, QueueEntry, QueueSnapshot
@@ -38,17 +38,25 @@ def _units_at(qdir: str, bases: List[int], file_size: int, pos: int, n: int) -> 
     return data
 
 
-def _row_agrees(qdir: str, bases: List[int], file_size: int, row: QueueEntry, mins_at: int) -> bool:
-    """True when the queue's units are where its snapshot row says: the unit before ``max_offset`` is a real one
-    that ends at ``max_physic_offset``, the unit at ``max_offset`` (when a file holds it) is all zeros, and a
-    ``min_offset`` past the first file's start follows a unit retention expired (blank, or its record below the
-    log's min offset ``mins_at``). Units read with pread, one or two a queue: a row that lies (a snapshot forged with
-    a right CRC, or a bug of the close that wrote it) must never hide units that exist, nor let a put write over
-    one. Raises OSError when a file cannot be read."""
+def _row_agrees(qdir: str, bases: List[int], file_size: int, row: QueueEntry, log_min: int) -> bool:
+    """True when the queue's units are where its snapshot row says: no file before the first or after the last the
+    row lists, the unit before ``max_offset`` is a real one that ends at ``max_physic_offset``, the unit at
+    ``max_offset`` (when a file holds it) is all zeros, and a ``min_offset`` past the first file's start follows a
+    unit retention expired (blank, or its record below the log's min offset ``log_min``). A unit or two read with
+    pread, an lstat for a queue retention trimmed or whose last file is full: a row that lies (a snapshot forged
+    with a right CRC, or a bug of the close that wrote it) must never hide units that exist, nor let a put write
+    over one. Raises OSError when a file cannot be read."""
     last = row.max_offset * CQ_UNIT_SIZE - CQ_UNIT_SIZE  # the last unit's logical position
     first = row.min_offset * CQ_UNIT_SIZE
     if last < bases[0] or not bases[0] <= first <= last + CQ_UNIT_SIZE:
         return False
+    # the row lists every file: none before its first (offsets start at 0), none after a full last one
+    for base in (
+        bases[0] - file_size if bases[0] > 0 else -1,
+        bases[-1] + file_size if last + CQ_UNIT_SIZE == bases[-1] + file_size else -1,
+    ):
+        if base >= 0 and os.path.lexists(f"{qdir}/{base:020d}"):
+            return False
     tail_in_file = (last - bases[0]) % file_size + 2 * CQ_UNIT_SIZE <= file_size
     data = _units_at(qdir, bases, file_size, last, 2 * CQ_UNIT_SIZE if tail_in_file else CQ_UNIT_SIZE)
     if not tail_in_file and last + CQ_UNIT_SIZE < bases[-1] + file_size:
@@ -62,7 +70,7 @@ def _row_agrees(qdir: str, bases: List[int], file_size: int, row: QueueEntry, mi
     if first > bases[0]:
         before = _units_at(qdir, bases, file_size, first - CQ_UNIT_SIZE, CQ_UNIT_SIZE)
         size = int.from_bytes(before[8:12], "big", signed=True)
-        if size != CQ_BLANK_UNIT_SIZE and int.from_bytes(before[:8], "big", signed=True) >= mins_at:
+        if size != CQ_BLANK_UNIT_SIZE and int.from_bytes(before[:8], "big", signed=True) >= log_min:
             return False
     return True
 
@@ -118,15 +126,15 @@ class ConsumeQueueTable:
         for cq in list(self.queues.values()):
             cq.mapped_file_queue.before_rewrite = before_rewrite
 
-    def load(self, snapshot: Optional[QueueSnapshot] = None) -> None:
+    def load(self, snapshot: Optional[QueueSnapshot] = None, log_min: int = 0) -> None:
         """Map every queue found under ``root`` (files as they are; ``ConsumeQueue.recover`` checks them). A queue
         whose files ``snapshot`` vouches for (store/queue_snapshot.py) takes its state from there instead, without
-        a read of its directory or its units, and is entered in ``vouched``."""
+        a read of its directory or its units, and is entered in ``vouched`` (``log_min``: the commit log's min
+        offset, which the min offset of a vouched queue must agree with)."""
         root = self.root
         if not os.path.isdir(root):
             return
         known = snapshot.topics if snapshot is not None else {}
-        mins_at = snapshot.mins_at if snapshot is not None else 0
         with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
             topics = sorted(e.name for e in it if e.is_dir())
         for topic in topics:
@@ -149,13 +157,13 @@ class ConsumeQueueTable:
             else:
                 names = sorted(os.listdir(tdir))
             for q in names:
-                if not q.isdigit() or int(q) > MAX_QUEUE_ID:
+                if not is_decimal(q) or int(q) > MAX_QUEUE_ID:
                     self.skipped_dirs.append(os.path.join(tdir, q))
                     log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
                     continue
                 row = entry.queues.get(int(q)) if entry is not None else None
                 if row is not None and row.dir_ctime != NOT_VOUCHED:
-                    vouched = self._restore(topic, int(q), row, mins_at)
+                    vouched = self._restore(topic, int(q), row, log_min)
                     if vouched is not None:
                         self.queues[(topic, int(q))] = vouched
                         self.vouched.add((topic, int(q)))
@@ -177,7 +185,7 @@ class ConsumeQueueTable:
                     qdir = os.path.join(tdir, q)
                     for name in os.listdir(qdir):
                         path = os.path.join(qdir, name)
-                        if len(name) == 20 and name.isdigit() and os.path.isfile(path) and not os.path.islink(path):
+                        if len(name) == 20 and is_decimal(name) and os.path.isfile(path) and not os.path.islink(path):
                             if self.before_rewrite is not None:
                                 self.before_rewrite(path, 0, -1)
                             os.unlink(path)
@@ -186,7 +194,7 @@ class ConsumeQueueTable:
                     self.damaged[(topic, int(q))] = str(e)
                 self.queues[(topic, int(q))] = cq
 
-    def _restore(self, topic: str, queue_id: int, row: QueueEntry, mins_at: int) -> Optional[ConsumeQueue]:
+    def _restore(self, topic: str, queue_id: int, row: QueueEntry, log_min: int) -> Optional[ConsumeQueue]:
         """The queue built from its snapshot row when its directory and files are still those of the row (inode,
         ctime, size) and its units are where the row says (``_row_agrees``), else None (then it is loaded and
         checked as usual)."""
@@ -209,7 +217,7 @@ class ConsumeQueueTable:
         if not bases[-1] <= row.max_offset * CQ_UNIT_SIZE <= bases[-1] + size:
             return None  # not what a close writes: check the queue
         try:
-            if not _row_agrees(qdir, bases, size, row, mins_at):
+            if not _row_agrees(qdir, bases, size, row, log_min):
                 log.warning("consume queue %s-%d: its units are not where the queue snapshot says", topic, queue_id)
                 return None
         except OSError:
