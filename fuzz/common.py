@@ -33,7 +33,7 @@ if _ATHERIS:
         import localmq.store.index  # noqa: F401
         import localmq.store.readers  # noqa: F401
 
-from localmq.errors import LocalMQError  # noqa: E402
+from localmq.errors import CorruptMessageError, LocalMQError  # noqa: E402
 
 logging.disable(logging.CRITICAL)  # the readers log every damaged unit they skip: millions of lines here
 
@@ -113,6 +113,28 @@ class Input:
         out = self.data[self.pos :]
         self.pos = len(self.data)
         return out
+
+
+def read_queue_to_end(st, topic, qid, allowed):
+    """Every body of queue (topic, qid) from its min offset to its end through ``get_message``, a CorruptMessageError
+    skipped at its ``next_offset``; AssertionError for a body not in ``allowed`` (damage never turns into wrong
+    data) or a read that never ends."""
+    off = st.min_offset(topic, qid)
+    read = []
+    for _ in range(10000):
+        try:
+            g = st.get_message(topic, qid, off, 64)
+        except CorruptMessageError as e:
+            off = e.next_offset
+            continue
+        for m in g.messages:
+            if m.body not in allowed:
+                raise AssertionError(f"{topic}-{qid} offset {m.queue_offset}: a body never written there")
+            read.append(m.body)
+        if not g.messages and g.next_begin_offset <= off:
+            return read
+        off = g.next_begin_offset
+    raise AssertionError(f"{topic}-{qid}: reading never ends")
 
 
 def temp_file(data, name="f"):

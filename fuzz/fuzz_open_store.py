@@ -16,12 +16,12 @@ import tempfile
 
 # common first: it imports localmq under atheris' instrumentation, which an earlier `import localmq` would bypass (the
 # coverage guidance then sees no localmq code at all)
-from common import Input, main
+from common import Input, main, read_queue_to_end
 
 # isort: split
 import localmq
 import power_images
-from localmq.errors import CorruptMessageError, LocalMQError
+from localmq.errors import LocalMQError
 
 CONFIG = dict(
     mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=400, max_hash_slot_num=512, max_index_num=2048
@@ -129,21 +129,7 @@ def TestOneInput(data):
     with st:
         for topic in ("a", "b", "c"):
             for qid in (0, 1):
-                off = st.min_offset(topic, qid)
-                for _ in range(10000):
-                    try:
-                        g = st.get_message(topic, qid, off, 64)
-                    except CorruptMessageError as e:
-                        off = e.next_offset
-                        continue
-                    for m in g.messages:
-                        if m.body not in written:
-                            raise AssertionError(f"{topic}-{qid} offset {m.queue_offset}: a body never written")
-                    if not g.messages and g.next_begin_offset <= off:
-                        break
-                    off = g.next_begin_offset
-                else:
-                    raise AssertionError(f"{topic}-{qid}: reading never ends")
+                read_queue_to_end(st, topic, qid, written)
 
 
 def seeds():
