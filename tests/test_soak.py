@@ -5,8 +5,9 @@ What this test catches (issue 27's "flat after warm-up", and the correctness of 
   opens, must be the same number at every cycle (``closed_state_flat``; one leaked per reopen fails it);
 - descriptors or mappings growing with use (a queue file whose remap after eviction keeps its old mapping, a
   segment deleted by retention that stays mapped, one per reopen too many): the maxima of the second minute may
-  exceed those of 30-60 s by at most 8 descriptors and 32 mappings; RSS may grow by at most 30 MiB in the second
-  minute;
+  exceed those of 30-60 s by at most 8 descriptors and 32 mappings (samples taken while a reopen closes and opens
+  the store are left out: a close syncs queue files on up to 16 threads, a descriptor each for the call; a CI run
+  failed on one such sample, 24 descriptors against 15); RSS may grow by at most 30 MiB in the second minute;
 - retention that stops deleting (a segment held forever, a consumer bound never released): the store's disk must
   stay under a bound computed from its settings and the producers' rate, and retention must delete segments;
 - lost, duplicated or foreign messages: every body is checked against what was sent (CRC, topic, queue,
