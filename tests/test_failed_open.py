@@ -108,6 +108,41 @@ def _summary(st):
     }
 
 
+def _fail_each_operation(pfs, root, ops, err, fresh, expected):
+    """Open the store ``fresh()`` made (it returns the store's snapshot) with its k-th file operation failing with
+    ``err``, for every k up to ``ops``. A failed open must leave no descriptor, and the next open without the fault
+    must recover as the fault-free one (``expected``); so must an open that succeeds despite the fault. Returns
+    (the failed opens that changed the store, with what changed; failed opens; opens that succeeded)."""
+    changed, failed, succeeded = [], 0, 0
+    for k in range(1, ops + 1):
+        before = fresh()
+        pfs.fail(k, err)
+        try:
+            st = localmq.open(root, **SMALL)
+        except localmq.LocalMQError as e:
+            failed += 1
+            pfs.fail_off()
+            leaked = open_files_under(pfs.mountpoint)
+            assert not leaked, (k, type(e).__name__, str(e), leaked)
+            now = snapshot(root)
+            if now != before:
+                diff = sorted(
+                    {p for p in before[0].keys() | now[0].keys() if before[0].get(p) != now[0].get(p)}
+                    | (before[1] ^ now[1])
+                )
+                changed.append((k, type(e).__name__, str(e)[:160], diff[:6]))
+            with localmq.open(root, **SMALL) as st:  # the fault gone: the same recovery as without it
+                assert _summary(st) == expected, k
+            assert not open_files_under(pfs.mountpoint), k
+            continue
+        pfs.fail_off()
+        succeeded += 1
+        with st:
+            assert _summary(st) == expected, k
+        assert not open_files_under(pfs.mountpoint), k
+    return changed, failed, succeeded
+
+
 # about 90 opens through a FUSE file system each: 20-30 s on an idle 2-core VM, minutes under load
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("err", ["EIO", "ENOSPC"])
@@ -121,6 +156,8 @@ def test_an_open_failing_at_any_file_operation_leaves_the_store_as_it_found_it(p
         if root.exists():
             shutil.rmtree(root)
         shutil.copytree(pristine, root)
+        assert snapshot(root) == before
+        return before
 
     fresh()
     n0 = pfs.counters()["ops"]
@@ -131,35 +168,7 @@ def test_an_open_failing_at_any_file_operation_leaves_the_store_as_it_found_it(p
         assert st.recovery.cq_lost_units and st.recovery.cq_units_truncated and st.index_service.deleted_on_load
     assert expected["gaps"] and expected["dropped_at"] is not None  # recovery had work to do
     assert ops > 20
-    changed, succeeded, failed = [], 0, 0
-    for k in range(1, ops + 1):
-        fresh()
-        assert snapshot(root) == before
-        pfs.fail(k, err)
-        try:
-            st = localmq.open(root, **SMALL)
-        except localmq.LocalMQError as e:
-            failed += 1
-            pfs.fail_off()
-            leaked = open_files_under(pfs.mountpoint)
-            assert not leaked, (k, type(e).__name__, str(e), leaked)
-            now = snapshot(root)
-            if now != before:
-                files_b, dirs_b = before
-                files_n, dirs_n = now
-                diff = sorted(
-                    {p for p in files_b.keys() | files_n.keys() if files_b.get(p) != files_n.get(p)} | (dirs_b ^ dirs_n)
-                )
-                changed.append((k, type(e).__name__, str(e)[:160], diff[:6]))
-            with localmq.open(root, **SMALL) as st:  # the fault gone: the same recovery as without it
-                assert _summary(st) == expected, k
-            assert not open_files_under(pfs.mountpoint), k
-            continue
-        pfs.fail_off()
-        succeeded += 1
-        with st:
-            assert _summary(st) == expected, k
-        assert not open_files_under(pfs.mountpoint), k
+    changed, failed, succeeded = _fail_each_operation(pfs, root, ops, err, fresh, expected)
     print(f"\n{ops} operations in the fault-free open: {failed} failed opens, {succeeded} succeeded")
     assert failed > ops // 2, (failed, succeeded)
     assert not changed, f"{len(changed)} of {failed} failed opens changed the store: {changed[:10]}"
@@ -203,7 +212,7 @@ def test_a_failed_open_that_took_queues_from_the_snapshot_leaves_the_store_as_it
             os.truncate(cut, 100)  # after the close: that queue is loaded, refused, deleted and rebuilt
         return snapshot(root)
 
-    before = fresh()
+    fresh()
     n0 = pfs.counters()["ops"]
     with localmq.open(root, **SMALL) as st:
         ops = pfs.counters()["ops"] - n0
@@ -213,29 +222,7 @@ def test_a_failed_open_that_took_queues_from_the_snapshot_leaves_the_store_as_it
         else:
             assert st.recovery.cq_vouched == 6 and not st.recovery.cq_rebuilt, st.recovery
     assert ops > 3
-    changed, failed = [], 0
-    for k in range(1, ops + 1):
-        before = fresh()
-        pfs.fail(k, err)
-        try:
-            st = localmq.open(root, **SMALL)
-        except localmq.LocalMQError as e:
-            failed += 1
-            pfs.fail_off()
-            assert not open_files_under(pfs.mountpoint), k
-            now = snapshot(root)
-            if now != before:
-                diff = sorted(
-                    {p for p in before[0].keys() | now[0].keys() if before[0].get(p) != now[0].get(p)}
-                    | (before[1] ^ now[1])
-                )
-                changed.append((k, type(e).__name__, str(e)[:160], diff[:6]))
-            with localmq.open(root, **SMALL) as st:
-                assert _summary(st) == expected, k
-            continue
-        pfs.fail_off()
-        with st:
-            assert _summary(st) == expected, k
+    changed, failed, _ = _fail_each_operation(pfs, root, ops, err, fresh, expected)
     print(f"\n{ops} operations in the fault-free open: {failed} failed opens")
     assert failed > 0
     assert not changed, f"{len(changed)} of {failed} failed opens changed the store: {changed[:10]}"
