@@ -57,6 +57,7 @@ def phase(kind: str, root: str, n_topics: int, shared: bool = False) -> dict:
                 raise RuntimeError("dispatch did not finish")
             out["put_dispatch_s"] = time.perf_counter() - t
         else:
+            out["after_open"] = _held(base)  # before any queue is used: idle queues (built on first use)
             out["recovery_s"] = st.recovery.seconds
             out["cq_vouched"] = st.recovery.cq_vouched
             out["recovery_mode"] = st.recovery.mode  # "abnormal": the last close was not clean

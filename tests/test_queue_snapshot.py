@@ -5,6 +5,7 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
 import time
 import zlib
 
@@ -85,6 +86,71 @@ def test_a_clean_close_vouches_for_every_queue_and_the_next_open_reads_none(tmp_
     want = expected()
     want[("T3", 2)] = (0, PER_QUEUE + 1, want[("T3", 2)][2] + [b"after"])
     assert got == want
+
+
+def test_a_vouched_queue_is_made_on_its_first_use_and_a_queue_never_used_keeps_its_row(tmp_path):
+    root = tmp_path / "s"
+    fill(root)
+    n = len(TOPICS) * QUEUES
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == n
+        s = st.stats()
+        assert s["consume_queues"] == n
+        # only the queue of the log's last record was made (recovery asks it whether it points past the end)
+        assert s["consume_queues_built"] == 1
+        assert st.topics() == {t: list(range(QUEUES)) for t in TOPICS}  # every queue listed, none made
+        assert st.stats()["consume_queues_built"] == 1
+        assert [m.body for m in queue_messages(st, "T1", 1, wait=False)] == expected()[("T1", 1)][2]
+        assert st.stats()["consume_queues_built"] == 2
+        # a put to a queue not made yet: the dispatcher makes it from its row and appends after its last unit
+        assert st.put("T2", b"after", queue_id=3).queue_offset == PER_QUEUE
+        assert st.wait_for_dispatch(10)
+        assert st.stats()["consume_queues_built"] == 3
+        assert st.max_offset("T2", 3) == PER_QUEUE + 1
+        time.sleep(2 * FRESH_NS / 1e9)
+    # the close wrote the rows of the queues never made as they were: the next open vouches for every queue again
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == n and st.recovery.cq_rebuilt == {}
+        got = every_queue(st)
+        assert st.stats()["consume_queues_built"] == n
+    want = expected()
+    want[("T2", 3)] = (0, PER_QUEUE + 1, want[("T2", 3)][2] + [b"after"])
+    assert got == want
+
+
+def test_queues_made_on_first_use_by_many_readers_and_the_dispatcher_at_once_are_made_once(tmp_path):
+    root = tmp_path / "s"
+    fill(root)
+    errors = []
+    seen = {}
+
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == len(TOPICS) * QUEUES
+
+        def reader(k):
+            try:
+                for t in TOPICS[k % 2 :: 2] + TOPICS:
+                    for q in range(QUEUES):
+                        seen[(k, t, q)] = [m.body for m in queue_messages(st, t, q, wait=False)][:PER_QUEUE]
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(6)]
+        for th in threads:
+            th.start()
+        for t in reversed(TOPICS):  # puts to every queue meanwhile: the dispatcher makes the ones not made yet
+            for q in range(QUEUES):
+                assert st.put(t, b"more", queue_id=q).queue_offset == PER_QUEUE
+        for th in threads:
+            th.join()
+        assert st.wait_for_dispatch(10)
+        assert errors == []
+        assert st.stats()["consume_queues_built"] == len(TOPICS) * QUEUES
+        for t in TOPICS:
+            for q in range(QUEUES):
+                assert [m.body for m in queue_messages(st, t, q, wait=False)] == expected()[(t, q)][2] + [b"more"]
+    assert all(v == expected()[(t, q)][2] for (_, t, q), v in seen.items())
+    assert len(seen) == 6 * len(TOPICS) * QUEUES
 
 
 @pytest.mark.parametrize("damage", ["zeroed unit", "unit pointing elsewhere", "file deleted", "file truncated"])

@@ -665,12 +665,14 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
             "commit_log_max_offset": self._cl_mfq.max_offset(),
             "segments": len(self._cl_mfq.files),
             "consume_queues": len(self._cqs),
+            # the queues made so far: a queue a queue snapshot vouched for is made on its first use
+            "consume_queues_built": len(self._cq_table.built),
             **self._cq_table.mapping_stats(),
             "dispatched": core.dispatched,
             "dispatch_duplicates": core.duplicates,
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
             "dispatch_blocked": str(core.blocked) if core.blocked is not None else None,
-            "dispatch_gap_units": sum(cq.gap_units for cq in list(self._cqs.values())),
+            "dispatch_gap_units": sum(cq.gap_units for cq in list(self._cq_table.built.values())),  # built: 0 else
             "service_errors": {
                 **{s.name: s.errors for s in self._services},
                 "CleanService": self.clean_service.errors if self.clean_service else 0,

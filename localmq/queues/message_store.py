@@ -7,7 +7,7 @@ import functools
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from localmq._native import fsync_dir
 from localmq._record import Message
@@ -22,7 +22,7 @@ from localmq.errors import (
     io_operation,
     store_io_error,
 )
-from localmq.layout import ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, CQ_UNIT_SIZE, LOCK_FILE
+from localmq.layout import ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, LOCK_FILE
 from localmq.services.allocate import AllocateMappedFileService
 from localmq.services.clean import CleanService
 from localmq.services.flush import (
@@ -119,7 +119,9 @@ class DefaultMessageStore:
         self._lock = None
         self._reput_service: Optional[ReputMessageService] = None
         self._services: List[Any] = []  # every background service, in start order
-        self._cqs: Dict[Tuple[str, int], ConsumeQueue] = {}  # (topic, queue id) -> ConsumeQueue; read without a lock
+        # (topic, queue id) -> ConsumeQueue, read without a lock: every queue, a look-up builds a vouched one on first
+        # use (ConsumeQueueTable.queues)
+        self._cqs: Mapping[Tuple[str, int], ConsumeQueue] = {}
         self._group_commit: Optional[GroupCommit] = None
         self._pool: Optional[TransientStorePool] = None
         self._allocate_service: Optional[AllocateMappedFileService] = None
@@ -302,7 +304,7 @@ class DefaultMessageStore:
         cl_min = self._cl_mfq.min_offset()
         if snapshot is not None and snapshot.mins_at == cl_min:
             for key in self._cq_table.vouched:  # their min offsets were right for this log's start at the close
-                min_corrected.setdefault(key, (cl_min, self._cqs[key].max_offset))
+                min_corrected.setdefault(key, (cl_min, self._cq_table.max_offset(key)))
         self._check_log_start(cl_min, report)
         self._cl_mfq.before_head_delete = functools.partial(write_log_start, self.root)
         self.commit_log = CommitLog(
@@ -312,7 +314,7 @@ class DefaultMessageStore:
         self._reput.set_delay_levels(self.delay_levels_ms())
         self._reput.on_blocked = self._dispatch_blocked
         self._reput.skip_offsets = set(report.damaged_headers) or None
-        for cq in self._cqs.values():
+        for cq in list(self._cq_table.built.values()):  # the dispatcher registers the others on their first record
             self._reput.register(cq)
         if self._undo is not None and report.reput_from < report.end_offset:  # re-dispatch will append units
             self._mark_queue_ends(self._undo)
@@ -335,10 +337,11 @@ class DefaultMessageStore:
                 report.dispatch_blocked,
             )
             undispatched = next_queue_offsets(self._cl_mfq.directory, self._cl_mfq.file_size, self._reput.reput_offset)
-        for (topic, qid), cq in self._cqs.items():
-            if min_corrected.get((topic, qid)) != (cl_min, cq.max_offset):  # not yet, or re-dispatch added units
-                cq.correct_min_offset(cl_min)
-            self.commit_log.set_queue_offset(topic, qid, max(cq.max_offset, undispatched.pop((topic, qid), 0)))
+        table = self._cq_table
+        for key, max_offset, _ in table.ends():
+            if min_corrected.get(key) != (cl_min, max_offset):  # not yet, or re-dispatch added units
+                table.queues[key].correct_min_offset(cl_min)  # (built now)
+            self.commit_log.set_queue_offset(key[0], key[1], max(max_offset, undispatched.pop(key, 0)))
         for (topic, qid), nxt in undispatched.items():  # queues whose first file could not be created
             self.commit_log.set_queue_offset(topic, qid, nxt)
         self._mins_at = cl_min  # every queue's min offset is right for this log's start
@@ -362,11 +365,9 @@ class DefaultMessageStore:
     def _mark_queue_ends(self, undo: OpenUndo) -> None:
         """Where re-dispatch starts appending to each queue's last file (zeros from there on): a failed open zeroes
         them again (OpenUndo.mark_derived_end)."""
-        for cq in self._cqs.values():
-            last = cq.mapped_file_queue.last()
-            if last is not None:
-                pos = cq.max_offset * CQ_UNIT_SIZE - last.file_from_offset
-                undo.mark_derived_end(os.fspath(last.path), min(last.file_size, max(0, pos)))
+        size = self._cq_table.file_size
+        for path, pos in self._cq_table.last_files():  # built or not
+            undo.mark_derived_end(path, min(size, max(0, pos)))
 
     def _check_log_start(self, cl_min: int, report: RecoveryReport) -> None:
         """Segments below the first one that localmq's retention did not delete (the record's commit_log_start is
@@ -525,7 +526,7 @@ class DefaultMessageStore:
             self._commit_service.start()
             self._services.append(self._commit_service)
         self._cq_flush_service = FlushConsumeQueueService(
-            lambda: self._cqs.values(), c, self.checkpoint, self.checkpoint.flush, self._cq_table.sync_names
+            lambda: self._cq_table.built.values(), c, self.checkpoint, self.checkpoint.flush, self._cq_table.sync_names
         )
         self._cq_flush_service.start()
         self._services.append(self._cq_flush_service)
@@ -739,7 +740,7 @@ class DefaultMessageStore:
             self._cl_mfq.flush_all()
         # after a failed flush of the log the queues and the checkpoint are still flushed (the checkpoint's log time
         # stays where the last good flush left it), and the failure is raised again
-        cqs = list(self._cqs.values())
+        cqs = list(self._cq_table.built.values())  # a queue never built has nothing to flush
         # the store time each queue had before its flush: what the checkpoint may claim once all of them are flushed
         logics_ts = max((cq.last_store_timestamp for cq in cqs), default=0)
 
@@ -842,7 +843,7 @@ class DefaultMessageStore:
             self._stop_service(self._allocate_service)
             if self._pool is not None:
                 self._pool.close()
-            for cq in self._cqs.values():
+            for cq in list(self._cq_table.built.values()):
                 cq.close()
             self._cl_mfq.close()
             self.checkpoint.close()

@@ -295,7 +295,7 @@ class SharedMessageQueue(LocalMessageQueue):
         self._cq_table = ConsumeQueueTable(
             self._cq_root, c.mapped_file_size_consume_queue, c.reserve_step_consume_queue, c.max_mapped_queue_files
         )
-        self._cqs = self._cq_table.queues
+        self._cqs = self._cq_table.built  # a shared store reads no queue snapshot: every queue is built
         self.commit_log = CommitLog(
             self._cl_mfq, max_message_size=c.max_message_size, store_host=c.store_host, born_host=c.born_host
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
@@ -75,12 +75,47 @@ def _row_agrees(qdir: str, bases: List[int], file_size: int, row: QueueEntry, lo
     return True
 
 
-class ConsumeQueueTable:
-    """RocketMQ's consumeQueueTable: ``queues`` maps (topic, queue id) to its ConsumeQueue.
+Key = Tuple[str, int]
 
-    The dispatcher creates queues (``find_or_create``, under a lock); readers look them up in ``queues`` without
-    one (a dict read is atomic). Directories that are not a valid topic or queue id are skipped and listed in
-    ``skipped_dirs``.
+
+class QueueView(Mapping[Key, ConsumeQueue]):
+    """Every queue of a table, as a read-only mapping: a key is any queue, built or not; a look-up builds a queue
+    a snapshot vouched for on its first use (``ConsumeQueueTable.get``); ``values()`` and ``items()`` build every
+    queue (the few callers that need every object, such as retention's pass after the log's start moved)."""
+
+    def __init__(self, table: "ConsumeQueueTable") -> None:
+        self._table = table
+
+    def __getitem__(self, key: Key) -> ConsumeQueue:
+        cq = self._table.get(key)
+        if cq is None:
+            raise KeyError(key)
+        return cq
+
+    def get(self, key: Key, default: Optional[ConsumeQueue] = None) -> Optional[ConsumeQueue]:  # type: ignore[override]
+        cq = self._table.get(key)
+        return default if cq is None else cq
+
+    def __contains__(self, key: object) -> bool:
+        t = self._table
+        return key in t.built or key in t.rows or key in t.built
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._table.keys())
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+class ConsumeQueueTable:
+    """RocketMQ's consumeQueueTable: every (topic, queue id) of the store and its ConsumeQueue.
+
+    A queue whose files a queue snapshot vouched for at the open (``load``) is kept as its checked row (``rows``)
+    and built on its first use (``get``, ``find_or_create``): an open of 100,000 queues makes no object for those
+    nobody reads or writes. ``built`` maps the queues built so far (a dict read without a lock: a dict read is
+    atomic; a queue enters ``built`` before it leaves ``rows``); ``queues`` is the view of all of them. The
+    dispatcher creates queues (``find_or_create``); builds and creations hold the table's lock. Directories that
+    are not a valid topic or queue id are skipped and listed in ``skipped_dirs``.
     """
 
     def __init__(self, root: str, file_size: int, reserve_step: int = 0, max_mapped_files: int = 0) -> None:
@@ -92,7 +127,11 @@ class ConsumeQueueTable:
         self.reserve_step = reserve_step  # > 0: queue files are sparse, their blocks reserved ahead step by step
         # the names of new queue files are made durable together, before a checkpoint vouches for them (sync_names)
         self.dir_syncs = DeferredDirSyncs()
-        self.queues: Dict[Tuple[str, int], ConsumeQueue] = {}
+        self.built: Dict[Key, ConsumeQueue] = {}
+        # queues a snapshot vouched for (their stamps and units checked by ``load``), not built yet: their rows
+        self.rows: Dict[Key, QueueEntry] = {}
+        self._dev = -1  # the device of the rows' files (a row's ids are (this, its inode))
+        self.queues = QueueView(self)
         self.skipped_dirs: List[str] = []
         # (topic, queue id) -> why its files could not be loaded (wrong size, a missing file between others):
         # they were deleted, recovery rebuilds the queue from the commit log
@@ -123,8 +162,112 @@ class ConsumeQueueTable:
     def watch_rewrites(self, before_rewrite: Optional[Callable[[str, int, int], None]]) -> None:
         """Tell ``before_rewrite`` of every cut or deletion of a queue file from now on (None: stop telling)."""
         self.before_rewrite = before_rewrite
-        for cq in list(self.queues.values()):
+        for cq in list(self.built.values()):
             cq.mapped_file_queue.before_rewrite = before_rewrite
+
+    # -- every queue, built or not ---------------------------------------------------------------------------
+
+    def get(self, key: Key) -> Optional[ConsumeQueue]:
+        """The ConsumeQueue of ``key``, built from its row on first use; None when the store has no such queue."""
+        cq = self.built.get(key)
+        if cq is None and key in self.rows:
+            with self._lock:
+                cq = self.built.get(key)
+                if cq is None:
+                    cq = self._build(key)
+        return cq if cq is not None else self.built.get(key)  # built (and its row dropped) meanwhile
+
+    def _build(self, key: Key) -> ConsumeQueue:
+        """Make the queue of a checked row (under ``_lock``): objects only, no read of its files."""
+        row = self.rows[key]
+        cq = self._new(key[0], key[1])
+        dev = self._dev
+        try:
+            cq.mapped_file_queue.load_known([b for b, _, _ in row.files], [(dev, ino) for _, _, ino in row.files])
+        except BaseException:
+            cq.close()
+            raise
+        cq.restore(row.max_offset, row.min_offset, row.max_physic_offset)
+        self.built[key] = cq
+        del self.rows[key]
+        return cq
+
+    def build_all(self) -> List[ConsumeQueue]:
+        """Build every queue not built yet; returns all of them."""
+        for key in list(self.rows):
+            self.get(key)
+        return list(self.built.values())
+
+    def keys(self) -> List[Key]:
+        """Every queue's key, built or not."""
+        with self._lock:
+            return list(self.built) + list(self.rows)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self.built) + len(self.rows)
+
+    def ends(self) -> List[Tuple[Key, int, int]]:
+        """(key, max offset, max physical offset) of every queue, without building one."""
+        with self._lock:
+            out = [(k, cq.max_offset, cq.max_physic_offset) for k, cq in self.built.items()]
+            out += [(k, r.max_offset, r.max_physic_offset) for k, r in self.rows.items()]
+        return out
+
+    def max_offset(self, key: Key) -> int:
+        """The queue's max offset without building it; -1 when the store has no such queue."""
+        cq = self.built.get(key)
+        if cq is not None:
+            return cq.max_offset
+        row = self.rows.get(key)
+        if row is not None:
+            return row.max_offset
+        cq = self.built.get(key)
+        return -1 if cq is None else cq.max_offset
+
+    def states(self) -> List[Tuple[Key, str, List[int], int, int, int, bool]]:
+        """(key, directory, its files' base offsets, max offset, min offset, max physical offset, whether a file's
+        deletion waits for a reader) of every queue, sorted, without building one: what a queue snapshot records."""
+        with self._lock:
+            out = [
+                (
+                    k,
+                    cq.mapped_file_queue.directory,
+                    [mf.file_from_offset for mf in cq.mapped_file_queue.files],
+                    cq.max_offset,
+                    cq.min_offset,
+                    cq.max_physic_offset,
+                    bool(cq.mapped_file_queue.hanged),
+                )
+                for k, cq in self.built.items()
+            ]
+            out += [
+                (
+                    k,
+                    f"{self.root}/{k[0]}/{k[1]}",
+                    [b for b, _, _ in r.files],
+                    r.max_offset,
+                    r.min_offset,
+                    r.max_physic_offset,
+                    False,
+                )
+                for k, r in self.rows.items()
+            ]
+        out.sort(key=lambda x: x[0])
+        return out
+
+    def last_files(self) -> List[Tuple[str, int]]:
+        """(path, position) of every queue's last file and where its units end in it, without building one."""
+        with self._lock:
+            out = []
+            for cq in self.built.values():
+                last = cq.mapped_file_queue.last()
+                if last is not None:
+                    out.append((os.fspath(last.path), cq.max_offset * CQ_UNIT_SIZE - last.file_from_offset))
+            for (topic, qid), r in self.rows.items():
+                base = r.files[-1][0]
+                out.append((f"{self.root}/{topic}/{qid}/{base:020d}", r.max_offset * CQ_UNIT_SIZE - base))
+        return out
 
     def load(self, snapshot: Optional[QueueSnapshot] = None, log_min: int = 0) -> None:
         """Map every queue found under ``root`` (files as they are; ``ConsumeQueue.recover`` checks them). A queue
@@ -162,12 +305,10 @@ class ConsumeQueueTable:
                     log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
                     continue
                 row = entry.queues.get(int(q)) if entry is not None else None
-                if row is not None and row.dir_ctime != NOT_VOUCHED:
-                    vouched = self._restore(topic, int(q), row, log_min)
-                    if vouched is not None:
-                        self.queues[(topic, int(q))] = vouched
-                        self.vouched.add((topic, int(q)))
-                        continue
+                if row is not None and row.dir_ctime != NOT_VOUCHED and self._restore(topic, int(q), row, log_min):
+                    self.rows[(topic, int(q))] = row  # built on first use
+                    self.vouched.add((topic, int(q)))
+                    continue
                 if self.list_queue_dir is not None:
                     self.list_queue_dir(os.path.join(tdir, q), False)
                 cq = self._new(topic, int(q))
@@ -192,74 +333,71 @@ class ConsumeQueueTable:
                     fsync_dir(qdir)
                     cq = self._new(topic, int(q))
                     self.damaged[(topic, int(q))] = str(e)
-                self.queues[(topic, int(q))] = cq
+                self.built[(topic, int(q))] = cq
 
-    def _restore(self, topic: str, queue_id: int, row: QueueEntry, log_min: int) -> Optional[ConsumeQueue]:
-        """The queue built from its snapshot row when its directory and files are still those of the row (inode,
-        ctime, size) and its units are where the row says (``_row_agrees``), else None (then it is loaded and
-        checked as usual)."""
+    def _restore(self, topic: str, queue_id: int, row: QueueEntry, log_min: int) -> bool:
+        """True when the queue's directory and files are still those of its snapshot row (inode, ctime, size, on the
+        device of the other rows) and its units are where the row says (``_row_agrees``): the row can stand for the
+        queue until its first use. Else False (then it is loaded and checked as usual)."""
         qdir = f"{self.root}/{topic}/{queue_id}"  # names checked by load (os.path.join costs here at 100,000 queues)
         try:
             if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
-                return None
-            ids = []
+                return False
             for base, ctime, ino in row.files:
                 st = os.lstat(f"{qdir}/{base:020d}")
                 if (st.st_ctime_ns, st.st_ino, st.st_size) != (ctime, ino, self.file_size):
-                    return None
-                ids.append((st.st_dev, st.st_ino))
+                    return False
+                if st.st_dev != self._dev:
+                    if self._dev != -1:
+                        return False  # another file system inside the store: checked as usual
+                    self._dev = st.st_dev
         except FileNotFoundError:
-            return None
+            return False
         bases = [base for base, _, _ in row.files]
         size = self.file_size
         if not bases or bases != list(range(bases[0], bases[0] + len(bases) * size, size)):
-            return None
+            return False
         if not bases[-1] <= row.max_offset * CQ_UNIT_SIZE <= bases[-1] + size:
-            return None  # not what a close writes: check the queue
+            return False  # not what a close writes: check the queue
         try:
             if not _row_agrees(qdir, bases, size, row, log_min):
                 log.warning("consume queue %s-%d: its units are not where the queue snapshot says", topic, queue_id)
-                return None
+                return False
         except OSError:
-            return None
-        cq = self._new(topic, queue_id)
-        try:
-            cq.mapped_file_queue.load_known(bases, ids)
-        except (OSError, CorruptStoreError):
-            cq.close()
-            return None
-        cq.restore(row.max_offset, row.min_offset, row.max_physic_offset)
+            return False
         if self.list_queue_dir is not None:  # its files are as the close left them: listed if the open writes there
             self.list_queue_dir(qdir, True)
-        return cq
+        return True
 
     def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
         """The ConsumeQueue of (topic, queue), created (no file yet) when missing. Raises InvalidTopicError."""
         key = (topic, queue_id)
-        cq = self.queues.get(key)
+        cq = self.built.get(key)
         if cq is None:
             with self._lock:
-                cq = self.queues.get(key)
+                cq = self.built.get(key)
                 if cq is None:
+                    if key in self.rows:
+                        return self._build(key)
                     check_topic(topic)
                     cq = self._new(topic, queue_id)
-                    self.queues[key] = cq
+                    self.built[key] = cq
         return cq
 
     def find_or_load(self, topic: str, queue_id: int, adopt: Callable[[ConsumeQueue], None]) -> ConsumeQueue:
         """The ConsumeQueue of (topic, queue); when missing, one over the files already on disk (written by another
         process of a shared store), passed to ``adopt`` before anyone else sees it. Raises InvalidTopicError."""
         key = (topic, queue_id)
-        cq = self.queues.get(key)
+        cq = self.built.get(key)
         if cq is None:
             with self._lock:
-                cq = self.queues.get(key)
+                cq = self.built.get(key)
                 if cq is None:
                     check_topic(topic)
                     cq = self._new(topic, queue_id)
                     cq.load()
                     adopt(cq)
-                    self.queues[key] = cq
+                    self.built[key] = cq
         return cq
 
     def mapping_stats(self) -> Dict[str, Optional[int]]:
@@ -268,7 +406,7 @@ class ConsumeQueueTable:
         b = self.budget
         if b is None:
             return {
-                "mapped_queue_files": sum(len(cq.mapped_file_queue.files) for cq in list(self.queues.values())),
+                "mapped_queue_files": sum(len(cq.mapped_file_queue.files) for cq in list(self.built.values())),
                 "queue_file_evictions": None,
                 "queue_file_remaps": None,
             }
@@ -281,11 +419,12 @@ class ConsumeQueueTable:
 
     def destroy_all(self) -> None:
         """Delete every queue's files (a store whose commit log is gone: the units could point nowhere)."""
-        for cq in self.queues.values():
+        for cq in self.build_all():
             cq.destroy()
-        self.queues.clear()
+        self.built.clear()
+        self.vouched.clear()
 
     def close(self) -> None:
-        """Unmap every queue's files."""
-        for cq in self.queues.values():
+        """Unmap every queue's files (a queue never built has none mapped)."""
+        for cq in list(self.built.values()):
             cq.close()

@@ -127,11 +127,13 @@ def _first_unit_lost(
                 keys, where = np.unique(
                     codes.astype(np.int64) << 32 | (qid.astype(np.int64) & 0xFFFFFFFF), return_inverse=True
                 )
-                cqs = (
-                    queues.queues.get((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1)))
-                    for k in keys.tolist()
-                )
-                ends = np.array([-1 if cq is None else cq.max_offset for cq in cqs], np.int64)[where]
+                ends = np.array(
+                    [
+                        queues.max_offset((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1)))
+                        for k in keys.tolist()
+                    ],
+                    np.int64,
+                )[where]
                 lost = np.flatnonzero(indexed & (qoff >= ends))
                 if lost.size:
                     i = int(lost[0])
@@ -237,7 +239,7 @@ def _verify_queues(
     starts: List[int] = []
     files, seg_size = commit_log.files, commit_log.file_size
     missing_head = _missing_first_files(commit_log, queues, end, cl_min)
-    for key, cq in queues.queues.items():
+    for key, cq in list(queues.built.items()):  # a queue not built yet is vouched for
         if key in queues.vouched:
             continue
         name = f"{key[0]}-{key[1]}"
@@ -329,7 +331,7 @@ def _missing_first_files(
     unknown record) counts every queue still in doubt as lost (it is rebuilt: the log is the truth).
     """
     doubt: Dict[Tuple[str, int], Tuple[int, int]] = {}
-    for key, cq in queues.queues.items():
+    for key, cq in list(queues.built.items()):  # a queue not built yet is vouched for
         mfq = cq.mapped_file_queue
         if key in queues.damaged or key in queues.vouched or not mfq.files or not commit_log.files:
             continue

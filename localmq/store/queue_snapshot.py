@@ -178,15 +178,17 @@ def _encode(
     cq_root = table.root
     topic_stats: Dict[str, Optional[os.stat_result]] = {}
     queue_stats: Dict[Tuple[str, int], Tuple[os.stat_result, List[os.stat_result]]] = {}
-    for (topic, qid), cq in sorted(table.queues.items()):
-        mfq = cq.mapped_file_queue
+    states = {}
+    for state in table.states():  # every queue, built or not (a queue never built is as the last open found it)
+        (topic, qid), qdir, bases = state[0], state[1], state[2]
         try:
             if topic not in topic_stats:
                 topic_stats[topic] = None
                 topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
-            queue_stats[(topic, qid)] = (os.lstat(mfq.directory), [os.lstat(mf.path) for mf in mfq.files])
+            queue_stats[(topic, qid)] = (os.lstat(qdir), [os.lstat(f"{qdir}/{base:020d}") for base in bases])
         except FileNotFoundError:
             continue  # a queue without a directory (never written): the open finds nothing there either
+        states[(topic, qid)] = state
     root_st = os.lstat(cq_root)
     ctimes = [ctime for _, ctime, _, _ in segments] + [fs_now, root_st.st_ctime_ns]
     for dst, fsts in queue_stats.values():
@@ -233,36 +235,33 @@ def _encode(
             ctime = NOT_VOUCHED
         parts.append(QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name), ctime, ino, len(qids)) + name)
         for qid in qids:
-            cq = table.queues[(topic, qid)]
-            mfq = cq.mapped_file_queue
+            _, _, bases, max_offset, min_offset, max_phys, hanged = states[(topic, qid)]
             dst, fsts = queue_stats[(topic, qid)]
             dctime, dino = _stamp(dst, fresh_after)
             vouched = (
                 dctime != NOT_VOUCHED
                 and stat.S_ISDIR(dst.st_mode)
                 and bool(fsts)
-                and not mfq.hanged  # a file whose deletion waits for a reader: the next open must list the directory
+                and not hanged  # a file whose deletion waits for a reader: the next open must list the directory
                 and all(
                     stat.S_ISREG(fst.st_mode) and fst.st_ctime_ns < fresh_after and fst.st_size == table.file_size
                     for fst in fsts
                 )
             )
-            files = mfq.files
             parts.append(
                 QUEUE_SNAPSHOT_QUEUE_ROW.pack(
                     qid,
                     dctime if vouched else NOT_VOUCHED,
                     dino,
-                    cq.max_offset,
-                    cq.min_offset,
-                    cq.max_physic_offset,
-                    len(files) if vouched else 0,
+                    max_offset,
+                    min_offset,
+                    max_phys,
+                    len(bases) if vouched else 0,
                 )
             )
             if vouched:
                 parts += [
-                    QUEUE_SNAPSHOT_FILE_ROW.pack(mf.file_from_offset, fst.st_ctime_ns, fst.st_ino)
-                    for mf, fst in zip(files, fsts)
+                    QUEUE_SNAPSHOT_FILE_ROW.pack(base, fst.st_ctime_ns, fst.st_ino) for base, fst in zip(bases, fsts)
                 ]
     body = b"".join(parts)
     return QUEUE_SNAPSHOT_HEADER.pack(QUEUE_SNAPSHOT_MAGIC, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body)) + body

@@ -443,7 +443,7 @@ def _damaged_old_segments(
     if not files or walked_from <= files[0].file_from_offset:
         return []
     found: set[int] = set()
-    for key, cq in queues.queues.items():
+    for key, cq in list(queues.built.items()):  # a queue not built yet is vouched for
         if key in queues.vouched or not cq.mapped_file_queue.files:
             continue
         first = cq.mapped_file_queue.files[0].file_from_offset // CQ_UNIT_SIZE
@@ -466,9 +466,7 @@ def _check_segments_at_end(commit_log: "MappedFileQueue", queues: "ConsumeQueueT
     """Units pointing past the last segment mean segments lost at the end: DamagedLogError naming the first one,
     unless ``salvage`` (then logged; the queues are cut to the log afterwards)."""
     log_end = commit_log.files[-1].file_from_offset + commit_log.file_size if commit_log.files else 0
-    beyond = {
-        f"{k[0]}-{k[1]}": cq.max_physic_offset for k, cq in queues.queues.items() if cq.max_physic_offset > log_end
-    }
+    beyond = {f"{k[0]}-{k[1]}": phys for k, _, phys in queues.ends() if phys > log_end}
     if beyond and commit_log.files:
         first_missing = log_end // commit_log.file_size * commit_log.file_size
         msg = (
@@ -513,9 +511,10 @@ def recover_store(
     checked as every other queue.
     """
     vouched = queues.vouched  # state from a queue snapshot (store/queue_snapshot.py): not read, not checked
-    damaged = [key for key, cq in queues.queues.items() if key not in vouched and cq.recover()]
+    # a queue not built yet is vouched for (ConsumeQueueTable.rows): only the built ones can need a check here
+    damaged = [key for key, cq in list(queues.built.items()) if key not in vouched and cq.recover()]
     _check_segments_at_end(commit_log, queues, salvage)
-    known_end = max((cq.max_physic_offset for k, cq in queues.queues.items() if k not in damaged), default=0)
+    known_end = max((phys for k, _, phys in queues.ends() if k not in damaged), default=0)
 
     agrees = _agreement(queues, damaged)
     report = recover_commit_log(
@@ -537,7 +536,7 @@ def recover_store(
         log.warning("recovery of %s: the commit log changed since its clean close; checking every queue", root)
         late = sorted(vouched)
         vouched.clear()
-        damaged.extend(key for key in late if queues.queues[key].recover())
+        damaged.extend(key for key in late if queues.queues[key].recover())  # built now
 
     if vouched and (
         end != vouched_end or report.gaps or report.dropped_at is not None or report.deleted_segments or abnormal
@@ -546,9 +545,9 @@ def recover_store(
     cl_min = commit_log.min_offset()
     if not commit_log.files:
         queues.destroy_all()
-    for key, cq in queues.queues.items():
-        if cq.max_physic_offset >= end or cq.max_offset > 0 and cq.max_physic_offset < 0:
-            n = cq.truncate_dirty(end)
+    for key, max_offset, phys in queues.ends():  # the queues that can hold units past the end are built
+        if phys >= end or max_offset > 0 and phys < 0:
+            n = queues.queues[key].truncate_dirty(end)
             if n:
                 report.cq_units_truncated[f"{key[0]}-{key[1]}"] = n
     # only now, with no unit pointing into them any more (the cuts above are durable), are the segments past the
@@ -596,9 +595,9 @@ def _agreement(queues: "ConsumeQueueTable", damaged: List[Tuple[str, int]]) -> C
 
 def _rewrite_after(queues: "ConsumeQueueTable", start: int) -> None:
     """After an unclean exit: the units of the records from the recovery start on are written again."""
-    for key, cq in queues.queues.items():
-        if cq.max_physic_offset > start:
-            n = _rewrite_units(cq, start)
+    for key, _, phys in queues.ends():
+        if phys > start:
+            n = _rewrite_units(queues.queues[key], start)
             if n:
                 log.info(
                     "consume queue %s-%s: the %d units of the records from offset %d on are written again",
@@ -622,7 +621,7 @@ def _reput_from(
     """Where the dispatcher must start so that every record after it reaches its queue: where the queues end, at the
     latest the recovery start after an unclean exit, no later than the end of a queue cut short by damage or by the
     unit check (``starts``), nor than a queue whose last units were zeroed in the walked segments."""
-    reput_from = max((cq.max_physic_offset for cq in queues.queues.values()), default=cl_min)
+    reput_from = max((phys for _, _, phys in queues.ends()), default=cl_min)
     reput_from = max(reput_from, cl_min)
     if abnormal:
         reput_from = min(reput_from, report.start_offset)
