@@ -226,3 +226,35 @@ def test_a_failed_open_that_took_queues_from_the_snapshot_leaves_the_store_as_it
     print(f"\n{ops} operations in the fault-free open: {failed} failed opens")
     assert failed > 0
     assert not changed, f"{len(changed)} of {failed} failed opens changed the store: {changed[:10]}"
+
+
+def test_the_undo_lists_a_deferred_topic_directory_before_the_open_writes_there(tmp_path):
+    """OpenUndo(defer_queues=True) lists no topic directory at first. A queue the open creates in one (the table's
+    ``list_queue_dir`` hook), or a write announced in a vouched queue of one, lists it first; so ``restore`` removes
+    the new queue and gives the vouched queue's bytes back, and leaves a topic directory nobody took alone."""
+    from localmq.store.undo import OpenUndo
+
+    root = tmp_path / "s"
+    cq = root / "consumequeue"
+    for topic, qid in (("T", 0), ("U", 0)):
+        (cq / topic / str(qid)).mkdir(parents=True)
+        (cq / topic / str(qid) / f"{0:020d}").write_bytes(b"\1" * 40)
+    before = snapshot(root)
+    undo = OpenUndo(str(root), defer_queues=True)
+    assert undo.deferred_topics == {str(cq / "T"), str(cq / "U")}
+    undo.take_queue_dir(str(cq / "T" / "0"), True)  # vouched: nothing listed
+    undo.take_queue_dir(str(cq / "U" / "0"), True)
+    undo.take_deferred()
+    assert undo.deferred_topics == {str(cq / "T"), str(cq / "U")}
+    # the open creates queue T-1 (the hook runs before its directory exists) and rewrites a unit of U-0
+    undo.take_queue_dir(str(cq / "T" / "1"), False)
+    assert str(cq / "T") not in undo.deferred_topics
+    (cq / "T" / "1").mkdir()
+    (cq / "T" / "1" / f"{0:020d}").write_bytes(b"\2" * 40)
+    unit = str(cq / "U" / "0" / f"{0:020d}")
+    undo.save_derived(unit, 0, 20)
+    with open(unit, "r+b") as f:
+        f.write(b"\0" * 20)
+    assert str(cq / "U") not in undo.deferred_topics
+    undo.restore()
+    assert snapshot(root) == before

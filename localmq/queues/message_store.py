@@ -192,6 +192,7 @@ class DefaultMessageStore:
             self._undo.done()
             if self._cq_table is not None:
                 self._cq_table.watch_rewrites(None)
+                self._cq_table.list_queue_dir = None
         self._undo = None
         self._lock.stamp()
         self._closed = False
@@ -278,7 +279,7 @@ class DefaultMessageStore:
             self._cq_table.list_queue_dir = self._undo.take_queue_dir
         self._cq_table.load(snapshot, self._cl_mfq.min_offset())
         if self._undo is not None:
-            self._cq_table.list_queue_dir = None
+            # (list_queue_dir stays set until the open ends: a queue the open creates has its topic listed first)
             # what the table did not load (nothing, unless a directory changed meanwhile); the queue directories a
             # snapshot vouched for stay deferred: listed when a write into one is announced
             self._undo.take_deferred()

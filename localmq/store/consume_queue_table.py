@@ -143,7 +143,8 @@ class ConsumeQueueTable:
         # (OpenUndo.save_derived; see MappedFileQueue.before_rewrite)
         self.before_rewrite: Optional[Callable[[str, int, int], None]] = None
         # while an open that may fail runs: told (queue directory, whether a snapshot vouched for it) as ``load``
-        # reaches each queue directory, before anything writes there (OpenUndo.take_queue_dir)
+        # reaches each queue directory, and as the open creates a queue, before anything writes there
+        # (OpenUndo.take_queue_dir)
         self.list_queue_dir: Optional[Callable[[str, bool], None]] = None
 
     def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -380,6 +381,8 @@ class ConsumeQueueTable:
                     if key in self.rows:
                         return self._build(key)
                     check_topic(topic)
+                    if self.list_queue_dir is not None:  # a new queue during an open: its topic directory listed
+                        self.list_queue_dir(f"{self.root}/{topic}/{queue_id}", False)
                     cq = self._new(topic, queue_id)
                     self.built[key] = cq
         return cq

@@ -109,11 +109,12 @@ class OpenUndo:
 
     Only the process that holds the store alone may restore: another writer's files would look new.
 
-    ``defer_queues``: the files of each queue directory (``consumequeue/<topic>/<queue id>`` with a valid name) are
-    not listed now (at 100,000 queues the walk of every queue directory was a second of the open) but when the
-    open's ConsumeQueueTable loads the queue, before anything writes there (``take_queue_dir``), or, for a queue a
-    snapshot vouched for (which the open does not write), when a write into it is first announced (``save_derived``,
-    ``mark_derived_end``). A deferred directory nobody took was never written, and ``restore`` leaves it as it is.
+    ``defer_queues``: the topic directories (``consumequeue/<topic>`` with a valid name) and the files of each queue
+    directory in them are not listed now (at 100,000 queues the walk of every queue directory was a second of the
+    open) but when the open's ConsumeQueueTable loads a queue there unvouched or creates one, before anything writes
+    there (``take_queue_dir``), or, for a queue a snapshot vouched for (which the open does not write), when a write
+    into it is first announced (``save_derived``, ``mark_derived_end``). A deferred directory nobody took was never
+    written, and ``restore`` leaves it as it is.
     """
 
     def __init__(
@@ -130,6 +131,9 @@ class OpenUndo:
         self.listing = listing  # False: undo only ``created`` (the store may have other writers right now)
         self.defer_queues = defer_queues
         self.deferred: Set[str] = set()  # queue directories whose files are not listed yet (take_queue_dir)
+        # topic directories (in ``deferred`` too) whose entries are not listed yet: listed when a queue directory in
+        # one is taken unvouched, or a write there is announced (a vouched queue's directory needs no listing)
+        self.deferred_topics: Set[str] = set()
         self.vouched: Set[str] = set()  # deferred ones a queue snapshot vouched for: listed on a first announced write
         self.files: Dict[str, int] = {}
         self.dirs: Set[str] = set()
@@ -168,34 +172,60 @@ class OpenUndo:
             for n in filenames:
                 p = os.path.join(dirpath, n)
                 self.files[p] = os.lstat(p).st_size
-            if queues_of is not None and dirpath.startswith(queues_of):
-                topic = dirpath[len(queues_of) :]
-                if os.sep not in topic and TOPIC_RE.match(topic) is not None:
-                    later = [d for d in dirnames if is_decimal(d) and int(d) <= MAX_QUEUE_ID]
-                    self.deferred.update(os.path.join(dirpath, d) for d in later)
-                    dirnames[:] = [d for d in dirnames if d not in later]
+            if queues_of is not None and dirpath == queues_of[:-1]:
+                later = [d for d in dirnames if TOPIC_RE.match(d) is not None]
+                topics = [os.path.join(dirpath, d) for d in later]
+                self.deferred.update(topics)
+                self.deferred_topics.update(topics)
+                dirnames[:] = [d for d in dirnames if TOPIC_RE.match(d) is None]
+
+    def _take_topic(self, tdir: str) -> None:
+        """List a deferred topic directory: its queue directories are deferred in turn, anything else walked."""
+        self.deferred.discard(tdir)
+        self.deferred_topics.discard(tdir)
+        with os.scandir(tdir) as it:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        for name, is_dir in entries:
+            p = os.path.join(tdir, name)
+            if not is_dir:
+                self.files[p] = os.lstat(p).st_size
+                continue
+            self.dirs.add(p)
+            if is_decimal(name) and int(name) <= MAX_QUEUE_ID:
+                self.deferred.add(p)
+            else:
+                self._walk(p)
 
     def take_queue_dir(self, qdir: str, vouched: bool = False) -> None:
         """The open is about to load the queue of a deferred directory: list it now (a walk), or, when a queue
         snapshot vouched for it (``vouched``: the open writes nothing there unless it announces it), when a write
         into it is first announced. A directory that is not deferred needs nothing."""
-        if qdir not in self.deferred:
-            return
         if vouched:
-            self.vouched.add(qdir)
+            if qdir in self.deferred or os.path.dirname(qdir) in self.deferred_topics:
+                self.vouched.add(qdir)
+            return
+        if os.path.dirname(qdir) in self.deferred_topics:
+            self._take_topic(os.path.dirname(qdir))
+        if qdir not in self.deferred:
             return
         self.deferred.discard(qdir)
         self.vouched.discard(qdir)
         self._walk(qdir)
 
     def take_deferred(self) -> None:
-        """List every deferred queue directory but the vouched ones (those the ConsumeQueueTable did not load)."""
-        for qdir in sorted(self.deferred - self.vouched):
+        """List every deferred queue directory but the vouched ones (those the ConsumeQueueTable did not load), and
+        every deferred topic directory that holds none of those."""
+        holding = {os.path.dirname(q) for q in self.vouched}
+        for tdir in sorted(self.deferred_topics - holding):
+            self._take_topic(tdir)
+        for qdir in sorted(self.deferred - self.vouched - self.deferred_topics):
             self.take_queue_dir(qdir)
 
     def _announced(self, path: str) -> None:
         # a write into a queue directory still deferred: its files are listed before it
         qdir = os.path.dirname(path)
+        if os.path.dirname(qdir) in self.deferred_topics:
+            self._take_topic(os.path.dirname(qdir))
         if qdir in self.deferred:
             self.take_queue_dir(qdir)
 
@@ -207,6 +237,7 @@ class OpenUndo:
         self.files.clear()
         self.dirs.clear()
         self.deferred.clear()
+        self.deferred_topics.clear()
         self.vouched.clear()
         self._take(self.created)
 
