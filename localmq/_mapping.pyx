@@ -137,8 +137,8 @@ cdef class Mapping:
         if file_size <= 0:
             raise ValueError("file_size must be positive")
         self.file_size = file_size
-        name = os.path.basename(self.path)
         if file_from_offset < 0:
+            name = os.path.basename(self.path)
             if len(name) != FILE_NAME_DIGITS or not (name.isascii() and name.isdigit()):
                 raise ValueError(f"cannot derive a base offset from file name {name!r}")
             file_from_offset = int(name)

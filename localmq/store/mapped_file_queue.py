@@ -379,13 +379,16 @@ class MappedFileQueue:
         )
 
     def _existing(
-        self, path: str, map_now: Optional[bool] = None, file_id: Optional[Tuple[int, int]] = None
+        self, path: str, map_now: Optional[bool] = None, file_id: Optional[Tuple[int, int]] = None, base: int = -1
     ) -> MappedFile:
         """An existing file of this queue; a budget's files are mapped on first use unless ``map_now``
-        (``file_id``: its (st_dev, st_ino) from a stat the caller made, its size checked there)."""
+        (``file_id``: its (st_dev, st_ino) from a stat the caller made, its size checked there; ``base``: its base
+        offset when the caller knows it, else read from its name)."""
         if map_now is None:
             map_now = self.budget is None
-        return self._file(path, create=False, map_now=map_now, file_id=None if map_now else file_id)
+        return self._file(
+            path, file_from_offset=base, create=False, map_now=map_now, file_id=None if map_now else file_id
+        )
 
     def load_known(self, bases: List[int], ids: Optional[List[Tuple[int, int]]] = None) -> None:
         """Take the files of these consecutive base offsets (checked by the caller: a queue snapshot vouches for
@@ -395,7 +398,9 @@ class MappedFileQueue:
 
         def made() -> Iterator[MappedFile]:
             for i, base in enumerate(bases):
-                mf = self._existing(f"{self.directory}/{base:020d}", file_id=ids[i] if ids is not None else None)
+                mf = self._existing(
+                    f"{self.directory}/{base:020d}", file_id=ids[i] if ids is not None else None, base=base
+                )
                 mf.set_positions(self.file_size)
                 yield mf
 
