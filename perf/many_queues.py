@@ -120,7 +120,7 @@ def main(argv) -> None:
     sizes = [int(a) for a in argv] or [500, 2000]
     print(
         "| queues (topics x 4) | first put + dispatch | reopen (recovery) | reopen, every queue checked | "
-        "read every queue | fds held | mappings | RSS growth | disk |"
+        "read every queue | fds held | mappings | RSS growth (write / reopen: idle, every queue read) | disk |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
@@ -130,7 +130,8 @@ def main(argv) -> None:
             f"| {r['queues']:,} | {w['put_dispatch_s']:.2f} s | {o['open_s']:.2f} s ({o['recovery_s']:.2f} s, "
             f"{o['cq_vouched']:,} from the snapshot) | {c['open_s']:.2f} s ({c['recovery_s']:.2f} s) | "
             f"{o['read_all_s']:.2f} s | {w['fds']:,} / {o['fds']:,} | {w['maps']:,} / {o['maps']:,} | "
-            f"{w['rss_kib'] / 1024:.0f} / {o['rss_kib'] / 1024:.0f} MiB | {r['du_kib'] / 1024:.0f} MiB |",
+            f"{w['rss_kib'] / 1024:.0f} / {o['after_open']['rss_kib'] / 1024:.0f}, {o['rss_kib'] / 1024:.0f} MiB | "
+            f"{r['du_kib'] / 1024:.0f} MiB |",
             flush=True,
         )
         print("  " + json.dumps(r), file=sys.stderr, flush=True)

@@ -291,6 +291,10 @@ class FlushConsumeQueueService(ServiceThread):
         logics_ts = 0
         try:
             for cq in list(self.queues()):
+                if self.stopped:
+                    # a close stops the service and flushes every queue itself (_flush_all): a pass over 100,000
+                    # dirty queues (an fdatasync each for files the budget unmapped) took longer than the stop waits
+                    return
                 ts = cq.last_store_timestamp  # read before the flush: only what the flush covers may be claimed
                 cq.flush(least_pages)
                 if ts > logics_ts:
