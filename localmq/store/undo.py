@@ -201,11 +201,11 @@ class OpenUndo:
         snapshot vouched for it (``vouched``: the open writes nothing there unless it announces it), when a write
         into it is first announced. A directory that is not deferred needs nothing."""
         if vouched:
-            if qdir in self.deferred or os.path.dirname(qdir) in self.deferred_topics:
-                self.vouched.add(qdir)
+            self.vouched.add(qdir)  # (a directory that is not deferred is never listed: harmless here)
             return
-        if os.path.dirname(qdir) in self.deferred_topics:
-            self._take_topic(os.path.dirname(qdir))
+        tdir = qdir.rpartition(os.sep)[0]  # (not os.path.dirname: this runs for 100,000 queues)
+        if tdir in self.deferred_topics:
+            self._take_topic(tdir)
         if qdir not in self.deferred:
             return
         self.deferred.discard(qdir)
@@ -215,7 +215,7 @@ class OpenUndo:
     def take_deferred(self) -> None:
         """List every deferred queue directory but the vouched ones (those the ConsumeQueueTable did not load), and
         every deferred topic directory that holds none of those."""
-        holding = {os.path.dirname(q) for q in self.vouched}
+        holding = {q.rpartition(os.sep)[0] for q in self.vouched}
         for tdir in sorted(self.deferred_topics - holding):
             self._take_topic(tdir)
         for qdir in sorted(self.deferred - self.vouched - self.deferred_topics):
