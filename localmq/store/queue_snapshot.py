@@ -27,7 +27,7 @@ import stat
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from localmq._native import fsync_dir
 from localmq.layout import (
@@ -55,9 +55,9 @@ MAX_SNAPSHOT_BYTES = 1 << 30
 SEGMENTS_WALKED = 3  # the normal recovery walks the last three segments: their changes it finds itself
 
 
-@dataclass
-class QueueEntry:
-    """One queue's row: its directory and files as the close left them, and its ends."""
+class QueueEntry(NamedTuple):
+    """One queue's row: its directory and files as the close left them, and its ends (a tuple: a store keeps one for
+    each queue it has not used since the open, ConsumeQueueTable.rows)."""
 
     dir_ctime: int
     dir_ino: int
@@ -353,15 +353,28 @@ def _parse(
     if now != segments:
         raise ValueError("the commit log's segments changed since")
     topics: Dict[str, TopicEntry] = {}
+    # the rows of every queue, without a call per field (100,000 queues): positions kept in locals
+    pos, end = r.pos, len(body)
+    topic_row, queue_row, file_row = QUEUE_SNAPSHOT_TOPIC_ROW, QUEUE_SNAPSHOT_QUEUE_ROW, QUEUE_SNAPSHOT_FILE_ROW
+    t_size, q_size, f_size = topic_row.size, queue_row.size, file_row.size
     for _ in range(n_topics):
-        name_len, tctime, tino, n_queues = r.take(QUEUE_SNAPSHOT_TOPIC_ROW)
-        topic = r.raw(name_len).decode()
+        name_len, tctime, tino, n_queues = topic_row.unpack_from(body, pos)
+        pos += t_size
+        if pos + name_len > end:
+            raise ValueError("truncated")
+        topic = body[pos : pos + name_len].decode()
+        pos += name_len
         entry = topics[topic] = TopicEntry(tctime, tino)
+        queues = entry.queues
         for _ in range(n_queues):
-            qid, dctime, dino, max_offset, min_offset, max_phys, n_files = r.take(QUEUE_SNAPSHOT_QUEUE_ROW)
-            files = [r.take(QUEUE_SNAPSHOT_FILE_ROW) for _ in range(n_files)]
-            entry.queues[qid] = QueueEntry(dctime, dino, max_offset, min_offset, max_phys, files)
-    if r.pos != len(body):
+            qid, dctime, dino, max_offset, min_offset, max_phys, n_files = queue_row.unpack_from(body, pos)
+            pos += q_size
+            files = []
+            for _ in range(n_files):
+                files.append(file_row.unpack_from(body, pos))
+                pos += f_size
+            queues[qid] = QueueEntry(dctime, dino, max_offset, min_offset, max_phys, files)
+    if pos != end:
         raise ValueError("trailing bytes")
     return QueueSnapshot(mins_at, log_end, root_ctime, root_ino, topics)
 
