@@ -552,3 +552,18 @@ def test_a_queue_directory_whose_name_is_not_an_ascii_queue_id_is_skipped(tmp_pa
         assert st.stats()["skipped_directories"] == [str(odd)]
         assert every_queue(st) == expected()
     assert (odd / f"{0:020d}").read_bytes() == bytes(CQ_FILE)  # not localmq's: left as it was
+
+
+def test_no_queue_is_made_from_its_row_once_the_store_is_closed(tmp_path):
+    """A reader that passed its open check before the close must not make (and map) a queue after it."""
+    root = tmp_path / "s"
+    fill(root)
+    st = localmq.open(root, **KW)
+    table = st._cq_table
+    assert ("T1", 1) in table.rows
+    st.close()
+    with pytest.raises(localmq.StoreClosedError):
+        table.get(("T1", 1))
+    assert ("T1", 1) not in table.built
+    with pytest.raises(localmq.StoreClosedError):
+        st.get_message("T1", 1, 0, 1)

@@ -844,8 +844,7 @@ class DefaultMessageStore:
             self._stop_service(self._allocate_service)
             if self._pool is not None:
                 self._pool.close()
-            for cq in list(self._cq_table.built.values()):
-                cq.close()
+            self._cq_table.close()  # no queue is made after it
             self._cl_mfq.close()
             self.checkpoint.close()
             try:

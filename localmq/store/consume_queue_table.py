@@ -10,7 +10,7 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.config import check_topic
-from localmq.errors import CorruptStoreError
+from localmq.errors import CorruptStoreError, StoreClosedError
 from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import DeferredDirSyncs
@@ -131,6 +131,7 @@ class ConsumeQueueTable:
         # queues a snapshot vouched for (their stamps and units checked by ``load``), not built yet: their rows
         self.rows: Dict[Key, QueueEntry] = {}
         self._dev = -1  # the device of the rows' files (a row's ids are (this, its inode))
+        self._closed = False  # set by close: no queue is made after it (a reader that passed its open check)
         self.queues = QueueView(self)
         self.skipped_dirs: List[str] = []
         # (topic, queue id) -> why its files could not be loaded (wrong size, a missing file between others):
@@ -180,6 +181,8 @@ class ConsumeQueueTable:
 
     def _build(self, key: Key) -> ConsumeQueue:
         """Make the queue of a checked row (under ``_lock``): objects only, no read of its files."""
+        if self._closed:
+            raise StoreClosedError(f"consume queue {key[0]}-{key[1]}: the store was closed")
         row = self.rows[key]
         cq = self._new(key[0], key[1])
         dev = self._dev
@@ -428,6 +431,8 @@ class ConsumeQueueTable:
         self.vouched.clear()
 
     def close(self) -> None:
-        """Unmap every queue's files (a queue never built has none mapped)."""
+        """Unmap every queue's files (a queue never built has none mapped); no queue is made after this."""
+        with self._lock:
+            self._closed = True
         for cq in list(self.built.values()):
             cq.close()
