@@ -258,3 +258,39 @@ def test_the_undo_lists_a_deferred_topic_directory_before_the_open_writes_there(
     assert str(cq / "U") not in undo.deferred_topics
     undo.restore()
     assert snapshot(root) == before
+
+
+def test_a_topic_directory_that_cannot_be_read_is_left_alone_by_the_undo(tmp_path, monkeypatch):
+    """A read of a deferred topic directory (or queue directory) that fails raises, and the directory stays deferred:
+    ``restore`` must not take it for empty and delete the queues in it."""
+    import errno
+
+    import localmq.store.undo as undo_module
+    from localmq.store.undo import OpenUndo
+
+    root = tmp_path / "s"
+    cq = root / "consumequeue"
+    for qid in (0, 1):
+        (cq / "T" / str(qid)).mkdir(parents=True)
+        (cq / "T" / str(qid) / f"{0:020d}").write_bytes(b"\1" * 40)
+    before = snapshot(root)
+    real_scandir, real_walk = os.scandir, os.walk
+
+    def failing_scandir(path="."):
+        if os.fspath(path).endswith(os.sep + "T"):
+            raise OSError(errno.EIO, "injected", os.fspath(path))
+        return real_scandir(path)
+
+    def failing_walk(top, *args, onerror=None, **kw):
+        if onerror is not None:
+            onerror(OSError(errno.EIO, "injected", os.fspath(top)))
+        return real_walk(top, *args, onerror=onerror, **kw)
+
+    for fail, target in ((failing_scandir, "scandir"), (failing_walk, "walk")):
+        undo = OpenUndo(str(root), defer_queues=True)
+        monkeypatch.setattr(undo_module.os, target, fail)
+        with pytest.raises(OSError):
+            undo.take_queue_dir(str(cq / "T" / "1"), False)
+        monkeypatch.setattr(undo_module.os, target, real_scandir if target == "scandir" else real_walk)
+        undo.restore()
+        assert snapshot(root) == before, target

@@ -164,10 +164,11 @@ class OpenUndo:
                     # one RocketMQ and other processes test), and a failed open writes no byte there anyway.
                     self.keep(top)
 
-    def _walk(self, top: str, queues_of: Optional[str] = None) -> None:
+    def _walk(self, top: str, queues_of: Optional[str] = None, strict: bool = False) -> None:
         """List the directories and files below ``top``; queue directories are deferred when ``queues_of`` is the
-        consumequeue directory (with its separator)."""
-        for dirpath, dirnames, filenames in os.walk(top):
+        consumequeue directory (with its separator). ``strict``: a directory that cannot be read raises (os.walk
+        skips it otherwise, and it would count as empty)."""
+        for dirpath, dirnames, filenames in os.walk(top, onerror=_raise if strict else None):
             self.dirs.update(os.path.join(dirpath, d) for d in dirnames)
             for n in filenames:
                 p = os.path.join(dirpath, n)
@@ -180,21 +181,33 @@ class OpenUndo:
                 dirnames[:] = [d for d in dirnames if TOPIC_RE.match(d) is None]
 
     def _take_topic(self, tdir: str) -> None:
-        """List a deferred topic directory: its queue directories are deferred in turn, anything else walked."""
-        self.deferred.discard(tdir)
-        self.deferred_topics.discard(tdir)
+        """List a deferred topic directory: its queue directories are deferred in turn, anything else walked. When a
+        read fails the directory stays deferred (``restore`` leaves it alone: nothing was written there yet) and the
+        error is raised."""
         with os.scandir(tdir) as it:
             entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        files = {}
         for name, is_dir in entries:
-            p = os.path.join(tdir, name)
             if not is_dir:
-                self.files[p] = os.lstat(p).st_size
-                continue
-            self.dirs.add(p)
-            if is_decimal(name) and int(name) <= MAX_QUEUE_ID:
-                self.deferred.add(p)
-            else:
-                self._walk(p)
+                p = os.path.join(tdir, name)
+                files[p] = os.lstat(p).st_size
+        self.deferred.discard(tdir)
+        self.deferred_topics.discard(tdir)
+        self.files.update(files)
+        try:
+            for name, is_dir in entries:
+                p = os.path.join(tdir, name)
+                if not is_dir:
+                    continue
+                self.dirs.add(p)
+                if is_decimal(name) and int(name) <= MAX_QUEUE_ID:
+                    self.deferred.add(p)
+                else:
+                    self._walk(p, strict=True)
+        except BaseException:
+            self.deferred.add(tdir)
+            self.deferred_topics.add(tdir)
+            raise
 
     def take_queue_dir(self, qdir: str, vouched: bool = False) -> None:
         """The open is about to load the queue of a deferred directory: list it now (a walk), or, when a queue
@@ -208,9 +221,9 @@ class OpenUndo:
             self._take_topic(tdir)
         if qdir not in self.deferred:
             return
+        self._walk(qdir, strict=True)  # a read that fails raises, and the directory stays deferred (left alone)
         self.deferred.discard(qdir)
         self.vouched.discard(qdir)
-        self._walk(qdir)
 
     def take_deferred(self) -> None:
         """List every deferred queue directory but the vouched ones (those the ConsumeQueueTable did not load), and
@@ -514,3 +527,7 @@ def _remove_tree(path: str) -> None:
         os.rmdir(path)
     else:
         os.unlink(path)
+
+
+def _raise(error: OSError) -> None:
+    raise error
