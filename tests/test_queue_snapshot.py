@@ -567,3 +567,43 @@ def test_no_queue_is_made_from_its_row_once_the_store_is_closed(tmp_path):
     assert ("T1", 1) not in table.built
     with pytest.raises(localmq.StoreClosedError):
         st.get_message("T1", 1, 0, 1)
+
+
+def test_a_retention_pass_for_the_log_start_the_rows_are_right_for_makes_no_queue(tmp_path):
+    """After retention moved the log's start and a clean close, the next open's first retention pass (the same start)
+    leaves the unused queues as rows; a pass for a later start makes and trims them."""
+    root = tmp_path / "s"
+    every_hour = ";".join(f"{h:02d}" for h in range(24))
+    kw = dict(
+        file_reserved_time=1,  # hours: the segments the test ages by 3 hours go
+        delete_when=every_hour,
+        clean_resource_interval=3_600_000,  # idle: the test runs the passes
+        delete_commit_log_files_interval=0,
+        delete_consume_queue_files_interval=0,
+        preallocate_mapped_file=False,
+    )
+    fill(root, **kw)
+    old = time.time() - 3 * 3600
+
+    def age(names):
+        for name in names:
+            os.utime(root / "commitlog" / name, (old, old))
+
+    with localmq.open(root, **KW, **kw) as st:
+        age(sorted(os.listdir(root / "commitlog"))[:1])  # the first segment goes: later ones are left for below
+        st.clean_service.run_once()
+        assert st.min_offset("T0", 0) > 0
+        time.sleep(2 * FRESH_NS / 1e9)
+    with localmq.open(root, **KW, **kw) as st:
+        n = st.recovery.cq_vouched
+        assert n == len(TOPICS) * QUEUES
+        built = st.stats()["consume_queues_built"]
+        st.clean_service.run_once()
+        assert st.stats()["consume_queues_built"] == built  # nothing to do for this start: no queue made
+        age(sorted(os.listdir(root / "commitlog"))[:-1])
+        st.clean_service.run_once()  # the start moves: every queue is made and trimmed
+        assert st.stats()["consume_queues_built"] == n
+        got = {(t, q): st.min_offset(t, q) for t in TOPICS for q in range(QUEUES)}
+    os.unlink(snapshot(root))
+    with localmq.open(root, **KW) as st:  # every queue checked: the same min offsets
+        assert got == {(t, q): st.min_offset(t, q) for t in TOPICS for q in range(QUEUES)}

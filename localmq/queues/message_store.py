@@ -306,6 +306,9 @@ class DefaultMessageStore:
         if snapshot is not None and snapshot.mins_at == cl_min:
             for key in self._cq_table.vouched:  # their min offsets were right for this log's start at the close
                 min_corrected.setdefault(key, (cl_min, self._cq_table.max_offset(key)))
+            # a retention pass for this start leaves the rows alone (else it would make every queue 10 s after an
+            # open); their expired files, if any, go at the next pass, when the log's start moves
+            self._cq_table.rows_mins_at = cl_min
         self._check_log_start(cl_min, report)
         self._cl_mfq.before_head_delete = functools.partial(write_log_start, self.root)
         self.commit_log = CommitLog(
@@ -668,6 +671,7 @@ class DefaultMessageStore:
             self.root,
             clock=self._clock,
             disk_usage=self._disk_usage,
+            retention_queues=self._cq_table.for_retention,
         )
         self.clean_service.index_service = self.index_service
         self.clean_service.start()

@@ -431,10 +431,14 @@ class CleanConsumeQueueService:
         consume_queues: Callable[[], Dict[Tuple[str, int], Any]],
         clock: Callable[[], int],
         sleep: Callable[[int], bool],
+        retention_queues: Optional[Callable[[int], List[Any]]] = None,
     ):
         self.config = config
         self.mfq = mapped_file_queue
         self.consume_queues = consume_queues
+        # (min offset) -> the queues a pass for it visits (ConsumeQueueTable.for_retention: not the queues a snapshot
+        # vouched for that were never used, when their min offsets are right for it); None: every queue
+        self.retention_queues = retention_queues
         self.clock = clock
         self.sleep = sleep
         self.last_physical_min_offset = 0
@@ -457,7 +461,8 @@ class CleanConsumeQueueService:
         deleted: List[str] = []
         hanged = 0
         finished = True
-        for cq in list(self.consume_queues().values()):
+        pick = self.retention_queues
+        for cq in pick(min_offset) if pick is not None else list(self.consume_queues().values()):
             gone = cq.delete_expired_files(min_offset, c.destroy_mapped_file_interval_forcibly, now)
             hanged += len(cq.mapped_file_queue.hanged)
             if gone:
@@ -505,6 +510,7 @@ class CleanService(ServiceThread):
         *,
         clock: Optional[Callable[[], int]] = None,
         disk_usage: Optional[Callable[[str], float]] = None,
+        retention_queues: Optional[Callable[[int], List[Any]]] = None,
     ):
         super().__init__("CleanService")
         self.config = config
@@ -524,7 +530,7 @@ class CleanService(ServiceThread):
             self._pause,
         )
         self.consume_queue_service = CleanConsumeQueueService(
-            config, commit_log_queue, consume_queues, self.clock, self._pause
+            config, commit_log_queue, consume_queues, self.clock, self._pause, retention_queues
         )
 
     @property

@@ -10,7 +10,7 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.config import check_topic
-from localmq.errors import CorruptStoreError, StoreClosedError
+from localmq.errors import CorruptStoreError, StoreClosedError, store_io_error
 from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import DeferredDirSyncs
@@ -132,6 +132,8 @@ class ConsumeQueueTable:
         self.rows: Dict[Key, QueueEntry] = {}
         self._dev = -1  # the device of the rows' files (a row's ids are (this, its inode))
         self._closed = False  # set by close: no queue is made after it (a reader that passed its open check)
+        # the log's min offset the rows' min offsets are right for (the open sets it; -1: not known)
+        self.rows_mins_at = -1
         self.queues = QueueView(self)
         self.skipped_dirs: List[str] = []
         # (topic, queue id) -> why its files could not be loaded (wrong size, a missing file between others):
@@ -163,9 +165,10 @@ class ConsumeQueueTable:
 
     def watch_rewrites(self, before_rewrite: Optional[Callable[[str, int, int], None]]) -> None:
         """Tell ``before_rewrite`` of every cut or deletion of a queue file from now on (None: stop telling)."""
-        self.before_rewrite = before_rewrite
-        for cq in list(self.built.values()):
-            cq.mapped_file_queue.before_rewrite = before_rewrite
+        with self._lock:  # (a queue made meanwhile takes the hook from _new, under the same lock)
+            self.before_rewrite = before_rewrite
+            for cq in list(self.built.values()):
+                cq.mapped_file_queue.before_rewrite = before_rewrite
 
     # -- every queue, built or not ---------------------------------------------------------------------------
 
@@ -188,13 +191,22 @@ class ConsumeQueueTable:
         dev = self._dev
         try:
             cq.mapped_file_queue.load_known([b for b, _, _ in row.files], [(dev, ino) for _, _, ino in row.files])
-        except BaseException:
+        except BaseException as e:
             cq.close()
+            if isinstance(e, OSError):  # a file gone since the open (without a budget, files are mapped here)
+                raise store_io_error(e, "map", e.filename or cq.mapped_file_queue.directory) from e
             raise
         cq.restore(row.max_offset, row.min_offset, row.max_physic_offset)
         self.built[key] = cq
         del self.rows[key]
         return cq
+
+    def for_retention(self, min_offset: int) -> List[ConsumeQueue]:
+        """The queues retention's pass for the log's min offset ``min_offset`` must visit: the made ones, and the rows
+        too (made now) unless their min offsets are already right for it (``rows_mins_at``, set by the open)."""
+        if min_offset != self.rows_mins_at:
+            return self.build_all()
+        return list(self.built.values())
 
     def build_all(self) -> List[ConsumeQueue]:
         """Build every queue not built yet; returns all of them."""
@@ -383,6 +395,8 @@ class ConsumeQueueTable:
                 if cq is None:
                     if key in self.rows:
                         return self._build(key)
+                    if self._closed:
+                        raise StoreClosedError(f"consume queue {topic}-{queue_id}: the store was closed")
                     check_topic(topic)
                     if self.list_queue_dir is not None:  # a new queue during an open: its topic directory listed
                         self.list_queue_dir(f"{self.root}/{topic}/{queue_id}", False)
@@ -399,6 +413,8 @@ class ConsumeQueueTable:
             with self._lock:
                 cq = self.built.get(key)
                 if cq is None:
+                    if self._closed:
+                        raise StoreClosedError(f"consume queue {topic}-{queue_id}: the store was closed")
                     check_topic(topic)
                     cq = self._new(topic, queue_id)
                     cq.load()
