@@ -30,6 +30,14 @@ KW = dict(mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=CQ_FIL
 TOPICS = [f"T{t}" for t in range(10)]
 QUEUES = 4
 PER_QUEUE = 25  # two files a queue, the second partly written
+# retention at every hour, its passes run by the tests (idle otherwise), no pause between deletions
+RETENTION = dict(
+    delete_when=";".join(f"{h:02d}" for h in range(24)),
+    clean_resource_interval=3_600_000,
+    delete_commit_log_files_interval=0,
+    delete_consume_queue_files_interval=0,
+    preallocate_mapped_file=False,
+)
 
 
 def body(topic, q, i):
@@ -295,15 +303,7 @@ def test_a_failed_open_gives_the_snapshot_back(tmp_path):
 
 def test_min_offsets_after_retention_are_those_a_full_check_finds(tmp_path):
     root = tmp_path / "s"
-    every_hour = ";".join(f"{h:02d}" for h in range(24))
-    kw = dict(
-        file_reserved_time=0,
-        delete_when=every_hour,
-        clean_resource_interval=3_600_000,  # idle: the test runs the pass
-        delete_commit_log_files_interval=0,
-        delete_consume_queue_files_interval=0,
-        preallocate_mapped_file=False,
-    )
+    kw = dict(RETENTION, file_reserved_time=0)
     fill(root, **kw)
     with localmq.open(root, **KW, **kw) as st:
         for name in sorted(os.listdir(root / "commitlog"))[:-1]:
@@ -573,15 +573,7 @@ def test_a_retention_pass_for_the_log_start_the_rows_are_right_for_makes_no_queu
     """After retention moved the log's start and a clean close, the next open's first retention pass (the same start)
     leaves the unused queues as rows; a pass for a later start makes and trims them."""
     root = tmp_path / "s"
-    every_hour = ";".join(f"{h:02d}" for h in range(24))
-    kw = dict(
-        file_reserved_time=1,  # hours: the segments the test ages by 3 hours go
-        delete_when=every_hour,
-        clean_resource_interval=3_600_000,  # idle: the test runs the passes
-        delete_commit_log_files_interval=0,
-        delete_consume_queue_files_interval=0,
-        preallocate_mapped_file=False,
-    )
+    kw = dict(RETENTION, file_reserved_time=1)  # hours: the segments the test ages by 3 hours go
     fill(root, **kw)
     old = time.time() - 3 * 3600
 
