@@ -150,7 +150,8 @@ def test_queues_made_on_first_use_by_many_readers_and_the_dispatcher_at_once_are
             for q in range(QUEUES):
                 assert st.put(t, b"more", queue_id=q).queue_offset == PER_QUEUE
         for th in threads:
-            th.join()
+            th.join(60)
+            assert not th.is_alive(), "a reader did not finish in 60 s"
         assert st.wait_for_dispatch(10)
         assert errors == []
         assert st.stats()["consume_queues_built"] == len(TOPICS) * QUEUES

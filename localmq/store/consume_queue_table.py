@@ -150,6 +150,10 @@ class ConsumeQueueTable:
         # (OpenUndo.take_queue_dir)
         self.list_queue_dir: Optional[Callable[[str, bool], None]] = None
 
+    def _queue_dir(self, topic: str, queue_id: int) -> str:
+        # the names are checked by load or check_topic (os.path.join costs here at 100,000 queues)
+        return f"{self.root}/{topic}/{queue_id}"
+
     def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(
             topic,
@@ -260,7 +264,7 @@ class ConsumeQueueTable:
             out += [
                 (
                     k,
-                    f"{self.root}/{k[0]}/{k[1]}",
+                    self._queue_dir(*k),
                     [b for b, _, _ in r.files],
                     r.max_offset,
                     r.min_offset,
@@ -282,7 +286,7 @@ class ConsumeQueueTable:
                     out.append((os.fspath(last.path), cq.max_offset * CQ_UNIT_SIZE - last.file_from_offset))
             for (topic, qid), r in self.rows.items():
                 base = r.files[-1][0]
-                out.append((f"{self.root}/{topic}/{qid}/{base:020d}", r.max_offset * CQ_UNIT_SIZE - base))
+                out.append((f"{self._queue_dir(topic, qid)}/{base:020d}", r.max_offset * CQ_UNIT_SIZE - base))
         return out
 
     def load(self, snapshot: Optional[QueueSnapshot] = None, log_min: int = 0) -> None:
@@ -355,7 +359,7 @@ class ConsumeQueueTable:
         """True when the queue's directory and files are still those of its snapshot row (inode, ctime, size, on the
         device of the other rows) and its units are where the row says (``_row_agrees``): the row can stand for the
         queue until its first use. Else False (then it is loaded and checked as usual)."""
-        qdir = f"{self.root}/{topic}/{queue_id}"  # names checked by load (os.path.join costs here at 100,000 queues)
+        qdir = self._queue_dir(topic, queue_id)
         try:
             if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
                 return False
@@ -399,7 +403,7 @@ class ConsumeQueueTable:
                         raise StoreClosedError(f"consume queue {topic}-{queue_id}: the store was closed")
                     check_topic(topic)
                     if self.list_queue_dir is not None:  # a new queue during an open: its topic directory listed
-                        self.list_queue_dir(f"{self.root}/{topic}/{queue_id}", False)
+                        self.list_queue_dir(self._queue_dir(topic, queue_id), False)
                     cq = self._new(topic, queue_id)
                     self.built[key] = cq
         return cq
