@@ -89,23 +89,33 @@ def test_close_ends_waiting_iterators(tmp_path):
 
 
 def test_sync_flush_sends_leave_the_loop_thread(tmp_path):
-    """In SYNC_FLUSH a put waits for the disk: send runs in the executor and other coroutines keep running."""
+    """In SYNC_FLUSH a put waits for the disk: send runs off the loop's thread and other coroutines keep running.
+
+    No timing: each send waits (in the producer's own call) for an event that only a coroutine on the loop sets,
+    so a send run on the loop's thread would wait out its 5 s and be seen doing so."""
 
     async def main():
         async with await localmq.aio.open(tmp_path / "s", flush_disk_type="SYNC_FLUSH", **SMALL) as st:
             p = st.create_producer(queue_id=0)
-            ticks = 0
+            loop_thread = threading.get_ident()
+            released = threading.Event()
+            seen = []  # (thread, released in time) of each send
+            real_send = p.producer.send
 
-            async def ticker():
-                nonlocal ticks
-                while True:
-                    ticks += 1
-                    await asyncio.sleep(0)
+            def send(*args, **kwargs):
+                in_time = released.wait(5)
+                released.set()  # one late send is enough to fail: the others need not wait out theirs too
+                seen.append((threading.get_ident(), in_time))
+                return real_send(*args, **kwargs)
 
-            t = asyncio.ensure_future(ticker())
-            rs = await asyncio.gather(*(p.send("t", b"%d" % i) for i in range(20)))
-            t.cancel()
-            assert all(r.ok for r in rs) and ticks > 20
+            p.producer.send = send
+            sends = asyncio.gather(*(p.send("t", b"%d" % i) for i in range(20)))
+            await asyncio.sleep(0)  # a coroutine runs while the sends are under way
+            released.set()
+            rs = await sends
+            assert all(r.ok for r in rs) and len(seen) == 20
+            assert all(thread != loop_thread and in_time for thread, in_time in seen)
+            assert sorted(r.queue_offset for r in rs) == list(range(20))  # executor threads: in any order
 
     asyncio.run(main())
 
