@@ -12,9 +12,11 @@ process; for each input a fresh copy of it is opened and closed cleanly, which w
 every queue of that copy. The input then changes that snapshot (byte patches anywhere, 32-bit and 64-bit values,
 small changes of 64-bit fields, cuts, copies of one part over another; the CRC made right again unless the input
 says otherwise), may damage one queue file or leave ``abort`` behind, and the copy is opened and every queue read
-to its end through ``get_message``. The rule: only LocalMQError subclasses come out; every body read is one that
-was written to that queue; and unless a queue file was damaged, every queue reads back exactly what was written, in
-order (the snapshot took or refused, never lost).
+to its end through ``get_message``, after one put to a queue the input picks (before any read: the put path must
+take that queue's next offset from the checked queue). The rule: only LocalMQError subclasses come out; the put
+takes the queue offset after the last written; every body read is one that was written to that queue; and unless a
+queue file was damaged, every queue reads back exactly what was written, in order (the snapshot took or refused,
+never lost). The rows are checked on each queue's first use (ConsumeQueueTable._build), after the open.
 """
 
 import atexit
@@ -130,7 +132,17 @@ def TestOneInput(data):
     except LocalMQError:
         return
     with st:
+        # a put before any read, to a queue the input picks: the put path takes its next queue offset from the queue
+        # (its row checked first), never from a row alone (a forged row one short would reuse an offset)
+        keys = sorted(EXPECTED)
+        put_key = keys[(flags >> 3) % len(keys)]
+        r = st.put(put_key[0], b"put after the open", queue_id=put_key[1])
+        if r.queue_offset != len(EXPECTED[put_key]):
+            raise AssertionError(f"{put_key}: a put took queue offset {r.queue_offset}, not {len(EXPECTED[put_key])}")
+        st.wait_for_dispatch(10)
         for (topic, qid), bodies in EXPECTED.items():
+            if (topic, qid) == put_key:
+                bodies = bodies + [b"put after the open"]
             read = read_queue_to_end(st, topic, qid, bodies)
             if not damaged and read != bodies:
                 raise AssertionError(

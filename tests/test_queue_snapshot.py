@@ -79,9 +79,8 @@ def test_a_clean_close_vouches_for_every_queue_and_the_next_open_reads_none(tmp_
     with localmq.open(root, **KW) as st:
         assert st.recovery.cq_vouched == len(TOPICS) * QUEUES
         assert st.recovery.cq_rebuilt == {} and st.recovery.cq_damaged == []
-        # no queue file was mapped to recover or check it, but the last file of the queue that holds the log's last
-        # record (recovery asks that queue whether it points past the log's end)
-        assert st.stats()["mapped_queue_files"] == 1
+        # no queue file was mapped to recover or check it (a row is checked on its queue's first use)
+        assert st.stats()["mapped_queue_files"] == 0
         assert not snapshot(root).exists()  # gone while the store is open: a crash never meets it
         assert every_queue(st) == expected()
         r = st.put("T3", b"after", queue_id=2)
@@ -104,16 +103,16 @@ def test_a_vouched_queue_is_made_on_its_first_use_and_a_queue_never_used_keeps_i
         assert st.recovery.cq_vouched == n
         s = st.stats()
         assert s["consume_queues"] == n
-        # only the queue of the log's last record was made (recovery asks it whether it points past the end)
-        assert s["consume_queues_built"] == 1
+        assert s["consume_queues_built"] == 0  # none made, none checked: each row is checked on its first use
         assert st.topics() == {t: list(range(QUEUES)) for t in TOPICS}  # every queue listed, none made
-        assert st.stats()["consume_queues_built"] == 1
+        assert st.stats()["consume_queues_built"] == 0
         assert [m.body for m in queue_messages(st, "T1", 1, wait=False)] == expected()[("T1", 1)][2]
-        assert st.stats()["consume_queues_built"] == 2
-        # a put to a queue not made yet: the dispatcher makes it from its row and appends after its last unit
+        assert st.stats()["consume_queues_built"] == 1
+        # a put to a queue not made yet: the put path asks its topic's queues for their next offsets (each row is
+        # checked: made now) and the dispatcher appends after the last unit
         assert st.put("T2", b"after", queue_id=3).queue_offset == PER_QUEUE
         assert st.wait_for_dispatch(10)
-        assert st.stats()["consume_queues_built"] == 3
+        assert st.stats()["consume_queues_built"] == 1 + QUEUES
         assert st.max_offset("T2", 3) == PER_QUEUE + 1
         time.sleep(2 * FRESH_NS / 1e9)
     # the close wrote the rows of the queues never made as they were: the next open vouches for every queue again
@@ -180,12 +179,16 @@ def test_a_queue_file_changed_after_the_close_is_checked_as_before(tmp_path, dam
         os.truncate(path, 100)
     with localmq.open(root, **KW) as st:
         rec = st.recovery
-        assert rec.cq_vouched == len(TOPICS) * QUEUES - 1
+        assert rec.cq_vouched == len(TOPICS) * QUEUES  # at the open; each row is checked on its queue's first use
+        redispatched = rec.redispatched
+        assert every_queue(st) == expected()  # rebuilt from the log on its first use: nothing lost
         if damage == "file deleted":
-            assert rec.redispatched >= PER_QUEUE - CQ_FILE // CQ_UNIT_SIZE  # its last file's records, again
+            # its last file's records, indexed again
+            assert rec.redispatched - redispatched >= PER_QUEUE - CQ_FILE // CQ_UNIT_SIZE
         else:
             assert "T4-1" in rec.cq_rebuilt or "T4-1" in rec.cq_damaged or "T4-1" in rec.cq_units_truncated
-        assert every_queue(st) == expected()  # rebuilt from the log: nothing lost
+        # a put takes the next offset (the put path asks the checked queue)
+        assert st.put("T4", b"next", queue_id=1).queue_offset == PER_QUEUE
 
 
 def _flip_snapshot_byte(root):
@@ -368,9 +371,15 @@ def _only_t3_2_checked(root, caplog):
     """The forged row of T3-2 refused, every other queue vouched for; every message read back; a put takes the next
     offset (it writes over no unit)."""
     with localmq.open(root, **KW) as st:
-        assert st.recovery.cq_vouched == len(TOPICS) * QUEUES - 1
-        assert every_queue(st) == expected()
+        # at the open; each row is checked on its first use (the open's own use when the row puts its last record's
+        # end before the log's start)
+        assert st.recovery.cq_vouched >= len(TOPICS) * QUEUES - 1
+        # the put first: the put path never takes a queue offset from a row before its check
         assert st.put("T3", b"next", queue_id=2).queue_offset == PER_QUEUE
+        assert st.wait_for_dispatch(10)
+        want = expected()
+        want[("T3", 2)] = (0, PER_QUEUE + 1, want[("T3", 2)][2] + [b"next"])
+        assert every_queue(st) == want
     assert "consume queue T3-2: its units are not where the queue snapshot says" in caplog.text
 
 

@@ -212,7 +212,7 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
     def _written_topics(self) -> List[str]:
         """Every topic written (the put path's table, filled from the ConsumeQueues at open), not only those the
         ConsumeQueue dispatcher has reached yet."""
-        return sorted({t for t, _ in self.commit_log.topic_table()})
+        return sorted({t for t, _ in self.commit_log.topic_table()} | {t for t, _ in self._cqs})
 
     # -- context manager ----------------------------------------------------------------------------------------
 

@@ -47,7 +47,13 @@ from localmq.store.group_commit import GroupCommit
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable, sync_each
-from localmq.store.queue_recovery import MinCorrected, RecoveryReport, next_queue_offsets, sync_directories
+from localmq.store.queue_recovery import (
+    MinCorrected,
+    RecoveryReport,
+    next_queue_offsets,
+    repair_queue,
+    sync_directories,
+)
 from localmq.store.queue_snapshot import read_snapshot, remove_snapshot, write_snapshot
 from localmq.store.recovery import check_segments, recover_store
 from localmq.store.settings import (
@@ -144,7 +150,7 @@ class DefaultMessageStore:
         if self._writes:
             check_writable_filesystem(self.root, created_root)
         if created_root is None:
-            unsafe = unsafe_entries(self.root)
+            unsafe = unsafe_entries(self.root, queue_dirs=False)  # the ConsumeQueueTable looks at each as it loads
             if unsafe:
                 raise UnsafePathError(
                     f"store {self.root} holds symlinks or entries outside it, which localmq "
@@ -273,6 +279,7 @@ class DefaultMessageStore:
             self._cq_root, c.mapped_file_size_consume_queue, c.reserve_step_consume_queue, c.max_mapped_queue_files
         )
         self._cqs = self._cq_table.queues
+        self._cq_table.repair = self._repair_queue
         if self._undo is not None:
             # a failed open gives the queue files it cut or deleted their bytes back
             self._cq_table.watch_rewrites(self._undo.save_derived)
@@ -314,6 +321,8 @@ class DefaultMessageStore:
         self.commit_log = CommitLog(
             self._cl_mfq, max_message_size=c.max_message_size, store_host=c.store_host, born_host=c.born_host
         )
+        if self._cq_table.rows:
+            self.commit_log.topic_miss = self._cq_table.next_offsets
         self._reput = ReputCore(self._cl_mfq, self._cq_factory, report.reput_from, c.dispatch_idle_wait_us)
         self._reput.set_delay_levels(self.delay_levels_ms())
         self._reput.on_blocked = self._dispatch_blocked
@@ -342,9 +351,14 @@ class DefaultMessageStore:
             )
             undispatched = next_queue_offsets(self._cl_mfq.directory, self._cl_mfq.file_size, self._reput.reput_offset)
         table = self._cq_table
-        for key, max_offset, _ in table.ends():
+        if table.rows_mins_at != cl_min:
+            table.build_all()  # the rows' min offsets are not right for this log's start: every queue's is corrected
+        # the put path's next queue offsets: a row's are asked for on its topic's first put, or here when another
+        # queue of its topic is set (CommitLog.topic_miss: ConsumeQueueTable.next_offsets checks the row first)
+        for key, cq in list(table.built.items()):
+            max_offset = cq.max_offset
             if min_corrected.get(key) != (cl_min, max_offset):  # not yet, or re-dispatch added units
-                table.queues[key].correct_min_offset(cl_min)  # (built now)
+                cq.correct_min_offset(cl_min)
             self.commit_log.set_queue_offset(key[0], key[1], max(max_offset, undispatched.pop(key, 0)))
         for (topic, qid), nxt in undispatched.items():  # queues whose first file could not be created
             self.commit_log.set_queue_offset(topic, qid, nxt)
@@ -365,6 +379,20 @@ class DefaultMessageStore:
                 "recovered %s (%s) in %.3f s: end offset %d", self.root, report.mode, report.seconds, report.end_offset
             )
         return last_exit_ok
+
+    def _repair_queue(self, key: Tuple[str, int], cq: ConsumeQueue) -> None:
+        """ConsumeQueueTable.repair: a queue whose snapshot row no longer holds, checked and repaired from the log on
+        its first use (queue_recovery.repair_queue); what was done is added to ``recovery``."""
+        reput = getattr(self, "_reput", None)
+        skip = reput.skip_offsets if reput is not None else None
+        report = repair_queue(self._cl_mfq, self._cq_table, key, cq, self.delay_levels_ms(), skip)
+        done = getattr(self, "recovery", None)
+        if done is not None:
+            done.cq_rebuilt.update(report.cq_rebuilt)
+            done.cq_lost_units.update(report.cq_lost_units)
+            done.cq_damaged.extend(report.cq_damaged)
+            done.damaged_headers.extend(report.damaged_headers)
+            done.redispatched += report.redispatched
 
     def _mark_queue_ends(self, undo: OpenUndo) -> None:
         """Where re-dispatch starts appending to each queue's last file (zeros from there on): a failed open zeroes

@@ -30,6 +30,9 @@ cdef class CommitLog:
     cdef GroupCommit group_commit     # SYNC_FLUSH: puts wait on it for their bytes to be flushed (else None)
     cdef int64_t sync_flush_timeout_us
     cdef public object create_failed_hook
+    # topic -> [(queue id, next queue offset)] asked on a topic's first put (ConsumeQueueTable.next_offsets: queues
+    # a snapshot vouched for, checked then), or None
+    cdef public object topic_miss
     # None, or the PutStatus every put answers without writing (retention's disk-full flag: SERVICE_NOT_AVAILABLE)
     cdef public object refuse_status
     cdef readonly long long puts

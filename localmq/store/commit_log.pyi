@@ -1,7 +1,7 @@
 """Stub for the compiled localmq.store.commit_log: the CommitLog put path."""
 
 import logging
-from typing import Any, Callable, Iterable, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Union
 
 from typing_extensions import Self, disjoint_base
 
@@ -35,6 +35,7 @@ class CommitLog:
     @property
     def forked(self) -> bool: ...
     create_failed_hook: Optional[Callable[..., Any]]
+    topic_miss: Optional[Callable[[str], List[Tuple[int, int]]]]
     refuse_status: Optional[PutStatus]
     @property
     def puts(self) -> int: ...

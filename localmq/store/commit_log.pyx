@@ -396,6 +396,10 @@ cdef class CommitLog:
             e = TopicEntry(topic)
             if self.cb != NULL:
                 bind_shared(self, <TopicEntry>e)
+            elif self.topic_miss is not None:
+                for qid, nxt in self.topic_miss(topic):  # queues of the topic the open has not checked yet
+                    (<TopicEntry>e).ensure(qid)
+                    (<TopicEntry>e).next_offsets[qid] = nxt
             # this runs before the put lock and check_topic may let another thread in: the first entry stored wins
             # (an assignment let two threads' first puts to a new topic both take queue offset 0, and the loser's
             # later puts the offsets the winner had handed out: found by tests/test_power_loss.py)
@@ -415,6 +419,8 @@ cdef class CommitLog:
     def queue_offset(self, str topic, int queue_id):
         """Next queue offset that (topic, queue) will assign (0 for an unknown queue)."""
         e = self.topics.get(topic)
+        if e is None and self.topic_miss is not None:
+            return dict(self.topic_miss(topic)).get(queue_id, 0)
         return (<TopicEntry>e).next_offset(queue_id) if e is not None else 0
 
     def topic_table(self):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.config import check_topic
-from localmq.errors import CorruptStoreError, StoreClosedError, store_io_error
+from localmq.errors import CorruptStoreError, LocalMQError, StoreClosedError, UnsafePathError, store_io_error
 from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import DeferredDirSyncs
@@ -21,7 +22,23 @@ log = logging.getLogger("localmq.store")
 
 def _stamp_of(path: str) -> Tuple[int, int]:
     st = os.lstat(path)  # a link in place of a directory is not the directory the snapshot saw
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError(f"{path} is a symlink, which localmq never writes through", path=path)
     return st.st_ctime_ns, st.st_ino
+
+
+def refuse_links(qdir: str) -> None:
+    """Raise UnsafePathError when the queue directory ``qdir`` is a symlink or holds one (localmq never writes,
+    truncates or deletes through one; the open's walk of the store, files.unsafe_entries, leaves the queue
+    directories to the table, which looks at each when it loads the queue)."""
+    try:
+        _stamp_of(qdir)
+    except FileNotFoundError:
+        return
+    with os.scandir(qdir) as it:
+        for e in it:
+            if e.is_symlink():
+                raise UnsafePathError(f"{e.path} is a symlink, which localmq never writes through", path=e.path)
 
 
 def _units_at(qdir: str, bases: List[int], file_size: int, pos: int, n: int) -> bytes:
@@ -110,9 +127,9 @@ class QueueView(Mapping[Key, ConsumeQueue]):
 class ConsumeQueueTable:
     """RocketMQ's consumeQueueTable: every (topic, queue id) of the store and its ConsumeQueue.
 
-    A queue whose files a queue snapshot vouched for at the open (``load``) is kept as its checked row (``rows``)
-    and built on its first use (``get``, ``find_or_create``): an open of 100,000 queues makes no object for those
-    nobody reads or writes. ``built`` maps the queues built so far (a dict read without a lock: a dict read is
+    A queue whose files a queue snapshot vouched for at the open (``load``) is kept as its row (``rows``), checked
+    and built on its first use (``get``, ``find_or_create``, the put path's ``next_offsets``): an open of 100,000
+    queues reads, checks and makes nothing for those nobody reads or writes. ``built`` maps the queues built so far (a dict read without a lock: a dict read is
     atomic; a queue enters ``built`` before it leaves ``rows``); ``queues`` is the view of all of them. The
     dispatcher creates queues (``find_or_create``); builds and creations hold the table's lock. Directories that
     are not a valid topic or queue id are skipped and listed in ``skipped_dirs``.
@@ -134,6 +151,9 @@ class ConsumeQueueTable:
         self._closed = False  # set by close: no queue is made after it (a reader that passed its open check)
         # the log's min offset the rows' min offsets are right for (the open sets it; -1: not known)
         self.rows_mins_at = -1
+        # the commit log's min offset at the open: a row's min offset past its first file's start follows a unit that
+        # retention expired below it (_row_agrees)
+        self.log_min = 0
         self.queues = QueueView(self)
         self.skipped_dirs: List[str] = []
         # (topic, queue id) -> why its files could not be loaded (wrong size, a missing file between others):
@@ -141,7 +161,8 @@ class ConsumeQueueTable:
         self.damaged: Dict[Tuple[str, int], str] = {}
         # the queues whose state a queue snapshot gave (load): their files are as a clean close left them
         self.vouched: Set[Tuple[str, int]] = set()
-        self._lock = threading.Lock()
+        # an RLock: checking a row against the log may look at another queue (a record whose header names it)
+        self._lock = threading.RLock()
         # while an open that may fail runs: told (path, start, -1) before a queue file is cut or deleted
         # (OpenUndo.save_derived; see MappedFileQueue.before_rewrite)
         self.before_rewrite: Optional[Callable[[str, int, int], None]] = None
@@ -149,6 +170,14 @@ class ConsumeQueueTable:
         # reaches each queue directory, and as the open creates a queue, before anything writes there
         # (OpenUndo.take_queue_dir)
         self.list_queue_dir: Optional[Callable[[str, bool], None]] = None
+        # the commit log offset the rows' units reach at most (the snapshot's log end): a row's queue holds every
+        # record of it below this, and the dispatcher meets none of its records past it before the queue is built
+        self.rows_end = -1
+        # (key, the queue loaded from its files) for a row whose queue's files no longer match it: check the queue
+        # against the log, cut it where it stops matching and index its records again up to the log's end
+        # (MessageStore._repair_queue: queue_recovery.repair_queue; None: the queue is taken as its files are)
+        self.repair: Optional[Callable[[Key, ConsumeQueue], None]] = None
+        self._row_qids: Dict[str, List[int]] = {}  # topic -> the queue ids of its rows (the put path's miss hook)
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
         # the names are checked by load or check_topic (os.path.join costs here at 100,000 queues)
@@ -187,10 +216,43 @@ class ConsumeQueueTable:
         return cq if cq is not None else self.built.get(key)  # built (and its row dropped) meanwhile
 
     def _build(self, key: Key) -> ConsumeQueue:
-        """Make the queue of a checked row (under ``_lock``): objects only, no read of its files."""
+        """Make the queue of a row (under ``_lock``) on its first use. The row is checked first (``_row_holds``:
+        stamps, a unit or two): when it holds, the queue is made from it without a read of its files; when its files
+        changed behind the closed store, the queue is loaded from them and repaired from the log (``repair``)."""
         if self._closed:
             raise StoreClosedError(f"consume queue {key[0]}-{key[1]}: the store was closed")
         row = self.rows[key]
+        qdir = self._queue_dir(*key)
+        try:
+            refuse_links(qdir)
+            holds = self._row_holds(key, row)
+        except FileNotFoundError:
+            holds = False
+        except UnsafePathError:
+            raise
+        except OSError as e:
+            raise store_io_error(e, "check", e.filename or qdir) from e
+        if not holds:
+            try:
+                cq = self._load_queue(key)
+            except OSError as e:
+                raise store_io_error(e, "load", e.filename or qdir) from e
+            self.built[key] = cq
+            del self.rows[key]
+            self.vouched.discard(key)
+            if self.repair is not None:
+                try:
+                    self.repair(key, cq)
+                except BaseException as e:
+                    # left a row: its next use checks the queue again (what the repair cut no longer matches the row)
+                    del self.built[key]
+                    cq.close()
+                    self.rows[key] = row
+                    self.vouched.add(key)
+                    if isinstance(e, OSError) and not isinstance(e, LocalMQError):
+                        raise store_io_error(e, "repair", e.filename or qdir) from e
+                    raise
+            return cq
         cq = self._new(key[0], key[1])
         dev = self._dev
         try:
@@ -204,6 +266,28 @@ class ConsumeQueueTable:
         self.built[key] = cq
         del self.rows[key]
         return cq
+
+    def load_rows(self) -> List[Key]:
+        """Load every row's queue from its files, unchecked by its row (the open found the log changed since the
+        snapshot's close: every queue is checked as an open without a snapshot checks it). Returns their keys."""
+        with self._lock:
+            keys = sorted(self.rows)
+            for key in keys:
+                self.built[key] = self._load_queue(key)
+                del self.rows[key]
+                self.vouched.discard(key)
+        return keys
+
+    def next_offsets(self, topic: str) -> List[Tuple[int, int]]:
+        """(queue id, next queue offset) of the queues of ``topic`` that were rows at the open, each checked (built)
+        now: the commit log's put path asks on its first put to a topic (a row is never trusted for a queue offset
+        before its check: one short would hand out an offset already used)."""
+        out = []
+        for q in self._row_qids.get(topic, ()):
+            cq = self.get((topic, q))
+            if cq is not None:
+                out.append((q, cq.max_offset))
+        return out
 
     def for_retention(self, min_offset: int) -> List[ConsumeQueue]:
         """The queues retention's pass for the log's min offset ``min_offset`` must visit: the made ones, and the rows
@@ -291,17 +375,23 @@ class ConsumeQueueTable:
 
     def load(self, snapshot: Optional[QueueSnapshot] = None, log_min: int = 0) -> None:
         """Map every queue found under ``root`` (files as they are; ``ConsumeQueue.recover`` checks them). A queue
-        whose files ``snapshot`` vouches for (store/queue_snapshot.py) takes its state from there instead, without
-        a read of its directory or its units, and is entered in ``vouched`` (``log_min``: the commit log's min
-        offset, which the min offset of a vouched queue must agree with)."""
+        whose row in ``snapshot`` (store/queue_snapshot.py) the snapshot vouches for (its topic directory unchanged
+        since the close) is kept as that row, unread and unchecked, and entered in ``vouched``: the row is checked
+        on the queue's first use (``_build``), so that an open costs nothing per queue nobody uses. ``log_min``: the
+        commit log's min offset, which a row's min offset must agree with (``_row_agrees``)."""
         root = self.root
+        self.log_min = log_min
         if not os.path.isdir(root):
             return
+        self._dev = os.stat(root).st_dev  # a queue file on another file system is not one the snapshot saw
         known = snapshot.topics if snapshot is not None else {}
+        if snapshot is not None:
+            self.rows_end = snapshot.log_end
         with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
-            topics = sorted(e.name for e in it if e.is_dir())
+            topics = sorted(e.name for e in it if e.is_dir(follow_symlinks=False) or e.is_symlink())
+        rows, vouched, row_qids, note = self.rows, self.vouched, self._row_qids, self.list_queue_dir
         for topic in topics:
-            tdir = os.path.join(root, topic)
+            tdir = f"{root}/{topic}"
             if TOPIC_RE.match(topic) is None:
                 self.skipped_dirs.append(tdir)
                 log.warning("ignoring consume queue directory %s: not a valid topic name", tdir)
@@ -310,83 +400,91 @@ class ConsumeQueueTable:
             if (
                 entry is not None
                 and entry.dir_ctime != NOT_VOUCHED
-                and _stamp_of(tdir)
-                == (
-                    entry.dir_ctime,
-                    entry.dir_ino,
-                )
+                and _stamp_of(tdir) == (entry.dir_ctime, entry.dir_ino)
             ):
                 names = sorted(str(q) for q in entry.queues)  # the directory holds what it held at the close
             else:
-                names = sorted(os.listdir(tdir))
+                _stamp_of(tdir)  # a link in place of a topic directory: refused
+                with os.scandir(tdir) as it:
+                    names = []
+                    for e in it:
+                        if e.is_symlink():
+                            raise UnsafePathError(
+                                f"{e.path} is a symlink, which localmq never writes through", path=e.path
+                            )
+                        names.append(e.name)
+                names.sort()
             for q in names:
                 if not is_decimal(q) or int(q) > MAX_QUEUE_ID:
-                    self.skipped_dirs.append(os.path.join(tdir, q))
-                    log.warning("ignoring consume queue directory %s: not a queue id", os.path.join(tdir, q))
+                    self.skipped_dirs.append(f"{tdir}/{q}")
+                    log.warning("ignoring consume queue directory %s: not a queue id", f"{tdir}/{q}")
                     continue
-                row = entry.queues.get(int(q)) if entry is not None else None
-                if row is not None and row.dir_ctime != NOT_VOUCHED and self._restore(topic, int(q), row, log_min):
-                    self.rows[(topic, int(q))] = row  # built on first use
-                    self.vouched.add((topic, int(q)))
+                key = (topic, int(q))
+                row = entry.queues.get(key[1]) if entry is not None else None
+                if row is not None and row.dir_ctime != NOT_VOUCHED and self._row_shape_ok(row):
+                    rows[key] = row  # checked and built on first use
+                    vouched.add(key)
+                    row_qids.setdefault(topic, []).append(key[1])
+                    if note is not None:  # listed if the open writes there (a write is announced first)
+                        note(f"{tdir}/{q}", True)
                     continue
-                if self.list_queue_dir is not None:
-                    self.list_queue_dir(os.path.join(tdir, q), False)
-                cq = self._new(topic, int(q))
-                try:
-                    cq.load()
-                except CorruptStoreError as e:
-                    # derived data: drop the files (never following a link) and let recovery rebuild the queue
-                    log.error(
-                        "consume queue %s-%s cannot be loaded (%s); deleting its files to rebuild it from "
-                        "the commit log",
-                        topic,
-                        q,
-                        e,
-                    )
-                    qdir = os.path.join(tdir, q)
-                    for name in os.listdir(qdir):
-                        path = os.path.join(qdir, name)
-                        if len(name) == 20 and is_decimal(name) and os.path.isfile(path) and not os.path.islink(path):
-                            if self.before_rewrite is not None:
-                                self.before_rewrite(path, 0, -1)
-                            os.unlink(path)
-                    fsync_dir(qdir)
-                    cq = self._new(topic, int(q))
-                    self.damaged[(topic, int(q))] = str(e)
-                self.built[(topic, int(q))] = cq
+                self.built[key] = self._load_queue(key)
 
-    def _restore(self, topic: str, queue_id: int, row: QueueEntry, log_min: int) -> bool:
-        """True when the queue's directory and files are still those of its snapshot row (inode, ctime, size, on the
-        device of the other rows) and its units are where the row says (``_row_agrees``): the row can stand for the
-        queue until its first use. Else False (then it is loaded and checked as usual)."""
-        qdir = self._queue_dir(topic, queue_id)
+    def _load_queue(self, key: Key) -> ConsumeQueue:
+        """The queue of ``key`` over its files as they are (``ConsumeQueue.recover`` checks them). Files that cannot
+        be loaded (a wrong size, a missing file between others) are deleted, never through a link, and the queue is
+        entered in ``damaged``: derived data, recovery rebuilds it from the commit log. Raises UnsafePathError for a
+        link in its directory."""
+        topic, q = key
+        qdir = self._queue_dir(topic, q)
+        refuse_links(qdir)
+        if self.list_queue_dir is not None:
+            self.list_queue_dir(qdir, False)
+        cq = self._new(topic, q)
         try:
-            if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
-                return False
-            for base, ctime, ino in row.files:
-                st = os.lstat(f"{qdir}/{base:020d}")
-                if (st.st_ctime_ns, st.st_ino, st.st_size) != (ctime, ino, self.file_size):
-                    return False
-                if st.st_dev != self._dev:
-                    if self._dev != -1:
-                        return False  # another file system inside the store: checked as usual
-                    self._dev = st.st_dev
-        except FileNotFoundError:
-            return False
+            cq.load()
+        except CorruptStoreError as e:
+            log.error(
+                "consume queue %s-%s cannot be loaded (%s); deleting its files to rebuild it from the commit log",
+                topic,
+                q,
+                e,
+            )
+            for name in os.listdir(qdir):
+                path = os.path.join(qdir, name)
+                if len(name) == 20 and is_decimal(name) and os.path.isfile(path) and not os.path.islink(path):
+                    if self.before_rewrite is not None:
+                        self.before_rewrite(path, 0, -1)
+                    os.unlink(path)
+            fsync_dir(qdir)
+            cq = self._new(topic, q)
+            self.damaged[key] = str(e)
+        return cq
+
+    def _row_shape_ok(self, row: QueueEntry) -> bool:
+        """Whether a row is what a close writes: consecutive files, the end in the last one."""
         bases = [base for base, _, _ in row.files]
         size = self.file_size
         if not bases or bases != list(range(bases[0], bases[0] + len(bases) * size, size)):
             return False
-        if not bases[-1] <= row.max_offset * CQ_UNIT_SIZE <= bases[-1] + size:
-            return False  # not what a close writes: check the queue
-        try:
-            if not _row_agrees(qdir, bases, size, row, log_min):
-                log.warning("consume queue %s-%d: its units are not where the queue snapshot says", topic, queue_id)
-                return False
-        except OSError:
+        return bases[-1] <= row.max_offset * CQ_UNIT_SIZE <= bases[-1] + size
+
+    def _row_holds(self, key: Key, row: QueueEntry) -> bool:
+        """True when the queue's directory and files are still those of its snapshot row (inode, ctime, size, on the
+        table's device) and its units are where the row says (``_row_agrees``, against the log's min offset of the
+        open, ``rows_mins_at`` when known): the queue can be made from the row. Else False (then it is loaded and
+        checked against the log). Raises OSError when a file cannot be read."""
+        qdir = self._queue_dir(*key)
+        if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
             return False
-        if self.list_queue_dir is not None:  # its files are as the close left them: listed if the open writes there
-            self.list_queue_dir(qdir, True)
+        for base, ctime, ino in row.files:
+            st = os.lstat(f"{qdir}/{base:020d}")
+            if (st.st_ctime_ns, st.st_ino, st.st_size, st.st_dev) != (ctime, ino, self.file_size, self._dev):
+                return False
+        bases = [base for base, _, _ in row.files]
+        if not _row_agrees(qdir, bases, self.file_size, row, self.log_min):
+            log.warning("consume queue %s-%d: its units are not where the queue snapshot says", key[0], key[1])
+            return False
         return True
 
     def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:

@@ -49,7 +49,7 @@ class ReputCore:
     def __new__(
         cls,
         commit_log_mfq: MappedFileQueue,
-        cq_factory: Callable[[str, int], ConsumeQueue],
+        cq_factory: Callable[[str, int], Optional[ConsumeQueue]],
         reput_from: int,
         idle_wait_us: int = 1000,
     ) -> Self: ...

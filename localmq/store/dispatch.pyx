@@ -426,6 +426,11 @@ cdef class ReputCore:
         topic = (<bytes>v.topic[:v.topic_len]).decode("utf-8", "replace")
         if code == R_NEED_CQ:
             cq = self.cq_factory(topic, v.queue_id)
+            if cq is None:
+                # a dispatcher that indexes one queue (queue_recovery.repair_queue): another queue's record
+                self.duplicates += 1
+                lmq_store_rel(&self.reput_from, lmq_load_acq(&self.reput_from) + v.total_size)
+                return 1
             self.register(cq)
             return 1
         cq = self.cq_factory(topic, v.queue_id)

@@ -127,10 +127,12 @@ def numbered_files(directory: str) -> list[SegmentFile]:
     return out
 
 
-def unsafe_entries(root: str | os.PathLike[str]) -> list[str]:
+def unsafe_entries(root: str | os.PathLike[str], queue_dirs: bool = True) -> list[str]:
     """The store's own entries under ``root`` (commitlog/, consumequeue/ down to the unit files, the ext queues,
     index/, config/, recovery/, checkpoint, abort, lock) that are symlinks or resolve outside ``root``: localmq must
-    never write, truncate or delete through them. Returns their paths (empty for a safe store)."""
+    never write, truncate or delete through them. Returns their paths (empty for a safe store). ``queue_dirs``
+    False: consumequeue/ is looked at down to its topic directories only (an open's ConsumeQueueTable refuses a link
+    below them as it loads each queue: 100,000 queues are 125,000 directories to list)."""
     root = os.path.realpath(os.fspath(root))
     bad: list[str] = []
     for name in (
@@ -154,12 +156,13 @@ def unsafe_entries(root: str | os.PathLike[str]) -> list[str]:
             continue
         # the directory entries' own types (d_type): no stat per entry, a store of 100,000 queues has 400,000
         stack = [top]
+        shallow = not queue_dirs and name == CONSUMEQUEUE_DIR
         while stack:
             with os.scandir(stack.pop()) as it:
                 for e in it:
                     if e.is_symlink():
                         bad.append(e.path)
-                    elif e.is_dir(follow_symlinks=False):
+                    elif e.is_dir(follow_symlinks=False) and not shallow:
                         stack.append(e.path)
             if len(bad) > 100:
                 return bad

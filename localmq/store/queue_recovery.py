@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -111,6 +111,12 @@ def _first_unit_lost(
     ROLLBACK records have no unit."""
     cols = RecordColumns(65536)
     size = commit_log.file_size
+    rows = queues.rows
+
+    def end_of(key: Tuple[str, int]) -> int:
+        # a row is checked on its first use (ConsumeQueueTable._build), which indexes again what its queue lacks
+        return (1 << 62) if key in rows else queues.max_offset(key)
+
     for mf in commit_log.files:
         base = mf.file_from_offset
         if base + size <= start or base >= end:
@@ -128,10 +134,7 @@ def _first_unit_lost(
                     codes.astype(np.int64) << 32 | (qid.astype(np.int64) & 0xFFFFFFFF), return_inverse=True
                 )
                 ends = np.array(
-                    [
-                        queues.max_offset((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1)))
-                        for k in keys.tolist()
-                    ],
+                    [end_of((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1))) for k in keys.tolist()],
                     np.int64,
                 )[where]
                 lost = np.flatnonzero(indexed & (qoff >= ends))
@@ -228,18 +231,20 @@ def _verify_queues(
     cl_min: int,
     report: RecoveryReport,
     min_corrected: Optional[MinCorrected] = None,
+    only: Optional[Dict[Tuple[str, int], ConsumeQueue]] = None,
 ) -> List[int]:
     """Check every ConsumeQueue against the recovered log (derived data: the log is the truth) and cut each one
     at its first unit that does not match its record; returns the commit log offsets the dispatcher must start
     from (at the latest) so that the cut queues are rebuilt. Fills ``report.cq_rebuilt``. A queue found whole
     gets its ``min_offset`` corrected for ``cl_min`` at once, while its files are mapped (with more queues than
-    the mapping budget a later pass would map each again), and is entered in ``min_corrected``."""
+    the mapping budget a later pass would map each again), and is entered in ``min_corrected``. ``only``: check these
+    queues instead (``repair_queue``)."""
     from localmq.store.get import first_bad_unit  # compiled, same layer
 
     starts: List[int] = []
     files, seg_size = commit_log.files, commit_log.file_size
-    missing_head = _missing_first_files(commit_log, queues, end, cl_min)
-    for key, cq in list(queues.built.items()):  # a queue not built yet is vouched for
+    missing_head = _missing_first_files(commit_log, queues, end, cl_min, only)
+    for key, cq in list((only if only is not None else queues.built).items()):  # a row is vouched for
         if key in queues.vouched:
             continue
         name = f"{key[0]}-{key[1]}"
@@ -316,7 +321,11 @@ def _verify_queues(
 
 
 def _missing_first_files(
-    commit_log: MappedFileQueue, queues: ConsumeQueueTable, end: int, cl_min: int
+    commit_log: MappedFileQueue,
+    queues: ConsumeQueueTable,
+    end: int,
+    cl_min: int,
+    only: Optional[Dict[Tuple[str, int], ConsumeQueue]] = None,
 ) -> Dict[Tuple[str, int], int]:
     """The queues whose first files are gone although the log still holds records of them: {key: the log offset of
     the queue's first unit}.
@@ -331,7 +340,7 @@ def _missing_first_files(
     unknown record) counts every queue still in doubt as lost (it is rebuilt: the log is the truth).
     """
     doubt: Dict[Tuple[str, int], Tuple[int, int]] = {}
-    for key, cq in list(queues.built.items()):  # a queue not built yet is vouched for
+    for key, cq in list((only if only is not None else queues.built).items()):  # a row is vouched for
         mfq = cq.mapped_file_queue
         if key in queues.damaged or key in queues.vouched or not mfq.files or not commit_log.files:
             continue
@@ -428,6 +437,59 @@ def _rewrite_units(cq: ConsumeQueue, phy_offset: int) -> int:
         if first > 0:
             break
     return total
+
+
+def repair_queue(
+    commit_log: MappedFileQueue,
+    queues: ConsumeQueueTable,
+    key: Tuple[str, int],
+    cq: ConsumeQueue,
+    delay_levels: List[int],
+    skip_offsets: Optional[Set[int]] = None,
+) -> RecoveryReport:
+    """A queue whose snapshot row no longer holds on its first use (its files changed behind the closed store, or the
+    row lies): checked against the log as an open without a snapshot checks a queue (its end, files missing at its
+    head, every unit against its record), cut at its first unit that does not match, and its records from its new
+    end on dispatched again, this queue's only (a private dispatcher that skips every other queue's records). While
+    the queue was a row, no dispatcher met a record of it past the snapshot's log end (``queues.rows_end``): its
+    first one would have built the queue, so the log from the queue's end to the log's end is all it lacks. Costs
+    a walk of the log from there (rare: someone changed its files); returns what was done (a RecoveryReport)."""
+    from localmq.store.dispatch import ReputCore  # compiled, same layer
+
+    report = RecoveryReport(mode="first use")
+    name = f"{key[0]}-{key[1]}"
+    cl_min = commit_log.min_offset()
+    end = max(queues.rows_end, 0)
+    starts = []
+    if cq.recover():  # units after its end: damage in its middle, cut there
+        report.cq_damaged.append(name)
+        starts.append(cq.max_physic_offset if cq.max_physic_offset >= cl_min else cl_min)
+    starts += _verify_queues(commit_log, queues, end, cl_min, report, None, {key: cq})
+    # from its end in any case: its last units may be the ones that went (a row says more than its files hold)
+    starts.append(cq.max_physic_offset if cq.max_physic_offset >= cl_min else cl_min)
+    core = ReputCore(commit_log, lambda t, q: cq if (t, q) == key else None, max(cl_min, min(starts)), 0)
+    core.set_delay_levels(delay_levels)
+    core.skip_offsets = skip_offsets
+    core.register(cq)
+    report.reput_from = max(cl_min, min(starts))
+    ended = cq.max_offset
+    report.redispatched = core.run_until_caught_up()
+    if report.redispatched and name not in report.cq_rebuilt:
+        report.cq_rebuilt[name] = (
+            f"ends before queue offset {ended} (its files changed since the clean close; checked on its first use): "
+            f"the records from commit log offset {report.reput_from} on are dispatched again"
+        )
+    report.end_offset = core.reput_offset
+    cq.correct_min_offset(cl_min)
+    log.error(
+        "consume queue %s: its files are not as the store's clean close left them; checked against the commit log "
+        "on its first use (%s), %d units indexed again from offset %d",
+        name,
+        report.cq_rebuilt.get(name, "its units match the log"),
+        report.redispatched,
+        report.reput_from,
+    )
+    return report
 
 
 def sync_directories(root: str) -> int:

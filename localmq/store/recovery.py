@@ -534,9 +534,9 @@ def recover_store(
     def check_vouched() -> None:
         # the log is not as the snapshot's close left it: no queue is vouched for, each is checked as usual
         log.warning("recovery of %s: the commit log changed since its clean close; checking every queue", root)
-        late = sorted(vouched)
+        late = queues.load_rows()  # from their files, as an open without a snapshot loads them
         vouched.clear()
-        damaged.extend(key for key in late if queues.queues[key].recover())  # built now
+        damaged.extend(key for key in late if queues.built[key].recover())
 
     if vouched and (
         end != vouched_end or report.gaps or report.dropped_at is not None or report.deleted_segments or abnormal
@@ -545,7 +545,10 @@ def recover_store(
     cl_min = commit_log.min_offset()
     if not commit_log.files:
         queues.destroy_all()
+    rows = queues.rows
     for key, max_offset, phys in queues.ends():  # the queues that can hold units past the end are built
+        if key in rows and 0 <= phys <= end:
+            continue  # a row whose units end at or before the log's end (a row is checked on its first use)
         if phys >= end or max_offset > 0 and phys < 0:
             n = queues.queues[key].truncate_dirty(end)
             if n:
