@@ -191,6 +191,28 @@ def test_a_queue_file_changed_after_the_close_is_checked_as_before(tmp_path, dam
         assert st.put("T4", b"next", queue_id=1).queue_offset == PER_QUEUE
 
 
+def test_a_queue_changed_behind_the_closed_store_and_not_used_in_the_next_session_is_still_checked(tmp_path):
+    # a unit in the middle of T4-1 made to point at another record (the units at its ends still agree with its row):
+    # only its file's stamp tells. A session that never uses T4-1 writes its row back with the stamps it had (not
+    # the file's new ones), so the session after still checks it on its first use and rebuilds it from the log.
+    root = tmp_path / "s"
+    fill(root)
+    path, pos = cq_file(root, "T4", 1, 5, CQ_FILE)
+    with open(path, "rb") as f:
+        f.seek(pos + 4 * CQ_UNIT_SIZE)
+        other = f.read(CQ_UNIT_SIZE)
+    patch(path, pos, other)
+    time.sleep(2 * FRESH_NS / 1e9)
+    with localmq.open(root, **KW) as st:
+        assert [m.body for m in queue_messages(st, "T1", 1, wait=False)] == expected()[("T1", 1)][2]
+        assert "T4-1" not in st.recovery.cq_rebuilt
+    time.sleep(2 * FRESH_NS / 1e9)
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == len(TOPICS) * QUEUES
+        assert every_queue(st) == expected()
+        assert "T4-1" in st.recovery.cq_rebuilt, st.recovery
+
+
 def _flip_snapshot_byte(root):
     patch(snapshot(root), QUEUE_SNAPSHOT_HEADER.size + 100, b"\xff")
 

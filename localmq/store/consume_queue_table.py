@@ -129,10 +129,11 @@ class ConsumeQueueTable:
 
     A queue whose files a queue snapshot vouched for at the open (``load``) is kept as its row (``rows``), checked
     and built on its first use (``get``, ``find_or_create``, the put path's ``next_offsets``): an open of 100,000
-    queues reads, checks and makes nothing for those nobody reads or writes. ``built`` maps the queues built so far (a dict read without a lock: a dict read is
-    atomic; a queue enters ``built`` before it leaves ``rows``); ``queues`` is the view of all of them. The
-    dispatcher creates queues (``find_or_create``); builds and creations hold the table's lock. Directories that
-    are not a valid topic or queue id are skipped and listed in ``skipped_dirs``.
+    queues reads, checks and makes nothing for those nobody reads or writes. ``built`` maps the queues built so far
+    (a dict read without a lock: a dict read is atomic; a queue enters ``built`` before it leaves ``rows``);
+    ``queues`` is the view of all of them. The dispatcher creates queues (``find_or_create``); builds and creations
+    hold the table's lock. Directories that are not a valid topic or queue id are skipped and listed in
+    ``skipped_dirs``.
     """
 
     def __init__(self, root: str, file_size: int, reserve_step: int = 0, max_mapped_files: int = 0) -> None:
@@ -178,6 +179,7 @@ class ConsumeQueueTable:
         # (MessageStore._repair_queue: queue_recovery.repair_queue; None: the queue is taken as its files are)
         self.repair: Optional[Callable[[Key, ConsumeQueue], None]] = None
         self._row_qids: Dict[str, List[int]] = {}  # topic -> the queue ids of its rows (the put path's miss hook)
+        self._rows_phys = (0, -1)  # rows_phys
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
         # the names are checked by load or check_topic (os.path.join costs here at 100,000 queues)
@@ -311,12 +313,19 @@ class ConsumeQueueTable:
         with self._lock:
             return len(self.built) + len(self.rows)
 
-    def ends(self) -> List[Tuple[Key, int, int]]:
-        """(key, max offset, max physical offset) of every queue, without building one."""
+    def ends(self, rows: bool = True) -> List[Tuple[Key, int, int]]:
+        """(key, max offset, max physical offset) of every queue (``rows`` False: of the built ones), without
+        building one."""
         with self._lock:
             out = [(k, cq.max_offset, cq.max_physic_offset) for k, cq in self.built.items()]
-            out += [(k, r.max_offset, r.max_physic_offset) for k, r in self.rows.items()]
+            if rows:
+                out += [(k, r.max_offset, r.max_physic_offset) for k, r in self.rows.items()]
         return out
+
+    def rows_phys(self) -> Tuple[int, int]:
+        """(lowest, highest) max physical offset of the rows the open kept (bounds: rows only leave), (0, -1) for
+        none; what recovery asks of the rows without a look at each (``ends`` lists every queue)."""
+        return self._rows_phys
 
     def max_offset(self, key: Key) -> int:
         """The queue's max offset without building it; -1 when the store has no such queue."""
@@ -329,11 +338,13 @@ class ConsumeQueueTable:
         cq = self.built.get(key)
         return -1 if cq is None else cq.max_offset
 
-    def states(self) -> List[Tuple[Key, str, List[int], int, int, int, bool]]:
+    def states(self) -> List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueEntry]]]:
         """(key, directory, its files' base offsets, max offset, min offset, max physical offset, whether a file's
-        deletion waits for a reader) of every queue, sorted, without building one: what a queue snapshot records."""
+        deletion waits for a reader, its row or None) of every queue, sorted, without building one: what a queue
+        snapshot records. A row is written back as it is, its stamps those its check will compare (never the files'
+        stamps now: a row not checked since the open would vouch for whatever its files became)."""
         with self._lock:
-            out = [
+            out: List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueEntry]]] = [
                 (
                     k,
                     cq.mapped_file_queue.directory,
@@ -342,6 +353,7 @@ class ConsumeQueueTable:
                     cq.min_offset,
                     cq.max_physic_offset,
                     bool(cq.mapped_file_queue.hanged),
+                    None,
                 )
                 for k, cq in self.built.items()
             ]
@@ -354,6 +366,7 @@ class ConsumeQueueTable:
                     r.min_offset,
                     r.max_physic_offset,
                     False,
+                    r,
                 )
                 for k, r in self.rows.items()
             ]
@@ -421,7 +434,7 @@ class ConsumeQueueTable:
                     continue
                 key = (topic, int(q))
                 row = entry.queues.get(key[1]) if entry is not None else None
-                if row is not None and row.dir_ctime != NOT_VOUCHED and self._row_shape_ok(row):
+                if row is not None and row.dir_ctime != NOT_VOUCHED:
                     rows[key] = row  # checked and built on first use
                     vouched.add(key)
                     row_qids.setdefault(topic, []).append(key[1])
@@ -429,6 +442,9 @@ class ConsumeQueueTable:
                         note(f"{tdir}/{q}", True)
                     continue
                 self.built[key] = self._load_queue(key)
+        if rows:
+            ends = [r.max_physic_offset for r in rows.values()]
+            self._rows_phys = (min(ends), max(ends))
 
     def _load_queue(self, key: Key) -> ConsumeQueue:
         """The queue of ``key`` over its files as they are (``ConsumeQueue.recover`` checks them). Files that cannot
@@ -475,7 +491,7 @@ class ConsumeQueueTable:
         open, ``rows_mins_at`` when known): the queue can be made from the row. Else False (then it is loaded and
         checked against the log). Raises OSError when a file cannot be read."""
         qdir = self._queue_dir(*key)
-        if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
+        if not self._row_shape_ok(row) or _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
             return False
         for base, ctime, ino in row.files:
             st = os.lstat(f"{qdir}/{base:020d}")

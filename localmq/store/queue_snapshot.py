@@ -179,15 +179,19 @@ def _encode(
     topic_stats: Dict[str, Optional[os.stat_result]] = {}
     queue_stats: Dict[Tuple[str, int], Tuple[os.stat_result, List[os.stat_result]]] = {}
     states = {}
-    for state in table.states():  # every queue, built or not (a queue never built is as the last open found it)
-        (topic, qid), qdir, bases = state[0], state[1], state[2]
+    rows: Dict[Tuple[str, int], Any] = {}  # the queues kept as their rows since the open: written back as they are
+    for state in table.states():  # every queue, built or not
+        (topic, qid), qdir, bases, row = state[0], state[1], state[2], state[7]
         try:
             if topic not in topic_stats:
                 topic_stats[topic] = None
                 topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
-            queue_stats[(topic, qid)] = (os.lstat(qdir), [os.lstat(f"{qdir}/{base:020d}") for base in bases])
+            if row is None:
+                queue_stats[(topic, qid)] = (os.lstat(qdir), [os.lstat(f"{qdir}/{base:020d}") for base in bases])
         except FileNotFoundError:
             continue  # a queue without a directory (never written): the open finds nothing there either
+        if row is not None:
+            rows[(topic, qid)] = row
         states[(topic, qid)] = state
     root_st = os.lstat(cq_root)
     ctimes = [ctime for _, ctime, _, _ in segments] + [fs_now, root_st.st_ctime_ns]
@@ -223,7 +227,7 @@ def _encode(
         if os.path.dirname(os.path.dirname(p)) == cq_root
     }
     by_topic: Dict[str, List[int]] = {}
-    for topic, qid in queue_stats:
+    for topic, qid in states:  # sorted
         by_topic.setdefault(topic, []).append(qid)
     for topic, tst in topic_stats.items():
         if tst is None:
@@ -235,7 +239,16 @@ def _encode(
             ctime = NOT_VOUCHED
         parts.append(QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name), ctime, ino, len(qids)) + name)
         for qid in qids:
-            _, _, bases, max_offset, min_offset, max_phys, hanged = states[(topic, qid)]
+            _, _, bases, max_offset, min_offset, max_phys, hanged, row = states[(topic, qid)]
+            if row is not None:
+                # its check at its first use compares these stamps (and its units) with its files
+                parts.append(
+                    QUEUE_SNAPSHOT_QUEUE_ROW.pack(
+                        qid, row.dir_ctime, row.dir_ino, max_offset, min_offset, max_phys, len(row.files)
+                    )
+                )
+                parts += [QUEUE_SNAPSHOT_FILE_ROW.pack(*f) for f in row.files]
+                continue
             dst, fsts = queue_stats[(topic, qid)]
             dctime, dino = _stamp(dst, fresh_after)
             vouched = (

@@ -466,7 +466,7 @@ def _check_segments_at_end(commit_log: "MappedFileQueue", queues: "ConsumeQueueT
     """Units pointing past the last segment mean segments lost at the end: DamagedLogError naming the first one,
     unless ``salvage`` (then logged; the queues are cut to the log afterwards)."""
     log_end = commit_log.files[-1].file_from_offset + commit_log.file_size if commit_log.files else 0
-    beyond = {f"{k[0]}-{k[1]}": phys for k, _, phys in queues.ends() if phys > log_end}
+    beyond = {f"{k[0]}-{k[1]}": phys for k, _, phys in queues.ends(queues.rows_phys()[1] > log_end) if phys > log_end}
     if beyond and commit_log.files:
         first_missing = log_end // commit_log.file_size * commit_log.file_size
         msg = (
@@ -514,7 +514,8 @@ def recover_store(
     # a queue not built yet is vouched for (ConsumeQueueTable.rows): only the built ones can need a check here
     damaged = [key for key, cq in list(queues.built.items()) if key not in vouched and cq.recover()]
     _check_segments_at_end(commit_log, queues, salvage)
-    known_end = max((phys for k, _, phys in queues.ends() if k not in damaged), default=0)
+    known_end = max((phys for k, _, phys in queues.ends(False) if k not in damaged), default=0)
+    known_end = max(known_end, queues.rows_phys()[1])  # a row is not damaged: vouched for, checked on first use
 
     agrees = _agreement(queues, damaged)
     report = recover_commit_log(
@@ -546,7 +547,9 @@ def recover_store(
     if not commit_log.files:
         queues.destroy_all()
     rows = queues.rows
-    for key, max_offset, phys in queues.ends():  # the queues that can hold units past the end are built
+    lo, hi = queues.rows_phys()
+    # the queues that can hold units past the end are built (the rows only when one may: their bounds say)
+    for key, max_offset, phys in queues.ends(lo < 0 or hi > end):
         if key in rows and 0 <= phys <= end:
             continue  # a row whose units end at or before the log's end (a row is checked on its first use)
         if phys >= end or max_offset > 0 and phys < 0:
@@ -624,7 +627,7 @@ def _reput_from(
     """Where the dispatcher must start so that every record after it reaches its queue: where the queues end, at the
     latest the recovery start after an unclean exit, no later than the end of a queue cut short by damage or by the
     unit check (``starts``), nor than a queue whose last units were zeroed in the walked segments."""
-    reput_from = max((phys for _, _, phys in queues.ends()), default=cl_min)
+    reput_from = max(max((phys for _, _, phys in queues.ends(False)), default=cl_min), queues.rows_phys()[1])
     reput_from = max(reput_from, cl_min)
     if abnormal:
         reput_from = min(reput_from, report.start_offset)
