@@ -168,6 +168,18 @@ def test_row_selection_and_topic_codes():
         _columns.gather_binary(cols, "body", np.array([6]))
 
 
+def test_topic_codes_of_many_topics_interleaved():
+    # past 16 distinct topics the codes come from a dict of their bytes (a linear search was quadratic): every row's
+    # code names its record's topic, codes in order of first occurrence, one per distinct topic
+    topics = [f"t{i % 40}-{'x' * (i % 3)}" for i in range(500)]
+    data = b"".join(localmq.encode_message(t, b"b", physical_offset=0) for t in topics)
+    cols = _columns.RecordColumns(1024)
+    assert _columns.decode_range(data, cols)[0] == 500
+    codes, names = _columns.topic_codes(cols)
+    assert [names[c] for c in codes.tolist()] == topics
+    assert names == list(dict.fromkeys(topics)) and len(names) == 120
+
+
 def test_properties_follow_rocketmq_parsing_rules():
     raw = b"A\x01x\x02\x01bad\x02short\x02E\x01\x02K\x01v1\x01v2\x02KEYS\x01 one  two \x02TAGS\x01t\x02"
     cols = _columns.RecordColumns(4)

@@ -311,8 +311,10 @@ class DefaultMessageStore:
             sync_directories(self.root)
         cl_min = self._cl_mfq.min_offset()
         if snapshot is not None and snapshot.mins_at == cl_min:
-            for key in self._cq_table.vouched:  # their min offsets were right for this log's start at the close
-                min_corrected.setdefault(key, (cl_min, self._cq_table.max_offset(key)))
+            table = self._cq_table
+            for key in [k for k in table.built if k in table.vouched]:  # (a row is never visited below)
+                # their min offsets were right for this log's start at the close
+                min_corrected.setdefault(key, (cl_min, table.max_offset(key)))
             # a retention pass for this start leaves the rows alone (else it would make every queue 10 s after an
             # open); their expired files, if any, go at the next pass, when the log's start moves
             self._cq_table.rows_mins_at = cl_min

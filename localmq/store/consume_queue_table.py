@@ -402,7 +402,7 @@ class ConsumeQueueTable:
             self.rows_end = snapshot.log_end
         with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
             topics = sorted(e.name for e in it if e.is_dir(follow_symlinks=False) or e.is_symlink())
-        rows, vouched, row_qids, note = self.rows, self.vouched, self._row_qids, self.list_queue_dir
+        rows, vouched_add, row_qids, note = self.rows, self.vouched.add, self._row_qids, self.list_queue_dir
         for topic in topics:
             tdir = f"{root}/{topic}"
             if TOPIC_RE.match(topic) is None:
@@ -415,18 +415,32 @@ class ConsumeQueueTable:
                 and entry.dir_ctime != NOT_VOUCHED
                 and _stamp_of(tdir) == (entry.dir_ctime, entry.dir_ino)
             ):
-                names = sorted(str(q) for q in entry.queues)  # the directory holds what it held at the close
-            else:
-                _stamp_of(tdir)  # a link in place of a topic directory: refused
-                with os.scandir(tdir) as it:
-                    names = []
-                    for e in it:
-                        if e.is_symlink():
-                            raise UnsafePathError(
-                                f"{e.path} is a symlink, which localmq never writes through", path=e.path
-                            )
-                        names.append(e.name)
-                names.sort()
+                # the directory holds what it held at the close: the snapshot's queues (ids as numbers, no names)
+                qids = []
+                for qid, row in entry.queues.items():
+                    key = (topic, qid)
+                    if qid > MAX_QUEUE_ID:  # (no close writes one)
+                        self.skipped_dirs.append(f"{tdir}/{qid}")
+                        log.warning("ignoring consume queue directory %s: not a queue id", f"{tdir}/{qid}")
+                    elif row.dir_ctime != NOT_VOUCHED:
+                        rows[key] = row  # checked and built on first use
+                        vouched_add(key)
+                        qids.append(qid)
+                        if note is not None:  # listed if the open writes there (a write is announced first)
+                            note(f"{tdir}/{qid}", True)
+                    else:
+                        self.built[key] = self._load_queue(key)
+                if qids:
+                    row_qids[topic] = qids
+                continue
+            _stamp_of(tdir)  # a link in place of a topic directory: refused
+            with os.scandir(tdir) as it:
+                names = []
+                for e in it:
+                    if e.is_symlink():
+                        raise UnsafePathError(f"{e.path} is a symlink, which localmq never writes through", path=e.path)
+                    names.append(e.name)
+            names.sort()
             for q in names:
                 if not is_decimal(q) or int(q) > MAX_QUEUE_ID:
                     self.skipped_dirs.append(f"{tdir}/{q}")
@@ -436,9 +450,9 @@ class ConsumeQueueTable:
                 row = entry.queues.get(key[1]) if entry is not None else None
                 if row is not None and row.dir_ctime != NOT_VOUCHED:
                     rows[key] = row  # checked and built on first use
-                    vouched.add(key)
+                    vouched_add(key)
                     row_qids.setdefault(topic, []).append(key[1])
-                    if note is not None:  # listed if the open writes there (a write is announced first)
+                    if note is not None:
                         note(f"{tdir}/{q}", True)
                     continue
                 self.built[key] = self._load_queue(key)
