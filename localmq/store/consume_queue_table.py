@@ -417,13 +417,13 @@ class ConsumeQueueTable:
             ):
                 # the directory holds what it held at the close: the snapshot's queues (ids as numbers, no names)
                 qids = []
-                for qid, row in entry.queues.items():
+                for qid, vrow in entry.queues.items():
                     key = (topic, qid)
                     if qid > MAX_QUEUE_ID:  # (no close writes one)
                         self.skipped_dirs.append(f"{tdir}/{qid}")
                         log.warning("ignoring consume queue directory %s: not a queue id", f"{tdir}/{qid}")
-                    elif row.dir_ctime != NOT_VOUCHED:
-                        rows[key] = row  # checked and built on first use
+                    elif vrow.dir_ctime != NOT_VOUCHED:
+                        rows[key] = vrow  # checked and built on first use
                         vouched_add(key)
                         qids.append(qid)
                         if note is not None:  # listed if the open writes there (a write is announced first)
