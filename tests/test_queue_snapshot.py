@@ -59,6 +59,15 @@ def snapshot(root):
     return root / "config" / "queues.snapshot"
 
 
+def _point_unit_at_another_record(path, pos):
+    """The unit at ``pos`` of queue file ``path`` made a copy of the unit four after it (another record of the queue:
+    the units at the queue's ends still agree with its row)."""
+    with open(path, "rb") as f:
+        f.seek(pos + 4 * CQ_UNIT_SIZE)
+        other = f.read(CQ_UNIT_SIZE)
+    patch(path, pos, other)
+
+
 def every_queue(st):
     """{(topic, queue id): (min offset, max offset, [bodies])}: what a reader sees."""
     return {
@@ -169,10 +178,7 @@ def test_a_queue_file_changed_after_the_close_is_checked_as_before(tmp_path, dam
     if damage == "zeroed unit":
         patch(path, pos, bytes(CQ_UNIT_SIZE))
     elif damage == "unit pointing elsewhere":
-        with open(path, "rb") as f:
-            f.seek(pos + 4 * CQ_UNIT_SIZE)
-            other = f.read(CQ_UNIT_SIZE)
-        patch(path, pos, other)
+        _point_unit_at_another_record(path, pos)
     elif damage == "file deleted":
         os.unlink(cq_file(root, "T4", 1, 20, CQ_FILE)[0])
     else:
@@ -197,11 +203,7 @@ def test_a_queue_changed_behind_the_closed_store_and_not_used_in_the_next_sessio
     # the file's new ones), so the session after still checks it on its first use and rebuilds it from the log.
     root = tmp_path / "s"
     fill(root)
-    path, pos = cq_file(root, "T4", 1, 5, CQ_FILE)
-    with open(path, "rb") as f:
-        f.seek(pos + 4 * CQ_UNIT_SIZE)
-        other = f.read(CQ_UNIT_SIZE)
-    patch(path, pos, other)
+    _point_unit_at_another_record(*cq_file(root, "T4", 1, 5, CQ_FILE))
     time.sleep(2 * FRESH_NS / 1e9)
     with localmq.open(root, **KW) as st:
         assert [m.body for m in queue_messages(st, "T1", 1, wait=False)] == expected()[("T1", 1)][2]
@@ -466,11 +468,7 @@ def test_a_damaged_unit_its_ctime_does_not_show_gives_a_typed_error_never_anothe
     # what the snapshot cannot see: the get path checks each record against its unit
     root = tmp_path / "s"
     fill(root)
-    path, pos = cq_file(root, "T4", 1, 5, CQ_FILE)
-    with open(path, "rb") as f:
-        f.seek(pos + 4 * CQ_UNIT_SIZE)
-        other = f.read(CQ_UNIT_SIZE)  # unit 9: another record of this queue
-    patch(path, pos, other)
+    _point_unit_at_another_record(*cq_file(root, "T4", 1, 5, CQ_FILE))
     _forge_queue_file_ctime(root, "T4", 1, 0)
     with localmq.open(root, **KW) as st:
         assert st.recovery.cq_vouched == len(TOPICS) * QUEUES  # the snapshot believed it
