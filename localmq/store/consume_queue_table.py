@@ -27,18 +27,27 @@ def _stamp_of(path: str) -> Tuple[int, int]:
     return st.st_ctime_ns, st.st_ino
 
 
-def refuse_links(qdir: str) -> None:
-    """Raise UnsafePathError when the queue directory ``qdir`` is a symlink or holds one (localmq never writes,
-    truncates or deletes through one; the open's walk of the store, files.unsafe_entries, leaves the queue
-    directories to the table, which looks at each when it loads the queue)."""
-    try:
-        _stamp_of(qdir)
-    except FileNotFoundError:
-        return
-    with os.scandir(qdir) as it:
+def _names_refusing_links(path: str) -> List[str]:
+    """The entries of directory ``path``, sorted; UnsafePathError when it is a symlink or holds one (localmq never
+    writes, truncates or deletes through one; the open's walk of the store, files.unsafe_entries, leaves what lies
+    below the topic directories to the table, which looks at each directory as it lists or loads it)."""
+    _stamp_of(path)
+    names = []
+    with os.scandir(path) as it:
         for e in it:
             if e.is_symlink():
                 raise UnsafePathError(f"{e.path} is a symlink, which localmq never writes through", path=e.path)
+            names.append(e.name)
+    names.sort()
+    return names
+
+
+def refuse_links(qdir: str) -> None:
+    """``_names_refusing_links`` for a queue directory, which may not exist (a queue without a file yet)."""
+    try:
+        _names_refusing_links(qdir)
+    except FileNotFoundError:
+        return
 
 
 def _units_at(qdir: str, bases: List[int], file_size: int, pos: int, n: int) -> bytes:
@@ -176,7 +185,7 @@ class ConsumeQueueTable:
         self.rows_end = -1
         # (key, the queue loaded from its files) for a row whose queue's files no longer match it: check the queue
         # against the log, cut it where it stops matching and index its records again up to the log's end
-        # (MessageStore._repair_queue: queue_recovery.repair_queue; None: the queue is taken as its files are)
+        # (DefaultMessageStore._repair_queue: queue_recovery.repair_queue; None: the queue is taken as its files are)
         self.repair: Optional[Callable[[Key, ConsumeQueue], None]] = None
         self._row_qids: Dict[str, List[int]] = {}  # topic -> the queue ids of its rows (the put path's miss hook)
         self._rows_phys = (0, -1)  # rows_phys
@@ -433,15 +442,7 @@ class ConsumeQueueTable:
                 if qids:
                     row_qids[topic] = qids
                 continue
-            _stamp_of(tdir)  # a link in place of a topic directory: refused
-            with os.scandir(tdir) as it:
-                names = []
-                for e in it:
-                    if e.is_symlink():
-                        raise UnsafePathError(f"{e.path} is a symlink, which localmq never writes through", path=e.path)
-                    names.append(e.name)
-            names.sort()
-            for q in names:
+            for q in _names_refusing_links(tdir):
                 if not is_decimal(q) or int(q) > MAX_QUEUE_ID:
                     self.skipped_dirs.append(f"{tdir}/{q}")
                     log.warning("ignoring consume queue directory %s: not a queue id", f"{tdir}/{q}")

@@ -460,10 +460,9 @@ def repair_queue(
     name = f"{key[0]}-{key[1]}"
     cl_min = commit_log.min_offset()
     end = max(queues.rows_end, 0)
-    starts = []
-    if cq.recover():  # units after its end: damage in its middle, cut there
+    starts: List[int] = []
+    if cq.recover():  # units after its end: damage in its middle, cut there (dispatched again from its end, below)
         report.cq_damaged.append(name)
-        starts.append(cq.max_physic_offset if cq.max_physic_offset >= cl_min else cl_min)
     starts += _verify_queues(commit_log, queues, end, cl_min, report, None, {key: cq})
     # from its end in any case: its last units may be the ones that went (a row says more than its files hold)
     starts.append(cq.max_physic_offset if cq.max_physic_offset >= cl_min else cl_min)
