@@ -524,6 +524,22 @@ def test_read_only_view_of_a_closed_store_writes_and_locks_nothing(tmp_path):
         assert len(read_all(ro)) == 301
 
 
+def test_read_only_view_leaves_out_an_empty_last_segment(tmp_path):
+    """A kill between a segment file's creation and its sizing (RocketMQ's allocator makes files so) leaves an
+    empty last segment: it holds no record, and a view reads the store without it and changes nothing."""
+    path = tmp_path / "s"
+    with localmq.open(path, **KW) as q:
+        acked = put_many(q, 300)
+    segs = sorted((path / "commitlog").iterdir())
+    size = KW["mapped_file_size_commit_log"]
+    assert all(p.stat().st_size == size for p in segs)
+    (path / "commitlog" / f"{int(segs[-1].name) + size:020d}").touch()
+    before = _store_fingerprint(path)
+    with localmq.open(path, read_only=True, **KW) as ro:
+        assert read_all(ro) == acked
+    assert _store_fingerprint(path) == before
+
+
 def test_read_only_view_of_a_live_shared_store_sees_a_prefix(tmp_path, workers):
     path = tmp_path / "s"
     hk = workers("idle", path)

@@ -251,6 +251,12 @@ def _verify(args) -> int:
     except CorruptFrameError:
         end = files.segments[-1][0] + files.segment_size if files.segments else 0
     live = files.live_end is not None or state != "closed"
+    if files.empty_last is not None and not live:
+        notes.append(
+            f"{files.empty_last} is empty: the creation of the last segment was cut short (a crash between "
+            f"creating the file and sizing it). It holds no record; a writer's open sizes it, RocketMQ 5 deletes it "
+            f"and RocketMQ 4.9 refuses to load the store until it is deleted"
+        )
     log_start = read_log_start(files.root)
     if log_start is not None and files.segments and files.min_offset > log_start:
         problems.append(

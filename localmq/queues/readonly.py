@@ -28,6 +28,7 @@ from localmq.layout import (
 from localmq.queues.local import LocalMessageQueue
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.control_view import ControlView
+from localmq.store.files import numbered_files
 from localmq.store.index import IndexReader
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
@@ -123,8 +124,12 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
         if self._view is not None:
             end = self._view.load(CTL_S_WPOS)
         else:
-            names = [int(n) for n in os.listdir(self._cl_mfq.directory) if len(n) == 20 and is_decimal(n)]
-            end = max(names) + c.mapped_file_size_commit_log if names else 0
+            files = numbered_files(self._cl_mfq.directory)
+            if files and files[-1].size == 0:
+                # an empty last segment holds nothing: its creation was cut short (RocketMQ's allocator creates the
+                # file, then sizes it; a kill between leaves it empty; RocketMQ 5's load deletes it, 4.9's refuses)
+                files.pop()
+            end = files[-1].base + c.mapped_file_size_commit_log if files else 0
         self._cl_mfq.load_view(end)
         # the queue files it maps are bounded as a writer's are (StoreConfig.max_mapped_queue_files)
         n = c.max_mapped_queue_files

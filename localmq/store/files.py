@@ -251,8 +251,8 @@ class StoreFiles:
     segment size, given or inferred from the files), ConsumeQueues, index files, checkpoint and config paths.
 
     ``segments`` holds (base, path) of the commit log segments in order; an empty last segment (a creation
-    interrupted or under way) is left out. Raises NotAStoreError without a directory or its ``commitlog``,
-    CorruptStoreError for segments of another size, misnamed or with gaps.
+    interrupted or under way) is left out, its path in ``empty_last``. Raises NotAStoreError without a directory or
+    its ``commitlog``, CorruptStoreError for segments of another size, misnamed or with gaps.
     """
 
     def __init__(self, path: str | os.PathLike[str], segment_size: int | None = None) -> None:
@@ -286,6 +286,9 @@ class StoreFiles:
             # processes sharing the store right now publish its committed end: reads stop there (past it a put may
             # be half-copied); None when nobody shares it
             self.live_end = committed_end(path)
+            # an empty last segment is left out of ``segments``: its creation was interrupted (a kill between the
+            # file's creation and its sizing) or is under way
+            self.empty_last = files[-1].path if files and files[-1].size == 0 else None
             try:
                 self.segment_size, self.segments = _segments(files, segment_size, self.live_end)
                 break
