@@ -64,6 +64,7 @@ extensions = [
     ext("localmq._record"),
     ext("localmq._columns"),
     ext("localmq._scan"),
+    ext("localmq._snapshot"),
     ext("localmq._mapping"),
     ext("localmq._mapped_file"),
     ext("localmq._frame"),

@@ -131,6 +131,11 @@ QUEUE_SNAPSHOT_FILE_ROW = struct.Struct(">qqq")  # a segment or a queue file: ba
 QUEUE_SNAPSHOT_TOPIC_ROW = struct.Struct(">HqqI")  # name length (the name follows), dir ctime ns, inode, queue count
 # a queue: id, dir ctime ns (-1: not vouched for), inode, max offset, min offset, max physical offset, file count
 QUEUE_SNAPSHOT_QUEUE_ROW = struct.Struct(">IqqqqqI")
+QUEUE_SNAPSHOT_NOT_VOUCHED = -1  # a ctime field: the entry is listed, not vouched for
+# the row sizes the compiled parse of the rows reads (localmq/_snapshot.pyx; its field offsets follow the formats)
+QUEUE_SNAPSHOT_TOPIC_ROW_SIZE = QUEUE_SNAPSHOT_TOPIC_ROW.size
+QUEUE_SNAPSHOT_QUEUE_ROW_SIZE = QUEUE_SNAPSHOT_QUEUE_ROW.size
+QUEUE_SNAPSHOT_FILE_ROW_SIZE = QUEUE_SNAPSHOT_FILE_ROW.size
 
 MAX_QUEUE_ID = 65535
 TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,255}\Z")  # MAX_TOPIC_NAME_BYTES
@@ -343,6 +348,10 @@ PXD_NAMES = (
     "OS_PAGE_SIZE",
     "FILE_NAME_DIGITS",
     "MAX_QUEUE_ID",
+    "QUEUE_SNAPSHOT_NOT_VOUCHED",
+    "QUEUE_SNAPSHOT_TOPIC_ROW_SIZE",
+    "QUEUE_SNAPSHOT_QUEUE_ROW_SIZE",
+    "QUEUE_SNAPSHOT_FILE_ROW_SIZE",
     "FRAME_MAGIC",
     "FRAME_HEADERS_SIZE",
     "FRAME_OVERHEAD",

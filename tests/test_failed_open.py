@@ -243,13 +243,15 @@ def test_the_undo_lists_a_deferred_topic_directory_before_the_open_writes_there(
     before = snapshot(root)
     undo = OpenUndo(str(root), defer_queues=True)
     assert undo.deferred_topics == {str(cq / "T"), str(cq / "U")}
-    undo.take_queue_dir(str(cq / "T" / "0"), True)  # vouched: nothing listed
-    undo.take_queue_dir(str(cq / "U" / "0"), True)
+    undo.vouch_queue_dirs(str(cq / "T"), [0])  # vouched: nothing listed
+    undo.vouch_queue_dirs(str(cq / "U"), [0])
     undo.take_deferred()
     assert undo.deferred_topics == {str(cq / "T"), str(cq / "U")}
     # the open creates queue T-1 (the hook runs before its directory exists) and rewrites a unit of U-0
-    undo.take_queue_dir(str(cq / "T" / "1"), False)
+    undo.take_queue_dir(str(cq / "T" / "1"))
     assert str(cq / "T") not in undo.deferred_topics
+    undo.take_deferred()  # T is listed now: its vouched queue T-0 stays deferred, not walked
+    assert str(cq / "T" / "0") in undo.deferred
     (cq / "T" / "1").mkdir()
     (cq / "T" / "1" / f"{0:020d}").write_bytes(b"\2" * 40)
     unit = str(cq / "U" / "0" / f"{0:020d}")
@@ -291,7 +293,7 @@ def test_a_topic_directory_that_cannot_be_read_is_left_alone_by_the_undo(tmp_pat
         undo = OpenUndo(str(root), defer_queues=True)
         monkeypatch.setattr(undo_module.os, target, fail)
         with pytest.raises(OSError):
-            undo.take_queue_dir(str(cq / "T" / "1"), False)
+            undo.take_queue_dir(str(cq / "T" / "1"))
         monkeypatch.setattr(undo_module.os, target, real_scandir if target == "scandir" else real_walk)
         undo.restore()
         assert snapshot(root) == before, target

@@ -629,3 +629,67 @@ def test_a_retention_pass_for_the_log_start_the_rows_are_right_for_makes_no_queu
     os.unlink(snapshot(root))
     with localmq.open(root, **KW) as st:  # every queue checked: the same min offsets
         assert got == {(t, q): st.min_offset(t, q) for t in TOPICS for q in range(QUEUES)}
+
+
+def _rows(topics):
+    """Topic rows as a close writes them (layout's struct formats): [(name, ctime, ino, [(qid, dctime, dino, max,
+    min, max_phys, [(base, ctime, ino)])])]."""
+    out = b""
+    for name, ctime, ino, queues in topics:
+        out += QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name.encode()), ctime, ino, len(queues)) + name.encode()
+        for qid, dctime, dino, mx, mn, mp, files in queues:
+            out += QUEUE_SNAPSHOT_QUEUE_ROW.pack(qid, dctime, dino, mx, mn, mp, len(files))
+            out += b"".join(QUEUE_SNAPSHOT_FILE_ROW.pack(*f) for f in files)
+    return out
+
+
+def test_the_compiled_parse_reads_the_rows_the_layout_formats_write_and_refuses_any_other_shape():
+    """The rows in one compiled pass (localmq._snapshot): every field as struct packed it, the vouched rows of valid
+    ids apart from the rest; a cut anywhere, a trailing byte or a topic or queue listed twice is a ValueError (the
+    open then uses no snapshot)."""
+    from localmq._snapshot import parse_topic_rows
+
+    big = (1 << 62) + 12345  # ctimes and inodes past 32 bits
+    topics = [
+        ("tópico", big, 7, [(0, big + 1, 8, 5, 1, 9_000_000, [(0, big + 2, 9)]), (3, -1, 10, 0, 0, 0, [])]),
+        (
+            "T2",
+            11,
+            12,
+            [(65535, 13, 14, 600_000, 0, 77, [(0, 15, 16), (6_000_000, 17, 18)]), (65536, 19, 20, 1, 0, 2, [])],
+        ),
+        ("T3", -1, 21, []),
+    ]
+    data = b"prefix" + _rows(topics)
+    parsed = parse_topic_rows(data, 6, len(topics))
+    assert list(parsed) == ["tópico", "T2", "T3"]
+    for name, ctime, ino, queues in topics:
+        t = parsed[name]
+        assert (t.dir_ctime, t.dir_ino) == (ctime, ino)
+        assert sorted(t.queues) == [q[0] for q in queues]
+        for qid, dctime, dino, mx, mn, mp, files in queues:
+            r = t.queues[qid]
+            assert (r.dir_ctime, r.dir_ino, r.max_offset, r.min_offset, r.max_physic_offset) == (
+                dctime,
+                dino,
+                mx,
+                mn,
+                mp,
+            )
+            assert r.files == tuple(files) and r.n_files == len(files)
+            assert r.file_rows == b"".join(QUEUE_SNAPSHOT_FILE_ROW.pack(*f) for f in files)
+    assert parsed["tópico"].keys == [("tópico", 0)] and parsed["tópico"].others == [3]  # 3: not vouched for
+    assert parsed["T2"].keys == [("T2", 65535)] and parsed["T2"].others == [65536]  # past MAX_QUEUE_ID
+    assert [r.max_offset for r in parsed["T2"].rows] == [600_000]
+    whole = _rows(topics)
+    for cut in range(len(whole)):
+        with pytest.raises(ValueError):
+            parse_topic_rows(whole[:cut], 0, len(topics))
+    with pytest.raises(ValueError, match="trailing"):
+        parse_topic_rows(whole + b"\0", 0, len(topics))
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_topic_rows(_rows([topics[2], topics[2]]), 0, 2)
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_topic_rows(_rows([("T", 1, 2, [topics[1][3][0], topics[1][3][0]])]), 0, 1)
+    with pytest.raises(ValueError):  # not UTF-8
+        parse_topic_rows(QUEUE_SNAPSHOT_TOPIC_ROW.pack(1, 1, 1, 0) + b"\xff", 0, 1)

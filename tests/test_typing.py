@@ -18,6 +18,7 @@ COMPILED = [
     "localmq._record",
     "localmq._columns",
     "localmq._scan",
+    "localmq._snapshot",
     "localmq._mapping",
     "localmq._mapped_file",
     "localmq._frame",

@@ -199,6 +199,7 @@ class DefaultMessageStore:
             if self._cq_table is not None:
                 self._cq_table.watch_rewrites(None)
                 self._cq_table.list_queue_dir = None
+                self._cq_table.vouch_queue_dirs = None
         self._undo = None
         self._lock.stamp()
         self._closed = False
@@ -284,6 +285,7 @@ class DefaultMessageStore:
             # a failed open gives the queue files it cut or deleted their bytes back
             self._cq_table.watch_rewrites(self._undo.save_derived)
             self._cq_table.list_queue_dir = self._undo.take_queue_dir
+            self._cq_table.vouch_queue_dirs = self._undo.vouch_queue_dirs
         self._cq_table.load(snapshot, self._cl_mfq.min_offset())
         if self._undo is not None:
             # (list_queue_dir stays set until the open ends: a queue the open creates has its topic listed first)

@@ -15,7 +15,7 @@ from localmq.errors import CorruptStoreError, LocalMQError, StoreClosedError, Un
 from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import DeferredDirSyncs
-from localmq.store.queue_snapshot import NOT_VOUCHED, QueueEntry, QueueSnapshot
+from localmq.store.queue_snapshot import NOT_VOUCHED, QueueRow, QueueSnapshot
 
 log = logging.getLogger("localmq.store")
 
@@ -64,7 +64,7 @@ def _units_at(qdir: str, bases: List[int], file_size: int, pos: int, n: int) -> 
     return data
 
 
-def _row_agrees(qdir: str, bases: List[int], file_size: int, row: QueueEntry, log_min: int) -> bool:
+def _row_agrees(qdir: str, bases: List[int], file_size: int, row: QueueRow, log_min: int) -> bool:
     """True when the queue's units are where its snapshot row says: no file before the first or after the last the
     row lists, the unit before ``max_offset`` is a real one that ends at ``max_physic_offset``, the unit at
     ``max_offset`` (when a file holds it) is all zeros, and a ``min_offset`` past the first file's start follows a
@@ -156,7 +156,7 @@ class ConsumeQueueTable:
         self.dir_syncs = DeferredDirSyncs()
         self.built: Dict[Key, ConsumeQueue] = {}
         # queues a snapshot vouched for (their stamps and units checked by ``load``), not built yet: their rows
-        self.rows: Dict[Key, QueueEntry] = {}
+        self.rows: Dict[Key, QueueRow] = {}
         self._dev = -1  # the device of the rows' files (a row's ids are (this, its inode))
         self._closed = False  # set by close: no queue is made after it (a reader that passed its open check)
         # the log's min offset the rows' min offsets are right for (the open sets it; -1: not known)
@@ -176,10 +176,11 @@ class ConsumeQueueTable:
         # while an open that may fail runs: told (path, start, -1) before a queue file is cut or deleted
         # (OpenUndo.save_derived; see MappedFileQueue.before_rewrite)
         self.before_rewrite: Optional[Callable[[str, int, int], None]] = None
-        # while an open that may fail runs: told (queue directory, whether a snapshot vouched for it) as ``load``
-        # reaches each queue directory, and as the open creates a queue, before anything writes there
-        # (OpenUndo.take_queue_dir)
-        self.list_queue_dir: Optional[Callable[[str, bool], None]] = None
+        # while an open that may fail runs: told the queue directory as ``load`` loads a queue from its files, and
+        # as the open creates a queue, before anything writes there (OpenUndo.take_queue_dir); and (topic directory,
+        # queue ids) of the queues ``load`` keeps as their rows, once a topic (OpenUndo.vouch_queue_dirs)
+        self.list_queue_dir: Optional[Callable[[str], None]] = None
+        self.vouch_queue_dirs: Optional[Callable[[str, List[int]], None]] = None
         # the commit log offset the rows' units reach at most (the snapshot's log end): a row's queue holds every
         # record of it below this, and the dispatcher meets none of its records past it before the queue is built
         self.rows_end = -1
@@ -347,13 +348,13 @@ class ConsumeQueueTable:
         cq = self.built.get(key)
         return -1 if cq is None else cq.max_offset
 
-    def states(self) -> List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueEntry]]]:
+    def states(self) -> List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueRow]]]:
         """(key, directory, its files' base offsets, max offset, min offset, max physical offset, whether a file's
         deletion waits for a reader, its row or None) of every queue, sorted, without building one: what a queue
         snapshot records. A row is written back as it is, its stamps those its check will compare (never the files'
         stamps now: a row not checked since the open would vouch for whatever its files became)."""
         with self._lock:
-            out: List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueEntry]]] = [
+            out: List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueRow]]] = [
                 (
                     k,
                     cq.mapped_file_queue.directory,
@@ -411,7 +412,7 @@ class ConsumeQueueTable:
             self.rows_end = snapshot.log_end
         with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
             topics = sorted(e.name for e in it if e.is_dir(follow_symlinks=False) or e.is_symlink())
-        rows, vouched_add, row_qids, note = self.rows, self.vouched.add, self._row_qids, self.list_queue_dir
+        rows, vouched, row_qids, vouch_dirs = self.rows, self.vouched, self._row_qids, self.vouch_queue_dirs
         for topic in topics:
             tdir = f"{root}/{topic}"
             if TOPIC_RE.match(topic) is None:
@@ -424,23 +425,20 @@ class ConsumeQueueTable:
                 and entry.dir_ctime != NOT_VOUCHED
                 and _stamp_of(tdir) == (entry.dir_ctime, entry.dir_ino)
             ):
-                # the directory holds what it held at the close: the snapshot's queues (ids as numbers, no names)
-                qids = []
-                for qid, vrow in entry.queues.items():
-                    key = (topic, qid)
+                # the directory holds what it held at the close: the snapshot's queues (ids as numbers, no names),
+                # the vouched rows taken whole (checked and built on first use)
+                if entry.keys:
+                    rows.update(zip(entry.keys, entry.rows))
+                    vouched.update(entry.keys)
+                    qids = row_qids[topic] = [k[1] for k in entry.keys]
+                    if vouch_dirs is not None:  # listed if the open writes there (a write is announced first)
+                        vouch_dirs(tdir, qids)
+                for qid in entry.others:
                     if qid > MAX_QUEUE_ID:  # (no close writes one)
                         self.skipped_dirs.append(f"{tdir}/{qid}")
                         log.warning("ignoring consume queue directory %s: not a queue id", f"{tdir}/{qid}")
-                    elif vrow.dir_ctime != NOT_VOUCHED:
-                        rows[key] = vrow  # checked and built on first use
-                        vouched_add(key)
-                        qids.append(qid)
-                        if note is not None:  # listed if the open writes there (a write is announced first)
-                            note(f"{tdir}/{qid}", True)
                     else:
-                        self.built[key] = self._load_queue(key)
-                if qids:
-                    row_qids[topic] = qids
+                        self.built[(topic, qid)] = self._load_queue((topic, qid))
                 continue
             for q in _names_refusing_links(tdir):
                 if not is_decimal(q) or int(q) > MAX_QUEUE_ID:
@@ -451,12 +449,12 @@ class ConsumeQueueTable:
                 row = entry.queues.get(key[1]) if entry is not None else None
                 if row is not None and row.dir_ctime != NOT_VOUCHED:
                     rows[key] = row  # checked and built on first use
-                    vouched_add(key)
+                    vouched.add(key)
                     row_qids.setdefault(topic, []).append(key[1])
-                    if note is not None:
-                        note(f"{tdir}/{q}", True)
                     continue
                 self.built[key] = self._load_queue(key)
+            if vouch_dirs is not None and topic in row_qids:
+                vouch_dirs(tdir, row_qids[topic])
         if rows:
             ends = [r.max_physic_offset for r in rows.values()]
             self._rows_phys = (min(ends), max(ends))
@@ -470,7 +468,7 @@ class ConsumeQueueTable:
         qdir = self._queue_dir(topic, q)
         refuse_links(qdir)
         if self.list_queue_dir is not None:
-            self.list_queue_dir(qdir, False)
+            self.list_queue_dir(qdir)
         cq = self._new(topic, q)
         try:
             cq.load()
@@ -492,7 +490,7 @@ class ConsumeQueueTable:
             self.damaged[key] = str(e)
         return cq
 
-    def _row_shape_ok(self, row: QueueEntry) -> bool:
+    def _row_shape_ok(self, row: QueueRow) -> bool:
         """Whether a row is what a close writes: consecutive files, the end in the last one."""
         bases = [base for base, _, _ in row.files]
         size = self.file_size
@@ -500,7 +498,7 @@ class ConsumeQueueTable:
             return False
         return bases[-1] <= row.max_offset * CQ_UNIT_SIZE <= bases[-1] + size
 
-    def _row_holds(self, key: Key, row: QueueEntry) -> bool:
+    def _row_holds(self, key: Key, row: QueueRow) -> bool:
         """True when the queue's directory and files are still those of its snapshot row (inode, ctime, size, on the
         table's device) and its units are where the row says (``_row_agrees``, against the log's min offset of the
         open, ``rows_mins_at`` when known): the queue can be made from the row. Else False (then it is loaded and
@@ -532,7 +530,7 @@ class ConsumeQueueTable:
                         raise StoreClosedError(f"consume queue {topic}-{queue_id}: the store was closed")
                     check_topic(topic)
                     if self.list_queue_dir is not None:  # a new queue during an open: its topic directory listed
-                        self.list_queue_dir(self._queue_dir(topic, queue_id), False)
+                        self.list_queue_dir(self._queue_dir(topic, queue_id))
                     cq = self._new(topic, queue_id)
                     self.built[key] = cq
         return cq

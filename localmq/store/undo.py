@@ -134,7 +134,9 @@ class OpenUndo:
         # topic directories (in ``deferred`` too) whose entries are not listed yet: listed when a queue directory in
         # one is taken unvouched, or a write there is announced (a vouched queue's directory needs no listing)
         self.deferred_topics: Set[str] = set()
-        self.vouched: Set[str] = set()  # deferred ones a queue snapshot vouched for: listed on a first announced write
+        # topic directory -> ids of its queues a queue snapshot vouched for (their directories are listed on a first
+        # announced write): one entry a topic, not one a queue (100,000 queues)
+        self.vouched_topics: Dict[str, List[int]] = {}
         self.files: Dict[str, int] = {}
         self.dirs: Set[str] = set()
         self.kept: Dict[str, bytes] = {}
@@ -169,16 +171,16 @@ class OpenUndo:
         consumequeue directory (with its separator). ``strict``: a directory that cannot be read raises (os.walk
         skips it otherwise, and it would count as empty)."""
         for dirpath, dirnames, filenames in os.walk(top, onerror=_raise if strict else None):
-            self.dirs.update(os.path.join(dirpath, d) for d in dirnames)
+            prefix = dirpath + os.sep  # (not os.path.join: 100,000 topic directories)
+            self.dirs.update([prefix + d for d in dirnames])
             for n in filenames:
-                p = os.path.join(dirpath, n)
+                p = prefix + n
                 self.files[p] = os.lstat(p).st_size
-            if queues_of is not None and dirpath == queues_of[:-1]:
-                later = [d for d in dirnames if TOPIC_RE.match(d) is not None]
-                topics = [os.path.join(dirpath, d) for d in later]
+            if queues_of is not None and prefix == queues_of:
+                topics = [prefix + d for d in dirnames if TOPIC_RE.match(d) is not None]
                 self.deferred.update(topics)
                 self.deferred_topics.update(topics)
-                dirnames[:] = [d for d in dirnames if TOPIC_RE.match(d) is None]
+                dirnames[:] = [] if len(topics) == len(dirnames) else [d for d in dirnames if TOPIC_RE.match(d) is None]
 
     def _take_topic(self, tdir: str) -> None:
         """List a deferred topic directory: its queue directories are deferred in turn, anything else walked. When a
@@ -209,29 +211,36 @@ class OpenUndo:
             self.deferred_topics.add(tdir)
             raise
 
-    def take_queue_dir(self, qdir: str, vouched: bool = False) -> None:
-        """The open is about to load the queue of a deferred directory: list it now (a walk), or, when a queue
-        snapshot vouched for it (``vouched``: the open writes nothing there unless it announces it), when a write
-        into it is first announced. A directory that is not deferred needs nothing."""
-        if vouched:
-            self.vouched.add(qdir)  # (a directory that is not deferred is never listed: harmless here)
-            return
-        tdir = qdir.rpartition(os.sep)[0]  # (not os.path.dirname: this runs for 100,000 queues)
+    def take_queue_dir(self, qdir: str) -> None:
+        """The open is about to load the queue of a deferred directory, or create one: list it now (a walk). A
+        directory that is not deferred needs nothing."""
+        tdir = qdir.rpartition(os.sep)[0]  # (not os.path.dirname: this runs for every queue loaded)
         if tdir in self.deferred_topics:
             self._take_topic(tdir)
         if qdir not in self.deferred:
             return
         self._walk(qdir, strict=True)  # a read that fails raises, and the directory stays deferred (left alone)
         self.deferred.discard(qdir)
-        self.vouched.discard(qdir)
+
+    def vouch_queue_dirs(self, tdir: str, qids: List[int]) -> None:
+        """The open keeps the queues ``qids`` of topic directory ``tdir`` as a queue snapshot's rows: it writes
+        nothing there unless it announces it first, so their directories are listed then (``_announced``), not now.
+        ``qids`` is kept, not copied."""
+        self.vouched_topics[tdir] = qids
 
     def take_deferred(self) -> None:
         """List every deferred queue directory but the vouched ones (those the ConsumeQueueTable did not load), and
         every deferred topic directory that holds none of those."""
-        holding = {q.rpartition(os.sep)[0] for q in self.vouched}
-        for tdir in sorted(self.deferred_topics - holding):
+        for tdir in sorted(self.deferred_topics - self.vouched_topics.keys()):
             self._take_topic(tdir)
-        for qdir in sorted(self.deferred - self.vouched - self.deferred_topics):
+        # the vouched queue directories of topics listed meanwhile (a topic of vouched and unvouched queues)
+        vouched = {
+            f"{tdir}{os.sep}{q}"
+            for tdir, qids in self.vouched_topics.items()
+            if tdir not in self.deferred_topics
+            for q in qids
+        }
+        for qdir in sorted(self.deferred - vouched - self.deferred_topics):
             self.take_queue_dir(qdir)
 
     def _announced(self, path: str) -> None:
@@ -251,7 +260,7 @@ class OpenUndo:
         self.dirs.clear()
         self.deferred.clear()
         self.deferred_topics.clear()
-        self.vouched.clear()
+        self.vouched_topics.clear()
         self._take(self.created)
 
     def keep(self, path: str) -> None:

@@ -1,0 +1,161 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""The rows of a queue snapshot (store/queue_snapshot.py) parsed in one compiled pass: an open of 100,000 queues reads
+every row (about 70 bytes a queue) before it uses any, and a Python call per field cost most of a second there."""
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+from localmq._layout cimport (
+    MAX_QUEUE_ID, QUEUE_SNAPSHOT_FILE_ROW_SIZE, QUEUE_SNAPSHOT_NOT_VOUCHED, QUEUE_SNAPSHOT_QUEUE_ROW_SIZE,
+    QUEUE_SNAPSHOT_TOPIC_ROW_SIZE,
+)
+
+
+@cython.final
+@cython.no_gc  # holds ints and bytes: never part of a cycle; 100,000 of them are not traversed
+cdef class QueueRow:
+    """One queue's row: its directory's ctime (ns; QUEUE_SNAPSHOT_NOT_VOUCHED: not vouched for) and inode, its ends,
+    and its files as ((base offset, ctime ns, inode), ...). A store keeps one for each queue it has not used since
+    the open (ConsumeQueueTable.rows)."""
+
+    cdef readonly int64_t dir_ctime, dir_ino, max_offset, min_offset, max_physic_offset
+    cdef bytes _files  # the file rows as the snapshot holds them: no object a file until they are read
+
+    def __init__(self, int64_t dir_ctime, int64_t dir_ino, int64_t max_offset, int64_t min_offset,
+                 int64_t max_physic_offset, files):
+        self.dir_ctime, self.dir_ino = dir_ctime, dir_ino
+        self.max_offset, self.min_offset, self.max_physic_offset = max_offset, min_offset, max_physic_offset
+        self._files = b"".join([_file_row(base, ctime, ino) for base, ctime, ino in files])
+
+    @property
+    def files(self):
+        """((base offset, ctime ns, inode), ...) of the queue's files, in order."""
+        cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(self._files)
+        cdef Py_ssize_t i, n = PyBytes_GET_SIZE(self._files) // QUEUE_SNAPSHOT_FILE_ROW_SIZE
+        cdef Py_ssize_t w = QUEUE_SNAPSHOT_FILE_ROW_SIZE
+        return tuple([(_q(p + i * w), _q(p + i * w + 8), _q(p + i * w + 16)) for i in range(n)])
+
+    @property
+    def n_files(self):
+        """How many files the row lists."""
+        return PyBytes_GET_SIZE(self._files) // QUEUE_SNAPSHOT_FILE_ROW_SIZE
+
+    @property
+    def file_rows(self):
+        """The files as the snapshot's file rows (layout.QUEUE_SNAPSHOT_FILE_ROW each): what a close writes back."""
+        return self._files
+
+    def __repr__(self):
+        return (f"QueueRow(dir_ctime={self.dir_ctime}, dir_ino={self.dir_ino}, max_offset={self.max_offset}, "
+                f"min_offset={self.min_offset}, max_physic_offset={self.max_physic_offset}, files={self.files})")
+
+
+@cython.final
+cdef class TopicRow:
+    """One topic's row: its directory's ctime (ns) and inode, its queues' rows by queue id (``queues``), and the
+    vouched rows of valid queue ids as ``keys`` ((topic, queue id)) and ``rows`` in parallel, in the file's order,
+    the ids of the others in ``others``: what the open takes a topic by."""
+
+    cdef readonly int64_t dir_ctime, dir_ino
+    cdef readonly dict queues
+    cdef readonly list keys, rows, others
+
+    def __init__(self, int64_t dir_ctime, int64_t dir_ino, dict queues=None, list keys=None, list rows=None,
+                 list others=None):
+        self.dir_ctime, self.dir_ino = dir_ctime, dir_ino
+        self.queues = {} if queues is None else queues
+        self.keys = [] if keys is None else keys
+        self.rows = [] if rows is None else rows
+        self.others = [] if others is None else others
+
+
+cdef inline uint64_t _be64(const uint8_t *p) noexcept nogil:
+    return ((<uint64_t>p[0] << 56) | (<uint64_t>p[1] << 48) | (<uint64_t>p[2] << 40) | (<uint64_t>p[3] << 32)
+            | (<uint64_t>p[4] << 24) | (<uint64_t>p[5] << 16) | (<uint64_t>p[6] << 8) | <uint64_t>p[7])
+
+
+cdef inline uint32_t _be32(const uint8_t *p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
+
+
+cdef inline int64_t _q(const uint8_t *p) noexcept nogil:
+    return <int64_t>_be64(p)
+
+
+cdef bytes _file_row(int64_t base, int64_t ctime, int64_t ino):
+    cdef uint8_t out[QUEUE_SNAPSHOT_FILE_ROW_SIZE]
+    cdef int k
+    for k in range(8):
+        out[k] = (<uint64_t>base >> (56 - 8 * k)) & 0xFF
+        out[8 + k] = (<uint64_t>ctime >> (56 - 8 * k)) & 0xFF
+        out[16 + k] = (<uint64_t>ino >> (56 - 8 * k)) & 0xFF
+    return <bytes>out[:QUEUE_SNAPSHOT_FILE_ROW_SIZE]
+
+
+def parse_topic_rows(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
+    """The ``n_topics`` topic rows of ``body`` from ``pos``, each followed by its queue rows and theirs by their file
+    rows (layout.QUEUE_SNAPSHOT_TOPIC_ROW, _QUEUE_ROW, _FILE_ROW), to the end of ``body``.
+
+    Returns {topic name: TopicRow}, each TopicRow's ``keys`` and ``rows`` the rows vouched for with a queue id up to
+    MAX_QUEUE_ID, ``others`` the ids of the rest (not vouched for, or out of range).
+
+    Raises ValueError when a row runs past the end, the rows end before it, or a topic or a queue is listed twice
+    (no close writes that); UnicodeDecodeError (a ValueError) for a name that is not UTF-8."""
+    cdef const uint8_t *b = <const uint8_t *>PyBytes_AS_STRING(body)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(body)
+    cdef Py_ssize_t _t, _i, name_len
+    cdef uint32_t n_queues, n_files, qid
+    cdef int64_t dctime, tctime, tino
+    cdef const uint8_t *p
+    cdef dict topics = {}, queues
+    cdef list keys, rows, others
+    cdef QueueRow row
+    cdef TopicRow entry
+    if pos < 0 or pos > end:
+        raise ValueError("truncated")
+    for _t in range(n_topics):
+        if end - pos < QUEUE_SNAPSHOT_TOPIC_ROW_SIZE:
+            raise ValueError("truncated")
+        p = b + pos
+        name_len = (<uint16_t>p[0] << 8) | p[1]
+        n_queues = _be32(p + 18)
+        tctime, tino = _q(p + 2), _q(p + 10)
+        pos += QUEUE_SNAPSHOT_TOPIC_ROW_SIZE
+        if end - pos < name_len:
+            raise ValueError("truncated")
+        topic = (<bytes>b[pos:pos + name_len]).decode("utf-8")
+        pos += name_len
+        if topic in topics:
+            raise ValueError(f"topic {topic!r} listed twice")
+        queues, keys, rows, others = {}, [], [], []
+        for _i in range(n_queues):
+            if end - pos < QUEUE_SNAPSHOT_QUEUE_ROW_SIZE:
+                raise ValueError("truncated")
+            p = b + pos
+            qid = _be32(p)
+            dctime = _q(p + 4)
+            n_files = _be32(p + 44)
+            pos += QUEUE_SNAPSHOT_QUEUE_ROW_SIZE
+            if <uint64_t>(end - pos) < <uint64_t>n_files * QUEUE_SNAPSHOT_FILE_ROW_SIZE:
+                raise ValueError("truncated")
+            row = QueueRow.__new__(QueueRow)
+            row._files = <bytes>b[pos:pos + n_files * QUEUE_SNAPSHOT_FILE_ROW_SIZE]
+            pos += n_files * QUEUE_SNAPSHOT_FILE_ROW_SIZE
+            row.dir_ctime, row.dir_ino = dctime, _q(p + 12)
+            row.max_offset, row.min_offset, row.max_physic_offset = _q(p + 20), _q(p + 28), _q(p + 36)
+            key = qid
+            if key in queues:
+                raise ValueError(f"queue {topic}/{qid} listed twice")
+            queues[key] = row
+            if dctime != QUEUE_SNAPSHOT_NOT_VOUCHED and qid <= MAX_QUEUE_ID:
+                keys.append((topic, key))
+                rows.append(row)
+            else:
+                others.append(key)
+        entry = TopicRow.__new__(TopicRow)
+        entry.dir_ctime, entry.dir_ino = tctime, tino
+        entry.queues, entry.keys, entry.rows, entry.others = queues, keys, rows, others
+        topics[topic] = entry
+    if pos != end:
+        raise ValueError("trailing bytes")
+    return topics
