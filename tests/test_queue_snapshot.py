@@ -631,7 +631,7 @@ def test_a_retention_pass_for_the_log_start_the_rows_are_right_for_makes_no_queu
         assert got == {(t, q): st.min_offset(t, q) for t in TOPICS for q in range(QUEUES)}
 
 
-def _rows(topics):
+def _packed_topics(topics):
     """Topic rows as a close writes them (layout's struct formats): [(name, ctime, ino, [(qid, dctime, dino, max,
     min, max_phys, [(base, ctime, ino)])])]."""
     out = b""
@@ -660,7 +660,7 @@ def test_the_compiled_parse_reads_the_rows_the_layout_formats_write_and_refuses_
         ),
         ("T3", -1, 21, []),
     ]
-    data = b"prefix" + _rows(topics)
+    data = b"prefix" + _packed_topics(topics)
     parsed = parse_topic_rows(data, 6, len(topics))
     assert list(parsed) == ["tópico", "T2", "T3"]
     for name, ctime, ino, queues in topics:
@@ -681,15 +681,15 @@ def test_the_compiled_parse_reads_the_rows_the_layout_formats_write_and_refuses_
     assert parsed["tópico"].keys == [("tópico", 0)] and parsed["tópico"].others == [3]  # 3: not vouched for
     assert parsed["T2"].keys == [("T2", 65535)] and parsed["T2"].others == [65536]  # past MAX_QUEUE_ID
     assert [r.max_offset for r in parsed["T2"].rows] == [600_000]
-    whole = _rows(topics)
+    whole = _packed_topics(topics)
     for cut in range(len(whole)):
         with pytest.raises(ValueError):
             parse_topic_rows(whole[:cut], 0, len(topics))
     with pytest.raises(ValueError, match="trailing"):
         parse_topic_rows(whole + b"\0", 0, len(topics))
     with pytest.raises(ValueError, match="listed twice"):
-        parse_topic_rows(_rows([topics[2], topics[2]]), 0, 2)
+        parse_topic_rows(_packed_topics([topics[2], topics[2]]), 0, 2)
     with pytest.raises(ValueError, match="listed twice"):
-        parse_topic_rows(_rows([("T", 1, 2, [topics[1][3][0], topics[1][3][0]])]), 0, 1)
+        parse_topic_rows(_packed_topics([("T", 1, 2, [topics[1][3][0], topics[1][3][0]])]), 0, 1)
     with pytest.raises(ValueError):  # not UTF-8
         parse_topic_rows(QUEUE_SNAPSHOT_TOPIC_ROW.pack(1, 1, 1, 0) + b"\xff", 0, 1)
