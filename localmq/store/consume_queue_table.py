@@ -301,12 +301,6 @@ class ConsumeQueueTable:
                 out.append((q, cq.max_offset))
         return out
 
-    def row_qids(self, topic: str) -> List[int]:
-        """The queue ids of ``topic`` whose queues are still kept as their rows (not built since the open)."""
-        with self._lock:
-            rows = self.rows
-            return [q for q in self._row_qids.get(topic, ()) if (topic, q) in rows]
-
     def for_retention(self, min_offset: int) -> List[ConsumeQueue]:
         """The queues retention's pass for the log's min offset ``min_offset`` must visit: the made ones, and the rows
         too (made now) unless their min offsets are already right for it (``rows_mins_at``, set by the open)."""

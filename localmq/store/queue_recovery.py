@@ -12,7 +12,6 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
-import numpy.typing as npt
 
 from localmq._columns import RecordColumns, decode_range, topic_codes
 from localmq._native import fsync_dir
@@ -112,14 +111,11 @@ def _first_unit_lost(
     ROLLBACK records have no unit."""
     cols = RecordColumns(65536)
     size = commit_log.file_size
+    rows = queues.rows
 
-    def rows_of(names: List[str]) -> npt.NDArray[np.int64]:
-        # the (topic code << 32 | queue id) of the queues still kept as rows, sorted: a row is checked on its first
-        # use (ConsumeQueueTable._build), which indexes again what its queue lacks (one look a topic, not a queue)
-        out = []
-        for c, name in enumerate(names):
-            out += [c << 32 | q for q in queues.row_qids(name)]
-        return np.array(sorted(out), np.int64)
+    def end_of(key: Tuple[str, int]) -> int:
+        # a row is checked on its first use (ConsumeQueueTable._build), which indexes again what its queue lacks
+        return (1 << 62) if key in rows else queues.max_offset(key)
 
     for mf in commit_log.files:
         base = mf.file_from_offset
@@ -137,13 +133,10 @@ def _first_unit_lost(
                 keys, where = np.unique(
                     codes.astype(np.int64) << 32 | (qid.astype(np.int64) & 0xFFFFFFFF), return_inverse=True
                 )
-                key_ends = np.full(len(keys), 1 << 62, np.int64)  # a row's: never lost here
-                others = np.flatnonzero(~np.isin(keys, rows_of(names), assume_unique=True))
-                key_ends[others] = [
-                    queues.max_offset((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1)))
-                    for k in keys[others].tolist()
-                ]
-                ends = key_ends[where]
+                ends = np.array(
+                    [end_of((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1))) for k in keys.tolist()],
+                    np.int64,
+                )[where]
                 lost = np.flatnonzero(indexed & (qoff >= ends))
                 if lost.size:
                     i = int(lost[0])
