@@ -13,6 +13,10 @@ from localmq._layout cimport (
 import gc
 
 
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void *op)  # safe on an object already untracked
+
+
 @cython.final
 @cython.no_gc  # holds ints and bytes: never part of a cycle; 100,000 of them are not traversed
 cdef class QueueRow:
@@ -53,22 +57,55 @@ cdef class QueueRow:
 
 
 @cython.final
+@cython.no_gc  # holds tuples of strings, ints and QueueRows: never part of a cycle
 cdef class TopicRow:
-    """One topic's row: its directory's ctime (ns) and inode, its queues' rows by queue id (``queues``), and the
-    vouched rows of valid queue ids as ``keys`` ((topic, queue id)) and ``rows`` in parallel, in the file's order,
-    the ids of the others in ``others``: what the open takes a topic by."""
+    """One topic's row: its directory's ctime (ns) and inode, and its queues' rows: those vouched for with a valid
+    queue id as ``keys`` ((topic, queue id)), ``rows`` and ``qids`` in parallel, in the file's order, and the ids of
+    the others (not vouched for, or past MAX_QUEUE_ID) in ``others``: what the open takes a topic by. Its tuples are
+    not tracked by the cyclic GC (nothing in them can form a cycle): at 100,000 queues the collector's first look at
+    them cost more than the parse."""
 
     cdef readonly int64_t dir_ctime, dir_ino
-    cdef readonly dict queues
-    cdef readonly list keys, rows, others
+    cdef readonly tuple keys, rows, qids, others
 
-    def __init__(self, int64_t dir_ctime, int64_t dir_ino, dict queues=None, list keys=None, list rows=None,
-                 list others=None):
+    def __init__(self, str topic, int64_t dir_ctime, int64_t dir_ino, queues):
+        """``queues``: {queue id: QueueRow}."""
+        cdef list keys = [], rows = [], qids = [], others = []
         self.dir_ctime, self.dir_ino = dir_ctime, dir_ino
-        self.queues = {} if queues is None else queues
-        self.keys = [] if keys is None else keys
-        self.rows = [] if rows is None else rows
-        self.others = [] if others is None else others
+        for qid, row in queues.items():
+            _sort_row(topic, qid, row, keys, rows, qids, others)
+        _set_rows(self, keys, rows, qids, others)
+
+    def row(self, qid):
+        """The vouched row of queue ``qid``, or None."""
+        try:
+            return self.rows[self.qids.index(qid)]
+        except ValueError:
+            return None
+
+
+cdef inline int _sort_row(str topic, uint32_t qid, QueueRow row, list keys, list rows, list qids,
+                          list others) except -1:
+    if row.dir_ctime != QUEUE_SNAPSHOT_NOT_VOUCHED and qid <= MAX_QUEUE_ID:
+        key = (topic, qid)
+        PyObject_GC_UnTrack(<void *>key)
+        keys.append(key)
+        rows.append(row)
+        qids.append(qid)
+    else:
+        others.append(qid)
+    return 0
+
+
+cdef inline tuple _untracked(list items):
+    cdef tuple out = tuple(items)
+    PyObject_GC_UnTrack(<void *>out)
+    return out
+
+
+cdef int _set_rows(TopicRow t, list keys, list rows, list qids, list others) except -1:
+    t.keys, t.rows, t.qids, t.others = _untracked(keys), _untracked(rows), _untracked(qids), _untracked(others)
+    return 0
 
 
 cdef inline uint64_t _be64(const uint8_t *p) noexcept nogil:
@@ -98,8 +135,7 @@ def parse_topic_rows(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
     """The ``n_topics`` topic rows of ``body`` from ``pos``, each followed by its queue rows and theirs by their file
     rows (layout.QUEUE_SNAPSHOT_TOPIC_ROW, _QUEUE_ROW, _FILE_ROW), to the end of ``body``.
 
-    Returns {topic name: TopicRow}, each TopicRow's ``keys`` and ``rows`` the rows vouched for with a queue id up to
-    MAX_QUEUE_ID, ``others`` the ids of the rest (not vouched for, or out of range).
+    Returns {topic name: TopicRow}.
 
     Raises ValueError when a row runs past the end, the rows end before it, or a topic or a queue is listed twice
     (no close writes that); UnicodeDecodeError (a ValueError) for a name that is not UTF-8."""
@@ -120,10 +156,11 @@ cdef dict _parse(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
     cdef Py_ssize_t end = PyBytes_GET_SIZE(body)
     cdef Py_ssize_t _t, _i, name_len
     cdef uint32_t n_queues, n_files, qid
-    cdef int64_t dctime, tctime, tino
+    cdef int64_t tctime, tino
     cdef const uint8_t *p
-    cdef dict topics = {}, queues
-    cdef list keys, rows, others
+    cdef dict topics = {}
+    cdef set seen = set()
+    cdef list keys, rows, qids, others
     cdef QueueRow row
     cdef TopicRow entry
     if pos < 0 or pos > end:
@@ -142,13 +179,13 @@ cdef dict _parse(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
         pos += name_len
         if topic in topics:
             raise ValueError(f"topic {topic!r} listed twice")
-        queues, keys, rows, others = {}, [], [], []
+        seen.clear()
+        keys, rows, qids, others = [], [], [], []
         for _i in range(n_queues):
             if end - pos < QUEUE_SNAPSHOT_QUEUE_ROW_SIZE:
                 raise ValueError("truncated")
             p = b + pos
             qid = _be32(p)
-            dctime = _q(p + 4)
             n_files = _be32(p + 44)
             pos += QUEUE_SNAPSHOT_QUEUE_ROW_SIZE
             if <uint64_t>(end - pos) < <uint64_t>n_files * QUEUE_SNAPSHOT_FILE_ROW_SIZE:
@@ -156,20 +193,15 @@ cdef dict _parse(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
             row = QueueRow.__new__(QueueRow)
             row._files = <bytes>b[pos:pos + n_files * QUEUE_SNAPSHOT_FILE_ROW_SIZE]
             pos += n_files * QUEUE_SNAPSHOT_FILE_ROW_SIZE
-            row.dir_ctime, row.dir_ino = dctime, _q(p + 12)
+            row.dir_ctime, row.dir_ino = _q(p + 4), _q(p + 12)
             row.max_offset, row.min_offset, row.max_physic_offset = _q(p + 20), _q(p + 28), _q(p + 36)
-            key = qid
-            if key in queues:
+            if qid in seen:
                 raise ValueError(f"queue {topic}/{qid} listed twice")
-            queues[key] = row
-            if dctime != QUEUE_SNAPSHOT_NOT_VOUCHED and qid <= MAX_QUEUE_ID:
-                keys.append((topic, key))
-                rows.append(row)
-            else:
-                others.append(key)
+            seen.add(qid)
+            _sort_row(topic, qid, row, keys, rows, qids, others)
         entry = TopicRow.__new__(TopicRow)
         entry.dir_ctime, entry.dir_ino = tctime, tino
-        entry.queues, entry.keys, entry.rows, entry.others = queues, keys, rows, others
+        _set_rows(entry, keys, rows, qids, others)
         topics[topic] = entry
     if pos != end:
         raise ValueError("trailing bytes")

@@ -6,7 +6,7 @@ import logging
 import os
 import stat
 import threading
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
@@ -180,7 +180,7 @@ class ConsumeQueueTable:
         # as the open creates a queue, before anything writes there (OpenUndo.take_queue_dir); and (topic directory,
         # queue ids) of the queues ``load`` keeps as their rows, once a topic (OpenUndo.vouch_queue_dirs)
         self.list_queue_dir: Optional[Callable[[str], None]] = None
-        self.vouch_queue_dirs: Optional[Callable[[str, List[int]], None]] = None
+        self.vouch_queue_dirs: Optional[Callable[[str, Sequence[int]], None]] = None
         # the commit log offset the rows' units reach at most (the snapshot's log end): a row's queue holds every
         # record of it below this, and the dispatcher meets none of its records past it before the queue is built
         self.rows_end = -1
@@ -188,7 +188,7 @@ class ConsumeQueueTable:
         # against the log, cut it where it stops matching and index its records again up to the log's end
         # (DefaultMessageStore._repair_queue: queue_recovery.repair_queue; None: the queue is taken as its files are)
         self.repair: Optional[Callable[[Key, ConsumeQueue], None]] = None
-        self._row_qids: Dict[str, List[int]] = {}  # topic -> the queue ids of its rows (the put path's miss hook)
+        self._row_qids: Dict[str, Sequence[int]] = {}  # topic -> the queue ids of its rows (the put path's miss hook)
         self._rows_phys = (0, -1)  # rows_phys
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
@@ -430,9 +430,9 @@ class ConsumeQueueTable:
                 if entry.keys:
                     rows.update(zip(entry.keys, entry.rows))
                     vouched.update(entry.keys)
-                    qids = row_qids[topic] = [k[1] for k in entry.keys]
+                    row_qids[topic] = entry.qids
                     if vouch_dirs is not None:  # listed if the open writes there (a write is announced first)
-                        vouch_dirs(tdir, qids)
+                        vouch_dirs(tdir, entry.qids)
                 for qid in entry.others:
                     if qid > MAX_QUEUE_ID:  # (no close writes one)
                         self.skipped_dirs.append(f"{tdir}/{qid}")
@@ -440,21 +440,24 @@ class ConsumeQueueTable:
                     else:
                         self.built[(topic, qid)] = self._load_queue((topic, qid))
                 continue
+            listed: List[int] = []
             for q in _names_refusing_links(tdir):
                 if not is_decimal(q) or int(q) > MAX_QUEUE_ID:
                     self.skipped_dirs.append(f"{tdir}/{q}")
                     log.warning("ignoring consume queue directory %s: not a queue id", f"{tdir}/{q}")
                     continue
                 key = (topic, int(q))
-                row = entry.queues.get(key[1]) if entry is not None else None
-                if row is not None and row.dir_ctime != NOT_VOUCHED:
+                row = entry.row(key[1]) if entry is not None else None
+                if row is not None:  # vouched for
                     rows[key] = row  # checked and built on first use
                     vouched.add(key)
-                    row_qids.setdefault(topic, []).append(key[1])
+                    listed.append(key[1])
                     continue
                 self.built[key] = self._load_queue(key)
-            if vouch_dirs is not None and topic in row_qids:
-                vouch_dirs(tdir, row_qids[topic])
+            if listed:
+                row_qids[topic] = listed
+                if vouch_dirs is not None:
+                    vouch_dirs(tdir, listed)
         if rows:
             ends = [r.max_physic_offset for r in rows.values()]
             self._rows_phys = (min(ends), max(ends))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from localmq._native import fsync_dir
 from localmq.errors import ReadOnlyFilesystemError
@@ -136,7 +136,7 @@ class OpenUndo:
         self.deferred_topics: Set[str] = set()
         # topic directory -> ids of its queues a queue snapshot vouched for (their directories are listed on a first
         # announced write): one entry a topic, not one a queue (100,000 queues)
-        self.vouched_topics: Dict[str, List[int]] = {}
+        self.vouched_topics: Dict[str, Sequence[int]] = {}
         self.files: Dict[str, int] = {}
         self.dirs: Set[str] = set()
         self.kept: Dict[str, bytes] = {}
@@ -222,7 +222,7 @@ class OpenUndo:
         self._walk(qdir, strict=True)  # a read that fails raises, and the directory stays deferred (left alone)
         self.deferred.discard(qdir)
 
-    def vouch_queue_dirs(self, tdir: str, qids: List[int]) -> None:
+    def vouch_queue_dirs(self, tdir: str, qids: Sequence[int]) -> None:
         """The open keeps the queues ``qids`` of topic directory ``tdir`` as a queue snapshot's rows: it writes
         nothing there unless it announces it first, so their directories are listed then (``_announced``), not now.
         ``qids`` is kept, not copied."""
