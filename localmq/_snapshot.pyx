@@ -10,8 +10,6 @@ from localmq._layout cimport (
     QUEUE_SNAPSHOT_TOPIC_ROW_SIZE,
 )
 
-import gc
-
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void *op)  # safe on an object already untracked
@@ -139,16 +137,7 @@ def parse_topic_rows(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
 
     Raises ValueError when a row runs past the end, the rows end before it, or a topic or a queue is listed twice
     (no close writes that); UnicodeDecodeError (a ValueError) for a name that is not UTF-8."""
-    # no collection while it runs: 100,000 queues are some 250,000 new containers, and the collections they set off
-    # tripled the parse (72 ms -> 220-380 ms at 100,000 queues). Nothing it makes can form a cycle, and it holds the
-    # GIL throughout, so no other thread allocates meanwhile
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _parse(body, pos, n_topics)
-    finally:
-        if enabled:
-            gc.enable()
+    return _parse(body, pos, n_topics)
 
 
 cdef dict _parse(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
