@@ -65,6 +65,9 @@ cdef class TopicRow:
 
     cdef readonly int64_t dir_ctime, dir_ino
     cdef readonly tuple keys, rows, qids, others
+    # its queue rows and their file rows as the snapshot holds them, in its order: what a close writes back for a
+    # topic whose queues were all vouched for and none used since (b"" when made from QueueRows)
+    cdef readonly bytes span
 
     def __init__(self, str topic, int64_t dir_ctime, int64_t dir_ino, queues):
         """``queues``: {queue id: QueueRow}."""
@@ -73,6 +76,7 @@ cdef class TopicRow:
         for qid, row in queues.items():
             _sort_row(topic, qid, row, keys, rows, qids, others)
         _set_rows(self, keys, rows, qids, others)
+        self.span = b""
 
     def row(self, qid):
         """The vouched row of queue ``qid``, or None."""
@@ -143,7 +147,7 @@ def parse_topic_rows(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
 cdef dict _parse(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
     cdef const uint8_t *b = <const uint8_t *>PyBytes_AS_STRING(body)
     cdef Py_ssize_t end = PyBytes_GET_SIZE(body)
-    cdef Py_ssize_t _t, _i, name_len
+    cdef Py_ssize_t _t, _i, name_len, start
     cdef uint32_t n_queues, n_files, qid
     cdef int64_t tctime, tino
     cdef const uint8_t *p
@@ -170,6 +174,7 @@ cdef dict _parse(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
             raise ValueError(f"topic {topic!r} listed twice")
         seen.clear()
         keys, rows, qids, others = [], [], [], []
+        start = pos
         for _i in range(n_queues):
             if end - pos < QUEUE_SNAPSHOT_QUEUE_ROW_SIZE:
                 raise ValueError("truncated")
@@ -191,6 +196,7 @@ cdef dict _parse(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
         entry = TopicRow.__new__(TopicRow)
         entry.dir_ctime, entry.dir_ino = tctime, tino
         _set_rows(entry, keys, rows, qids, others)
+        entry.span = <bytes>b[start:pos]
         topics[topic] = entry
     if pos != end:
         raise ValueError("trailing bytes")

@@ -134,6 +134,30 @@ def test_a_vouched_queue_is_made_on_its_first_use_and_a_queue_never_used_keeps_i
     assert got == want
 
 
+def test_a_session_that_uses_no_queue_writes_the_snapshot_back_byte_for_byte(tmp_path):
+    """A close writes a topic none of whose queues was used as it read it (TopicRow.span), and a topic with one used
+    queue row by row: the rows of the unused ones are the same bytes either way, and the next open vouches for all."""
+    root = tmp_path / "s"
+    fill(root)
+    n = len(TOPICS) * QUEUES
+    time.sleep(2 * FRESH_NS / 1e9)
+    with localmq.open(root, **KW) as st:  # a close after a session that checked and made every queue
+        every_queue(st)
+    time.sleep(2 * FRESH_NS / 1e9)
+    before = snapshot(root).read_bytes()
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == n
+        assert len(st._cq_table.whole_topics()) == len(TOPICS)
+    assert snapshot(root).read_bytes() == before
+    with localmq.open(root, **KW) as st:
+        assert [m.body for m in queue_messages(st, "T1", 1, wait=False)] == expected()[("T1", 1)][2]
+        assert "T1" not in st._cq_table.whole_topics() and len(st._cq_table.whole_topics()) == len(TOPICS) - 1
+    assert snapshot(root).read_bytes() == before  # T1-1's row made from its files' stamps: the same as its row
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == n and st.recovery.cq_rebuilt == {}
+        assert every_queue(st) == expected()
+
+
 def test_queues_made_on_first_use_by_many_readers_and_the_dispatcher_at_once_are_made_once(tmp_path):
     root = tmp_path / "s"
     fill(root)

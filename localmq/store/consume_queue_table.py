@@ -6,7 +6,7 @@ import logging
 import os
 import stat
 import threading
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Container, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
@@ -15,7 +15,7 @@ from localmq.errors import CorruptStoreError, LocalMQError, StoreClosedError, Un
 from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import DeferredDirSyncs
-from localmq.store.queue_snapshot import NOT_VOUCHED, QueueRow, QueueSnapshot
+from localmq.store.queue_snapshot import NOT_VOUCHED, QueueRow, QueueSnapshot, TopicRow
 
 log = logging.getLogger("localmq.store")
 
@@ -189,6 +189,8 @@ class ConsumeQueueTable:
         # (DefaultMessageStore._repair_queue: queue_recovery.repair_queue; None: the queue is taken as its files are)
         self.repair: Optional[Callable[[Key, ConsumeQueue], None]] = None
         self._row_qids: Dict[str, Sequence[int]] = {}  # topic -> the queue ids of its rows (the put path's miss hook)
+        # topic -> its snapshot row, for the topics whose queues were all taken as rows (whole_topics)
+        self._spans: Dict[str, TopicRow] = {}
         self._rows_phys = (0, -1)  # rows_phys
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
@@ -348,11 +350,26 @@ class ConsumeQueueTable:
         cq = self.built.get(key)
         return -1 if cq is None else cq.max_offset
 
-    def states(self) -> List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueRow]]]:
+    def whole_topics(self) -> Dict[str, TopicRow]:
+        """The snapshot rows of the topics none of whose queues was used since the open (all still rows, none made,
+        none added): a close writes each back as it was read (``TopicRow.span``), without a look at each queue."""
+        with self._lock:
+            used = {topic for topic, _ in self.built}
+            rows = self.rows
+            return {
+                topic: entry
+                for topic, entry in self._spans.items()
+                if topic not in used and all(k in rows for k in entry.keys)
+            }
+
+    def states(
+        self, leave_out: Container[str] = ()
+    ) -> List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueRow]]]:
         """(key, directory, its files' base offsets, max offset, min offset, max physical offset, whether a file's
-        deletion waits for a reader, its row or None) of every queue, sorted, without building one: what a queue
-        snapshot records. A row is written back as it is, its stamps those its check will compare (never the files'
-        stamps now: a row not checked since the open would vouch for whatever its files became)."""
+        deletion waits for a reader, its row or None) of every queue but the rows of the topics in ``leave_out``,
+        sorted, without building one: what a queue snapshot records. A row is written back as it is, its stamps those
+        its check will compare (never the files' stamps now: a row not checked since the open would vouch for
+        whatever its files became)."""
         with self._lock:
             out: List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueRow]]] = [
                 (
@@ -379,6 +396,7 @@ class ConsumeQueueTable:
                     r,
                 )
                 for k, r in self.rows.items()
+                if k[0] not in leave_out
             ]
         out.sort(key=lambda x: x[0])
         return out
@@ -433,6 +451,8 @@ class ConsumeQueueTable:
                     row_qids[topic] = entry.qids
                     if vouch_dirs is not None:  # listed if the open writes there (a write is announced first)
                         vouch_dirs(tdir, entry.qids)
+                    if not entry.others:
+                        self._spans[topic] = entry
                 for qid in entry.others:
                     if qid > MAX_QUEUE_ID:  # (no close writes one)
                         self.skipped_dirs.append(f"{tdir}/{qid}")

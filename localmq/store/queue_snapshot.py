@@ -163,7 +163,13 @@ def _encode(
     queue_stats: Dict[Tuple[str, int], Tuple[os.stat_result, List[os.stat_result]]] = {}
     states = {}
     rows: Dict[Tuple[str, int], Any] = {}  # the queues kept as their rows since the open: written back as they are
-    for state in table.states():  # every queue, built or not
+    whole: Dict[str, TopicRow] = table.whole_topics()  # topics none of whose queues was used: written back whole
+    for topic in whole:
+        try:
+            topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
+        except FileNotFoundError:
+            continue
+    for state in table.states(leave_out=whole):  # every other queue, built or not
         (topic, qid), qdir, bases, row = state[0], state[1], state[2], state[7]
         try:
             if topic not in topic_stats:
@@ -212,7 +218,7 @@ def _encode(
     by_topic: Dict[str, List[int]] = {}
     for topic, qid in states:  # sorted
         by_topic.setdefault(topic, []).append(qid)
-    for topic, tst in topic_stats.items():
+    for topic, tst in sorted(topic_stats.items()):  # by name, whole topics among the others
         if tst is None:
             continue
         name = topic.encode()
@@ -220,6 +226,10 @@ def _encode(
         ctime, ino = _stamp(tst, fresh_after) if stat.S_ISDIR(tst.st_mode) else (NOT_VOUCHED, tst.st_ino)
         if topic in odd:
             ctime = NOT_VOUCHED
+        if topic in whole:
+            entry = whole[topic]
+            parts.append(QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name), ctime, ino, len(entry.qids)) + name + entry.span)
+            continue
         parts.append(QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name), ctime, ino, len(qids)) + name)
         for qid in qids:
             _, _, bases, max_offset, min_offset, max_phys, hanged, row = states[(topic, qid)]
