@@ -83,6 +83,7 @@ __all__ = [
     "index_file_size",
     "infer_geometry",
     "geometry_from_content",
+    "torn_index_write",
     "INDEX_DIR",
 ]
 
@@ -165,6 +166,29 @@ def _check_count(path: str, size: int, slots: int, items: int) -> None:
                 problem = f"indexCount {count} is below the items the file holds"
     if problem is not None:
         raise CorruptStoreError(f"index file {path}: {problem} (derived data: rebuilt from the commit log)")
+
+
+def torn_index_write(path: str) -> bool:
+    """True when an index file holds exactly one item past its header's indexCount: what a kill between an item's
+    write and the count's update leaves (RocketMQ's IndexFile.putKey and localmq's write the item and its slot, then
+    the count). A crash artifact, not damage: the open after an unclean exit rebuilds that file's keys from the log.
+    False for any other file, or one that cannot be read."""
+    try:
+        size = os.path.getsize(path)
+        fits = geometry_from_content(path)
+        slots, items = fits if fits is not None else infer_geometry(size)
+        with open(path, "rb") as f:
+            fd = f.fileno()
+            head = os.pread(fd, INDEX_HEADER_SIZE, 0)
+            if len(head) < INDEX_HEADER_SIZE:
+                return False
+            count = max(INDEX_HEADER.unpack(head)[5], 1)
+            if count >= items:
+                return False
+            at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE + count * INDEX_ITEM_SIZE
+            return _nonzero(fd, at, at + INDEX_ITEM_SIZE) and not _nonzero(fd, at + INDEX_ITEM_SIZE, size)
+    except (OSError, CorruptStoreError):
+        return False
 
 
 def _nonzero(fd: int, start: int, end: int) -> bool:

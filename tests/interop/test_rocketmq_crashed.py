@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import localmq
+from localmq.layout import INDEX_HEADER, INDEX_HEADER_SIZE, INDEX_ITEM_SIZE, INDEX_SLOT_SIZE
+from localmq.store.index import geometry_from_content, infer_geometry
 
 from .test_rocketmq_store import SIZES, harness, run_harness  # noqa: F401 - harness is a fixture
 
@@ -144,6 +146,20 @@ def test_cli_on_a_crashed_rocketmq_store_prints_what_recovery_finds(harness: lis
     shutil.rmtree(copy)
     if made_empty is not None:
         made_empty.unlink()
+
+    # what the kill leaves when it lands between an index item's write and the header's count (RocketMQ's putKey
+    # writes the item and its slot first): verify notes it in a store that exited uncleanly, the open rebuilds it
+    idx = sorted((store / "index").iterdir())[-1]
+    kept = idx.read_bytes()
+    slots, items = geometry_from_content(str(idx)) or infer_geometry(len(kept))
+    count = INDEX_HEADER.unpack_from(kept, 0)[5]
+    at = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE + count * INDEX_ITEM_SIZE
+    assert count < items and kept[at:] == bytes(len(kept) - at)
+    idx.write_bytes(kept[:at] + kept[at - INDEX_ITEM_SIZE : at] + kept[at + INDEX_ITEM_SIZE :])
+    _check_cli(harness, store, tmp_path, None)
+    _, verify = _cli("verify", str(store))
+    assert any(n.startswith(f"index file {idx}: one key's item past the header's count") for n in verify["notes"])
+    idx.write_bytes(kept)
 
     code, stats = _cli("stats", str(store))
     end = stats["commit_log"]["end"]
