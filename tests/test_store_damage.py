@@ -201,6 +201,27 @@ def test_deleted_consume_queue_file_is_rebuilt(tmp_path, which):
         assert r.queue_offset == len(written["a", 0])
 
 
+def test_an_empty_last_consume_queue_file_is_an_interrupted_creation_not_damage(tmp_path):
+    """A kill between a ConsumeQueue file's creation and its sizing (RocketMQ's allocation; its 4.9 load refuses
+    the store then, 5.x deletes the file) leaves an empty last file: it holds no unit. A view reads past it and
+    changes nothing; the open sizes it and drops it as past the queue's end, without rebuilding the queue."""
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        written = fill(st, 600)
+    files = _queue_files(root, "b", 1)
+    size = files[-1].stat().st_size
+    empty = files[-1].parent / f"{int(files[-1].name) + size:020d}"
+    empty.touch()
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    with localmq.open(root, read_only=True, **SMALL) as ro:
+        assert read_queue(ro, "b", 1) == written["b", 1]
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    with localmq.open(root, **SMALL) as st:
+        check_all(st, written)
+        assert "b-1" not in st.recovery.cq_rebuilt and st.recovery.redispatched == 0, st.recovery
+    assert not empty.exists()
+
+
 def test_truncated_consume_queue_file_is_rebuilt(tmp_path):
     root = tmp_path / "s"
     with localmq.open(root, **SMALL) as st:

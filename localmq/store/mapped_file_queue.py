@@ -315,7 +315,8 @@ class MappedFileQueue:
         """Map every segment in the directory, sorted by name; returns how many.
 
         Raises CorruptStoreError when a file has another size than ``file_size`` (except a trailing 0-byte
-        file, an interrupted creation, which is sized again and reported) or when names leave a gap.
+        file, an interrupted creation, which is sized again and reported, or left out with ``fix_empty_tail``
+        False) or when names leave a gap.
         """
         if not os.path.isdir(self.directory):
             return 0
@@ -325,10 +326,14 @@ class MappedFileQueue:
             for i, name in enumerate(names):
                 path = os.path.join(self.directory, name)
                 size = os.path.getsize(path)
-                if size == 0 and i == len(names) - 1 and fix_empty_tail:
+                if size == 0 and i == len(names) - 1:
+                    if not fix_empty_tail:
+                        continue  # a view leaves it as it is: it holds nothing (a creation interrupted or under way)
                     log.warning(
                         "segment %s is empty (interrupted creation); sizing it to %d bytes", path, self.file_size
                     )
+                    # (sized here: a file mapped later, as a ConsumeQueue's under a budget, is only checked then)
+                    os.truncate(path, self.file_size)
                 elif 0 < size < self.file_size and i == len(names) - 1 and i > 0 and fix_empty_tail:
                     # The last segment was cut short (a truncated copy, a file system that lost its tail) while
                     # every earlier one has the configured size, so the size setting is right: give it back its
