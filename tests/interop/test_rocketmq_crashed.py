@@ -71,11 +71,11 @@ def _flooded(cmd: list[str], store: Path) -> None:
     assert (store / "abort").exists()
 
 
-def _empty_last(store: Path) -> Path | None:
-    """The last commit log segment when it is empty: RocketMQ's allocator creates a segment's file, then sizes it,
-    and a kill between leaves it so."""
-    last = sorted((store / "commitlog").iterdir())[-1]
-    return last if last.stat().st_size == 0 else None
+def _empty_last(directory: Path) -> Path | None:
+    """The last file of a directory of segments (the commit log's, a ConsumeQueue's) when it is empty: RocketMQ's
+    allocation creates a file, then sizes it, and a kill between leaves it so."""
+    files = sorted(directory.iterdir())
+    return files[-1] if files and files[-1].stat().st_size == 0 else None
 
 
 def _recovered_ends(cmd: list[str], store: Path, tmp: Path) -> tuple[int, int]:
@@ -84,9 +84,11 @@ def _recovered_ends(cmd: list[str], store: Path, tmp: Path) -> tuple[int, int]:
     mine, theirs, out = tmp / "mine", tmp / "theirs", tmp / "read.json"
     shutil.copytree(store, mine)
     shutil.copytree(store, theirs)
-    empty = _empty_last(theirs)
-    if empty is not None:
-        empty.unlink()
+    # the same for a ConsumeQueue's empty last file (the same load code, the same allocation)
+    for d in [theirs / "commitlog", *(theirs / "consumequeue").glob("*/*")]:
+        empty = _empty_last(d)
+        if empty is not None:
+            empty.unlink()
     with localmq.open(mine, **SIZES) as st:
         assert st.recovery.mode == "abnormal"
         end = st.recovery.end_offset
@@ -108,7 +110,7 @@ def _check_cli(cmd: list[str], store: Path, tmp: Path, torn_at: int | None) -> N
     assert stats["dispatch"]["behind_bytes"] == mine - stats["dispatch"]["dispatched_end"]
     assert vcode == 0 and verify["ok"], verify
     torn = [n for n in verify["notes"] if "torn record at the end of the data" in n]
-    empty = _empty_last(store)
+    empty = _empty_last(store / "commitlog")
     assert (empty is not None) == any(
         f"{empty} is empty: the creation of the last segment" in n for n in verify["notes"]
     )
@@ -128,7 +130,7 @@ def test_cli_on_a_crashed_rocketmq_store_prints_what_recovery_finds(harness: lis
 
     seg_size = SIZES["mapped_file_size_commit_log"]
     made_empty = None
-    if _empty_last(store) is None:
+    if _empty_last(store / "commitlog") is None:
         # what the kill leaves when it lands inside RocketMQ's allocator (one run in a few): an empty next segment
         made_empty = store / "commitlog" / f"{int(segments[-1].name) + seg_size:020d}"
         made_empty.touch()
@@ -146,6 +148,13 @@ def test_cli_on_a_crashed_rocketmq_store_prints_what_recovery_finds(harness: lis
     shutil.rmtree(copy)
     if made_empty is not None:
         made_empty.unlink()
+    # the same inside a ConsumeQueue's allocation: an empty next file of one queue
+    qdir = sorted((store / "consumequeue").glob("*/*"))[0]
+    qfiles = sorted(qdir.iterdir())
+    empty_unit_file = qdir / f"{int(qfiles[-1].name) + qfiles[-1].stat().st_size:020d}"
+    empty_unit_file.touch()
+    _check_cli(harness, store, tmp_path, None)
+    empty_unit_file.unlink()
 
     # what the kill leaves when it lands between an index item's write and the header's count (RocketMQ's putKey
     # writes the item and its slot first): verify notes it in a store that exited uncleanly, the open rebuilds it
