@@ -237,6 +237,7 @@ class ConsumeQueueTable:
             raise StoreClosedError(f"consume queue {key[0]}-{key[1]}: the store was closed")
         row = self.rows[key]
         qdir = self._queue_dir(*key)
+        self._spans.pop(key[0], None)  # the topic is no longer written back whole: its rows go as they are built
         try:
             refuse_links(qdir)
             holds = self._row_holds(key, row)
@@ -286,6 +287,7 @@ class ConsumeQueueTable:
         snapshot's close: every queue is checked as an open without a snapshot checks it). Returns their keys."""
         with self._lock:
             keys = sorted(self.rows)
+            self._spans.clear()
             for key in keys:
                 self.built[key] = self._load_queue(key)
                 del self.rows[key]
@@ -552,6 +554,7 @@ class ConsumeQueueTable:
                     if self._closed:
                         raise StoreClosedError(f"consume queue {topic}-{queue_id}: the store was closed")
                     check_topic(topic)
+                    self._spans.pop(topic, None)
                     if self.list_queue_dir is not None:  # a new queue during an open: its topic directory listed
                         self.list_queue_dir(self._queue_dir(topic, queue_id))
                     cq = self._new(topic, queue_id)
