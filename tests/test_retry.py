@@ -441,6 +441,9 @@ def test_orderly_consumer_suspends_the_queue_and_retries_the_same_message(tmp_pa
         for i in range(4):
             p0.send("t", b"a%d" % i)
             p1.send("t", b"b%d" % i)
+        # both queues readable first: a new queue's messages become readable when its file is made, which may be
+        # after the other queue's (QueueFileMaker)
+        assert st.wait_for_dispatch(10)
         log = []
         with st.create_consumer("g", "t", orderly=True, suspend_ms=200, max_reconsume_times=2) as c:
             assert c.manual_ack and c.max_unacked == 1

@@ -672,6 +672,9 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
             "dispatch_duplicates": core.duplicates,
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
             "dispatch_blocked": str(core.blocked) if core.blocked is not None else None,
+            # new queues whose units wait in memory for their first file (made off the dispatcher's thread)
+            "dispatch_waiting_queues": core.waiting_queues,
+            "queue_file_maker": self._queue_file_maker.stats() if self._queue_file_maker is not None else None,
             "dispatch_gap_units": sum(cq.gap_units for cq in list(self._cq_table.built.values())),  # built: 0 else
             "service_errors": {
                 **{s.name: s.errors for s in self._services},

@@ -23,7 +23,7 @@ from localmq.errors import (
     store_io_error,
 )
 from localmq.layout import ABORT_FILE, CHECKPOINT_FILE, COMMITLOG_DIR, CONSUMEQUEUE_DIR, LOCK_FILE
-from localmq.services.allocate import AllocateMappedFileService
+from localmq.services.allocate import AllocateMappedFileService, QueueFileMaker
 from localmq.services.clean import CleanService
 from localmq.services.flush import (
     CommitRealTimeService,
@@ -131,6 +131,7 @@ class DefaultMessageStore:
         self._group_commit: Optional[GroupCommit] = None
         self._pool: Optional[TransientStorePool] = None
         self._allocate_service: Optional[AllocateMappedFileService] = None
+        self._queue_file_maker: Optional[QueueFileMaker] = None
         self._flush_service = None
         self._commit_service: Optional[CommitRealTimeService] = None
         # retention: ``clock`` () -> ms since the epoch and ``disk_usage`` path -> used ratio 0..1, injectable
@@ -510,6 +511,11 @@ class DefaultMessageStore:
         self._load_index(last_exit_ok)
         schedule = self._make_schedule_service()
         self.commit_log.set_dispatch_event(self._reput.wake_event)
+        # new queues' first files are made off the dispatcher's thread (the dispatcher keeps their units meanwhile)
+        self._queue_file_maker = QueueFileMaker(self._reput.note_ready)
+        self._queue_file_maker.start()
+        self._services.append(self._queue_file_maker)
+        self._reput.maker = self._queue_file_maker
         self._reput_service = ReputMessageService(self._reput, check_disk=self._check_log_on_disk)
         self._reput_service.start()
         self._services.append(self._reput_service)
@@ -562,7 +568,12 @@ class DefaultMessageStore:
             self._commit_service.start()
             self._services.append(self._commit_service)
         self._cq_flush_service = FlushConsumeQueueService(
-            lambda: self._cq_table.built.values(), c, self.checkpoint, self.checkpoint.flush, self._cq_table.sync_names
+            lambda: self._cq_table.built.values(),
+            c,
+            self.checkpoint,
+            self.checkpoint.flush,
+            self._cq_table.sync_names,
+            logics_floor=lambda: self._reput.pending_store_ts,
         )
         self._cq_flush_service.start()
         self._services.append(self._cq_flush_service)
@@ -780,6 +791,9 @@ class DefaultMessageStore:
         cqs = list(self._cq_table.built.values())  # a queue never built has nothing to flush
         # the store time each queue had before its flush: what the checkpoint may claim once all of them are flushed
         logics_ts = max((cq.last_store_timestamp for cq in cqs), default=0)
+        floor = self._reput.pending_store_ts  # the dispatcher is stopped here
+        if floor > 0:  # units that wait in memory for their queue's file (a close that could not wait for them)
+            logics_ts = min(logics_ts, floor - 1)
 
         def flush_queue(cq: Any) -> None:
             while not cq.flush(0):
@@ -858,6 +872,7 @@ class DefaultMessageStore:
         finally:
             self._closed = True
             self._stop_service(self._reput_service)
+            self._stop_service(self._queue_file_maker)  # after the dispatcher: no queue file is made from here
             self._stop_service(self._cq_flush_service)
             if not isinstance(self._flush_service, GroupCommitService):
                 self._stop_service(self._flush_service)

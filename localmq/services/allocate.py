@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Dict, List, Optional
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
@@ -289,3 +290,96 @@ class AllocateMappedFileService(ServiceThread):
             "warm_seconds": round(self.warm_seconds, 3),
             "mlock": self._mlock_ok,
         }
+
+
+def _make_first_file(cq: Any, base: int) -> None:
+    cq.make_first_file(base)
+
+
+# a queue's state at the maker (QueueFileMaker._state)
+_REQUESTED = 0
+_MAKING = 1
+
+
+class QueueFileMaker(ServiceThread):
+    """Makes the first file of a new ConsumeQueue (its directories, the file sized and reserved, its mapping) off the
+    dispatcher's thread. The dispatcher keeps the new queue's units in memory meanwhile (``ReputCore``: they are not
+    readable yet, and the dispatched offset that consumers, ``wait_for_dispatch`` and the checkpoint see stays
+    before the first of them) and goes on with every other queue: a burst of new queues costs the dispatcher a
+    request each instead of the file system's metadata work (1-2 ms per queue when the journal is busy). Once the
+    file exists, ``on_made(cq)`` tells the dispatcher, which writes the units there on its own thread (the only
+    writer of units). A file that could not be made (a full disk, an I/O error) is reported the same way: the
+    dispatcher then makes it itself, and blocks and retries as it does for any queue file.
+
+    Lock order: ``_cond`` (this service's state) before nothing; ``create_file`` takes the queue's file lock
+    outside it."""
+
+    def __init__(self, on_made: Callable[[Any], None], make: Optional[Callable[[Any, int], None]] = None) -> None:
+        super().__init__("QueueFileMaker")
+        self.on_made = on_made
+        # (queue, base offset) -> None: makes the file (default ConsumeQueue.make_first_file; tests slow it down)
+        self.make = make if make is not None else _make_first_file
+        self._cond = threading.Condition(threading.Lock())
+        self._todo: Deque[Tuple[Any, int]] = deque()
+        self._state: Dict[Any, int] = {}  # queue -> _REQUESTED / _MAKING; absent once made, failed or claimed
+        self.made = 0
+        self.failed = 0
+
+    def request(self, cq: Any, base: int) -> bool:
+        """Ask for the file of ``cq`` at ``base`` (its first unit's file). False when the service is not running:
+        the caller makes the file itself."""
+        with self._cond:
+            if self.stopped or not self.alive:
+                return False
+            self._state[cq] = _REQUESTED
+            self._todo.append((cq, base))
+        self.wakeup()
+        return True
+
+    def claim(self, cq: Any) -> None:
+        """Take ``cq`` back (the dispatcher makes its file itself from here): a request not started is forgotten; one
+        being made is waited for."""
+        with self._cond:
+            while self._state.get(cq) == _MAKING:
+                self._cond.wait(0.1)
+            self._state.pop(cq, None)
+
+    @property
+    def waiting(self) -> int:
+        """Queues requested and not made yet."""
+        return len(self._state)
+
+    def run(self) -> None:
+        while not self.stopped:
+            self.wait_for_running(1000)
+            while not self.stopped:
+                with self._cond:
+                    if not self._todo:
+                        break
+                    cq, base = self._todo.popleft()
+                    if self._state.get(cq) != _REQUESTED:
+                        continue  # claimed meanwhile
+                    self._state[cq] = _MAKING
+                try:
+                    self.make(cq, base)
+                    self.made += 1
+                except Exception as e:  # noqa: BLE001 - the dispatcher makes it again and reports what it meets
+                    self.failed += 1
+                    log.debug("consume queue %s-%d: its first file was not made ahead: %s", cq.topic, cq.queue_id, e)
+                finally:
+                    with self._cond:
+                        self._state.pop(cq, None)
+                        self._cond.notify_all()
+                self.on_made(cq)
+
+    def on_shutdown(self) -> None:
+        # requests not started are dropped (their units stay with the dispatcher); a file being made is finished
+        # first (claim waits for it), so that nobody makes it a second time
+        with self._cond:
+            self._todo.clear()
+            for cq in [q for q, s in self._state.items() if s == _REQUESTED]:
+                del self._state[cq]
+            self._cond.notify_all()
+
+    def stats(self) -> dict:
+        return {"queue_files_made_ahead": self.made, "queue_files_not_made_ahead": self.failed}

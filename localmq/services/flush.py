@@ -268,8 +268,12 @@ class FlushConsumeQueueService(ServiceThread):
         checkpoint,
         flush_checkpoint: Callable[[], None],
         sync_names: Callable[[], int] = lambda: 0,
+        logics_floor: Callable[[], int] = lambda: 0,
     ):
         super().__init__("FlushConsumeQueueService")
+        # the store time of the first record whose unit waits in memory for its queue's first file (0: none,
+        # ReputCore.pending_store_ts): the checkpoint claims only what is before it
+        self.logics_floor = logics_floor
         self.queues = queues
         # makes the names of queue files created since the last pass durable (ConsumeQueueTable.sync_names)
         self.sync_names = sync_names
@@ -290,6 +294,7 @@ class FlushConsumeQueueService(ServiceThread):
     def flush_once(self, least_pages: int) -> None:
         logics_ts = 0
         try:
+            floor = self.logics_floor()
             for cq in list(self.queues()):
                 if self.stopped:
                     # a close stops the service and flushes every queue itself (_flush_all): a pass over 100,000
@@ -303,6 +308,11 @@ class FlushConsumeQueueService(ServiceThread):
             if least_pages == 0:
                 # the files whose times were claimed above existed before this: their names are durable after it
                 self.sync_names()
+                # waiting units before the pass and after it (a unit that started waiting during the pass may be
+                # older than a time read from a queue after it)
+                floors = [f for f in (floor, self.logics_floor()) if f > 0]
+                if floors:
+                    logics_ts = min(logics_ts, min(floors) - 1)
                 if logics_ts:
                     self.checkpoint.logics_msg_timestamp = logics_ts
                 self.flush_checkpoint()

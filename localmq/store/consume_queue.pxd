@@ -12,6 +12,7 @@ cdef struct CQState:
     int64_t max_physic_offset  # commit log end (offset + size) of the last unit written
     int64_t last_store_ts
     int64_t *shared_max      # a store shared between processes: the unit count in the control file, else NULL
+    int64_t waiting          # units the dispatcher keeps in memory until the queue's first file is made (ReputCore)
 
 cdef class ConsumeQueue:
     cdef readonly str topic
@@ -23,6 +24,7 @@ cdef class ConsumeQueue:
     cdef readonly long long gap_units
     cdef object ctl                   # the ControlFile shared_max points into (kept mapped while bound)
     cdef readonly MappingBudget budget
+    cdef bint made_ahead              # the first file was made by the QueueFileMaker and is not padded yet
     cdef CQState *state_ptr(self) noexcept
     cdef int _set_target(self, MappedFile mf) except -1
     cdef int _clear_target(self) except -1

@@ -87,6 +87,8 @@ cdef class ConsumeQueue:
         self.st.min_offset = 0
         self.st.max_physic_offset = -1
         self.st.shared_max = NULL
+        self.st.waiting = 0
+        self.made_ahead = False
         self.cur = None
 
     cdef CQState *state_ptr(self) noexcept:
@@ -432,6 +434,12 @@ cdef class ConsumeQueue:
         cdef int64_t fs = self.st.file_size
         cdef int64_t logical = queue_offset * CQ_UNIT_SIZE
         mf = mfq.find(logical)
+        if mf is not None and self.made_ahead:
+            # the first file, made ahead by the QueueFileMaker at this unit's base: padded as one made below
+            self.made_ahead = False
+            (<MappedFile>mf).ensure_reserved(logical - mf.file_from_offset + CQ_UNIT_SIZE)
+            self._fill_pre_blank(mf, logical - mf.file_from_offset)
+            self.st.min_offset = queue_offset
         if mf is None:
             last = mfq.last()
             if last is None:
@@ -447,6 +455,21 @@ cdef class ConsumeQueue:
         # the unit's blocks (and a step ahead) before the fast path may write there; OSError on a full disk
         (<MappedFile>mf).ensure_reserved(logical - mf.file_from_offset + CQ_UNIT_SIZE)
         self._set_target(<MappedFile>mf)
+
+    def make_first_file(self, long long base):
+        """Make the queue's first file, at ``base`` (QueueFileMaker's thread: its directories, the file sized and
+        reserved, its mapping); the dispatcher pads it and writes its units (``prepare_write``). Nothing when the
+        queue has a file already. Raises OSError when the file cannot be made."""
+        mfq = self.mapped_file_queue
+        with mfq.lock:
+            if mfq.last() is not None:
+                return
+            mf = mfq.create_file(base)
+            (<MappedFile>mf).ensure_reserved(CQ_UNIT_SIZE)
+            # the first page faulted in writable here (its blocks are reserved): the dispatcher's first unit write
+            # would otherwise wait for the file system's page fault (a journal handle for the unwritten extent)
+            mf.populate(0, min(mf.reserved, 4096))
+            self.made_ahead = True
 
     cdef int _set_target(self, MappedFile mf) except -1:
         # mf becomes the file the dispatcher writes through st.addr without the GIL: mapped, and owned by this queue

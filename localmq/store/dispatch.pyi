@@ -2,7 +2,7 @@
 
 import logging
 import threading
-from typing import Callable, Optional, Sequence, Set
+from typing import Callable, Optional, Protocol, Sequence, Set
 
 from typing_extensions import Self, disjoint_base
 
@@ -12,6 +12,12 @@ from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import MappedFileQueue
 
 log: logging.Logger
+
+class QueueFileMakerLike(Protocol):
+    """What the dispatcher asks of the service that makes new queues' first files (services.allocate.QueueFileMaker)."""
+
+    def request(self, cq: ConsumeQueue, base: int) -> bool: ...
+    def claim(self, cq: ConsumeQueue) -> None: ...
 
 @disjoint_base
 class ReputCore:
@@ -46,6 +52,13 @@ class ReputCore:
     @property
     def blocked_count(self) -> int: ...
     idle_wait_us: int
+    maker: Optional[QueueFileMakerLike]
+    @property
+    def pending_store_ts(self) -> int: ...
+    @property
+    def waiting_queues(self) -> int: ...
+    def note_ready(self, cq: ConsumeQueue) -> None: ...
+    def settle_all(self) -> None: ...
     def __new__(
         cls,
         commit_log_mfq: MappedFileQueue,

@@ -41,6 +41,9 @@ cdef enum:
     R_BAD_RECORD = 6
     R_STOP = 7
     R_NEED_SYNC = 8     # shared store: another process committed beyond this process's view of the log
+    R_INSTALL = 9       # new queues' first files were made (QueueFileMaker): write their waiting units there
+    # a new queue keeps at most this many units in memory while its first file is made; more waits for the file
+    WAITING_UNITS_MAX = 1024
 
 cdef struct Slot:
     uint64_t hash
@@ -116,6 +119,21 @@ cdef class ReputCore:
     cdef readonly int64_t gap_size
     cdef readonly long long gaps           # gap records walked over
     cdef bint jumped                       # reput_from jumped past records retention removed undispatched
+    # New queues' first files are made off this thread (maker: a QueueFileMaker, or None: made here). Meanwhile a
+    # new queue's units wait in ``waiting_units`` (queue -> [(queue offset, commit log offset, size, tags code,
+    # store time)], in the order the queues got their first waiting unit, which is commit log order). The maker
+    # reports a made file through ``ready`` (under ready_lock) and ``ready_flag``, which the loop checks between
+    # records; this thread then writes the units (it stays the only writer of units).
+    cdef public object maker
+    cdef dict waiting_units
+    cdef object ready_lock
+    cdef list ready
+    cdef int64_t ready_flag
+    # the commit log offset of the first record whose unit waits in memory (-1: none): reput_offset, the offset
+    # readers, waiters and the checkpoint see, stays there until that unit is written
+    cdef int64_t pending_from
+    cdef readonly int64_t pending_store_ts  # that record's store time (0: none): the checkpoint claims less
+    cdef bint in_service                   # run() is the loop (new queues' files may then be made by the maker)
 
     def __cinit__(self, commit_log_mfq, cq_factory, long long reput_from, int idle_wait_us=1000):
         self.cap = 1024
@@ -138,6 +156,11 @@ cdef class ReputCore:
         self.cond = threading.Condition(threading.Lock())
         self.idle_wait_us = idle_wait_us
         self.gap_at = -1
+        self.maker = None
+        self.waiting_units = {}
+        self.ready_lock = threading.Lock()
+        self.ready = []
+        self.pending_from = -1
 
     def __dealloc__(self):
         PyMem_Free(self.table)
@@ -167,8 +190,24 @@ cdef class ReputCore:
 
     @property
     def reput_offset(self):
-        """Commit log offset up to which every record has been dispatched."""
-        return lmq_load_acq(&self.reput_from)
+        """Commit log offset up to which every record has been dispatched (its unit readable in its queue)."""
+        # reput_from first: pending_from is set before reput_from passes its record (release stores)
+        cdef int64_t r = lmq_load_acq(&self.reput_from)
+        cdef int64_t p = lmq_load_acq(&self.pending_from)
+        return p if 0 <= p < r else r
+
+    @property
+    def waiting_queues(self):
+        """New queues whose units wait in memory for their first file."""
+        return len(self.waiting_units)
+
+    def note_ready(self, cq):
+        """The maker's report (any thread): the first file of ``cq`` was made, or could not be; the loop writes its
+        waiting units at its next step."""
+        with self.ready_lock:
+            self.ready.append(cq)
+            lmq_store_rel(&self.ready_flag, 1)
+        lmq_event_signal(self.event)
 
     def set_reput_offset(self, long long offset):
         """Move the reput offset (only while the loop is not running)."""
@@ -321,6 +360,8 @@ cdef class ReputCore:
         while True:
             if self.stop_flag:
                 return R_STOP
+            if lmq_load_acq(&self.ready_flag) != 0:
+                return R_INSTALL
             if self.seg_addr == NULL:
                 return R_NEED_SEGMENT
             rel = self.reput_from - self.seg_base
@@ -370,7 +411,7 @@ cdef class ReputCore:
                 self.duplicates += 1
                 self._advance(v.total_size)
                 continue
-            if v.queue_offset != st.max_offset:
+            if v.queue_offset != st.max_offset + st.waiting:
                 # missing units before it, or a queue offset the queue is already past (a damaged header)
                 self.pending = v
                 return R_GAP
@@ -423,6 +464,8 @@ cdef class ReputCore:
                 self.bad_records += 1
                 lmq_store_rel(&self.reput_from, off + v.total_size)
                 return 1
+        if code == R_INSTALL:
+            return self._install_ready()
         topic = (<bytes>v.topic[:v.topic_len]).decode("utf-8", "replace")
         if code == R_NEED_CQ:
             cq = self.cq_factory(topic, v.queue_id)
@@ -434,7 +477,15 @@ cdef class ReputCore:
             self.register(cq)
             return 1
         cq = self.cq_factory(topic, v.queue_id)
+        if cq.st.waiting > 0 and code == R_GAP:
+            self._settle(cq)  # the gap is handled with the queue's units in its file
+            return 1
         if code == R_NEED_CQ_FILE:
+            if self._wait_for_file(cq, v):
+                return 1
+            if cq.st.waiting > 0:
+                self._settle(cq)
+                return 1
             cq.prepare_write(v.queue_offset)
             # here, on the dispatcher's thread with the GIL, other queues' write targets may be unmapped too
             cq.trim_mappings()
@@ -472,6 +523,85 @@ cdef class ReputCore:
             return 1
         raise AssertionError(code)
 
+    cdef bint _wait_for_file(self, ConsumeQueue cq, RecordView *v) except -1:
+        """Keep the unit of ``v`` (at reput_from) in memory while the maker makes its new queue's first file, and
+        step over the record. False when the queue has a file (or the file is made here: no maker, a shared store,
+        recovery's dispatch, too many waiting units)."""
+        cdef int64_t off, fs
+        if self.maker is None or not self.in_service or cq.st.shared_max != NULL:
+            return False
+        if cq.st.waiting == 0:
+            if cq.st.addr != NULL or v.queue_offset != cq.st.max_offset or cq.mapped_file_queue.last() is not None:
+                return False
+        elif cq.st.waiting >= WAITING_UNITS_MAX:
+            return False
+        off = lmq_load_acq(&self.reput_from)
+        units = self.waiting_units.get(cq)
+        if units is None:
+            fs = cq.st.file_size
+            if not self.maker.request(cq, v.queue_offset * CQ_UNIT_SIZE - (v.queue_offset * CQ_UNIT_SIZE) % fs):
+                return False
+            units = self.waiting_units[cq] = []
+        units.append((v.queue_offset, off, v.total_size, tags_code_of(v, self.levels, self.n_levels),
+                      v.store_timestamp))
+        cq.st.waiting += 1
+        if self.pending_from < 0:
+            self.pending_store_ts = v.store_timestamp
+            lmq_store_rel(&self.pending_from, off)  # before reput_from passes it (see reput_offset)
+        self.dispatched += 1
+        self._advance(v.total_size)
+        return True
+
+    cdef int _settle(self, ConsumeQueue cq) except -1:
+        """Write the waiting units of ``cq`` into its first file, made by the maker or, when it could not, here
+        (OSError: the units keep waiting, and the loop retries as for any queue file)."""
+        units = self.waiting_units.get(cq)
+        if units is None:
+            return 0
+        if self.maker is not None:
+            self.maker.claim(cq)  # a file being made is waited for; a request not started is forgotten
+        cq.prepare_write(units[0][0])
+        for qo, phys, size, tags, ts in units:
+            cq.put_unit(qo, phys, size, tags, ts)
+        del self.waiting_units[cq]
+        cq.st.waiting = 0
+        if self.waiting_units:
+            # the queue that got its first waiting unit earliest holds the earliest waiting record
+            first = next(iter(self.waiting_units.values()))[0]
+            self.pending_store_ts = first[4]
+            lmq_store_rel(&self.pending_from, first[1])
+        else:
+            lmq_store_rel(&self.pending_from, -1)
+            self.pending_store_ts = 0
+        cq.trim_mappings()
+        return 1
+
+    cdef int _install_ready(self) except -1:
+        """Write the units of every queue whose first file the maker reported, then wake waiters."""
+        cdef ConsumeQueue cq
+        cdef Py_ssize_t i
+        with self.ready_lock:
+            ready, self.ready = self.ready, []
+            lmq_store_rel(&self.ready_flag, 0)
+        for i in range(len(ready)):
+            cq = ready[i]
+            try:
+                self._settle(cq)
+            except BaseException:
+                with self.ready_lock:  # the rest are tried again with it
+                    self.ready[:0] = ready[i:]
+                    lmq_store_rel(&self.ready_flag, 1)
+                raise
+        if self.waiters > 0:
+            with self.cond:
+                self.cond.notify_all()
+        return 1
+
+    def settle_all(self):
+        """Write every waiting unit into its queue's file (the loop is stopped: a close, after the last wait)."""
+        while self.waiting_units:
+            self._settle(next(iter(self.waiting_units)))
+
     def run_until_caught_up(self, long long limit=-1):
         """Dispatch in the calling thread until every readable record (or up to ``limit``) is dispatched.
 
@@ -503,6 +633,7 @@ cdef class ReputCore:
         re-raised for the service thread to log."""
         cdef int code
         cdef int64_t wait_us
+        self.in_service = True
         try:
             while not self.stop_flag:
                 with nogil:  # walks the log, writes units and idles; never touches Python objects
@@ -552,6 +683,7 @@ cdef class ReputCore:
                 self.cond.notify_all()
             raise
         finally:
+            self.in_service = False
             with self.cond:
                 self.cond.notify_all()
 
