@@ -79,3 +79,16 @@ class MessageStore(Protocol):
 
     def close(self) -> None:
         """Close the queue (consumers and producers created from it first)."""
+
+
+class QueueFileMakerLike(Protocol):
+    """What the dispatcher (``store.dispatch.ReputCore.maker``) asks of the service that makes new queues' first
+    files off its thread (``services.allocate.QueueFileMaker``)."""
+
+    def request(self, cq: Any, base: int) -> bool:
+        """Make the first file of queue ``cq`` at logical offset ``base``; False when the service is not running."""
+        ...
+
+    def claim(self, cq: Any) -> None:
+        """Take ``cq`` back: forget a request not started, wait for a file being made."""
+        ...

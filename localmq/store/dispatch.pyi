@@ -2,22 +2,17 @@
 
 import logging
 import threading
-from typing import Callable, Optional, Protocol, Sequence, Set
+from typing import Callable, Optional, Sequence, Set
 
 from typing_extensions import Self, disjoint_base
 
 from localmq._native import Event
 from localmq._shm import ControlFile
+from localmq.interface import QueueFileMakerLike
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.mapped_file_queue import MappedFileQueue
 
 log: logging.Logger
-
-class QueueFileMakerLike(Protocol):
-    """What the dispatcher asks of the service that makes new queues' first files (services.allocate.QueueFileMaker)."""
-
-    def request(self, cq: ConsumeQueue, base: int) -> bool: ...
-    def claim(self, cq: ConsumeQueue) -> None: ...
 
 @disjoint_base
 class ReputCore:
