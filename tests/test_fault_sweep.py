@@ -537,7 +537,7 @@ def test_new_queues_sync_their_names_in_one_batch_before_the_checkpoint(pfs, flu
 
 def test_a_directory_whose_name_could_not_be_synced_is_synced_by_the_next_try(pfs):
     from localmq.errors import StoreIOError
-    from localmq.store.mapped_file_queue import makedirs_durable
+    from localmq.store.durable_names import makedirs_durable
 
     for kind, k in (("fsyncdir", 1), ("mkdir", 2)):
         target = pfs.mountpoint / kind / "a" / "b"

@@ -281,3 +281,58 @@ def test_the_jvm_readers_constants_agree_with_layout_py():
                         seen += 1
                         break
     assert seen >= 20, seen  # the reader's record, unit and control file constants were all found
+
+
+# Rooms stay small enough to read (issue 26): no source file over FILE_LINES_MAX lines, and no function of the store
+# (the engine: store/) over FUNCTION_LINES_MAX lines, its docstring and comments included.
+FILE_LINES_MAX = 900
+FUNCTION_LINES_MAX = 100
+DEF_RE = re.compile(r"^(\s*)(?:async\s+def|def|cpdef|cdef)\s+(?:[\w\[\], .*]+\s+)?\*?(\w+)\s*\(")
+
+
+def _functions(path):
+    """(name, first line, lines) of every function of a .py or .pyx file: from its ``def`` line to the last line
+    indented deeper than it (blank lines inside count, the blank lines after it do not)."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        m = DEF_RE.match(line)
+        if m is None or line.rstrip().endswith(("noexcept", "nogil")) and "(" not in line:
+            continue
+        indent, end, depth = len(m.group(1)), i, 0
+        while True:  # past the signature, which may span lines (its closing parenthesis at the def's indent)
+            depth += lines[end].count("(") - lines[end].count(")")
+            end += 1
+            if depth <= 0 or end >= len(lines):
+                break
+        while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
+            end += 1
+        while end > i + 1 and not lines[end - 1].strip():
+            end -= 1
+        out.append((m.group(2), i + 1, end - i))
+    return out
+
+
+def test_no_source_file_is_too_long():
+    long = []
+    for files in module_files().values():
+        for f in files:
+            with open(f, encoding="utf-8") as fh:
+                n = sum(1 for _ in fh)
+            if n > FILE_LINES_MAX:
+                long.append(f"{os.path.relpath(f, ROOT)}: {n} lines")
+    assert not long, f"source files over {FILE_LINES_MAX} lines (split them by concern):\n" + "\n".join(long)
+
+
+def test_no_store_function_is_too_long():
+    store = os.path.join(ROOT, "store")
+    found = [f for f in os.listdir(store) if f.endswith((".py", ".pyx"))]
+    assert len(found) >= 20, found  # the scan itself works
+    long = [
+        f"store/{f}:{line} {name}: {n} lines"
+        for f in sorted(found)
+        for name, line, n in _functions(os.path.join(store, f))
+        if n > FUNCTION_LINES_MAX
+    ]
+    assert not long, f"store/ functions over {FUNCTION_LINES_MAX} lines:\n" + "\n".join(long)

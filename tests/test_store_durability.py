@@ -411,7 +411,7 @@ def test_full_disk_gives_create_failed_stays_readable_and_recovers(small_tmpfs):
 
 
 def test_sync_each_tries_every_item_and_returns_the_failures_in_order():
-    from localmq.store.mapped_file_queue import SYNC_PARALLEL_MIN, sync_each
+    from localmq.store.durable_names import SYNC_PARALLEL_MIN, sync_each
 
     for n in (SYNC_PARALLEL_MIN - 1, 500):  # the calling thread alone, then the threads
         seen, lock = [], threading.Lock()
@@ -432,7 +432,7 @@ def test_sync_each_tries_every_item_and_returns_the_failures_in_order():
 def test_sync_each_works_on_the_calling_thread_when_no_thread_starts(monkeypatch, startable):
     # Thread.start raises RuntimeError when no thread is left, and at interpreter shutdown on Python 3.12+ (a store
     # closed by an atexit hook): every item is still synced, by the threads that started and the caller
-    from localmq.store.mapped_file_queue import sync_each
+    from localmq.store.durable_names import sync_each
 
     real_start, started = threading.Thread.start, []
 

@@ -45,8 +45,8 @@ from localmq.queues.base import (
 )
 from localmq.services.service_thread import ServiceThread
 from localmq.status import GetResult, GetStatus, PutStatus, Stop
+from localmq.store.durable_names import makedirs_durable
 from localmq.store.lock import StoreLock
-from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.put_result import make_put_result
 from localmq.store.undo import check_writable_filesystem, missing_ancestor
 

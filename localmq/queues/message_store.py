@@ -42,11 +42,12 @@ from localmq.store.commit_log import CommitLog
 from localmq.store.consume_queue import ConsumeQueue
 from localmq.store.consume_queue_table import ConsumeQueueTable
 from localmq.store.dispatch import ReputCore
+from localmq.store.durable_names import makedirs_durable, sync_each
 from localmq.store.files import unsafe_entries
 from localmq.store.group_commit import GroupCommit
 from localmq.store.index import IndexService
 from localmq.store.lock import StoreLock
-from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure, makedirs_durable, sync_each
+from localmq.store.mapped_file_queue import MappedFileQueue, earlier_sync_failure
 from localmq.store.queue_recovery import (
     MinCorrected,
     RecoveryReport,
@@ -370,14 +371,7 @@ class DefaultMessageStore:
         self._mins_at = cl_min  # every queue's min offset is right for this log's start
         report.seconds = time.monotonic() - t0
         self.recovery = report
-        if (
-            report.dropped_at is not None
-            or report.cq_units_truncated
-            or report.cq_rebuilt
-            or report.rebuilt
-            or report.salvaged
-            or report.gaps
-        ):
+        if report.repaired:
             log.warning("recovery of %s: %s", self.root, report)
         else:
             log.info(
@@ -824,21 +818,14 @@ class DefaultMessageStore:
         mins_ok = cl_min == self._mins_at or (
             svc is not None and svc.consume_queue_service.last_physical_min_offset == cl_min
         )
+        cp, mins_at = os.path.join(self.root, CHECKPOINT_FILE), cl_min if mins_ok else -1
         try:
-            written = write_snapshot(
-                self.root,
-                self._cq_table,
-                mfq.directory,
-                os.path.join(self.root, CHECKPOINT_FILE),
-                mfq.file_size,
-                mfq.max_offset(),
-                cl_min if mins_ok else -1,
-            )
+            if not write_snapshot(
+                self.root, self._cq_table, mfq.directory, cp, mfq.file_size, mfq.max_offset(), mins_at
+            ):
+                log.debug("%s: no queue snapshot: old segments changed within the last moments", self.root)
         except OSError as e:
             log.warning("%s: no queue snapshot written (%s); the next open checks every queue", self.root, e)
-            return
-        if not written:
-            log.debug("%s: no queue snapshot: old segments changed within the last moments", self.root)
 
     def close(self) -> None:
         """Stop accepting puts, commit write-buffered records, let the dispatcher catch up, stop every service,

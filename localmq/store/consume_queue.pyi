@@ -11,7 +11,8 @@ from localmq._mapped_file import MappedFile
 from localmq._mapping import MappingBudget
 from localmq._shm import ControlFile
 from localmq.layout import CQ_DTYPE as CQ_DTYPE
-from localmq.store.mapped_file_queue import DeferredDirSyncs, MappedFileQueue
+from localmq.store.durable_names import DeferredDirSyncs
+from localmq.store.mapped_file_queue import MappedFileQueue
 
 log: logging.Logger
 

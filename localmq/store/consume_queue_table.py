@@ -14,7 +14,7 @@ from localmq.config import check_topic
 from localmq.errors import CorruptStoreError, LocalMQError, StoreClosedError, UnsafePathError, store_io_error
 from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
 from localmq.store.consume_queue import ConsumeQueue
-from localmq.store.mapped_file_queue import DeferredDirSyncs
+from localmq.store.durable_names import DeferredDirSyncs
 from localmq.store.queue_snapshot import NOT_VOUCHED, QueueRow, QueueSnapshot, TopicRow
 
 log = logging.getLogger("localmq.store")

@@ -64,8 +64,8 @@ from localmq.layout import (
     is_decimal,
 )
 from localmq.status import Stop
+from localmq.store.durable_names import makedirs_durable
 from localmq.store.get import read_record
-from localmq.store.mapped_file_queue import makedirs_durable
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

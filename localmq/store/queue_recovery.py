@@ -79,6 +79,18 @@ class RecoveryReport:
     cq_vouched: int = 0
     seconds: float = 0.0
 
+    @property
+    def repaired(self) -> bool:
+        """Whether recovery cut, rebuilt, salvaged or walked over anything (the open logs it as a warning)."""
+        return bool(
+            self.dropped_at is not None
+            or self.cq_units_truncated
+            or self.cq_rebuilt
+            or self.rebuilt
+            or self.salvaged
+            or self.gaps
+        )
+
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -159,29 +159,8 @@ def _encode(
     # the segments made ahead, past the end, are deleted by the close after this
     segments = [row for row in _segment_rows(commitlog_dir) if row[0] < log_end]
     cq_root = table.root
-    topic_stats: Dict[str, Optional[os.stat_result]] = {}
-    queue_stats: Dict[Tuple[str, int], Tuple[os.stat_result, List[os.stat_result]]] = {}
-    states = {}
-    rows: Dict[Tuple[str, int], Any] = {}  # the queues kept as their rows since the open: written back as they are
     whole: Dict[str, TopicRow] = table.whole_topics()  # topics none of whose queues was used: written back whole
-    for topic in whole:
-        try:
-            topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
-        except FileNotFoundError:
-            continue
-    for state in table.states(leave_out=whole):  # every other queue, built or not
-        (topic, qid), qdir, bases, row = state[0], state[1], state[2], state[7]
-        try:
-            if topic not in topic_stats:
-                topic_stats[topic] = None
-                topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
-            if row is None:
-                queue_stats[(topic, qid)] = (os.lstat(qdir), [os.lstat(f"{qdir}/{base:020d}") for base in bases])
-        except FileNotFoundError:
-            continue  # a queue without a directory (never written): the open finds nothing there either
-        if row is not None:
-            rows[(topic, qid)] = row
-        states[(topic, qid)] = state
+    topic_stats, queue_stats, states = _stat_queues(table, whole)
     root_st = os.lstat(cq_root)
     ctimes = [ctime for _, ctime, _, _ in segments] + [fs_now, root_st.st_ctime_ns]
     for dst, fsts in queue_stats.values():
@@ -232,45 +211,75 @@ def _encode(
             continue
         parts.append(QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name), ctime, ino, len(qids)) + name)
         for qid in qids:
-            _, _, bases, max_offset, min_offset, max_phys, hanged, row = states[(topic, qid)]
-            if row is not None:
-                # its check at its first use compares these stamps (and its units) with its files
-                parts.append(
-                    QUEUE_SNAPSHOT_QUEUE_ROW.pack(
-                        qid, row.dir_ctime, row.dir_ino, max_offset, min_offset, max_phys, row.n_files
-                    )
-                )
-                parts.append(row.file_rows)
-                continue
-            dst, fsts = queue_stats[(topic, qid)]
-            dctime, dino = _stamp(dst, fresh_after)
-            vouched = (
-                dctime != NOT_VOUCHED
-                and stat.S_ISDIR(dst.st_mode)
-                and bool(fsts)
-                and not hanged  # a file whose deletion waits for a reader: the next open must list the directory
-                and all(
-                    stat.S_ISREG(fst.st_mode) and fst.st_ctime_ns < fresh_after and fst.st_size == table.file_size
-                    for fst in fsts
-                )
-            )
-            parts.append(
-                QUEUE_SNAPSHOT_QUEUE_ROW.pack(
-                    qid,
-                    dctime if vouched else NOT_VOUCHED,
-                    dino,
-                    max_offset,
-                    min_offset,
-                    max_phys,
-                    len(bases) if vouched else 0,
-                )
-            )
-            if vouched:
-                parts += [
-                    QUEUE_SNAPSHOT_FILE_ROW.pack(base, fst.st_ctime_ns, fst.st_ino) for base, fst in zip(bases, fsts)
-                ]
+            parts += _queue_rows(qid, states[(topic, qid)], queue_stats.get((topic, qid)), fresh_after, table.file_size)
     body = b"".join(parts)
     return QUEUE_SNAPSHOT_HEADER.pack(QUEUE_SNAPSHOT_MAGIC, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body)) + body
+
+
+_TopicStats = Dict[str, Optional[os.stat_result]]
+_QueueStats = Dict[Tuple[str, int], Tuple[os.stat_result, List[os.stat_result]]]
+
+
+def _stat_queues(table: Any, whole: Dict[str, TopicRow]) -> Tuple[_TopicStats, _QueueStats, Dict[Tuple[str, int], Any]]:
+    """(topic -> lstat of its directory (None: not a directory any more), (topic, qid) -> (lstat of its directory,
+    lstats of its files) for the queues built since the open, (topic, qid) -> its state) for every queue a snapshot
+    can hold: those of ``whole`` topics by their topic's stat only, the rest by ``table.states``."""
+    cq_root = table.root
+    topic_stats: _TopicStats = {}
+    queue_stats: _QueueStats = {}
+    states = {}
+    for topic in whole:
+        try:
+            topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
+        except FileNotFoundError:
+            continue
+    for state in table.states(leave_out=whole):  # every other queue, built or not
+        (topic, qid), qdir, bases, row = state[0], state[1], state[2], state[7]
+        try:
+            if topic not in topic_stats:
+                topic_stats[topic] = None
+                topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
+            if row is None:
+                queue_stats[(topic, qid)] = (os.lstat(qdir), [os.lstat(f"{qdir}/{base:020d}") for base in bases])
+        except FileNotFoundError:
+            continue  # a queue without a directory (never written): the open finds nothing there either
+        states[(topic, qid)] = state
+    return topic_stats, queue_stats, states
+
+
+def _queue_rows(qid: int, state: Any, stats: Any, fresh_after: int, file_size: int) -> List[bytes]:
+    """The row of one queue and its file rows: a queue kept as its row since the open is written back as it was;
+    a built one is vouched for (its stamps) when its directory and files changed before ``fresh_after``."""
+    _, _, bases, max_offset, min_offset, max_phys, hanged, row = state
+    if row is not None:
+        # its check at its first use compares these stamps (and its units) with its files
+        ends = (max_offset, min_offset, max_phys)
+        return [QUEUE_SNAPSHOT_QUEUE_ROW.pack(qid, row.dir_ctime, row.dir_ino, *ends, row.n_files), row.file_rows]
+    dst, fsts = stats
+    dctime, dino = _stamp(dst, fresh_after)
+    vouched = (
+        dctime != NOT_VOUCHED
+        and stat.S_ISDIR(dst.st_mode)
+        and bool(fsts)
+        and not hanged  # a file whose deletion waits for a reader: the next open must list the directory
+        and all(
+            stat.S_ISREG(fst.st_mode) and fst.st_ctime_ns < fresh_after and fst.st_size == file_size for fst in fsts
+        )
+    )
+    parts = [
+        QUEUE_SNAPSHOT_QUEUE_ROW.pack(
+            qid,
+            dctime if vouched else NOT_VOUCHED,
+            dino,
+            max_offset,
+            min_offset,
+            max_phys,
+            len(bases) if vouched else 0,
+        )
+    ]
+    if vouched:
+        parts += [QUEUE_SNAPSHOT_FILE_ROW.pack(base, fst.st_ctime_ns, fst.st_ino) for base, fst in zip(bases, fsts)]
+    return parts
 
 
 class _Reader:

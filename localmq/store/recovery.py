@@ -28,8 +28,8 @@ from localmq.layout import (
     SEGMENT_NAME_RE,
 )
 from localmq.status import RecordStatus
+from localmq.store.durable_names import makedirs_durable
 from localmq.store.files import not_understood, numbered_units
-from localmq.store.mapped_file_queue import makedirs_durable
 from localmq.store.queue_recovery import (
     MinCorrected,
     RecoveryReport,
