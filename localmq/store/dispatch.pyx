@@ -2,6 +2,7 @@
 """The reput / dispatch loop: walk new CommitLog bytes without the GIL and append ConsumeQueue units."""
 import logging
 import threading
+from collections import deque
 
 cimport cython
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -126,6 +127,7 @@ cdef class ReputCore:
     # records; this thread then writes the units (it stays the only writer of units).
     cdef public object maker
     cdef dict waiting_units
+    cdef object waiting_order              # deque of (queue, its first waiting unit): oldest first, stale ones too
     cdef object ready_lock
     cdef list ready
     cdef int64_t ready_flag
@@ -158,6 +160,7 @@ cdef class ReputCore:
         self.gap_at = -1
         self.maker = None
         self.waiting_units = {}
+        self.waiting_order = deque()
         self.ready_lock = threading.Lock()
         self.ready = []
         self.pending_from = -1
@@ -544,6 +547,8 @@ cdef class ReputCore:
             units = self.waiting_units[cq] = []
         units.append((v.queue_offset, off, v.total_size, tags_code_of(v, self.levels, self.n_levels),
                       v.store_timestamp))
+        if len(units) == 1:
+            self.waiting_order.append((cq, units))
         cq.st.waiting += 1
         if self.pending_from < 0:
             self.pending_store_ts = v.store_timestamp
@@ -552,22 +557,26 @@ cdef class ReputCore:
         self._advance(v.total_size)
         return True
 
-    cdef int _settle(self, ConsumeQueue cq) except -1:
-        """Write the waiting units of ``cq`` into its first file, made by the maker or, when it could not, here
-        (OSError: the units keep waiting, and the loop retries as for any queue file)."""
+    cdef int _settle(self, ConsumeQueue cq, bint made=False) except -1:
+        """Write the waiting units of ``cq`` into its first file, made by the maker (``made``: it said so) or, when it
+        could not, here (OSError: the units keep waiting, and the loop retries as for any queue file)."""
         units = self.waiting_units.get(cq)
         if units is None:
             return 0
-        if self.maker is not None:
+        if self.maker is not None and not made:
             self.maker.claim(cq)  # a file being made is waited for; a request not started is forgotten
         cq.prepare_write(units[0][0])
         for qo, phys, size, tags, ts in units:
             cq.put_unit(qo, phys, size, tags, ts)
         del self.waiting_units[cq]
         cq.st.waiting = 0
-        if self.waiting_units:
-            # the queue that got its first waiting unit earliest holds the earliest waiting record
-            first = next(iter(self.waiting_units.values()))[0]
+        # the queue that got its first waiting unit earliest holds the earliest waiting record (queues settled since
+        # are dropped from the front; a queue may wait again later, with a new list)
+        order = self.waiting_order
+        while order and self.waiting_units.get(order[0][0]) is not order[0][1]:
+            order.popleft()
+        if order:
+            first = order[0][1][0]
             self.pending_store_ts = first[4]
             lmq_store_rel(&self.pending_from, first[1])
         else:
@@ -586,7 +595,7 @@ cdef class ReputCore:
         for i in range(len(ready)):
             cq = ready[i]
             try:
-                self._settle(cq)
+                self._settle(cq, True)  # the maker is done with it
             except BaseException:
                 with self.ready_lock:  # the rest are tried again with it
                     self.ready[:0] = ready[i:]
