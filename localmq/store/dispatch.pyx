@@ -459,6 +459,8 @@ cdef class ReputCore:
             return self._next_segment()
         if code == R_NEED_SEGMENT:
             return self._next_segment()
+        if code == R_INSTALL:  # (before the record checks below: ``pending`` is not the record at reput_from here)
+            return self._install_ready()
         if self.skip_offsets is not None:
             off = lmq_load_acq(&self.reput_from)
             if off in self.skip_offsets:
@@ -467,8 +469,6 @@ cdef class ReputCore:
                 self.bad_records += 1
                 lmq_store_rel(&self.reput_from, off + v.total_size)
                 return 1
-        if code == R_INSTALL:
-            return self._install_ready()
         topic = (<bytes>v.topic[:v.topic_len]).decode("utf-8", "replace")
         if code == R_NEED_CQ:
             cq = self.cq_factory(topic, v.queue_id)
@@ -605,11 +605,6 @@ cdef class ReputCore:
             with self.cond:
                 self.cond.notify_all()
         return 1
-
-    def settle_all(self):
-        """Write every waiting unit into its queue's file (the loop is stopped: a close, after the last wait)."""
-        while self.waiting_units:
-            self._settle(next(iter(self.waiting_units)))
 
     def run_until_caught_up(self, long long limit=-1):
         """Dispatch in the calling thread until every readable record (or up to ``limit``) is dispatched.
