@@ -97,6 +97,7 @@ class DefaultMessageStore:
     # (store/queue_snapshot.py); a shared store says False: its processes' queues are not all in one table
     _reads_queue_snapshot = True
     _mins_at = -1  # the log's min offset every queue's min offset was last corrected for (the open's)
+    _early_repairs: Optional[List[RecoveryReport]] = None  # repairs of queues used before ``recovery`` is set
     # what a half-built open holds (set as the open builds it; None or empty until then)
     _cl_mfq: Optional[MappedFileQueue] = None
     _cq_table: Optional[ConsumeQueueTable] = None
@@ -370,6 +371,8 @@ class DefaultMessageStore:
             self.commit_log.set_queue_offset(topic, qid, nxt)
         self._mins_at = cl_min  # every queue's min offset is right for this log's start
         report.seconds = time.monotonic() - t0
+        for early in self._early_repairs or ():
+            report.add_repair(early)
         self.recovery = report
         if report.repaired:
             log.warning("recovery of %s: %s", self.root, report)
@@ -387,11 +390,9 @@ class DefaultMessageStore:
         report = repair_queue(self._cl_mfq, self._cq_table, key, cq, self.delay_levels_ms(), skip)
         done = getattr(self, "recovery", None)
         if done is not None:
-            done.cq_rebuilt.update(report.cq_rebuilt)
-            done.cq_lost_units.update(report.cq_lost_units)
-            done.cq_damaged.extend(report.cq_damaged)
-            done.damaged_headers.extend(report.damaged_headers)
-            done.redispatched += report.redispatched
+            done.add_repair(report)
+        else:  # a queue used by the open itself (recovery's checks of the queues' ends): added to its report
+            self._early_repairs = (self._early_repairs or []) + [report]
 
     def _mark_queue_ends(self, undo: OpenUndo) -> None:
         """Where re-dispatch starts appending to each queue's last file (zeros from there on): a failed open zeroes

@@ -79,6 +79,14 @@ class RecoveryReport:
     cq_vouched: int = 0
     seconds: float = 0.0
 
+    def add_repair(self, other: "RecoveryReport") -> None:
+        """Add what the repair of a queue on its first use did (``repair_queue``'s report)."""
+        self.cq_rebuilt.update(other.cq_rebuilt)
+        self.cq_lost_units.update(other.cq_lost_units)
+        self.cq_damaged.extend(other.cq_damaged)
+        self.damaged_headers.extend(other.damaged_headers)
+        self.redispatched += other.redispatched
+
     @property
     def repaired(self) -> bool:
         """Whether recovery cut, rebuilt, salvaged or walked over anything (the open logs it as a warning)."""
