@@ -139,7 +139,7 @@ CHILD = textwrap.dedent("""
     assert st.wait_for_dispatch(10)
     gate = threading.Event()
     real = st._queue_file_maker.make
-    st._queue_file_maker.make = lambda cq, base: (gate.wait(), real(cq, base))
+    st._queue_file_maker.make = lambda cq, base: (gate.wait(120), real(cq, base))
     r = st.put("fresh", b"waiting for its file", queue_id=1)
     # later records in later segments, more than the checkpoint's 3 s slack after it: a checkpoint that claimed the
     # busy queue's time would start a recovery past the waiting record's segment (three batches: the checkpoint's

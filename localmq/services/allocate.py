@@ -344,11 +344,6 @@ class QueueFileMaker(ServiceThread):
                 self._cond.wait(0.1)
             self._state.pop(cq, None)
 
-    @property
-    def waiting(self) -> int:
-        """Queues requested and not made yet."""
-        return len(self._state)
-
     def run(self) -> None:
         while not self.stopped:
             self.wait_for_running(1000)
