@@ -10,8 +10,13 @@ Two measures, each in a fresh store (default settings, exclusive) and a fresh pr
 * ``beside``: a put to a new queue, then a put to one busy queue, N times, 0.2 ms apart (a producer that does other
   work): how long each busy-queue message waits before its queue shows it (a watcher thread polls the queue's max
   offset; its figures include waits for the GIL, whose switch interval is 5 ms).
+* ``apart``: as ``beside``, but the watcher is another process (no GIL shared with the store): it maps the busy
+  queue's ConsumeQueue file read-only and polls, 0.1 ms apart, for each next unit's size field; the wait runs from
+  the put's start to the poll that saw the unit (CLOCK_MONOTONIC in both processes), so a figure includes the put
+  itself and up to one poll interval (plus the watcher's own scheduling delays on a 2-core machine).
 
-Usage: python perf/new_queues.py [N] [ROUNDS]   (default 4000 queues, 2 rounds of each mode; stores in /tmp)
+Usage: python perf/new_queues.py [N] [ROUNDS] [KIND...]   (default 4000 queues, 2 rounds of each mode, every kind;
+stores in /tmp)
 """
 
 import json
@@ -96,16 +101,87 @@ def beside(root: str, n: int, maker: bool) -> dict:
     return {"busy_p50_ms": d[n // 2] * 1e3, "busy_p99_ms": d[int(n * 0.99)] * 1e3, "busy_max_ms": d[-1] * 1e3}
 
 
+def watch_units(path: str, n: int) -> None:
+    """The ``apart`` watcher (its own process): the CLOCK_MONOTONIC time (ns) at which units 1..n of the queue file
+    at ``path`` were first seen written (their size field non-zero), one JSON list on stdout."""
+    import mmap
+    import struct
+
+    unit = 20  # a ConsumeQueue unit: commit log offset (8), size (4), tags code (8)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    size_at = struct.Struct(">i").unpack_from
+    seen = [0] * (n + 1)  # the poll that saw unit k written
+    before = [0] * (n + 1)  # the poll before it, which did not: unit k was written in (before[k], seen[k]]
+    k = 1
+    print("ready", flush=True)
+    deadline = time.monotonic() + 3600
+    last = time.monotonic_ns()
+    while k <= n and time.monotonic() < deadline:
+        if size_at(m, k * unit + 8)[0]:
+            now = time.monotonic_ns()
+            while k <= n and size_at(m, k * unit + 8)[0]:
+                seen[k] = now
+                before[k] = last
+                k += 1
+        else:
+            time.sleep(0.0001)
+        last = time.monotonic_ns()
+    print(json.dumps([seen, before]))
+
+
+def apart(root: str, n: int, maker: bool) -> dict:
+    st = _open(root, maker)
+    try:
+        st.put("busy", BODY)
+        if not st.wait_for_dispatch(60):
+            raise RuntimeError("dispatch did not finish")
+        path = os.path.join(root, "consumequeue", "busy", "0", "0" * 20)
+        w = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--watch", path, str(n)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            if w.stdout.readline().strip() != "ready":
+                raise RuntimeError("the watcher did not start")
+            put_t = [0] * (n + 1)
+            for i in range(n):
+                st.put("n%d" % (i // 4), BODY, queue_id=i % 4)
+                put_t[i + 1] = time.monotonic_ns()
+                st.put("busy", BODY)
+                time.sleep(0.0002)
+            seen, before = json.loads(w.stdout.readline())
+        finally:
+            w.wait(3600)
+        if not st.wait_for_dispatch(3600):
+            raise RuntimeError("dispatch did not finish")
+    finally:
+        st.close()
+    if not all(seen[1:]):
+        raise RuntimeError("the watcher did not see every unit")
+    # at most: the poll that saw it; at least: the poll before it (0 when the unit was there before that poll)
+    hi = sorted((seen[k] - put_t[k]) / 1e6 for k in range(1, n + 1))
+    lo = sorted(max(0, before[k] - put_t[k]) / 1e6 for k in range(1, n + 1))
+    out = {}
+    for name, d in (("at_most", hi), ("at_least", lo)):
+        out.update({f"{name}_p50_ms": d[n // 2], f"{name}_p99_ms": d[int(n * 0.99)], f"{name}_max_ms": d[-1]})
+        out[f"{name}_over_1ms"] = sum(1 for x in d if x > 1.0)
+    return out
+
+
 def main(argv) -> None:
+    if argv and argv[0] == "--watch":
+        watch_units(argv[1], int(argv[2]))
+        return
     if argv and argv[0] == "--child":
         kind, root, n, maker = argv[1], argv[2], int(argv[3]), argv[4] == "on"
-        print(json.dumps((burst if kind == "burst" else beside)(root, n, maker)))
+        print(json.dumps({"burst": burst, "beside": beside, "apart": apart}[kind](root, n, maker)))
         return
     n = int(argv[0]) if argv else 4000
     rounds = int(argv[1]) if len(argv) > 1 else 2
+    kinds = argv[2:] or ["burst", "beside", "apart"]
     print(f"{n} new queues (topics x 4), one 100-byte message each; maker on/off alternating, {rounds} rounds")
     for r in range(rounds):
-        for kind in ("burst", "beside"):
+        for kind in kinds:
             for maker in ("on", "off"):
                 root = tempfile.mkdtemp(prefix="lmq-newq-")
                 try:
