@@ -14,6 +14,7 @@ Two measures, each in a fresh store (default settings, exclusive) and a fresh pr
   queue's ConsumeQueue file read-only and polls, 0.1 ms apart, for each next unit's size field; the wait runs from
   the put's start to the poll that saw the unit (CLOCK_MONOTONIC in both processes), so a figure includes the put
   itself and up to one poll interval (plus the watcher's own scheduling delays on a 2-core machine).
+* ``alone``: ``apart`` without the new queues (only the busy queue's puts, 0.2 ms apart): the machine's own tail.
 
 Usage: python perf/new_queues.py [N] [ROUNDS] [KIND...]   (default 4000 queues, 2 rounds of each mode, every kind;
 stores in /tmp)
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -130,7 +132,7 @@ def watch_units(path: str, n: int) -> None:
     print(json.dumps([seen, before]))
 
 
-def apart(root: str, n: int, maker: bool) -> dict:
+def apart(root: str, n: int, maker: bool, new_queues: bool = True) -> dict:
     st = _open(root, maker)
     try:
         st.put("busy", BODY)
@@ -144,10 +146,13 @@ def apart(root: str, n: int, maker: bool) -> dict:
             if w.stdout.readline().strip() != "ready":
                 raise RuntimeError("the watcher did not start")
             put_t = [0] * (n + 1)
+            put_end = [0] * (n + 1)
             for i in range(n):
-                st.put("n%d" % (i // 4), BODY, queue_id=i % 4)
+                if new_queues:
+                    st.put("n%d" % (i // 4), BODY, queue_id=i % 4)
                 put_t[i + 1] = time.monotonic_ns()
                 st.put("busy", BODY)
+                put_end[i + 1] = time.monotonic_ns()
                 time.sleep(0.0002)
             seen, before = json.loads(w.stdout.readline())
         finally:
@@ -161,7 +166,8 @@ def apart(root: str, n: int, maker: bool) -> dict:
     # at most: the poll that saw it; at least: the poll before it (0 when the unit was there before that poll)
     hi = sorted((seen[k] - put_t[k]) / 1e6 for k in range(1, n + 1))
     lo = sorted(max(0, before[k] - put_t[k]) / 1e6 for k in range(1, n + 1))
-    out = {}
+    put = sorted((put_end[k] - put_t[k]) / 1e6 for k in range(1, n + 1))
+    out = {"put_p99_ms": put[int(n * 0.99)], "put_max_ms": put[-1]}
     for name, d in (("at_most", hi), ("at_least", lo)):
         out.update({f"{name}_p50_ms": d[n // 2], f"{name}_p99_ms": d[int(n * 0.99)], f"{name}_max_ms": d[-1]})
         out[f"{name}_over_1ms"] = sum(1 for x in d if x > 1.0)
@@ -174,11 +180,12 @@ def main(argv) -> None:
         return
     if argv and argv[0] == "--child":
         kind, root, n, maker = argv[1], argv[2], int(argv[3]), argv[4] == "on"
-        print(json.dumps({"burst": burst, "beside": beside, "apart": apart}[kind](root, n, maker)))
+        kinds = {"burst": burst, "beside": beside, "apart": apart, "alone": partial(apart, new_queues=False)}
+        print(json.dumps(kinds[kind](root, n, maker)))
         return
     n = int(argv[0]) if argv else 4000
     rounds = int(argv[1]) if len(argv) > 1 else 2
-    kinds = argv[2:] or ["burst", "beside", "apart"]
+    kinds = argv[2:] or ["burst", "beside", "apart", "alone"]
     print(f"{n} new queues (topics x 4), one 100-byte message each; maker on/off alternating, {rounds} rounds")
     for r in range(rounds):
         for kind in kinds:
