@@ -478,6 +478,11 @@ cdef class ReputCore:
                 lmq_store_rel(&self.reput_from, lmq_load_acq(&self.reput_from) + v.total_size)
                 return 1
             self.register(cq)
+            # a new queue's first record: its unit waits for the maker from here, not after one more trip through
+            # the loop and back (the checks the loop would make first: not already in the queue, no gap before it)
+            if (lmq_load_acq(&self.reput_from) + v.total_size > cq.st.max_physic_offset
+                    and v.queue_offset == cq.st.max_offset + cq.st.waiting):
+                self._wait_for_file(cq, v)
             return 1
         cq = self.cq_factory(topic, v.queue_id)
         if cq.st.waiting > 0 and code == R_GAP:
