@@ -56,25 +56,20 @@ log = logging.getLogger("localmq.commitlog")
 # importable from here as before they moved to put_args.pyx (a cimported class is no module attribute by itself)
 globals().update(PutExtra=PutExtra, TopicEntry=TopicEntry)
 
-cdef extern from "pythread.h":
-    PyThread_type_lock PyThread_allocate_lock()
-    void PyThread_free_lock(PyThread_type_lock)
-    int PyThread_acquire_lock(PyThread_type_lock, int) nogil
-    void PyThread_release_lock(PyThread_type_lock) nogil
-
 cdef object PUT_OK = PutStatus.PUT_OK
 cdef object CREATE_FAILED = PutStatus.CREATE_MAPPED_FILE_FAILED
 cdef object FLUSH_TIMEOUT = PutStatus.FLUSH_DISK_TIMEOUT
 cdef object NOT_AVAILABLE = PutStatus.SERVICE_NOT_AVAILABLE
 
 
-cdef inline void lock_acquire(PyThread_type_lock lk):
+cdef inline void lock_acquire(pthread_mutex_t *lk):
     # Fast path without releasing the GIL; when contended, wait with the GIL released so the holder (which
-    # needs the GIL to finish its put) can run. Lock order: put lock -> MappedFileQueue.lock.
-    if PyThread_acquire_lock(lk, 0):
+    # needs the GIL to finish its put) can run. Lock order: put lock -> MappedFileQueue.lock. Released
+    # (pthread_mutex_unlock) by the thread that took it, in the same function.
+    if pthread_mutex_trylock(lk) == 0:
         return
     with nogil:
-        PyThread_acquire_lock(lk, 1)
+        pthread_mutex_lock(lk)
 
 
 cdef inline uint8_t *write_base(MappedFile mf) noexcept:
@@ -142,7 +137,7 @@ cdef inline void end_locked(CommitLog self, TopicEntry te, int qid, bint entered
     if entered:
         ctl_commit(self.cb, te.next_offsets[qid], cend)
         ctl_exit(self.shared)
-    PyThread_release_lock(self.lock)
+    pthread_mutex_unlock(&self.lock)
 
 
 cdef inline MappedFile room_for(CommitLog self, MappedFile mf, int64_t total, int64_t *cend):
@@ -295,9 +290,9 @@ cdef class CommitLog:
         _live_logs.add(self)
         self.mapped_file_queue = mapped_file_queue
         self.file_size = mapped_file_queue.file_size
-        self.lock = PyThread_allocate_lock()
-        if self.lock == NULL:
+        if pthread_mutex_init(&self.lock, NULL) != 0:
             raise MemoryError()
+        self.lock_ready = True
         self.topics = {}
         self.props_cache = {}
         self.max_message_size = max_message_size
@@ -313,8 +308,8 @@ cdef class CommitLog:
         mapped_file_queue.on_sync_failure = self.fail_sync
 
     def __dealloc__(self):
-        if self.lock != NULL:
-            PyThread_free_lock(self.lock)
+        if self.lock_ready:
+            pthread_mutex_destroy(&self.lock)
 
     def fail_sync(self, error):
         """A flush of the log failed (``error``, a StoreIOError naming the segment): from now on every put answers
@@ -526,13 +521,13 @@ cdef class CommitLog:
         cdef bint repaired = False
         if self.cb == NULL:
             return False
-        lock_acquire(self.lock)
+        lock_acquire(&self.lock)
         try:
             repaired = self.shared.check_writer()
             if repaired:
                 self.cur = None  # the log's end may have moved: every writer re-syncs its view
         finally:
-            PyThread_release_lock(self.lock)
+            pthread_mutex_unlock(&self.lock)
         return repaired
 
     def sync_view(self):
@@ -619,7 +614,7 @@ cdef class CommitLog:
             if total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
                 raise MessageSizeError(f"a record of {total} bytes cannot fit a segment of {self.file_size}",
                                        PutStatus.MESSAGE_ILLEGAL)
-            lock_acquire(self.lock)
+            lock_acquire(&self.lock)
             try:
                 begin_locked(self, te, qid, &entered, &cend)
                 ts = store_time(self)
@@ -705,7 +700,7 @@ cdef class CommitLog:
         if n <= 4096:
             offsets = PyBytes_FromStringAndSize(NULL, n * sizeof(int64_t))
             offs = <int64_t *>PyBytes_AS_STRING(offsets)
-        lock_acquire(self.lock)
+        lock_acquire(&self.lock)
         try:
             begin_locked(self, te, qid, &entered, &cend)
             ts = store_time(self)
@@ -829,10 +824,10 @@ cdef class CommitLog:
 
     def close(self):
         """Refuse further puts (waits for a put in progress to finish)."""
-        lock_acquire(self.lock)
+        lock_acquire(&self.lock)
         self.closed = True
         self.cur = None
-        PyThread_release_lock(self.lock)
+        pthread_mutex_unlock(&self.lock)
 
 
 cdef inline TopicEntry begin_put(CommitLog self, str topic, object queue_id, object flag, int *qid, int *fl):
