@@ -368,6 +368,31 @@ def test_unclean_exit_drops_files_past_the_checkpoint_and_rebuilds(tmp_path):
         assert len(index_files(str(root))) == len(names)
 
 
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_torn_index_file_is_an_error_after_a_clean_exit_and_a_warning_after_a_crash(tmp_path, caplog, clean):
+    """The open deletes and re-indexes an index file whose header count is below its items either way; after an
+    unclean exit that is what a kill inside a key's write leaves, so it is logged as a warning, not an error."""
+    root = tmp_path / "s"
+    with localmq.open(root, **SMALL) as st:
+        offs = _fill_keys(st, 100)
+        assert st.wait_for_index(10)
+    first = os.path.join(str(root), "index", index_files(str(root))[0])
+    with open(first, "r+b") as f:  # indexCount (offset 36, big-endian) one below the items written
+        f.seek(36)
+        (count,) = struct.unpack(">i", f.read(4))
+        f.seek(36)
+        f.write(struct.pack(">i", count - 1))
+    if not clean:
+        (root / "abort").touch()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="localmq.index"), localmq.open(root, **SMALL) as st:
+        assert first in st.stats()["index"]["deleted_on_load"]
+        assert st.wait_for_index(10)
+        _check_all(st, offs)
+    torn = [r for r in caplog.records if r.name == "localmq.index" and "cannot be used" in r.getMessage()]
+    assert [r.levelname for r in torn] == (["ERROR"] if clean else ["WARNING"])
+
+
 WRITER = r"""
 import os, sys
 import localmq

@@ -677,13 +677,15 @@ class IndexService(IndexQueries):
                 try:
                     files.append(IndexFile.open(path, hs, n))
                 except CorruptStoreError as e:
-                    # derived data: this file and every later one are deleted and indexed again from the log
+                    # derived data: this file and every later one are deleted and indexed again from the log. After
+                    # an unclean exit a torn index file is what a kill inside a key's write leaves (RocketMQ's own
+                    # stores show it too): a warning then, an error after a clean exit
                     later = [
                         os.path.join(self.directory, m)
                         for m in names[names.index(name) :]
                         if len(m) == INDEX_NAME_DIGITS and is_decimal(m)
                     ]
-                    log.error(
+                    (log.error if last_exit_ok else log.warning)(
                         "index file %s cannot be used (%s); deleting it and %d later file(s): their keys "
                         "are indexed again from the commit log",
                         path,
