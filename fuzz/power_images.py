@@ -53,7 +53,7 @@ time.sleep(600)  # SIGKILLed here by the builder, with the store's threads at wo
 """
 
 
-def _make_one(localmq, PowerFS, base, config, bodies, n):
+def _make_one(PowerFS, base, config, bodies, n):
     """Write the n-th image into ``base/disk`` (the powerfs backing directory) and return that directory.
 
     The store is written by a child process, SIGKILLed (and waited for) once it has put ``cut_at`` messages, while
@@ -115,7 +115,6 @@ def _build(cache, config, bodies):
     tests = os.path.join(os.path.dirname(here), "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
-    import localmq
     from powerfs import PowerFS
 
     for d in os.listdir(cache):
@@ -124,7 +123,7 @@ def _build(cache, config, bodies):
     for n in range(COUNT):
         base = tempfile.mkdtemp(prefix="localmq-fuzz-power-")
         try:
-            store = _make_one(localmq, PowerFS, base, config, bodies, n)
+            store = _make_one(PowerFS, base, config, bodies, n)
             if os.path.isdir(store):  # a cut may take the store's directory entry itself
                 shutil.copytree(store, os.path.join(cache, f"image-{n:02d}"), symlinks=True)
             else:

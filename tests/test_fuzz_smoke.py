@@ -39,8 +39,8 @@ def test_fuzz_target_smoke(target):
     script = os.path.join(ROOT, "fuzz", f"fuzz_{target}.py")
     runs = RUNS.get(target, 2000)
     proc = subprocess.run(
-        # faulthandler: a SIGBUS or SIGSEGV prints every thread's Python stack into the failure message (CI-2 of
-        # the sixteenth session saw open_store exit on SIGBUS once, with no output; not reproduced in 17,000 inputs)
+        # faulthandler: a SIGBUS or SIGSEGV prints every thread's Python stack into the failure message (open_store
+        # once died on SIGBUS with no output: its power-image builder cut the power under a running store)
         [sys.executable, "-X", "faulthandler", script, "--plain", "--runs", str(runs)],
         capture_output=True,
         text=True,
