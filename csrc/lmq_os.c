@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,6 +67,44 @@ int lmq_fallocate(int fd, int64_t off, int64_t len) {
     } while (rc == EINTR);
     if (rc != 0) {
         errno = rc;
+        return -1;
+    }
+    return 0;
+}
+
+/* open(path) for writing, checked to be the inode (dev, ino) a caller mapped, posix_fallocate(off, len), close:
+ * one reservation for a file whose descriptor is not kept. On a failure *stage says which call failed (1 open, 2 fstat
+ * or another inode (errno ESTALE), 3 fallocate, 4 close) and errno is its error; stages 1-3 leave nothing open, and
+ * after a failed close (4) the blocks are reserved but the close reported a failed write-back of the file. */
+int lmq_fallocate_path(const char *path, uint64_t dev, uint64_t ino, int64_t off, int64_t len, int *stage) {
+    struct stat st;
+    int fd, err;
+    do {
+        fd = open(path, O_RDWR | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        *stage = 1;
+        return -1;
+    }
+    if (fstat(fd, &st) != 0)
+        err = errno;
+    else
+        err = ((uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino) ? ESTALE : 0;
+    if (err != 0) {
+        close(fd);
+        *stage = 2;
+        errno = err;
+        return -1;
+    }
+    if (lmq_fallocate(fd, off, len) != 0) {
+        err = errno;
+        close(fd);
+        *stage = 3;
+        errno = err;
+        return -1;
+    }
+    if (close(fd) != 0) {
+        *stage = 4;
         return -1;
     }
     return 0;

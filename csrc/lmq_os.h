@@ -26,6 +26,9 @@ int lmq_fdatasync(int fd, int full);
 int lmq_set_timer_slack_ns(long ns);
 /* posix_fallocate(fd, off, len): reserves the blocks so later writes through a mapping cannot SIGBUS on ENOSPC. */
 int lmq_fallocate(int fd, int64_t off, int64_t len);
+/* lmq_fallocate through a descriptor opened for the call (path checked to be inode dev/ino); *stage names the call
+ * that failed (1 open, 2 fstat / ESTALE, 3 fallocate, 4 close: the blocks are reserved, the close failed). */
+int lmq_fallocate_path(const char *path, uint64_t dev, uint64_t ino, int64_t off, int64_t len, int *stage);
 /* ftruncate(fd, len). */
 int lmq_ftruncate(int fd, int64_t len);
 /* mlock / munlock of a page-rounded range. EPERM / ENOMEM when not permitted. */

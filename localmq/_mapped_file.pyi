@@ -21,6 +21,7 @@ class WriteBuffer:
     lock_error: Optional[OSError]
     def __new__(cls, size: int, lock: bool = True) -> Self: ...
 
+@disjoint_base
 class MappedFile(Mapping):
     """One pre-sized, memory-mapped segment file with wrote / committed / flushed positions."""
 

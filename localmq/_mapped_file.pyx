@@ -12,8 +12,8 @@ from localmq._native cimport (
     c_fallocate, c_madvise, c_mincore, c_mlock, c_msync, c_munlock, c_populate_write, c_unmap, raise_errno,
 )
 from localmq._os cimport (
-    lmq_fallocate, lmq_is_zero, lmq_load_acq, lmq_map_anon, lmq_populate_write, lmq_pretouch, lmq_store_max,
-    lmq_store_rel,
+    lmq_fallocate, lmq_fallocate_path, lmq_is_zero, lmq_load_acq, lmq_map_anon, lmq_populate_write, lmq_pretouch,
+    lmq_store_max, lmq_store_rel,
 )
 from localmq._layout cimport OS_PAGE_SIZE
 from localmq._mapping cimport Mapping
@@ -32,6 +32,37 @@ cdef enum:
 def offset_to_file_name(long long offset):
     """20-digit zero-padded decimal name of a file starting at ``offset``."""
     return "%020d" % offset
+
+
+cdef inline int64_t reserve_upto(int64_t reserved, int64_t end, int64_t step, int64_t first,
+                                 int64_t file_size) noexcept nogil:
+    # where a reservation for a write below ``end`` ends: the whole file without a step; else the next step boundary
+    # past ``end`` plus one step, the steps starting at ``first`` and doubling up to ``step`` (disk grows with the data
+    # for a file that gets little, and a busy one reaches whole steps after a few calls)
+    if step == 0:
+        return file_size
+    if reserved < step and first > 0:
+        step = max(first, reserved)
+    return min(file_size, (end + step - 1) // step * step + step)
+
+
+cdef int reserve_nogil(NogilReserve *r, int64_t end, int *stage) noexcept nogil:
+    """``ensure_reserved`` without the GIL, for a file ``MappedFile.nogil_reserve`` described: 0 when the blocks below
+    ``end`` are reserved (``r.reserved`` moved), -1 when the caller must take ``ensure_reserved`` with the GIL (``end``
+    is past the file, or no description), or -2 with errno and ``stage`` when a call failed
+    (``lmq_fallocate_path``; stage 4, a failed close, after the blocks were reserved: ``close_failed`` reports it)."""
+    cdef int64_t upto
+    if r.path == NULL or end > r.file_size:
+        return -1
+    if end <= r.reserved[0]:
+        return 0
+    upto = reserve_upto(r.reserved[0], end, r.reserve_step, r.reserve_first, r.file_size)
+    if lmq_fallocate_path(r.path, r.dev, r.ino, r.reserved[0], upto - r.reserved[0], stage) != 0:
+        if stage[0] == 4:
+            r.reserved[0] = upto
+        return -2
+    r.reserved[0] = upto
+    return 0
 
 
 cdef class WriteBuffer:
@@ -83,17 +114,9 @@ cdef class MappedFile(Mapping):
     cdef int ensure_reserved(self, int64_t end) except -1:
         """Reserve the blocks below ``end`` (and a step beyond it) before anything is written there. Raises
         OSError (ENOSPC, EFBIG) when the file system cannot: nothing was written, the caller refuses the write."""
-        cdef int64_t upto, step = self.reserve_step
         if end <= self.reserved:
             return 0
-        if step == 0:
-            upto = self.file_size
-        else:
-            if self.reserved < step and self.reserve_first > 0:
-                # the steps start at reserve_first and double: disk grows with the data for a file that gets
-                # little, and a busy one reaches whole steps after a few calls
-                step = max(self.reserve_first, self.reserved)
-            upto = min(self.file_size, (end + step - 1) // step * step + step)
+        cdef int64_t upto = reserve_upto(self.reserved, end, self.reserve_step, self.reserve_first, self.file_size)
         if end > self.file_size or (self.addr == NULL and not self.evicted) or (self.fd < 0 and self.keeps_fd):
             raise ValueError(f"cannot reserve up to {end} in {self.path} ({self.file_size} bytes)")
         cdef bint borrowed = self.fd < 0
@@ -105,6 +128,29 @@ cdef class MappedFile(Mapping):
                 self._close_borrowed(fd)
         self.reserved = upto
         return 0
+
+    cdef int nogil_reserve(self, NogilReserve *r) except -1:
+        """Describe this file for ``reserve_nogil`` (the dispatcher reserves its ConsumeQueue file's next step without
+        the GIL: a trip back to Python waits for the GIL, up to the 5 ms switch interval while a producer thread
+        runs). ``r.path`` stays NULL for a file that keeps its descriptor, has no reserve step or is not writable:
+        those go through ``ensure_reserved``. Valid while the file stays mapped and this object alive."""
+        r.path = NULL
+        if self.keeps_fd or self.reserve_step == 0 or not self.writable or self.file_id is None:
+            return 0
+        if self.path_b is None:
+            self.path_b = os.fsencode(self.path)
+        r.dev, r.ino = self.file_id
+        r.reserved = &self.reserved
+        r.reserve_step = self.reserve_step
+        r.reserve_first = self.reserve_first
+        r.file_size = self.file_size
+        r.path = self.path_b
+        return 0
+
+    cdef int close_failed(self, int err) except -1:
+        """A close of a descriptor opened for one call failed with ``err`` (see ``Mapping._close_borrowed``): kept as
+        this file's failed flush; raises StoreIOError (close)."""
+        return self._borrowed_close_error(err)
 
     cdef int prepare_c(self, int64_t start, int64_t end) noexcept nogil:
         # Reserve [start, end) (a no-op where blocks exist), prefault it writable (marks its pages dirty without

@@ -101,4 +101,5 @@ cdef class Mapping:
     cdef int _open_same(self) except -1
     cdef int _sync_unmapped(self) except -1
     cdef int _close_borrowed(self, int fd) except -1
+    cdef int _borrowed_close_error(self, int err) except -1
     cdef int unpin(self) except -1

@@ -259,25 +259,28 @@ cdef class Mapping:
         into a success. An msync through the mapping's own file description first takes the kernel's record of the
         error (Linux reports it once per open file), as the flush that would have met it did when the file kept its
         descriptor; a later opener of the file then does not meet it again. Raises StoreIOError (close)."""
-        cdef int err
         try:
             os.close(fd)
         except OSError as e:  # Linux released the descriptor anyway
-            err = e.errno or _errno.EIO
-            if self.addr != NULL and not self.unmap_pending:
-                self.exports += 1
-                try:
-                    with nogil:  # waits for the disk
-                        self.sync_c(True, 0, 0)
-                finally:
-                    self.unpin()
-            with nogil:  # sync_lock is held only by nogil code
-                PyThread_acquire_lock(self.sync_lock, WAIT_LOCK)
-                if self.sync_error == 0:
-                    self.sync_error = err
-                PyThread_release_lock(self.sync_lock)
-            raise store_io_error(e, "close", self.path) from e
+            self._borrowed_close_error(e.errno or _errno.EIO)
         return 0
+
+    cdef int _borrowed_close_error(self, int err) except -1:
+        # a failed close of a borrowed descriptor (_close_borrowed, or one a nogil caller opened): kept as the file's
+        # failed flush, then raised
+        if self.addr != NULL and not self.unmap_pending:
+            self.exports += 1
+            try:
+                with nogil:  # waits for the disk
+                    self.sync_c(True, 0, 0)
+            finally:
+                self.unpin()
+        with nogil:  # sync_lock is held only by nogil code
+            PyThread_acquire_lock(self.sync_lock, WAIT_LOCK)
+            if self.sync_error == 0:
+                self.sync_error = err
+            PyThread_release_lock(self.sync_lock)
+        raise store_io_error(err, "close", self.path)
 
     cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1:
         """Give a new, empty file its size: reserved whole, or sparse with the first step reserved; then make the

@@ -8,6 +8,7 @@ cdef extern from "lmq_os.h" nogil:
     int lmq_fdatasync(int fd, int full)
     int lmq_set_timer_slack_ns(long ns)
     int lmq_fallocate(int fd, int64_t off, int64_t length)
+    int lmq_fallocate_path(const char *path, uint64_t dev, uint64_t ino, int64_t off, int64_t length, int *stage)
     int lmq_ftruncate(int fd, int64_t length)
     int lmq_mlock(void *addr, size_t off, size_t length)
     int lmq_munlock(void *addr, size_t off, size_t length)

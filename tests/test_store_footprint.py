@@ -61,6 +61,34 @@ def test_blocks_follow_the_data_in_steps(tmp_path):
         assert os.stat(whole / "commitlog" / ("%020d" % 0)).st_blocks * 512 >= 16 * MB
 
 
+def test_a_busy_queues_blocks_follow_its_units_reserved_without_leaving_the_dispatch_loop(tmp_path):
+    """A ConsumeQueue file is sparse and reserved in steps (4 KiB doubling to ``reserve_step_consume_queue``) ahead of
+    the dispatcher. The steps after the first are reserved in the dispatcher's loop itself (``stats()``:
+    ``dispatch_nogil_reserves``): the file's blocks cover every unit written and at most two steps more, and every
+    message is read back in order."""
+    root = tmp_path / "s"
+    n, step = 20_000, 64 << 10
+    with localmq.open(root, mapped_file_size_commit_log=16 * MB, mapped_file_size_consume_queue=20 * 60_000) as st:
+        for i in range(0, n, 500):
+            assert st.put_batch("t", [b"%06d" % j for j in range(i, i + 500)]).ok
+        assert st.wait_for_dispatch(30)
+        stats = st.stats()
+        cq = root / "consumequeue" / "t" / "0" / ("%020d" % 0)
+        blocks = os.stat(cq).st_blocks * 512
+        assert 20 * n <= blocks <= 20 * n + 2 * step, blocks
+        # 400,000 bytes of units: steps of 4 KiB doubling to 64 KiB, each reaching a step past the unit that needs
+        # it (about 8 reservations); the first ones come with the file, on the maker's and the slow path's turn
+        assert stats["dispatch_nogil_reserves"] >= 3, stats["dispatch_nogil_reserves"]
+        got, off = [], 0
+        while True:
+            bodies = st.get_bodies("t", 0, off, 1024)
+            if not bodies:
+                break
+            got += bodies
+            off += len(bodies)
+        assert got == [b"%06d" % j for j in range(n)]
+
+
 FULL_DISK = textwrap.dedent(r"""
     import os, sys
     import localmq

@@ -670,6 +670,8 @@ class LocalMessageQueue(ProcessBoundMixin, QueueClientsMixin, DefaultMessageStor
             **self._cq_table.mapping_stats(),
             "dispatched": core.dispatched,
             "dispatch_duplicates": core.duplicates,
+            # ConsumeQueue file steps the dispatcher reserved in its loop, without a trip to Python (and the GIL)
+            "dispatch_nogil_reserves": core.nogil_reserves,
             "dispatch_behind_bytes": self.dispatch_behind_bytes if not self._closed else 0,
             "dispatch_blocked": str(core.blocked) if core.blocked is not None else None,
             # new queues whose units wait in memory for their first file (made off the dispatcher's thread)

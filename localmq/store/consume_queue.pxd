@@ -1,5 +1,5 @@
 from libc.stdint cimport int64_t, uint8_t
-from localmq._mapped_file cimport MappedFile
+from localmq._mapped_file cimport MappedFile, NogilReserve
 from localmq._mapping cimport MappingBudget
 
 cdef struct CQState:
@@ -13,6 +13,7 @@ cdef struct CQState:
     int64_t last_store_ts
     int64_t *shared_max      # a store shared between processes: the unit count in the control file, else NULL
     int64_t waiting          # units the dispatcher keeps in memory until the queue's first file is made (ReputCore)
+    NogilReserve rsv         # the write target's next steps, reserved by the dispatcher without the GIL
 
 cdef class ConsumeQueue:
     cdef readonly str topic

@@ -88,6 +88,7 @@ cdef class ConsumeQueue:
         self.st.max_physic_offset = -1
         self.st.shared_max = NULL
         self.st.waiting = 0
+        self.st.rsv.path = NULL
         self.made_ahead = False
         self.cur = None
 
@@ -483,11 +484,13 @@ cdef class ConsumeQueue:
         self.st.addr = mf.addr
         self.st.reserved = mf.reserved
         self.st.file_from = mf.file_from_offset
+        mf.nogil_reserve(&self.st.rsv)
         return 0
 
     cdef int _clear_target(self) except -1:
         self.st.addr = NULL
         self.st.reserved = 0
+        self.st.rsv.path = NULL
         if self.cur is not None:
             (<MappedFile>self.cur).owner = None
         self.cur = None

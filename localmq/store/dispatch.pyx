@@ -5,6 +5,7 @@ import threading
 from collections import deque
 
 cimport cython
+from libc.errno cimport errno
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memset
@@ -16,7 +17,7 @@ from localmq._record cimport (
     REC_BLANK, REC_GAP, REC_OK, RecordView, parse_record, tags_code_of,
 )
 from localmq.store.consume_queue cimport ConsumeQueue, CQState
-from localmq._mapped_file cimport MappedFile
+from localmq._mapped_file cimport MappedFile, reserve_nogil
 from localmq._native cimport Event
 from localmq._layout cimport (
     CTL_DISPATCH_EVENT_OFF, CTL_EVENT_OFF, CTL_S_REPUT, CTL_S_WPOS, REC_MIN_SIZE,
@@ -136,6 +137,10 @@ cdef class ReputCore:
     cdef int64_t pending_from
     cdef readonly int64_t pending_store_ts  # that record's store time (0: none): the checkpoint claims less
     cdef bint in_service                   # run() is the loop (new queues' files may then be made by the maker)
+    # queue file steps reserved in the loop without the GIL (_reserve); the errno of a close that failed there after
+    # reserving (0: none), which the slow path reports as that file's failed flush
+    cdef readonly long long nogil_reserves
+    cdef int reserve_close_errno
 
     def __cinit__(self, commit_log_mfq, cq_factory, long long reput_from, int idle_wait_us=1000):
         self.cap = 1024
@@ -419,7 +424,7 @@ cdef class ReputCore:
                 self.pending = v
                 return R_GAP
             r = v.queue_offset * CQ_UNIT_SIZE - st.file_from
-            if st.addr == NULL or r < 0 or r + CQ_UNIT_SIZE > st.reserved:
+            if st.addr == NULL or r < 0 or (r + CQ_UNIT_SIZE > st.reserved and self._reserve(st, r + CQ_UNIT_SIZE)):
                 self.pending = v
                 return R_NEED_CQ_FILE
             self._write_unit(st, &v, st.addr + r)
@@ -427,6 +432,21 @@ cdef class ReputCore:
             n += 1
             if n >= max_records:
                 return R_PROGRESS
+
+    cdef inline bint _reserve(self, CQState *st, int64_t end) noexcept nogil:
+        # The write target's next step reserved here, without the GIL (a trip to Python waits for the GIL, up to the
+        # 5 ms switch interval while a producer's thread runs Python: a busy queue asked every 3,276 units). True
+        # when the slow path must do it: another file, or a call that failed (the slow path tries again with the GIL
+        # and raises what it meets; a close that failed after reserving is reported there as a failed flush).
+        cdef int stage = 0
+        cdef int rc = reserve_nogil(&st.rsv, end, &stage)
+        st.reserved = st.rsv.reserved[0] if st.rsv.path != NULL else st.reserved
+        if rc == 0:
+            self.nogil_reserves += 1
+            return False
+        if rc == -2 and stage == 4:
+            self.reserve_close_errno = errno
+        return True
 
     cdef int _next_segment(self) except -1:
         """Point the loop at the segment holding reput_from. Returns 1 when switched, 0 when it is not there yet."""
@@ -489,6 +509,9 @@ cdef class ReputCore:
             self._settle(cq)  # the gap is handled with the queue's units in its file
             return 1
         if code == R_NEED_CQ_FILE:
+            if self.reserve_close_errno != 0:
+                err, self.reserve_close_errno = self.reserve_close_errno, 0
+                cq.cur.close_failed(err)
             if self._wait_for_file(cq, v):
                 return 1
             if cq.st.waiting > 0:
