@@ -25,6 +25,7 @@ from localmq.layout import (
     SYSFLAG_TRANSACTION_ROLLBACK,
 )
 from localmq.status import Stop
+from localmq.store.durable_names import sync_each
 from localmq.store.readers import read_commitlog
 
 if TYPE_CHECKING:  # annotations only: these modules import nothing of this one at run time
@@ -514,9 +515,13 @@ def repair_queue(
 def sync_directories(root: str) -> int:
     """fsync the store's root and every directory below it; returns how many. After an unclean exit the names this
     process sees may come from the page cache only: made by a process that died before syncing them, or whose sync
-    failed (a failed fsync is not retried by anyone else). Syncing them now makes what recovery trusts durable."""
-    n = 0
-    for dirpath, _, _ in os.walk(root):
-        fsync_dir(dirpath)
-        n += 1
-    return n
+    failed (a failed fsync is not retried by anyone else). Syncing them now makes what recovery trusts durable.
+
+    On several threads (``sync_each``): each fsync of a directory, even one with nothing to write, waits for a flush
+    of the disk's cache (ext4: 0.2 ms here), and flushes that are asked for at the same time are done as one (2.8 s
+    one after the other for the 12,500 directories of 10,000 queues). Raises the first failure (StoreIOError)."""
+    dirs = [dirpath for dirpath, _, _ in os.walk(root)]
+    failures = sync_each(fsync_dir, dirs)
+    if failures:
+        raise failures[0][1]
+    return len(dirs)
