@@ -250,6 +250,14 @@ def is_decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def interrupted_creation(index: int, count: int, size: int) -> bool:
+    """True for the file at ``index`` of ``count`` numbered files (segments, partitions, ConsumeQueue files, in name
+    order) when it is the last one and empty: a creation a kill cut short, or one under way (RocketMQ's allocator
+    creates a file, then sizes it; 5.x's load deletes such a file, 4.9's refuses it). It holds nothing: a writer
+    sizes it again, a reader leaves it out, neither reports it as damage."""
+    return size == 0 and index == count - 1
+
+
 def file_name(offset: int) -> str:
     """The 20-digit zero-padded decimal name of a segment or ConsumeQueue file starting at ``offset``."""
     return f"{offset:0{FILE_NAME_DIGITS}d}"

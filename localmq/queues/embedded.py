@@ -33,6 +33,7 @@ from localmq.layout import (
     MAX_QUEUE_ID,
     TOPIC_RE,
     frame_store_ts_at,
+    interrupted_creation,
     is_decimal,
 )
 from localmq.queues.base import (
@@ -111,8 +112,8 @@ class _Bucket:
                 raise CorruptStoreError(f"partition {path} does not follow the previous one (size {size})")
             fsize = os.path.getsize(path)
             if fsize != size:
-                if fsize == 0 and i == len(names) - 1:
-                    os.unlink(path)  # an interrupted creation
+                if interrupted_creation(i, len(names), fsize):
+                    os.unlink(path)
                     break
                 raise CorruptStoreError(f"partition {path} is {fsize} bytes, expected partition_size {size}")
             mf = MappedFile(path, size, base, create=False)

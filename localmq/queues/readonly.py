@@ -23,6 +23,7 @@ from localmq.layout import (
     CTL_S_WPOS,
     LOCK_FILE,
     MAX_QUEUE_ID,
+    interrupted_creation,
     is_decimal,
 )
 from localmq.queues.local import LocalMessageQueue
@@ -125,9 +126,7 @@ class ReadOnlyMessageQueue(LocalMessageQueue):
             end = self._view.load(CTL_S_WPOS)
         else:
             files = numbered_files(self._cl_mfq.directory)
-            if files and files[-1].size == 0:
-                # an empty last segment holds nothing: its creation was cut short (RocketMQ's allocator creates the
-                # file, then sizes it; a kill between leaves it empty; RocketMQ 5's load deletes it, 4.9's refuses)
+            if files and interrupted_creation(len(files) - 1, len(files), files[-1].size):
                 files.pop()
             end = files[-1].base + c.mapped_file_size_commit_log if files else 0
         self._cl_mfq.load_view(end)

@@ -33,6 +33,7 @@ from localmq.layout import (
     RECOVERY_DIR,
     SEGMENT_NAME_RE,
     file_name,
+    interrupted_creation,
     is_decimal,
 )
 from localmq.status import RecordStatus
@@ -227,8 +228,8 @@ def _segments(
     segment_size = int(segment_size)
     segments: list[tuple[int, str]] = []
     for i, (base, fpath, size) in enumerate((f.base, f.path, f.size) for f in files):
-        if size == 0 and i == len(files) - 1:
-            continue  # a segment whose creation was interrupted or is under way: no data yet
+        if interrupted_creation(i, len(files), size):
+            continue
         if live_end is not None and base >= live_end and base > 0:
             break  # made ahead of the writer, or being created: nothing committed there yet
         if size != segment_size:
@@ -286,9 +287,11 @@ class StoreFiles:
             # processes sharing the store right now publish its committed end: reads stop there (past it a put may
             # be half-copied); None when nobody shares it
             self.live_end = committed_end(path)
-            # an empty last segment is left out of ``segments``: its creation was interrupted (a kill between the
-            # file's creation and its sizing) or is under way
-            self.empty_last = files[-1].path if files and files[-1].size == 0 else None
+            # left out of ``segments`` (layout.interrupted_creation)
+            last = len(files) - 1
+            self.empty_last = (
+                files[-1].path if files and interrupted_creation(last, len(files), files[-1].size) else None
+            )
             try:
                 self.segment_size, self.segments = _segments(files, segment_size, self.live_end)
                 break

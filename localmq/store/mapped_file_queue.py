@@ -12,7 +12,7 @@ from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
 from localmq.errors import CorruptStoreError, StoreIOError
-from localmq.layout import is_decimal
+from localmq.layout import interrupted_creation, is_decimal
 from localmq.store.durable_names import DeferredDirSyncs, makedirs_durable
 
 log = logging.getLogger("localmq.mapped_file_queue")
@@ -151,9 +151,9 @@ class MappedFileQueue:
             for i, name in enumerate(names):
                 path = os.path.join(self.directory, name)
                 size = os.path.getsize(path)
-                if size == 0 and i == len(names) - 1:
+                if interrupted_creation(i, len(names), size):
                     if not fix_empty_tail:
-                        continue  # a view leaves it as it is: it holds nothing (a creation interrupted or under way)
+                        continue  # a view leaves it as it is
                     log.warning(
                         "segment %s is empty (interrupted creation); sizing it to %d bytes", path, self.file_size
                     )
