@@ -3,6 +3,8 @@
 #include "lmq_os.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -108,6 +110,118 @@ int lmq_fallocate_path(const char *path, uint64_t dev, uint64_t ino, int64_t off
         return -1;
     }
     return 0;
+}
+
+int lmq_mkdirs(const char *path, int *made, int *missing) {
+    char buf[PATH_MAX];
+    size_t n = strlen(path), cut[256]; /* the missing levels: a deeper path fails (ENOENT) */
+    int k = 0, i;
+    struct stat st;
+    *made = *missing = 0;
+    if (n == 0 || n >= sizeof buf) {
+        errno = n ? ENAMETOOLONG : ENOENT;
+        return -1;
+    }
+    memcpy(buf, path, n + 1);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    /* up from the path to the deepest directory that exists; each missing level's end is remembered */
+    for (;;) {
+        if (stat(buf, &st) == 0) {
+            if (!S_ISDIR(st.st_mode)) {
+                errno = ENOTDIR;
+                return -1;
+            }
+            break;
+        }
+        if (errno != ENOENT) return -1;
+        char *slash = strrchr(buf, '/');
+        if (slash == NULL || slash == buf || k == (int)(sizeof cut / sizeof cut[0])) {
+            errno = ENOENT;
+            return -1;
+        }
+        cut[k++] = (size_t)(slash - buf);
+        *slash = '\0';
+    }
+    *missing = k;
+    /* down again, parents first */
+    for (i = k - 1; i >= 0; i--) {
+        buf[cut[i]] = '/';
+        if (mkdir(buf, 0777) != 0 && !(errno == EEXIST && stat(buf, &st) == 0 && S_ISDIR(st.st_mode))) return -1;
+        (*made)++;
+    }
+    return k;
+}
+
+int lmq_create_mapped(const char *dir, const char *path, int64_t size, int64_t reserve, int sync_size, int keep_fd,
+                      lmq_created *out) {
+    char src[64];
+    struct stat st;
+    int fd, err;
+    void *p;
+    out->fd = -1;
+    out->addr = NULL;
+    out->stage = LMQ_CR_FALLBACK;
+    if (access(path, F_OK) == 0) {
+        errno = EEXIST; /* an existing file is opened by name (its inode would be made and thrown away here) */
+        return -1;
+    }
+#ifdef O_TMPFILE
+    do {
+        fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+#else
+    fd = -1;
+    errno = EOPNOTSUPP;
+#endif
+    if (fd < 0) return -1;
+    if (reserve < 0) {
+        out->stage = LMQ_CR_FALLOCATE;
+        if (lmq_fallocate(fd, 0, size) != 0) goto unnamed;
+    } else {
+        out->stage = LMQ_CR_FTRUNCATE;
+        if (ftruncate(fd, (off_t)size) != 0) goto unnamed;
+        out->stage = LMQ_CR_FALLOCATE;
+        if (reserve > 0 && lmq_fallocate(fd, 0, reserve) != 0) goto unnamed;
+    }
+    out->stage = LMQ_CR_FDATASYNC;
+    if (sync_size && fdatasync(fd) != 0) goto unnamed;
+    snprintf(src, sizeof src, "/proc/self/fd/%d", fd);
+    if (linkat(AT_FDCWD, src, AT_FDCWD, path, AT_SYMLINK_FOLLOW) != 0) {
+        err = errno;
+        out->stage = (err == ENOSPC || err == EDQUOT || err == EFBIG || err == EIO) ? LMQ_CR_LINK : LMQ_CR_FALLBACK;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    out->stage = LMQ_CR_FSTAT;
+    if (fstat(fd, &st) != 0) goto named;
+    out->dev = (uint64_t)st.st_dev;
+    out->ino = (uint64_t)st.st_ino;
+    out->stage = LMQ_CR_MMAP;
+    p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) goto named;
+    out->addr = p;
+    out->fd = fd;
+    if (!keep_fd) {
+        out->fd = -1;
+        if (close(fd) != 0) {
+            out->stage = LMQ_CR_CLOSE;
+            return -1;
+        }
+    }
+    out->stage = 0;
+    return 0;
+named:
+    err = errno;
+    close(fd);
+    unlink(path);
+    errno = err;
+    return -1;
+unnamed:
+    err = errno;
+    close(fd);
+    errno = err;
+    return -1;
 }
 
 int lmq_ftruncate(int fd, int64_t len) { return ftruncate(fd, (off_t)len); }

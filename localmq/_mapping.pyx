@@ -17,9 +17,19 @@ from libc.stdint cimport int64_t, uint8_t
 
 from localmq._layout cimport FILE_NAME_DIGITS
 from localmq._native cimport c_fallocate, c_fdatasync, c_ftruncate, c_madvise, c_map, c_munlock, c_unmap, raise_errno
-from localmq._os cimport LMQ_ADV_RANDOM, lmq_fdatasync, lmq_is_zero, lmq_load_acq, lmq_msync
+from localmq._os cimport (
+    LMQ_ADV_RANDOM, LMQ_CR_CLOSE, LMQ_CR_FALLBACK, LMQ_CR_FALLOCATE, LMQ_CR_FDATASYNC, LMQ_CR_FSTAT,
+    LMQ_CR_FTRUNCATE, LMQ_CR_LINK, LMQ_CR_MMAP, lmq_create_mapped, lmq_created, lmq_fdatasync, lmq_is_zero,
+    lmq_load_acq, lmq_msync,
+)
 
 from localmq.errors import CorruptStoreError, StoreClosedError, io_operation, store_io_error
+
+# the call of lmq_create_mapped that failed, as the StoreIOError names it (MappedFile._create_mapped)
+_CREATE_STAGES = {
+    LMQ_CR_FTRUNCATE: "ftruncate", LMQ_CR_FALLOCATE: "fallocate", LMQ_CR_FDATASYNC: "fdatasync", LMQ_CR_LINK: "link",
+    LMQ_CR_FSTAT: "fstat", LMQ_CR_MMAP: "mmap",
+}
 
 log = logging.getLogger("localmq.mapped_file")
 
@@ -155,6 +165,12 @@ cdef class Mapping:
         if not map_now:
             self._defer(budget, keep_fd, create, file_id)
             return
+        if budget is not None and keep_fd:
+            raise ValueError("a file with a mapping budget keeps no descriptor (keep_fd=False)")
+        if create and writable and self._create_mapped(reserve, reserve_step, keep_fd):
+            if budget is not None:
+                budget.admit(self)
+            return
         existed = os.path.exists(self.path)
         if not existed and not create:
             raise FileNotFoundError(2, "No such file", self.path)
@@ -202,8 +218,6 @@ cdef class Mapping:
             except OSError as e:  # Linux releases the descriptor even then
                 raise store_io_error(e, "close", self.path) from e
         if budget is not None:
-            if keep_fd:
-                raise ValueError("a file with a mapping budget keeps no descriptor (keep_fd=False)")
             budget.admit(self)
 
     cdef int _defer(self, MappingBudget budget, bint keep_fd, bint create, tuple file_id) except -1:
@@ -300,6 +314,41 @@ cdef class Mapping:
         if self.sync_size:
             c_fdatasync(fd, False, self.path)
         return 0
+
+    cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd) except -1:
+        """A new file made as ``_create_sized`` and the rest of ``__cinit__`` make it (an unnamed inode sized, reserved,
+        its size synced when ``sync_size``, linked, mapped, its descriptor closed unless ``keep_fd``), in one call
+        without the GIL: a background thread (the allocator, the QueueFileMaker) waits to take the GIL back after
+        each call that releases it, up to the 5 ms switch interval while another thread runs Python (the producer),
+        and a file made call by call released it a dozen times. Returns 1 when made, 0 when it was not (no O_TMPFILE,
+        the name exists): the caller then takes the path by name. Raises StoreIOError naming the call that failed,
+        with nothing left behind (a failed close: the file is made and mapped, the error raised)."""
+        cdef lmq_created out
+        cdef int rc, err = 0
+        cdef int64_t res = 0
+        if reserve and reserve_step == 0:
+            res = -1
+        elif reserve:
+            res = min(self.file_size, reserve_step, self.reserve_first or reserve_step)
+        cdef bytes directory = os.fsencode(os.path.dirname(self.path) or "."), path = os.fsencode(self.path)
+        cdef const char *dp = directory
+        cdef const char *pp = path
+        with nogil:  # the whole creation: directory entry, size, blocks, mapping
+            rc = lmq_create_mapped(dp, pp, self.file_size, res, self.sync_size, keep_fd, &out)
+            if rc != 0:
+                err = errno
+        if rc != 0 and out.stage == LMQ_CR_FALLBACK:
+            return 0
+        if rc != 0 and out.stage != LMQ_CR_CLOSE:
+            raise_errno(err, self.path, _CREATE_STAGES[out.stage])
+        if res > 0:
+            self.reserved = res
+        self.file_id = (out.dev, out.ino)
+        self.addr = <uint8_t *>out.addr
+        self.fd = out.fd
+        if rc != 0:
+            raise_errno(err, self.path, "close")  # mapped: __dealloc__ unmaps it
+        return 1
 
     cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2:
         """Create the file sized and reserved as an unnamed inode in its directory (O_TMPFILE), then give it its

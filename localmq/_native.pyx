@@ -10,7 +10,7 @@ from localmq.errors import store_io_error
 
 from localmq._os cimport (
     LMQ_ADV_DONTNEED, LMQ_ADV_NORMAL, LMQ_ADV_RANDOM, LMQ_ADV_SEQUENTIAL, LMQ_ADV_WILLNEED,
-    lmq_fallocate, lmq_fdatasync, lmq_ftruncate, lmq_madvise, lmq_map, lmq_mincore, lmq_mlock, lmq_msync,
+    lmq_fallocate, lmq_fdatasync, lmq_mkdirs, lmq_ftruncate, lmq_madvise, lmq_map, lmq_mincore, lmq_mlock, lmq_msync,
     lmq_munlock, lmq_now_ms, lmq_page_size, lmq_populate_write, lmq_unmap, lmq_event_free,
     lmq_event_new,
 )
@@ -188,6 +188,25 @@ def fsync_dir(path):
         c_fdatasync(fd, True, path)
     finally:
         os.close(fd)
+
+
+def mkdirs(path):
+    """``os.makedirs(path, exist_ok=True)`` in one call without the GIL (a background thread would wait to take it
+    back after each of its stat and mkdir calls). Returns (missing, made): how many levels of ``path`` were missing
+    (the last ones) and how many of them it made, from the highest down. Raises StoreIOError (mkdir) naming ``path``,
+    its ``made`` attribute that pair."""
+    cdef bytes b = os.fsencode(path)
+    cdef const char *p = b
+    cdef int rc, made = 0, missing = 0, err = 0
+    with nogil:  # stat and mkdir calls
+        rc = lmq_mkdirs(p, &made, &missing)
+        if rc < 0:
+            err = errno
+    if rc < 0:
+        e = store_io_error(OSError(err, strerror(err).decode("utf-8", "replace")), "mkdir", os.fspath(path))
+        e.made = (missing, made)
+        raise e
+    return missing, made
 
 
 def fallocate(fd, offset, length, *, path=None):

@@ -9,6 +9,17 @@ cdef extern from "lmq_os.h" nogil:
     int lmq_set_timer_slack_ns(long ns)
     int lmq_fallocate(int fd, int64_t off, int64_t length)
     int lmq_fallocate_path(const char *path, uint64_t dev, uint64_t ino, int64_t off, int64_t length, int *stage)
+    int lmq_mkdirs(const char *path, int *made, int *missing)
+    enum:
+        LMQ_CR_FALLBACK, LMQ_CR_FTRUNCATE, LMQ_CR_FALLOCATE, LMQ_CR_FDATASYNC, LMQ_CR_LINK, LMQ_CR_FSTAT,
+        LMQ_CR_MMAP, LMQ_CR_CLOSE
+    ctypedef struct lmq_created:
+        int fd
+        void *addr
+        uint64_t dev, ino
+        int stage
+    int lmq_create_mapped(const char *dir, const char *path, int64_t size, int64_t reserve, int sync_size,
+                          int keep_fd, lmq_created *out)
     int lmq_ftruncate(int fd, int64_t length)
     int lmq_mlock(void *addr, size_t off, size_t length)
     int lmq_munlock(void *addr, size_t off, size_t length)

@@ -8,7 +8,7 @@ import os
 import threading
 from typing import Callable, List, Optional, Set, Tuple, TypeVar
 
-from localmq._native import fsync_dir
+from localmq._native import fsync_dir, mkdirs
 from localmq.errors import io_operation, store_io_error
 
 T = TypeVar("T")
@@ -117,16 +117,22 @@ class DeferredDirSyncs:
         self._files: Set[str] = set()
 
     def makedirs(self, directory: str) -> None:
-        """makedirs; the parent of every directory it makes is queued (before the directories are made: a makedirs
-        that fails half way has made some of them)."""
+        """makedirs; the parent of every directory it makes is queued, also when it fails half way (some are made
+        then), before any file below them is linked."""
         directory = os.path.abspath(directory)
-        made = _not_made(directory)
-        if not made:
-            return
-        with self._lock:
-            self._dirs.update(os.path.dirname(m) for m in made)
-        with io_operation("mkdir", directory):
-            os.makedirs(directory, exist_ok=True)
+        missing = made = 0
+        try:
+            missing, made = mkdirs(directory)  # one call without the GIL (each call is a wait behind a busy thread)
+        except OSError as e:
+            missing, made = getattr(e, "made", (0, 0))
+            raise
+        finally:
+            # the parents of the directories made (the ``made`` highest of the ``missing`` last levels)
+            levels = [directory]
+            for _ in range(missing):
+                levels.append(os.path.dirname(levels[-1]))
+            with self._lock:
+                self._dirs.update(levels[missing - made + 1 : missing + 1])
 
     def add(self, directory: str, new_file: Optional[str] = None) -> None:
         """Queue an fsync of ``directory`` (a file was linked into it), and an fdatasync of ``new_file`` (created
