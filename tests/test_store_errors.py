@@ -454,3 +454,79 @@ def test_a_store_on_a_read_only_mount_says_so_and_opens_read_only(tmp_path):
         "read [b'hello']",
         "",
     ], p.stdout + p.stderr
+
+
+NEW_FILES = textwrap.dedent(r"""
+    import errno, os, sys
+    from localmq._mapped_file import MappedFile
+    from localmq._native import mkdirs
+    from localmq.errors import StoreIOError
+    mnt = sys.argv[1]
+    d = os.path.join(mnt, "q")
+    assert mkdirs(os.path.join(d, "a", "b")) == (3, 3) and mkdirs(os.path.join(d, "a", "b")) == (0, 0)
+    a = os.path.join(d, "%020d" % 0)
+    # a segment reserved whole, its descriptor kept
+    mf = MappedFile(a, 1 << 20, create=True, reserve=True, reserve_step=0)
+    st = os.stat(a)
+    assert (st.st_size, st.st_blocks * 512) == (1 << 20, 1 << 20), st
+    mf.write_at(4096, b"made")  # mapped shared and writable: the file sees a write through the mapping
+    with open(a, "rb") as f:
+        assert os.pread(f.fileno(), 4, 4096) == b"made"
+    ino = st.st_ino
+    # a file that cannot be reserved: the error names the call, the file and the errno; nothing is left behind
+    b = os.path.join(d, "%020d" % (4 << 20))
+    free = os.statvfs(mnt).f_bavail
+    try:
+        MappedFile(b, 4 << 20, create=True, reserve=True, reserve_step=0)
+        raise AssertionError("a 4 MiB file was reserved on a 2 MiB file system")
+    except StoreIOError as e:
+        assert (e.errno, e.operation, e.filename) == (errno.ENOSPC, "fallocate", b), (e.errno, e.operation, e.filename)
+    assert sorted(os.listdir(d)) == ["%020d" % 0, "a"], os.listdir(d)
+    assert os.statvfs(mnt).f_bavail == free
+    # an existing name is opened, not made again
+    again = MappedFile(a, 1 << 20, create=True, reserve=True, reserve_step=0)
+    assert os.stat(a).st_ino == ino
+    again.close()
+    mf.close()
+    # a ConsumeQueue file: sparse, its first page reserved, no descriptor kept
+    c = os.path.join(d, "a", "b", "%020d" % 0)
+    before = set(os.listdir("/proc/self/fd"))
+    cq = MappedFile(c, 6000000, create=True, reserve=True, reserve_step=65536, reserve_first=4096, keep_fd=False,
+                    sync_size=False)
+    st = os.stat(c)
+    assert (st.st_size, st.st_blocks * 512, cq.reserved) == (6000000, 4096, 4096), (st, cq.reserved)
+    assert set(os.listdir("/proc/self/fd")) == before
+    cq.close()
+    # a directory path through a file: typed, naming the path
+    try:
+        mkdirs(os.path.join(a, "x"))
+        raise AssertionError("a directory was made below a file")
+    except StoreIOError as e:
+        assert (e.errno, e.operation) == (errno.ENOTDIR, "mkdir"), e
+    print("new files ok")
+""")
+
+
+def test_new_files_are_made_in_one_call_and_a_failed_one_leaves_nothing(tmp_path):
+    """A new segment or ConsumeQueue file is made by one native call (csrc lmq_create_mapped: O_TMPFILE, size,
+    reserve, link, map) where the file system has O_TMPFILE (a real 2 MiB tmpfs, in a private mount namespace): made
+    sized and reserved as asked, its descriptor closed unless kept; a file that cannot be reserved raises a
+    StoreIOError naming the call, the file and ENOSPC and leaves no name and no blocks behind; an existing name is
+    opened instead; a directory below a file is refused with ENOTDIR (lmq_mkdirs)."""
+    script = tmp_path / "new_files.py"
+    script.write_text(NEW_FILES)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    cmd = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size=2m tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"',
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+    assert "new files ok" in proc.stdout
