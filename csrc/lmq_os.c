@@ -153,7 +153,7 @@ int lmq_mkdirs(const char *path, int *made, int *missing) {
 }
 
 int lmq_create_mapped(const char *dir, const char *path, int64_t size, int64_t reserve, int sync_size, int keep_fd,
-                      lmq_created *out) {
+                      int flags, lmq_created *out) {
     char src[64];
     struct stat st;
     int fd, err;
@@ -202,6 +202,10 @@ int lmq_create_mapped(const char *dir, const char *path, int64_t size, int64_t r
     if (p == MAP_FAILED) goto named;
     out->addr = p;
     out->fd = fd;
+    /* hints only: a failure changes nothing the caller relies on */
+    if (flags & LMQ_CR_ADVISE_RANDOM) (void)lmq_madvise(p, 0, (size_t)size, LMQ_ADV_RANDOM);
+    if ((flags & LMQ_CR_POPULATE_FIRST) && reserve > 0)
+        (void)lmq_populate_write(p, 0, (size_t)(reserve < 4096 ? reserve : 4096));
     if (!keep_fd) {
         out->fd = -1;
         if (close(fd) != 0) {

@@ -36,13 +36,16 @@ int lmq_mkdirs(const char *path, int *made, int *missing);
 
 /* A new file created sized and named in one call, mapped shared read-write: an unnamed inode in dir (O_TMPFILE),
  * sized (reserve < 0: posix_fallocate of all of it; else ftruncate, then posix_fallocate of the first reserve bytes),
- * fdatasynced when sync_size, linked as path, fstat'ed and mapped; its descriptor closed unless keep_fd.
+ * fdatasynced when sync_size, linked as path, fstat'ed and mapped (flags: LMQ_CR_ADVISE_RANDOM madvises the mapping
+ * MADV_RANDOM, LMQ_CR_POPULATE_FIRST faults its first reserved page in writable; hints, their failures ignored); its
+ * descriptor closed unless keep_fd.
  * 0: out has fd (or -1), addr, dev, ino. -1: errno, and out->stage names the call that failed:
  *   LMQ_CR_FALLBACK   no O_TMPFILE here, or the name exists or cannot be linked so: nothing was made (create by name)
  *   FTRUNCATE..LINK   nothing was made;  FSTAT, MMAP: the name was made, and is unlinked again
  *   LMQ_CR_CLOSE      made and mapped (out->addr), but the close of its descriptor failed */
 enum { LMQ_CR_FALLBACK = 1, LMQ_CR_FTRUNCATE, LMQ_CR_FALLOCATE, LMQ_CR_FDATASYNC, LMQ_CR_LINK, LMQ_CR_FSTAT,
        LMQ_CR_MMAP, LMQ_CR_CLOSE };
+enum { LMQ_CR_ADVISE_RANDOM = 1, LMQ_CR_POPULATE_FIRST = 2 };
 typedef struct {
     int fd;
     void *addr;
@@ -50,7 +53,7 @@ typedef struct {
     int stage;
 } lmq_created;
 int lmq_create_mapped(const char *dir, const char *path, int64_t size, int64_t reserve, int sync_size, int keep_fd,
-                      lmq_created *out);
+                      int flags, lmq_created *out);
 /* ftruncate(fd, len). */
 int lmq_ftruncate(int fd, int64_t len);
 /* mlock / munlock of a page-rounded range. EPERM / ENOMEM when not permitted. */

@@ -15,7 +15,7 @@ cdef class MappingBudget:
     cdef set live                     # files of this budget that are mapped now
     cdef readonly long long evictions
     cdef readonly long long remaps
-    cdef int admit(self, Mapping mf) except -1
+    cdef int admit(self, Mapping mf, bint advised=*) except -1
     cpdef int trim(self, bint evict_current=*, Mapping keep=*) except -1
 
 
@@ -94,7 +94,7 @@ cdef class Mapping:
     cdef bint hold_c(self) noexcept
     cdef void release_c(self) noexcept
     cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1
-    cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd) except -1
+    cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd, bint advise) except -1
     cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2
     cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil
     cdef int _reopen(self) except -1

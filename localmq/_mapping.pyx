@@ -18,9 +18,9 @@ from libc.stdint cimport int64_t, uint8_t
 from localmq._layout cimport FILE_NAME_DIGITS
 from localmq._native cimport c_fallocate, c_fdatasync, c_ftruncate, c_madvise, c_map, c_munlock, c_unmap, raise_errno
 from localmq._os cimport (
-    LMQ_ADV_RANDOM, LMQ_CR_CLOSE, LMQ_CR_FALLBACK, LMQ_CR_FALLOCATE, LMQ_CR_FDATASYNC, LMQ_CR_FSTAT,
-    LMQ_CR_FTRUNCATE, LMQ_CR_LINK, LMQ_CR_MMAP, lmq_create_mapped, lmq_created, lmq_fdatasync, lmq_is_zero,
-    lmq_load_acq, lmq_msync,
+    LMQ_ADV_RANDOM, LMQ_CR_ADVISE_RANDOM, LMQ_CR_CLOSE, LMQ_CR_FALLBACK, LMQ_CR_FALLOCATE, LMQ_CR_FDATASYNC,
+    LMQ_CR_FSTAT, LMQ_CR_FTRUNCATE, LMQ_CR_LINK, LMQ_CR_MMAP, LMQ_CR_POPULATE_FIRST, lmq_create_mapped, lmq_created,
+    lmq_fdatasync, lmq_is_zero, lmq_load_acq, lmq_msync, lmq_populate_write,
 )
 
 from localmq.errors import CorruptStoreError, StoreClosedError, io_operation, store_io_error
@@ -56,10 +56,10 @@ cdef class MappingBudget:
         self.evictions = 0
         self.remaps = 0
 
-    cdef int admit(self, Mapping mf) except -1:
+    cdef int admit(self, Mapping mf, bint advised=False) except -1:
         if mf.budget is None:
             mf.budget = self
-        if mf.addr != NULL:
+        if mf.addr != NULL and not advised:
             # no read-around: a fault on a queue file (20-byte units, mostly one page in use) would otherwise read
             # 128 KiB around it into the page cache (zeros, for a sparse file) and map 16 pages of it, 64 KiB of RSS
             # per idle queue
@@ -167,9 +167,9 @@ cdef class Mapping:
             return
         if budget is not None and keep_fd:
             raise ValueError("a file with a mapping budget keeps no descriptor (keep_fd=False)")
-        if create and writable and self._create_mapped(reserve, reserve_step, keep_fd):
+        if create and writable and self._create_mapped(reserve, reserve_step, keep_fd, budget is not None):
             if budget is not None:
-                budget.admit(self)
+                budget.admit(self, True)
             return
         existed = os.path.exists(self.path)
         if not existed and not create:
@@ -208,6 +208,9 @@ cdef class Mapping:
                     pass
             raise
         self.addr = <uint8_t *>p
+        if not existed and create and self.reserve_first and self.reserved > 0:
+            with nogil:  # a hint, as _create_mapped gives it: the first reserved page faulted in writable
+                lmq_populate_write(p, 0, <size_t>min(self.reserved, 4096))
         if not keep_fd:
             # the mapping holds the open file description: msync and write-back go on without the descriptor. A
             # new file's size was made durable above (_size_new) or is its owner's to sync (sync_size=False): a
@@ -315,14 +318,17 @@ cdef class Mapping:
             c_fdatasync(fd, False, self.path)
         return 0
 
-    cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd) except -1:
+    cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd, bint advise) except -1:
         """A new file made as ``_create_sized`` and the rest of ``__cinit__`` make it (an unnamed inode sized, reserved,
         its size synced when ``sync_size``, linked, mapped, its descriptor closed unless ``keep_fd``), in one call
         without the GIL: a background thread (the allocator, the QueueFileMaker) waits to take the GIL back after
         each call that releases it, up to the 5 ms switch interval while another thread runs Python (the producer),
-        and a file made call by call released it a dozen times. Returns 1 when made, 0 when it was not (no O_TMPFILE,
-        the name exists): the caller then takes the path by name. Raises StoreIOError naming the call that failed,
-        with nothing left behind (a failed close: the file is made and mapped, the error raised)."""
+        and a file made call by call released it a dozen times. ``advise``: the mapping is advised MADV_RANDOM, as
+        ``MappingBudget.admit`` does. A file with ``reserve_first`` (a ConsumeQueue file) gets its first reserved page
+        faulted in writable: the first unit's write would otherwise wait for the file system's page fault (a journal
+        handle for the unwritten extent) on the dispatcher's thread. Returns 1 when made, 0 when it was not (no
+        O_TMPFILE, the name exists): the caller then takes the path by name. Raises StoreIOError naming the call that
+        failed, with nothing left behind (a failed close: the file is made and mapped, the error raised)."""
         cdef lmq_created out
         cdef int rc, err = 0
         cdef int64_t res = 0
@@ -333,8 +339,9 @@ cdef class Mapping:
         cdef bytes directory = os.fsencode(os.path.dirname(self.path) or "."), path = os.fsencode(self.path)
         cdef const char *dp = directory
         cdef const char *pp = path
+        cdef int flags = (LMQ_CR_ADVISE_RANDOM if advise else 0) | (LMQ_CR_POPULATE_FIRST if self.reserve_first else 0)
         with nogil:  # the whole creation: directory entry, size, blocks, mapping
-            rc = lmq_create_mapped(dp, pp, self.file_size, res, self.sync_size, keep_fd, &out)
+            rc = lmq_create_mapped(dp, pp, self.file_size, res, self.sync_size, keep_fd, flags, &out)
             if rc != 0:
                 err = errno
         if rc != 0 and out.stage == LMQ_CR_FALLBACK:

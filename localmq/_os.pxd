@@ -13,13 +13,15 @@ cdef extern from "lmq_os.h" nogil:
     enum:
         LMQ_CR_FALLBACK, LMQ_CR_FTRUNCATE, LMQ_CR_FALLOCATE, LMQ_CR_FDATASYNC, LMQ_CR_LINK, LMQ_CR_FSTAT,
         LMQ_CR_MMAP, LMQ_CR_CLOSE
+    enum:
+        LMQ_CR_ADVISE_RANDOM, LMQ_CR_POPULATE_FIRST
     ctypedef struct lmq_created:
         int fd
         void *addr
         uint64_t dev, ino
         int stage
     int lmq_create_mapped(const char *dir, const char *path, int64_t size, int64_t reserve, int sync_size,
-                          int keep_fd, lmq_created *out)
+                          int keep_fd, int flags, lmq_created *out)
     int lmq_ftruncate(int fd, int64_t length)
     int lmq_mlock(void *addr, size_t off, size_t length)
     int lmq_munlock(void *addr, size_t off, size_t length)

@@ -465,11 +465,9 @@ cdef class ConsumeQueue:
         with mfq.lock:
             if mfq.last() is not None:
                 return
+            # (its first reserved page comes faulted in writable: MappedFile._create_mapped)
             mf = mfq.create_file(base)
             (<MappedFile>mf).ensure_reserved(CQ_UNIT_SIZE)
-            # the first page faulted in writable here (its blocks are reserved): the dispatcher's first unit write
-            # would otherwise wait for the file system's page fault (a journal handle for the unwritten extent)
-            mf.populate(0, min(mf.reserved, 4096))
             self.made_ahead = True
 
     cdef int _set_target(self, MappedFile mf) except -1:
