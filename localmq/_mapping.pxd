@@ -94,7 +94,8 @@ cdef class Mapping:
     cdef bint hold_c(self) noexcept
     cdef void release_c(self) noexcept
     cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1
-    cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd, bint advise) except -1
+    cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd, bint advise,
+                            bint populate_first) except -1
     cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2
     cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil
     cdef int _reopen(self) except -1

@@ -53,6 +53,7 @@ class Mapping:
         reserve_first: int = 0,
         map_now: bool = True,
         file_id: Optional[Tuple[int, int]] = None,
+        populate_first: bool = False,
     ) -> Self: ...
     @property
     def budget(self) -> Optional[MappingBudget]: ...

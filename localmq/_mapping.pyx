@@ -131,7 +131,7 @@ cdef class Mapping:
     def __cinit__(self, path, long long file_size, long long file_from_offset=-1, *, bint create=True,
                   bint reserve=True, bint writable=True, long long reserve_step=0, bint keep_fd=True,
                   bint sync_size=True, MappingBudget budget=None, long long reserve_first=0, bint map_now=True,
-                  tuple file_id=None):
+                  tuple file_id=None, bint populate_first=False):
         cdef void *p = NULL
         self.fd = -1
         self.keeps_fd = keep_fd
@@ -167,7 +167,8 @@ cdef class Mapping:
             return
         if budget is not None and keep_fd:
             raise ValueError("a file with a mapping budget keeps no descriptor (keep_fd=False)")
-        if create and writable and self._create_mapped(reserve, reserve_step, keep_fd, budget is not None):
+        if create and writable and self._create_mapped(reserve, reserve_step, keep_fd, budget is not None,
+                                                       populate_first):
             if budget is not None:
                 budget.admit(self, True)
             return
@@ -208,7 +209,7 @@ cdef class Mapping:
                     pass
             raise
         self.addr = <uint8_t *>p
-        if not existed and create and self.reserve_first and self.reserved > 0:
+        if not existed and create and populate_first and self.reserved > 0:
             with nogil:  # a hint, as _create_mapped gives it: the first reserved page faulted in writable
                 lmq_populate_write(p, 0, <size_t>min(self.reserved, 4096))
         if not keep_fd:
@@ -318,15 +319,16 @@ cdef class Mapping:
             c_fdatasync(fd, False, self.path)
         return 0
 
-    cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd, bint advise) except -1:
+    cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd, bint advise,
+                            bint populate_first) except -1:
         """A new file made as ``_create_sized`` and the rest of ``__cinit__`` make it (an unnamed inode sized, reserved,
         its size synced when ``sync_size``, linked, mapped, its descriptor closed unless ``keep_fd``), in one call
         without the GIL: a background thread (the allocator, the QueueFileMaker) waits to take the GIL back after
         each call that releases it, up to the 5 ms switch interval while another thread runs Python (the producer),
         and a file made call by call released it a dozen times. ``advise``: the mapping is advised MADV_RANDOM, as
-        ``MappingBudget.admit`` does. A file with ``reserve_first`` (a ConsumeQueue file) gets its first reserved page
-        faulted in writable: the first unit's write would otherwise wait for the file system's page fault (a journal
-        handle for the unwritten extent) on the dispatcher's thread. Returns 1 when made, 0 when it was not (no
+        ``MappingBudget.admit`` does. ``populate_first``: its first reserved page is faulted in writable (a new
+        queue's file made ahead: the first unit's write would otherwise wait for the file system's page fault, a
+        journal handle for the unwritten extent, on the dispatcher's thread). Returns 1 when made, 0 when it was not (no
         O_TMPFILE, the name exists): the caller then takes the path by name. Raises StoreIOError naming the call that
         failed, with nothing left behind (a failed close: the file is made and mapped, the error raised)."""
         cdef lmq_created out
@@ -339,7 +341,7 @@ cdef class Mapping:
         cdef bytes directory = os.fsencode(os.path.dirname(self.path) or "."), path = os.fsencode(self.path)
         cdef const char *dp = directory
         cdef const char *pp = path
-        cdef int flags = (LMQ_CR_ADVISE_RANDOM if advise else 0) | (LMQ_CR_POPULATE_FIRST if self.reserve_first else 0)
+        cdef int flags = (LMQ_CR_ADVISE_RANDOM if advise else 0) | (LMQ_CR_POPULATE_FIRST if populate_first else 0)
         with nogil:  # the whole creation: directory entry, size, blocks, mapping
             rc = lmq_create_mapped(dp, pp, self.file_size, res, self.sync_size, keep_fd, flags, &out)
             if rc != 0:

@@ -465,8 +465,9 @@ cdef class ConsumeQueue:
         with mfq.lock:
             if mfq.last() is not None:
                 return
-            # (its first reserved page comes faulted in writable: MappedFile._create_mapped)
-            mf = mfq.create_file(base)
+            # its first reserved page faulted in writable: the dispatcher's first unit write would otherwise wait for
+            # the file system's page fault (a journal handle for the unwritten extent)
+            mf = mfq.create_file(base, populate_first=True)
             (<MappedFile>mf).ensure_reserved(CQ_UNIT_SIZE)
             self.made_ahead = True
 

@@ -270,8 +270,9 @@ class MappedFileQueue:
         last = self.last()
         return last.file_from_offset + last.wrote_position if last is not None else 0
 
-    def create_file(self, start_offset: int) -> MappedFile:
-        """Create (or, with an allocator, obtain) the segment starting at ``start_offset`` and append it.
+    def create_file(self, start_offset: int, populate_first: bool = False) -> MappedFile:
+        """Create (or, with an allocator, obtain) the segment starting at ``start_offset`` and append it
+        (``populate_first``: its first reserved page faulted in writable, see ``MappedFile``).
 
         Raises OSError (ENOSPC, EFBIG, ...) when the file cannot be created and reserved.
         """
@@ -287,7 +288,13 @@ class MappedFileQueue:
             if self.allocator is not None:
                 mf = self.allocator(path, self.file_size, start_offset)
             else:
-                mf = self._file(path, file_from_offset=start_offset, create=True, sync_size=self.dir_syncs is None)
+                mf = self._file(
+                    path,
+                    file_from_offset=start_offset,
+                    create=True,
+                    sync_size=self.dir_syncs is None,
+                    populate_first=populate_first,
+                )
                 try:
                     if self.dir_syncs is not None:
                         self.dir_syncs.add(self.directory, path)
