@@ -2,6 +2,7 @@
 mounting powerfs, damaging a store's bytes."""
 
 import contextlib
+import errno
 import importlib
 import os
 import shutil
@@ -173,3 +174,19 @@ def read_bytes(path, pos, n):
     with open(path, "rb") as f:
         f.seek(pos)
         return f.read(n)
+
+
+def rmtree_on_fuse(path, timeout=10.0):
+    """``shutil.rmtree`` of a tree on a powerfs mount, retried while a directory is not empty. libfuse's high-level
+    API renames a file that is unlinked while still open to ``.fuse_hidden...`` in the same directory, and the kernel
+    sends the last close of a mapped file (its RELEASE) asynchronously after the unmap: a store that has just closed
+    can leave such an entry for a moment, which disappears once the release arrives."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

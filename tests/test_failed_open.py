@@ -20,7 +20,7 @@ import time
 import pytest
 
 import localmq
-from helpers import powerfs_mounted
+from helpers import powerfs_mounted, rmtree_on_fuse
 from localmq.layout import MESSAGE_MAGIC_CODE
 from localmq.store.queue_snapshot import FRESH_NS
 
@@ -154,7 +154,7 @@ def test_an_open_failing_at_any_file_operation_leaves_the_store_as_it_found_it(p
 
     def fresh():
         if root.exists():
-            shutil.rmtree(root)
+            rmtree_on_fuse(root)  # a file the last open mapped may still be released
         shutil.copytree(pristine, root)
         assert snapshot(root) == before
         return before
@@ -204,7 +204,7 @@ def test_a_failed_open_that_took_queues_from_the_snapshot_leaves_the_store_as_it
 
     def fresh():
         if root.exists():
-            shutil.rmtree(root)
+            rmtree_on_fuse(root)  # a file the last open mapped may still be released
         shutil.copytree(pristine, root)  # new inodes: the pristine store's snapshot vouches for nothing here
         time.sleep(2 * FRESH_NS / 1e9)  # older than what a close leaves unvouched
         with localmq.open(root, **SMALL):
@@ -323,7 +323,7 @@ def test_a_first_use_that_repairs_a_queue_failing_at_any_file_operation_loses_no
 
     def fresh():
         if root.exists():
-            shutil.rmtree(root)
+            rmtree_on_fuse(root)  # a file the last open mapped may still be released
         shutil.copytree(pristine, root)
         time.sleep(2 * FRESH_NS / 1e9)
         with localmq.open(root, **SMALL):
