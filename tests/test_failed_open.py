@@ -48,7 +48,8 @@ def snapshot(root):
 
 
 def open_files_under(path):
-    """The descriptors of this process open on files under ``path`` (a failed open must close every one)."""
+    """The descriptors and the mappings of this process on files under ``path`` (a failed open must close and unmap
+    every one; a queue file is mapped without a descriptor)."""
     out = []
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -57,6 +58,8 @@ def open_files_under(path):
             continue
         if target.startswith(str(path)):
             out.append(target)
+    with open("/proc/self/maps") as f:
+        out += ["mapped " + line.split()[-1] for line in f if str(path) in line]
     return out
 
 
