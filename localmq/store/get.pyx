@@ -289,12 +289,11 @@ cdef object _get(ConsumeQueue cq, list commit_log_files, int64_t seg_size, int64
     cdef int64_t hashes[64]
     cdef bint removing = False
     cdef MappedFile cqf = None, seg, pinned_seg = None
-    cdef object pinned = None  # pin() of pinned_seg
     cdef const uint8_t *u
     cdef RecordView v
     cdef str topic = cq.topic
     cdef bytes topic_b = topic.encode("utf-8")
-    cdef object bad = None, bad_path = None, mfq = cq.mapped_file_queue
+    cdef object bad = None, bad_path = None, mfq = cq.mapped_file_queue, pinned = None  # pinned: pin() of pinned_seg
     cdef list out = [], cols = None   # cols (get_bodies): one list per asked field, in the order of ``fcodes``
     cdef int fcodes[N_FIELDS]
     if bodies_of is not None:
