@@ -25,7 +25,6 @@ cdef class MappedFile(Mapping):
     cdef bytes path_b                 # the path, file-system encoded (NogilReserve.path)
     cdef int ensure_reserved(self, int64_t end) except -1
     cdef int nogil_reserve(self, NogilReserve *r) except -1
-    cdef int close_failed(self, int err) except -1
     cdef int reserve_range(self, int64_t start, int64_t end) except -1
     cdef int prepare_c(self, int64_t start, int64_t end) noexcept nogil
     cdef bint prepare_due(self, int64_t pos) noexcept nogil

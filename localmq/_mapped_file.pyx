@@ -50,7 +50,8 @@ cdef int reserve_nogil(NogilReserve *r, int64_t end, int *stage) noexcept nogil:
     """``ensure_reserved`` without the GIL, for a file ``MappedFile.nogil_reserve`` described: 0 when the blocks below
     ``end`` are reserved (``r.reserved`` moved), -1 when the caller must take ``ensure_reserved`` with the GIL (``end``
     is past the file, or no description), or -2 with errno and ``stage`` when a call failed
-    (``lmq_fallocate_path``; stage 4, a failed close, after the blocks were reserved: ``close_failed`` reports it)."""
+    (``lmq_fallocate_path``; stage 4, a failed close, after the blocks were reserved: the caller reports it through
+    ``Mapping._borrowed_close_error``)."""
     cdef int64_t upto
     if r.path == NULL or end > r.file_size:
         return -1
@@ -146,11 +147,6 @@ cdef class MappedFile(Mapping):
         r.file_size = self.file_size
         r.path = self.path_b
         return 0
-
-    cdef int close_failed(self, int err) except -1:
-        """A close of a descriptor opened for one call failed with ``err`` (see ``Mapping._close_borrowed``): kept as
-        this file's failed flush; raises StoreIOError (close)."""
-        return self._borrowed_close_error(err)
 
     cdef int prepare_c(self, int64_t start, int64_t end) noexcept nogil:
         # Reserve [start, end) (a no-op where blocks exist), prefault it writable (marks its pages dirty without

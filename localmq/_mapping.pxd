@@ -96,7 +96,7 @@ cdef class Mapping:
     cdef int _size_new(self, int fd, bint reserve, long long reserve_step) except -1
     cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd, bint advise,
                             bint populate_first) except -1
-    cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2
+    cdef int64_t _first_reserve(self, long long reserve_step) noexcept
     cdef int sync_c(self, bint data_sync, int64_t off, int64_t length) noexcept nogil
     cdef int _reopen(self) except -1
     cdef int _defer(self, MappingBudget budget, bint keep_fd, bint create, tuple file_id) except -1

@@ -175,16 +175,12 @@ cdef class Mapping:
         existed = os.path.exists(self.path)
         if not existed and not create:
             raise FileNotFoundError(2, "No such file", self.path)
-        fd = -1
-        if create and writable and not existed:
-            # the file appears under its name only once sized: a process killed while creating it leaves no
-            # 0-byte or short segment (which RocketMQ's load() refuses), and nothing at all when the disk is full
-            fd = self._create_sized(reserve, reserve_step)
-        if fd < 0:
-            if create and writable:
-                flags |= os.O_CREAT
-            with io_operation("open", self.path):
-                fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
+        # (a new file is made sized before it is named by _create_mapped above where the file system has O_TMPFILE;
+        # here, where it has not, or when the name exists, it is opened by name)
+        if create and writable:
+            flags |= os.O_CREAT
+        with io_operation("open", self.path):
+            fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
         self.fd = fd
         try:
             with io_operation("fstat", self.path):
@@ -311,18 +307,21 @@ cdef class Mapping:
         else:
             c_ftruncate(fd, self.file_size, self.path)
             if reserve:
-                # reserve_first (ConsumeQueue files: a page): a queue that gets one message costs one block, and the
-                # steps then double up to reserve_step (ensure_reserved)
-                self.reserved = min(self.file_size, reserve_step, self.reserve_first or reserve_step)
+                self.reserved = self._first_reserve(reserve_step)
                 c_fallocate(fd, 0, self.reserved, self.path)
         if self.sync_size:
             c_fdatasync(fd, False, self.path)
         return 0
 
+    cdef int64_t _first_reserve(self, long long reserve_step) noexcept:
+        # a new sparse file's first reservation: reserve_first (ConsumeQueue files: a page), so that a queue that gets
+        # one message costs one block, and the steps then double up to reserve_step (ensure_reserved)
+        return min(self.file_size, reserve_step, self.reserve_first or reserve_step)
+
     cdef int _create_mapped(self, bint reserve, long long reserve_step, bint keep_fd, bint advise,
                             bint populate_first) except -1:
-        """A new file made as ``_create_sized`` and the rest of ``__cinit__`` make it (an unnamed inode sized, reserved,
-        its size synced when ``sync_size``, linked, mapped, its descriptor closed unless ``keep_fd``), in one call
+        """A new file made sized before it is named (an unnamed O_TMPFILE inode sized, reserved, its size synced when
+        ``sync_size``, linked, mapped, its descriptor closed unless ``keep_fd``), in one call
         without the GIL: a background thread (the allocator, the QueueFileMaker) waits to take the GIL back after
         each call that releases it, up to the 5 ms switch interval while another thread runs Python (the producer),
         and a file made call by call released it a dozen times. ``advise``: the mapping is advised MADV_RANDOM, as
@@ -337,7 +336,7 @@ cdef class Mapping:
         if reserve and reserve_step == 0:
             res = -1
         elif reserve:
-            res = min(self.file_size, reserve_step, self.reserve_first or reserve_step)
+            res = self._first_reserve(reserve_step)
         cdef bytes directory = os.fsencode(os.path.dirname(self.path) or "."), path = os.fsencode(self.path)
         cdef const char *dp = directory
         cdef const char *pp = path
@@ -358,42 +357,6 @@ cdef class Mapping:
         if rc != 0:
             raise_errno(err, self.path, "close")  # mapped: __dealloc__ unmaps it
         return 1
-
-    cdef int _create_sized(self, bint reserve, long long reserve_step) except? -2:
-        """Create the file sized and reserved as an unnamed inode in its directory (O_TMPFILE), then give it its
-        name (linkat through /proc/self/fd). Returns its descriptor, or -1 where that is not possible (a file
-        system or kernel without O_TMPFILE, no /proc, the name taken meanwhile by another process): the caller
-        then opens the name. A failure to size it (a full disk) raises, and leaves nothing behind."""
-        tmpfile = getattr(os, "O_TMPFILE", 0)
-        if not tmpfile:
-            return -1
-        directory = os.path.dirname(self.path) or "."
-        try:
-            fd = os.open(directory, tmpfile | os.O_RDWR | os.O_CLOEXEC, 0o644)
-        except OSError:
-            return -1  # EOPNOTSUPP, EISDIR (kernels before 3.11), EINVAL...
-        dfd = -1
-        try:
-            self._size_new(fd, reserve, reserve_step)
-            # a directory descriptor makes os.link call linkat with AT_SYMLINK_FOLLOW (plain link() would link the
-            # /proc symlink itself); the source path is absolute, so the descriptor only selects the call
-            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            os.link(f"/proc/self/fd/{fd}", self.path, src_dir_fd=dfd, follow_symlinks=True)
-        except FileExistsError:
-            os.close(fd)
-            return -1
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG, _errno.EIO):
-                raise store_io_error(e, "link", self.path) from e
-            return -1
-        except BaseException:
-            os.close(fd)
-            raise
-        finally:
-            if dfd >= 0:
-                os.close(dfd)
-        return fd
 
     def __dealloc__(self):
         if self.addr != NULL and self.exports == 0:

@@ -190,3 +190,24 @@ def rmtree_on_fuse(path, timeout=10.0):
             if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def run_on_tmpfs(tmp_path, script_text, size, timeout=120):
+    """Run ``script_text`` (written to a file under ``tmp_path``) with a fresh tmpfs of ``size`` (e.g. "6m") mounted
+    at ``tmp_path / "mnt"``, in a private mount namespace (root), its mount point as the one argument; this
+    interpreter and its import path. Returns the CompletedProcess (text output)."""
+    script = tmp_path / "on_tmpfs.py"
+    script.write_text(script_text)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    cmd = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size={size} tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"',
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)

@@ -2,13 +2,12 @@
 many messages were stored (or hands it to ``on_delivery``); ``send_batch(messages)`` makes one batched put per run."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import localmq
+from helpers import run_on_tmpfs
 from localmq import PutStatus, SendError
 
 
@@ -116,21 +115,7 @@ def test_send_batch_on_a_nearly_full_disk_says_how_many_were_stored(tmp_path):
     """Issue 14's finding: Producer.send on a nearly full disk stored 1 of 3 messages and raised nothing. On a real
     6 MB tmpfs (private mount namespace) a batch cut short raises SendError whose ``stored`` is exactly what the
     queue holds."""
-    script = tmp_path / "nearly_full.py"
-    script.write_text(NEARLY_FULL)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    cmd = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        f'mount -t tmpfs -o size=6m tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"',
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    proc = run_on_tmpfs(tmp_path, NEARLY_FULL, "6m")
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
     assert "SendError said so" in proc.stdout
 

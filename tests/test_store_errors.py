@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 import localmq
+from helpers import run_on_tmpfs
 
 SMALL = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=200)
 
@@ -513,20 +514,6 @@ def test_new_files_are_made_in_one_call_and_a_failed_one_leaves_nothing(tmp_path
     sized and reserved as asked, its descriptor closed unless kept; a file that cannot be reserved raises a
     StoreIOError naming the call, the file and ENOSPC and leaves no name and no blocks behind; an existing name is
     opened instead; a directory below a file is refused with ENOTDIR (lmq_mkdirs)."""
-    script = tmp_path / "new_files.py"
-    script.write_text(NEW_FILES)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    cmd = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        f'mount -t tmpfs -o size=2m tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"',
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    proc = run_on_tmpfs(tmp_path, NEW_FILES, "2m")
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
     assert "new files ok" in proc.stdout

@@ -2,11 +2,10 @@
 puts with a status instead of a SIGBUS."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import localmq
+from helpers import run_on_tmpfs
 from localmq import PutStatus
 
 MB = 1 << 20
@@ -133,21 +132,7 @@ def test_full_disk_refuses_the_put_that_cannot_be_reserved_never_sigbus(tmp_path
     """On a real 6 MB tmpfs (a private mount namespace), puts into a sparse segment are refused with
     CREATE_MAPPED_FILE_FAILED when the next step cannot be reserved: no SIGBUS, every acknowledged message reads
     back, and puts work again once space returns."""
-    script = tmp_path / "full_disk.py"
-    script.write_text(FULL_DISK)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    cmd = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        f'mount -t tmpfs -o size=6m tmpfs "{mnt}" && exec "{sys.executable}" "{script}" "{mnt}"',
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    proc = run_on_tmpfs(tmp_path, FULL_DISK, "6m")
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
     assert "every one read back" in proc.stdout
     assert PutStatus.CREATE_MAPPED_FILE_FAILED  # the status the worker asserted

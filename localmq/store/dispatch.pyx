@@ -511,7 +511,7 @@ cdef class ReputCore:
         if code == R_NEED_CQ_FILE:
             if self.reserve_close_errno != 0:
                 err, self.reserve_close_errno = self.reserve_close_errno, 0
-                cq.cur.close_failed(err)
+                cq.cur._borrowed_close_error(err)  # the file's failed flush, raised
             if self._wait_for_file(cq, v):
                 return 1
             if cq.st.waiting > 0:
