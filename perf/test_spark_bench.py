@@ -1,10 +1,14 @@
-"""Scanning the same 100-byte messages in Spark: the localmq data source, read_commitlog (mapInArrow), Parquet.
+"""Scanning the same 100-byte messages in Spark: the localmq data source (the JVM reader, format "localmq" with its
+jar on the session), the Python data source (format "localmq-python"), read_commitlog (mapInArrow) and Parquet.
 
-One store and one Parquet file of the same bodies per size (2M and 8M messages; LOCALMQ_BENCH_QUICK=1: 20k),
-one local[*] Spark session for the module. Every scenario materialises every row of its DataFrame through
-Spark's ``noop`` sink (``df.write.format("noop")``); the ``agg`` scenarios compute count(*) and
-sum(length(value)) instead, which Parquet answers from its vectorised reader. The summary prints rows/s,
-MB/s (body bytes) and localmq/peer ratios from the same run.
+One store per size (2M and 8M messages; LOCALMQ_BENCH_QUICK=1: 20k) and two Parquet files of the same messages: the
+bodies alone (pyarrow, as a producer of such a file would write it) and every column of the data source (written by
+Spark from the store), one local[*] Spark session for the module, the jar built by ``localmq.spark.jar_path()``.
+Every scan scenario materialises every row of its DataFrame through Spark's ``noop`` sink
+(``df.write.format("noop")``), for the value column and for all columns; the ``agg`` scenarios compute count(*) and
+sum(length(value)) instead, which Parquet answers from its vectorised reader; the streaming catch-up reads every row
+with trigger(availableNow) into the noop sink, against a Parquet file-source stream of the same bodies. The summary
+prints rows/s, MB/s (body bytes) and localmq/peer ratios from the same run (issue 28).
 """
 
 import os
@@ -24,7 +28,7 @@ import pyarrow.parquet as pq  # noqa: E402
 SIZES = [20_000] if QUICK else [2_000_000, 8_000_000]
 BODY = 100
 QUEUES = 4
-ROUNDS = 1 if QUICK else 3
+ROUNDS = 1 if QUICK else 5
 PERF = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(PERF)
 FLOOR = "python data source floor"
@@ -42,10 +46,12 @@ def spark():
     )
     from pyspark.sql import SparkSession
 
+    import localmq.spark
+
     # Python workers talk to the JVM over Unix domain sockets instead of loopback TCP: +12 % (localmq), +21 %
     # (read_commitlog), +23 % (the floor) rows/s at 8M in 20 alternating rounds each, Parquet unchanged (no
     # Python worker); every scenario runs under it alike
-    s = (
+    builder = (
         SparkSession.builder.master("local[*]")
         .appName("localmq-bench")
         .config("spark.ui.enabled", "false")
@@ -53,8 +59,9 @@ def spark():
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.python.unix.domain.socket.enabled", "true")
         .config("spark.driver.memory", "4g")
-        .getOrCreate()
     )
+    # the JVM reader's jar: format("localmq") is the JVM reader, format("localmq-python") the Python source
+    s = localmq.spark.configure_spark(builder).getOrCreate()
     s.sparkContext.setLogLevel("ERROR")
     from spark_floor import FloorDataSource
 
@@ -73,8 +80,10 @@ def bodies(start, stop):
 
 
 @pytest.fixture(scope="module", params=SIZES, ids=lambda n: f"{n // 1_000_000}M" if n >= 1_000_000 else str(n))
-def data(request, tmp_path_factory):
-    """(store path, parquet path, message count): the same bodies in a localmq store and in one Parquet file."""
+def data(request, tmp_path_factory, spark):
+    """(store path, parquet directory, message count): the same messages in a localmq store, in ``bodies.parquet``
+    (the bodies, written by pyarrow) and in ``all-columns/`` (every column of the data source, written by Spark), both
+    in the parquet directory (a file-source stream reads ``bodies/``, the bodies file alone)."""
     import localmq
 
     n = request.param
@@ -88,9 +97,11 @@ def data(request, tmp_path_factory):
     all_rows = bodies(0, n)
     offsets = pa.py_buffer(np.arange(0, (n + 1) * BODY, BODY, dtype=np.int32))
     values = pa.Array.from_buffers(pa.binary(), n, [None, offsets, pa.py_buffer(all_rows)])
-    pq.write_table(pa.table({"value": values}), root / "bodies.parquet")
+    (root / "pq" / "bodies").mkdir(parents=True)
+    pq.write_table(pa.table({"value": values}), root / "pq" / "bodies" / "bodies.parquet")
     del all_rows, values
-    yield str(store), str(root / "bodies.parquet"), n
+    spark.read.format("localmq").load(str(store)).write.parquet(str(root / "pq" / "all-columns"))
+    yield str(store), str(root / "pq"), n
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -124,13 +135,21 @@ def scan(benchmark, make_df, n, query):
 
 
 SCENARIOS = {
-    "parquet": lambda spark, path, pqpath, n: spark.read.parquet(pqpath),
-    "localmq": lambda spark, path, pqpath, n: spark.read.format("localmq").schema("value binary").load(path),
-    "localmq all columns": lambda spark, path, pqpath, n: spark.read.format("localmq").load(path),
-    "read_commitlog": lambda spark, path, pqpath, n: _read_commitlog(spark, path, columns="value"),
-    "read_commitlog all columns": lambda spark, path, pqpath, n: _read_commitlog(spark, path),
+    "parquet": lambda spark, path, pqdir, n, cols: spark.read.parquet(
+        os.path.join(pqdir, "bodies" if cols == "value" else "all-columns")
+    ),
+    "localmq": lambda spark, path, pqdir, n, cols: _columns(spark.read.format("localmq").load(path), cols),
+    # the Python source decodes the columns of its schema only (Spark gives it no projection)
+    "localmq-python": lambda spark, path, pqdir, n, cols: (
+        spark.read.format("localmq-python").schema("value binary").load(path)
+        if cols == "value"
+        else spark.read.format("localmq-python").load(path)
+    ),
+    "read_commitlog": lambda spark, path, pqdir, n, cols: _read_commitlog(
+        spark, path, **({"columns": "value"} if cols == "value" else {})
+    ),
     # Spark's ceiling for a Python data source: the same rows from one prebuilt Arrow batch, nothing decoded
-    FLOOR: lambda spark, path, pqpath, n: (
+    FLOOR: lambda spark, path, pqdir, n, cols: (
         spark.read.format("python_floor")
         .option("rows", n)
         .option("body", BODY)
@@ -144,49 +163,66 @@ FLOOR_CAVEAT = (
 )
 
 
+def _columns(df, cols):
+    return df.select("value") if cols == "value" else df
+
+
 def _read_commitlog(spark, path, **kw):
     import localmq.spark
 
     return localmq.spark.read_commitlog(spark, path, **kw)
 
 
-@pytest.mark.parametrize("implementation", list(SCENARIOS))
-def test_spark_scan_noop(spark, data, implementation, benchmark, request):
-    """Every row of the value column (all columns for the "all columns" rows) through the noop sink; the floor
-    row scans the same number of rows from a Python data source that decodes nothing."""
-    path, pqpath, n = data
-    scan(benchmark, lambda: SCENARIOS[implementation](spark, path, pqpath, n), n, "noop")
-    record(
-        request,
-        benchmark,
-        f"spark_scan_noop_{n // 1000}k",
-        implementation,
-        n,
-        FLOOR_CAVEAT if implementation == FLOOR else "",
-    )
+@pytest.mark.parametrize(
+    "implementation,columns",
+    # the floor has a value column only
+    [(i, c) for c in ("value", "all") for i in SCENARIOS if c == "value" or i != FLOOR],
+)
+def test_spark_scan_noop(spark, data, implementation, columns, benchmark, request):
+    """Every row of the value column (or of every column, against Parquet with the same columns) through the noop
+    sink; the floor row scans the same number of rows of values from a Python data source that decodes nothing."""
+    path, pqdir, n = data
+    scan(benchmark, lambda: SCENARIOS[implementation](spark, path, pqdir, n, columns), n, "noop")
+    scenario = f"spark_scan_noop_{n // 1000}k" if columns == "value" else f"spark_scan_noop_all_columns_{n // 1000}k"
+    record(request, benchmark, scenario, implementation, n, FLOOR_CAVEAT if implementation == FLOOR else "")
 
 
-@pytest.mark.parametrize("implementation", ["parquet", "localmq", "read_commitlog"])
+@pytest.mark.parametrize("implementation", ["parquet", "localmq", "localmq-python", "read_commitlog"])
 def test_spark_scan_agg(spark, data, implementation, benchmark, request):
     """count(*) and sum(length(value)) over the value column."""
-    path, pqpath, n = data
-    scan(benchmark, lambda: SCENARIOS[implementation](spark, path, pqpath, n), n, "agg")
+    path, pqdir, n = data
+    scan(benchmark, lambda: SCENARIOS[implementation](spark, path, pqdir, n, "value"), n, "agg")
     record(request, benchmark, f"spark_scan_agg_{n // 1000}k", implementation, n)
 
 
-def test_spark_streaming_catch_up(spark, data, benchmark, request, tmp_path):
-    """The streaming reader from earliest to the end with trigger(availableNow), noop sink: rows/s a stream of
-    this store can absorb (to compare with a producer's rate)."""
-    path, _, n = data
+STREAMS = {
+    "localmq": lambda spark, path, pqdir: (
+        spark.readStream.format("localmq").option("startingOffsets", "earliest").load(path).select("value")
+    ),
+    "localmq-python": lambda spark, path, pqdir: (
+        spark.readStream.format("localmq-python")
+        .schema("value binary")
+        .option("startingOffsets", "earliest")
+        .load(path)
+    ),
+    # Spark's file source over the directory holding the bodies' Parquet file
+    "parquet": lambda spark, path, pqdir: spark.readStream.schema("value binary").parquet(
+        os.path.join(pqdir, "bodies")
+    ),
+}
+
+
+@pytest.mark.parametrize("implementation", list(STREAMS))
+def test_spark_streaming_catch_up(spark, data, implementation, benchmark, request, tmp_path):
+    """A stream from earliest to the end with trigger(availableNow), noop sink: rows/s a stream of this store can
+    absorb (to compare with a producer's rate), against a Parquet file-source stream of the same bodies."""
+    path, pqdir, n = data
     state = {"round": 0}
 
     def run():
         state["round"] += 1
         q = (
-            spark.readStream.format("localmq")
-            .schema("value binary")
-            .option("startingOffsets", "earliest")
-            .load(path)
+            STREAMS[implementation](spark, path, pqdir)
             .writeStream.format("noop")
             .trigger(availableNow=True)
             .option("checkpointLocation", str(tmp_path / f"ck{state['round']}"))
@@ -196,7 +232,7 @@ def test_spark_streaming_catch_up(spark, data, benchmark, request, tmp_path):
         assert sum(p["numInputRows"] for p in q.recentProgress) == n
 
     benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=1, iterations=1)
-    record(request, benchmark, f"spark_stream_{n // 1000}k", "localmq", n)
+    record(request, benchmark, f"spark_stream_{n // 1000}k", implementation, n)
 
 
 def test_spark_streaming_live_producer(spark, tmp_path, benchmark, request):
