@@ -2,6 +2,7 @@
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import numpy
 from Cython.Build import cythonize
@@ -35,6 +36,7 @@ def write_layout_pxd():
 # csrc/ is plain C built once as a static library with strict warnings; the Cython-generated C is not held to -Werror.
 CSRC_LIB = ("lmq_os", {"sources": ["csrc/lmq_os.c", "csrc/lmq_shm.c", "csrc/lmq_crc.c"],
                        "cflags": ["-O3", "-fPIC", "-Wall", "-Wextra", "-Werror"]})
+CSRC_DEPENDS = CSRC_LIB[1]["sources"] + sorted(str(p) for p in Path("csrc").glob("*.h"))
 C_FLAGS = ["-O3", "-fno-strict-aliasing"]
 # A wheel's extensions are stripped of symbols and debug info (one was 2.27 MB, 0.37 MB stripped); in-place and editable
 # builds keep them for profilers and debuggers (perf, py-spy --native, callgrind). LOCALMQ_KEEP_SYMBOLS=1 keeps them in
@@ -53,6 +55,8 @@ def ext(name):
                                       "-Wno-missing-field-initializers"],
         extra_link_args=LINK_FLAGS,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        # linked with the static lmq_os: a change in csrc/ relinks every extension (build_ext compares these too)
+        depends=CSRC_DEPENDS,
     )
 
 

@@ -5,6 +5,10 @@ Folding constants (see lmq_crc.c): a 128-bit lane register holds 128 message bit
 for x^(127 - i); its low qword (the earlier 8 bytes) is the higher-degree half. A carry-less product of two such
 reflected 64-bit values is the reflected product multiplied by x, so the constant for folding a half forward by
 D bits is reflect64(x^(D + 63) mod P) for the low (earlier) qword and reflect64(x^(D - 1) mod P) for the high one.
+
+Finishing constants (the last lane to the 32-bit register without tables): as in Linux's crc32-pclmul (Gopal et al.,
+section "Final reduction"), 33-bit reflected: a fold 128 -> 64 bits by x^96, 64 -> 32 bits by x^64, then Barrett's
+reduction with P and mu = floor(x^64 / P), each value reflected over 33 bits (x^0 at bit 32).
 """
 P = 0x104C11DB7  # x^32 + x^26 + ... + 1, normal (non-reflected) order
 
@@ -26,6 +30,21 @@ def reflect(v, bits):
 def k(e):
     """reflect64 of x^e mod P: coefficient of x^d stored at bit 63 - d."""
     return reflect(xpow_mod(e), 64)
+
+
+def k33(v):
+    """A polynomial of degree <= 32 reflected over 33 bits."""
+    return reflect(v, 33)
+
+
+def barrett_mu():
+    """floor(x^64 / P), a polynomial of degree 32."""
+    q, r = 0, 1 << 64
+    for d in range(64, 31, -1):
+        if r & (1 << d):
+            q |= 1 << (d - 32)
+            r ^= P << (d - 32)
+    return q
 
 
 def tables():
@@ -57,6 +76,11 @@ def main():
         print(f"/* fold a 128-bit lane forward by {d} bits: low qword x^{d + 63}, high qword x^{d - 1} (mod P, reflected) */")
         print(f"#define LMQ_CRC_{name}_LO UINT64_C(0x{k(d + 63):016x})")
         print(f"#define LMQ_CRC_{name}_HI UINT64_C(0x{k(d - 1):016x})")
+    print("/* the last lane to 32 bits: fold by x^96 and by x^64, then Barrett (P, mu = x^64 div P); 33-bit reflected */")
+    print(f"#define LMQ_CRC_FINISH96 UINT64_C(0x{k33(xpow_mod(96)):016x})")
+    print(f"#define LMQ_CRC_FINISH64 UINT64_C(0x{k33(xpow_mod(64)):016x})")
+    print(f"#define LMQ_CRC_BARRETT_P UINT64_C(0x{k33(P):016x})")
+    print(f"#define LMQ_CRC_BARRETT_MU UINT64_C(0x{k33(barrett_mu()):016x})")
     print("\n#endif")
 
 

@@ -374,5 +374,10 @@ static const uint32_t lmq_crc_table[8][256] = {
 /* fold a 128-bit lane forward by 128 bits: low qword x^191, high qword x^127 (mod P, reflected) */
 #define LMQ_CRC_FOLD128_LO UINT64_C(0x65673b4600000000)
 #define LMQ_CRC_FOLD128_HI UINT64_C(0x9ba54c6f00000000)
+/* the last lane to 32 bits: fold by x^96 and by x^64, then Barrett (P, mu = x^64 div P); 33-bit reflected */
+#define LMQ_CRC_FINISH96 UINT64_C(0x00000000ccaa009e)
+#define LMQ_CRC_FINISH64 UINT64_C(0x0000000163cd6124)
+#define LMQ_CRC_BARRETT_P UINT64_C(0x00000001db710641)
+#define LMQ_CRC_BARRETT_MU UINT64_C(0x00000001f7011641)
 
 #endif
