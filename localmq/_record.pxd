@@ -57,6 +57,16 @@ cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t fl
                        const uint8_t *store_host, int32_t store_host_len, int32_t reconsume_times,
                        int64_t prepared_transaction_offset, const uint8_t *body, int32_t body_len,
                        const uint8_t *topic, int32_t topic_len, const uint8_t *props, int32_t props_len) noexcept nogil
+cdef int32_t encode_head(uint8_t *p, bint v2, int32_t queue_id, int32_t flag, int32_t sys_flag,
+                         int64_t born_timestamp, const uint8_t *born_host, int32_t born_host_len,
+                         int64_t store_timestamp, const uint8_t *store_host, int32_t store_host_len,
+                         int32_t reconsume_times, int64_t prepared_transaction_offset) noexcept nogil
+cdef void encode_own(uint8_t *p, int32_t head_len, int32_t total, int64_t queue_offset, int64_t physical_offset,
+                     const uint8_t *body, int32_t body_len, bint v2, const uint8_t *topic, int32_t topic_len,
+                     const uint8_t *props, int32_t props_len) noexcept nogil
+# encode_head's longest head: 48 fixed bytes, IPv6 born and store hosts (20 each), store timestamp 8, 16 after
+cdef enum:
+    REC_HEAD_MAX = 112
 cdef void write_blank(uint8_t *dst, int32_t size) noexcept nogil
 
 cdef class Message:

@@ -296,34 +296,41 @@ cdef int64_t tags_code_of(const RecordView *v, const int64_t *levels, int32_t n_
     return 0
 
 
-cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t flag, int64_t queue_offset,
-                       int64_t physical_offset, int32_t sys_flag, int64_t born_timestamp,
-                       const uint8_t *born_host, int32_t born_host_len, int64_t store_timestamp,
-                       const uint8_t *store_host, int32_t store_host_len, int32_t reconsume_times,
-                       int64_t prepared_transaction_offset, const uint8_t *body, int32_t body_len,
-                       const uint8_t *topic, int32_t topic_len, const uint8_t *props, int32_t props_len) noexcept nogil:
-    """Write one complete record at dst (total bytes, already computed by calc_msg_length): V1, or V2 (int16 topic
-    length) for a topic longer than MAX_TOPIC_BYTES, as RocketMQ 5.x does."""
-    cdef uint8_t *p = dst
-    cdef bint v2 = topic_len > MAX_TOPIC_BYTES
-    lmq_put32(p, <uint32_t>total)
+cdef int32_t encode_head(uint8_t *p, bint v2, int32_t queue_id, int32_t flag, int32_t sys_flag,
+                         int64_t born_timestamp, const uint8_t *born_host, int32_t born_host_len,
+                         int64_t store_timestamp, const uint8_t *store_host, int32_t store_host_len,
+                         int32_t reconsume_times, int64_t prepared_transaction_offset) noexcept nogil:
+    """The header fields up to the body that the records of one put share (a batch encodes them once, copies them to
+    each record and adds its own with encode_own); returns the head's length, at most REC_HEAD_MAX (hosts of 8 or
+    20 bytes, as their sysflag bits say). TOTALSIZE, BODYCRC, QUEUEOFFSET, PHYSICALOFFSET and BODYLENGTH (the head's
+    last 4 bytes) are each record's own. ``v2``: a topic longer than MAX_TOPIC_BYTES (RocketMQ 5.x's V2 record)."""
+    cdef int32_t q
     lmq_put32(p + 4, <uint32_t>(MESSAGE_MAGIC_CODE_V2 if v2 else MESSAGE_MAGIC_CODE))
-    lmq_put32(p + REC_BODY_CRC, body_crc32(body, body_len))
     lmq_put32(p + REC_QUEUE_ID, <uint32_t>queue_id)
     lmq_put32(p + REC_FLAG, <uint32_t>flag)
-    lmq_put64(p + REC_QUEUE_OFFSET, <uint64_t>queue_offset)
-    lmq_put64(p + REC_PHYSICAL_OFFSET, <uint64_t>physical_offset)
     lmq_put32(p + REC_SYS_FLAG, <uint32_t>sys_flag)
     lmq_put64(p + REC_BORN_TIMESTAMP, <uint64_t>born_timestamp)
     memcpy(p + REC_BORN_HOST, born_host, born_host_len)
-    p += REC_BORN_HOST + born_host_len
-    lmq_put64(p, <uint64_t>store_timestamp)
-    memcpy(p + 8, store_host, store_host_len)
-    p += 8 + store_host_len
-    lmq_put32(p, <uint32_t>reconsume_times)
-    lmq_put64(p + 4, <uint64_t>prepared_transaction_offset)
-    lmq_put32(p + 12, <uint32_t>body_len)
-    p += 16
+    q = REC_BORN_HOST + born_host_len
+    lmq_put64(p + q, <uint64_t>store_timestamp)
+    memcpy(p + q + 8, store_host, store_host_len)
+    q += 8 + store_host_len
+    lmq_put32(p + q, <uint32_t>reconsume_times)
+    lmq_put64(p + q + 4, <uint64_t>prepared_transaction_offset)
+    return q + 16
+
+
+cdef void encode_own(uint8_t *p, int32_t head_len, int32_t total, int64_t queue_offset, int64_t physical_offset,
+                     const uint8_t *body, int32_t body_len, bint v2, const uint8_t *topic, int32_t topic_len,
+                     const uint8_t *props, int32_t props_len) noexcept nogil:
+    """A record's own fields, its body, topic and properties, after the head of head_len bytes at p (encode_head's);
+    ``total`` as calc_msg_length gives it."""
+    lmq_put32(p, <uint32_t>total)
+    lmq_put32(p + REC_BODY_CRC, body_crc32(body, body_len))
+    lmq_put64(p + REC_QUEUE_OFFSET, <uint64_t>queue_offset)
+    lmq_put64(p + REC_PHYSICAL_OFFSET, <uint64_t>physical_offset)
+    lmq_put32(p + head_len - 4, <uint32_t>body_len)
+    p += head_len
     if body_len > 0:
         memcpy(p, body, body_len)
         p += body_len
@@ -338,6 +345,22 @@ cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t fl
     lmq_put16(p, <uint16_t>props_len)
     if props_len > 0:
         memcpy(p + 2, props, props_len)
+
+
+cdef void write_record(uint8_t *dst, int32_t total, int32_t queue_id, int32_t flag, int64_t queue_offset,
+                       int64_t physical_offset, int32_t sys_flag, int64_t born_timestamp,
+                       const uint8_t *born_host, int32_t born_host_len, int64_t store_timestamp,
+                       const uint8_t *store_host, int32_t store_host_len, int32_t reconsume_times,
+                       int64_t prepared_transaction_offset, const uint8_t *body, int32_t body_len,
+                       const uint8_t *topic, int32_t topic_len, const uint8_t *props, int32_t props_len) noexcept nogil:
+    """Write one complete record at dst (total bytes, already computed by calc_msg_length): V1, or V2 (int16 topic
+    length) for a topic longer than MAX_TOPIC_BYTES, as RocketMQ 5.x does."""
+    cdef bint v2 = topic_len > MAX_TOPIC_BYTES
+    cdef int32_t head_len = encode_head(dst, v2, queue_id, flag, sys_flag, born_timestamp, born_host, born_host_len,
+                                        store_timestamp, store_host, store_host_len, reconsume_times,
+                                        prepared_transaction_offset)
+    encode_own(dst, head_len, total, queue_offset, physical_offset, body, body_len, v2, topic, topic_len, props,
+               props_len)
 
 
 cdef void write_blank(uint8_t *dst, int32_t size) noexcept nogil:

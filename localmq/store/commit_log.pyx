@@ -9,14 +9,15 @@ from cpython.buffer cimport PyBuffer_Release
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.string cimport memcpy
 
 from localmq._layout cimport (
     CTL_EVENT_OFF, CTL_FLUSH_REQ_EVENT_OFF, CTL_S_LAST_TS, CTL_S_WPOS, CTL_T_NEXT, CTL_TOPIC_QUEUES,
-    END_FILE_MIN_BLANK_LENGTH, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID,
+    END_FILE_MIN_BLANK_LENGTH, HOST_V6_SIZE, MAX_PROPERTIES_SIZE, MAX_QUEUE_ID, MAX_TOPIC_BYTES,
     SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK, SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
 )
-from localmq._record cimport calc_msg_length, write_blank, write_record
+from localmq._record cimport REC_HEAD_MAX, calc_msg_length, encode_head, encode_own, write_blank, write_record
 from localmq._mapped_file cimport MappedFile
 from localmq._os cimport lmq_event_signal_if_waiting, lmq_load_acq, lmq_now_ms, lmq_store_rel
 from localmq._native cimport Event
@@ -224,6 +225,13 @@ cdef inline int64_t body_view(object body, Py_buffer *view, const uint8_t **bp, 
     have_view[0] = True
     bp[0] = <const uint8_t *>view.buf
     return view.len
+
+
+cdef inline int32_t shared_head(CommitLog self, uint8_t *head, int qid, int fl, int64_t ts, int64_t tlen) noexcept:
+    # the header fields the records of a put_batch share (encode_head), encoded once for the batch
+    return encode_head(head, tlen > MAX_TOPIC_BYTES, qid, fl, self.host_sys_flag, ts,
+                       <const uint8_t *>PyBytes_AS_STRING(self.born_host), PyBytes_GET_SIZE(self.born_host), ts,
+                       <const uint8_t *>PyBytes_AS_STRING(self.store_host), PyBytes_GET_SIZE(self.store_host), 0, 0)
 
 
 cdef inline PutResult put_result(int64_t phys, int64_t qoff, int64_t wrote, int64_t ts, int msg_num, bytes host):
@@ -670,9 +678,6 @@ cdef class CommitLog:
         cdef PutResult r
         cdef const uint8_t *tp
         cdef const uint8_t *pp
-        cdef const uint8_t *bh
-        cdef const uint8_t *sh
-        cdef int32_t bhl, shl
         cdef Py_buffer view
         cdef bint have_view
         cdef const uint8_t *bp
@@ -682,6 +687,9 @@ cdef class CommitLog:
         cdef char *cb = self.cb
         cdef bint entered = False
         cdef int64_t cend = 0
+        cdef uint8_t head[REC_HEAD_MAX]
+        cdef int32_t head_len = 0
+        cdef int64_t fixed = 0
         te = begin_put(self, topic, queue_id, flag, &qid, &fl)
         if te is None:  # refused (retention's disk-full flag): nothing is written
             return failed_result(NOT_AVAILABLE if self.sync_failed else self.refuse_status)
@@ -693,10 +701,6 @@ cdef class CommitLog:
         check_batch(blist, tlen, plen, self.host_sys_flag, self.max_message_size, self.file_size)
         tp = <const uint8_t *>PyBytes_AS_STRING(te.encoded)
         pp = <const uint8_t *>PyBytes_AS_STRING(props)
-        bh = <const uint8_t *>PyBytes_AS_STRING(self.born_host)
-        bhl = PyBytes_GET_SIZE(self.born_host)
-        sh = <const uint8_t *>PyBytes_AS_STRING(self.store_host)
-        shl = PyBytes_GET_SIZE(self.store_host)
         if n <= 4096:
             offsets = PyBytes_FromStringAndSize(NULL, n * sizeof(int64_t))
             offs = <int64_t *>PyBytes_AS_STRING(offsets)
@@ -704,13 +708,15 @@ cdef class CommitLog:
         try:
             begin_locked(self, te, qid, &entered, &cend)
             ts = store_time(self)
+            head_len = shared_head(self, head, qid, fl, ts, tlen)  # each record copies it and adds its own
+            fixed = calc_msg_length(self.host_sys_flag, 0, tlen, plen)
             mf = self.cur
             qoff = te.next_offsets[qid]
             for i in range(n):
                 have_view = False
                 blen = body_view(<object>PyList_GET_ITEM(blist, i), &view, &bp, &have_view, "bodies")
                 try:
-                    total = calc_msg_length(self.host_sys_flag, blen, tlen, plen)
+                    total = fixed + blen
                     mf = room_for(self, mf, total, &cend)
                     if mf is None:
                         break  # what was written before stays and is reported (CREATE_FAILED, msg_num)
@@ -718,8 +724,9 @@ cdef class CommitLog:
                     phys = mf.file_from_offset + pos
                     if cb != NULL:
                         intent_end(cb, phys + total)
-                    write_record(write_base(mf) + pos, <int32_t>total, qid, fl, qoff, phys, self.host_sys_flag, ts,
-                                 bh, bhl, ts, sh, shl, 0, 0, bp, <int32_t>blen, tp, <int32_t>tlen, pp, <int32_t>plen)
+                    memcpy(write_base(mf) + pos, head, head_len)
+                    encode_own(write_base(mf) + pos, head_len, <int32_t>total, qoff, phys, bp, <int32_t>blen,
+                               tlen > MAX_TOPIC_BYTES, tp, <int32_t>tlen, pp, <int32_t>plen)
                     if first_phys < 0:
                         first_phys = phys
                         first_qoff = qoff
