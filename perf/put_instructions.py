@@ -1,6 +1,7 @@
-"""Instructions per put (callgrind), exclusive and shared store, through a bound ``q.put`` of 100-byte bodies.
+"""Instructions per put (callgrind), exclusive and shared store, through a bound ``q.put`` of 100-byte bodies, or
+per message of ``q.put_batch`` with ``--batch K`` (batches of K bodies; the call is ``CommitLogFront.put_batch``).
 
-    PYTHONPATH=$PWD python perf/put_instructions.py [--n 20000] [--dir DIR]
+    PYTHONPATH=$PWD python perf/put_instructions.py [--n 20000] [--batch 1000] [--dir DIR]
 
 Runs this file under ``valgrind --tool=callgrind`` twice per mode (n and 2n puts) and prints, per put, the
 instructions of the main thread (the loop included) and of the put call alone (``CommitLogFront.put``, inclusive),
@@ -22,22 +23,28 @@ import tempfile
 
 BODY = b"x" * 100
 PUT_FN = "CommitLogFront_1put"
+PUT_BATCH_FN = "CommitLogFront_3put_batch"
 
 
-def child(mode, n, root):
+def child(mode, n, root, batch):
     import localmq
 
     path = tempfile.mkdtemp(dir=root)
     q = localmq.open(path, shared=mode == "shared", mapped_file_size_commit_log=64 << 20)
-    put = q.put
-    for _ in range(n):
-        put("T", BODY)
+    if batch:
+        put_batch, bodies = q.put_batch, [BODY] * batch
+        for _ in range(n // batch):
+            put_batch("T", bodies)
+    else:
+        put = q.put
+        for _ in range(n):
+            put("T", BODY)
     q.close()
     shutil.rmtree(path)
 
 
-def counts(out):
-    """(main thread total, put call inclusive) of a callgrind output file of the main thread."""
+def counts(out, fn):
+    """(main thread total, the put call ``fn`` inclusive) of a callgrind output file of the main thread."""
     text = subprocess.run(
         ["callgrind_annotate", "--inclusive=yes", "--auto=no", "--threshold=100", out],
         capture_output=True,
@@ -47,12 +54,12 @@ def counts(out):
     total = int(re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", text).group(1).replace(",", ""))
     put = 0
     for line in text.splitlines():
-        if PUT_FN in line and "'" not in line.split(PUT_FN)[1][:2]:
+        if fn in line and "'" not in line.split(fn)[1][:2]:
             put = max(put, int(line.split()[0].replace(",", "")))
     return total, put
 
 
-def measure(mode, n, root):
+def measure(mode, n, root, batch):
     res = []
     for k in (n, 2 * n):
         out = os.path.join(root, f"cg.{mode}.{k}.out")
@@ -70,11 +77,13 @@ def measure(mode, n, root):
                 str(k),
                 "--dir",
                 root,
+                "--batch",
+                str(batch),
             ],
             check=True,
             capture_output=True,
         )
-        res.append(counts(out + "-01"))
+        res.append(counts(out + "-01", PUT_BATCH_FN if batch else PUT_FN))
         for f in glob.glob(out + "*"):
             os.unlink(f)
     return (res[1][0] - res[0][0]) / n, (res[1][1] - res[0][1]) / n
@@ -84,18 +93,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--child", default=None)
     a = ap.parse_args()
     if a.child:
-        child(a.child, a.n, a.dir)
+        child(a.child, a.n, a.dir, a.batch)
         return
     root = tempfile.mkdtemp(prefix="lmq-put-instr-", dir=a.dir)
     try:
-        got = {mode: measure(mode, a.n, root) for mode in ("exclusive", "shared")}
+        got = {mode: measure(mode, a.n, root, a.batch) for mode in ("exclusive", "shared")}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    call = f"put_batch call (batches of {a.batch})" if a.batch else "put call"
     for mode, (loop, put) in got.items():
-        print(f"{mode:<10} {loop:8.0f} instructions per put (loop), {put:8.0f} in the put call")
+        print(f"{mode:<10} {loop:8.0f} instructions per message (loop), {put:8.0f} in the {call}")
     (el, ep), (sl, sp) = got["exclusive"], got["shared"]
     print(
         f"shared - exclusive: {sl - el:.0f} per put (loop), {sp - ep:.0f} in the put call; "
