@@ -119,6 +119,7 @@ cdef int check_batch(list blist, int64_t tlen, int64_t plen, int32_t sys_flag, i
     ``file_size``: a batch is refused whole, never half-written because of bad input."""
     cdef Py_ssize_t i
     cdef int64_t blen
+    cdef int64_t fixed = calc_msg_length(sys_flag, 0, tlen, plen) + END_FILE_MIN_BLANK_LENGTH  # + the body's length
     cdef object b
     for i in range(PyList_GET_SIZE(blist)):
         b = <object>PyList_GET_ITEM(blist, i)
@@ -129,6 +130,6 @@ cdef int check_batch(list blist, int64_t tlen, int64_t plen, int32_t sys_flag, i
         if blen > max_message_size:
             raise MessageSizeError(f"body {i} of {blen} bytes exceeds max_message_size {max_message_size}",
                                    PutStatus.MESSAGE_ILLEGAL)
-        if calc_msg_length(sys_flag, blen, tlen, plen) + END_FILE_MIN_BLANK_LENGTH > file_size:
+        if fixed + blen > file_size:
             raise MessageSizeError(f"body {i} cannot fit a segment of {file_size}", PutStatus.MESSAGE_ILLEGAL)
     return 0
