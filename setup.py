@@ -34,9 +34,11 @@ def write_layout_pxd():
 
 
 # csrc/ is plain C built once as a static library with strict warnings; the Cython-generated C is not held to -Werror.
-CSRC_LIB = ("lmq_os", {"sources": ["csrc/lmq_os.c", "csrc/lmq_shm.c", "csrc/lmq_crc.c"],
+CSRC_HEADERS = sorted(str(p) for p in Path("csrc").glob("*.h"))
+# obj_deps: a changed header recompiles the library (build_clib compares only the .c files otherwise)
+CSRC_LIB = ("lmq_os", {"sources": ["csrc/lmq_os.c", "csrc/lmq_shm.c", "csrc/lmq_crc.c"], "obj_deps": {"": CSRC_HEADERS},
                        "cflags": ["-O3", "-fPIC", "-Wall", "-Wextra", "-Werror"]})
-CSRC_DEPENDS = CSRC_LIB[1]["sources"] + sorted(str(p) for p in Path("csrc").glob("*.h"))
+CSRC_DEPENDS = CSRC_LIB[1]["sources"] + CSRC_HEADERS
 C_FLAGS = ["-O3", "-fno-strict-aliasing"]
 # A wheel's extensions are stripped of symbols and debug info (one was 2.27 MB, 0.37 MB stripped); in-place and editable
 # builds keep them for profilers and debuggers (perf, py-spy --native, callgrind). LOCALMQ_KEEP_SYMBOLS=1 keeps them in
