@@ -121,6 +121,10 @@ SETTINGS_VERSION = 1  # its "version"; a record of a later version is refused
 # the ones it recorded, so that the next open need not read them (store/queue_snapshot.py)
 QUEUE_SNAPSHOT_FILE = "queues.snapshot"  # in CONFIG_DIR
 QUEUE_SNAPSHOT_MAGIC = 0x4C4D5153  # "LMQS"
+# config/queues.running: the same rows at a cut of a running store (every record before its log end dispatched,
+# flushed in the log and in the queues), written by the queue flush's thorough pass; read only after a crash
+QUEUE_SNAPSHOT_RUNNING_FILE = "queues.running"  # in CONFIG_DIR
+QUEUE_SNAPSHOT_RUNNING_MAGIC = 0x4C4D5152  # "LMQR"
 QUEUE_SNAPSHOT_VERSION = 1
 QUEUE_SNAPSHOT_HEADER = struct.Struct(">IIIq")  # magic, version, CRC-32 of the body, body length
 # body: cq file size, commit log file size, the log's min offset the rows' min offsets are right for (-1: not

@@ -55,11 +55,10 @@ from localmq.store.queue_recovery import (
     repair_queue,
     sync_directories,
 )
-from localmq.store.queue_snapshot import read_snapshot, remove_snapshot, write_snapshot
-from localmq.store.recovery import check_segments, recover_store
+from localmq.store.queue_snapshot import SnapshotWriter, read_snapshot, remove_snapshot
+from localmq.store.recovery import check_log_start, check_segments, recover_store
 from localmq.store.settings import (
     explicit_settings,
-    read_log_start,
     resolve_settings,
     settings_path,
     write_log_start,
@@ -201,6 +200,7 @@ class DefaultMessageStore:
             self._undo.done()
             if self._cq_table is not None:
                 self._cq_table.watch_rewrites(None)
+                self._cq_table.on_row_built = None
                 self._cq_table.list_queue_dir = None
                 self._cq_table.vouch_queue_dirs = None
         self._undo = None
@@ -233,9 +233,14 @@ class DefaultMessageStore:
     def _make_lock(self) -> StoreLock:
         return StoreLock(self.root)
 
-    def _cq_factory(self, topic: str, queue_id: int) -> ConsumeQueue:
-        """(topic, queue id) -> its ConsumeQueue, created when missing (the dispatcher's factory)."""
-        return self._cq_table.find_or_create(topic, queue_id)
+    def _cq_factory(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+        """(topic, queue id) -> its ConsumeQueue, created when missing (the dispatcher's factory). None for a row's
+        record (at the dispatcher's position) before the rows' end: its queue holds it (a re-dispatch after a crash
+        starts before a running store's cut), the dispatcher steps over it and the row stays unbuilt."""
+        table = self._cq_table
+        if table.rows and (topic, queue_id) in table.rows and self._reput.reput_offset < table.rows_end:
+            return None
+        return table.find_or_create(topic, queue_id)
 
     # -- open / recover -------------------------------------------------------------------------------------------
 
@@ -249,13 +254,15 @@ class DefaultMessageStore:
         rebuilt: List[str] = []
         cp_path = os.path.join(self.root, CHECKPOINT_FILE)
         snapshot = None
-        if last_exit_ok and self._reads_queue_snapshot:
+        if self._reads_queue_snapshot:
+            # after a clean close its snapshot; after a crash the running store's last cut (queues.running)
             snapshot = read_snapshot(
                 self.root,
                 cp_path,
                 os.path.join(self.root, COMMITLOG_DIR),
                 c.mapped_file_size_consume_queue,
                 c.mapped_file_size_commit_log,
+                running=not last_exit_ok,
             )
         # gone before anything is written: an open that fails after this gets it back, a crash never meets it
         remove_snapshot(self.root, self._undo)
@@ -309,11 +316,13 @@ class DefaultMessageStore:
             undo=self._undo,
             min_corrected=min_corrected,
             vouched_end=snapshot.log_end if snapshot is not None else -1,
+            vouched_running=snapshot is not None and snapshot.running,
         )
         report.rebuilt += rebuilt
         report.salvaged += salvaged
         if not last_exit_ok:
-            sync_directories(self.root)
+            # a queue directory a running cut vouched for was synced before the cut was written, unchanged since
+            sync_directories(self.root, self._cq_table.vouched_dirs())
         cl_min = self._cl_mfq.min_offset()
         if snapshot is not None and snapshot.mins_at == cl_min:
             table = self._cq_table
@@ -323,7 +332,9 @@ class DefaultMessageStore:
             # a retention pass for this start leaves the rows alone (else it would make every queue 10 s after an
             # open); their expired files, if any, go at the next pass, when the log's start moves
             self._cq_table.rows_mins_at = cl_min
-        self._check_log_start(cl_min, report)
+        start = check_log_start(self.root, self._cl_mfq, cl_min, report)
+        if start is not None:
+            self._log_start = start
         self._cl_mfq.before_head_delete = functools.partial(write_log_start, self.root)
         self.commit_log = CommitLog(
             self._cl_mfq, max_message_size=c.max_message_size, store_host=c.store_host, born_host=c.born_host
@@ -398,29 +409,13 @@ class DefaultMessageStore:
         """Where re-dispatch starts appending to each queue's last file (zeros from there on): a failed open zeroes
         them again (OpenUndo.mark_derived_end)."""
         size = self._cq_table.file_size
-        for path, pos in self._cq_table.last_files():  # built or not
+
+        def mark(path: str, pos: int) -> None:
             undo.mark_derived_end(path, min(size, max(0, pos)))
 
-    def _check_log_start(self, cl_min: int, report: RecoveryReport) -> None:
-        """Segments below the first one that localmq's retention did not delete (the record's commit_log_start is
-        below it) are reported (``report.missing_head``, an ERROR): their messages are gone, as after retention,
-        but nobody asked for it. The record then moves to the log's start (once the open succeeds)."""
-        recorded = read_log_start(self.root)
-        missing = recorded is not None and bool(self._cl_mfq.files) and cl_min > recorded
-        if recorded is None or missing:
-            self._log_start = cl_min
-        if missing:
-            size = self._cl_mfq.file_size
-            report.missing_head = [f"{b:020d}" for b in range(recorded, cl_min, size)][:64]
-            log.error(
-                "commit log of %s: segments %s missing at the start of the log (%d bytes from offset %d): "
-                "localmq's retention did not delete them (deleted by hand, lost, or by RocketMQ's retention); "
-                "their messages are gone",
-                self.root,
-                report.missing_head,
-                cl_min - recorded,
-                recorded,
-            )
+        for path, pos in self._cq_table.last_files(rows=False):
+            mark(path, pos)
+        self._cq_table.on_row_built = mark  # a row as re-dispatch (or a reader) builds it: until the open ends
 
     def _check_log_on_disk(self) -> None:
         """The dispatcher stopped on an invalid record in the log this store wrote: a flush of the whole log tells
@@ -562,6 +557,9 @@ class DefaultMessageStore:
             self._commit_service = CommitRealTimeService(mfq, c, committed)
             self._commit_service.start()
             self._services.append(self._commit_service)
+        snapshots = self._snapshots()
+        reput = self._reput
+        snapshots.dispatched = lambda: reput.reput_offset
         self._cq_flush_service = FlushConsumeQueueService(
             lambda: self._cq_table.built.values(),
             c,
@@ -569,6 +567,8 @@ class DefaultMessageStore:
             self.checkpoint.flush,
             self._cq_table.sync_names,
             logics_floor=lambda: self._reput.pending_store_ts,
+            take_cut=snapshots.take_cut if self._reads_queue_snapshot else None,
+            write_cut=snapshots.write_cut,
         )
         self._cq_flush_service.start()
         self._services.append(self._cq_flush_service)
@@ -808,25 +808,19 @@ class DefaultMessageStore:
         if failure is not None:
             raise earlier_sync_failure(failure)
 
-    def _write_queue_snapshot(self) -> None:
-        """The queues' ends for the next open (store/queue_snapshot.py), after the last flush of a clean close and
-        before ``abort`` goes. A failure only costs the next open its shortcut: logged, never raised."""
-        mfq = self._cl_mfq
-        cl_min = mfq.min_offset()
+    def _queue_mins_at(self) -> int:
+        """The log's min offset the queues' min offsets are right for now, -1 when not known: when no segment was
+        deleted since the open corrected them, or when retention's last pass over every queue was for this start."""
+        cl_min = self._cl_mfq.min_offset()
         svc = self.clean_service
-        # the rows' min offsets are right for the log's start when no segment was deleted since the open corrected
-        # them, or when retention's last pass over every queue was for this start
         mins_ok = cl_min == self._mins_at or (
             svc is not None and svc.consume_queue_service.last_physical_min_offset == cl_min
         )
-        cp, mins_at = os.path.join(self.root, CHECKPOINT_FILE), cl_min if mins_ok else -1
-        try:
-            if not write_snapshot(
-                self.root, self._cq_table, mfq.directory, cp, mfq.file_size, mfq.max_offset(), mins_at
-            ):
-                log.debug("%s: no queue snapshot: old segments changed within the last moments", self.root)
-        except OSError as e:
-            log.warning("%s: no queue snapshot written (%s); the next open checks every queue", self.root, e)
+        return cl_min if mins_ok else -1
+
+    def _snapshots(self) -> SnapshotWriter:
+        cp = os.path.join(self.root, CHECKPOINT_FILE)
+        return SnapshotWriter(self.root, self._cq_table, self._cl_mfq, cp, self._queue_mins_at)
 
     def close(self) -> None:
         """Stop accepting puts, commit write-buffered records, let the dispatcher catch up, stop every service,
@@ -871,7 +865,7 @@ class DefaultMessageStore:
         try:
             self._flush_all()  # raises the commit log's failed flush, if one failed: `abort` stays
             if clean:
-                self._write_queue_snapshot()
+                self._snapshots().write_closed()
         except OSError:
             clean = False
             raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 from localmq.errors import StoreClosedError
 from localmq.layout import CTL_S_FLUSH_REQ, CTL_S_FLUSHED
@@ -259,6 +259,12 @@ class FlushConsumeQueueService(ServiceThread):
     """Flushes every ConsumeQueue each ``flush_interval_consume_queue`` ms (at least
     ``flush_consume_queue_least_pages`` dirty pages), everything every ``flush_consume_queue_thorough_interval``
     ms; after a thorough pass the checkpoint's logical timestamp moves and the checkpoint file is synced.
+
+    With ``take_cut`` and ``write_cut`` (an exclusive store: its running queue snapshot, store/queue_snapshot.py),
+    a thorough pass takes a cut of the queues before it flushes them and writes it once everything the cut holds is
+    flushed: its units by that pass, its records in the commit log by the log's flush (``write_cut`` returns False
+    while the log is not flushed that far: the cut is kept and offered again after each later pass). The first pass
+    after the start is a thorough one, so that a crash soon after an open finds a cut.
     """
 
     def __init__(
@@ -269,6 +275,8 @@ class FlushConsumeQueueService(ServiceThread):
         flush_checkpoint: Callable[[], None],
         sync_names: Callable[[], int] = lambda: 0,
         logics_floor: Callable[[], int] = lambda: 0,
+        take_cut: Optional[Callable[[], Any]] = None,
+        write_cut: Optional[Callable[[Any], bool]] = None,
     ):
         super().__init__("FlushConsumeQueueService")
         # the store time of the first record whose unit waits in memory for its queue's first file (0: none,
@@ -281,7 +289,12 @@ class FlushConsumeQueueService(ServiceThread):
         self.checkpoint = checkpoint
         self.flush_checkpoint = flush_checkpoint
         self.flushes = 0
+        self.take_cut = take_cut
+        self.write_cut = write_cut
+        self._cut: Any = None  # a cut whose units are flushed, waiting for the log's flush to pass it
         self._thorough = _Thorough(config.flush_consume_queue_thorough_interval)
+        if take_cut is not None:
+            self._thorough.last -= config.flush_consume_queue_thorough_interval  # the first pass is thorough
 
     def run(self) -> None:
         c = self.config
@@ -294,6 +307,10 @@ class FlushConsumeQueueService(ServiceThread):
     def flush_once(self, least_pages: int) -> None:
         logics_ts = 0
         try:
+            # taken before the pass: the pass flushes every unit the cut's states count
+            cut = self.take_cut() if least_pages == 0 and self.take_cut is not None else None
+            if cut is not None:
+                self._cut = None  # replaced by this one once the pass below flushed its units
             floor = self.logics_floor()
             for cq in list(self.queues()):
                 if self.stopped:
@@ -316,6 +333,10 @@ class FlushConsumeQueueService(ServiceThread):
                 if logics_ts:
                     self.checkpoint.logics_msg_timestamp = logics_ts
                 self.flush_checkpoint()
+                if cut is not None:
+                    self._cut = cut
+            if self._cut is not None and self.write_cut is not None and self.write_cut(self._cut):
+                self._cut = None
         except OSError as e:
             _log_failure(self, e, "flushing consume queues")
 

@@ -102,6 +102,17 @@ def _row_agrees(qdir: str, bases: List[int], file_size: int, row: QueueRow, log_
 
 
 Key = Tuple[str, int]
+# (key, directory, its files' base offsets, max offset, min offset, max physical offset, a file's deletion waiting
+# for a reader, its row or None): ConsumeQueueTable.states
+QueueState = Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueRow]]
+
+
+def _last_file_end(cq: ConsumeQueue) -> Optional[Tuple[str, int]]:
+    """(path, position) of the queue's last file and where its units end in it; None without a file."""
+    last = cq.mapped_file_queue.last()
+    if last is None:
+        return None
+    return os.fspath(last.path), cq.max_offset * CQ_UNIT_SIZE - last.file_from_offset
 
 
 class QueueView(Mapping[Key, ConsumeQueue]):
@@ -192,6 +203,9 @@ class ConsumeQueueTable:
         # topic -> its snapshot row, for the topics whose queues were all taken as rows (whole_topics)
         self._spans: Dict[str, TopicRow] = {}
         self._rows_phys = (0, -1)  # rows_phys
+        # while an open that may fail re-dispatches: told (path, position) of the last file of a row's queue as it is
+        # built, before anything is appended there (OpenUndo.mark_derived_end; last_files for the others)
+        self.on_row_built: Optional[Callable[[str, int], None]] = None
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
         # the names are checked by load or check_topic (os.path.join costs here at 100,000 queues)
@@ -249,12 +263,18 @@ class ConsumeQueueTable:
             raise store_io_error(e, "check", e.filename or qdir) from e
         if not holds:
             try:
+                # the names in it may be in the page cache only (an open after a crash leaves a row's directory
+                # unsynced, vouched_dirs): durable before the queue is loaded and repaired from them
+                for d in (qdir, os.path.dirname(qdir)):
+                    if os.path.isdir(d):
+                        fsync_dir(d)
                 cq = self._load_queue(key)
             except OSError as e:
                 raise store_io_error(e, "load", e.filename or qdir) from e
             self.built[key] = cq
             del self.rows[key]
             self.vouched.discard(key)
+            self._tell_built(cq)
             if self.repair is not None:
                 try:
                     self.repair(key, cq)
@@ -280,7 +300,14 @@ class ConsumeQueueTable:
         cq.restore(row.max_offset, row.min_offset, row.max_physic_offset)
         self.built[key] = cq
         del self.rows[key]
+        self._tell_built(cq)
         return cq
+
+    def _tell_built(self, cq: ConsumeQueue) -> None:
+        if self.on_row_built is not None:
+            end = _last_file_end(cq)
+            if end is not None:
+                self.on_row_built(*end)
 
     def load_rows(self) -> List[Key]:
         """Load every row's queue from its files, unchecked by its row (the open found the log changed since the
@@ -364,16 +391,31 @@ class ConsumeQueueTable:
                 if topic not in used and all(k in rows for k in entry.keys)
             }
 
-    def states(
-        self, leave_out: Container[str] = ()
-    ) -> List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueRow]]]:
+    def vouched_dirs(self) -> Set[str]:
+        """The directories an open after a crash need not sync (queue_recovery.sync_directories): those of the topics
+        taken whole (unchanged since the cut that vouched for them, their names synced before it was written) and of
+        the rows (a row whose stamps fail its check has its directory synced then, ``_build``)."""
+        with self._lock:
+            spans = self._spans
+            out = {f"{self.root}/{t}" for t in spans}
+            out.update(self._queue_dir(*k) for k in self.rows if k[0] not in spans)
+        return out
+
+    def cut(self) -> Tuple[Dict[str, TopicRow], List[QueueState]]:
+        """(``whole_topics()``, ``states(leave_out=those)``) under one hold of the lock: no queue built or made
+        between them (a running store's snapshot, taken while the dispatcher and readers go on)."""
+        with self._lock:
+            whole = self.whole_topics()
+            return whole, self.states(leave_out=whole)
+
+    def states(self, leave_out: Container[str] = ()) -> List[QueueState]:
         """(key, directory, its files' base offsets, max offset, min offset, max physical offset, whether a file's
         deletion waits for a reader, its row or None) of every queue but the rows of the topics in ``leave_out``,
         sorted, without building one: what a queue snapshot records. A row is written back as it is, its stamps those
         its check will compare (never the files' stamps now: a row not checked since the open would vouch for
         whatever its files became)."""
         with self._lock:
-            out: List[Tuple[Key, str, List[int], int, int, int, bool, Optional[QueueRow]]] = [
+            out: List[QueueState] = [
                 (
                     k,
                     cq.mapped_file_queue.directory,
@@ -403,15 +445,12 @@ class ConsumeQueueTable:
         out.sort(key=lambda x: x[0])
         return out
 
-    def last_files(self) -> List[Tuple[str, int]]:
-        """(path, position) of every queue's last file and where its units end in it, without building one."""
+    def last_files(self, rows: bool = True) -> List[Tuple[str, int]]:
+        """(path, position) of every queue's last file and where its units end in it, without building one
+        (``rows`` False: of the built queues only)."""
         with self._lock:
-            out = []
-            for cq in self.built.values():
-                last = cq.mapped_file_queue.last()
-                if last is not None:
-                    out.append((os.fspath(last.path), cq.max_offset * CQ_UNIT_SIZE - last.file_from_offset))
-            for (topic, qid), r in self.rows.items():
+            out = [end for end in map(_last_file_end, self.built.values()) if end is not None]
+            for (topic, qid), r in self.rows.items() if rows else ():
                 base = r.files[-1][0]
                 out.append((f"{self._queue_dir(topic, qid)}/{base:020d}", r.max_offset * CQ_UNIT_SIZE - base))
         return out
@@ -428,6 +467,7 @@ class ConsumeQueueTable:
             return
         self._dev = os.stat(root).st_dev  # a queue file on another file system is not one the snapshot saw
         known = snapshot.topics if snapshot is not None else {}
+        running = snapshot is not None and snapshot.running  # its rows' stamps are compared here, not on first use
         if snapshot is not None:
             self.rows_end = snapshot.log_end
         with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
@@ -447,14 +487,27 @@ class ConsumeQueueTable:
             ):
                 # the directory holds what it held at the close: the snapshot's queues (ids as numbers, no names),
                 # the vouched rows taken whole (checked and built on first use)
-                if entry.keys:
-                    rows.update(zip(entry.keys, entry.rows))
-                    vouched.update(entry.keys)
-                    row_qids[topic] = entry.qids
+                keys: Sequence[Key] = entry.keys
+                qids: Sequence[int] = entry.qids
+                trows: Sequence[QueueRow] = entry.rows
+                changed: List[int] = []
+                if running and keys:
+                    held = self._stamped(topic, qids, trows)
+                    if not all(held):
+                        changed = [q for q, h in zip(qids, held) if not h]
+                        keys = [k for k, h in zip(keys, held) if h]
+                        trows = [r for r, h in zip(trows, held) if h]
+                        qids = [k[1] for k in keys]
+                if keys:
+                    rows.update(zip(keys, trows))
+                    vouched.update(keys)
+                    row_qids[topic] = qids
                     if vouch_dirs is not None:  # listed if the open writes there (a write is announced first)
-                        vouch_dirs(tdir, entry.qids)
-                    if not entry.others:
+                        vouch_dirs(tdir, qids)
+                    if not entry.others and not changed:
                         self._spans[topic] = entry
+                for qid in changed:
+                    self.built[(topic, qid)] = self._load_queue((topic, qid))
                 for qid in entry.others:
                     if qid > MAX_QUEUE_ID:  # (no close writes one)
                         self.skipped_dirs.append(f"{tdir}/{qid}")
@@ -470,6 +523,8 @@ class ConsumeQueueTable:
                     continue
                 key = (topic, int(q))
                 row = entry.row(key[1]) if entry is not None else None
+                if row is not None and running and not self._stamped(topic, [key[1]], [row])[0]:
+                    row = None
                 if row is not None:  # vouched for
                     rows[key] = row  # checked and built on first use
                     vouched.add(key)
@@ -515,6 +570,28 @@ class ConsumeQueueTable:
             self.damaged[key] = str(e)
         return cq
 
+    def _row_stamps_hold(self, qdir: str, row: QueueRow) -> bool:
+        """Whether the queue's directory and files are still those of its row: inode, ctime, size, on the table's
+        device. Raises OSError (FileNotFoundError: a file gone), UnsafePathError for a link."""
+        if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
+            return False
+        for base, ctime, ino in row.files:
+            st = os.lstat(f"{qdir}/{base:020d}")
+            if (st.st_ctime_ns, st.st_ino, st.st_size, st.st_dev) != (ctime, ino, self.file_size, self._dev):
+                return False
+        return True
+
+    def _stamped(self, topic: str, qids: Sequence[int], rows: Sequence[QueueRow]) -> List[bool]:
+        """Whether each row's stamps hold (a running store's cut, read after a crash: a queue written after the
+        cut changed its files, and is loaded and checked as after any crash, not repaired on its first use)."""
+        out = []
+        for qid, row in zip(qids, rows):
+            try:
+                out.append(self._row_stamps_hold(f"{self.root}/{topic}/{qid}", row))
+            except FileNotFoundError:
+                out.append(False)
+        return out
+
     def _row_shape_ok(self, row: QueueRow) -> bool:
         """Whether a row is what a close writes: consecutive files, the end in the last one."""
         bases = [base for base, _, _ in row.files]
@@ -529,12 +606,8 @@ class ConsumeQueueTable:
         open, ``rows_mins_at`` when known): the queue can be made from the row. Else False (then it is loaded and
         checked against the log). Raises OSError when a file cannot be read."""
         qdir = self._queue_dir(*key)
-        if not self._row_shape_ok(row) or _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
+        if not self._row_shape_ok(row) or not self._row_stamps_hold(qdir, row):
             return False
-        for base, ctime, ino in row.files:
-            st = os.lstat(f"{qdir}/{base:020d}")
-            if (st.st_ctime_ns, st.st_ino, st.st_size, st.st_dev) != (ctime, ino, self.file_size, self._dev):
-                return False
         bases = [base for base, _, _ in row.files]
         if not _row_agrees(qdir, bases, self.file_size, row, self.log_min):
             log.warning("consume queue %s-%d: its units are not where the queue snapshot says", key[0], key[1])

@@ -16,6 +16,17 @@ with 128-byte inodes or HFS+, as the recorded ctimes show), before the close beg
 (the ctime of the snapshot's temporary file, made first), is not vouched for. On Linux >= 6.13 ext4 and tmpfs
 ctimes are fine-grained once read, which the close does. The open deletes the snapshot (durably)
 before it writes anything, so a crash after it never meets a stale one; a failed open gives it back (OpenUndo).
+
+A running store writes the same rows to ``config/queues.running`` at each thorough pass of the queue flush (every
+``flush_consume_queue_thorough_interval`` ms, and at the first pass after an open): a cut at log offset ``E`` where
+every record before ``E`` was dispatched before the rows were taken (``RunningCut``), the log was flushed past ``E``
+and the queues' units were flushed after the rows were taken, before the file is written. A built queue whose units
+reach past ``E`` is listed, not vouched for. Only an open after a crash reads it: a queue whose files are still
+those of its row holds exactly its records before ``E`` (a unit written after the cut changes its file's ctime, and
+where it does not, as through a mapping on tmpfs, the row's check at first use finds the unit at its max offset is
+not zeros), so recovery re-dispatches from ``E`` at the latest and leaves the rows alone; every other queue is
+checked as after any crash. Old segments must keep their inodes and ctimes (the one holding ``E`` its inode: the
+log was appended to since), retention may have deleted the first ones.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ import stat
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from localmq._native import fsync_dir
 from localmq._snapshot import QueueRow, TopicRow, parse_topic_rows
@@ -41,12 +52,24 @@ from localmq.layout import (
     QUEUE_SNAPSHOT_META,
     QUEUE_SNAPSHOT_NOT_VOUCHED,
     QUEUE_SNAPSHOT_QUEUE_ROW,
+    QUEUE_SNAPSHOT_RUNNING_FILE,
+    QUEUE_SNAPSHOT_RUNNING_MAGIC,
     QUEUE_SNAPSHOT_TOPIC_ROW,
     QUEUE_SNAPSHOT_VERSION,
     SEGMENT_NAME_RE,
 )
 
-__all__ = ["QueueRow", "QueueSnapshot", "TopicRow", "read_snapshot", "remove_snapshot", "write_snapshot"]
+__all__ = [
+    "QueueRow",
+    "QueueSnapshot",
+    "RunningCut",
+    "SnapshotWriter",
+    "TopicRow",
+    "read_snapshot",
+    "remove_snapshot",
+    "take_cut",
+    "write_snapshot",
+]
 
 log = logging.getLogger("localmq.store")
 
@@ -66,10 +89,97 @@ class QueueSnapshot:
     root_ctime: int
     root_ino: int
     topics: Dict[str, TopicRow]  # by topic name
+    running: bool = False  # a running store's cut (queues.running), read after a crash; log_end is the cut
 
 
-def snapshot_path(root: str) -> str:
-    return os.path.join(root, CONFIG_DIR, QUEUE_SNAPSHOT_FILE)
+@dataclass
+class RunningCut:
+    """The queues of a running store at a cut (``take_cut``), before the flush pass that makes their units durable."""
+
+    fs_now: int  # the file system's clock before the cut: a file or directory changed since is not vouched for
+    dispatched: int  # every record before this offset was dispatched before the states were taken
+    mins_at: int  # the log's min offset the states' min offsets are right for (-1: not known)
+    whole: Dict[str, TopicRow]  # topics written back whole (ConsumeQueueTable.whole_topics)
+    states: List[Any]  # ConsumeQueueTable.states(leave_out=whole)
+
+
+def take_cut(root: str, table: Any, dispatched: Callable[[], int], mins_at: Callable[[], int]) -> RunningCut:
+    """The states of every queue, under the table's lock (no queue built or made between the topics written back
+    whole and the others), after the dispatcher's position was read, after the file system's clock was read (the
+    change time a touch of the temporary file gets): a queue directory made, or a unit written, after the states
+    were taken is changed after that time, and is not vouched for (a topic directory holding a queue the cut does
+    not know must not be vouched for: its queues would be taken from the rows). ``mins_at`` is asked before and
+    after the states are taken: a retention pass between them leaves it unknown."""
+    tmp = snapshot_path(root, True) + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EEXIST, "not a regular file", tmp)
+        os.utime(fd)  # its change time is now, on the file system's clock
+        fs_now = os.fstat(fd).st_ctime_ns
+    finally:
+        os.close(fd)
+    at = dispatched()
+    mins_before = mins_at()
+    whole, states = table.cut()
+    mins = mins_before if mins_at() == mins_before else -1
+    return RunningCut(fs_now, at, mins, whole, states)
+
+
+class SnapshotWriter:
+    """Writes a store's snapshots: a clean close's (``write_closed``), a running store's cuts (``take_cut`` before
+    the queues' thorough flush pass, ``write_cut`` after it). A failure costs the next open its shortcut only:
+    logged, never raised."""
+
+    def __init__(self, root: str, table: Any, log_files: Any, checkpoint_path: str, mins_at: Callable[[], int]):
+        self.root = root
+        self.table = table  # the ConsumeQueueTable
+        self.log_files = log_files  # the commit log's MappedFileQueue
+        self.checkpoint_path = checkpoint_path
+        self.mins_at = mins_at  # the log's min offset the queues' min offsets are right for now (-1: not known)
+        self.dispatched: Callable[[], int] = lambda: -1  # the dispatcher's position (a running store's)
+
+    def write_closed(self) -> None:
+        """After the last flush of a clean close, before ``abort`` goes."""
+        mfq = self.log_files
+        try:
+            end = mfq.max_offset()
+            if not write_snapshot(
+                self.root, self.table, mfq.directory, self.checkpoint_path, mfq.file_size, end, self.mins_at()
+            ):
+                log.debug("%s: no queue snapshot: old segments changed within the last moments", self.root)
+        except OSError as e:
+            log.warning("%s: no queue snapshot written (%s); the next open checks every queue", self.root, e)
+
+    def take_cut(self) -> Optional[RunningCut]:
+        try:
+            return take_cut(self.root, self.table, self.dispatched, self.mins_at)
+        except OSError as e:
+            log.warning("%s: no running queue snapshot (%s)", self.root, e)
+            return None
+
+    def write_cut(self, cut: Optional[RunningCut]) -> bool:
+        """queues.running at the cut's dispatch position, after the pass that flushed the cut's units, once the log
+        is flushed that far (False until then: the cut waits; a change after the cut has a later ctime than the
+        cut's clock, so the stamps taken now vouch for nothing written after it). True when done with the cut."""
+        if cut is None:
+            return True
+        mfq = self.log_files
+        end = cut.dispatched
+        if end > mfq.flushed_where:
+            return False
+        try:
+            if not write_snapshot(
+                self.root, self.table, mfq.directory, self.checkpoint_path, mfq.file_size, end, cut.mins_at, cut
+            ):
+                log.debug("%s: no running queue snapshot: a segment changed within the last moments", self.root)
+        except OSError as e:
+            log.warning("%s: no running queue snapshot written (%s)", self.root, e)
+        return True
+
+
+def snapshot_path(root: str, running: bool = False) -> str:
+    return os.path.join(root, CONFIG_DIR, QUEUE_SNAPSHOT_RUNNING_FILE if running else QUEUE_SNAPSHOT_FILE)
 
 
 def _stamp(st: os.stat_result, fresh_after: int) -> Tuple[int, int]:
@@ -107,11 +217,15 @@ def write_snapshot(
     log_file_size: int,
     log_end: int,
     mins_at: int,
+    cut: Optional[RunningCut] = None,
 ) -> bool:
     """Write the snapshot of a store closed cleanly: after every file was flushed, before ``abort`` is removed
     (tmp, fsync, rename, directory fsync). Returns False (and writes nothing) when an old segment changed too
-    recently to be vouched for. Raises OSError; the caller logs it and closes without a snapshot."""
-    path = snapshot_path(root)
+    recently to be vouched for. Raises OSError; the caller logs it and closes without a snapshot.
+
+    With ``cut``: the running store's snapshot (queues.running) of the states the cut took, ``log_end`` the cut's
+    offset (at most ``cut.dispatched`` and where the log is flushed), written after the queues' flush pass."""
+    path = snapshot_path(root, cut is not None)
     tmp = path + ".tmp"
     # no link followed, no wait on a FIFO (ENXIO): an entry there that is not localmq's is an error, left alone
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
@@ -122,8 +236,8 @@ def write_snapshot(
         owned = True
         # the file system's own "now", before the first stat: a change after a file's stat gets a ctime at or after
         # it on that file system's clock (a network file system's server may lag this host's clock)
-        fs_now = os.fstat(fd).st_ctime_ns
-        data = _encode(table, commitlog_dir, checkpoint_path, log_file_size, log_end, mins_at, fs_now)
+        fs_now = os.fstat(fd).st_ctime_ns if cut is None else cut.fs_now
+        data = _encode(table, commitlog_dir, checkpoint_path, log_file_size, log_end, mins_at, fs_now, cut)
         if data is None:
             os.close(fd)
             fd = -1
@@ -152,15 +266,26 @@ def write_snapshot(
 
 
 def _encode(
-    table: Any, commitlog_dir: str, checkpoint_path: str, log_file_size: int, log_end: int, mins_at: int, fs_now: int
+    table: Any,
+    commitlog_dir: str,
+    checkpoint_path: str,
+    log_file_size: int,
+    log_end: int,
+    mins_at: int,
+    fs_now: int,
+    cut: Optional[RunningCut] = None,
 ) -> Optional[bytes]:
     with open(checkpoint_path, "rb") as f:
         cp = f.read(CHECKPOINT.size)
     # the segments made ahead, past the end, are deleted by the close after this
     segments = [row for row in _segment_rows(commitlog_dir) if row[0] < log_end]
     cq_root = table.root
-    whole: Dict[str, TopicRow] = table.whole_topics()  # topics none of whose queues was used: written back whole
-    topic_stats, queue_stats, states = _stat_queues(table, whole)
+    if cut is None:
+        whole: Dict[str, TopicRow] = table.whole_topics()  # topics none of whose queues was used: written back whole
+        topic_stats, queue_stats, states = _stat_queues(table, whole, table.states(leave_out=whole))
+    else:
+        whole = cut.whole
+        topic_stats, queue_stats, states = _stat_queues(table, whole, cut.states)
     root_st = os.lstat(cq_root)
     ctimes = [ctime for _, ctime, _, _ in segments] + [fs_now, root_st.st_ctime_ns]
     for dst, fsts in queue_stats.values():
@@ -168,7 +293,8 @@ def _encode(
         ctimes += [fst.st_ctime_ns for fst in fsts]
     # what changed this recently may share its ctime with a later change (a coarse clock or coarse timestamps)
     fresh_after = fs_now - max(FRESH_NS, 3 * _granularity(ctimes))
-    if any(ctime >= fresh_after for _, ctime, _, _ in segments[:-SEGMENTS_WALKED]):
+    # a running store's segment holding the cut is appended to after it: its ctime is not compared (_parse)
+    if any(ctime >= fresh_after for _, ctime, _, _ in segments[: -1 if cut is not None else -SEGMENTS_WALKED]):
         return None
     parts = [b""]
     root_ctime, root_ino = _stamp(root_st, fresh_after)
@@ -211,19 +337,24 @@ def _encode(
             continue
         parts.append(QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name), ctime, ino, len(qids)) + name)
         for qid in qids:
-            parts += _queue_rows(qid, states[(topic, qid)], queue_stats.get((topic, qid)), fresh_after, table.file_size)
+            stats = queue_stats.get((topic, qid))
+            parts += _queue_rows(qid, states[(topic, qid)], stats, fresh_after, table.file_size, log_end)
     body = b"".join(parts)
-    return QUEUE_SNAPSHOT_HEADER.pack(QUEUE_SNAPSHOT_MAGIC, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body)) + body
+    magic = QUEUE_SNAPSHOT_MAGIC if cut is None else QUEUE_SNAPSHOT_RUNNING_MAGIC
+    return QUEUE_SNAPSHOT_HEADER.pack(magic, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body)) + body
 
 
 _TopicStats = Dict[str, Optional[os.stat_result]]
 _QueueStats = Dict[Tuple[str, int], Tuple[os.stat_result, List[os.stat_result]]]
 
 
-def _stat_queues(table: Any, whole: Dict[str, TopicRow]) -> Tuple[_TopicStats, _QueueStats, Dict[Tuple[str, int], Any]]:
+def _stat_queues(
+    table: Any, whole: Dict[str, TopicRow], all_states: List[Any]
+) -> Tuple[_TopicStats, _QueueStats, Dict[Tuple[str, int], Any]]:
     """(topic -> lstat of its directory (None: not a directory any more), (topic, qid) -> (lstat of its directory,
     lstats of its files) for the queues built since the open, (topic, qid) -> its state) for every queue a snapshot
-    can hold: those of ``whole`` topics by their topic's stat only, the rest by ``table.states``."""
+    can hold: those of ``whole`` topics by their topic's stat only, the rest by ``all_states`` (``table.states``
+    leaving ``whole`` out)."""
     cq_root = table.root
     topic_stats: _TopicStats = {}
     queue_stats: _QueueStats = {}
@@ -233,7 +364,7 @@ def _stat_queues(table: Any, whole: Dict[str, TopicRow]) -> Tuple[_TopicStats, _
             topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
         except FileNotFoundError:
             continue
-    for state in table.states(leave_out=whole):  # every other queue, built or not
+    for state in all_states:  # every other queue, built or not
         (topic, qid), qdir, bases, row = state[0], state[1], state[2], state[7]
         try:
             if topic not in topic_stats:
@@ -247,9 +378,10 @@ def _stat_queues(table: Any, whole: Dict[str, TopicRow]) -> Tuple[_TopicStats, _
     return topic_stats, queue_stats, states
 
 
-def _queue_rows(qid: int, state: Any, stats: Any, fresh_after: int, file_size: int) -> List[bytes]:
+def _queue_rows(qid: int, state: Any, stats: Any, fresh_after: int, file_size: int, log_end: int) -> List[bytes]:
     """The row of one queue and its file rows: a queue kept as its row since the open is written back as it was;
-    a built one is vouched for (its stamps) when its directory and files changed before ``fresh_after``."""
+    a built one is vouched for (its stamps) when its directory and files changed before ``fresh_after`` and its
+    units end at ``log_end`` at the latest (a running store's cut: units past it may not be flushed)."""
     _, _, bases, max_offset, min_offset, max_phys, hanged, row = state
     if row is not None:
         # its check at its first use compares these stamps (and its units) with its files
@@ -262,6 +394,7 @@ def _queue_rows(qid: int, state: Any, stats: Any, fresh_after: int, file_size: i
         and stat.S_ISDIR(dst.st_mode)
         and bool(fsts)
         and not hanged  # a file whose deletion waits for a reader: the next open must list the directory
+        and max_phys <= log_end
         and all(
             stat.S_ISREG(fst.st_mode) and fst.st_ctime_ns < fresh_after and fst.st_size == file_size for fst in fsts
         )
@@ -321,11 +454,12 @@ def _read_regular(path: str) -> bytes:
 
 
 def read_snapshot(
-    root: str, checkpoint_path: str, commitlog_dir: str, cq_file_size: int, log_file_size: int
+    root: str, checkpoint_path: str, commitlog_dir: str, cq_file_size: int, log_file_size: int, running: bool = False
 ) -> Optional[QueueSnapshot]:
     """The store's snapshot when it matches the store (see the module's docstring), else None (logged: the open then
-    checks every queue). Never raises for what the file holds; a file that cannot be read is no snapshot."""
-    path = snapshot_path(root)
+    checks every queue). Never raises for what the file holds; a file that cannot be read is no snapshot.
+    ``running``: the running store's cut (queues.running), for an open after a crash."""
+    path = snapshot_path(root, running)
     try:
         data = _read_regular(path)
     except FileNotFoundError:
@@ -334,7 +468,7 @@ def read_snapshot(
         log.warning("queue snapshot %s cannot be read (%s): every queue is checked", path, e)
         return None
     try:
-        snap = _parse(data, checkpoint_path, commitlog_dir, cq_file_size, log_file_size)
+        snap = _parse(data, checkpoint_path, commitlog_dir, cq_file_size, log_file_size, running)
     except (ValueError, struct.error, OSError) as e:  # a UnicodeDecodeError is a ValueError
         log.warning("queue snapshot %s not used (%s): every queue is checked", path, e)
         return None
@@ -342,11 +476,11 @@ def read_snapshot(
 
 
 def _parse(
-    data: bytes, checkpoint_path: str, commitlog_dir: str, cq_file_size: int, log_file_size: int
+    data: bytes, checkpoint_path: str, commitlog_dir: str, cq_file_size: int, log_file_size: int, running: bool
 ) -> QueueSnapshot:
     magic, version, crc, length = QUEUE_SNAPSHOT_HEADER.unpack_from(data, 0)
-    if magic != QUEUE_SNAPSHOT_MAGIC:
-        raise ValueError("not a queue snapshot")
+    if magic != (QUEUE_SNAPSHOT_RUNNING_MAGIC if running else QUEUE_SNAPSHOT_MAGIC):
+        raise ValueError("not a running store's queue snapshot" if running else "not a queue snapshot")
     if version != QUEUE_SNAPSHOT_VERSION:
         raise ValueError(f"version {version}, this localmq reads {QUEUE_SNAPSHOT_VERSION}")
     body = data[QUEUE_SNAPSHOT_HEADER.size :]
@@ -356,30 +490,46 @@ def _parse(
     cq_size, log_size, mins_at, log_end, root_ctime, root_ino, n_segments, n_topics = r.take(QUEUE_SNAPSHOT_META)
     if (cq_size, log_size) != (cq_file_size, log_file_size):
         raise ValueError("written with other file sizes")
-    with open(checkpoint_path, "rb") as f:
-        if f.read(CHECKPOINT.size) != r.raw(CHECKPOINT.size):
-            raise ValueError("the checkpoint changed since (another program ran the store)")
+    cp = r.raw(CHECKPOINT.size)
+    if not running:
+        with open(checkpoint_path, "rb") as f:
+            if f.read(CHECKPOINT.size) != cp:
+                raise ValueError("the checkpoint changed since (another program ran the store)")
     segments = [r.take(QUEUE_SNAPSHOT_FILE_ROW) for _ in range(n_segments)]
     now = [
         (base, ctime, ino)
         for base, ctime, ino, size in _segment_rows(commitlog_dir)
         if size == log_file_size and base < log_end  # one past the end holds nothing: recovery's walk checks it
     ]
-    if now != segments:
+    if running:
+        _check_running_segments(segments, now)
+    elif now != segments:
         raise ValueError("the commit log's segments changed since")
     # the rows of every queue in one compiled pass (100,000 queues)
     topics = parse_topic_rows(body, r.pos, n_topics)
-    return QueueSnapshot(mins_at, log_end, root_ctime, root_ino, topics)
+    return QueueSnapshot(mins_at, log_end, root_ctime, root_ino, topics, running)
+
+
+def _check_running_segments(recorded: List[Tuple[int, int, int]], now: List[Tuple[int, int, int]]) -> None:
+    """A running store's segments before its cut: the recorded ones, less those retention deleted at the start, the
+    same files (inode), unchanged (ctime) but the one holding the cut, which was appended to since."""
+    if not now or len(now) > len(recorded) or recorded[-1][0] != now[-1][0]:
+        raise ValueError("the commit log's segments changed since")
+    kept = recorded[len(recorded) - len(now) :]
+    for i, ((base, ctime, ino), (nbase, nctime, nino)) in enumerate(zip(kept, now)):
+        if base != nbase or ino != nino or (ctime != nctime and i < len(now) - 1):
+            raise ValueError(f"commit log segment {base:020d} changed since")
 
 
 def remove_snapshot(root: str, undo: Any) -> None:
-    """Delete the snapshot (and a temporary one a failed close left) durably, before the open writes anything: a
-    failed open gets it back (``undo``: the open's OpenUndo, or None). Never raises: what cannot be deleted is
-    logged and left (a snapshot that stays is checked against the store like any other); an entry that is not a
-    regular file is not localmq's and is left as it is."""
+    """Delete the snapshots (a closed and a running store's, and temporary ones a failed write left) durably,
+    before the open writes anything: a failed open gets them back (``undo``: the open's OpenUndo, or None). Never
+    raises: what cannot be deleted is logged and left (a snapshot that stays is checked against the store like any
+    other); an entry that is not a regular file is not localmq's and is left as it is."""
     path = snapshot_path(root)
+    running = snapshot_path(root, True)
     removed = False
-    for p in (path, path + ".tmp"):
+    for p in (path, path + ".tmp", running, running + ".tmp"):
         try:
             st = os.lstat(p)
         except FileNotFoundError:

@@ -37,6 +37,7 @@ from localmq.store.queue_recovery import (
     _rewrite_units,
     _verify_queues,
 )
+from localmq.store.settings import read_log_start
 
 if TYPE_CHECKING:  # annotations only: these modules import nothing of this one
     from localmq._mapped_file import MappedFile
@@ -493,6 +494,7 @@ def recover_store(
     undo: Optional["OpenUndo"] = None,
     min_corrected: Optional[MinCorrected] = None,
     vouched_end: int = -1,
+    vouched_running: bool = False,
 ) -> RecoveryReport:
     """Recover the commit log and bring every ConsumeQueue in line with it (RocketMQ's DefaultMessageStore.recover).
 
@@ -508,7 +510,9 @@ def recover_store(
 
     The queues in ``queues.vouched`` (their state from a queue snapshot, ``vouched_end`` the log's end it recorded)
     are neither read nor checked, unless the log's recovery finds anything to repair or another end: then each is
-    checked as every other queue.
+    checked as every other queue. With ``vouched_running`` (after a crash: a running store's cut at
+    ``vouched_end``) they hold every record before the cut and none after it: they stay vouched while the log
+    reaches the cut without a gap, and re-dispatch starts at the cut at the latest.
     """
     vouched = queues.vouched  # state from a queue snapshot (store/queue_snapshot.py): not read, not checked
     # a queue not built yet is vouched for (ConsumeQueueTable.rows): only the built ones can need a check here
@@ -539,9 +543,7 @@ def recover_store(
         vouched.clear()
         damaged.extend(key for key in late if queues.built[key].recover())
 
-    if vouched and (
-        end != vouched_end or report.gaps or report.dropped_at is not None or report.deleted_segments or abnormal
-    ):
+    if vouched and _changed_since(report, vouched_end, vouched_running, abnormal):
         check_vouched()
     cl_min = commit_log.min_offset()
     if not commit_log.files:
@@ -575,7 +577,23 @@ def recover_store(
     if abnormal:
         _rewrite_after(queues, report.start_offset)
     report.reput_from = _reput_from(commit_log, queues, report, cl_min, damaged, starts, abnormal, verify_queues)
+    if vouched:  # (after a crash only a running store's cut is left vouched for: its records after the cut)
+        report.reput_from = max(cl_min, min(report.reput_from, vouched_end))
     return report
+
+
+def _changed_since(report: RecoveryReport, vouched_end: int, running: bool, abnormal: bool) -> bool:
+    """Whether the log is not as the snapshot saw it: a clean close's ends where it ended, without a repair, after a
+    clean exit; a running store's cut (``running``) reaches the cut without a gap."""
+    if running:
+        return report.end_offset < vouched_end or bool(report.gaps)
+    return (
+        report.end_offset != vouched_end
+        or bool(report.gaps)
+        or report.dropped_at is not None
+        or bool(report.deleted_segments)
+        or abnormal
+    )
 
 
 def _agreement(queues: "ConsumeQueueTable", damaged: List[Tuple[str, int]]) -> Callable[[MappedFile, int], bool]:
@@ -600,8 +618,9 @@ def _agreement(queues: "ConsumeQueueTable", damaged: List[Tuple[str, int]]) -> C
 
 
 def _rewrite_after(queues: "ConsumeQueueTable", start: int) -> None:
-    """After an unclean exit: the units of the records from the recovery start on are written again."""
-    for key, _, phys in queues.ends():
+    """After an unclean exit: the units of the records from the recovery start on are written again. A row is
+    left alone: a running store's cut vouched for it, whose units were flushed before the cut was written."""
+    for key, _, phys in queues.ends(False):
         if phys > start:
             n = _rewrite_units(queues.queues[key], start)
             if n:
@@ -652,6 +671,28 @@ def _reput_from(
             report.cq_rebuilt.setdefault(f"{topic}-{qid}", what)
             reput_from = at
     return reput_from
+
+
+def check_log_start(root: str, log_files: MappedFileQueue, cl_min: int, report: RecoveryReport) -> Optional[int]:
+    """Segments below the first one that localmq's retention did not delete (the record's commit_log_start is
+    below it) are reported (``report.missing_head``, an ERROR): their messages are gone, as after retention,
+    but nobody asked for it. Returns the log start to record (the log's start, once the open succeeds), or None
+    when the record stays."""
+    recorded = read_log_start(root)
+    missing = recorded is not None and bool(log_files.files) and cl_min > recorded
+    if recorded is not None and missing:
+        size = log_files.file_size
+        report.missing_head = [f"{b:020d}" for b in range(recorded, cl_min, size)][:64]
+        log.error(
+            "commit log of %s: segments %s missing at the start of the log (%d bytes from offset %d): "
+            "localmq's retention did not delete them (deleted by hand, lost, or by RocketMQ's retention); "
+            "their messages are gone",
+            root,
+            report.missing_head,
+            cl_min - recorded,
+            recorded,
+        )
+    return cl_min if recorded is None or missing else None
 
 
 def check_segments(root: str, directory: str, size: int, cq_root: str, salvage: bool) -> List[str]:
