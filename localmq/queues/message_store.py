@@ -393,12 +393,16 @@ class DefaultMessageStore:
             )
         return last_exit_ok
 
-    def _repair_queue(self, key: Tuple[str, int], cq: ConsumeQueue) -> None:
+    def _repair_queue(self, key: Tuple[str, int], cq: ConsumeQueue, row_max: int) -> None:
         """ConsumeQueueTable.repair: a queue whose snapshot row no longer holds, checked and repaired from the log on
-        its first use (queue_recovery.repair_queue); what was done is added to ``recovery``."""
+        its first use (queue_recovery.repair_queue); what was done is added to ``recovery``. After a crash, with
+        the dispatcher past the running store's cut, its position is where the queue's records may start again."""
         reput = getattr(self, "_reput", None)
         skip = reput.skip_offsets if reput is not None else None
-        report = repair_queue(self._cl_mfq, self._cq_table, key, cq, self.delay_levels_ms(), skip)
+        table = self._cq_table
+        at = reput.reput_offset if reput is not None and table.rows_running else -1
+        at = at if at >= table.rows_end >= 0 else -1
+        report = repair_queue(self._cl_mfq, table, key, cq, self.delay_levels_ms(), skip, at, row_max)
         done = getattr(self, "recovery", None)
         if done is not None:
             done.add_repair(report)

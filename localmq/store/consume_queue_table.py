@@ -198,7 +198,10 @@ class ConsumeQueueTable:
         # (key, the queue loaded from its files) for a row whose queue's files no longer match it: check the queue
         # against the log, cut it where it stops matching and index its records again up to the log's end
         # (DefaultMessageStore._repair_queue: queue_recovery.repair_queue; None: the queue is taken as its files are)
-        self.repair: Optional[Callable[[Key, ConsumeQueue], None]] = None
+        self.repair: Optional[Callable[[Key, ConsumeQueue, int], None]] = None  # (and the row's max offset)
+        # the rows are a running store's cut (read after a crash): a queue written after the cut fails its row's
+        # check on its first use, which the open's re-dispatch makes at its first record past the cut
+        self.rows_running = False
         self._row_qids: Dict[str, Sequence[int]] = {}  # topic -> the queue ids of its rows (the put path's miss hook)
         # topic -> its snapshot row, for the topics whose queues were all taken as rows (whole_topics)
         self._spans: Dict[str, TopicRow] = {}
@@ -277,7 +280,7 @@ class ConsumeQueueTable:
             self._tell_built(cq)
             if self.repair is not None:
                 try:
-                    self.repair(key, cq)
+                    self.repair(key, cq, row.max_offset)
                 except BaseException as e:
                     # left a row: its next use checks the queue again (what the repair cut no longer matches the row)
                     del self.built[key]
@@ -402,11 +405,17 @@ class ConsumeQueueTable:
         return out
 
     def cut(self) -> Tuple[Dict[str, TopicRow], List[QueueState]]:
-        """(``whole_topics()``, ``states(leave_out=those)``) under one hold of the lock: no queue built or made
-        between them (a running store's snapshot, taken while the dispatcher and readers go on)."""
+        """(``whole_topics()``, ``states(leave_out=those)``) of one view of the table, taken under the lock (no queue
+        built or made between them) and read outside it: a running store's snapshot, taken while the dispatcher
+        and readers go on (the lock held for two dict copies, not for 100,000 queues' states)."""
         with self._lock:
-            whole = self.whole_topics()
-            return whole, self.states(leave_out=whole)
+            built = list(self.built.items())
+            rows = list(self.rows.items())
+            spans = list(self._spans.items())
+        used = {topic for (topic, _), _ in built}
+        row_keys = {k for k, _ in rows}
+        whole = {t: e for t, e in spans if t not in used and all(k in row_keys for k in e.keys)}
+        return whole, self._states(built, rows, whole)
 
     def states(self, leave_out: Container[str] = ()) -> List[QueueState]:
         """(key, directory, its files' base offsets, max offset, min offset, max physical offset, whether a file's
@@ -415,33 +424,28 @@ class ConsumeQueueTable:
         its check will compare (never the files' stamps now: a row not checked since the open would vouch for
         whatever its files became)."""
         with self._lock:
-            out: List[QueueState] = [
-                (
-                    k,
-                    cq.mapped_file_queue.directory,
-                    [mf.file_from_offset for mf in cq.mapped_file_queue.files],
-                    cq.max_offset,
-                    cq.min_offset,
-                    cq.max_physic_offset,
-                    bool(cq.mapped_file_queue.hanged),
-                    None,
-                )
-                for k, cq in self.built.items()
-            ]
-            out += [
-                (
-                    k,
-                    self._queue_dir(*k),
-                    [b for b, _, _ in r.files],
-                    r.max_offset,
-                    r.min_offset,
-                    r.max_physic_offset,
-                    False,
-                    r,
-                )
-                for k, r in self.rows.items()
-                if k[0] not in leave_out
-            ]
+            built = list(self.built.items())
+            rows = list(self.rows.items())
+        return self._states(built, rows, leave_out)
+
+    def _states(
+        self,
+        built: List[Tuple[Key, ConsumeQueue]],
+        rows: List[Tuple[Key, QueueRow]],
+        leave_out: Container[str],
+    ) -> List[QueueState]:
+        out: List[QueueState] = []
+        for k, cq in built:
+            # the ends before the files: a file added after them makes a row its check refuses (the end not in
+            # the last file), never one that leaves a file out
+            ends = (cq.max_offset, cq.min_offset, cq.max_physic_offset)
+            mfq = cq.mapped_file_queue
+            bases = [mf.file_from_offset for mf in mfq.files]
+            out.append((k, mfq.directory, bases, ends[0], ends[1], ends[2], bool(mfq.hanged), None))
+        for k, r in rows:
+            if k[0] not in leave_out:
+                bases = [b for b, _, _ in r.files]
+                out.append((k, self._queue_dir(*k), bases, r.max_offset, r.min_offset, r.max_physic_offset, False, r))
         out.sort(key=lambda x: x[0])
         return out
 
@@ -467,7 +471,7 @@ class ConsumeQueueTable:
             return
         self._dev = os.stat(root).st_dev  # a queue file on another file system is not one the snapshot saw
         known = snapshot.topics if snapshot is not None else {}
-        running = snapshot is not None and snapshot.running  # its rows' stamps are compared here, not on first use
+        self.rows_running = snapshot is not None and snapshot.running
         if snapshot is not None:
             self.rows_end = snapshot.log_end
         with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
@@ -487,27 +491,14 @@ class ConsumeQueueTable:
             ):
                 # the directory holds what it held at the close: the snapshot's queues (ids as numbers, no names),
                 # the vouched rows taken whole (checked and built on first use)
-                keys: Sequence[Key] = entry.keys
-                qids: Sequence[int] = entry.qids
-                trows: Sequence[QueueRow] = entry.rows
-                changed: List[int] = []
-                if running and keys:
-                    held = self._stamped(topic, qids, trows)
-                    if not all(held):
-                        changed = [q for q, h in zip(qids, held) if not h]
-                        keys = [k for k, h in zip(keys, held) if h]
-                        trows = [r for r, h in zip(trows, held) if h]
-                        qids = [k[1] for k in keys]
-                if keys:
-                    rows.update(zip(keys, trows))
-                    vouched.update(keys)
-                    row_qids[topic] = qids
+                if entry.keys:
+                    rows.update(zip(entry.keys, entry.rows))
+                    vouched.update(entry.keys)
+                    row_qids[topic] = entry.qids
                     if vouch_dirs is not None:  # listed if the open writes there (a write is announced first)
-                        vouch_dirs(tdir, qids)
-                    if not entry.others and not changed:
+                        vouch_dirs(tdir, entry.qids)
+                    if not entry.others:
                         self._spans[topic] = entry
-                for qid in changed:
-                    self.built[(topic, qid)] = self._load_queue((topic, qid))
                 for qid in entry.others:
                     if qid > MAX_QUEUE_ID:  # (no close writes one)
                         self.skipped_dirs.append(f"{tdir}/{qid}")
@@ -523,8 +514,6 @@ class ConsumeQueueTable:
                     continue
                 key = (topic, int(q))
                 row = entry.row(key[1]) if entry is not None else None
-                if row is not None and running and not self._stamped(topic, [key[1]], [row])[0]:
-                    row = None
                 if row is not None:  # vouched for
                     rows[key] = row  # checked and built on first use
                     vouched.add(key)
@@ -580,17 +569,6 @@ class ConsumeQueueTable:
             if (st.st_ctime_ns, st.st_ino, st.st_size, st.st_dev) != (ctime, ino, self.file_size, self._dev):
                 return False
         return True
-
-    def _stamped(self, topic: str, qids: Sequence[int], rows: Sequence[QueueRow]) -> List[bool]:
-        """Whether each row's stamps hold (a running store's cut, read after a crash: a queue written after the
-        cut changed its files, and is loaded and checked as after any crash, not repaired on its first use)."""
-        out = []
-        for qid, row in zip(qids, rows):
-            try:
-                out.append(self._row_stamps_hold(f"{self.root}/{topic}/{qid}", row))
-            except FileNotFoundError:
-                out.append(False)
-        return out
 
     def _row_shape_ok(self, row: QueueRow) -> bool:
         """Whether a row is what a close writes: consecutive files, the end in the last one."""

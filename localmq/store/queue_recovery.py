@@ -467,6 +467,8 @@ def repair_queue(
     cq: ConsumeQueue,
     delay_levels: List[int],
     skip_offsets: Optional[Set[int]] = None,
+    at: int = -1,
+    row_max: int = -1,
 ) -> RecoveryReport:
     """A queue whose snapshot row no longer holds on its first use (its files changed behind the closed store, or the
     row lies): checked against the log as an open without a snapshot checks a queue (its end, files missing at its
@@ -474,17 +476,36 @@ def repair_queue(
     end on dispatched again, this queue's only (a private dispatcher that skips every other queue's records). While
     the queue was a row, no dispatcher met a record of it past the snapshot's log end (``queues.rows_end``): its
     first one would have built the queue, so the log from the queue's end to the log's end is all it lacks. Costs
-    a walk of the log from there (rare: someone changed its files); returns what was done (a RecoveryReport)."""
+    a walk of the log from there (rare: someone changed its files); returns what was done (a RecoveryReport).
+
+    ``at`` (>= 0): after a crash, the rows a running store's cut (``queues.rows_end``), the dispatcher at ``at``,
+    past the cut, its first record of the queue since (``row_max`` the row's max offset): units after the cut
+    were written before the crash (its files changed), and are checked as the open checks any queue after a crash,
+    against the whole log. When the check keeps the row's units, the queue holds every record of it before ``at``
+    (none lies between the cut and ``at``): no walk, the dispatcher goes on; else the walk as above."""
     from localmq.store.dispatch import ReputCore  # compiled, same layer
 
     report = RecoveryReport(mode="first use")
     name = f"{key[0]}-{key[1]}"
     cl_min = commit_log.min_offset()
-    end = max(queues.rows_end, 0)
+    end = max(queues.rows_end, 0) if at < 0 else commit_log.max_offset()
     starts: List[int] = []
     if cq.recover():  # units after its end: damage in its middle, cut there (dispatched again from its end, below)
         report.cq_damaged.append(name)
     starts += _verify_queues(commit_log, queues, end, cl_min, report, None, {key: cq})
+    if at >= 0 and cq.max_offset >= row_max >= 0 and name not in report.cq_damaged:
+        # written after the cut: the units past it made durable again (a failed msync before the crash leaves them
+        # in the page cache only, as the open's rewrite after a crash says)
+        _rewrite_units(cq, queues.rows_end)
+        cq.correct_min_offset(cl_min)
+        report.end_offset = at
+        log.info(
+            "consume queue %s: written after the running store's cut, checked against the log on its first "
+            "record past it (%s)",
+            name,
+            report.cq_rebuilt.get(name, "its units match the log"),
+        )
+        return report
     # from its end in any case: its last units may be the ones that went (a row says more than its files hold)
     starts.append(cq.max_physic_offset if cq.max_physic_offset >= cl_min else cl_min)
     core = ReputCore(commit_log, lambda t, q: cq if (t, q) == key else None, max(cl_min, min(starts)), 0)
