@@ -37,7 +37,7 @@ import os
 import stat
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from localmq._native import fsync_dir
@@ -101,6 +101,9 @@ class RunningCut:
     mins_at: int  # the log's min offset the states' min offsets are right for (-1: not known)
     whole: Dict[str, TopicRow]  # topics written back whole (ConsumeQueueTable.whole_topics)
     states: List[Any]  # ConsumeQueueTable.states(leave_out=whole)
+    # (topic, queue id) -> (its state's ends and files, its vouched row's bytes) of the writer's last cut: a queue
+    # whose state is the same is written with those stamps, without an lstat (a change since moved its ctime)
+    rows: Dict[Tuple[str, int], Tuple[Any, bytes]] = field(default_factory=dict)
 
 
 def take_cut(root: str, table: Any, dispatched: Callable[[], int], mins_at: Callable[[], int]) -> RunningCut:
@@ -138,6 +141,7 @@ class SnapshotWriter:
         self.checkpoint_path = checkpoint_path
         self.mins_at = mins_at  # the log's min offset the queues' min offsets are right for now (-1: not known)
         self.dispatched: Callable[[], int] = lambda: -1  # the dispatcher's position (a running store's)
+        self._rows: Dict[Tuple[str, int], Tuple[Any, bytes]] = {}  # the last cut's vouched rows (RunningCut.rows)
 
     def write_closed(self) -> None:
         """After the last flush of a clean close, before ``abort`` goes."""
@@ -153,7 +157,9 @@ class SnapshotWriter:
 
     def take_cut(self) -> Optional[RunningCut]:
         try:
-            return take_cut(self.root, self.table, self.dispatched, self.mins_at)
+            cut = take_cut(self.root, self.table, self.dispatched, self.mins_at)
+            cut.rows = self._rows  # replaced by the rows this cut vouches for once it is encoded
+            return cut
         except OSError as e:
             log.warning("%s: no running queue snapshot (%s)", self.root, e)
             return None
@@ -169,9 +175,11 @@ class SnapshotWriter:
         if end > mfq.flushed_where:
             return False
         try:
-            if not write_snapshot(
+            if write_snapshot(
                 self.root, self.table, mfq.directory, self.checkpoint_path, mfq.file_size, end, cut.mins_at, cut
             ):
+                self._rows = cut.rows  # the stamps this cut vouched with, for the next one
+            else:
                 log.debug("%s: no running queue snapshot: a segment changed within the last moments", self.root)
         except OSError as e:
             log.warning("%s: no running queue snapshot written (%s)", self.root, e)
@@ -285,7 +293,8 @@ def _encode(
         topic_stats, queue_stats, states = _stat_queues(table, whole, table.states(leave_out=whole))
     else:
         whole = cut.whole
-        topic_stats, queue_stats, states = _stat_queues(table, whole, cut.states)
+        topic_stats, queue_stats, states = _stat_queues(table, whole, cut.states, cut.rows)
+        known, cut.rows = cut.rows, {}
     root_st = os.lstat(cq_root)
     ctimes = [ctime for _, ctime, _, _ in segments] + [fs_now, root_st.st_ctime_ns]
     for dst, fsts in queue_stats.values():
@@ -337,8 +346,20 @@ def _encode(
             continue
         parts.append(QUEUE_SNAPSHOT_TOPIC_ROW.pack(len(name), ctime, ino, len(qids)) + name)
         for qid in qids:
-            stats = queue_stats.get((topic, qid))
-            parts += _queue_rows(qid, states[(topic, qid)], stats, fresh_after, table.file_size, log_end)
+            key, state = (topic, qid), states[(topic, qid)]
+            if cut is not None and state[7] is None:
+                sig = state[2:7]
+                last = known.get(key)
+                if last is not None and last[0] == sig:
+                    cut.rows[key] = last
+                    parts.append(last[1])
+                    continue
+                rows = _queue_rows(qid, state, queue_stats[key], fresh_after, table.file_size, log_end)
+                if len(rows) > 1:  # vouched (its files' rows follow): its stamps kept for the next cut
+                    cut.rows[key] = (sig, b"".join(rows))
+                parts += rows
+                continue
+            parts += _queue_rows(qid, state, queue_stats.get(key), fresh_after, table.file_size, log_end)
     body = b"".join(parts)
     magic = QUEUE_SNAPSHOT_MAGIC if cut is None else QUEUE_SNAPSHOT_RUNNING_MAGIC
     return QUEUE_SNAPSHOT_HEADER.pack(magic, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body)) + body
@@ -349,12 +370,13 @@ _QueueStats = Dict[Tuple[str, int], Tuple[os.stat_result, List[os.stat_result]]]
 
 
 def _stat_queues(
-    table: Any, whole: Dict[str, TopicRow], all_states: List[Any]
+    table: Any, whole: Dict[str, TopicRow], all_states: List[Any], known: Optional[Dict[Any, Any]] = None
 ) -> Tuple[_TopicStats, _QueueStats, Dict[Tuple[str, int], Any]]:
     """(topic -> lstat of its directory (None: not a directory any more), (topic, qid) -> (lstat of its directory,
     lstats of its files) for the queues built since the open, (topic, qid) -> its state) for every queue a snapshot
     can hold: those of ``whole`` topics by their topic's stat only, the rest by ``all_states`` (``table.states``
-    leaving ``whole`` out)."""
+    leaving ``whole`` out). A queue in ``known`` with the same state (a running store's last cut) is not looked at:
+    its row is written with the stamps that cut saw."""
     cq_root = table.root
     topic_stats: _TopicStats = {}
     queue_stats: _QueueStats = {}
@@ -370,7 +392,7 @@ def _stat_queues(
             if topic not in topic_stats:
                 topic_stats[topic] = None
                 topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
-            if row is None:
+            if row is None and not (known and (topic, qid) in known and known[(topic, qid)][0] == state[2:7]):
                 queue_stats[(topic, qid)] = (os.lstat(qdir), [os.lstat(f"{qdir}/{base:020d}") for base in bases])
         except FileNotFoundError:
             continue  # a queue without a directory (never written): the open finds nothing there either
