@@ -4,9 +4,11 @@ open takes the queues the cut vouches for from it, unread, and every message put
 order, at its queue offset, whatever the file system tells of the writes after the cut (tmpfs does not change a
 file's ctime for a write through a mapping to a page already written)."""
 
+import errno
 import json
 import logging
 import os
+import re
 import sys
 import textwrap
 import time
@@ -14,9 +16,10 @@ import time
 import pytest
 
 import localmq
-from helpers import kill_when_ready, patch, queue_messages, run_on_tmpfs
+from helpers import kill_when_ready, patch, queue_messages, run_on_tmpfs, wait_until
 from localmq.layout import CQ_UNIT_SIZE
-from localmq.store.queue_snapshot import FRESH_NS
+from localmq.queues.message_store import DefaultMessageStore
+from localmq.store.queue_snapshot import FRESH_NS, NOT_VOUCHED, read_snapshot
 
 SEG = 64 * 1024
 CQ_FILE = 20 * CQ_UNIT_SIZE
@@ -36,7 +39,7 @@ WRITER = textwrap.dedent(
     import localmq
     root = sys.argv[1]
     KW = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=20 * 20,
-              flush_consume_queue_thorough_interval=3_600_000, flush_interval_consume_queue=300)
+              flush_consume_queue_thorough_interval=3_600_000, flush_interval_consume_queue=2000)
     def body(t, q, i):
         return f"{t}/{q}/{i}:".encode() * 40
     st = localmq.open(root, **KW)
@@ -97,6 +100,18 @@ def crash(tmp_path, writer=WRITER):
     return root
 
 
+AFTER_CUT = re.compile(r"consume queue (\S+): written after the running store's cut")
+
+
+def after_cut(text):
+    """The queues the open found written after the cut (their row's check failed at their first record past it)."""
+    return sorted(set(AFTER_CUT.findall(text)))
+
+
+def touched():
+    return sorted(f"{t}-{q}" for t in TOUCHED for q in range(QUEUES))
+
+
 def check_reopened(st):
     """Every message once, in order; a put after the open gets its queue's next offset."""
     want = expected()
@@ -109,7 +124,8 @@ def check_reopened(st):
     assert st.put("T2", b"next", queue_id=3).queue_offset == BEFORE + AFTER
 
 
-def test_an_open_after_a_crash_takes_the_queues_the_cut_vouches_for_and_loses_nothing(tmp_path):
+def test_an_open_after_a_crash_takes_the_queues_the_cut_vouches_for_and_loses_nothing(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="localmq")
     root = crash(tmp_path)
     with localmq.open(root, **KW) as st:
         rec = st.recovery
@@ -118,6 +134,7 @@ def test_an_open_after_a_crash_takes_the_queues_the_cut_vouches_for_and_loses_no
         # ctimes) at their first record past the cut, met by the open's re-dispatch, and are checked then
         assert rec.cq_vouched == len(OLD) * QUEUES
         assert rec.cq_damaged == [] and rec.cq_rebuilt == {}
+        assert after_cut(caplog.text) == touched()
         assert not (root / "config" / "queues.running").exists()  # gone while the store is open
         # the vouched queues were neither read nor built by the open
         assert st.stats()["consume_queues_built"] == (len(TOUCHED) + len(NEW)) * QUEUES
@@ -135,11 +152,15 @@ def test_an_open_after_a_crash_takes_the_queues_the_cut_vouches_for_and_loses_no
 def test_cuts_that_reuse_the_last_cuts_stamps_vouch_only_for_what_did_not_change(tmp_path, caplog):
     # cuts every 300 ms: the queues not written since the last cut are written with that cut's stamps (no lstat);
     # after the crash every one of those holds its row's check, and nothing is lost
-    caplog.set_level(logging.INFO, logger="localmq.store")
+    caplog.set_level(logging.INFO, logger="localmq")
     writer = WRITER.replace(
         "flush_consume_queue_thorough_interval=3_600_000", "flush_consume_queue_thorough_interval=300"
     )
-    four_cuts = "seen = set()\nwhile len(seen) < 4:\n    os.path.exists(running) and seen.add(os.stat(running).st_ino)"
+    four_cuts = (
+        "seen, last = 0, None\nwhile seen < 4:\n"
+        "    ino = os.stat(running).st_ino if os.path.exists(running) else None\n"
+        "    seen, last = seen + (ino is not None and ino != last), ino"
+    )
     writer = writer.replace("while not os.path.exists(running):", four_cuts)
     root = crash(tmp_path, writer)
     with localmq.open(root, **KW) as st:
@@ -150,7 +171,7 @@ def test_cuts_that_reuse_the_last_cuts_stamps_vouch_only_for_what_did_not_change
         assert f"consume queue {t}-" not in caplog.text
 
 
-def test_a_clean_open_reads_the_close_snapshot_and_never_the_running_one(tmp_path):
+def test_a_clean_open_reads_the_close_snapshot_and_never_the_running_one(tmp_path, caplog):
     root = crash(tmp_path)
     with localmq.open(root, **KW):
         # older than what a close leaves unvouched (the open's re-dispatch wrote the queues touched after the cut)
@@ -163,6 +184,7 @@ def test_a_clean_open_reads_the_close_snapshot_and_never_the_running_one(tmp_pat
         assert st.recovery.mode != "abnormal"
         assert st.recovery.cq_vouched == (len(OLD) + len(NEW)) * QUEUES
         assert not running.exists()
+        assert "queues.running" not in caplog.text  # not read (it would be refused, and that logged)
         assert every_queue(st) == expected()
 
 
@@ -218,11 +240,16 @@ TMPFS_CHECK = textwrap.dedent(
     assert proc.stdout.readline().strip() == b"ready"
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
+    import io, logging
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    logging.getLogger("localmq").addHandler(handler)
+    logging.getLogger("localmq").setLevel(logging.INFO)
     with localmq.open(root, **t.KW) as st:
         vouched = st.recovery.cq_vouched
         repaired = sorted(st.recovery.cq_rebuilt)
         t.check_reopened(st)
-    print(json.dumps({{"vouched": vouched, "repaired": repaired}}))
+    print(json.dumps({{"vouched": vouched, "repaired": repaired, "after_cut": t.after_cut(buf.getvalue())}}))
     """
 )
 
@@ -236,4 +263,49 @@ def test_on_tmpfs_writes_after_the_cut_the_ctime_misses_are_found_by_the_row_che
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["vouched"] == len(OLD) * QUEUES
-    assert out["repaired"] == []  # found by the units past each row's max offset, checked, nothing cut
+    assert out["repaired"] == []  # nothing cut: the units after the cut match the log
+    assert out["after_cut"] == touched()  # each found by its unit past the row's max offset (the ctime kept)
+
+
+def test_a_queue_whose_file_goes_while_a_cut_is_written_leaves_its_topic_to_the_open_listing(tmp_path):
+    # retention may delete a queue's first file between the cut and its writing: the queue is then not in the
+    # topic's row, so the topic's directory must not be vouched for (the open would take the topic's queues from
+    # the rows and never see that one)
+    root = tmp_path / "s"
+    with localmq.open(root, **KW, flush_consume_queue_thorough_interval=3_600_000) as st:
+        for i in range(BEFORE):
+            for q in range(QUEUES):
+                st.put("R", body("R", q, i), queue_id=q)
+        assert st.wait_for_dispatch(10)
+        time.sleep(2 * FRESH_NS / 1e9)
+        svc = st._cq_flush_service
+        cut = svc.take_cut()
+        qdir = root / "consumequeue" / "R" / "3"
+        os.unlink(qdir / sorted(os.listdir(qdir))[0])  # as retention unlinks an expired file
+        assert wait_until(lambda: svc.write_cut(cut))
+        snap = read_snapshot(str(root), str(root / "checkpoint"), str(root / "commitlog"), CQ_FILE, SEG, running=True)
+        assert snap is not None and snap.running
+        assert snap.topics["R"].dir_ctime == NOT_VOUCHED
+        assert sorted(snap.topics["R"].qids) == [0, 1, 2]  # the other three still vouched for, each its own row
+
+
+def test_a_failed_open_after_rows_were_checked_changes_no_byte_of_the_queues(tmp_path, monkeypatch):
+    # the open builds the queues written after the cut during its re-dispatch and checks them; an open that fails
+    # after that leaves every queue file as the crash left it, and the running snapshot in place
+    root = crash(tmp_path)
+    files = lambda: {p: p.read_bytes() for p in sorted((root / "consumequeue").rglob("*")) if p.is_file()}  # noqa: E731
+    before = files()
+    running = (root / "config" / "queues.running").read_bytes()
+
+    def fail(self, last_exit_ok):
+        raise OSError(errno.EIO, "injected: the index cannot be read")
+
+    monkeypatch.setattr(DefaultMessageStore, "_load_index", fail)
+    with pytest.raises(OSError, match="injected"):
+        localmq.open(root, **KW)
+    monkeypatch.undo()
+    assert files() == before
+    assert (root / "config" / "queues.running").read_bytes() == running
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.cq_vouched == len(OLD) * QUEUES
+        check_reopened(st)

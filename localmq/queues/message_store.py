@@ -238,7 +238,7 @@ class DefaultMessageStore:
         record (at the dispatcher's position) before the rows' end: its queue holds it (a re-dispatch after a crash
         starts before a running store's cut), the dispatcher steps over it and the row stays unbuilt."""
         table = self._cq_table
-        if table.rows and (topic, queue_id) in table.rows and self._reput.reput_offset < table.rows_end:
+        if table.rows and (topic, queue_id) in table.rows and self._reput.position < table.rows_end:
             return None
         return table.find_or_create(topic, queue_id)
 
@@ -400,7 +400,7 @@ class DefaultMessageStore:
         reput = getattr(self, "_reput", None)
         skip = reput.skip_offsets if reput is not None else None
         table = self._cq_table
-        at = reput.reput_offset if reput is not None and table.rows_running else -1
+        at = reput.position if reput is not None and table.rows_running else -1
         at = at if at >= table.rows_end >= 0 else -1
         report = repair_queue(self._cl_mfq, table, key, cq, self.delay_levels_ms(), skip, at, row_max)
         done = getattr(self, "recovery", None)

@@ -319,6 +319,10 @@ class FlushConsumeQueueService(ServiceThread):
                     return
                 ts = cq.last_store_timestamp  # read before the flush: only what the flush covers may be claimed
                 cq.flush(least_pages)
+                if cut is not None:  # every file the cut counts units in, not only the one the flush was at
+                    for _ in range(len(cq.mapped_file_queue.files)):
+                        if cq.flush(0):
+                            break
                 if ts > logics_ts:
                     logics_ts = ts
             self.flushes += 1

@@ -277,7 +277,7 @@ class ConsumeQueueTable:
             self.built[key] = cq
             del self.rows[key]
             self.vouched.discard(key)
-            self._tell_built(cq)
+            # (the repair tells on_row_built where its queue ends once checked: its units are not counted yet)
             if self.repair is not None:
                 try:
                     self.repair(key, cq, row.max_offset)
@@ -303,10 +303,12 @@ class ConsumeQueueTable:
         cq.restore(row.max_offset, row.min_offset, row.max_physic_offset)
         self.built[key] = cq
         del self.rows[key]
-        self._tell_built(cq)
+        self.tell_built(cq)
         return cq
 
-    def _tell_built(self, cq: ConsumeQueue) -> None:
+    def tell_built(self, cq: ConsumeQueue) -> None:
+        """Tell ``on_row_built`` where the queue of a row just built ends (re-dispatch appends from there): by
+        ``_build`` for a row that holds, by the repair of one that does not once it checked the queue."""
         if self.on_row_built is not None:
             end = _last_file_end(cq)
             if end is not None:

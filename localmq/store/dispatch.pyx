@@ -205,6 +205,12 @@ cdef class ReputCore:
         return p if 0 <= p < r else r
 
     @property
+    def position(self):
+        """Commit log offset of the next record to dispatch (the one a factory call is made for), past records whose
+        units may still wait in memory for their queue's first file (``reput_offset`` stops at the first of those)."""
+        return lmq_load_acq(&self.reput_from)
+
+    @property
     def waiting_queues(self):
         """New queues whose units wait in memory for their first file."""
         return len(self.waiting_units)

@@ -493,6 +493,7 @@ def repair_queue(
     if cq.recover():  # units after its end: damage in its middle, cut there (dispatched again from its end, below)
         report.cq_damaged.append(name)
     starts += _verify_queues(commit_log, queues, end, cl_min, report, None, {key: cq})
+    queues.tell_built(cq)  # a failed open zeroes what is appended from here on, never a unit it kept
     if at >= 0 and cq.max_offset >= row_max >= 0 and name not in report.cq_damaged:
         # written after the cut: the units past it made durable again (a failed msync before the crash leaves them
         # in the page cache only, as the open's rewrite after a crash says)

@@ -38,7 +38,7 @@ import stat
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from localmq._native import fsync_dir
 from localmq._snapshot import QueueRow, TopicRow, parse_topic_rows
@@ -290,10 +290,10 @@ def _encode(
     cq_root = table.root
     if cut is None:
         whole: Dict[str, TopicRow] = table.whole_topics()  # topics none of whose queues was used: written back whole
-        topic_stats, queue_stats, states = _stat_queues(table, whole, table.states(leave_out=whole))
+        topic_stats, queue_stats, states, unlisted = _stat_queues(table, whole, table.states(leave_out=whole))
     else:
         whole = cut.whole
-        topic_stats, queue_stats, states = _stat_queues(table, whole, cut.states, cut.rows)
+        topic_stats, queue_stats, states, unlisted = _stat_queues(table, whole, cut.states, cut.rows)
         known, cut.rows = cut.rows, {}
     root_st = os.lstat(cq_root)
     ctimes = [ctime for _, ctime, _, _ in segments] + [fs_now, root_st.st_ctime_ns]
@@ -338,7 +338,7 @@ def _encode(
         name = topic.encode()
         qids = by_topic.get(topic, [])
         ctime, ino = _stamp(tst, fresh_after) if stat.S_ISDIR(tst.st_mode) else (NOT_VOUCHED, tst.st_ino)
-        if topic in odd:
+        if topic in odd or topic in unlisted:
             ctime = NOT_VOUCHED
         if topic in whole:
             entry = whole[topic]
@@ -371,9 +371,10 @@ _QueueStats = Dict[Tuple[str, int], Tuple[os.stat_result, List[os.stat_result]]]
 
 def _stat_queues(
     table: Any, whole: Dict[str, TopicRow], all_states: List[Any], known: Optional[Dict[Any, Any]] = None
-) -> Tuple[_TopicStats, _QueueStats, Dict[Tuple[str, int], Any]]:
+) -> Tuple[_TopicStats, _QueueStats, Dict[Tuple[str, int], Any], Set[str]]:
     """(topic -> lstat of its directory (None: not a directory any more), (topic, qid) -> (lstat of its directory,
-    lstats of its files) for the queues built since the open, (topic, qid) -> its state) for every queue a snapshot
+    lstats of its files) for the queues built since the open, (topic, qid) -> its state, the topics holding a queue
+    left out: its directory is there, a file of it was not) for every queue a snapshot
     can hold: those of ``whole`` topics by their topic's stat only, the rest by ``all_states`` (``table.states``
     leaving ``whole`` out). A queue in ``known`` with the same state (a running store's last cut) is not looked at:
     its row is written with the stamps that cut saw."""
@@ -381,6 +382,7 @@ def _stat_queues(
     topic_stats: _TopicStats = {}
     queue_stats: _QueueStats = {}
     states = {}
+    unlisted: Set[str] = set()
     for topic in whole:
         try:
             topic_stats[topic] = os.lstat(os.path.join(cq_root, topic))
@@ -395,9 +397,14 @@ def _stat_queues(
             if row is None and not (known and (topic, qid) in known and known[(topic, qid)][0] == state[2:7]):
                 queue_stats[(topic, qid)] = (os.lstat(qdir), [os.lstat(f"{qdir}/{base:020d}") for base in bases])
         except FileNotFoundError:
-            continue  # a queue without a directory (never written): the open finds nothing there either
+            # a queue without a directory (never written): the open finds nothing there either; one whose file went
+            # while its directory stays (retention, while a running store's cut is written) is not in the topic's
+            # list, so the topic's directory is not vouched for: the open lists it
+            if os.path.lexists(qdir):
+                unlisted.add(topic)
+            continue
         states[(topic, qid)] = state
-    return topic_stats, queue_stats, states
+    return topic_stats, queue_stats, states, unlisted
 
 
 def _queue_rows(qid: int, state: Any, stats: Any, fresh_after: int, file_size: int, log_end: int) -> List[bytes]:
