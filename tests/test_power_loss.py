@@ -222,6 +222,9 @@ def settings(rng, flush):
         flush_interval_consume_queue=rng.choice([10, 100, 1000]),
         preallocate_mapped_file=rng.random() < 0.7,
     )
+    # the running store's queue cut at each thorough pass (the first pass is one): often, so that cuts fall while
+    # one is taken, flushed, waited for and written, and the opens after them take queues from one
+    cfg["flush_consume_queue_thorough_interval"] = rng.choice([30, 200, 60_000])
     if flush == "ASYNC_FLUSH":
         cfg.update(
             flush_interval_commit_log=rng.choice([10, 50, 200, 500]), flush_commit_log_least_pages=rng.choice([0, 1, 4])
@@ -334,6 +337,10 @@ def check(root, cfg, flush, seed, sessions, figures, *, concurrent=False):
         rep = st.recovery
         assert not rep.salvaged, rep
         figures["opened"] += 1
+        # an open after a crash that took queues from the running store's cut (config/queues.running): 0 so far, the
+        # cut's rollback rewrites the backing files, so their ctimes (and the old segments') are not the ones the
+        # cut recorded and it is refused; the cuts are taken and written under the power cuts all the same
+        figures["opened_from_cut"] += rep.mode == "abnormal" and rep.cq_vouched > 0
         figures["gaps"] += len(rep.gaps)
         figures["dropped_tails"] += rep.dropped_at is not None
         special = SPECIAL_TOPICS if any(s.job.get("special") for s in sessions) else set()
@@ -467,6 +474,7 @@ def new_figures():
         cuts=0,
         recuts=0,
         opened=0,
+        opened_from_cut=0,
         acked=0,
         acked_must_survive=0,
         checked=0,
