@@ -1,6 +1,6 @@
 """Stub for the compiled localmq._snapshot: the queue snapshot's rows parsed in one pass."""
 
-from typing import Dict, Iterable, Mapping, Optional, Tuple, final
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple, final
 
 @final
 class QueueRow:
@@ -54,3 +54,10 @@ class TopicRow:
     def row(self, qid: int) -> Optional[QueueRow]: ...
 
 def parse_topic_rows(body: bytes, pos: int, n_topics: int) -> Dict[str, TopicRow]: ...
+
+ROW_CHANGED: int
+ROW_HOLDS: int
+ROW_DISAGREES: int
+ROW_LINK: int
+
+def check_rows(qdirs: List[bytes], rows: List[QueueRow], file_size: int, dev: int, log_min: int) -> List[int]: ...

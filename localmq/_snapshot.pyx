@@ -3,12 +3,37 @@
 every row (about 70 bytes a queue) before it uses any, and a Python call per field cost most of a second there."""
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+from libc.errno cimport ENOENT, errno
+from libc.stdio cimport snprintf
+from posix.fcntl cimport O_NONBLOCK, O_RDONLY
+from posix.fcntl cimport open as c_open
+from posix.unistd cimport close as c_close
+from posix.unistd cimport pread
 
 from localmq._layout cimport (
-    MAX_QUEUE_ID, QUEUE_SNAPSHOT_FILE_ROW_SIZE, QUEUE_SNAPSHOT_NOT_VOUCHED, QUEUE_SNAPSHOT_QUEUE_ROW_SIZE,
-    QUEUE_SNAPSHOT_TOPIC_ROW_SIZE,
+    CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, QUEUE_SNAPSHOT_FILE_ROW_SIZE, QUEUE_SNAPSHOT_NOT_VOUCHED,
+    QUEUE_SNAPSHOT_QUEUE_ROW_SIZE, QUEUE_SNAPSHOT_TOPIC_ROW_SIZE,
 )
+
+
+cdef extern from "<fcntl.h>" nogil:
+    enum: O_NOFOLLOW
+
+
+cdef extern from "<sys/stat.h>" nogil:
+    cdef struct timespec:
+        long tv_sec
+        long tv_nsec
+    cdef struct stat:
+        unsigned long long st_dev
+        unsigned long long st_ino
+        unsigned int st_mode
+        long long st_size
+        timespec st_ctim
+    int c_lstat "lstat"(const char *path, stat *buf)
+    bint S_ISLNK(unsigned int mode)
 
 
 cdef extern from "Python.h":
@@ -201,3 +226,151 @@ cdef dict _parse(bytes body, Py_ssize_t pos, Py_ssize_t n_topics):
     if pos != end:
         raise ValueError("trailing bytes")
     return topics
+
+
+# what check_rows finds for a row (ConsumeQueueTable._row_holds)
+cdef enum:
+    ROW_CHANGED_ = 0  # a file or the directory is not the one the row stamped (or is gone), or the row's shape is wrong
+    ROW_HOLDS_ = 1  # the queue's files are those of its row and its units are where the row says
+    ROW_DISAGREES_ = 2  # the stamps hold, the units are not where the row says (a row that lies: the caller logs it)
+    ROW_LINK_ = 3  # the queue's directory is a symlink
+    PATH_MAX = 4096
+    ENAMETOOLONG_ = 36
+ROW_CHANGED = ROW_CHANGED_
+ROW_HOLDS = ROW_HOLDS_
+ROW_DISAGREES = ROW_DISAGREES_
+ROW_LINK = ROW_LINK_
+
+
+cdef inline int64_t _ctime_ns(const stat *st) noexcept nogil:
+    return <int64_t>st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec
+
+
+cdef int _units(const char *qdir, int64_t base0, int64_t file_size, int64_t pos, uint8_t *out, int n) noexcept nogil:
+    """``n`` bytes from logical position ``pos`` (within one file) with pread: 0, ROW_CHANGED_ for a file gone or
+    short, -errno for an error."""
+    cdef char path[PATH_MAX]
+    cdef int64_t base = pos - (pos - base0) % file_size
+    cdef int fd
+    cdef Py_ssize_t got
+    if snprintf(path, PATH_MAX, "%s/%020lld", qdir, <long long>base) >= PATH_MAX:
+        return -ENAMETOOLONG_
+    fd = c_open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
+    if fd < 0:
+        return ROW_CHANGED_ if errno == ENOENT else -errno
+    got = pread(fd, out, n, pos - base)
+    if got < 0:
+        got = -errno
+        c_close(fd)
+        return <int>got
+    c_close(fd)
+    return 0 if got == n else ROW_CHANGED_
+
+
+cdef inline bint _exists(const char *qdir, int64_t base) noexcept nogil:
+    cdef char path[PATH_MAX]
+    cdef stat st
+    if base < 0 or snprintf(path, PATH_MAX, "%s/%020lld", qdir, <long long>base) >= PATH_MAX:
+        return False
+    return c_lstat(path, &st) == 0
+
+
+cdef int _row_check(const char *qdir, const uint8_t *files, Py_ssize_t n_files, int64_t dir_ctime, int64_t dir_ino,
+                    int64_t max_offset, int64_t min_offset, int64_t max_phys, int64_t file_size,
+                    unsigned long long dev, int64_t log_min) noexcept nogil:
+    cdef char path[PATH_MAX]
+    cdef stat st
+    cdef Py_ssize_t i, w = QUEUE_SNAPSHOT_FILE_ROW_SIZE
+    cdef int64_t base0, last_base, base, last, first, phys, rc
+    cdef int32_t size
+    cdef uint8_t data[3 * CQ_UNIT_SIZE]
+    cdef int n
+    cdef bint tail_in_file
+    # the shape a close writes: consecutive files, the end in the last one
+    if n_files <= 0:
+        return ROW_CHANGED_
+    base0 = _q(files)
+    for i in range(n_files):
+        if _q(files + i * w) != base0 + i * file_size:
+            return ROW_CHANGED_
+    last_base = base0 + (n_files - 1) * file_size
+    if not last_base <= max_offset * CQ_UNIT_SIZE <= last_base + file_size:
+        return ROW_CHANGED_
+    # the stamps: the directory and every file still those the row saw (inode, ctime, size, on the table's device)
+    if c_lstat(qdir, &st) != 0:
+        return ROW_CHANGED_ if errno == ENOENT else -errno
+    if S_ISLNK(st.st_mode):
+        return ROW_LINK_
+    if _ctime_ns(&st) != dir_ctime or <int64_t>st.st_ino != dir_ino:
+        return ROW_CHANGED_
+    for i in range(n_files):
+        base = _q(files + i * w)
+        if snprintf(path, PATH_MAX, "%s/%020lld", qdir, <long long>base) >= PATH_MAX:
+            return -ENAMETOOLONG_
+        if c_lstat(path, &st) != 0:
+            return ROW_CHANGED_ if errno == ENOENT else -errno
+        if (_ctime_ns(&st) != _q(files + i * w + 8) or <int64_t>st.st_ino != _q(files + i * w + 16)
+                or st.st_size != file_size or st.st_dev != dev):
+            return ROW_CHANGED_
+    # the units: no file before the first or after a full last one, the last unit a real one ending at max_phys, the
+    # one after it zeros, and a min offset past the first file's start after a unit retention expired
+    last = max_offset * CQ_UNIT_SIZE - CQ_UNIT_SIZE
+    first = min_offset * CQ_UNIT_SIZE
+    if last < base0 or not base0 <= first <= last + CQ_UNIT_SIZE:
+        return ROW_DISAGREES_
+    if base0 > 0 and _exists(qdir, base0 - file_size):
+        return ROW_DISAGREES_
+    if last + CQ_UNIT_SIZE == last_base + file_size and _exists(qdir, last_base + file_size):
+        return ROW_DISAGREES_
+    tail_in_file = (last - base0) % file_size + 2 * CQ_UNIT_SIZE <= file_size
+    n = 2 * CQ_UNIT_SIZE if tail_in_file else CQ_UNIT_SIZE
+    rc = _units(qdir, base0, file_size, last, data, n)
+    if rc != 0:
+        return <int>rc
+    if not tail_in_file and last + CQ_UNIT_SIZE < last_base + file_size:
+        rc = _units(qdir, base0, file_size, last + CQ_UNIT_SIZE, data + CQ_UNIT_SIZE, CQ_UNIT_SIZE)
+        if rc != 0:
+            return <int>rc
+        n = 2 * CQ_UNIT_SIZE
+    phys = _q(data)
+    size = <int32_t>_be32(data + 8)
+    if not (phys >= 0 and 0 < size < CQ_BLANK_UNIT_SIZE and phys + size == max_phys):
+        return ROW_DISAGREES_
+    for i in range(CQ_UNIT_SIZE, n):
+        if data[i]:
+            return ROW_DISAGREES_
+    if first > base0:
+        rc = _units(qdir, base0, file_size, first - CQ_UNIT_SIZE, data, CQ_UNIT_SIZE)
+        if rc != 0:
+            return <int>rc
+        size = <int32_t>_be32(data + 8)
+        if size != CQ_BLANK_UNIT_SIZE and _q(data) >= log_min:
+            return ROW_DISAGREES_
+    return ROW_HOLDS_
+
+
+def check_rows(list qdirs, list rows, int64_t file_size, unsigned long long dev, int64_t log_min):
+    """What ``row_check`` finds for each (queue directory (bytes), QueueRow), as a list of ints, with the GIL released
+    while the files are looked at (a list checked on several threads runs in parallel). A negative int is -errno of a
+    failed look (the caller raises it: ``row_check``)."""
+    cdef Py_ssize_t i, n = len(qdirs)
+    cdef QueueRow row
+    cdef bytes q
+    cdef list out = [0] * n
+    cdef int rc
+    cdef const char *qp
+    cdef const uint8_t *fp
+    cdef Py_ssize_t nf
+    if len(rows) != n:
+        raise ValueError("qdirs and rows differ in length")
+    for i in range(n):
+        q = <bytes>qdirs[i]
+        row = <QueueRow>rows[i]
+        qp = PyBytes_AS_STRING(q)
+        fp = <const uint8_t *>PyBytes_AS_STRING(row._files)
+        nf = PyBytes_GET_SIZE(row._files) // QUEUE_SNAPSHOT_FILE_ROW_SIZE
+        with nogil:
+            rc = _row_check(qp, fp, nf, row.dir_ctime, row.dir_ino, row.max_offset, row.min_offset,
+                            row.max_physic_offset, file_size, dev, log_min)
+        out[i] = rc
+    return out

@@ -125,6 +125,11 @@ QUEUE_SNAPSHOT_MAGIC = 0x4C4D5153  # "LMQS"
 # flushed in the log and in the queues), written by the queue flush's thorough pass; read only after a crash
 QUEUE_SNAPSHOT_RUNNING_FILE = "queues.running"  # in CONFIG_DIR
 QUEUE_SNAPSHOT_RUNNING_MAGIC = 0x4C4D5152  # "LMQR"
+# config/queues.handover: a store shared between processes: the rows its first opener took (or made) at the open, for
+# the last process to close it, which writes queues.snapshot from them and what the processes changed since; never
+# read by an open (every open deletes it), not made durable
+QUEUE_SNAPSHOT_HANDOVER_FILE = "queues.handover"  # in CONFIG_DIR
+QUEUE_SNAPSHOT_HANDOVER_MAGIC = 0x4C4D5148  # "LMQH"
 QUEUE_SNAPSHOT_VERSION = 1
 QUEUE_SNAPSHOT_HEADER = struct.Struct(">IIIq")  # magic, version, CRC-32 of the body, body length
 # body: cq file size, commit log file size, the log's min offset the rows' min offsets are right for (-1: not

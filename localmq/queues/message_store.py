@@ -93,8 +93,11 @@ class DefaultMessageStore:
 
     _writes = True  # a read-only view says False: it opens on a read-only file system
     # a clean close writes the queues' ends, the next open takes the queues it vouches for from there
-    # (store/queue_snapshot.py); a shared store says False: its processes' queues are not all in one table
+    # (store/queue_snapshot.py; a shared store's last closer writes it from its first opener's handover)
     _reads_queue_snapshot = True
+    # the queue flush takes running cuts (queues.running), which an open after a crash reads; a shared store says
+    # False: its dispatcher moves between processes, none of which holds every queue
+    _reads_running_cut = True
     _mins_at = -1  # the log's min offset every queue's min offset was last corrected for (the open's)
     _early_repairs: Optional[List[RecoveryReport]] = None  # repairs of queues used before ``recovery`` is set
     # what a half-built open holds (set as the open builds it; None or empty until then)
@@ -254,7 +257,7 @@ class DefaultMessageStore:
         rebuilt: List[str] = []
         cp_path = os.path.join(self.root, CHECKPOINT_FILE)
         snapshot = None
-        if self._reads_queue_snapshot:
+        if self._reads_queue_snapshot and (last_exit_ok or self._reads_running_cut):
             # after a clean close its snapshot; after a crash the running store's last cut (queues.running)
             snapshot = read_snapshot(
                 self.root,
@@ -571,7 +574,7 @@ class DefaultMessageStore:
             self.checkpoint.flush,
             self._cq_table.sync_names,
             logics_floor=lambda: self._reput.pending_store_ts,
-            take_cut=snapshots.take_cut if self._reads_queue_snapshot else None,
+            take_cut=snapshots.take_cut if self._reads_running_cut else None,
             write_cut=snapshots.write_cut,
         )
         self._cq_flush_service.start()

@@ -28,6 +28,7 @@ from localmq.errors import (
     CorruptStoreError,
     DispatchError,
     IndexDisabledError,
+    LocalMQError,
     StoreBusyError,
     UnsupportedFilesystemError,
     io_operation,
@@ -51,8 +52,11 @@ from localmq.layout import (
     CTL_S_REPUT,
     CTL_S_SEG_SIZE,
     CTL_S_WPOS,
+    CTL_T_DISPATCHED,
+    CTL_T_NEXT,
     CTL_TOPIC_QUEUES,
     LOCK_FILE,
+    SEGMENT_NAME_RE,
     is_decimal,
 )
 from localmq.queues.local import LocalMessageQueue
@@ -69,6 +73,7 @@ from localmq.store.index import IndexReader
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.queue_recovery import RecoveryReport
+from localmq.store.queue_snapshot import FRESH_NS, SnapshotWriter, read_handover, remove_handover, write_snapshot
 from localmq.store.settings import write_log_start
 from localmq.store.undo import OpenUndo
 
@@ -162,12 +167,16 @@ class SharedMessageQueue(LocalMessageQueue):
     the store cleanly.
 
     Differences from a store opened by one process (``shared=False``): queue ids 0..63 per topic and at most
-    1024 topics (the control file's table); no transient store pool; the housekeeper creates one segment ahead
+    131,072 topics (the control file's table); no transient store pool; the housekeeper creates one segment ahead
     (the exclusive store two, warmed if asked); key lookups (``query_message``) answer in the housekeeper process
-    only; transactional producers are refused (TransactionNotSupportedError).
+    only; transactional producers are refused (TransactionNotSupportedError); no running cut (``queues.running``):
+    the open after a crash checks every queue. The queue snapshot of a clean close is written by the last process
+    to leave, from the rows the first opener handed over (``config/queues.handover``).
     """
 
-    _reads_queue_snapshot = False  # its close writes none: the other processes' queues are not in this one's table
+    # the dispatcher moves between processes, none of which holds every queue: no running cut is taken; a clean
+    # close's snapshot is written by the last closer from the first opener's handover (_write_closed_snapshot)
+    _reads_running_cut = False
 
     _ctl: Optional[ControlFile] = None
     _election: Optional[_Election] = None
@@ -185,7 +194,9 @@ class SharedMessageQueue(LocalMessageQueue):
         """Other processes may be writing the store: until this one recovers it as the first opener (when they
         all wait), a failed open undoes only what it created itself."""
         lock_path = os.path.join(self.root, LOCK_FILE)
-        return OpenUndo(self.root, created_root, (lock_path,) if self._lock.created else (), listing=False)
+        return OpenUndo(
+            self.root, created_root, (lock_path,) if self._lock.created else (), listing=False, defer_queues=True
+        )
 
     # -- open ---------------------------------------------------------------------------------------------------
 
@@ -219,11 +230,15 @@ class SharedMessageQueue(LocalMessageQueue):
                 if self._undo is not None:
                     self._undo.retake(ctl_created)  # nobody else writes until this open ends
                 last_exit_ok = self._recover(progress)
+                self._check_rows()
                 self._record_settings()
                 self._publish_first()
                 self._mark_running()
                 self.first_opener = True
                 self._first_exit_ok = last_exit_ok
+                # the rows for the last closer, written beside the running store (close waits for it)
+                self._handover = threading.Thread(target=self._hand_over_rows, name="localmq-handover", daemon=True)
+                self._handover.start()
         finally:
             ctl.range_lock(CTL_LOCK_BYTE_STORE, 0)
         self._setup_reads()
@@ -260,14 +275,114 @@ class SharedMessageQueue(LocalMessageQueue):
         ctl.store(CTL_S_CQ_SIZE, c.mapped_file_size_consume_queue)
         for (topic, qid), nxt in table.items():
             self.commit_log.set_queue_offset(topic, qid, nxt)
-        for (topic, qid), cq in self._cqs.items():
+        for (topic, qid), cq in self._cq_table.built.items():
             self.commit_log.set_queue_offset(topic, qid, max(cq.max_offset, table.get((topic, qid), 0)))
             cq.bind_shared(ctl)
             cq.publish_shared()
+        # the queues kept as their snapshot rows (checked by _check_rows), published without being built: their
+        # cells written straight into the topic table (no other process is attached: no writer lock needed)
+        last_topic, off = None, -1
+        for (topic, qid), row in sorted(self._cq_table.rows.items()):
+            if topic != last_topic:
+                last_topic, off = topic, ctl.topic_row(topic, True)
+            ctl.store(off + CTL_T_NEXT + 8 * qid, max(row.max_offset, table.get((topic, qid), 0)))
+            ctl.store(off + CTL_T_DISPATCHED + 8 * qid, row.max_offset)
+        self.commit_log.topic_miss = None  # every queue's next offset is in the control file now
         ctl.store(CTL_S_REPUT, self._reput.reput_offset)
         ctl.store(CTL_S_WPOS, self._cl_mfq.max_offset())
         ctl.store(CTL_S_READY, 1)
         self._shared_live = True
+
+    def _check_rows(self) -> None:
+        """First opener: check every queue the snapshot kept as its row now (stamps, a unit or two; the other
+        processes load queues from their files unchecked), and repair those that fail from the log while every
+        other opener waits. From here on a row's queue takes its unit count from the control file as it is built."""
+        table = self._cq_table
+        assert table is not None
+        for key in table.check_rows():
+            # its check fails again: loaded and repaired from the log (DefaultMessageStore._repair_queue)
+            table.get(key)
+        table.repair = None
+        table.adopt = self._adopt
+
+    _handover: Optional[threading.Thread] = None
+
+    def _hand_over_rows(self) -> None:
+        """First opener, on a thread of its own once open: the queues' rows, for the last process to close the store
+        (queues.handover: not durable; a failure costs the next close its snapshot only). The dispatcher may write
+        meanwhile: a queue changed since its ends were taken has a ctime after the file's (not vouched for), and
+        the closer keeps a row only where the control file's unit count is still the row's."""
+        table = self._cq_table
+        assert table is not None
+        mfq = self._cl_mfq
+        cp = os.path.join(self.root, CHECKPOINT_FILE)
+        if self.recovery.mode == "abnormal" or self.recovery.repaired:
+            # queue files this open wrote are vouched for once older than what a change could share a ctime with
+            time.sleep(FRESH_NS / 1e9)
+        try:
+            if not write_snapshot(
+                self.root,
+                table,
+                mfq.directory,
+                cp,
+                mfq.file_size,
+                mfq.max_offset(),
+                self._queue_mins_at(),
+                handover=True,
+            ):
+                log.debug("%s: no rows handed over: old segments changed within the last moments", self.root)
+        except (OSError, LocalMQError) as e:
+            log.warning("%s: no rows handed over (%s); the last close writes no queue snapshot", self.root, e)
+        except Exception:  # noqa: BLE001 - a thread of its own: nothing above it would say
+            log.exception("%s: no rows handed over; the last close writes no queue snapshot", self.root)
+
+    def _unit_count(self, topic: str, queue_id: int) -> int:
+        """The queue's unit count in the control file; -1 when it has none."""
+        ctl = self._ctl
+        assert ctl is not None
+        row = ctl.topic_row(topic) if 0 <= queue_id < CTL_TOPIC_QUEUES else -1
+        return -1 if row < 0 else ctl.load(row + CTL_T_DISPATCHED + 8 * queue_id)
+
+    def _delete_segments_ahead(self) -> None:
+        """The last closer: the segment the housekeeper made ahead of the committed end (the newest, after the one
+        holding the end) holds nothing; it is deleted, as the exclusive store's allocator deletes one no put took,
+        so that the next open finds the log as this close left it (recovery would delete it, and its snapshot would
+        not be used). Any other file past the end is left to the next open's checks."""
+        assert self._ctl is not None
+        directory = self._cl_mfq.directory
+        end = self._ctl.load(CTL_S_WPOS)
+        nxt = segment_ahead(end, self._cl_mfq.file_size)
+        if nxt is None or nxt <= end:
+            return
+        try:
+            newest = max((int(n) for n in os.listdir(directory) if SEGMENT_NAME_RE.fullmatch(n)), default=-1)
+            if newest == nxt:
+                os.unlink(os.path.join(directory, offset_to_file_name(nxt)))
+                fsync_dir(directory)
+        except OSError as e:
+            log.warning("%s: the segment made ahead could not be deleted (%s); the next open deletes it", self.root, e)
+
+    def _write_closed_snapshot(self) -> None:
+        """The last closer, dispatch caught up and everything flushed: queues.snapshot from the first opener's
+        handover and this process's queues (ConsumeQueueTable.closing_view); the handover goes after it."""
+        c = self.config
+        table = self._cq_table
+        assert table is not None
+        handover = read_handover(self.root, c.mapped_file_size_consume_queue, c.mapped_file_size_commit_log)
+        try:
+            if handover is None:
+                return
+            cl_min = self._cl_mfq.min_offset()
+            mins_at = cl_min if handover.mins_at == cl_min == self._queue_mins_at() else -1
+            try:
+                view = table.closing_view(handover, self._unit_count)
+            except (OSError, LocalMQError) as e:
+                log.warning("%s: no queue snapshot written (%s); the next open checks every queue", self.root, e)
+                return
+            cp = os.path.join(self.root, CHECKPOINT_FILE)
+            SnapshotWriter(self.root, view, self._cl_mfq, cp, lambda: mins_at).write_closed()
+        finally:
+            remove_handover(self.root)
 
     def _attach(self) -> None:
         """A later opener: map the files as they are (no recovery, nothing written) up to the committed end."""
@@ -371,8 +486,9 @@ class SharedMessageQueue(LocalMessageQueue):
         self._housekeeper = True
         ctl.store(CTL_S_HOUSEKEEPER, os.getpid())
         self.commit_log.sync_view()
-        # this process's queues may lag what the previous housekeeper dispatched: adopt its counts
-        for cq in list(self._cqs.values()):
+        # this process's queues may lag what the previous housekeeper dispatched: adopt its counts (a row's queue
+        # adopts them as it is built: ConsumeQueueTable.adopt)
+        for cq in list(self._cq_table.built.values()):
             if cq.bind_shared(ctl):
                 cq._reset_state(cq.sync_shared())
             self._reput.register(cq)
@@ -393,7 +509,7 @@ class SharedMessageQueue(LocalMessageQueue):
         self._hk_flush.start()
         self._hk_services.append(self._hk_flush)
         self._cq_flush_service = FlushConsumeQueueService(
-            lambda: self._cqs.values(), c, self.checkpoint, self.checkpoint.flush, self._cq_table.sync_names
+            lambda: self._cq_table.built.values(), c, self.checkpoint, self.checkpoint.flush, self._cq_table.sync_names
         )
         self._cq_flush_service.start()
         self._hk_services.append(self._cq_flush_service)
@@ -668,6 +784,7 @@ class SharedMessageQueue(LocalMessageQueue):
             return
         ctl = self._ctl
         assert ctl is not None
+        self._join_handover()
         self._close_clients()
         if self._election is not None:
             self._stop_service(self._election)
@@ -700,10 +817,13 @@ class SharedMessageQueue(LocalMessageQueue):
                     clean = False
             if self._housekeeper:
                 self._stop_housekeeping(flush=True)
+                if clean:
+                    self._delete_segments_ahead()
+                    self._write_closed_snapshot()
         finally:
             self._closed = True
-            for cq in list(self._cqs.values()):
-                cq.close()
+            if self._cq_table is not None:
+                self._cq_table.close()
             self._cl_mfq.close()
             self.checkpoint.close()
             try:
@@ -734,7 +854,13 @@ class SharedMessageQueue(LocalMessageQueue):
         else:
             ctl.close()
 
+    def _join_handover(self) -> None:
+        if self._handover is not None:
+            self._handover.join()  # bounded: stats and one write of the rows
+            self._handover = None
+
     def _abandon(self) -> None:
+        self._join_handover()  # its file is undone with the rest of the open
         if self._election is not None:
             self._election.shutdown()
         if self._housekeeper:

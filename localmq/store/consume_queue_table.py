@@ -10,11 +10,12 @@ from typing import Callable, Container, Dict, Iterator, List, Mapping, Optional,
 
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
+from localmq._snapshot import ROW_DISAGREES, ROW_HOLDS, ROW_LINK, check_rows
 from localmq.config import check_topic
 from localmq.errors import CorruptStoreError, LocalMQError, StoreClosedError, UnsafePathError, store_io_error
-from localmq.layout import CQ_BLANK_UNIT_SIZE, CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
+from localmq.layout import CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
 from localmq.store.consume_queue import ConsumeQueue
-from localmq.store.durable_names import DeferredDirSyncs
+from localmq.store.durable_names import DeferredDirSyncs, sync_each
 from localmq.store.queue_snapshot import NOT_VOUCHED, QueueRow, QueueSnapshot, TopicRow
 
 log = logging.getLogger("localmq.store")
@@ -48,57 +49,6 @@ def refuse_links(qdir: str) -> None:
         _names_refusing_links(qdir)
     except FileNotFoundError:
         return
-
-
-def _units_at(qdir: str, bases: List[int], file_size: int, pos: int, n: int) -> bytes:
-    """``n`` bytes of the queue's files from logical position ``pos`` (within one file), read with pread: no
-    mapping, no descriptor kept."""
-    base = pos - (pos - bases[0]) % file_size
-    fd = os.open(f"{qdir}/{base:020d}", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        data = os.pread(fd, n, pos - base)
-    finally:
-        os.close(fd)
-    if len(data) != n:
-        raise OSError(f"{qdir}: {len(data)} of {n} bytes at {pos}")
-    return data
-
-
-def _row_agrees(qdir: str, bases: List[int], file_size: int, row: QueueRow, log_min: int) -> bool:
-    """True when the queue's units are where its snapshot row says: no file before the first or after the last the
-    row lists, the unit before ``max_offset`` is a real one that ends at ``max_physic_offset``, the unit at
-    ``max_offset`` (when a file holds it) is all zeros, and a ``min_offset`` past the first file's start follows a
-    unit retention expired (blank, or its record below the log's min offset ``log_min``). A unit or two read with
-    pread, an lstat for a queue retention trimmed or whose last file is full: a row that lies (a snapshot forged
-    with a right CRC, or a bug of the close that wrote it) must never hide units that exist, nor let a put write
-    over one. Raises OSError when a file cannot be read."""
-    last = row.max_offset * CQ_UNIT_SIZE - CQ_UNIT_SIZE  # the last unit's logical position
-    first = row.min_offset * CQ_UNIT_SIZE
-    if last < bases[0] or not bases[0] <= first <= last + CQ_UNIT_SIZE:
-        return False
-    # the row lists every file: none before its first (offsets start at 0), none after a full last one
-    for base in (
-        bases[0] - file_size if bases[0] > 0 else -1,
-        bases[-1] + file_size if last + CQ_UNIT_SIZE == bases[-1] + file_size else -1,
-    ):
-        if base >= 0 and os.path.lexists(f"{qdir}/{base:020d}"):
-            return False
-    tail_in_file = (last - bases[0]) % file_size + 2 * CQ_UNIT_SIZE <= file_size
-    data = _units_at(qdir, bases, file_size, last, 2 * CQ_UNIT_SIZE if tail_in_file else CQ_UNIT_SIZE)
-    if not tail_in_file and last + CQ_UNIT_SIZE < bases[-1] + file_size:
-        data += _units_at(qdir, bases, file_size, last + CQ_UNIT_SIZE, CQ_UNIT_SIZE)
-    phys = int.from_bytes(data[:8], "big", signed=True)
-    size = int.from_bytes(data[8:12], "big", signed=True)
-    if not (phys >= 0 and 0 < size < CQ_BLANK_UNIT_SIZE and phys + size == row.max_physic_offset):
-        return False
-    if any(data[CQ_UNIT_SIZE:]):
-        return False
-    if first > bases[0]:
-        before = _units_at(qdir, bases, file_size, first - CQ_UNIT_SIZE, CQ_UNIT_SIZE)
-        size = int.from_bytes(before[8:12], "big", signed=True)
-        if size != CQ_BLANK_UNIT_SIZE and int.from_bytes(before[:8], "big", signed=True) >= log_min:
-            return False
-    return True
 
 
 Key = Tuple[str, int]
@@ -209,6 +159,11 @@ class ConsumeQueueTable:
         # while an open that may fail re-dispatches: told (path, position) of the last file of a row's queue as it is
         # built, before anything is appended there (OpenUndo.mark_derived_end; last_files for the others)
         self.on_row_built: Optional[Callable[[str, int], None]] = None
+        # a store shared between processes, once its first opener checked every row (check_rows): a row's queue is
+        # made and handed to this (its unit count taken from the control file) before anyone sees it; a row that no
+        # longer holds was written by the process that dispatches (another one, maybe): its queue is loaded from its
+        # files as they are, never repaired (only the dispatching process writes queue files)
+        self.adopt: Optional[Callable[[ConsumeQueue], None]] = None
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
         # the names are checked by load or check_topic (os.path.join costs here at 100,000 queues)
@@ -264,6 +219,17 @@ class ConsumeQueueTable:
             raise
         except OSError as e:
             raise store_io_error(e, "check", e.filename or qdir) from e
+        if not holds and self.adopt is not None:
+            cq = self._new(key[0], key[1])
+            try:
+                cq.load()
+                self.adopt(cq)
+            except BaseException:
+                cq.close()
+                raise
+            self.built[key] = cq
+            del self.rows[key]
+            return cq
         if not holds:
             try:
                 # the names in it may be in the page cache only (an open after a crash leaves a row's directory
@@ -301,6 +267,8 @@ class ConsumeQueueTable:
                 raise store_io_error(e, "map", e.filename or cq.mapped_file_queue.directory) from e
             raise
         cq.restore(row.max_offset, row.min_offset, row.max_physic_offset)
+        if self.adopt is not None:
+            self.adopt(cq)
         self.built[key] = cq
         del self.rows[key]
         self.tell_built(cq)
@@ -561,38 +529,63 @@ class ConsumeQueueTable:
             self.damaged[key] = str(e)
         return cq
 
-    def _row_stamps_hold(self, qdir: str, row: QueueRow) -> bool:
-        """Whether the queue's directory and files are still those of its row: inode, ctime, size, on the table's
-        device. Raises OSError (FileNotFoundError: a file gone), UnsafePathError for a link."""
-        if _stamp_of(qdir) != (row.dir_ctime, row.dir_ino):
-            return False
-        for base, ctime, ino in row.files:
-            st = os.lstat(f"{qdir}/{base:020d}")
-            if (st.st_ctime_ns, st.st_ino, st.st_size, st.st_dev) != (ctime, ino, self.file_size, self._dev):
-                return False
-        return True
-
-    def _row_shape_ok(self, row: QueueRow) -> bool:
-        """Whether a row is what a close writes: consecutive files, the end in the last one."""
-        bases = [base for base, _, _ in row.files]
-        size = self.file_size
-        if not bases or bases != list(range(bases[0], bases[0] + len(bases) * size, size)):
-            return False
-        return bases[-1] <= row.max_offset * CQ_UNIT_SIZE <= bases[-1] + size
-
     def _row_holds(self, key: Key, row: QueueRow) -> bool:
         """True when the queue's directory and files are still those of its snapshot row (inode, ctime, size, on the
-        table's device) and its units are where the row says (``_row_agrees``, against the log's min offset of the
-        open, ``rows_mins_at`` when known): the queue can be made from the row. Else False (then it is loaded and
-        checked against the log). Raises OSError when a file cannot be read."""
-        qdir = self._queue_dir(*key)
-        if not self._row_shape_ok(row) or not self._row_stamps_hold(qdir, row):
-            return False
-        bases = [base for base, _, _ in row.files]
-        if not _row_agrees(qdir, bases, self.file_size, row, self.log_min):
-            log.warning("consume queue %s-%d: its units are not where the queue snapshot says", key[0], key[1])
-            return False
-        return True
+        table's device) and its units are where the row says: the queue can be made from the row. Else False (then it
+        is loaded and checked against the log). Raises UnsafePathError for a link, OSError when a file cannot be
+        read."""
+        return self._check([key], [row])[0]
+
+    def _check(self, keys: List[Key], rows: List[QueueRow]) -> List[bool]:
+        """``_row_holds`` of each row (``_snapshot.check_rows``, compiled: the files looked at without the GIL).
+
+        A row holds when it has the shape a close writes (consecutive files, the end in the last one), the directory
+        and every file are still those it stamped, no file lies before its first or after a full last one, the unit
+        before its max offset is a real one ending at its max physical offset, the unit at its max offset (when a
+        file holds it) is all zeros, and a min offset past the first file's start follows a unit retention expired
+        (blank, or its record below the log's min offset of the open, ``log_min``). A row that lies (a snapshot forged
+        with a right CRC, or a bug of the close that wrote it) must never hide units that exist, nor let a put write
+        over one."""
+        qdirs = [os.fsencode(self._queue_dir(*key)) for key in keys]
+        out = []
+        for key, qdir, rc in zip(keys, qdirs, check_rows(qdirs, rows, self.file_size, self._dev, self.log_min)):
+            if rc == ROW_LINK:
+                path = os.fsdecode(qdir)
+                raise UnsafePathError(f"{path} is a symlink, which localmq never writes through", path=path)
+            if rc < 0:
+                raise OSError(-rc, os.strerror(-rc), os.fsdecode(qdir))
+            if rc == ROW_DISAGREES:
+                log.warning("consume queue %s-%d: its units are not where the queue snapshot says", key[0], key[1])
+            out.append(rc == ROW_HOLDS)
+        return out
+
+    def check_rows(self) -> List[Key]:
+        """The rows that fail their check (``_row_holds``) now, every row looked at without building its queue, on
+        a few threads (the files are looked at without the GIL). A store shared between processes checks them all at
+        its first open: the other processes load a queue from its files as they are, so a file changed behind the
+        closed store must be found before they attach. A row whose look fails is listed (``_build`` raises it)."""
+        items = list(self.rows.items())
+        chunks = [items[i : i + 4096] for i in range(0, len(items), 4096)]
+
+        bad: List[Key] = []
+
+        def check(chunk: List[Tuple[Key, QueueRow]]) -> None:
+            keys = [k for k, _ in chunk]
+            qdirs = [os.fsencode(self._queue_dir(*k)) for k in keys]
+            codes = check_rows(qdirs, [r for _, r in chunk], self.file_size, self._dev, self.log_min)
+            bad.extend(k for k, rc in zip(keys, codes) if rc != ROW_HOLDS)
+
+        failed = sync_each(check, chunks)
+        if failed:
+            raise failed[0][1]
+        return sorted(bad)
+
+    def closing_view(self, handover: QueueSnapshot, unit_count: Callable[[str, int], int]) -> "ClosingView":
+        """What a shared store's last closer writes ``queues.snapshot`` from (see ClosingView)."""
+        with self._lock:
+            built = dict(self.built)
+            rows = dict(self.rows)
+        return ClosingView(self.root, self.file_size, built, rows, handover, unit_count)
 
     def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
         """The ConsumeQueue of (topic, queue), created (no file yet) when missing. Raises InvalidTopicError."""
@@ -616,12 +609,15 @@ class ConsumeQueueTable:
 
     def find_or_load(self, topic: str, queue_id: int, adopt: Callable[[ConsumeQueue], None]) -> ConsumeQueue:
         """The ConsumeQueue of (topic, queue); when missing, one over the files already on disk (written by another
-        process of a shared store), passed to ``adopt`` before anyone else sees it. Raises InvalidTopicError."""
+        process of a shared store), passed to ``adopt`` before anyone else sees it; a row's, built from its row
+        (``_build``, which hands it to ``self.adopt``). Raises InvalidTopicError."""
         key = (topic, queue_id)
         cq = self.built.get(key)
         if cq is None:
             with self._lock:
                 cq = self.built.get(key)
+                if cq is None and key in self.rows:
+                    return self._build(key)
                 if cq is None:
                     if self._closed:
                         raise StoreClosedError(f"consume queue {topic}-{queue_id}: the store was closed")
@@ -662,3 +658,81 @@ class ConsumeQueueTable:
             self._closed = True
         for cq in list(self.built.values()):
             cq.close()
+
+
+class ClosingView:
+    """Every queue on disk as the last process to close a shared store knows it, in the shape ``write_snapshot`` reads
+    a table (``states``, ``whole_topics``, ``skipped_dirs``): the queues this process built, with their ends; the rows
+    its first opener handed over (``config/queues.handover``, or this table's own) whose unit count in the control
+    file (``unit_count``: -1 when it has none) is still the row's, as they were (the next open checks each like any
+    row); any other queue (another process dispatched to it) listed, not vouched for, so that the next open checks it.
+    A topic directory is listed when it is not the one the handover stamped (a queue was added to it since)."""
+
+    def __init__(
+        self,
+        root: str,
+        file_size: int,
+        built: Dict[Key, ConsumeQueue],
+        rows: Dict[Key, QueueRow],
+        handover: QueueSnapshot,
+        unit_count: Callable[[str, int], int],
+    ) -> None:
+        self.root = root
+        self.file_size = file_size
+        self.skipped_dirs: List[str] = []
+        self._whole: Dict[str, TopicRow] = {}
+        self._built: List[Tuple[Key, ConsumeQueue]] = []
+        self._states: List[QueueState] = []
+        with os.scandir(root) as it:
+            topics = sorted(e.name for e in it if e.is_dir(follow_symlinks=False) or e.is_symlink())
+        for topic in topics:
+            tdir = f"{root}/{topic}"
+            if TOPIC_RE.match(topic) is None:
+                self.skipped_dirs.append(tdir)
+                continue
+            entry = handover.topics.get(topic)
+            same = entry is not None and entry.dir_ctime != NOT_VOUCHED
+            same = same and _stamp_of(tdir) == (entry.dir_ctime, entry.dir_ino)  # type: ignore[union-attr]
+            if same:  # (the handover's listing of it holds: no queue was added)
+                qids: List[int] = list(entry.qids) + list(entry.others)  # type: ignore[union-attr]
+            else:
+                qids = [int(q) for q in _names_refusing_links(tdir) if is_decimal(q)]
+            whole = same and not entry.others  # type: ignore[union-attr]
+            for qid in qids:
+                key = (topic, qid)
+                qdir = f"{tdir}/{qid}"
+                if qid > MAX_QUEUE_ID:
+                    self.skipped_dirs.append(qdir)
+                    whole = False
+                    continue
+                cq = built.get(key)
+                if cq is not None:
+                    self._built.append((key, cq))
+                    whole = False
+                    continue
+                row = rows.get(key) or (entry.row(qid) if entry is not None else None)
+                units = unit_count(topic, qid)
+                if row is not None and units == row.max_offset:
+                    bases = [b for b, _, _ in row.files]
+                    self._states.append(
+                        (key, qdir, bases, row.max_offset, row.min_offset, row.max_physic_offset, False, row)
+                    )
+                    continue
+                whole = False
+                # not vouched for (no files): the next open loads and checks it
+                self._states.append((key, qdir, [], max(units, 0), max(units, 0), -1, False, None))
+            if whole:
+                self._whole[topic] = entry  # type: ignore[assignment]
+
+    def whole_topics(self) -> Dict[str, TopicRow]:
+        return dict(self._whole)
+
+    def states(self, leave_out: Container[str] = ()) -> List[QueueState]:
+        out = [st for st in self._states if st[0][0] not in leave_out]
+        for k, cq in self._built:
+            ends = (cq.max_offset, cq.min_offset, cq.max_physic_offset)
+            mfq = cq.mapped_file_queue
+            bases = [mf.file_from_offset for mf in mfq.files]
+            out.append((k, mfq.directory, bases, ends[0], ends[1], ends[2], bool(mfq.hanged), None))
+        out.sort(key=lambda x: x[0])
+        return out

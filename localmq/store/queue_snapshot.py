@@ -27,6 +27,13 @@ where it does not, as through a mapping on tmpfs, the row's check at first use f
 not zeros), so recovery re-dispatches from ``E`` at the latest and leaves the rows alone; every other queue is
 checked as after any crash. Old segments must keep their inodes and ctimes (the one holding ``E`` its inode: the
 log was appended to since), retention may have deleted the first ones.
+
+A store shared between processes is closed by whichever process leaves last, which has built only the queues it
+used. Its first opener therefore writes the rows it took or made to ``config/queues.handover`` once its open is done
+(not durable: only a clean close reads it, and every open deletes it), and the last closer writes ``queues.snapshot``
+from them (``ConsumeQueueTable.closing_view``): a row whose queue's unit count in the control file is still the row's
+is written back as it was (its next open checks it like any row), a queue this process built is stamped as in a
+single process, and any other queue is listed, not vouched for.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ from localmq.layout import (
     CONFIG_DIR,
     QUEUE_SNAPSHOT_FILE,
     QUEUE_SNAPSHOT_FILE_ROW,
+    QUEUE_SNAPSHOT_HANDOVER_FILE,
+    QUEUE_SNAPSHOT_HANDOVER_MAGIC,
     QUEUE_SNAPSHOT_HEADER,
     QUEUE_SNAPSHOT_MAGIC,
     QUEUE_SNAPSHOT_META,
@@ -65,7 +74,9 @@ __all__ = [
     "RunningCut",
     "SnapshotWriter",
     "TopicRow",
+    "read_handover",
     "read_snapshot",
+    "remove_handover",
     "remove_snapshot",
     "take_cut",
     "write_snapshot",
@@ -190,6 +201,10 @@ def snapshot_path(root: str, running: bool = False) -> str:
     return os.path.join(root, CONFIG_DIR, QUEUE_SNAPSHOT_RUNNING_FILE if running else QUEUE_SNAPSHOT_FILE)
 
 
+def handover_path(root: str) -> str:
+    return os.path.join(root, CONFIG_DIR, QUEUE_SNAPSHOT_HANDOVER_FILE)
+
+
 def _stamp(st: os.stat_result, fresh_after: int) -> Tuple[int, int]:
     """(ctime ns, inode), the ctime NOT_VOUCHED when it is too recent to tell a later change from it."""
     return (st.st_ctime_ns if st.st_ctime_ns < fresh_after else NOT_VOUCHED), st.st_ino
@@ -226,14 +241,16 @@ def write_snapshot(
     log_end: int,
     mins_at: int,
     cut: Optional[RunningCut] = None,
+    handover: bool = False,
 ) -> bool:
     """Write the snapshot of a store closed cleanly: after every file was flushed, before ``abort`` is removed
     (tmp, fsync, rename, directory fsync). Returns False (and writes nothing) when an old segment changed too
     recently to be vouched for. Raises OSError; the caller logs it and closes without a snapshot.
 
     With ``cut``: the running store's snapshot (queues.running) of the states the cut took, ``log_end`` the cut's
-    offset (at most ``cut.dispatched`` and where the log is flushed), written after the queues' flush pass."""
-    path = snapshot_path(root, cut is not None)
+    offset (at most ``cut.dispatched`` and where the log is flushed), written after the queues' flush pass.
+    ``handover``: a shared store's first opener's rows for its last closer (queues.handover: tmp, rename)."""
+    path = handover_path(root) if handover else snapshot_path(root, cut is not None)
     tmp = path + ".tmp"
     # no link followed, no wait on a FIFO (ENXIO): an entry there that is not localmq's is an error, left alone
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
@@ -245,7 +262,8 @@ def write_snapshot(
         # the file system's own "now", before the first stat: a change after a file's stat gets a ctime at or after
         # it on that file system's clock (a network file system's server may lag this host's clock)
         fs_now = os.fstat(fd).st_ctime_ns if cut is None else cut.fs_now
-        data = _encode(table, commitlog_dir, checkpoint_path, log_file_size, log_end, mins_at, fs_now, cut)
+        magic = QUEUE_SNAPSHOT_HANDOVER_MAGIC if handover else None
+        data = _encode(table, commitlog_dir, checkpoint_path, log_file_size, log_end, mins_at, fs_now, cut, magic)
         if data is None:
             os.close(fd)
             fd = -1
@@ -254,7 +272,8 @@ def write_snapshot(
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if not handover:
+            os.fsync(fd)
         os.close(fd)
         fd = -1
         try:
@@ -269,7 +288,8 @@ def write_snapshot(
         if owned and os.path.lexists(tmp):
             os.unlink(tmp)
         raise
-    fsync_dir(os.path.dirname(path))
+    if not handover:
+        fsync_dir(os.path.dirname(path))
     return True
 
 
@@ -282,6 +302,7 @@ def _encode(
     mins_at: int,
     fs_now: int,
     cut: Optional[RunningCut] = None,
+    magic: Optional[int] = None,
 ) -> Optional[bytes]:
     with open(checkpoint_path, "rb") as f:
         cp = f.read(CHECKPOINT.size)
@@ -361,7 +382,8 @@ def _encode(
                 continue
             parts += _queue_rows(qid, state, queue_stats.get(key), fresh_after, table.file_size, log_end)
     body = b"".join(parts)
-    magic = QUEUE_SNAPSHOT_MAGIC if cut is None else QUEUE_SNAPSHOT_RUNNING_MAGIC
+    if magic is None:
+        magic = QUEUE_SNAPSHOT_MAGIC if cut is None else QUEUE_SNAPSHOT_RUNNING_MAGIC
     return QUEUE_SNAPSHOT_HEADER.pack(magic, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body)) + body
 
 
@@ -504,11 +526,36 @@ def read_snapshot(
     return snap
 
 
+def read_handover(root: str, cq_file_size: int, log_file_size: int) -> Optional[QueueSnapshot]:
+    """The rows a shared store's first opener handed to its last closer (``config/queues.handover``), unchecked
+    against the store (the closer checks each against the control file, the next open every one it writes back);
+    None when there are none or they cannot be read (logged: the close then writes no snapshot)."""
+    path = handover_path(root)
+    try:
+        data = _read_regular(path)
+        return _parse(data, "", "", cq_file_size, log_file_size, False, QUEUE_SNAPSHOT_HANDOVER_MAGIC)
+    except FileNotFoundError:
+        log.info("%s: no rows handed over by the first opener; no queue snapshot is written", root)
+    except (ValueError, struct.error, OSError) as e:
+        log.warning("%s not used (%s); no queue snapshot is written", path, e)
+    return None
+
+
 def _parse(
-    data: bytes, checkpoint_path: str, commitlog_dir: str, cq_file_size: int, log_file_size: int, running: bool
+    data: bytes,
+    checkpoint_path: str,
+    commitlog_dir: str,
+    cq_file_size: int,
+    log_file_size: int,
+    running: bool,
+    handover_magic: Optional[int] = None,
 ) -> QueueSnapshot:
+    """``handover_magic``: a shared store's handover, whose store-wide fields are not checked."""
     magic, version, crc, length = QUEUE_SNAPSHOT_HEADER.unpack_from(data, 0)
-    if magic != (QUEUE_SNAPSHOT_RUNNING_MAGIC if running else QUEUE_SNAPSHOT_MAGIC):
+    if handover_magic is not None:
+        if magic != handover_magic:
+            raise ValueError("not a shared store's handed-over rows")
+    elif magic != (QUEUE_SNAPSHOT_RUNNING_MAGIC if running else QUEUE_SNAPSHOT_MAGIC):
         raise ValueError("not a running store's queue snapshot" if running else "not a queue snapshot")
     if version != QUEUE_SNAPSHOT_VERSION:
         raise ValueError(f"version {version}, this localmq reads {QUEUE_SNAPSHOT_VERSION}")
@@ -520,11 +567,13 @@ def _parse(
     if (cq_size, log_size) != (cq_file_size, log_file_size):
         raise ValueError("written with other file sizes")
     cp = r.raw(CHECKPOINT.size)
+    segments = [r.take(QUEUE_SNAPSHOT_FILE_ROW) for _ in range(n_segments)]
+    if handover_magic is not None:
+        return QueueSnapshot(mins_at, log_end, root_ctime, root_ino, parse_topic_rows(body, r.pos, n_topics))
     if not running:
         with open(checkpoint_path, "rb") as f:
             if f.read(CHECKPOINT.size) != cp:
                 raise ValueError("the checkpoint changed since (another program ran the store)")
-    segments = [r.take(QUEUE_SNAPSHOT_FILE_ROW) for _ in range(n_segments)]
     now = [
         (base, ctime, ino)
         for base, ctime, ino, size in _segment_rows(commitlog_dir)
@@ -551,14 +600,16 @@ def _check_running_segments(recorded: List[Tuple[int, int, int]], now: List[Tupl
 
 
 def remove_snapshot(root: str, undo: Any) -> None:
-    """Delete the snapshots (a closed and a running store's, and temporary ones a failed write left) durably,
+    """Delete the snapshots (a closed and a running store's, a shared store's handover, and temporary ones a failed
+    write left) durably,
     before the open writes anything: a failed open gets them back (``undo``: the open's OpenUndo, or None). Never
     raises: what cannot be deleted is logged and left (a snapshot that stays is checked against the store like any
     other); an entry that is not a regular file is not localmq's and is left as it is."""
     path = snapshot_path(root)
     running = snapshot_path(root, True)
+    handover = handover_path(root)
     removed = False
-    for p in (path, path + ".tmp", running, running + ".tmp"):
+    for p in (path, path + ".tmp", running, running + ".tmp", handover, handover + ".tmp"):
         try:
             st = os.lstat(p)
         except FileNotFoundError:
@@ -581,3 +632,13 @@ def remove_snapshot(root: str, undo: Any) -> None:
             fsync_dir(os.path.dirname(path))
         except OSError as e:
             log.warning("queue snapshot %s: directory sync after its removal failed (%s)", path, e)
+
+
+def remove_handover(root: str) -> None:
+    """Delete a shared store's handover once its last closer used it (not durably: an open deletes one left)."""
+    try:
+        os.unlink(handover_path(root))
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("%s could not be removed (%s)", handover_path(root), e)
