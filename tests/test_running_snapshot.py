@@ -267,6 +267,84 @@ def test_on_tmpfs_writes_after_the_cut_the_ctime_misses_are_found_by_the_row_che
     assert out["after_cut"] == touched()  # each found by its unit past the row's max offset (the ctime kept)
 
 
+TMPFS_FULL = textwrap.dedent(
+    """
+    import errno, json, os, shutil, subprocess, sys, time, signal
+    import localmq
+    sys.path.insert(0, {tests!r})
+    import test_running_snapshot as t
+    from helpers import wait_until
+    mnt = sys.argv[1]
+    root = os.path.join(mnt, "s")
+    script = os.path.join(mnt, "writer.py")
+    with open(script, "w") as f:
+        f.write(t.WRITER)
+    proc = subprocess.Popen([sys.executable, script, root], stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    # the queues made after the cut lose their files (derived data: the open makes them again from the log), and the
+    # disk is full: the open's re-dispatch past the cut cannot make them
+    for topic in t.NEW:
+        shutil.rmtree(os.path.join(root, "consumequeue", topic))
+    # the segments the writer made ahead hold no record: gone too, as the open's recovery would delete them (their
+    # blocks would make room for the queues' files)
+    log_dir = os.path.join(root, "commitlog")
+    for name in sorted(os.listdir(log_dir), reverse=True):
+        with open(os.path.join(log_dir, name), "rb") as f:
+            if any(f.read()):
+                break
+        os.unlink(os.path.join(log_dir, name))
+    ballast = os.path.join(mnt, "ballast")
+    with open(ballast, "wb") as f:
+        try:
+            while True:
+                f.write(bytes(1 << 16))
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+    st = localmq.open(root, **t.KW)
+    try:
+        blocked = st.recovery.dispatch_blocked
+        vouched = st.recovery.cq_vouched
+        assert blocked is not None and "No space left" in blocked, blocked
+        # what the cut vouches for and the log indexed is readable meanwhile, each message once at its offset
+        for topic in t.OLD:
+            for q in range(t.QUEUES):
+                want = t.expected()[(topic, q)]
+                got = [bytes(m.body) for m in t.queue_messages(st, topic, q, wait=False)]
+                assert got == want[: len(got)], (topic, q)
+                if topic not in t.TOUCHED:
+                    assert got == want, (topic, q)
+        os.unlink(ballast)  # space returns: the dispatcher, retrying every 100 ms, makes the files and goes on
+        assert st.wait_for_dispatch(30), st.stats()["dispatch_blocked"]
+        assert wait_until(lambda: st.stats()["dispatch_blocked"] is None)
+        t.check_reopened(st)
+    finally:
+        st.close()
+    want = t.expected()
+    want[("T7", 1)].append(b"next")  # check_reopened's puts
+    want[("T2", 3)].append(b"next")
+    with localmq.open(root, **t.KW) as st:
+        assert st.recovery.mode == "normal"
+        assert t.every_queue(st) == want
+    print(json.dumps({{"vouched": vouched, "blocked": blocked}}))
+    """
+)
+
+
+def test_a_full_disk_blocks_the_redispatch_past_the_cut_and_loses_nothing_once_space_returns(tmp_path):
+    # the open after a crash re-dispatches from the cut; the queues made after it have to be made again (their files
+    # are gone) on a full disk: the open goes on with the dispatch blocked, the cut's queues readable, and once space
+    # returns every message is indexed once, at its queue offset (the factory steps over the rows' records before
+    # the cut by the dispatcher's own position, also when the dispatch resumes later)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    p = run_on_tmpfs(tmp_path, TMPFS_FULL.format(tests=tests), "8m")
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["vouched"] == len(OLD) * QUEUES
+
+
 def test_a_queue_whose_file_goes_while_a_cut_is_written_leaves_its_topic_to_the_open_listing(tmp_path):
     # retention may delete a queue's first file between the cut and its writing: the queue is then not in the
     # topic's row, so the topic's directory must not be vouched for (the open would take the topic's queues from
