@@ -5,7 +5,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from libc.errno cimport ENOENT, errno
+from libc.errno cimport EINTR, ENOENT, errno
 from libc.stdio cimport snprintf
 from posix.fcntl cimport O_NONBLOCK, O_RDONLY
 from posix.fcntl cimport open as c_open
@@ -20,6 +20,7 @@ from localmq._layout cimport (
 
 cdef extern from "<fcntl.h>" nogil:
     enum: O_NOFOLLOW
+    enum: O_CLOEXEC
 
 
 cdef extern from "<sys/stat.h>" nogil:
@@ -236,6 +237,9 @@ cdef enum:
     ROW_LINK_ = 3  # the queue's directory is a symlink
     PATH_MAX = 4096
     ENAMETOOLONG_ = 36
+    UNITS_GONE = 1  # _units: the file is gone or shorter (not an error, not a success)
+# the largest offsets a close writes (far below what overflows int64 in the checks' arithmetic)
+cdef int64_t MAX_ROW_OFFSET = (<int64_t>1) << 56
 ROW_CHANGED = ROW_CHANGED_
 ROW_HOLDS = ROW_HOLDS_
 ROW_DISAGREES = ROW_DISAGREES_
@@ -247,24 +251,29 @@ cdef inline int64_t _ctime_ns(const stat *st) noexcept nogil:
 
 
 cdef int _units(const char *qdir, int64_t base0, int64_t file_size, int64_t pos, uint8_t *out, int n) noexcept nogil:
-    """``n`` bytes from logical position ``pos`` (within one file) with pread: 0, ROW_CHANGED_ for a file gone or
+    """``n`` bytes from logical position ``pos`` (within one file) with pread: 0, UNITS_GONE for a file gone or
     short, -errno for an error."""
     cdef char path[PATH_MAX]
     cdef int64_t base = pos - (pos - base0) % file_size
-    cdef int fd
+    cdef int fd, err
     cdef Py_ssize_t got
     if snprintf(path, PATH_MAX, "%s/%020lld", qdir, <long long>base) >= PATH_MAX:
         return -ENAMETOOLONG_
-    fd = c_open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
+    while True:
+        fd = c_open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        if fd >= 0 or errno != EINTR:
+            break
     if fd < 0:
-        return ROW_CHANGED_ if errno == ENOENT else -errno
-    got = pread(fd, out, n, pos - base)
-    if got < 0:
-        got = -errno
-        c_close(fd)
-        return <int>got
+        return UNITS_GONE if errno == ENOENT else -errno
+    while True:
+        got = pread(fd, out, n, pos - base)
+        if got >= 0 or errno != EINTR:
+            break
+    err = errno
     c_close(fd)
-    return 0 if got == n else ROW_CHANGED_
+    if got < 0:
+        return -err
+    return 0 if got == n else UNITS_GONE
 
 
 cdef inline bint _exists(const char *qdir, int64_t base) noexcept nogil:
@@ -286,10 +295,14 @@ cdef int _row_check(const char *qdir, const uint8_t *files, Py_ssize_t n_files, 
     cdef uint8_t data[3 * CQ_UNIT_SIZE]
     cdef int n
     cdef bint tail_in_file
-    # the shape a close writes: consecutive files, the end in the last one
-    if n_files <= 0:
+    # the shape a close writes: consecutive files, the end in the last one, offsets no close comes near
+    if n_files <= 0 or file_size <= 0 or n_files > MAX_ROW_OFFSET // file_size:
+        return ROW_CHANGED_
+    if not 0 <= max_offset <= MAX_ROW_OFFSET:
         return ROW_CHANGED_
     base0 = _q(files)
+    if not 0 <= base0 <= MAX_ROW_OFFSET:
+        return ROW_CHANGED_
     for i in range(n_files):
         if _q(files + i * w) != base0 + i * file_size:
             return ROW_CHANGED_
@@ -314,6 +327,8 @@ cdef int _row_check(const char *qdir, const uint8_t *files, Py_ssize_t n_files, 
             return ROW_CHANGED_
     # the units: no file before the first or after a full last one, the last unit a real one ending at max_phys, the
     # one after it zeros, and a min offset past the first file's start after a unit retention expired
+    if not 0 <= min_offset <= MAX_ROW_OFFSET:
+        return ROW_DISAGREES_
     last = max_offset * CQ_UNIT_SIZE - CQ_UNIT_SIZE
     first = min_offset * CQ_UNIT_SIZE
     if last < base0 or not base0 <= first <= last + CQ_UNIT_SIZE:
@@ -326,15 +341,15 @@ cdef int _row_check(const char *qdir, const uint8_t *files, Py_ssize_t n_files, 
     n = 2 * CQ_UNIT_SIZE if tail_in_file else CQ_UNIT_SIZE
     rc = _units(qdir, base0, file_size, last, data, n)
     if rc != 0:
-        return <int>rc
+        return ROW_CHANGED_ if rc == UNITS_GONE else <int>rc
     if not tail_in_file and last + CQ_UNIT_SIZE < last_base + file_size:
         rc = _units(qdir, base0, file_size, last + CQ_UNIT_SIZE, data + CQ_UNIT_SIZE, CQ_UNIT_SIZE)
         if rc != 0:
-            return <int>rc
+            return ROW_CHANGED_ if rc == UNITS_GONE else <int>rc
         n = 2 * CQ_UNIT_SIZE
     phys = _q(data)
     size = <int32_t>_be32(data + 8)
-    if not (phys >= 0 and 0 < size < CQ_BLANK_UNIT_SIZE and phys + size == max_phys):
+    if not (0 <= phys <= MAX_ROW_OFFSET and 0 < size < CQ_BLANK_UNIT_SIZE and phys + size == max_phys):
         return ROW_DISAGREES_
     for i in range(CQ_UNIT_SIZE, n):
         if data[i]:
@@ -342,7 +357,7 @@ cdef int _row_check(const char *qdir, const uint8_t *files, Py_ssize_t n_files, 
     if first > base0:
         rc = _units(qdir, base0, file_size, first - CQ_UNIT_SIZE, data, CQ_UNIT_SIZE)
         if rc != 0:
-            return <int>rc
+            return ROW_CHANGED_ if rc == UNITS_GONE else <int>rc
         size = <int32_t>_be32(data + 8)
         if size != CQ_BLANK_UNIT_SIZE and _q(data) >= log_min:
             return ROW_DISAGREES_
@@ -364,8 +379,8 @@ def check_rows(list qdirs, list rows, int64_t file_size, unsigned long long dev,
     if len(rows) != n:
         raise ValueError("qdirs and rows differ in length")
     for i in range(n):
-        q = <bytes>qdirs[i]
-        row = <QueueRow>rows[i]
+        q = qdirs[i]  # (typed: anything else raises TypeError)
+        row = rows[i]
         qp = PyBytes_AS_STRING(q)
         fp = <const uint8_t *>PyBytes_AS_STRING(row._files)
         nf = PyBytes_GET_SIZE(row._files) // QUEUE_SNAPSHOT_FILE_ROW_SIZE

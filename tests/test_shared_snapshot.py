@@ -5,11 +5,17 @@ kept and hands the rows to whichever process closes the store last (``config/que
 import hashlib
 import os
 import signal
+import struct
 import subprocess
 import sys
+import threading
 import time
 
+import pytest
+
 import localmq
+import localmq.queues.shared as shared_module
+import localmq.store.queue_snapshot as queue_snapshot
 from helpers import cq_file, queue_messages, wait_until
 from localmq.layout import CQ_UNIT_SIZE
 from localmq.store.queue_snapshot import FRESH_NS
@@ -111,6 +117,11 @@ def test_the_last_closer_writes_the_snapshot_from_the_first_openers_handover(tmp
         # the queues nobody wrote are vouched for by the rows written back; the others are checked by the open
         assert st.recovery.cq_vouched == len(TOPICS) * QUEUES - 5
         assert not set(extra) & set(st._cq_table.vouched)
+        # only the queues of those topics were built (a topic's next offsets are checked together): the closer (not
+        # the first opener) made its queues' min offsets right for the log's start, so the open took the rows' as
+        # they were instead of building every queue to correct them
+        used = {(t, q) for t, _ in extra for q in range(QUEUES) if t in TOPICS} | {("new", 0), ("new", 1)}
+        assert set(st._cq_table.built) == used
         assert read_all(st, want) == want
     with localmq.open(root, shared=True, **KW) as st:  # that close wrote every queue it read: all vouched
         assert st.recovery.cq_vouched == len(want)
@@ -205,3 +216,98 @@ def test_after_a_crash_the_first_opener_hands_over_every_queue_it_checked(tmp_pa
     with localmq.open(root, **KW) as st:
         assert "queues.handover" not in config(root)
         assert read_all(st, want) == want
+
+
+LATE = r"""
+import sys, localmq
+st = localmq.open(sys.argv[1], shared=True, **eval(sys.argv[2]))
+assert st.housekeeper
+for i in range(3):
+    assert st.put("t", b"late-%d" % i, queue_id=5).ok
+for i in range(400):  # records after it over more than three segments: recovery's walk does not reach it
+    assert st.put("t", b"x" * 1000, queue_id=0).ok
+assert st.wait_for_dispatch(10)
+print("put", flush=True)
+sys.stdin.readline()
+st.close()
+print("closed", flush=True)
+"""
+
+
+def test_a_queue_another_process_makes_while_the_handover_is_written_is_in_the_next_snapshot(tmp_path, monkeypatch):
+    # the first opener lost the housekeeper's election; another process's dispatcher makes queue t/5 in an old topic
+    # before the handover thread writes: the handover is stamped with the clock read before any other process came
+    # in, so the topic's directory, changed later, is listed by the last closer, and t/5 is in the next snapshot
+    kw = dict(mapped_file_size_commit_log=1 << 16, mapped_file_size_consume_queue=20 * CQ_UNIT_SIZE)
+    root = tmp_path / "s"
+    with localmq.open(root, shared=True, **kw) as st:
+        for q in range(4):
+            assert st.put("t", b"old-%d" % q, queue_id=q).ok
+        assert st.wait_for_dispatch(10)
+        time.sleep(2 * FRESH_NS / 1e9)
+    go = threading.Event()
+    write = queue_snapshot.write_snapshot
+
+    def late_write(*a, **k):  # the handover thread, late (GIL, CPU)
+        assert go.wait(30)
+        return write(*a, **k)
+
+    monkeypatch.setattr(queue_snapshot, "write_snapshot", late_write)
+    lost = [True]
+    take = shared_module.SharedMessageQueue._try_become_housekeeper
+    monkeypatch.setattr(
+        shared_module.SharedMessageQueue, "_try_become_housekeeper", lambda self: False if lost[0] else take(self)
+    )
+    first = localmq.open(root, shared=True, **kw)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    other = subprocess.Popen(
+        [sys.executable, "-c", LATE, str(root), repr(kw)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert first.first_opener and not first.housekeeper
+        assert other.stdout.readline().strip() == "put"
+        time.sleep(3 * FRESH_NS / 1e9)  # t/5 made well before the handover's write
+        go.set()
+        assert wait_until(lambda: "queues.handover" in config(root), 10)
+        lost[0] = False
+    finally:
+        go.set()
+        first.close()
+    other.stdin.write("close\n")
+    other.stdin.flush()
+    assert other.stdout.readline().strip() == "closed"
+    assert other.wait(30) == 0
+    other.stdin.close()
+    other.stdout.close()
+    with localmq.open(root, shared=True, **kw) as st:
+        assert [bytes(m.body) for m in queue_messages(st, "t", 5)] == [b"late-%d" % i for i in range(3)]
+        assert st.put("t", b"after", queue_id=5).queue_offset == 3
+
+
+def test_the_compiled_row_check_refuses_rows_no_close_writes_and_files_that_went(tmp_path):
+    from localmq._snapshot import ROW_CHANGED, ROW_DISAGREES, ROW_HOLDS, QueueRow, check_rows
+
+    fs = 10 * CQ_UNIT_SIZE
+    q = tmp_path / "q"
+    q.mkdir()
+    units = b"".join(struct.pack(">qiq", 100 * i, 50, 0) for i in range(3))
+    (q / ("%020d" % 0)).write_bytes(units.ljust(fs, b"\0"))
+    d, f = os.lstat(q), os.lstat(q / ("%020d" % 0))
+    dev = os.stat(tmp_path).st_dev
+
+    def row(max_offset, max_phys=250):
+        return QueueRow(d.st_ctime_ns, d.st_ino, max_offset, 0, max_phys, [(0, f.st_ctime_ns, f.st_ino)])
+
+    qdir = os.fsencode(q)
+    assert check_rows([qdir], [row(3)], fs, dev, 0) == [ROW_HOLDS]
+    # offsets past what any close writes (their products would overflow 64 bits): not the row of these files; a last
+    # record's end no unit has: a row that lies about its units
+    assert check_rows([qdir, qdir], [row(2**62 + 3), row(3, 2**63 - 1)], fs, dev, 0) == [ROW_CHANGED, ROW_DISAGREES]
+    (q / ("%020d" % 0)).unlink()
+    assert check_rows([qdir], [row(3)], fs, dev, 0) == [ROW_CHANGED]
+    with pytest.raises(TypeError):
+        check_rows([str(q)], [row(3)], fs, dev, 0)

@@ -28,7 +28,6 @@ from localmq.errors import (
     CorruptStoreError,
     DispatchError,
     IndexDisabledError,
-    LocalMQError,
     StoreBusyError,
     UnsupportedFilesystemError,
     io_operation,
@@ -73,7 +72,7 @@ from localmq.store.index import IndexReader
 from localmq.store.lock import StoreLock
 from localmq.store.mapped_file_queue import MappedFileQueue
 from localmq.store.queue_recovery import RecoveryReport
-from localmq.store.queue_snapshot import FRESH_NS, SnapshotWriter, read_handover, remove_handover, write_snapshot
+from localmq.store.queue_snapshot import FRESH_NS, fs_clock, handover_path
 from localmq.store.settings import write_log_start
 from localmq.store.undo import OpenUndo
 
@@ -236,8 +235,14 @@ class SharedMessageQueue(LocalMessageQueue):
                 self._mark_running()
                 self.first_opener = True
                 self._first_exit_ok = last_exit_ok
-                # the rows for the last closer, written beside the running store (close waits for it)
-                self._handover = threading.Thread(target=self._hand_over_rows, name="localmq-handover", daemon=True)
+                # the rows for the last closer, written beside the running store (close waits for it), stamped
+                # against the file system's clock read now, while no other process can change the store
+                self._handover = threading.Thread(
+                    target=self._hand_over_rows,
+                    args=(self._handover_clock(), self._queue_mins_at()),
+                    name="localmq-handover",
+                    daemon=True,
+                )
                 self._handover.start()
         finally:
             ctl.range_lock(CTL_LOCK_BYTE_STORE, 0)
@@ -307,34 +312,22 @@ class SharedMessageQueue(LocalMessageQueue):
 
     _handover: Optional[threading.Thread] = None
 
-    def _hand_over_rows(self) -> None:
-        """First opener, on a thread of its own once open: the queues' rows, for the last process to close the store
-        (queues.handover: not durable; a failure costs the next close its snapshot only). The dispatcher may write
-        meanwhile: a queue changed since its ends were taken has a ctime after the file's (not vouched for), and
-        the closer keeps a row only where the control file's unit count is still the row's."""
-        table = self._cq_table
-        assert table is not None
-        mfq = self._cl_mfq
-        cp = os.path.join(self.root, CHECKPOINT_FILE)
+    def _handover_clock(self) -> Optional[int]:
+        """The file system's clock for the handover, read by the first opener before it lets other processes in: a
+        topic directory one of them changes later is not vouched for by the handover (the closer lists it)."""
         if self.recovery.mode == "abnormal" or self.recovery.repaired:
             # queue files this open wrote are vouched for once older than what a change could share a ctime with
             time.sleep(FRESH_NS / 1e9)
         try:
-            if not write_snapshot(
-                self.root,
-                table,
-                mfq.directory,
-                cp,
-                mfq.file_size,
-                mfq.max_offset(),
-                self._queue_mins_at(),
-                handover=True,
-            ):
-                log.debug("%s: no rows handed over: old segments changed within the last moments", self.root)
-        except (OSError, LocalMQError) as e:
+            return fs_clock(handover_path(self.root) + ".tmp")
+        except OSError as e:
             log.warning("%s: no rows handed over (%s); the last close writes no queue snapshot", self.root, e)
-        except Exception:  # noqa: BLE001 - a thread of its own: nothing above it would say
-            log.exception("%s: no rows handed over; the last close writes no queue snapshot", self.root)
+            return None
+
+    def _hand_over_rows(self, fs_now: Optional[int], mins_at: int) -> None:
+        """First opener, on a thread of its own once open (SnapshotWriter.write_handover)."""
+        if fs_now is not None:
+            self._snapshots().write_handover(fs_now, mins_at)
 
     def _unit_count(self, topic: str, queue_id: int) -> int:
         """The queue's unit count in the control file; -1 when it has none."""
@@ -363,26 +356,10 @@ class SharedMessageQueue(LocalMessageQueue):
             log.warning("%s: the segment made ahead could not be deleted (%s); the next open deletes it", self.root, e)
 
     def _write_closed_snapshot(self) -> None:
-        """The last closer, dispatch caught up and everything flushed: queues.snapshot from the first opener's
-        handover and this process's queues (ConsumeQueueTable.closing_view); the handover goes after it."""
-        c = self.config
-        table = self._cq_table
-        assert table is not None
-        handover = read_handover(self.root, c.mapped_file_size_consume_queue, c.mapped_file_size_commit_log)
-        try:
-            if handover is None:
-                return
-            cl_min = self._cl_mfq.min_offset()
-            mins_at = cl_min if handover.mins_at == cl_min == self._queue_mins_at() else -1
-            try:
-                view = table.closing_view(handover, self._unit_count)
-            except (OSError, LocalMQError) as e:
-                log.warning("%s: no queue snapshot written (%s); the next open checks every queue", self.root, e)
-                return
-            cp = os.path.join(self.root, CHECKPOINT_FILE)
-            SnapshotWriter(self.root, view, self._cl_mfq, cp, lambda: mins_at).write_closed()
-        finally:
-            remove_handover(self.root)
+        """The last closer, dispatch caught up and everything flushed (SnapshotWriter.write_from_handover); a process
+        that did not open the store first loaded its queues from their files: their min offsets are made right."""
+        fix_mins = self._queue_mins_at() != self._cl_mfq.min_offset()
+        self._snapshots().write_from_handover(self.config.mapped_file_size_consume_queue, self._unit_count, fix_mins)
 
     def _attach(self) -> None:
         """A later opener: map the files as they are (no recovery, nothing written) up to the committed end."""
@@ -410,7 +387,7 @@ class SharedMessageQueue(LocalMessageQueue):
         self._cq_table = ConsumeQueueTable(
             self._cq_root, c.mapped_file_size_consume_queue, c.reserve_step_consume_queue, c.max_mapped_queue_files
         )
-        self._cqs = self._cq_table.built  # a shared store reads no queue snapshot: every queue is built
+        self._cqs = self._cq_table.built  # an attached process takes queues from their files, as it uses them
         self.commit_log = CommitLog(
             self._cl_mfq, max_message_size=c.max_message_size, store_host=c.store_host, born_host=c.born_host
         )

@@ -229,6 +229,7 @@ class ConsumeQueueTable:
                 raise
             self.built[key] = cq
             del self.rows[key]
+            self.vouched.discard(key)
             return cq
         if not holds:
             try:
@@ -565,7 +566,8 @@ class ConsumeQueueTable:
         its first open: the other processes load a queue from its files as they are, so a file changed behind the
         closed store must be found before they attach. A row whose look fails is listed (``_build`` raises it)."""
         items = list(self.rows.items())
-        chunks = [items[i : i + 4096] for i in range(0, len(items), 4096)]
+        size = max(256, -(-len(items) // 64))  # 64 chunks or more: sync_each's threads
+        chunks = [items[i : i + size] for i in range(0, len(items), size)]
 
         bad: List[Key] = []
 

@@ -78,6 +78,8 @@ __all__ = [
     "read_snapshot",
     "remove_handover",
     "remove_snapshot",
+    "fs_clock",
+    "handover_path",
     "take_cut",
     "write_snapshot",
 ]
@@ -124,20 +126,25 @@ def take_cut(root: str, table: Any, dispatched: Callable[[], int], mins_at: Call
     were taken is changed after that time, and is not vouched for (a topic directory holding a queue the cut does
     not know must not be vouched for: its queues would be taken from the rows). ``mins_at`` is asked before and
     after the states are taken: a retention pass between them leaves it unknown."""
-    tmp = snapshot_path(root, True) + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EEXIST, "not a regular file", tmp)
-        os.utime(fd)  # its change time is now, on the file system's clock
-        fs_now = os.fstat(fd).st_ctime_ns
-    finally:
-        os.close(fd)
+    fs_now = fs_clock(snapshot_path(root, True) + ".tmp")
     at = dispatched()
     mins_before = mins_at()
     whole, states = table.cut()
     mins = mins_before if mins_at() == mins_before else -1
     return RunningCut(fs_now, at, mins, whole, states)
+
+
+def fs_clock(tmp: str) -> int:
+    """The file system's clock (ns): the change time a touch of the temporary file ``tmp`` gets (made if missing; an
+    entry there that is not a regular file raises OSError). A file or directory changed after this has a later ctime."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EEXIST, "not a regular file", tmp)
+        os.utime(fd)  # its change time is now, on the file system's clock
+        return os.fstat(fd).st_ctime_ns
+    finally:
+        os.close(fd)
 
 
 class SnapshotWriter:
@@ -165,6 +172,53 @@ class SnapshotWriter:
                 log.debug("%s: no queue snapshot: old segments changed within the last moments", self.root)
         except OSError as e:
             log.warning("%s: no queue snapshot written (%s); the next open checks every queue", self.root, e)
+
+    def write_handover(self, fs_now: int, mins_at: int) -> None:
+        """A shared store's first opener, on a thread of its own once open: the queues' rows for the last process
+        to close the store (queues.handover, stamped against ``fs_now``, the file system's clock read before any
+        other process came in; not durable: a failure costs the next close its snapshot only). The dispatcher may
+        write meanwhile: a queue changed since its ends were taken has a ctime after ``fs_now`` (not vouched for),
+        and the closer keeps a row only where the control file's unit count is still the row's."""
+        mfq = self.log_files
+        try:
+            if not write_snapshot(
+                self.root,
+                self.table,
+                mfq.directory,
+                self.checkpoint_path,
+                mfq.file_size,
+                mfq.max_offset(),
+                mins_at,
+                handover=True,
+                fs_now=fs_now,
+            ):
+                log.debug("%s: no rows handed over: old segments changed within the last moments", self.root)
+        except Exception as e:  # noqa: BLE001 - a thread of its own: nothing above it would say
+            log.warning("%s: no rows handed over (%s); the last close writes no queue snapshot", self.root, e)
+
+    def write_from_handover(self, cq_file_size: int, unit_count: Callable[[str, int], int], fix_mins: bool) -> None:
+        """A shared store's last closer, dispatch caught up and everything flushed: queues.snapshot from the first
+        opener's handover and this process's queues (``ConsumeQueueTable.closing_view``); the handover goes after
+        it. ``fix_mins``: this process's queues' min offsets are made right for the log's start first (when it has
+        not moved since the handover), as an open does."""
+        mfq = self.log_files
+        handover = read_handover(self.root, cq_file_size, mfq.file_size)
+        try:
+            if handover is None:
+                return
+            cl_min = mfq.min_offset()
+            mins_at = cl_min if handover.mins_at == cl_min else -1
+            if mins_at >= 0 and fix_mins:
+                for cq in list(self.table.built.values()):
+                    cq.correct_min_offset(cl_min)
+            try:
+                view = self.table.closing_view(handover, unit_count)
+            except OSError as e:  # (UnsafePathError is one)
+                log.warning("%s: no queue snapshot written (%s); the next open checks every queue", self.root, e)
+                return
+            SnapshotWriter(self.root, view, mfq, self.checkpoint_path, lambda: mins_at).write_closed()
+        finally:
+            remove_handover(self.root)
 
     def take_cut(self) -> Optional[RunningCut]:
         try:
@@ -242,6 +296,7 @@ def write_snapshot(
     mins_at: int,
     cut: Optional[RunningCut] = None,
     handover: bool = False,
+    fs_now: Optional[int] = None,
 ) -> bool:
     """Write the snapshot of a store closed cleanly: after every file was flushed, before ``abort`` is removed
     (tmp, fsync, rename, directory fsync). Returns False (and writes nothing) when an old segment changed too
@@ -249,7 +304,8 @@ def write_snapshot(
 
     With ``cut``: the running store's snapshot (queues.running) of the states the cut took, ``log_end`` the cut's
     offset (at most ``cut.dispatched`` and where the log is flushed), written after the queues' flush pass.
-    ``handover``: a shared store's first opener's rows for its last closer (queues.handover: tmp, rename)."""
+    ``handover``: a shared store's first opener's rows for its last closer (queues.handover: tmp, rename), with
+    ``fs_now`` the file system's clock (``fs_clock``) taken while no other process could change the store."""
     path = handover_path(root) if handover else snapshot_path(root, cut is not None)
     tmp = path + ".tmp"
     # no link followed, no wait on a FIFO (ENXIO): an entry there that is not localmq's is an error, left alone
@@ -261,7 +317,8 @@ def write_snapshot(
         owned = True
         # the file system's own "now", before the first stat: a change after a file's stat gets a ctime at or after
         # it on that file system's clock (a network file system's server may lag this host's clock)
-        fs_now = os.fstat(fd).st_ctime_ns if cut is None else cut.fs_now
+        if fs_now is None:
+            fs_now = os.fstat(fd).st_ctime_ns if cut is None else cut.fs_now
         magic = QUEUE_SNAPSHOT_HANDOVER_MAGIC if handover else None
         data = _encode(table, commitlog_dir, checkpoint_path, log_file_size, log_end, mins_at, fs_now, cut, magic)
         if data is None:
