@@ -225,21 +225,26 @@ def test_a_failed_open_after_a_crash_gives_the_running_snapshot_back(tmp_path):
         assert every_queue(st) == expected()
 
 
-TMPFS_CHECK = textwrap.dedent(
+# run on a fresh tmpfs (run_on_tmpfs): the writer killed there, then what follows
+TMPFS_CRASHED = """
+import errno, json, os, shutil, subprocess, sys, time, signal
+import localmq
+sys.path.insert(0, {tests!r})
+import test_running_snapshot as t
+from helpers import wait_until
+mnt = sys.argv[1]
+root = os.path.join(mnt, "s")
+script = os.path.join(mnt, "writer.py")
+with open(script, "w") as f:
+    f.write(t.WRITER)
+proc = subprocess.Popen([sys.executable, script, root], stdout=subprocess.PIPE)
+assert proc.stdout.readline().strip() == b"ready"
+proc.send_signal(signal.SIGKILL)
+proc.wait(30)
+"""
+
+TMPFS_CHECK = TMPFS_CRASHED + textwrap.dedent(
     """
-    import json, os, subprocess, sys, time, signal
-    import localmq
-    sys.path.insert(0, {tests!r})
-    import test_running_snapshot as t
-    mnt = sys.argv[1]
-    root = os.path.join(mnt, "s")
-    script = os.path.join(mnt, "writer.py")
-    with open(script, "w") as f:
-        f.write(t.WRITER)
-    proc = subprocess.Popen([sys.executable, script, root], stdout=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == b"ready"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
     import io, logging
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
@@ -267,22 +272,8 @@ def test_on_tmpfs_writes_after_the_cut_the_ctime_misses_are_found_by_the_row_che
     assert out["after_cut"] == touched()  # each found by its unit past the row's max offset (the ctime kept)
 
 
-TMPFS_FULL = textwrap.dedent(
+TMPFS_FULL = TMPFS_CRASHED + textwrap.dedent(
     """
-    import errno, json, os, shutil, subprocess, sys, time, signal
-    import localmq
-    sys.path.insert(0, {tests!r})
-    import test_running_snapshot as t
-    from helpers import wait_until
-    mnt = sys.argv[1]
-    root = os.path.join(mnt, "s")
-    script = os.path.join(mnt, "writer.py")
-    with open(script, "w") as f:
-        f.write(t.WRITER)
-    proc = subprocess.Popen([sys.executable, script, root], stdout=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == b"ready"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
     # the queues made after the cut lose their files (derived data: the open makes them again from the log), and the
     # disk is full: the open's re-dispatch past the cut cannot make them
     for topic in t.NEW:

@@ -76,6 +76,16 @@ def start_other(root, *plan):
     return p
 
 
+def close_other(p):
+    """Tell a process of start_other (or LATE) to close the store, and wait for it."""
+    p.stdin.write("close\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "closed"
+    assert p.wait(30) == 0
+    p.stdin.close()
+    p.stdout.close()
+
+
 def expected(extra):
     """{(topic, queue): [sha1 of each body]} after fill and the other process's puts ``extra``."""
     out = {(t, q): [body(t, q, i) for i in range(PER_QUEUE)] for t in TOPICS for q in range(QUEUES)}
@@ -104,12 +114,7 @@ def test_the_last_closer_writes_the_snapshot_from_the_first_openers_handover(tmp
     finally:
         first.close()
     assert "queues.handover" in config(root)  # not the last to leave: nothing written
-    other.stdin.write("close\n")
-    other.stdin.flush()
-    assert other.stdout.readline().strip() == "closed"
-    assert other.wait(30) == 0
-    other.stdin.close()
-    other.stdout.close()
+    close_other(other)
     assert config(root) == ["localmq.json", "queues.snapshot"]
     extra = {("t0", 0): 2, ("t1", 0): 2, ("t2", 3): 1, ("t3", 1): 1, ("t4", 2): 4, ("new", 0): 1, ("new", 1): 3}
     want = expected(extra)
@@ -180,9 +185,8 @@ def kill(p):
     p.stdout.close()
 
 
-def test_after_a_crash_the_first_opener_hands_over_every_queue_it_checked(tmp_path):
-    root = tmp_path / "s"
-    fill(root)
+def crash_shared(root):
+    """A process opens the store shared (the first opener: it hands its rows over), puts to topic k, and is killed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen(
         [sys.executable, "-c", KILLED, str(root), repr(KW)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
@@ -192,6 +196,12 @@ def test_after_a_crash_the_first_opener_hands_over_every_queue_it_checked(tmp_pa
         assert wait_until(lambda: "queues.handover" in config(root), 10)
     finally:
         kill(p)
+
+
+def test_after_a_crash_the_first_opener_hands_over_every_queue_it_checked(tmp_path):
+    root = tmp_path / "s"
+    fill(root)
+    crash_shared(root)
     want = expected({})
     want.update({("k", q): [hashlib.sha1(b"killed-%d" % q).hexdigest()] for q in range(QUEUES)})
     with localmq.open(root, shared=True, **KW) as st:
@@ -204,14 +214,7 @@ def test_after_a_crash_the_first_opener_hands_over_every_queue_it_checked(tmp_pa
         assert st.recovery.cq_vouched == len(want)
         assert read_all(st, want) == want
     # an exclusive open deletes a handover a crashed shared run left
-    p = subprocess.Popen(
-        [sys.executable, "-c", KILLED, str(root), repr(KW)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-    )
-    try:
-        assert p.stdout.readline().strip() == b"ready"
-        assert wait_until(lambda: "queues.handover" in config(root), 10)
-    finally:
-        kill(p)
+    crash_shared(root)
     want.update({("k", q): want[("k", q)] * 2 for q in range(QUEUES)})
     with localmq.open(root, **KW) as st:
         assert "queues.handover" not in config(root)
@@ -277,12 +280,7 @@ def test_a_queue_another_process_makes_while_the_handover_is_written_is_in_the_n
     finally:
         go.set()
         first.close()
-    other.stdin.write("close\n")
-    other.stdin.flush()
-    assert other.stdout.readline().strip() == "closed"
-    assert other.wait(30) == 0
-    other.stdin.close()
-    other.stdout.close()
+    close_other(other)
     with localmq.open(root, shared=True, **kw) as st:
         assert [bytes(m.body) for m in queue_messages(st, "t", 5)] == [b"late-%d" % i for i in range(3)]
         assert st.put("t", b"after", queue_id=5).queue_offset == 3
