@@ -145,6 +145,16 @@ int32_t lmq_shm_lock_owner(const void *p) {
     return __atomic_load_n(&l->owner_pid, __ATOMIC_RELAXED);
 }
 
+int32_t lmq_shm_lock_owner_tid(const void *p) {
+#if defined(__GLIBC__)
+    const lmq_shm_lock *l = (const lmq_shm_lock *)p;
+    return (int32_t)(__atomic_load_n(&l->mutex.__data.__lock, __ATOMIC_RELAXED) & FUTEX_TID_MASK);
+#else
+    (void)p;
+    return 0;
+#endif
+}
+
 uint32_t lmq_shm_lock_recoveries(const void *p) {
     const lmq_shm_lock *l = (const lmq_shm_lock *)p;
     return __atomic_load_n(&l->recoveries, __ATOMIC_RELAXED);

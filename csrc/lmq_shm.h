@@ -59,6 +59,10 @@ int lmq_shm_lock_release(void *p);
 /* Pid of the process holding the lock (or the one that died holding it), 0 when free. Messages only: the pid may
  * be stale or recycled. Cannot fail. */
 int32_t lmq_shm_lock_owner(const void *p);
+/* Thread id the mutex's futex word names as its holder (the robust futex ABI keeps it there), 0 when free or when
+ * this C library's mutex layout is not known here (glibc's is). What names a holder stopped between taking the
+ * mutex and recording its pid, or between clearing it and releasing. Messages only. Cannot fail. */
+int32_t lmq_shm_lock_owner_tid(const void *p);
 /* Times an owner death was repaired (lmq_shm_lock_consistent calls) since lmq_shm_lock_init. Cannot fail. */
 uint32_t lmq_shm_lock_recoveries(const void *p);
 

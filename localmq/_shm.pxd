@@ -16,6 +16,7 @@ cdef extern from "lmq_shm.h" nogil:
     int lmq_shm_lock_consistent(void *p)
     int lmq_shm_lock_release(void *p)
     int32_t lmq_shm_lock_owner(const void *p)
+    int32_t lmq_shm_lock_owner_tid(const void *p)
     uint32_t lmq_shm_lock_recoveries(const void *p)
     void lmq_shm_event_init(void *p)
     uint32_t lmq_shm_event_seq(const void *p)
@@ -62,6 +63,7 @@ cdef class WriteLock:
     cdef ControlFile ctl
     cdef void *p
     cdef int holds                      # acquisitions by this process not yet released
+    cdef int _owner(self) except? -1
 
 
 cdef class EventCount:

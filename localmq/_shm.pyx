@@ -377,6 +377,18 @@ cdef class ControlFile:
         return f"<ControlFile {self.path!r}{' closed' if self.addr == NULL else ''}>"
 
 
+cdef int _process_of(int32_t tid) except? -1:
+    """The process (thread group) of thread ``tid`` (/proc/<tid>/status), ``tid`` itself when that cannot be read."""
+    try:
+        with open(f"/proc/{tid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return tid
+
+
 cdef inline int check_word(long long off) except -1:
     if off < 0 or off + 8 > CTL_FILE_SIZE or off % 8 != 0:
         raise ValueError(f"control file word offset {off} out of range or unaligned")
@@ -513,7 +525,7 @@ cdef class WriteLock:
             self.holds += 1
             return OWNER_DIED
         if rc == LMQ_SHM_TIMED_OUT:
-            pid = lmq_shm_lock_owner(p)
+            pid = self._owner()
             raise StoreBusyError(f"{self.ctl.path}: the writer lock is held by pid {pid} (alive, maybe stopped) "
                                  f"for more than {timeout} s", pid=pid, timeout=timeout)
         if rc == LMQ_SHM_NOT_RECOVERABLE:
@@ -549,7 +561,17 @@ cdef class WriteLock:
     def owner(self):
         """Pid recorded by the holder (or by the holder that died), 0 when free. For messages only."""
         self.ctl._check()
-        return lmq_shm_lock_owner(self.p)
+        return self._owner()
+
+    cdef int _owner(self) except? -1:
+        # the pid the holder recorded; a holder stopped in the few instructions between taking the mutex and
+        # recording it (or clearing it and releasing) is named by the mutex's own owner thread: its process
+        cdef int32_t pid = lmq_shm_lock_owner(self.p)
+        cdef int32_t tid
+        if pid != 0:
+            return pid
+        tid = lmq_shm_lock_owner_tid(self.p)
+        return _process_of(tid) if tid > 0 else 0
 
     @property
     def recoveries(self):

@@ -390,6 +390,46 @@ def test_sigstop_of_the_holder_times_out_and_never_takes_over(ctl_path, data, sp
         ctl.lock.release()
 
 
+def _hold_on_a_thread(end, path):
+    """Take the lock on a thread that is not the main one (its thread id is not the pid), report, wait."""
+    import threading
+
+    c = ControlFile(path)
+    held = threading.Event()
+
+    def take():
+        assert c.lock.acquire(timeout=LIMIT) == ACQUIRED
+        held.set()
+        time.sleep(3600)
+
+    threading.Thread(target=take, daemon=True).start()
+    assert held.wait(LIMIT)
+    end.send("held")
+    end.recv(timeout=3600)
+
+
+def test_a_holder_caught_before_it_recorded_its_pid_is_named_by_the_mutex_owner(ctl_path, spawn):
+    # a holder stopped in the few instructions between taking the mutex and recording its pid (or between clearing it
+    # and releasing) left the pid word 0: the waiter's StoreBusyError named "pid 0" (seen once in
+    # tests/test_shared.py). The mutex's futex word names the holder's thread; its process is the one named
+    with ControlFile(ctl_path) as ctl:
+        holder = spawn(_hold_on_a_thread, ctl_path)
+        assert holder.recv() == ["held"]
+        assert ctl.lock.owner == holder.pid
+        # the recorded pid, after the mutex in the lock's section (csrc/lmq_shm.c lmq_shm_lock); the mutex itself holds
+        # the thread id, not the pid (the holder is not the main thread)
+        section = struct.unpack(
+            f"={layout.CTL_LOCK_SIZE // 4}i", ctl.read_bytes(layout.CTL_LOCK_OFF, layout.CTL_LOCK_SIZE)
+        )
+        assert section.count(holder.pid) == 1
+        pid_word = layout.CTL_LOCK_OFF + 4 * section.index(holder.pid)
+        ctl.write_bytes(pid_word, struct.pack("=i", 0))  # as if caught in that window
+        with pytest.raises(StoreBusyError) as ei:
+            ctl.lock.acquire(timeout=0.2)
+        assert ei.value.pid == holder.pid and str(holder.pid) in str(ei.value)
+        assert ctl.lock.owner == holder.pid
+
+
 # -- eventcount ----------------------------------------------------------------------------------------------------
 
 
