@@ -4,7 +4,11 @@ again (one queue each) and K/4 new topics, then SIGKILL. The reopen is timed twi
 crash: with the cut, and with the cut deleted before the open (every queue read and checked, as an open after a
 crash did before the running snapshot). After each open every queue's messages are read back and counted.
 
-Usage: python perf/crash_reopen.py [N ...] [--touched K]   (default: 2000 topics, K = 1% of N, at least 1)
+``--shared``: every open is ``shared=True``; the write phase fills the store and closes it cleanly, then opens it
+again (its first opener: every queue a snapshot row, handed over to the housekeeper's cuts) before the cut, the
+writes after it and the SIGKILL.
+
+Usage: python perf/crash_reopen.py [N ...] [--touched K] [--shared]   (default: 2000 topics, K = 1% of N, >= 1)
 (measures the localmq of the checkout it lives in; the stores live in temporary directories, removed after.)
 """
 
@@ -41,10 +45,10 @@ def _wait_for_cut(root: str, after: float) -> None:
         time.sleep(0.05)
 
 
-def write(root: str, n: int, k: int) -> dict:
+def write(root: str, n: int, k: int, shared: bool) -> dict:
     import localmq
 
-    st = localmq.open(root, flush_consume_queue_thorough_interval=THOROUGH_MS)
+    st = localmq.open(root, flush_consume_queue_thorough_interval=THOROUGH_MS, shared=shared)
     t = time.perf_counter()
     for i in range(n):
         for q in range(TOPIC_QUEUES):
@@ -52,6 +56,11 @@ def write(root: str, n: int, k: int) -> dict:
     if not st.wait_for_dispatch(3600):
         raise RuntimeError("dispatch did not finish")
     out = {"put_dispatch_s": time.perf_counter() - t}
+    if shared:  # closed and opened again: the queues are the snapshot's rows, handed over to the housekeeper
+        st.close()
+        t = time.perf_counter()
+        st = localmq.open(root, flush_consume_queue_thorough_interval=THOROUGH_MS, shared=True)
+        out["clean_reopen_s"] = time.perf_counter() - t
     _wait_for_cut(root, time.time())
     for i in range(k):
         st.put(f"t{i}", AGAIN, queue_id=i % TOPIC_QUEUES)
@@ -64,13 +73,13 @@ def write(root: str, n: int, k: int) -> dict:
     return out  # (never)
 
 
-def reopen(root: str, n: int, k: int, with_cut: bool) -> dict:
+def reopen(root: str, n: int, k: int, with_cut: bool, shared: bool) -> dict:
     import localmq
 
     if not with_cut:
         os.unlink(os.path.join(root, "config", "queues.running"))
     t = time.perf_counter()
-    st = localmq.open(root)
+    st = localmq.open(root, shared=shared)
     out = {"open_s": time.perf_counter() - t}
     try:
         r = st.recovery
@@ -98,13 +107,13 @@ def _phase(*args) -> dict:
     return json.loads(lines[-1])
 
 
-def run(n: int, k: int) -> dict:
-    res: dict = {"topics": n, "queues": n * TOPIC_QUEUES, "touched": k}
+def run(n: int, k: int, shared: bool) -> dict:
+    res: dict = {"topics": n, "queues": n * TOPIC_QUEUES, "touched": k, "shared": shared}
     for with_cut in (True, False):
         root = tempfile.mkdtemp(prefix="localmq-crash-reopen-")
         try:
-            res.setdefault("write", _phase("write", root, n, k))
-            res["with_cut" if with_cut else "without_cut"] = _phase("reopen", root, n, k, int(with_cut))
+            res.setdefault("write", _phase("write", root, n, k, int(shared)))
+            res["with_cut" if with_cut else "without_cut"] = _phase("reopen", root, n, k, int(shared), int(with_cut))
         finally:
             shutil.rmtree(root, ignore_errors=True)
     return res
@@ -112,16 +121,18 @@ def run(n: int, k: int) -> dict:
 
 def main(argv) -> None:
     k = None
+    shared = "--shared" in argv
+    argv = [a for a in argv if a != "--shared"]
     if "--touched" in argv:
         i = argv.index("--touched")
         k = int(argv[i + 1])
         del argv[i : i + 2]
     if argv and argv[0] == "--phase":
-        kind, root, n, kk = argv[1], argv[2], int(argv[3]), int(argv[4])
+        kind, root, n, kk, sh = argv[1], argv[2], int(argv[3]), int(argv[4]), bool(int(argv[5]))
         if kind == "write":
-            write(root, n, kk)
+            write(root, n, kk, sh)
         else:
-            print(json.dumps(reopen(root, n, kk, bool(int(argv[5])))))
+            print(json.dumps(reopen(root, n, kk, bool(int(argv[6])), sh)))
         return
     print(
         "| queues | written after the cut | reopen after SIGKILL, with the cut | without it | queues vouched / built |"
@@ -129,7 +140,7 @@ def main(argv) -> None:
     print("|---|---|---|---|---|")
     for n in [int(a) for a in argv] or [2000]:
         kk = k if k is not None else max(1, n // 100)
-        r = run(n, kk)
+        r = run(n, kk, shared)
         w, wo = r["with_cut"], r["without_cut"]
         if w["queues_wrong"] or wo["queues_wrong"]:
             raise RuntimeError(f"messages wrong after the reopen: {r}")

@@ -46,6 +46,11 @@ def config(root):
     return sorted(os.listdir(root / "config"))
 
 
+def config_but_cut(root):
+    """config/ without the housekeeper's running cut (queues.running, written beside the running store)."""
+    return [n for n in config(root) if not n.startswith("queues.running")]
+
+
 # a second process: opens the store, puts what it is told (topic/queue:count ...), says "put", closes when told
 OTHER = r"""
 import sys, localmq
@@ -107,7 +112,7 @@ def test_the_last_closer_writes_the_snapshot_from_the_first_openers_handover(tmp
         assert first.recovery.cq_vouched == len(TOPICS) * QUEUES
         assert first.stats()["consume_queues_built"] == 0
         # the snapshot is gone, the rows handed over (by a thread of the first opener, once open)
-        assert wait_until(lambda: config(root) == ["localmq.json", "queues.handover"], 10)
+        assert wait_until(lambda: config_but_cut(root) == ["localmq.json", "queues.handover"], 10)
         # another process writes to five queues and makes a topic; the first opener dispatches, and leaves first
         other = start_other(root, "t0/0:2", "t1/0:2", "t2/3:1", "t3/1:1", "t4/2:4", "new/0:1", "new/1:3")
         assert first.wait_for_dispatch(10)
@@ -115,7 +120,7 @@ def test_the_last_closer_writes_the_snapshot_from_the_first_openers_handover(tmp
         first.close()
     assert "queues.handover" in config(root)  # not the last to leave: nothing written
     close_other(other)
-    assert config(root) == ["localmq.json", "queues.snapshot"]
+    assert config(root) == ["localmq.json", "queues.running", "queues.snapshot"]
     extra = {("t0", 0): 2, ("t1", 0): 2, ("t2", 3): 1, ("t3", 1): 1, ("t4", 2): 4, ("new", 0): 1, ("new", 1): 3}
     want = expected(extra)
     with localmq.open(root, shared=True, **KW) as st:
@@ -186,14 +191,16 @@ def kill(p):
 
 
 def crash_shared(root):
-    """A process opens the store shared (the first opener: it hands its rows over), puts to topic k, and is killed."""
+    """A process opens the store shared (the first opener: it hands its rows over), puts to topic k, and is killed
+    once its housekeeper wrote a running cut from the handover."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen(
         [sys.executable, "-c", KILLED, str(root), repr(KW)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
     )
     try:
         assert p.stdout.readline().strip() == b"ready"
-        assert wait_until(lambda: "queues.handover" in config(root), 10)
+        # (the cut is written once the log is flushed past it: the log's thorough flush comes every 10 s)
+        assert wait_until(lambda: {"queues.handover", "queues.running"} <= set(config(root)), 30), config(root)
     finally:
         kill(p)
 
@@ -204,11 +211,15 @@ def test_after_a_crash_the_first_opener_hands_over_every_queue_it_checked(tmp_pa
     crash_shared(root)
     want = expected({})
     want.update({("k", q): [hashlib.sha1(b"killed-%d" % q).hexdigest()] for q in range(QUEUES)})
+    filled = {(t, q) for t in TOPICS for q in range(QUEUES)}
     with localmq.open(root, shared=True, **KW) as st:
         assert st.recovery.mode == "abnormal"
-        assert st.recovery.cq_vouched == 0  # the crashed run's handover is not a snapshot: every queue checked
+        # the crashed housekeeper's running cut holds the handed-over rows of the queues nobody wrote; topic k, made
+        # after the handover, was listed by it (its queues checked), unless a later cut vouched for them
+        assert filled <= set(st._cq_table.vouched) and st.recovery.cq_vouched in (len(filled), len(want))
+        assert read_all(st, want) == want
         # this open's, from every queue it checked
-        assert wait_until(lambda: config(root) == ["localmq.json", "queues.handover"], 10)
+        assert wait_until(lambda: config_but_cut(root) == ["localmq.json", "queues.handover"], 10)
         time.sleep(2 * FRESH_NS / 1e9)
     with localmq.open(root, shared=True, **KW) as st:
         assert st.recovery.cq_vouched == len(want)
@@ -219,6 +230,36 @@ def test_after_a_crash_the_first_opener_hands_over_every_queue_it_checked(tmp_pa
     with localmq.open(root, **KW) as st:
         assert "queues.handover" not in config(root)
         assert read_all(st, want) == want
+
+
+def test_after_a_crash_the_next_open_takes_the_queues_nobody_wrote_from_the_housekeepers_running_cut(tmp_path):
+    # the first opener leaves first; the other process, housekeeper from then on, takes its cut from the first
+    # opener's handover and is killed: the queues written since the handover are listed by the cut, not vouched for
+    # (their unit counts in the control file moved), and checked by the open; every other queue is vouched for
+    root = tmp_path / "s"
+    fill(root)
+    running = root / "config" / "queues.running"
+    first = localmq.open(root, shared=True, **KW)
+    try:
+        assert wait_until(lambda: "queues.handover" in config(root), 10)
+        other = start_other(root, "t0/0:2", "t1/3:1", "new/0:2")
+        assert first.wait_for_dispatch(10)
+    finally:
+        first.close()
+    try:
+        if running.exists():
+            running.unlink()  # the first opener's cut: the other process writes its own
+        assert wait_until(running.exists, 30)
+    finally:
+        kill(other)
+    extra = {("t0", 0): 2, ("t1", 3): 1, ("new", 0): 2}
+    want = expected(extra)
+    written = set(extra)
+    with localmq.open(root, shared=True, **KW) as st:
+        assert st.recovery.mode == "abnormal"
+        assert set(st._cq_table.vouched) == {(t, q) for t in TOPICS for q in range(QUEUES)} - written
+        assert read_all(st, want) == want
+        assert st.put("t0", b"next", queue_id=0).queue_offset == PER_QUEUE + 2
 
 
 LATE = r"""

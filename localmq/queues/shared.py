@@ -168,19 +168,23 @@ class SharedMessageQueue(LocalMessageQueue):
     Differences from a store opened by one process (``shared=False``): queue ids 0..63 per topic and at most
     131,072 topics (the control file's table); no transient store pool; the housekeeper creates one segment ahead
     (the exclusive store two, warmed if asked); key lookups (``query_message``) answer in the housekeeper process
-    only; transactional producers are refused (TransactionNotSupportedError); no running cut (``queues.running``):
-    the open after a crash checks every queue. The queue snapshot of a clean close is written by the last process
-    to leave, from the rows the first opener handed over (``config/queues.handover``).
+    only; transactional producers are refused (TransactionNotSupportedError). The queue snapshot of a clean close
+    is written by the last process to leave, and the running cuts (``queues.running``) by the housekeeper, from the
+    rows the first opener handed over (``config/queues.handover``) and the queues the writer built itself: a queue
+    another process's dispatcher wrote to since the handover is listed, not vouched for, and the open after a crash
+    checks it (without a handover, from a first opener that died before writing it, there is no cut).
     """
 
-    # the dispatcher moves between processes, none of which holds every queue: no running cut is taken; a clean
-    # close's snapshot is written by the last closer from the first opener's handover (_write_closed_snapshot)
-    _reads_running_cut = False
+    # the dispatcher moves between processes, none of which holds every queue: the housekeeper's running cuts and
+    # the last closer's snapshot hold the first opener's handed-over rows (SnapshotWriter.take_cut,
+    # _write_closed_snapshot), and an open after a crash reads the last cut as a single process's open does
+    _reads_running_cut = True
 
     _ctl: Optional[ControlFile] = None
     _election: Optional[_Election] = None
     _housekeeper = False
     _hk_flush: Optional[ServiceThread] = None
+    _cq_flush_service: Optional[FlushConsumeQueueService] = None  # the housekeeper's (its running cuts)
     _allocated_ahead = -1  # base offset of the last segment the housekeeper created ahead (or found)
     allocated_ahead = 0  # segments this process created ahead of need as the housekeeper
     first_opener = False
@@ -308,7 +312,7 @@ class SharedMessageQueue(LocalMessageQueue):
             # its check fails again: loaded and repaired from the log (DefaultMessageStore._repair_queue)
             table.get(key)
         table.repair = None
-        table.adopt = self._adopt
+        table.adopt = self._adopt_count
 
     _handover: Optional[threading.Thread] = None
 
@@ -328,6 +332,10 @@ class SharedMessageQueue(LocalMessageQueue):
         """First opener, on a thread of its own once open (SnapshotWriter.write_handover)."""
         if fs_now is not None:
             self._snapshots().write_handover(fs_now, mins_at)
+            with self._hk_lock:  # the housekeeper's cuts are taken from it: the next flush pass takes one
+                svc = self._cq_flush_service if self._housekeeper else None
+                if svc is not None:
+                    svc.thorough_soon()
 
     def _unit_count(self, topic: str, queue_id: int) -> int:
         """The queue's unit count in the control file; -1 when it has none."""
@@ -394,17 +402,26 @@ class SharedMessageQueue(LocalMessageQueue):
         self.commit_log.attach_control(ctl, c.shared_lock_timeout)
         self._reput = ReputCore(self._cl_mfq, self._cq_factory, ctl.load(CTL_S_REPUT), c.dispatch_idle_wait_us)
         self._reput.set_delay_levels(self.delay_levels_ms())
+        self._mins_at = self._cl_mfq.min_offset()  # every queue it loads gets its min offset right for it (_adopt)
         self._shared_live = True
         self.recovery = RecoveryReport(
             mode="attached", end_offset=ctl.load(CTL_S_WPOS), reput_from=ctl.load(CTL_S_REPUT)
         )
 
-    def _adopt(self, cq: ConsumeQueue) -> None:
-        """A ConsumeQueue loaded from files another process's dispatcher wrote: take its unit count from the
-        control file and set the write position after it."""
+    def _adopt_count(self, cq: ConsumeQueue) -> None:
+        """A ConsumeQueue built from a row (ConsumeQueueTable.adopt): take its unit count from the control file and
+        set the write position after it (its min offset is the row's, right for the open's log start)."""
         assert self._ctl is not None
         if cq.bind_shared(self._ctl):
             cq._reset_state(cq.sync_shared())
+
+    def _adopt(self, cq: ConsumeQueue) -> None:
+        """A ConsumeQueue loaded from files another process's dispatcher wrote: its count adopted (``_adopt_count``)
+        and its min offset made right for the log's start this process's queues are right for (``_mins_at``), as
+        an open makes every queue's."""
+        self._adopt_count(cq)
+        if self._mins_at >= 0:
+            cq.correct_min_offset(self._mins_at)
 
     def _schedule_cq(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
         """The housekeeper's ScheduleMessageService reads the dispatcher's queues, loading one another housekeeper
@@ -421,7 +438,10 @@ class SharedMessageQueue(LocalMessageQueue):
 
     _shared_live = False  # the control file describes the store (after _publish_first or _attach)
 
-    def _cq_factory(self, topic: str, queue_id: int) -> ConsumeQueue:
+    def _cq_factory(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
+        table = self._cq_table
+        if table.rows and (topic, queue_id) in table.rows and self._reput.position < table.rows_end:
+            return None  # a row's record before a running cut's end: its queue holds it (as in a single process)
         if not self._shared_live:
             return self._cq_table.find_or_create(topic, queue_id)  # first opener's recovery: the files are its own
         assert self._ctl is not None
@@ -485,8 +505,19 @@ class SharedMessageQueue(LocalMessageQueue):
             self._hk_flush = FlushRealTimeService(self._cl_mfq, c, self.checkpoint)
         self._hk_flush.start()
         self._hk_services.append(self._hk_flush)
+        # its running cuts (queues.running) for an open after a crash, from the first opener's handover
+        snapshots = self._snapshots()
+        snapshots.unit_count = self._unit_count
+        reput = self._reput
+        snapshots.dispatched = lambda: reput.reput_offset
         self._cq_flush_service = FlushConsumeQueueService(
-            lambda: self._cq_table.built.values(), c, self.checkpoint, self.checkpoint.flush, self._cq_table.sync_names
+            lambda: self._cq_table.built.values(),
+            c,
+            self.checkpoint,
+            self.checkpoint.flush,
+            self._cq_table.sync_names,
+            take_cut=snapshots.take_cut,
+            write_cut=snapshots.write_cut,
         )
         self._cq_flush_service.start()
         self._hk_services.append(self._cq_flush_service)

@@ -405,14 +405,7 @@ class ConsumeQueueTable:
         rows: List[Tuple[Key, QueueRow]],
         leave_out: Container[str],
     ) -> List[QueueState]:
-        out: List[QueueState] = []
-        for k, cq in built:
-            # the ends before the files: a file added after them makes a row its check refuses (the end not in
-            # the last file), never one that leaves a file out
-            ends = (cq.max_offset, cq.min_offset, cq.max_physic_offset)
-            mfq = cq.mapped_file_queue
-            bases = [mf.file_from_offset for mf in mfq.files]
-            out.append((k, mfq.directory, bases, ends[0], ends[1], ends[2], bool(mfq.hanged), None))
+        out: List[QueueState] = [_built_state(k, cq) for k, cq in built]
         for k, r in rows:
             if k[0] not in leave_out:
                 bases = [b for b, _, _ in r.files]
@@ -731,10 +724,20 @@ class ClosingView:
 
     def states(self, leave_out: Container[str] = ()) -> List[QueueState]:
         out = [st for st in self._states if st[0][0] not in leave_out]
-        for k, cq in self._built:
-            ends = (cq.max_offset, cq.min_offset, cq.max_physic_offset)
-            mfq = cq.mapped_file_queue
-            bases = [mf.file_from_offset for mf in mfq.files]
-            out.append((k, mfq.directory, bases, ends[0], ends[1], ends[2], bool(mfq.hanged), None))
+        out += [_built_state(k, cq) for k, cq in self._built]
         out.sort(key=lambda x: x[0])
         return out
+
+    def cut(self) -> Tuple[Dict[str, TopicRow], List[QueueState]]:
+        """A shared store's housekeeper's running cut (``SnapshotWriter.take_cut``): as ConsumeQueueTable.cut."""
+        whole = self.whole_topics()
+        return whole, self.states(leave_out=whole)
+
+
+def _built_state(key: Key, cq: ConsumeQueue) -> QueueState:
+    """A built queue's state (ConsumeQueueTable.states): the ends before the files (a file added after them makes a
+    row its check refuses, the end not in the last file, never one that leaves a file out)."""
+    ends = (cq.max_offset, cq.min_offset, cq.max_physic_offset)
+    mfq = cq.mapped_file_queue
+    bases = [mf.file_from_offset for mf in mfq.files]
+    return (key, mfq.directory, bases, ends[0], ends[1], ends[2], bool(mfq.hanged), None)

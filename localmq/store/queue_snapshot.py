@@ -117,21 +117,27 @@ class RunningCut:
     # (topic, queue id) -> (its state's ends and files, its vouched row's bytes) of the writer's last cut: a queue
     # whose state is the same is written with those stamps, without an lstat (a change since moved its ctime)
     rows: Dict[Tuple[str, int], Tuple[Any, bytes]] = field(default_factory=dict)
+    table: Any = None  # what the states were taken from (a ConsumeQueueTable, or a shared store's ClosingView)
 
 
-def take_cut(root: str, table: Any, dispatched: Callable[[], int], mins_at: Callable[[], int]) -> RunningCut:
+def take_cut(
+    root: str, view: Callable[[], Any], dispatched: Callable[[], int], mins_at: Callable[[], int]
+) -> RunningCut:
     """The states of every queue, under the table's lock (no queue built or made between the topics written back
     whole and the others), after the dispatcher's position was read, after the file system's clock was read (the
     change time a touch of the temporary file gets): a queue directory made, or a unit written, after the states
     were taken is changed after that time, and is not vouched for (a topic directory holding a queue the cut does
     not know must not be vouched for: its queues would be taken from the rows). ``mins_at`` is asked before and
-    after the states are taken: a retention pass between them leaves it unknown."""
+    after the states are taken: a retention pass between them leaves it unknown. ``view()`` gives what the states
+    are taken from (``cut()``), after the dispatcher's position was read: the ConsumeQueueTable, or a shared
+    store's ``ClosingView`` (whose unit counts are read then)."""
     fs_now = fs_clock(snapshot_path(root, True) + ".tmp")
     at = dispatched()
     mins_before = mins_at()
+    table = view()
     whole, states = table.cut()
     mins = mins_before if mins_at() == mins_before else -1
-    return RunningCut(fs_now, at, mins, whole, states)
+    return RunningCut(fs_now, at, mins, whole, states, table=table)
 
 
 def fs_clock(tmp: str) -> int:
@@ -159,6 +165,9 @@ class SnapshotWriter:
         self.checkpoint_path = checkpoint_path
         self.mins_at = mins_at  # the log's min offset the queues' min offsets are right for now (-1: not known)
         self.dispatched: Callable[[], int] = lambda: -1  # the dispatcher's position (a running store's)
+        # a shared store's housekeeper: its cuts hold the first opener's handed-over rows as its last closer writes
+        # them (ClosingView), this callable giving a queue's unit count in the control file (-1: none)
+        self.unit_count: Optional[Callable[[str, int], int]] = None
         self._rows: Dict[Tuple[str, int], Tuple[Any, bytes]] = {}  # the last cut's vouched rows (RunningCut.rows)
 
     def write_closed(self) -> None:
@@ -221,11 +230,28 @@ class SnapshotWriter:
             remove_handover(self.root)
 
     def take_cut(self) -> Optional[RunningCut]:
+        """A running store's cut (``take_cut``); None when none can be taken (logged). A shared store's housekeeper
+        takes it from the first opener's handover (none without one) and this process's queues, the way its last
+        closer writes the clean close's snapshot (``ConsumeQueueTable.closing_view``): a handed-over row whose unit
+        count in the control file is still the row's holds exactly its queue's records before the cut (a record of
+        it before the cut was dispatched, into a queue this process built or into one whose count moved), and its
+        next open checks it against its files like any row."""
+        unit_count = self.unit_count
         try:
-            cut = take_cut(self.root, self.table, self.dispatched, self.mins_at)
+            if unit_count is None:
+                cut = take_cut(self.root, lambda: self.table, self.dispatched, self.mins_at)
+            else:
+                handover = read_handover(self.root, self.table.file_size, self.log_files.file_size)
+                if handover is None:
+                    return None
+                cut = take_cut(
+                    self.root, lambda: self.table.closing_view(handover, unit_count), self.dispatched, self.mins_at
+                )
+                if cut.mins_at != handover.mins_at:  # the rows' min offsets are right for the handover's start
+                    cut.mins_at = -1
             cut.rows = self._rows  # replaced by the rows this cut vouches for once it is encoded
             return cut
-        except OSError as e:
+        except OSError as e:  # (UnsafePathError is one)
             log.warning("%s: no running queue snapshot (%s)", self.root, e)
             return None
 
@@ -241,7 +267,7 @@ class SnapshotWriter:
             return False
         try:
             if write_snapshot(
-                self.root, self.table, mfq.directory, self.checkpoint_path, mfq.file_size, end, cut.mins_at, cut
+                self.root, cut.table, mfq.directory, self.checkpoint_path, mfq.file_size, end, cut.mins_at, cut
             ):
                 self._rows = cut.rows  # the stamps this cut vouched with, for the next one
             else:
