@@ -211,10 +211,14 @@ class ConsumeQueueTable:
         qdir = self._queue_dir(*key)
         self._spans.pop(key[0], None)  # the topic is no longer written back whole: its rows go as they are built
         try:
-            refuse_links(qdir)
-            holds = self._row_holds(key, row)
-        except FileNotFoundError:
-            holds = False
+            try:
+                holds = self._row_holds(key, row)
+            except FileNotFoundError:
+                holds = False
+            # a row that holds has the directory the close stamped (no entry added since: none can be a link planted
+            # behind the closed store); one that does not is loaded from what its directory lists, links refused
+            if not holds:
+                refuse_links(qdir)
         except UnsafePathError:
             raise
         except OSError as e:
