@@ -16,7 +16,7 @@ from localmq._layout cimport (
     CTL_H_INIT_PID,
     CTL_H_INIT_TIME_MS, CTL_H_MAGIC, CTL_H_SLOT_COUNT, CTL_H_VERSION, CTL_LOCK_BYTE_OPEN, CTL_LOCK_OFF, CTL_LOCK_SIZE,
     CTL_MAGIC, CTL_SLOT_CLAIMED_MS, CTL_SLOT_COUNT, CTL_SLOT_LOCK_BASE, CTL_SLOT_PID, CTL_SLOT_SIZE, CTL_SLOTS_OFF,
-    CTL_VERSION,
+    CTL_T_DISPATCHED, CTL_T_NEXT, CTL_TOPIC_QUEUES, CTL_VERSION,
 )
 from localmq._native cimport c_fallocate, c_ftruncate, c_map, c_unmap, raise_errno
 from localmq._os cimport lmq_load_acq, lmq_now_ms, lmq_sleep_us, lmq_store_rel, lmq_unmap
@@ -307,6 +307,31 @@ cdef class ControlFile:
         if not create:
             return -1
         return topic_row_add(self, name) - self.addr
+
+    def publish_queues(self, dict rows, dict next_offsets):
+        """A first opener's queues kept as their snapshot rows, before any other process attaches (no writer lock
+        needed): for each (topic, queue id) -> row (an object with ``max_offset``), the row's max offset written as
+        the queue's unit count (CTL_T_DISPATCHED) and, or the put path's next offset in ``next_offsets`` when larger,
+        as its next offset (CTL_T_NEXT), topic rows made as needed: one call for 100,000 queues.
+
+        :raises ValueError: a queue id outside 0..CTL_TOPIC_QUEUES-1 (the caller checks them first).
+        """
+        cdef str topic, last = None
+        cdef long long off = -1, qid, nxt, count
+        cdef tuple key
+        self._check()
+        for key, row in rows.items():
+            topic, qid = key
+            if topic is not last and topic != last:
+                off, last = self.topic_row(topic, True), topic
+            if not 0 <= qid < CTL_TOPIC_QUEUES:
+                raise ValueError(f"queue {topic}-{qid}: a shared store's queue ids are 0..{CTL_TOPIC_QUEUES - 1}")
+            count = row.max_offset
+            nxt = count
+            if next_offsets:
+                nxt = max(count, <long long>next_offsets.get(key, 0))
+            lmq_store_rel(<int64_t *>(self.addr + off + CTL_T_NEXT + 8 * qid), nxt)
+            lmq_store_rel(<int64_t *>(self.addr + off + CTL_T_DISPATCHED + 8 * qid), count)
 
     def range_lock(self, long long byte, int kind):
         """Try once to take (kind 2 write, 1 read) or drop (0) this process's fcntl lock on ``byte`` of the file.

@@ -52,7 +52,6 @@ from localmq.layout import (
     CTL_S_SEG_SIZE,
     CTL_S_WPOS,
     CTL_T_DISPATCHED,
-    CTL_T_NEXT,
     CTL_TOPIC_QUEUES,
     LOCK_FILE,
     SEGMENT_NAME_RE,
@@ -290,12 +289,7 @@ class SharedMessageQueue(LocalMessageQueue):
             cq.publish_shared()
         # the queues kept as their snapshot rows (checked by _check_rows), published without being built: their
         # cells written straight into the topic table (no other process is attached: no writer lock needed)
-        last_topic, off = None, -1
-        for (topic, qid), row in sorted(self._cq_table.rows.items()):
-            if topic != last_topic:
-                last_topic, off = topic, ctl.topic_row(topic, True)
-            ctl.store(off + CTL_T_NEXT + 8 * qid, max(row.max_offset, table.get((topic, qid), 0)))
-            ctl.store(off + CTL_T_DISPATCHED + 8 * qid, row.max_offset)
+        ctl.publish_queues(self._cq_table.rows, table)
         self.commit_log.topic_miss = None  # every queue's next offset is in the control file now
         ctl.store(CTL_S_REPUT, self._reput.reput_offset)
         ctl.store(CTL_S_WPOS, self._cl_mfq.max_offset())
