@@ -23,7 +23,7 @@ from localmq._os cimport (
     lmq_fdatasync, lmq_is_zero, lmq_load_acq, lmq_msync, lmq_populate_write,
 )
 
-from localmq.errors import CorruptStoreError, StoreClosedError, io_operation, store_io_error
+from localmq.errors import CorruptStoreError, StoreClosedError, UnsafePathError, io_operation, store_io_error
 
 # the call of lmq_create_mapped that failed, as the StoreIOError names it (MappedFile._create_mapped)
 _CREATE_STAGES = {
@@ -179,8 +179,15 @@ cdef class Mapping:
         # here, where it has not, or when the name exists, it is opened by name)
         if create and writable:
             flags |= os.O_CREAT
-        with io_operation("open", self.path):
+        if writable:
+            flags |= os.O_NOFOLLOW  # never written through a link, even one planted while the store runs
+        try:
             fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno == _errno.ELOOP and writable:
+                raise UnsafePathError(f"{self.path} is a symlink, which localmq never writes through",
+                                      path=self.path) from e
+            raise store_io_error(e, "open", self.path) from e
         self.fd = fd
         try:
             with io_operation("fstat", self.path):

@@ -576,6 +576,46 @@ def test_a_symlink_there_is_refused_as_every_link_in_a_store(tmp_path, where):
     assert not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.parametrize("planted", ["before the close", "after the first use"])
+def test_a_link_where_a_vouched_queue_grows_is_never_written_through(tmp_path, caplog, planted):
+    # a link at the name of a queue's next file, planted while the store ran (inside the directory's stamp, so the
+    # close vouches for the queue), or after the queue's first use in the next session: the store refuses it (at
+    # the queue's first use: UnsafePathError; where the dispatcher would make the file: dispatch blocked, logged,
+    # puts refused), never writes through it
+    root = tmp_path / "s"
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"")
+    link = root / "consumequeue" / "t" / "0" / f"{CQ_FILE:020d}"  # the queue's second file
+    with localmq.open(root, **KW) as st:
+        for i in range(3):
+            assert st.put("t", b"m%d" % i, queue_id=0).ok
+        assert st.wait_for_dispatch(10)
+        if planted == "before the close":
+            os.symlink(victim, link)
+        time.sleep(3 * FRESH_NS / 1e9)
+    refused = []
+    try:
+        with localmq.open(root, **KW) as st:
+            assert ("t", 0) in st._cq_table.rows  # vouched for by the close's snapshot
+            try:
+                assert len(queue_messages(st, "t", 0)) == 3
+                if planted == "after the first use":
+                    os.symlink(victim, link)
+                for i in range(25):  # into the second file
+                    st.put("t", b"n%d" % i, queue_id=0)
+                assert not st.wait_for_dispatch(2)
+                assert f"{link} is a symlink, which localmq never writes through" in caplog.text
+                assert not st.put("t", b"refused", queue_id=0).ok
+            except localmq.UnsafePathError as e:
+                refused.append(e)
+    finally:
+        assert victim.read_bytes() == b"" and os.path.islink(link)
+    if planted == "before the close":
+        assert len(refused) == 1 and refused[0].path == str(link)
+    else:
+        assert not refused
+
+
 def test_an_entry_the_open_skipped_in_a_topic_directory_is_reported_at_every_open(tmp_path):
     # the snapshot does not vouch for the names of a topic directory holding an entry that is not a queue id: the
     # next open lists that directory and reports the entry again, while the topic's queues are still vouched for

@@ -262,6 +262,124 @@ def test_after_a_crash_the_next_open_takes_the_queues_nobody_wrote_from_the_hous
         assert st.put("t0", b"next", queue_id=0).queue_offset == PER_QUEUE + 2
 
 
+KW2 = dict(
+    mapped_file_size_commit_log=1 << 16,
+    mapped_file_size_consume_queue=20 * CQ_UNIT_SIZE,
+    flush_consume_queue_thorough_interval=300,
+    flush_commit_log_thorough_interval=200,
+)
+
+FIRST = r"""
+import os, sys, time, localmq
+import localmq.queues.shared as sh
+root, kw, gate = sys.argv[1], eval(sys.argv[2]), sys.argv[3]
+take = sh.SharedMessageQueue._try_become_housekeeper
+# the first opener loses the housekeeper's election (as a process that attaches between its open's end and its
+# own try can make it lose; tests/test_shared_snapshot.py patches the same way)
+sh.SharedMessageQueue._try_become_housekeeper = lambda self: take(self) if os.path.exists(gate) else False
+st = localmq.open(root, shared=True, **kw)
+assert st.first_opener and not st.housekeeper
+print("open", ("t", 0) in st._cq_table.rows, flush=True)
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "min":
+        print("min", st.min_offset("t", 0), st.max_offset("t", 0), flush=True)
+    elif cmd == "hk":
+        t0 = time.monotonic()
+        while not st.housekeeper and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        print("hk", st.housekeeper, flush=True)
+"""
+
+OTHER2 = r"""
+import sys, time, localmq
+root, kw = sys.argv[1], eval(sys.argv[2])
+st = localmq.open(root, shared=True, **kw)
+t0 = time.monotonic()
+while not st.housekeeper and time.monotonic() - t0 < 10:
+    time.sleep(0.05)
+assert st.housekeeper
+assert st.put("t", b"other", queue_id=0).ok
+assert st.wait_for_dispatch(10)
+print("put", st.min_offset("t", 0), st.max_offset("t", 0), flush=True)
+sys.stdin.readline()
+st.close()
+print("closed", flush=True)
+"""
+
+
+def spawn_script(script, *args):
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])},
+        text=True,
+    )
+
+
+def ask(p, cmd):
+    p.stdin.write(cmd + "\n")
+    p.stdin.flush()
+    return p.stdout.readline().split()
+
+
+def test_a_row_another_process_wrote_to_gets_its_min_offset_right_and_a_cut_keeps_it_right(tmp_path):
+    # retention moved the log's start (queue t/0's min offset 3); the first opener loses the housekeeper's election,
+    # the other process dispatches a put to t/0 (still a row in the first opener, so its check fails there and it
+    # is loaded from its files), then leaves; the first opener, housekeeper from then on, takes a cut and is killed
+    root = tmp_path / "s"
+    with localmq.open(root, shared=True, disk_usage=lambda p: 0.9, **KW2) as st:
+        for i in range(3):
+            assert st.put("t", b"early-%d" % i, queue_id=0).ok
+        for _ in range(150):
+            assert st.put("t", b"x" * 1000, queue_id=1).ok
+        for i in range(3):
+            assert st.put("t", b"late-%d" % i, queue_id=0).ok
+        assert st.wait_for_dispatch(10)
+        st.clean_service.run_once()  # retention: the first segments go (the disk looks 90 % full)
+        assert st.commit_log_min_offset > 0
+        want_min = st.min_offset("t", 0)
+        assert want_min == 3, want_min
+        time.sleep(3 * FRESH_NS / 1e9)
+    with localmq.open(root, shared=True, **KW2) as st:  # its snapshot's min offsets are right for the new start
+        assert st.min_offset("t", 0) == want_min
+        time.sleep(3 * FRESH_NS / 1e9)
+    gate = tmp_path / "gate"
+    first = spawn_script(FIRST, root, repr(KW2), gate)
+    other = None
+    try:
+        assert first.stdout.readline().split() == ["open", "True"]
+        other = spawn_script(OTHER2, root, repr(KW2))
+        line = other.stdout.readline().split()
+        assert line[0] == "put", line
+        got = ask(first, "min")
+        running_min = int(got[1])
+        time.sleep(0.3)
+        gate.write_text("")
+        other.stdin.write("close\n")
+        other.stdin.flush()
+        assert other.stdout.readline().strip() == "closed"
+        other.wait(30)
+        assert ask(first, "hk") == ["hk", "True"]
+        running = root / "config" / "queues.running"
+        t0 = time.time()
+        # a cut written after the first opener took the housekeeping over (well before its first retention pass)
+        cut = wait_until(lambda: running.exists() and running.stat().st_mtime > t0 + 0.8, 8)
+        assert cut
+    finally:
+        kill(first)
+        if other is not None:
+            kill(other)
+    with localmq.open(root, shared=True, **KW2) as st:
+        assert st.recovery.mode == "abnormal"
+        vouched = ("t", 0) in st._cq_table.vouched
+        after = st.min_offset("t", 0)
+    assert running_min == want_min, f"first opener's min offset {running_min}, the queue's is {want_min}"
+    assert after == want_min, f"after the crash the min offset is {after} (vouched={vouched}), not {want_min}"
+    assert vouched  # taken from the cut
+
+
 LATE = r"""
 import sys, localmq
 st = localmq.open(sys.argv[1], shared=True, **eval(sys.argv[2]))

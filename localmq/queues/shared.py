@@ -306,7 +306,7 @@ class SharedMessageQueue(LocalMessageQueue):
             # its check fails again: loaded and repaired from the log (DefaultMessageStore._repair_queue)
             table.get(key)
         table.repair = None
-        table.adopt = self._adopt_count
+        table.adopt = self._adopt
 
     _handover: Optional[threading.Thread] = None
 
@@ -402,18 +402,15 @@ class SharedMessageQueue(LocalMessageQueue):
             mode="attached", end_offset=ctl.load(CTL_S_WPOS), reput_from=ctl.load(CTL_S_REPUT)
         )
 
-    def _adopt_count(self, cq: ConsumeQueue) -> None:
-        """A ConsumeQueue built from a row (ConsumeQueueTable.adopt): take its unit count from the control file and
-        set the write position after it (its min offset is the row's, right for the open's log start)."""
+    def _adopt(self, cq: ConsumeQueue) -> None:
+        """A ConsumeQueue loaded from files another process's dispatcher wrote, or built from a row
+        (ConsumeQueueTable.adopt; a row whose check failed is loaded from its files, which that dispatcher may have
+        written to): take its unit count from the control file, set the write position after it, and make its min
+        offset right for the log's start this process's queues are right for (``_mins_at``), as an open makes
+        every queue's (a housekeeper's running cut vouches for it with that start)."""
         assert self._ctl is not None
         if cq.bind_shared(self._ctl):
             cq._reset_state(cq.sync_shared())
-
-    def _adopt(self, cq: ConsumeQueue) -> None:
-        """A ConsumeQueue loaded from files another process's dispatcher wrote: its count adopted (``_adopt_count``)
-        and its min offset made right for the log's start this process's queues are right for (``_mins_at``), as
-        an open makes every queue's."""
-        self._adopt_count(cq)
         if self._mins_at >= 0:
             cq.correct_min_offset(self._mins_at)
 

@@ -211,14 +211,11 @@ class ConsumeQueueTable:
         qdir = self._queue_dir(*key)
         self._spans.pop(key[0], None)  # the topic is no longer written back whole: its rows go as they are built
         try:
-            try:
-                holds = self._row_holds(key, row)
-            except FileNotFoundError:
-                holds = False
-            # a row that holds has the directory the close stamped (no entry added since: none can be a link planted
-            # behind the closed store); one that does not is loaded from what its directory lists, links refused
-            if not holds:
-                refuse_links(qdir)
+            # (a link planted while the store ran is inside the directory's stamp: listed whether the row holds or not)
+            refuse_links(qdir)
+            holds = self._row_holds(key, row)
+        except FileNotFoundError:
+            holds = False
         except UnsafePathError:
             raise
         except OSError as e:
@@ -531,11 +528,7 @@ class ConsumeQueueTable:
         """True when the queue's directory and files are still those of its snapshot row (inode, ctime, size, on the
         table's device) and its units are where the row says: the queue can be made from the row. Else False (then it
         is loaded and checked against the log). Raises UnsafePathError for a link, OSError when a file cannot be
-        read."""
-        return self._check([key], [row])[0]
-
-    def _check(self, keys: List[Key], rows: List[QueueRow]) -> List[bool]:
-        """``_row_holds`` of each row (``_snapshot.check_rows``, compiled: the files looked at without the GIL).
+        read.
 
         A row holds when it has the shape a close writes (consecutive files, the end in the last one), the directory
         and every file are still those it stamped, no file lies before its first or after a full last one, the unit
@@ -544,18 +537,20 @@ class ConsumeQueueTable:
         (blank, or its record below the log's min offset of the open, ``log_min``). A row that lies (a snapshot forged
         with a right CRC, or a bug of the close that wrote it) must never hide units that exist, nor let a put write
         over one."""
+        rc = self._codes([key], [row])[0]
+        if rc == ROW_LINK:
+            path = self._queue_dir(*key)
+            raise UnsafePathError(f"{path} is a symlink, which localmq never writes through", path=path)
+        if rc < 0:
+            raise OSError(-rc, os.strerror(-rc), self._queue_dir(*key))
+        if rc == ROW_DISAGREES:
+            log.warning("consume queue %s-%d: its units are not where the queue snapshot says", key[0], key[1])
+        return rc == ROW_HOLDS
+
+    def _codes(self, keys: List[Key], rows: List[QueueRow]) -> List[int]:
+        """What ``_snapshot.check_rows`` finds for each row (compiled: the files looked at without the GIL)."""
         qdirs = [os.fsencode(self._queue_dir(*key)) for key in keys]
-        out = []
-        for key, qdir, rc in zip(keys, qdirs, check_rows(qdirs, rows, self.file_size, self._dev, self.log_min)):
-            if rc == ROW_LINK:
-                path = os.fsdecode(qdir)
-                raise UnsafePathError(f"{path} is a symlink, which localmq never writes through", path=path)
-            if rc < 0:
-                raise OSError(-rc, os.strerror(-rc), os.fsdecode(qdir))
-            if rc == ROW_DISAGREES:
-                log.warning("consume queue %s-%d: its units are not where the queue snapshot says", key[0], key[1])
-            out.append(rc == ROW_HOLDS)
-        return out
+        return check_rows(qdirs, rows, self.file_size, self._dev, self.log_min)
 
     def check_rows(self) -> List[Key]:
         """The rows that fail their check (``_row_holds``) now, every row looked at without building its queue, on
@@ -570,9 +565,7 @@ class ConsumeQueueTable:
 
         def check(chunk: List[Tuple[Key, QueueRow]]) -> None:
             keys = [k for k, _ in chunk]
-            qdirs = [os.fsencode(self._queue_dir(*k)) for k in keys]
-            codes = check_rows(qdirs, [r for _, r in chunk], self.file_size, self._dev, self.log_min)
-            bad.extend(k for k, rc in zip(keys, codes) if rc != ROW_HOLDS)
+            bad.extend(k for k, rc in zip(keys, self._codes(keys, [r for _, r in chunk])) if rc != ROW_HOLDS)
 
         failed = sync_each(check, chunks)
         if failed:
