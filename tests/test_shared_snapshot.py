@@ -432,9 +432,14 @@ def test_a_queue_another_process_makes_while_the_handover_is_written_is_in_the_n
     try:
         assert first.first_opener and not first.housekeeper
         assert other.stdout.readline().strip() == "put"
-        time.sleep(3 * FRESH_NS / 1e9)  # t/5 made well before the handover's write
+        # t/5 made well before the handover is written, and after the housekeeper's first (thorough) queue flush pass
+        time.sleep(2.5)
         go.set()
         assert wait_until(lambda: "queues.handover" in config(root), 10)
+        # the housekeeper (the other process) met no handover at its first thorough pass: it takes its first cut
+        # once the handover is there, not a thorough interval (60 s) later (written once the log is flushed past it)
+        assert "queues.running" not in config(root)
+        assert wait_until(lambda: "queues.running" in config(root), 30)
         lost[0] = False
     finally:
         go.set()

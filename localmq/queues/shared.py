@@ -509,6 +509,7 @@ class SharedMessageQueue(LocalMessageQueue):
             self._cq_table.sync_names,
             take_cut=snapshots.take_cut,
             write_cut=snapshots.write_cut,
+            cut_due=snapshots.cut_due,
         )
         self._cq_flush_service.start()
         self._hk_services.append(self._cq_flush_service)

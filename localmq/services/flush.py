@@ -277,6 +277,7 @@ class FlushConsumeQueueService(ServiceThread):
         logics_floor: Callable[[], int] = lambda: 0,
         take_cut: Optional[Callable[[], Any]] = None,
         write_cut: Optional[Callable[[Any], bool]] = None,
+        cut_due: Callable[[], bool] = lambda: False,
     ):
         super().__init__("FlushConsumeQueueService")
         # the store time of the first record whose unit waits in memory for its queue's first file (0: none,
@@ -291,6 +292,7 @@ class FlushConsumeQueueService(ServiceThread):
         self.flushes = 0
         self.take_cut = take_cut
         self.write_cut = write_cut
+        self.cut_due = cut_due  # asked before each pass: True makes it a thorough one (its cut taken)
         self._cut: Any = None  # a cut whose units are flushed, waiting for the log's flush to pass it
         self._thorough = _Thorough(config.flush_consume_queue_thorough_interval)
         if take_cut is not None:
@@ -302,6 +304,8 @@ class FlushConsumeQueueService(ServiceThread):
             self.wait_for_running(c.flush_interval_consume_queue)
             if self.stopped:
                 break
+            if self.cut_due():
+                self._thorough.last = -c.flush_consume_queue_thorough_interval
             self.flush_once(self._thorough.least_pages(c.flush_consume_queue_least_pages))
 
     def thorough_soon(self) -> None:

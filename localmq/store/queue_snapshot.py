@@ -168,6 +168,7 @@ class SnapshotWriter:
         # a shared store's housekeeper: its cuts hold the first opener's handed-over rows as its last closer writes
         # them (ClosingView), this callable giving a queue's unit count in the control file (-1: none)
         self.unit_count: Optional[Callable[[str, int], int]] = None
+        self._awaits_handover = False  # a shared cut found no handover yet (``cut_due``)
         self._rows: Dict[Tuple[str, int], Tuple[Any, bytes]] = {}  # the last cut's vouched rows (RunningCut.rows)
 
     def write_closed(self) -> None:
@@ -242,6 +243,7 @@ class SnapshotWriter:
                 cut = take_cut(self.root, lambda: self.table, self.dispatched, self.mins_at)
             else:
                 handover = read_handover(self.root, self.table.file_size, self.log_files.file_size)
+                self._awaits_handover = handover is None
                 if handover is None:
                     return None
                 cut = take_cut(
@@ -254,6 +256,15 @@ class SnapshotWriter:
         except OSError as e:  # (UnsafePathError is one)
             log.warning("%s: no running queue snapshot (%s)", self.root, e)
             return None
+
+    def cut_due(self) -> bool:
+        """True once the handover a shared cut found missing is there (a stat each call until then): the first
+        opener, another process, wrote it after this housekeeper's first thorough pass, whose next comes only after
+        ``flush_consume_queue_thorough_interval``."""
+        if not self._awaits_handover or not os.path.exists(handover_path(self.root)):
+            return False
+        self._awaits_handover = False
+        return True
 
     def write_cut(self, cut: Optional[RunningCut]) -> bool:
         """queues.running at the cut's dispatch position, after the pass that flushed the cut's units, once the log
