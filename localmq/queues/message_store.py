@@ -241,7 +241,7 @@ class DefaultMessageStore:
         record (at the dispatcher's position) before the rows' end: its queue holds it (a re-dispatch after a crash
         starts before a running store's cut), the dispatcher steps over it and the row stays unbuilt."""
         table = self._cq_table
-        if table.rows and (topic, queue_id) in table.rows and self._reput.position < table.rows_end:
+        if table.row_holds_record((topic, queue_id), self._reput.position):
             return None
         return table.find_or_create(topic, queue_id)
 

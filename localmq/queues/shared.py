@@ -183,7 +183,6 @@ class SharedMessageQueue(LocalMessageQueue):
     _election: Optional[_Election] = None
     _housekeeper = False
     _hk_flush: Optional[ServiceThread] = None
-    _cq_flush_service: Optional[FlushConsumeQueueService] = None  # the housekeeper's (its running cuts)
     _allocated_ahead = -1  # base offset of the last segment the housekeeper created ahead (or found)
     allocated_ahead = 0  # segments this process created ahead of need as the housekeeper
     first_opener = False
@@ -326,10 +325,6 @@ class SharedMessageQueue(LocalMessageQueue):
         """First opener, on a thread of its own once open (SnapshotWriter.write_handover)."""
         if fs_now is not None:
             self._snapshots().write_handover(fs_now, mins_at)
-            with self._hk_lock:  # the housekeeper's cuts are taken from it: the next flush pass takes one
-                svc = self._cq_flush_service if self._housekeeper else None
-                if svc is not None:
-                    svc.thorough_soon()
 
     def _unit_count(self, topic: str, queue_id: int) -> int:
         """The queue's unit count in the control file; -1 when it has none."""
@@ -430,9 +425,8 @@ class SharedMessageQueue(LocalMessageQueue):
     _shared_live = False  # the control file describes the store (after _publish_first or _attach)
 
     def _cq_factory(self, topic: str, queue_id: int) -> Optional[ConsumeQueue]:
-        table = self._cq_table
-        if table.rows and (topic, queue_id) in table.rows and self._reput.position < table.rows_end:
-            return None  # a row's record before a running cut's end: its queue holds it (as in a single process)
+        if self._cq_table.row_holds_record((topic, queue_id), self._reput.position):
+            return None  # (as in a single process)
         if not self._shared_live:
             return self._cq_table.find_or_create(topic, queue_id)  # first opener's recovery: the files are its own
         assert self._ctl is not None

@@ -308,12 +308,6 @@ class FlushConsumeQueueService(ServiceThread):
                 self._thorough.last = -c.flush_consume_queue_thorough_interval
             self.flush_once(self._thorough.least_pages(c.flush_consume_queue_least_pages))
 
-    def thorough_soon(self) -> None:
-        """Make the next pass a thorough one, and so take a cut (a shared store's first opener has just written the
-        handover its housekeeper's cuts are taken from: the first pass may have run before it)."""
-        self._thorough.last = -self.config.flush_consume_queue_thorough_interval
-        self.wakeup()
-
     def flush_once(self, least_pages: int) -> None:
         logics_ts = 0
         try:

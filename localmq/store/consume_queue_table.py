@@ -338,6 +338,12 @@ class ConsumeQueueTable:
                 out += [(k, r.max_offset, r.max_physic_offset) for k, r in self.rows.items()]
         return out
 
+    def row_holds_record(self, key: Key, position: int) -> bool:
+        """Whether the record of ``key`` at log offset ``position`` (the dispatcher's) lies before the rows' end and
+        ``key`` is still a row: its queue holds it (a re-dispatch after a crash starts before a running store's cut),
+        so the dispatcher steps over it and the row stays unbuilt."""
+        return bool(self.rows) and key in self.rows and position < self.rows_end
+
     def rows_phys(self) -> Tuple[int, int]:
         """(lowest, highest) max physical offset of the rows the open kept (bounds: rows only leave), (0, -1) for
         none; what recovery asks of the rows without a look at each (``ends`` lists every queue)."""

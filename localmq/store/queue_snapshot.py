@@ -259,8 +259,8 @@ class SnapshotWriter:
 
     def cut_due(self) -> bool:
         """True once the handover a shared cut found missing is there (a stat each call until then): the first
-        opener, another process, wrote it after this housekeeper's first thorough pass, whose next comes only after
-        ``flush_consume_queue_thorough_interval``."""
+        opener (this process or another) wrote it after this housekeeper's first thorough pass, whose next comes only
+        after ``flush_consume_queue_thorough_interval``."""
         if not self._awaits_handover or not os.path.exists(handover_path(self.root)):
             return False
         self._awaits_handover = False
