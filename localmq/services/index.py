@@ -129,6 +129,8 @@ class IndexDispatchService(ServiceThread):
         size = seg.file_size
         rel = off - base
         end = seg.wrote_position
+        if mfq.committed_end is not None:  # a shared store: never past the committed end
+            end = min(end, mfq.committed_end() - base)
         if rel >= end:
             if end >= size:
                 self._offset = base + size

@@ -360,6 +360,7 @@ cdef class CommitLog:
         self.last_topic = None
         self.last_te = None
         self.cur = None
+        self.mapped_file_queue.committed_end = self.shared.committed_end
 
     @property
     def ctl(self):

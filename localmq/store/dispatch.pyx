@@ -365,7 +365,7 @@ cdef class ReputCore:
         it polls every 20 us for about 1 ms (a busy producer then never pays for a wake-up), then sleeps on the
         event that puts signal, waking every ``idle_wait_us`` only to look for a put whose signal it missed.
         It returns to Python only for a slow path, to notify waiters after progress, or to stop."""
-        cdef int64_t n = 0, rel, end, r
+        cdef int64_t n = 0, rel, end, r, committed = -1
         cdef int rc, idle_polls = 0
         cdef RecordView v
         cdef Slot *slot
@@ -380,6 +380,15 @@ cdef class ReputCore:
                 return R_NEED_SEGMENT
             rel = self.reput_from - self.seg_base
             end = lmq_load_acq(self.seg_wrote)
+            if self.cb != NULL:
+                # a shared store: never past the committed end. A put of this process publishes its record (or the
+                # blank closing a full segment) in this view before it commits; if the process dies between the
+                # two, the next writer's repair zeroes those bytes and writes over them, and a dispatch position
+                # published past them would make the next housekeeper skip what is written there
+                if self.reput_from >= committed:
+                    committed = lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS))
+                if committed - self.seg_base < end:
+                    end = committed - self.seg_base
             if rel >= end:
                 if self.cb != NULL:
                     rc = self._follow_shared(end)

@@ -130,6 +130,11 @@ class MappedFileQueue:
         # Called with the offset the files will start at, durably, before ``delete_files`` deletes any (the commit
         # log records it: a later open tells segments retention deleted from segments lost or deleted by hand).
         self.before_head_delete: Optional[Callable[[int], None]] = None
+        # A store shared between processes: the committed end (the control file's; CommitLog.attach_control sets
+        # it). This process's view may hold its own put past it until the put commits, and a writer that dies before
+        # the commit has those bytes zeroed and written over by the next writer: a reader that follows the log (the
+        # index service) stops there.
+        self.committed_end: Optional[Callable[[], int]] = None
         # Called with (path, start, -1) before ``truncate_dirty_files``, ``delete_last`` or ``destroy`` zero a
         # file's bytes from ``start`` on or delete it: an open that may fail saves them (OpenUndo.save_derived).
         self.before_rewrite: Optional[Callable[[str, int, int], None]] = None

@@ -40,6 +40,10 @@ cdef class SharedCommit:
         self.mapped_file_queue = mapped_file_queue
         self.sync_gather_permille = 500
 
+    def committed_end(self):
+        """The committed end: every record below it is complete and stays (a repair zeroes only bytes past it)."""
+        return lmq_load_acq(<int64_t *>(self.cb + CTL_S_WPOS))
+
     cdef int take_over(self, int rc) except -1:
         # ctl_enter's contended path, out of line so that the inline fast path needs no Python temporaries (no
         # register spills per put); 1 when the lock came from a writer that died (repaired), else 0
