@@ -11,8 +11,9 @@ never indexed (a random SIGKILL test met it as queue offsets skipped by 3 or 4 i
 
 Each point is a Python-level step of the protocol that the worker (a real process) wraps to announce itself and then
 wait forever, so the test kills it exactly there:
-- ``roll``: a put rolls the log into a new segment (``MappedFileQueue.last_or_create``, called after the blank that
-  closes the old segment was written and published in the view, with the writer lock held and nothing committed);
+- ``roll``: a put (or a batch, whose records before the roll are published in the view too) rolls the log into a new
+  segment (``MappedFileQueue.last_or_create``, called after the blank that closes the old segment was written and
+  published in the view, with the writer lock held and nothing committed);
 - ``repair``: a writer repairing the put of a writer that died (``MappedFileQueue.zero_range`` done: the torn bytes
   zeroed, the queue's next offset not yet restored, the intent not cleared), so that the next one repairs again;
 - ``new queue``: the housekeeper's dispatcher meets the first record of a topic it has no queue for
@@ -66,11 +67,14 @@ elif point == "new queue":
             stop_here("new-queue")
         return orig_load(topic, queue_id, adopt)
     q._cq_table.find_or_load = loading
-for i in range(plan["puts"]):
+batch = plan.get("batch", 1)
+for i in range(0, plan["puts"], batch):
     topic = "N" if i == plan.get("new_at") else "T"
-    body = b"w-%06d-" % i + b"x" * plan["body"]
-    r = q.put(topic, body, queue_id=i % 4)
-    print("ack", topic, i % 4, r.queue_offset, hashlib.sha1(body).hexdigest(), flush=True)
+    qid = i // batch % 4
+    bodies = [b"w-%06d-" % (i + k) + b"x" * plan["body"] for k in range(batch)]
+    r = q.put_batch(topic, bodies, queue_id=qid) if batch > 1 else q.put(topic, bodies[0], queue_id=qid)
+    for k, body in enumerate(bodies):
+        print("ack", topic, qid, r.queue_offset + k, hashlib.sha1(body).hexdigest(), flush=True)
 if plan["puts"]:
     print("done", flush=True)
 time.sleep(3600)
@@ -135,7 +139,7 @@ def read_every_queue(q, topics):
     return got
 
 
-@pytest.mark.parametrize("point", ["housekeeper-roll", "writer-roll", "repair", "new-queue"])
+@pytest.mark.parametrize("point", ["housekeeper-roll", "housekeeper-batch-roll", "writer-roll", "repair", "new-queue"])
 def test_a_process_killed_at_a_point_of_the_protocol_loses_nothing(tmp_path, point):
     root = tmp_path / "s"
     workers = []
@@ -150,6 +154,8 @@ def test_a_process_killed_at_a_point_of_the_protocol_loses_nothing(tmp_path, poi
         hk = None
         if point == "housekeeper-roll":
             hk = worker(point="roll", puts=10**6, body=1000)  # opens first: the housekeeper, and it writes
+        elif point == "housekeeper-batch-roll":
+            hk = worker(point="roll", puts=10**6, body=1000, batch=16)  # records before the roll in its view
         elif point == "new-queue":
             hk = worker(point="new-queue", puts=2000, body=1000, new_at=50)
         elif point == "repair":
