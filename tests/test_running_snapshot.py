@@ -183,9 +183,52 @@ def test_a_clean_open_reads_the_close_snapshot_and_never_the_running_one(tmp_pat
     with localmq.open(root, **KW) as st:
         assert st.recovery.mode != "abnormal"
         assert st.recovery.cq_vouched == (len(OLD) + len(NEW)) * QUEUES
-        assert not running.exists()
+        # the close's snapshot is the running store's first cut now (the one left there is gone)
+        assert not (root / "config" / "queues.snapshot").exists()
+        assert running.read_bytes()[:4] == b"LMQR"
         assert "queues.running" not in caplog.text  # not read (it would be refused, and that logged)
         assert every_queue(st) == expected()
+
+
+# A clean open (the close's snapshot read) whose queue flush's first pass, and with it the first cut, is an hour away:
+# one message to each queue of T5, then "ready" and it waits for its SIGKILL.
+AGAIN = textwrap.dedent(
+    """
+    import sys, time
+    import localmq
+    st = localmq.open(sys.argv[1], mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=20 * 20,
+                      flush_interval_consume_queue=3_600_000)
+    assert st.recovery.cq_vouched == 13 * 4
+    for q in range(4):
+        st.put("T5", b"after the open", queue_id=q)
+    assert st.wait_for_dispatch(30)
+    print("ready", flush=True)
+    time.sleep(3600)
+    """
+)
+
+
+def test_a_crash_before_the_first_cut_opens_from_the_clean_close_snapshot_kept_as_the_cut(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="localmq")
+    root = crash(tmp_path)
+    with localmq.open(root, **KW):
+        time.sleep(2 * FRESH_NS / 1e9)  # (as above: the re-dispatch's writes vouched for by the close)
+    script = tmp_path / "again.py"
+    script.write_text(AGAIN)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    kill_when_ready([script, root], env, 0.05)
+    assert (root / "config" / "queues.running").read_bytes()[:4] == b"LMQR"
+    caplog.clear()
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.mode == "abnormal"
+        # every queue taken as its row of the close's snapshot; T5's fail their check at their record past it
+        assert st.recovery.cq_vouched == (len(OLD) + len(NEW)) * QUEUES
+        assert after_cut(caplog.text) == [f"T5-{q}" for q in range(QUEUES)]
+        assert st.stats()["consume_queues_built"] == QUEUES
+        want = expected()
+        for q in range(QUEUES):
+            want[("T5", q)].append(b"after the open")
+        assert every_queue(st) == want
 
 
 def test_an_old_segment_changed_after_the_cut_turns_every_queue_back_to_the_checks(tmp_path, caplog):

@@ -190,17 +190,22 @@ def kill(p):
     p.stdout.close()
 
 
-def crash_shared(root):
+def crash_shared(root, kw=KW, cut=True):
     """A process opens the store shared (the first opener: it hands its rows over), puts to topic k, and is killed
-    once its housekeeper wrote a running cut from the handover."""
+    once its housekeeper wrote a running cut from the handover (``cut``; else at once)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    snapshot = root / "config" / "queues.snapshot"
+    closed = snapshot.read_bytes()[4:] if snapshot.exists() else None  # kept by the open as its first cut
+    running = root / "config" / "queues.running"
     p = subprocess.Popen(
-        [sys.executable, "-c", KILLED, str(root), repr(KW)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        [sys.executable, "-c", KILLED, str(root), repr(kw)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
     )
     try:
         assert p.stdout.readline().strip() == b"ready"
         # (the cut is written once the log is flushed past it: the log's thorough flush comes every 10 s)
-        assert wait_until(lambda: {"queues.handover", "queues.running"} <= set(config(root)), 30), config(root)
+        assert not cut or wait_until(
+            lambda: "queues.handover" in config(root) and running.exists() and running.read_bytes()[4:] != closed, 30
+        ), config(root)
     finally:
         kill(p)
 
@@ -229,6 +234,22 @@ def test_after_a_crash_the_first_opener_hands_over_every_queue_it_checked(tmp_pa
     want.update({("k", q): want[("k", q)] * 2 for q in range(QUEUES)})
     with localmq.open(root, **KW) as st:
         assert "queues.handover" not in config(root)
+        assert read_all(st, want) == want
+
+
+def test_a_crash_before_the_housekeepers_first_cut_opens_from_the_clean_close_snapshot_kept_as_the_cut(tmp_path):
+    # the first opener's open keeps the close's snapshot as the running store's first cut; its housekeeper's own
+    # first cut is an hour away (its queue flush's first pass): the open after the crash takes every queue of the
+    # snapshot from it, checks topic k's (made after it) and loses nothing
+    root = tmp_path / "s"
+    fill(root)
+    crash_shared(root, dict(KW, flush_interval_consume_queue=3_600_000), cut=False)
+    assert (root / "config" / "queues.running").read_bytes()[:4] == b"LMQR"
+    want = expected({})
+    want.update({("k", q): [hashlib.sha1(b"killed-%d" % q).hexdigest()] for q in range(QUEUES)})
+    with localmq.open(root, shared=True, **KW) as st:
+        assert st.recovery.mode == "abnormal"
+        assert st.recovery.cq_vouched == len(TOPICS) * QUEUES
         assert read_all(st, want) == want
 
 
@@ -429,8 +450,10 @@ def test_a_queue_another_process_makes_while_the_handover_is_written_is_in_the_n
         env=env,
         text=True,
     )
+    running = root / "config" / "queues.running"
     try:
         assert first.first_opener and not first.housekeeper
+        carried = running.stat().st_ino  # the close's snapshot, kept by the first opener's open as the first cut
         assert other.stdout.readline().strip() == "put"
         # t/5 made well before the handover is written, and after the housekeeper's first (thorough) queue flush pass
         time.sleep(2.5)
@@ -438,8 +461,8 @@ def test_a_queue_another_process_makes_while_the_handover_is_written_is_in_the_n
         assert wait_until(lambda: "queues.handover" in config(root), 10)
         # the housekeeper (the other process) met no handover at its first thorough pass: it takes its first cut
         # once the handover is there, not a thorough interval (60 s) later (written once the log is flushed past it)
-        assert "queues.running" not in config(root)
-        assert wait_until(lambda: "queues.running" in config(root), 30)
+        assert running.stat().st_ino == carried
+        assert wait_until(lambda: running.stat().st_ino != carried, 30)
         lost[0] = False
     finally:
         go.set()

@@ -267,8 +267,8 @@ class DefaultMessageStore:
                 c.mapped_file_size_commit_log,
                 running=not last_exit_ok,
             )
-        # gone before anything is written: an open that fails after this gets it back, a crash never meets it
-        remove_snapshot(self.root, self._undo)
+        # gone before anything is written (an open that fails after this gets it back), or the first cut (a clean one)
+        remove_snapshot(self.root, self._undo, carry=snapshot is not None and not snapshot.running)
         try:
             self.checkpoint = StoreCheckpoint(cp_path)
         except CorruptStoreError as e:

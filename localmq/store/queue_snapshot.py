@@ -693,17 +693,28 @@ def _check_running_segments(recorded: List[Tuple[int, int, int]], now: List[Tupl
             raise ValueError(f"commit log segment {base:020d} changed since")
 
 
-def remove_snapshot(root: str, undo: Any) -> None:
+def remove_snapshot(root: str, undo: Any, carry: bool = False) -> None:
     """Delete the snapshots (a closed and a running store's, a shared store's handover, and temporary ones a failed
     write left) durably,
     before the open writes anything: a failed open gets them back (``undo``: the open's OpenUndo, or None). Never
     raises: what cannot be deleted is logged and left (a snapshot that stays is checked against the store like any
-    other); an entry that is not a regular file is not localmq's and is left as it is."""
+    other); an entry that is not a regular file is not localmq's and is left as it is.
+
+    ``carry``: the open took its queues from the clean close's snapshot, which becomes the running store's first cut
+    instead of going (``_carry``): a crash before the queue flush's first cut (about a second after the open) finds a
+    cut, as after any other."""
     path = snapshot_path(root)
     running = snapshot_path(root, True)
     handover = handover_path(root)
     removed = False
+    if carry and _carry(path, running, undo):
+        removed = True
+        carry_done = [path, running]
+    else:
+        carry_done = []
     for p in (path, path + ".tmp", running, running + ".tmp", handover, handover + ".tmp"):
+        if p in carry_done:
+            continue
         try:
             st = os.lstat(p)
         except FileNotFoundError:
@@ -726,6 +737,31 @@ def remove_snapshot(root: str, undo: Any) -> None:
             fsync_dir(os.path.dirname(path))
         except OSError as e:
             log.warning("queue snapshot %s: directory sync after its removal failed (%s)", path, e)
+
+
+def _carry(path: str, running: str, undo: Any) -> bool:
+    """A clean close's snapshot (``path``, just read and matched with the store) made the running store's cut
+    (``running``): its magic rewritten in place, then renamed. What it holds is what a cut taken at the open would
+    hold (every queue's ends at the log's end, stamped with its files' state then, which a later change moves), and
+    the open after a crash reads it as one (its segments: those before the cut unchanged, the last one appended to).
+    The new magic is not synced: a power cut that loses it leaves no cut, never a wrong one. True when done (a
+    failed open gets the snapshot back from ``undo``, and deletes the cut, which its listing does not know)."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        if undo is not None and st.st_size <= MAX_SNAPSHOT_BYTES:
+            undo.keep(path)
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            os.pwrite(fd, struct.pack(">I", QUEUE_SNAPSHOT_RUNNING_MAGIC), 0)
+        finally:
+            os.close(fd)
+        os.replace(path, running)
+        return True
+    except OSError as e:
+        log.warning("queue snapshot %s not kept as the running store's first cut (%s)", path, e)
+        return False
 
 
 def remove_handover(root: str) -> None:
