@@ -55,7 +55,7 @@ from localmq.store.queue_recovery import (
     repair_queue,
     sync_directories,
 )
-from localmq.store.queue_snapshot import SnapshotWriter, read_snapshot, remove_snapshot
+from localmq.store.queue_snapshot import SnapshotWriter, keep_as_first_cut, read_snapshot, remove_snapshot
 from localmq.store.recovery import check_log_start, check_segments, recover_store
 from localmq.store.settings import (
     explicit_settings,
@@ -95,8 +95,7 @@ class DefaultMessageStore:
     # a clean close writes the queues' ends, the next open takes the queues it vouches for from there
     # (store/queue_snapshot.py; a shared store's last closer writes it from its first opener's handover)
     _reads_queue_snapshot = True
-    # the queue flush takes running cuts (queues.running), which an open after a crash reads; a shared store says
-    # False: its dispatcher moves between processes, none of which holds every queue
+    # the queue flush takes running cuts (queues.running), which an open after a crash reads (a shared store's too)
     _reads_running_cut = True
     _mins_at = -1  # the log's min offset every queue's min offset was last corrected for (the open's)
     _early_repairs: Optional[List[RecoveryReport]] = None  # repairs of queues used before ``recovery`` is set
@@ -267,8 +266,8 @@ class DefaultMessageStore:
                 c.mapped_file_size_commit_log,
                 running=not last_exit_ok,
             )
-        # gone before anything is written (an open that fails after this gets it back), or the first cut (a clean one)
-        remove_snapshot(self.root, self._undo, carry=snapshot is not None and not snapshot.running)
+        # gone before anything is written: an open that fails after this gets it back (a clean close's: below)
+        remove_snapshot(self.root, self._undo)
         try:
             self.checkpoint = StoreCheckpoint(cp_path)
         except CorruptStoreError as e:
@@ -323,6 +322,7 @@ class DefaultMessageStore:
         )
         report.rebuilt += rebuilt
         report.salvaged += salvaged
+        keep_as_first_cut(self.root, snapshot, report)  # (a clean close's, when recovery left the log as it was)
         if not last_exit_ok:
             # a queue directory a running cut vouched for was synced before the cut was written, unchanged since
             sync_directories(self.root, self._cq_table.vouched_dirs())

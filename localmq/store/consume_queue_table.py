@@ -294,6 +294,7 @@ class ConsumeQueueTable:
                 self.built[key] = self._load_queue(key)
                 del self.rows[key]
                 self.vouched.discard(key)
+            self._rows_phys = (0, -1)  # no row left: re-dispatch starts from the queues' ends, not the rows'
         return keys
 
     def next_offsets(self, topic: str) -> List[Tuple[int, int]]:

@@ -80,6 +80,7 @@ __all__ = [
     "remove_snapshot",
     "fs_clock",
     "handover_path",
+    "keep_as_first_cut",
     "take_cut",
     "write_snapshot",
 ]
@@ -103,6 +104,7 @@ class QueueSnapshot:
     root_ino: int
     topics: Dict[str, TopicRow]  # by topic name
     running: bool = False  # a running store's cut (queues.running), read after a crash; log_end is the cut
+    raw: bytes = field(default=b"", repr=False)  # a clean close's: the file's bytes, until keep_as_first_cut
 
 
 @dataclass
@@ -617,6 +619,8 @@ def read_snapshot(
     except (ValueError, struct.error, OSError) as e:  # a UnicodeDecodeError is a ValueError
         log.warning("queue snapshot %s not used (%s): every queue is checked", path, e)
         return None
+    if not running:
+        snap.raw = data
     return snap
 
 
@@ -693,28 +697,17 @@ def _check_running_segments(recorded: List[Tuple[int, int, int]], now: List[Tupl
             raise ValueError(f"commit log segment {base:020d} changed since")
 
 
-def remove_snapshot(root: str, undo: Any, carry: bool = False) -> None:
+def remove_snapshot(root: str, undo: Any) -> None:
     """Delete the snapshots (a closed and a running store's, a shared store's handover, and temporary ones a failed
     write left) durably,
     before the open writes anything: a failed open gets them back (``undo``: the open's OpenUndo, or None). Never
     raises: what cannot be deleted is logged and left (a snapshot that stays is checked against the store like any
-    other); an entry that is not a regular file is not localmq's and is left as it is.
-
-    ``carry``: the open took its queues from the clean close's snapshot, which becomes the running store's first cut
-    instead of going (``_carry``): a crash before the queue flush's first cut (about a second after the open) finds a
-    cut, as after any other."""
+    other); an entry that is not a regular file is not localmq's and is left as it is."""
     path = snapshot_path(root)
     running = snapshot_path(root, True)
     handover = handover_path(root)
     removed = False
-    if carry and _carry(path, running, undo):
-        removed = True
-        carry_done = [path, running]
-    else:
-        carry_done = []
     for p in (path, path + ".tmp", running, running + ".tmp", handover, handover + ".tmp"):
-        if p in carry_done:
-            continue
         try:
             st = os.lstat(p)
         except FileNotFoundError:
@@ -739,29 +732,42 @@ def remove_snapshot(root: str, undo: Any, carry: bool = False) -> None:
             log.warning("queue snapshot %s: directory sync after its removal failed (%s)", path, e)
 
 
-def _carry(path: str, running: str, undo: Any) -> bool:
-    """A clean close's snapshot (``path``, just read and matched with the store) made the running store's cut
-    (``running``): its magic rewritten in place, then renamed. What it holds is what a cut taken at the open would
-    hold (every queue's ends at the log's end, stamped with its files' state then, which a later change moves), and
-    the open after a crash reads it as one (its segments: those before the cut unchanged, the last one appended to).
-    The new magic is not synced: a power cut that loses it leaves no cut, never a wrong one. True when done (a
-    failed open gets the snapshot back from ``undo``, and deletes the cut, which its listing does not know)."""
+def keep_as_first_cut(root: str, snapshot: Optional["QueueSnapshot"], report: Any) -> None:
+    """After a clean open's recovery: the close's snapshot it took its queues from (``snapshot``, read with its
+    bytes) written as the running store's first cut (queues.running with the cut's magic), so that a crash before the
+    queue flush's first cut finds one. What it holds is what a cut taken now would hold, when recovery (``report``)
+    left the log as the close did (its end the snapshot's, nothing cut, no gap, nothing re-dispatched) and the rows
+    vouched for: every queue's ends at the log's end, stamped with its files' state then, which any later change
+    moves. Not synced: a power cut that loses it leaves no cut, never a wrong one. A failed open deletes it (its
+    listing does not know it). Never raises: a cut that cannot be written is logged."""
+    data = snapshot.raw if snapshot is not None else b""
+    if snapshot is None or not data:
+        return
+    snapshot.raw = b""
+    r = report
+    if snapshot.running or not r.cq_vouched or r.end_offset != snapshot.log_end or r.dropped_at is not None:
+        return
+    if r.gaps or r.redispatched or r.deleted_segments or r.cq_units_truncated:
+        return
+    body = memoryview(data)[QUEUE_SNAPSHOT_HEADER.size :]
+    head = QUEUE_SNAPSHOT_HEADER.pack(QUEUE_SNAPSHOT_RUNNING_MAGIC, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body))
+    path = snapshot_path(root, True)
+    tmp = path + ".tmp"
     try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode):
-            return False
-        if undo is not None and st.st_size <= MAX_SNAPSHOT_BYTES:
-            undo.keep(path)
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         try:
-            os.pwrite(fd, struct.pack(">I", QUEUE_SNAPSHOT_RUNNING_MAGIC), 0)
+            for chunk in (memoryview(head), body):
+                while chunk:
+                    chunk = chunk[os.write(fd, chunk) :]
         finally:
             os.close(fd)
-        os.replace(path, running)
-        return True
+        os.replace(tmp, path)
     except OSError as e:
-        log.warning("queue snapshot %s not kept as the running store's first cut (%s)", path, e)
-        return False
+        log.warning("%s: the close's snapshot not kept as the first running cut (%s)", root, e)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def remove_handover(root: str) -> None:
