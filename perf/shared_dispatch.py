@@ -32,7 +32,6 @@ def one_round(n: int) -> float:
             for i in range(0, n, 1000):
                 q.put_batch("T", [body] * min(1000, n - i), queue_id=i // 1000 % 4)
             end = q.commit_log.sync_view()
-            start = q._reput.reput_offset
             svc = ReputMessageService(q._reput)
             t0 = time.perf_counter()
             svc.start()
