@@ -347,13 +347,8 @@ def write_snapshot(
     ``fs_now`` the file system's clock (``fs_clock``) taken while no other process could change the store."""
     path = handover_path(root) if handover else snapshot_path(root, cut is not None)
     tmp = path + ".tmp"
-    # no link followed, no wait on a FIFO (ENXIO): an entry there that is not localmq's is an error, left alone
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    owned = False
+    fd = _open_tmp(tmp)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EEXIST, "not a regular file", tmp)
-        owned = True
         # the file system's own "now", before the first stat: a change after a file's stat gets a ctime at or after
         # it on that file system's clock (a network file system's server may lag this host's clock)
         if fs_now is None:
@@ -365,28 +360,49 @@ def write_snapshot(
             fd = -1
             os.unlink(tmp)
             return False
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if not handover:
-            os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        try:
-            if not stat.S_ISREG(os.lstat(path).st_mode):
-                raise OSError(errno.EEXIST, "not a regular file, left as it is", path)
-        except FileNotFoundError:
-            pass
-        os.replace(tmp, path)
+        fd, mine = -1, fd
+        _replace_with(mine, tmp, path, (memoryview(data),), sync=not handover)
     except BaseException:
         if fd >= 0:
             os.close(fd)
-        if owned and os.path.lexists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
     if not handover:
         fsync_dir(os.path.dirname(path))
     return True
+
+
+def _open_tmp(tmp: str) -> int:
+    """A snapshot's temporary file, opened for writing (truncated). No link followed, no wait on a FIFO (ENXIO): an
+    entry there that is not localmq's is an error (OSError), left alone."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EEXIST, "not a regular file", tmp)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _replace_with(fd: int, tmp: str, path: str, parts: Tuple[memoryview, ...], sync: bool) -> None:
+    """Write ``parts`` to ``tmp`` (open as ``fd``, which this closes whatever happens), fsync it when ``sync``, and
+    rename it over ``path`` unless an entry there is not a regular file (OSError: left as it is)."""
+    try:
+        for view in parts:
+            while view:
+                view = view[os.write(fd, view) :]
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise OSError(errno.EEXIST, "not a regular file, left as it is", path)
+    except FileNotFoundError:
+        pass
+    os.replace(tmp, path)
 
 
 def _encode(
@@ -480,7 +496,11 @@ def _encode(
     body = b"".join(parts)
     if magic is None:
         magic = QUEUE_SNAPSHOT_MAGIC if cut is None else QUEUE_SNAPSHOT_RUNNING_MAGIC
-    return QUEUE_SNAPSHOT_HEADER.pack(magic, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body)) + body
+    return _header(magic, body) + body
+
+
+def _header(magic: int, body: Any) -> bytes:
+    return QUEUE_SNAPSHOT_HEADER.pack(magic, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body))
 
 
 _TopicStats = Dict[str, Optional[os.stat_result]]
@@ -740,28 +760,24 @@ def keep_as_first_cut(root: str, snapshot: Optional["QueueSnapshot"], report: An
     vouched for: every queue's ends at the log's end, stamped with its files' state then, which any later change
     moves. Not synced: a power cut that loses it leaves no cut, never a wrong one. A failed open deletes it (its
     listing does not know it). Never raises: a cut that cannot be written is logged."""
-    data = snapshot.raw if snapshot is not None else b""
-    if snapshot is None or not data:
+    if snapshot is None or not snapshot.raw:
         return
-    snapshot.raw = b""
+    data, snapshot.raw = snapshot.raw, b""
     r = report
     if snapshot.running or not r.cq_vouched or r.end_offset != snapshot.log_end or r.dropped_at is not None:
         return
     if r.gaps or r.redispatched or r.deleted_segments or r.cq_units_truncated:
         return
     body = memoryview(data)[QUEUE_SNAPSHOT_HEADER.size :]
-    head = QUEUE_SNAPSHOT_HEADER.pack(QUEUE_SNAPSHOT_RUNNING_MAGIC, QUEUE_SNAPSHOT_VERSION, zlib.crc32(body), len(body))
     path = snapshot_path(root, True)
     tmp = path + ".tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            for chunk in (memoryview(head), body):
-                while chunk:
-                    chunk = chunk[os.write(fd, chunk) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        fd = _open_tmp(tmp)
+    except OSError as e:
+        log.warning("%s: the close's snapshot not kept as the first running cut (%s)", root, e)
+        return
+    try:
+        _replace_with(fd, tmp, path, (memoryview(_header(QUEUE_SNAPSHOT_RUNNING_MAGIC, body)), body), sync=False)
     except OSError as e:
         log.warning("%s: the close's snapshot not kept as the first running cut (%s)", root, e)
         try:
