@@ -232,6 +232,35 @@ def test_a_failed_open_that_took_queues_from_the_snapshot_leaves_the_store_as_it
     assert not changed, f"{len(changed)} of {failed} failed opens changed the store: {changed[:10]}"
 
 
+def test_the_undo_removes_a_new_directory_whose_last_file_is_still_being_released(pfs, tmp_path):
+    """On a FUSE file system served by libfuse's high-level API a file unlinked while open is kept under a hidden
+    name (not listed) until its last close reaches the file system, which the kernel sends asynchronously after
+    close(2). A failed open's undo that removes a directory it made (recovery/, holding the quarantine copy it had
+    just written and closed) met ENOTEMPTY there, logged it and left the empty directory behind (CI of stop 47,
+    1 run in many). The undo waits for such a directory to settle: here a file in it is held open while the undo
+    runs and closed 0.3 s later."""
+    import threading
+
+    from localmq.store.undo import OpenUndo
+
+    root = pfs.mountpoint / "s"
+    (root / "commitlog").mkdir(parents=True)
+    before = snapshot(root)
+    undo = OpenUndo(str(root))
+    aside = root / "recovery"
+    aside.mkdir()
+    fd = os.open(aside / "commitlog-gap-0.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, b"x" * 100)
+    closer = threading.Timer(0.3, os.close, (fd,))
+    closer.start()
+    try:
+        undone = undo.restore()
+    finally:
+        closer.join()
+    assert str(aside) in undone
+    assert snapshot(root) == before
+
+
 def test_the_undo_lists_a_deferred_topic_directory_before_the_open_writes_there(tmp_path):
     """OpenUndo(defer_queues=True) lists no topic directory at first. A queue the open creates in one (the table's
     ``list_queue_dir`` hook), or a write announced in a vouched queue of one, lists it first; so ``restore`` removes

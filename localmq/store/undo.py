@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from localmq._native import fsync_dir
@@ -522,6 +523,34 @@ def _zero_data(fd: int, start: int, end: int) -> None:
         pos += len(data)
 
 
+# How long _rmdir waits for a directory that lists empty but cannot be removed yet (ENOTEMPTY) to become removable.
+RMDIR_SETTLE_S = 5.0
+
+
+def _rmdir(path: str) -> None:
+    """rmdir, waiting up to RMDIR_SETTLE_S while the directory lists empty and still is not empty. On a FUSE file
+    system served by libfuse's high-level API (sshfs, tests/powerfs) a file unlinked while open is kept under a
+    hidden name until its last close reaches the file system, and the kernel sends that close (RELEASE)
+    asynchronously after close(2): a quarantine copy the open has just written and closed can hold its directory
+    for a moment. A directory that lists an entry raises at once."""
+    deadline = None
+    delay = 0.005
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY or os.listdir(path):
+                raise
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + RMDIR_SETTLE_S
+            elif now >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
 def _remove_tree(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         for dirpath, dirnames, filenames in os.walk(path, topdown=False):
@@ -532,8 +561,8 @@ def _remove_tree(path: str) -> None:
                 if os.path.islink(p):
                     os.unlink(p)
                 else:
-                    os.rmdir(p)
-        os.rmdir(path)
+                    _rmdir(p)
+        _rmdir(path)
     else:
         os.unlink(path)
 
