@@ -137,7 +137,8 @@ def test_an_open_after_a_crash_takes_the_queues_the_cut_vouches_for_and_loses_no
         assert rec.cq_vouched == len(OLD) * QUEUES
         assert rec.cq_damaged == [] and rec.cq_rebuilt == {}
         assert after_cut(caplog.text) == touched()
-        assert not (root / "config" / "queues.running").exists()  # gone while the store is open
+        # the cut is kept, as it was: the next open after a crash before this session's first cut reads it again
+        assert (root / "config" / "queues.running").is_file()
         # the vouched queues were neither read nor built by the open
         assert st.stats()["consume_queues_built"] == (len(TOUCHED) + len(NEW)) * QUEUES
         check_reopened(st)
@@ -231,6 +232,61 @@ def test_a_crash_before_the_first_cut_opens_from_the_clean_close_snapshot_kept_a
         for q in range(QUEUES):
             want[("T5", q)].append(b"after the open")
         assert every_queue(st) == want
+
+
+# An open after a crash (the cut read) whose queue flush's first pass, and with it the session's first cut, is an
+# hour away: one message to each queue of T5, then "ready" and it waits for its SIGKILL (a crash loop).
+CRASH_AGAIN = AGAIN.replace(
+    "assert st.recovery.cq_vouched == 13 * 4",
+    "assert st.recovery.mode == 'abnormal' and st.recovery.cq_vouched == 10 * 4",
+)
+
+
+def test_a_crash_before_the_first_cut_of_a_session_opened_after_a_crash_opens_from_the_crashs_cut_kept(
+    tmp_path, caplog
+):
+    caplog.set_level(logging.INFO, logger="localmq")
+    root = crash(tmp_path)
+    running = root / "config" / "queues.running"
+    cut = running.read_bytes()
+    script = tmp_path / "again.py"
+    script.write_text(CRASH_AGAIN)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    kill_when_ready([script, root], env, 0.05)
+    # the open after the first crash kept the cut it read, as it was: this session wrote none of its own
+    assert running.read_bytes() == cut
+    with localmq.open(root, **KW) as st:
+        assert st.recovery.mode == "abnormal"
+        # the cut's queues taken as its rows again; those written after it, before the first crash (T0..T4) or by
+        # the session between the crashes (T5), fail their row's check at their first record past the cut
+        assert st.recovery.cq_vouched == len(OLD) * QUEUES
+        assert after_cut(caplog.text) == sorted(touched() + [f"T5-{q}" for q in range(QUEUES)])
+        want = expected()
+        for q in range(QUEUES):
+            want[("T5", q)].append(b"after the open")
+        assert every_queue(st) == want
+        assert st.put("T5", b"next", queue_id=2).queue_offset == BEFORE + 1
+
+
+def test_an_open_after_a_crash_that_repaired_the_log_before_the_cut_keeps_no_cut(tmp_path):
+    root = crash(tmp_path)
+    kw = dict(KW, check_crc_on_recover=True)
+    snap = read_snapshot(str(root), str(root / "checkpoint"), str(root / "commitlog"), CQ_FILE, SEG, running=True)
+    # a record before the cut's end, in the segment that holds the cut (the one a cut allows to change): its body
+    # damaged, so that recovery replaces it by a gap record and resynchronises on the next one
+    base = snap.log_end // SEG * SEG
+    seg = root / "commitlog" / f"{base:020d}"
+    data = seg.read_bytes()
+    pos, starts = 0, []
+    while base + pos < snap.log_end:
+        starts.append(pos)
+        pos += int.from_bytes(data[pos : pos + 4], "big")
+    assert len(starts) >= 3
+    patch(seg, starts[-2] + 200, b"\0" * 16)
+    with localmq.open(root, **dict(kw, flush_interval_consume_queue=3_600_000)) as st:
+        assert st.recovery.gaps and st.recovery.gaps[0]["offset"] == base + starts[-2]
+        assert st.recovery.cq_vouched == 0  # every queue checked: the log changed before the cut
+        assert not (root / "config" / "queues.running").exists()  # and the cut is not kept
 
 
 def test_an_old_segment_changed_after_the_cut_turns_every_queue_back_to_the_checks(tmp_path, caplog):

@@ -322,7 +322,7 @@ class DefaultMessageStore:
         )
         report.rebuilt += rebuilt
         report.salvaged += salvaged
-        keep_as_first_cut(self.root, snapshot, report)  # (a clean close's, when recovery left the log as it was)
+        keep_as_first_cut(self.root, snapshot, report)  # (when recovery left the log as the snapshot saw it)
         if not last_exit_ok:
             # a queue directory a running cut vouched for was synced before the cut was written, unchanged since
             sync_directories(self.root, self._cq_table.vouched_dirs())

@@ -104,7 +104,7 @@ class QueueSnapshot:
     root_ino: int
     topics: Dict[str, TopicRow]  # by topic name
     running: bool = False  # a running store's cut (queues.running), read after a crash; log_end is the cut
-    raw: bytes = field(default=b"", repr=False)  # a clean close's: the file's bytes, until keep_as_first_cut
+    raw: bytes = field(default=b"", repr=False)  # the file's bytes, until keep_as_first_cut
 
 
 @dataclass
@@ -639,8 +639,7 @@ def read_snapshot(
     except (ValueError, struct.error, OSError) as e:  # a UnicodeDecodeError is a ValueError
         log.warning("queue snapshot %s not used (%s): every queue is checked", path, e)
         return None
-    if not running:
-        snap.raw = data
+    snap.raw = data
     return snap
 
 
@@ -753,33 +752,50 @@ def remove_snapshot(root: str, undo: Any) -> None:
 
 
 def keep_as_first_cut(root: str, snapshot: Optional["QueueSnapshot"], report: Any) -> None:
-    """After a clean open's recovery: the close's snapshot it took its queues from (``snapshot``, read with its
-    bytes) written as the running store's first cut (queues.running with the cut's magic), so that a crash before the
-    queue flush's first cut finds one. What it holds is what a cut taken now would hold, when recovery (``report``)
-    left the log as the close did (its end the snapshot's, nothing cut, no gap, nothing re-dispatched) and the rows
-    vouched for: every queue's ends at the log's end, stamped with its files' state then, which any later change
-    moves. Not synced: a power cut that loses it leaves no cut, never a wrong one. A failed open deletes it (its
-    listing does not know it). Never raises: a cut that cannot be written is logged."""
+    """After an open's recovery: the snapshot it took its queues from (``snapshot``, read with its bytes) written as
+    the running store's first cut (queues.running), so that a crash before the queue flush's first cut finds one.
+
+    - A clean close's snapshot, with the cut's magic, when recovery (``report``) left the log as the close did (its
+      end the snapshot's, nothing cut, no gap, nothing re-dispatched) and the rows vouched for: what it holds is
+      what a cut taken now would hold, every queue's ends at the log's end, stamped with its files' state then,
+      which any later change moves.
+    - A running store's cut read after a crash, as it was, when recovery reached the cut's end without a gap or a
+      damaged header and the rows stayed vouched for: the open's re-dispatch and repairs are writes after the cut
+      like those of the session that wrote it (a queue they changed has a later ctime, or fails its row's check at
+      its first record past the cut), so the next open after a crash reads it as this one did. Without it, a crash
+      before this session's first cut (a crash loop) made the next open check every queue.
+
+    Not synced: a power cut that loses it leaves no cut, never a wrong one. A failed open deletes it (its listing
+    does not know it). Never raises: a cut that cannot be written is logged."""
     if snapshot is None or not snapshot.raw:
         return
     data, snapshot.raw = snapshot.raw, b""
     r = report
-    if snapshot.running or not r.cq_vouched or r.end_offset != snapshot.log_end or r.dropped_at is not None:
+    if not r.cq_vouched or r.gaps or r.damaged_headers:
         return
-    if r.gaps or r.redispatched or r.deleted_segments or r.cq_units_truncated:
-        return
-    body = memoryview(data)[QUEUE_SNAPSHOT_HEADER.size :]
+    if snapshot.running:
+        if r.end_offset < snapshot.log_end:
+            return
+        parts: Tuple[memoryview, ...] = (memoryview(data),)
+    else:
+        if r.end_offset != snapshot.log_end or r.dropped_at is not None:
+            return
+        if r.redispatched or r.deleted_segments or r.cq_units_truncated:
+            return
+        body = memoryview(data)[QUEUE_SNAPSHOT_HEADER.size :]
+        parts = (memoryview(_header(QUEUE_SNAPSHOT_RUNNING_MAGIC, body)), body)
     path = snapshot_path(root, True)
     tmp = path + ".tmp"
+    what = "crash's running cut" if snapshot.running else "close's snapshot"
     try:
         fd = _open_tmp(tmp)
     except OSError as e:
-        log.warning("%s: the close's snapshot not kept as the first running cut (%s)", root, e)
+        log.warning("%s: the %s not kept as the first running cut (%s)", root, what, e)
         return
     try:
-        _replace_with(fd, tmp, path, (memoryview(_header(QUEUE_SNAPSHOT_RUNNING_MAGIC, body)), body), sync=False)
+        _replace_with(fd, tmp, path, parts, sync=False)
     except OSError as e:
-        log.warning("%s: the close's snapshot not kept as the first running cut (%s)", root, e)
+        log.warning("%s: the %s not kept as the first running cut (%s)", root, what, e)
         try:
             os.unlink(tmp)
         except OSError:
