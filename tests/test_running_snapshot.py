@@ -19,11 +19,12 @@ import pytest
 
 import localmq
 from helpers import kill_when_ready, patch, queue_messages, run_on_tmpfs, wait_until
-from localmq.layout import CQ_UNIT_SIZE
+from localmq.layout import CQ_UNIT_SIZE, MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2
 from localmq.queues.message_store import DefaultMessageStore
 from localmq.store.queue_snapshot import FRESH_NS, NOT_VOUCHED, read_snapshot
 
 SEG = 64 * 1024
+MAGIC_V1, MAGIC_V2 = (m.to_bytes(4, "big", signed=True) for m in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2))
 CQ_FILE = 20 * CQ_UNIT_SIZE
 KW = dict(mapped_file_size_commit_log=SEG, mapped_file_size_consume_queue=CQ_FILE)
 OLD = [f"T{t}" for t in range(10)]  # written before the cut
@@ -287,6 +288,77 @@ def test_an_open_after_a_crash_that_repaired_the_log_before_the_cut_keeps_no_cut
         assert st.recovery.gaps and st.recovery.gaps[0]["offset"] == base + starts[-2]
         assert st.recovery.cq_vouched == 0  # every queue checked: the log changed before the cut
         assert not (root / "config" / "queues.running").exists()  # and the cut is not kept
+
+
+def records_after(root, start):
+    """[(offset, size, (topic, queue id, i) or None)] of the records from ``start`` on (the writer's bodies say
+    whose; None: another body)."""
+    out = []
+    for name in sorted(os.listdir(root / "commitlog")):
+        base = int(name)
+        data = (root / "commitlog" / name).read_bytes()
+        pos = max(0, start - base)
+        if pos >= len(data):
+            continue
+        while pos + 8 <= len(data):
+            size = int.from_bytes(data[pos : pos + 4], "big")
+            if size <= 0 or data[pos + 4 : pos + 8] not in (MAGIC_V1, MAGIC_V2):  # the end of the data or a blank
+                break
+            found = re.search(rb"([TN]\d)/(\d)/(\d+):", data[pos : pos + size])
+            out.append((base + pos, size, (found[1].decode(), int(found[2]), int(found[3])) if found else None))
+            pos += size
+    return out
+
+
+@pytest.mark.parametrize(
+    "kept,which",
+    [(False, "middle"), (True, "middle"), (True, "session")],
+    ids=["cut", "cut-kept-by-a-crash-open", "in-the-crash-opens-session"],
+)
+def test_damage_past_the_cut_with_records_after_it_costs_only_its_record(tmp_path, caplog, kept, which):
+    # the rows end at the cut, and the queues written after it are rows too: damage past the cut looked like a torn
+    # tail to the walk, which cut the log there and dropped the valid records after it (their queue offsets given
+    # again), or it built such a row to check the records after it against, whose repair re-dispatched into the
+    # damage (the open failed); a full check writes a gap record instead. ``kept``: a crash loop's second open, which
+    # reads the same cut kept by the first, whose session wrote after it as well ("session": the damage among the
+    # records of that session, past every queue the open loads from its files)
+    root = crash(tmp_path)
+    if kept:
+        script = tmp_path / "again.py"
+        script.write_text(CRASH_AGAIN)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        kill_when_ready([script, root], env, 0.05)
+    snap = read_snapshot(str(root), str(root / "checkpoint"), str(root / "commitlog"), CQ_FILE, SEG, running=True)
+    after = records_after(root, snap.log_end)
+    assert len(after) > 10
+    at, _, key = after[len(after) // 2 if which == "middle" else -3]  # valid records after it
+    # (the crash open's session put one message to each queue of T5, in queue order, its body "after the open")
+    topic, qid, i = key if which == "middle" else ("T5", 1, BEFORE)
+    assert (key is None) == (which == "session")
+    seg = root / "commitlog" / f"{at // SEG * SEG:020d}"
+    patch(seg, at % SEG + 4, b"\xde\xad\xbe\xef")  # its magic code garbled
+    caplog.set_level(logging.WARNING, logger="localmq")
+    with localmq.open(root, **KW) as st:
+        rec = st.recovery
+        assert [g["offset"] for g in rec.gaps] == [at] and rec.dropped_at is None
+        assert "past the running store's cut, with records after it" in caplog.text
+        assert rec.cq_vouched == 0
+        want = expected()
+        if kept:
+            for q in range(QUEUES):
+                want[("T5", q)].append(b"after the open")
+        for t, q in want:
+            got = []
+            for off in range(st.min_offset(t, q), st.max_offset(t, q)):
+                try:
+                    got += [bytes(m.body) for m in st.get_message(t, q, off, 1).messages]
+                except localmq.CorruptMessageError as e:  # the damaged record's unit
+                    assert e.queue_offset == off
+                    got.append(None)
+            lost = [k for k, b in enumerate(want[(t, q)]) if b != (got[k] if k < len(got) else b"")]
+            assert lost == ([i - st.min_offset(t, q)] if (t, q) == (topic, qid) else []), (t, q, lost)
+            assert len(got) == len(want[(t, q)])
+            assert st.put(t, b"next", queue_id=q).queue_offset == st.min_offset(t, q) + len(got)
 
 
 def test_an_old_segment_changed_after_the_cut_turns_every_queue_back_to_the_checks(tmp_path, caplog):

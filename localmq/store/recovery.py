@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from localmq._native import fdatasync, fsync_dir
 from localmq._record import (
@@ -163,6 +164,10 @@ def _resync(
     return None
 
 
+def _any_record(mf: MappedFile, q: int) -> bool:
+    return True
+
+
 def _mark_gap(files: List[MappedFile], i: int, pos: int, j: int, q: int) -> Optional[Tuple[int, ...]]:
     """Replace the damaged bytes from ``files[i]`` + ``pos`` to ``files[j]`` + ``q`` by records every walker steps
     over: gap records (RocketMQ reads one as a blank and goes on in the next segment), a blank record where fewer
@@ -196,6 +201,41 @@ def _mark_gap(files: List[MappedFile], i: int, pos: int, j: int, q: int) -> Opti
     return record
 
 
+def _gap_over(
+    root: str,
+    mfq: MappedFileQueue,
+    report: RecoveryReport,
+    undo: Optional["OpenUndo"],
+    status: Any,
+    damaged: Tuple[int, int],
+    found: Tuple[int, int],
+) -> bool:
+    """Replace the damage from (segment index, position) ``damaged`` up to the valid record at ``found`` by a gap
+    record, its bytes copied to ``recovery/`` first (``report.gaps``); False when it is too short to hold one."""
+    files = mfq.files
+    (i, pos), (j, q) = damaged, found
+    at, resume = files[i].file_from_offset + pos, files[j].file_from_offset + q
+    path = _quarantine_gap(root, mfq, at, resume)
+    if undo is not None:
+        undo.repaired_log(mfq.directory, mfq.file_size, at, resume, path)
+    record = _mark_gap(files, i, pos, j, q)
+    if record is None:
+        return False
+    report.gaps.append(
+        {"offset": at, "bytes": resume - at, "reason": str(status), "quarantine_path": path, "record": record}
+    )
+    log.error(
+        "commit log: %s at offset %d; %d bytes up to the next valid record at %d replaced by a gap record (copy "
+        "kept in %s); the records after it are kept",
+        "zero bytes" if status == RecordStatus.END else f"{status} record",
+        at,
+        resume - at,
+        resume,
+        path,
+    )
+    return True
+
+
 def _walk(
     root: str,
     mfq: MappedFileQueue,
@@ -206,12 +246,18 @@ def _walk(
     known_end: int,
     agrees: Callable[[MappedFile, int], bool],
     undo: Optional["OpenUndo"] = None,
+    widen: Optional[Callable[[], int]] = None,
 ) -> int:
     """Walk records from segment ``first_index`` on; returns the end of the last valid record.
 
     Damage with valid records after it (below ``known_end``: how far the ConsumeQueues say the log reached) is
     resynchronised: its bytes are copied to ``recovery/``, replaced by a gap
-    record, and the walk goes on. Damage with nothing valid after it is the end of the log (a torn tail)."""
+    record, and the walk goes on. Damage with nothing valid after it is the end of the log (a torn tail).
+
+    ``widen``: with rows a running store's cut vouched for, ``known_end`` may be short of where the queues reach
+    (rows end at the cut, and the queues written after it are still rows), and a row is no queue to check a
+    resynchronisation against: at the first damage with a record written where it lies somewhere after it,
+    ``widen()`` reads every queue and returns where they reach, and the walk goes on with that."""
     files = mfq.files
     size = mfq.file_size
     process = files[first_index].file_from_offset
@@ -251,36 +297,17 @@ def _walk(
         # Only below ``known_end`` is an invalid record damage: the dispatcher read valid records up to there. Past
         # it, the records were never dispatched and an invalid one is what a crash leaves (a torn write, or with
         # the transient pool a segment committed after an earlier one was not): the log ends there, as in RocketMQ.
+        if widen is not None:
+            # (also below known_end: the agreement check would build a row whose queue was written after the cut, and
+            # its repair re-dispatch from the cut into this damage)
+            if _resync(files, i, pos, files[-1].file_from_offset + size, _any_record) is not None:
+                known_end = max(known_end, widen())
+            widen = None
         limit = known_end
         found = _resync(files, i, pos, limit, agrees) if limit > at else None
-        if found is not None:
-            j, q = found
-            resume = files[j].file_from_offset + q
-            path = _quarantine_gap(root, mfq, at, resume)
-            if undo is not None:
-                undo.repaired_log(mfq.directory, mfq.file_size, at, resume, path)
-            record = _mark_gap(files, i, pos, j, q)
-            if record is not None:
-                report.gaps.append(
-                    {
-                        "offset": at,
-                        "bytes": resume - at,
-                        "reason": str(status),
-                        "quarantine_path": path,
-                        "record": record,
-                    }
-                )
-                log.error(
-                    "commit log: %s at offset %d; %d bytes up to the next valid record at %d replaced by a "
-                    "gap record (copy kept in %s); the records after it are kept",
-                    "zero bytes" if status == RecordStatus.END else f"{status} record",
-                    at,
-                    resume - at,
-                    resume,
-                    path,
-                )
-                i, pos = j, q
-                continue
+        if found is not None and _gap_over(root, mfq, report, undo, status, (i, pos), found):
+            i, pos = found
+            continue
         process = at
         if progress is not None:
             progress(total_files - first_index, total_files - first_index)
@@ -309,6 +336,7 @@ def recover_commit_log(
     agrees: Optional[Callable[[MappedFile, int], bool]] = None,
     keep_segment_names: bool = False,
     undo: Optional["OpenUndo"] = None,
+    widen: Optional[Callable[[], int]] = None,
 ) -> RecoveryReport:
     """Find the end of valid data in the commit log, quarantine and cut what follows it; damage in the middle
     (valid records after it, below ``known_end``: what the dispatcher had read) becomes a gap record instead
@@ -349,8 +377,9 @@ def recover_commit_log(
         report,
         progress,
         known_end,
-        agrees if agrees is not None else (lambda mf, q: True),
+        agrees if agrees is not None else _any_record,
         undo,
+        widen,
     )
     report.end_offset = end
     if report.dropped_at is not None:
@@ -518,10 +547,13 @@ def recover_store(
     # a queue not built yet is vouched for (ConsumeQueueTable.rows): only the built ones can need a check here
     damaged = [key for key, cq in list(queues.built.items()) if key not in vouched and cq.recover()]
     _check_segments_at_end(commit_log, queues, salvage)
-    known_end = max((phys for k, _, phys in queues.ends(False) if k not in damaged), default=0)
-    known_end = max(known_end, queues.rows_phys()[1])  # a row is not damaged: vouched for, checked on first use
+    # a row is not damaged: vouched for, checked on first use
+    known_end = max(_known_end(queues, damaged), queues.rows_phys()[1])
 
     agrees = _agreement(queues, damaged)
+
+    check_vouched = functools.partial(_check_vouched, root, queues, damaged)
+    widen = functools.partial(_widen, root, queues, damaged) if vouched and vouched_running else None
     report = recover_commit_log(
         root,
         commit_log,
@@ -533,15 +565,9 @@ def recover_store(
         agrees=agrees,
         keep_segment_names=True,
         undo=undo,
+        widen=widen,
     )
     end = report.end_offset
-
-    def check_vouched() -> None:
-        # the log is not as the snapshot's close left it: no queue is vouched for, each is checked as usual
-        log.warning("recovery of %s: the commit log changed since its clean close; checking every queue", root)
-        late = queues.load_rows()  # from their files, as an open without a snapshot loads them
-        vouched.clear()
-        damaged.extend(key for key in late if queues.built[key].recover())
 
     if vouched and _changed_since(report, vouched_end, vouched_running, abnormal):
         check_vouched()
@@ -580,6 +606,34 @@ def recover_store(
     if vouched:  # (after a crash only a running store's cut is left vouched for: its records after the cut)
         report.reput_from = max(cl_min, min(report.reput_from, vouched_end))
     return report
+
+
+def _known_end(queues: "ConsumeQueueTable", damaged: List[Tuple[str, int]]) -> int:
+    """How far the built queues (but the damaged ones) say the log reached."""
+    return max((phys for k, _, phys in queues.ends(False) if k not in damaged), default=0)
+
+
+def _check_vouched(
+    root: str,
+    queues: "ConsumeQueueTable",
+    damaged: List[Tuple[str, int]],
+    why: str = "the commit log changed since its clean close",
+) -> None:
+    """The log is not as the snapshot saw it (``why``): no queue is vouched for, each is loaded from its files, as an
+    open without a snapshot loads them, and checked as usual."""
+    log.warning("recovery of %s: %s; checking every queue", root, why)
+    late = queues.load_rows()
+    queues.vouched.clear()
+    damaged.extend(key for key in late if queues.built[key].recover())
+
+
+def _widen(root: str, queues: "ConsumeQueueTable", damaged: List[Tuple[str, int]]) -> int:
+    """Damage past a running store's cut with records after it (``_walk``'s ``widen``): every queue is read (the
+    queues written after the cut are rows, which end at it), and where they reach is returned."""
+    _check_vouched(
+        root, queues, damaged, "damage in the commit log past the running store's cut, with records after it"
+    )
+    return _known_end(queues, damaged)
 
 
 def _changed_since(report: RecoveryReport, vouched_end: int, running: bool, abnormal: bool) -> bool:
