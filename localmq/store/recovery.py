@@ -209,12 +209,15 @@ def _gap_over(
     status: Any,
     damaged: Tuple[int, int],
     found: Tuple[int, int],
+    old_segment: str = "",
 ) -> bool:
     """Replace the damage from (segment index, position) ``damaged`` up to the valid record at ``found`` by a gap
-    record, its bytes copied to ``recovery/`` first (``report.gaps``); False when it is too short to hold one."""
+    record, its bytes copied to ``recovery/`` first (``report.gaps``); False when it is too short to hold one.
+    ``old_segment``: the name of a segment older than the recovery walk (``_repair_segment``), for the log."""
     files = mfq.files
     (i, pos), (j, q) = damaged, found
-    at, resume = files[i].file_from_offset + pos, files[j].file_from_offset + q
+    at = files[i].file_from_offset + pos
+    resume = files[j].file_from_offset + q if j < len(files) else files[i].file_from_offset + mfq.file_size
     path = _quarantine_gap(root, mfq, at, resume)
     if undo is not None:
         undo.repaired_log(mfq.directory, mfq.file_size, at, resume, path)
@@ -224,10 +227,21 @@ def _gap_over(
     report.gaps.append(
         {"offset": at, "bytes": resume - at, "reason": str(status), "quarantine_path": path, "record": record}
     )
+    what = "zero bytes" if status == RecordStatus.END else f"{status} record"
+    if old_segment:
+        log.error(
+            "commit log: %s at offset %d (segment %s, older than the recovery walk, found through the "
+            "ConsumeQueues); replaced by a gap record, copy kept in %s; the records after it are kept",
+            what,
+            at,
+            old_segment,
+            path,
+        )
+        return True
     log.error(
         "commit log: %s at offset %d; %d bytes up to the next valid record at %d replaced by a gap record (copy "
         "kept in %s); the records after it are kept",
-        "zero bytes" if status == RecordStatus.END else f"{status} record",
+        what,
         at,
         resume - at,
         resume,
@@ -436,25 +450,9 @@ def _repair_segment(
         at = base + pos
         found = _resync(files, i, pos, min(known_end, base + size), agrees)
         j, q = found if found is not None else (i + 1, 0)
-        resume = files[j].file_from_offset + q if j < len(files) else base + size
-        path = _quarantine_gap(root, mfq, at, resume)
-        if undo is not None:
-            undo.repaired_log(mfq.directory, mfq.file_size, at, resume, path)
-        record = _mark_gap(files, i, pos, j, q)
-        if record is None:
+        if not _gap_over(root, mfq, report, undo, status, (i, pos), (j, q), os.path.basename(mf.path)):
             log.error("commit log: %s at offset %d in an old segment: too short to mark; left as it is", status, at)
             return
-        report.gaps.append(
-            {"offset": at, "bytes": resume - at, "reason": str(status), "quarantine_path": path, "record": record}
-        )
-        log.error(
-            "commit log: %s at offset %d (segment %s, older than the recovery walk, found through the "
-            "ConsumeQueues); replaced by a gap record, copy kept in %s; the records after it are kept",
-            "zero bytes" if status == RecordStatus.END else f"{status} record",
-            at,
-            os.path.basename(mf.path),
-            path,
-        )
         if j != i:
             return
         pos = q
