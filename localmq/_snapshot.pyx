@@ -3,6 +3,7 @@
 every row (about 70 bytes a queue) before it uses any, and a Python call per field cost most of a second there."""
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from libc.errno cimport EINTR, ENOENT, errno
@@ -365,27 +366,51 @@ cdef int _row_check(const char *qdir, const uint8_t *files, Py_ssize_t n_files, 
 
 
 def check_rows(list qdirs, list rows, int64_t file_size, unsigned long long dev, int64_t log_min):
-    """What ``row_check`` finds for each (queue directory (bytes), QueueRow), as a list of ints, with the GIL released
-    while the files are looked at (a list checked on several threads runs in parallel). A negative int is -errno of a
-    failed look (the caller raises it: ``row_check``)."""
+    """What ``row_check`` finds for each (queue directory (bytes), QueueRow), as a list of ints. The GIL is released
+    once for the whole list while the files are looked at (not once a row: a thread that takes the GIL back for every
+    row waits for it behind any other running Python thread), so a list checked on several threads, or beside other
+    Python work, runs in parallel. A negative int is -errno of a failed look (the caller raises it: ``row_check``)."""
     cdef Py_ssize_t i, n = len(qdirs)
     cdef QueueRow row
     cdef bytes q
     cdef list out = [0] * n
-    cdef int rc
-    cdef const char *qp
-    cdef const uint8_t *fp
-    cdef Py_ssize_t nf
+    cdef int *rcs
+    cdef const char **qps
+    cdef const uint8_t **fps
+    cdef Py_ssize_t *nfs
+    cdef int64_t *ints
     if len(rows) != n:
         raise ValueError("qdirs and rows differ in length")
-    for i in range(n):
-        q = qdirs[i]  # (typed: anything else raises TypeError)
-        row = rows[i]
-        qp = PyBytes_AS_STRING(q)
-        fp = <const uint8_t *>PyBytes_AS_STRING(row._files)
-        nf = PyBytes_GET_SIZE(row._files) // QUEUE_SNAPSHOT_FILE_ROW_SIZE
+    if n == 0:
+        return out
+    rcs = <int *>PyMem_Malloc(n * sizeof(int))
+    qps = <const char **>PyMem_Malloc(n * sizeof(const char *))
+    fps = <const uint8_t **>PyMem_Malloc(n * sizeof(const uint8_t *))
+    nfs = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+    ints = <int64_t *>PyMem_Malloc(5 * n * sizeof(int64_t))
+    try:
+        if rcs == NULL or qps == NULL or fps == NULL or nfs == NULL or ints == NULL:
+            raise MemoryError()
+        # the pointers stay valid while the GIL is released: ``qdirs`` and ``rows`` hold their bytes objects, and
+        # a QueueRow's fields are read here, not while the files are looked at
+        for i in range(n):
+            q = qdirs[i]  # (typed: anything else raises TypeError)
+            row = rows[i]
+            qps[i] = PyBytes_AS_STRING(q)
+            fps[i] = <const uint8_t *>PyBytes_AS_STRING(row._files)
+            nfs[i] = PyBytes_GET_SIZE(row._files) // QUEUE_SNAPSHOT_FILE_ROW_SIZE
+            ints[5 * i], ints[5 * i + 1] = row.dir_ctime, row.dir_ino
+            ints[5 * i + 2], ints[5 * i + 3], ints[5 * i + 4] = row.max_offset, row.min_offset, row.max_physic_offset
         with nogil:
-            rc = _row_check(qp, fp, nf, row.dir_ctime, row.dir_ino, row.max_offset, row.min_offset,
-                            row.max_physic_offset, file_size, dev, log_min)
-        out[i] = rc
+            for i in range(n):
+                rcs[i] = _row_check(qps[i], fps[i], nfs[i], ints[5 * i], ints[5 * i + 1], ints[5 * i + 2],
+                                    ints[5 * i + 3], ints[5 * i + 4], file_size, dev, log_min)
+        for i in range(n):
+            out[i] = rcs[i]
+    finally:
+        PyMem_Free(rcs)
+        PyMem_Free(qps)
+        PyMem_Free(fps)
+        PyMem_Free(nfs)
+        PyMem_Free(ints)
     return out
