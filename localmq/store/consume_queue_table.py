@@ -697,6 +697,9 @@ class ClosingView:
             else:
                 qids = [int(q) for q in _names_refusing_links(tdir) if is_decimal(q)]
             whole = same and not entry.others  # type: ignore[union-attr]
+            if whole and _kept_whole(topic, qids, entry, built, rows, unit_count):  # type: ignore[arg-type]
+                self._whole[topic] = entry  # type: ignore[assignment]
+                continue  # (written back as the handover's span: no state of its queues is needed)
             for qid in qids:
                 key = (topic, qid)
                 qdir = f"{tdir}/{qid}"
@@ -736,6 +739,27 @@ class ClosingView:
         """A shared store's housekeeper's running cut (``SnapshotWriter.take_cut``): as ConsumeQueueTable.cut."""
         whole = self.whole_topics()
         return whole, self.states(leave_out=whole)
+
+
+def _kept_whole(
+    topic: str,
+    qids: List[int],
+    entry: TopicRow,
+    built: Dict[Key, ConsumeQueue],
+    rows: Dict[Key, QueueRow],
+    unit_count: Callable[[str, int], int],
+) -> bool:
+    """Whether every queue of a topic whose directory the handover's listing still holds is kept as its row: none
+    built by this process, each row's unit count in the control file still the row's (what ClosingView's loop finds
+    for each queue, without making the states of a topic written back whole)."""
+    for qid in qids:
+        key = (topic, qid)
+        if qid > MAX_QUEUE_ID or key in built:
+            return False
+        row = rows.get(key) or entry.row(qid)
+        if row is None or unit_count(topic, qid) != row.max_offset:
+            return False
+    return True
 
 
 def _built_state(key: Key, cq: ConsumeQueue) -> QueueState:
