@@ -53,10 +53,11 @@ cdef class ControlFile:
     cdef int _check(self) except -1
     cdef int _open(self, double timeout) except -1
     cdef int _initialise(self) except -1
+    cdef long long _row_reserved(self, str topic, int64_t reserved) except -1
 
 
 cdef char *topic_row_c(char *base, bytes name) noexcept
-cdef char *topic_row_add(ControlFile ctl, bytes name) except NULL
+cdef char *topic_row_add(ControlFile ctl, bytes name, int64_t reserved=*) except NULL
 
 
 cdef class WriteLock:

@@ -319,11 +319,24 @@ cdef class ControlFile:
         cdef str topic, last = None
         cdef long long off = -1, qid, nxt, count
         cdef tuple key
+        cdef int64_t used, adds = 0
         self._check()
+        # the blocks of the rows it adds reserved in one call, not one a topic (a full disk raises here, before any
+        # row is named; topic_row_add then reserves nothing)
+        for key in rows:
+            topic = key[0]
+            if topic is not last and topic != last:
+                last = topic
+                adds += topic_row_c(self.addr, topic.encode("ascii")) == NULL
+        used = lmq_load_acq(<int64_t *>(self.addr + CTL_S_TOPIC_ROWS))
+        adds = min(adds, CTL_TOPIC_COUNT - used) if 0 <= used < CTL_TOPIC_COUNT else 0
+        if adds > 0:
+            c_fallocate(self.fd, CTL_ROWS_OFF + used * CTL_TOPIC_ROW, adds * CTL_TOPIC_ROW, self.path)
+        last = None
         for key, row in rows.items():
             topic, qid = key
             if topic is not last and topic != last:
-                off, last = self.topic_row(topic, True), topic
+                off, last = self._row_reserved(topic, used + adds), topic
             if not 0 <= qid < CTL_TOPIC_QUEUES:
                 raise ValueError(f"queue {topic}-{qid}: a shared store's queue ids are 0..{CTL_TOPIC_QUEUES - 1}")
             count = row.max_offset
@@ -332,6 +345,17 @@ cdef class ControlFile:
                 nxt = max(count, <long long>next_offsets.get(key, 0))
             lmq_store_rel(<int64_t *>(self.addr + off + CTL_T_NEXT + 8 * qid), nxt)
             lmq_store_rel(<int64_t *>(self.addr + off + CTL_T_DISPATCHED + 8 * qid), count)
+
+    cdef long long _row_reserved(self, str topic, int64_t reserved) except -1:
+        """``topic_row(topic, True)`` when the blocks of the rows below index ``reserved`` are reserved already."""
+        cdef bytes name = topic.encode("ascii")
+        if len(name) > CTL_T_NAME_MAX:
+            raise InvalidTopicError(f"topic {topic!r} is {len(name)} bytes: a store shared between processes holds "
+                                    f"topic names of at most {CTL_T_NAME_MAX} bytes")
+        cdef char *row = topic_row_c(self.addr, name)
+        if row == NULL:
+            row = topic_row_add(self, name, reserved)
+        return row - self.addr
 
     def range_lock(self, long long byte, int kind):
         """Try once to take (kind 2 write, 1 read) or drop (0) this process's fcntl lock on ``byte`` of the file.
@@ -452,12 +476,13 @@ cdef char *topic_row_c(char *base, bytes name) noexcept:
     return NULL
 
 
-cdef char *topic_row_add(ControlFile ctl, bytes name) except NULL:
+cdef char *topic_row_add(ControlFile ctl, bytes name, int64_t reserved=0) except NULL:
     """The row of ``name``, added when it has none: the caller holds the writer lock, so rows are added one at a
     time across processes. The row's blocks are reserved first (a full disk raises StoreIOError here, never a SIGBUS
     later), written, and only then named by its index slot; a writer that dies before that leaves an unnamed row
     that is never used. Raises TopicTableFullError when CTL_TOPIC_COUNT rows are in use, InvalidTopicError for a
-    name longer than CTL_T_NAME_MAX."""
+    name longer than CTL_T_NAME_MAX. ``reserved``: the blocks of the rows below this index are reserved already
+    (ControlFile.publish_queues reserved them in one call)."""
     cdef char *base = ctl.addr
     cdef const char *p = name
     cdef Py_ssize_t n = len(name)
@@ -483,7 +508,8 @@ cdef char *topic_row_add(ControlFile ctl, bytes name) except NULL:
         i = (i + 1) % CTL_TOPIC_SLOTS
     else:
         raise TopicTableFullError(f"{ctl.path}: the shared topic index is full")
-    c_fallocate(ctl.fd, CTL_ROWS_OFF + used * CTL_TOPIC_ROW, CTL_TOPIC_ROW, ctl.path)
+    if used >= reserved:
+        c_fallocate(ctl.fd, CTL_ROWS_OFF + used * CTL_TOPIC_ROW, CTL_TOPIC_ROW, ctl.path)
     row = base + CTL_ROWS_OFF + used * CTL_TOPIC_ROW
     memset(row, 0, CTL_TOPIC_ROW)  # an unnamed row a dead writer left
     (<uint32_t *>(row + CTL_T_NAME_LEN))[0] = <uint32_t>n

@@ -152,3 +152,58 @@ def test_a_full_disk_refuses_a_new_topic_with_a_typed_error_and_takes_it_once_th
             st.close()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+class _Row:
+    def __init__(self, max_offset):
+        self.max_offset = max_offset
+
+
+def test_publish_reserves_the_rows_it_adds_at_once_and_a_full_disk_names_none(tmp_path):
+    """A first opener's publication (ControlFile.publish_queues) writes each queue's unit count and next offset (the
+    larger of its row's count and the put path's offset) into rows it adds, reserving their blocks in one call first:
+    on a disk with room for some of them (a real tmpfs) it raises StoreIOError with ENOSPC and names no row (a row
+    at a time would have named the first ones); once there is room it
+    publishes them all, and the file holds blocks for about one row (1,280 bytes) a topic."""
+    from localmq import _shm
+
+    n = 2000
+    rows = {("t%d" % i, q): _Row(i + q) for i in range(n) for q in range(4)}
+    nxt = {("t%d" % i, 1): i + 100 for i in range(0, n, 2)}  # a put path's offset past the row's count
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "localmq-test", str(mnt)], capture_output=True, text=True
+    )
+    assert p.returncode == 0, f"cannot mount a tmpfs (the tests run as root): {p.stderr.strip()}"
+    try:
+        cf = _shm.ControlFile(str(mnt / "mpctl"))
+        try:
+            before = os.stat(mnt / "mpctl").st_blocks * 512
+            with open(mnt / "ballast", "wb", buffering=0) as f:
+                with pytest.raises(OSError):
+                    while True:
+                        f.write(bytes(4096))
+            os.truncate(mnt / "ballast", os.path.getsize(mnt / "ballast") - (64 << 10))  # room for about 50 rows
+            free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+            assert 32 * layout.CTL_TOPIC_ROW < free < n * layout.CTL_TOPIC_ROW
+            with pytest.raises(localmq.StoreIOError) as e:
+                cf.publish_queues(rows, nxt)
+            assert e.value.errno == 28 and "mpctl" in str(e.value)
+            assert cf.load(layout.CTL_S_TOPIC_ROWS) == 0 and cf.topic_row("t0") == -1
+            os.unlink(mnt / "ballast")
+            cf.publish_queues(rows, nxt)
+            assert cf.load(layout.CTL_S_TOPIC_ROWS) == n
+            for i in range(n):
+                off = cf.topic_row("t%d" % i)
+                assert off >= layout.CTL_ROWS_OFF
+                for q in range(4):
+                    want_next = i + 100 if (q == 1 and i % 2 == 0) else i + q
+                    assert cf.load(off + layout.CTL_T_DISPATCHED + 8 * q) == i + q
+                    assert cf.load(off + layout.CTL_T_NEXT + 8 * q) == want_next
+            grown = os.stat(mnt / "mpctl").st_blocks * 512 - before
+            assert n * layout.CTL_TOPIC_ROW <= grown <= n * layout.CTL_TOPIC_ROW + (1 << 20)
+        finally:
+            cf.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
