@@ -383,6 +383,8 @@ def check_rows(list qdirs, list rows, int64_t file_size, unsigned long long dev,
         raise ValueError("qdirs and rows differ in length")
     if n == 0:
         return out
+    # held here while the GIL is released: a list the caller shares could drop an item (and its bytes) meanwhile
+    cdef tuple held_q = tuple(qdirs), held_r = tuple(rows)
     rcs = <int *>PyMem_Malloc(n * sizeof(int))
     qps = <const char **>PyMem_Malloc(n * sizeof(const char *))
     fps = <const uint8_t **>PyMem_Malloc(n * sizeof(const uint8_t *))
@@ -391,11 +393,11 @@ def check_rows(list qdirs, list rows, int64_t file_size, unsigned long long dev,
     try:
         if rcs == NULL or qps == NULL or fps == NULL or nfs == NULL or ints == NULL:
             raise MemoryError()
-        # the pointers stay valid while the GIL is released: ``qdirs`` and ``rows`` hold their bytes objects, and
-        # a QueueRow's fields are read here, not while the files are looked at
+        # the pointers stay valid while the GIL is released: the tuples hold the bytes objects, and a QueueRow's
+        # fields are read here, not while the files are looked at
         for i in range(n):
-            q = qdirs[i]  # (typed: anything else raises TypeError)
-            row = rows[i]
+            q = held_q[i]  # (typed: anything else raises TypeError)
+            row = held_r[i]
             qps[i] = PyBytes_AS_STRING(q)
             fps[i] = <const uint8_t *>PyBytes_AS_STRING(row._files)
             nfs[i] = PyBytes_GET_SIZE(row._files) // QUEUE_SNAPSHOT_FILE_ROW_SIZE

@@ -133,10 +133,8 @@ def _first_unit_lost(
     cols = RecordColumns(65536)
     size = commit_log.file_size
     rows = queues.rows
-
-    def end_of(key: Tuple[str, int]) -> int:
-        # a row is checked on its first use (ConsumeQueueTable._build), which indexes again what its queue lacks
-        return (1 << 62) if key in rows else queues.max_offset(key)
+    # a row's end: a row is checked on its first use (ConsumeQueueTable._build), which indexes again what it lacks
+    never = 1 << 62
 
     for mf in commit_log.files:
         base = mf.file_from_offset
@@ -154,8 +152,12 @@ def _first_unit_lost(
                 keys, where = np.unique(
                     codes.astype(np.int64) << 32 | (qid.astype(np.int64) & 0xFFFFFFFF), return_inverse=True
                 )
+                tcodes, qids = (keys >> 32).tolist(), (keys & 0xFFFFFFFF).astype(np.uint32).view(np.int32).tolist()
                 ends = np.array(
-                    [end_of((names[k >> 32], (k & 0xFFFFFFFF) - ((k & 0x80000000) << 1))) for k in keys.tolist()],
+                    [
+                        never if (names[t], q) in rows else queues.max_offset((names[t], q))
+                        for t, q in zip(tcodes, qids)
+                    ],
                     np.int64,
                 )[where]
                 lost = np.flatnonzero(indexed & (qoff >= ends))
