@@ -8,6 +8,7 @@ its body; the topics survive a close and an exclusive reopen; the control file h
 and about one row (1,280 bytes) per topic, not for its whole capacity (layout.CTL_TOPIC_COUNT rows).
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -35,6 +36,21 @@ CHILD = textwrap.dedent("""
     st.close()
     print("done", n, flush=True)
 """)
+
+
+@contextlib.contextmanager
+def _tmpfs_8m(tmp_path):
+    """A real 8 MiB tmpfs at ``tmp_path/tmpfs`` (the tests run as root), unmounted after."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "localmq-test", str(mnt)], capture_output=True, text=True
+    )
+    assert p.returncode == 0, f"cannot mount a tmpfs (the tests run as root): {p.stderr.strip()}"
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _body(k, i):
@@ -111,13 +127,7 @@ def test_a_full_disk_refuses_a_new_topic_with_a_typed_error_and_takes_it_once_th
     tmpfs) a put to a new topic raises StoreIOError naming the control file and ENOSPC (or, when the row fits in
     blocks already reserved, is refused with CREATE_MAPPED_FILE_FAILED while the dispatcher cannot reserve the new
     queue's file), never SIGBUS; once the disk has room again, puts are taken again, to old and new topics."""
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    p = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "localmq-test", str(mnt)], capture_output=True, text=True
-    )
-    assert p.returncode == 0, f"cannot mount a tmpfs (the tests run as root): {p.stderr.strip()}"
-    try:
+    with _tmpfs_8m(tmp_path) as mnt:
         st = localmq.open(mnt / "s", shared=True, **KW)
         try:
             assert st.put("old", b"before").status.name == "PUT_OK"
@@ -150,8 +160,6 @@ def test_a_full_disk_refuses_a_new_topic_with_a_typed_error_and_takes_it_once_th
             assert [bytes(m.body) for m in st.get_message("old", 0, 0, 4).messages][:2] == [b"before", b"after"]
         finally:
             st.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 class _Row:
@@ -170,13 +178,7 @@ def test_publish_reserves_the_rows_it_adds_at_once_and_a_full_disk_names_none(tm
     n = 2000
     rows = {("t%d" % i, q): _Row(i + q) for i in range(n) for q in range(4)}
     nxt = {("t%d" % i, 1): i + 100 for i in range(0, n, 2)}  # a put path's offset past the row's count
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    p = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "localmq-test", str(mnt)], capture_output=True, text=True
-    )
-    assert p.returncode == 0, f"cannot mount a tmpfs (the tests run as root): {p.stderr.strip()}"
-    try:
+    with _tmpfs_8m(tmp_path) as mnt:
         cf = _shm.ControlFile(str(mnt / "mpctl"))
         try:
             before = os.stat(mnt / "mpctl").st_blocks * 512
@@ -205,5 +207,3 @@ def test_publish_reserves_the_rows_it_adds_at_once_and_a_full_disk_names_none(tm
             assert n * layout.CTL_TOPIC_ROW <= grown <= n * layout.CTL_TOPIC_ROW + (1 << 20)
         finally:
             cf.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
