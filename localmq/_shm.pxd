@@ -53,7 +53,7 @@ cdef class ControlFile:
     cdef int _check(self) except -1
     cdef int _open(self, double timeout) except -1
     cdef int _initialise(self) except -1
-    cdef long long _row_reserved(self, str topic, int64_t reserved) except -1
+    cdef long long _row(self, str topic, bint create, int64_t reserved) except -2
 
 
 cdef char *topic_row_c(char *base, bytes name) noexcept

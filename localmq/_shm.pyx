@@ -297,16 +297,7 @@ cdef class ControlFile:
         :raises InvalidTopicError: ``create`` and a name longer than a row holds (CTL_T_NAME_MAX bytes).
         """
         self._check()
-        cdef bytes name = topic.encode("ascii")
-        if create and len(name) > CTL_T_NAME_MAX:
-            raise InvalidTopicError(f"topic {topic!r} is {len(name)} bytes: a store shared between processes holds "
-                                    f"topic names of at most {CTL_T_NAME_MAX} bytes")
-        cdef char *row = topic_row_c(self.addr, name)
-        if row != NULL:
-            return row - self.addr
-        if not create:
-            return -1
-        return topic_row_add(self, name) - self.addr
+        return self._row(topic, create, 0)
 
     def publish_queues(self, dict rows, dict next_offsets):
         """A first opener's queues kept as their snapshot rows, before any other process attaches (no writer lock
@@ -323,20 +314,16 @@ cdef class ControlFile:
         self._check()
         # the blocks of the rows it adds reserved in one call, not one a topic (a full disk raises here, before any
         # row is named; topic_row_add then reserves nothing)
-        for key in rows:
-            topic = key[0]
-            if topic is not last and topic != last:
-                last = topic
-                adds += topic_row_c(self.addr, topic.encode("ascii")) == NULL
+        for topic in {key[0] for key in rows}:
+            adds += topic_row_c(self.addr, topic.encode("ascii")) == NULL
         used = lmq_load_acq(<int64_t *>(self.addr + CTL_S_TOPIC_ROWS))
         adds = min(adds, CTL_TOPIC_COUNT - used) if 0 <= used < CTL_TOPIC_COUNT else 0
         if adds > 0:
             c_fallocate(self.fd, CTL_ROWS_OFF + used * CTL_TOPIC_ROW, adds * CTL_TOPIC_ROW, self.path)
-        last = None
         for key, row in rows.items():
             topic, qid = key
             if topic is not last and topic != last:
-                off, last = self._row_reserved(topic, used + adds), topic
+                off, last = self._row(topic, True, used + adds), topic
             if not 0 <= qid < CTL_TOPIC_QUEUES:
                 raise ValueError(f"queue {topic}-{qid}: a shared store's queue ids are 0..{CTL_TOPIC_QUEUES - 1}")
             count = row.max_offset
@@ -346,16 +333,19 @@ cdef class ControlFile:
             lmq_store_rel(<int64_t *>(self.addr + off + CTL_T_NEXT + 8 * qid), nxt)
             lmq_store_rel(<int64_t *>(self.addr + off + CTL_T_DISPATCHED + 8 * qid), count)
 
-    cdef long long _row_reserved(self, str topic, int64_t reserved) except -1:
-        """``topic_row(topic, True)`` when the blocks of the rows below index ``reserved`` are reserved already."""
+    cdef long long _row(self, str topic, bint create, int64_t reserved) except -2:
+        """``topic``'s row offset, or -1 when it has none and not ``create`` (else added, see ``topic_row_add`` for
+        ``reserved``: the blocks of the rows below this index are reserved already)."""
         cdef bytes name = topic.encode("ascii")
-        if len(name) > CTL_T_NAME_MAX:
+        if create and len(name) > CTL_T_NAME_MAX:
             raise InvalidTopicError(f"topic {topic!r} is {len(name)} bytes: a store shared between processes holds "
                                     f"topic names of at most {CTL_T_NAME_MAX} bytes")
         cdef char *row = topic_row_c(self.addr, name)
-        if row == NULL:
-            row = topic_row_add(self, name, reserved)
-        return row - self.addr
+        if row != NULL:
+            return row - self.addr
+        if not create:
+            return -1
+        return topic_row_add(self, name, reserved) - self.addr
 
     def range_lock(self, long long byte, int kind):
         """Try once to take (kind 2 write, 1 read) or drop (0) this process's fcntl lock on ``byte`` of the file.
