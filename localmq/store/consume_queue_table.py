@@ -697,32 +697,28 @@ class ClosingView:
             else:
                 qids = [int(q) for q in _names_refusing_links(tdir) if is_decimal(q)]
             whole = same and not entry.others  # type: ignore[union-attr]
-            if whole and _kept_whole(topic, qids, entry, built, rows, unit_count):  # type: ignore[arg-type]
+            if whole and all(_kept_row((topic, q), entry, built, rows, unit_count) for q in qids):
                 self._whole[topic] = entry  # type: ignore[assignment]
                 continue  # (written back as the handover's span: no state of its queues is needed)
             for qid in qids:
                 key = (topic, qid)
                 qdir = f"{tdir}/{qid}"
-                if qid > MAX_QUEUE_ID:
-                    self.skipped_dirs.append(qdir)
-                    whole = False
-                    continue
-                cq = built.get(key)
-                if cq is not None:
-                    self._built.append((key, cq))
-                    whole = False
-                    continue
-                row = rows.get(key) or (entry.row(qid) if entry is not None else None)
-                units = unit_count(topic, qid)
-                if row is not None and units == row.max_offset:
+                row = _kept_row(key, entry, built, rows, unit_count)
+                if row is not None:
                     bases = [b for b, _, _ in row.files]
                     self._states.append(
                         (key, qdir, bases, row.max_offset, row.min_offset, row.max_physic_offset, False, row)
                     )
                     continue
                 whole = False
-                # not vouched for (no files): the next open loads and checks it
-                self._states.append((key, qdir, [], max(units, 0), max(units, 0), -1, False, None))
+                cq = built.get(key)
+                if qid > MAX_QUEUE_ID:
+                    self.skipped_dirs.append(qdir)
+                elif cq is not None:
+                    self._built.append((key, cq))
+                else:  # not vouched for (no files): the next open loads and checks it
+                    units = max(unit_count(topic, qid), 0)
+                    self._states.append((key, qdir, [], units, units, -1, False, None))
             if whole:
                 self._whole[topic] = entry  # type: ignore[assignment]
 
@@ -741,25 +737,22 @@ class ClosingView:
         return whole, self.states(leave_out=whole)
 
 
-def _kept_whole(
-    topic: str,
-    qids: List[int],
-    entry: TopicRow,
+def _kept_row(
+    key: Key,
+    entry: Optional[TopicRow],
     built: Dict[Key, ConsumeQueue],
     rows: Dict[Key, QueueRow],
     unit_count: Callable[[str, int], int],
-) -> bool:
-    """Whether every queue of a topic whose directory the handover's listing still holds is kept as its row: none
-    built by this process, each row's unit count in the control file still the row's (what ClosingView's loop finds
-    for each queue, without making the states of a topic written back whole)."""
-    for qid in qids:
-        key = (topic, qid)
-        if qid > MAX_QUEUE_ID or key in built:
-            return False
-        row = rows.get(key) or entry.row(qid)
-        if row is None or unit_count(topic, qid) != row.max_offset:
-            return False
-    return True
+) -> Optional[QueueRow]:
+    """The row a closing view keeps for a queue as it was (the first opener's, or the handover's), or None: the queue
+    was built by this process, its id is out of range, it has no row, or its unit count in the control file is no
+    longer the row's (another process dispatched to it)."""
+    if key[1] > MAX_QUEUE_ID or key in built:
+        return None
+    row = rows.get(key) or (entry.row(key[1]) if entry is not None else None)
+    if row is None or unit_count(*key) != row.max_offset:
+        return None
+    return row
 
 
 def _built_state(key: Key, cq: ConsumeQueue) -> QueueState:
