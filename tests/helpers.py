@@ -192,6 +192,22 @@ def rmtree_on_fuse(path, timeout=10.0):
             time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def mounted_tmpfs(tmp_path, size):
+    """A real tmpfs of ``size`` (e.g. "8m") mounted at ``tmp_path / "tmpfs"`` in this process's mount namespace,
+    unmounted after. The tests run as root: a mount that fails fails the test (never a skip)."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "localmq-test", str(mnt)], capture_output=True, text=True
+    )
+    assert p.returncode == 0, f"cannot mount a tmpfs (the tests run as root): {p.stderr.strip() or p.returncode}"
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
 def run_on_tmpfs(tmp_path, script_text, size, timeout=120):
     """Run ``script_text`` (written to a file under ``tmp_path``) with a fresh tmpfs of ``size`` (e.g. "6m") mounted
     at ``tmp_path / "mnt"``, in a private mount namespace (root), its mount point as the one argument; this

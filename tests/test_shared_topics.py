@@ -8,7 +8,6 @@ its body; the topics survive a close and an exclusive reopen; the control file h
 and about one row (1,280 bytes) per topic, not for its whole capacity (layout.CTL_TOPIC_COUNT rows).
 """
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import time
 import pytest
 
 import localmq
+from helpers import mounted_tmpfs
 from localmq import layout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,21 +36,6 @@ CHILD = textwrap.dedent("""
     st.close()
     print("done", n, flush=True)
 """)
-
-
-@contextlib.contextmanager
-def _tmpfs_8m(tmp_path):
-    """A real 8 MiB tmpfs at ``tmp_path/tmpfs`` (the tests run as root), unmounted after."""
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    p = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "localmq-test", str(mnt)], capture_output=True, text=True
-    )
-    assert p.returncode == 0, f"cannot mount a tmpfs (the tests run as root): {p.stderr.strip()}"
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _body(k, i):
@@ -127,7 +112,7 @@ def test_a_full_disk_refuses_a_new_topic_with_a_typed_error_and_takes_it_once_th
     tmpfs) a put to a new topic raises StoreIOError naming the control file and ENOSPC (or, when the row fits in
     blocks already reserved, is refused with CREATE_MAPPED_FILE_FAILED while the dispatcher cannot reserve the new
     queue's file), never SIGBUS; once the disk has room again, puts are taken again, to old and new topics."""
-    with _tmpfs_8m(tmp_path) as mnt:
+    with mounted_tmpfs(tmp_path, "8m") as mnt:
         st = localmq.open(mnt / "s", shared=True, **KW)
         try:
             assert st.put("old", b"before").status.name == "PUT_OK"
@@ -178,7 +163,7 @@ def test_publish_reserves_the_rows_it_adds_at_once_and_a_full_disk_names_none(tm
     n = 2000
     rows = {("t%d" % i, q): _Row(i + q) for i in range(n) for q in range(4)}
     nxt = {("t%d" % i, 1): i + 100 for i in range(0, n, 2)}  # a put path's offset past the row's count
-    with _tmpfs_8m(tmp_path) as mnt:
+    with mounted_tmpfs(tmp_path, "8m") as mnt:
         cf = _shm.ControlFile(str(mnt / "mpctl"))
         try:
             before = os.stat(mnt / "mpctl").st_blocks * 512

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import localmq
-from helpers import queue_messages, wait_until
+from helpers import mounted_tmpfs, queue_messages, wait_until
 from localmq import PutStatus
 from localmq.store.checkpoint import read_checkpoint
 from localmq.store.group_commit import GroupCommit
@@ -337,18 +337,9 @@ def _read_all(st, topic):
 
 @pytest.fixture
 def small_tmpfs(tmp_path):
-    """A real 640 KiB tmpfs mounted for the test (skipped where mounting is not permitted)."""
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    p = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=640k", "localmq-test", str(mnt)], capture_output=True, text=True
-    )
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip() or p.returncode}")
-    try:
+    """A real 640 KiB tmpfs mounted for the test."""
+    with mounted_tmpfs(tmp_path, "640k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_full_disk_gives_create_failed_stays_readable_and_recovers(small_tmpfs):
