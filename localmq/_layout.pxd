@@ -101,6 +101,7 @@ cdef extern from *:
     #define LMQ_L_CTL_I_QOFF (672)
     #define LMQ_L_CTL_I_QEND (680)
     #define LMQ_L_CTL_S_TOPIC_ROWS (688)
+    #define LMQ_L_CTL_S_ROWS_UNCHECKED (696)
     #define LMQ_L_CTL_SLOTS_OFF (4096)
     #define LMQ_L_CTL_SLOT_SIZE (64)
     #define LMQ_L_CTL_SLOT_COUNT (256)
@@ -229,6 +230,7 @@ cdef extern from *:
     enum: CTL_I_QOFF "LMQ_L_CTL_I_QOFF"
     enum: CTL_I_QEND "LMQ_L_CTL_I_QEND"
     enum: CTL_S_TOPIC_ROWS "LMQ_L_CTL_S_TOPIC_ROWS"
+    enum: CTL_S_ROWS_UNCHECKED "LMQ_L_CTL_S_ROWS_UNCHECKED"
     enum: CTL_SLOTS_OFF "LMQ_L_CTL_SLOTS_OFF"
     enum: CTL_SLOT_SIZE "LMQ_L_CTL_SLOT_SIZE"
     enum: CTL_SLOT_COUNT "LMQ_L_CTL_SLOT_COUNT"

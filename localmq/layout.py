@@ -213,6 +213,7 @@ CTL_I_CELL = 664  # byte offset, in this file, of the queue's next-offset cell
 CTL_I_QOFF = 672  # that cell's value before the put
 CTL_I_QEND = 680  # its value after the put (written just before the commit)
 CTL_S_TOPIC_ROWS = 688  # i64: rows of the topic arena in use (written under the writer lock)
+CTL_S_ROWS_UNCHECKED = 696  # i64: pid of a first opener whose check of its snapshot's rows failed (it keeps the store)
 CTL_SLOTS_OFF = 4096  # slot records: CTL_SLOT_COUNT x CTL_SLOT_SIZE
 CTL_SLOT_SIZE = 64
 CTL_SLOT_COUNT = 256

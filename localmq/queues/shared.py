@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from localmq._mapped_file import MappedFile, offset_to_file_name
 from localmq._native import fsync_dir
@@ -29,6 +29,7 @@ from localmq.errors import (
     DispatchError,
     IndexDisabledError,
     StoreBusyError,
+    StoreLockedError,
     UnsupportedFilesystemError,
     io_operation,
 )
@@ -49,6 +50,7 @@ from localmq.layout import (
     CTL_S_READY,
     CTL_S_REPAIRS,
     CTL_S_REPUT,
+    CTL_S_ROWS_UNCHECKED,
     CTL_S_SEG_SIZE,
     CTL_S_WPOS,
     CTL_T_DISPATCHED,
@@ -82,22 +84,7 @@ log = logging.getLogger("localmq.shared")
 ELECTION_INTERVAL_MS = 100
 # Filesystems (/proc/mounts types) where a robust mutex in a shared mapping and fcntl locks cannot be trusted: the
 # processes sharing a store may run on other hosts, or the locks are emulated.
-NETWORK_FILESYSTEMS = (
-    "nfs",
-    "nfs4",
-    "cifs",
-    "smb3",
-    "smbfs",
-    "9p",
-    "ceph",
-    "glusterfs",
-    "lustre",
-    "afs",
-    "gfs2",
-    "ocfs2",
-    "fuse",
-    "fuseblk",
-)
+NETWORK_FILESYSTEMS = frozenset("nfs nfs4 cifs smb3 smbfs 9p ceph glusterfs lustre afs gfs2 ocfs2 fuse fuseblk".split())
 
 
 def filesystem_type(path: str) -> str:
@@ -221,7 +208,7 @@ class SharedMessageQueue(LocalMessageQueue):
         ctl_created = () if os.path.lexists(ctl_path) else (ctl_path,)
         self._ctl = ctl = ControlFile(ctl_path)
         ctl.slots.claim()
-        self._take_byte(CTL_LOCK_BYTE_STORE, OPEN_WAIT_S, "another process's open")
+        self._take_byte(CTL_LOCK_BYTE_STORE, OPEN_WAIT_S, "another process's open", refuse=self._refuse_unchecked)
         try:
             if ctl.load(CTL_S_READY) == 1:
                 self._attach()
@@ -231,23 +218,20 @@ class SharedMessageQueue(LocalMessageQueue):
                 if self._undo is not None:
                     self._undo.retake(ctl_created)  # nobody else writes until this open ends
                 last_exit_ok = self._recover(progress)
-                self._check_rows()
+                self._check_recovered_rows()
                 self._record_settings()
                 self._publish_first()
                 self._mark_running()
                 self.first_opener = True
                 self._first_exit_ok = last_exit_ok
-                # the rows for the last closer, written beside the running store (close waits for it), stamped
-                # against the file system's clock read now, while no other process can change the store
+                # every other row checked on a thread, the store byte held until it ends (close waits for it); then
+                # the rows for the last closer, written beside the running store
                 self._handover = threading.Thread(
-                    target=self._hand_over_rows,
-                    args=(self._handover_clock(), self._queue_mins_at()),
-                    name="localmq-handover",
-                    daemon=True,
-                )
-                self._handover.start()
+                    target=self._check_rows, args=(self._queue_mins_at(),), name="localmq-row-check", daemon=True
+                )  # (started once the open is done: _bind_to_process)
         finally:
-            ctl.range_lock(CTL_LOCK_BYTE_STORE, 0)
+            if self._handover is None:
+                ctl.range_lock(CTL_LOCK_BYTE_STORE, 0)
         self._setup_reads()
         if c.flush_disk_type is FlushDiskType.SYNC_FLUSH:
             # puts of every process wait for the housekeeper's group commit (SharedGroupCommitService)
@@ -256,10 +240,12 @@ class SharedMessageQueue(LocalMessageQueue):
         self._election = _Election(self)
         self._election.start()
 
-    def _take_byte(self, byte: int, timeout: float, what: str) -> None:
+    def _take_byte(self, byte: int, timeout: float, what: str, refuse: Optional[Callable[[], None]] = None) -> None:
         deadline = time.monotonic() + timeout
         assert self._ctl is not None
         while not self._ctl.range_lock(byte, 2):
+            if refuse is not None:
+                refuse()
             if time.monotonic() >= deadline:
                 raise StoreBusyError(f"{self.root}: {what} did not end within {timeout} s", timeout=timeout)
             time.sleep(0.002)
@@ -286,26 +272,69 @@ class SharedMessageQueue(LocalMessageQueue):
             self.commit_log.set_queue_offset(topic, qid, max(cq.max_offset, table.get((topic, qid), 0)))
             cq.bind_shared(ctl)
             cq.publish_shared()
-        # the queues kept as their snapshot rows (checked by _check_rows), published without being built: their
+        # the queues kept as their snapshot rows (checked later: _check_rows), published without being built: their
         # cells written straight into the topic table (no other process is attached: no writer lock needed)
         ctl.publish_queues(self._cq_table.rows, table)
-        self.commit_log.topic_miss = None  # every queue's next offset is in the control file now
+        # the rows' cells are published unchecked: a row is checked as it is built (the put path builds a topic's
+        # rows before it binds the topic: CommitLog.topic_miss), repaired when it fails, its cells published again
+        self._recovered_next = table
+        self._cq_table.adopt = self._adopt
+        self._cq_table.repair = functools.partial(self._repair_and_publish, self._cq_table.repair)
         ctl.store(CTL_S_REPUT, self._reput.reput_offset)
         ctl.store(CTL_S_WPOS, self._cl_mfq.max_offset())
         ctl.store(CTL_S_READY, 1)
         self._shared_live = True
 
-    def _check_rows(self) -> None:
-        """First opener: check every queue the snapshot kept as its row now (stamps, a unit or two; the other
-        processes load queues from their files unchecked), and repair those that fail from the log while every
-        other opener waits. From here on a row's queue takes its unit count from the control file as it is built."""
-        table = self._cq_table
-        assert table is not None
-        for key in table.check_rows():
-            # its check fails again: loaded and repaired from the log (DefaultMessageStore._repair_queue)
-            table.get(key)
-        table.repair = None
-        table.adopt = self._adopt
+    def _check_recovered_rows(self) -> None:
+        """First opener, before it publishes: the rows of the topics recovery wrote to or built a queue of (bound at
+        once by _publish_first) checked (built) now, a failed one repaired from the log."""
+        for topic in {t for t, _ in self.commit_log.topic_table()} | {t for t, _ in self._cq_table.built}:
+            self._cq_table.next_offsets(topic)
+
+    def _repair_and_publish(self, repair: Callable[..., None], key: Tuple[str, int], cq: ConsumeQueue, row_max: int):
+        """First opener, while it checks the rows: a row that failed, repaired; its cells published again (no other
+        process is attached, and this one binds the topic only after its rows are built: nobody read them)."""
+        repair(key, cq, row_max)
+        assert self._ctl is not None
+        cq.bind_shared(self._ctl)
+        self._ctl.publish_queues({key: cq}, self._recovered_next)
+
+    _recovered_next: Dict[Tuple[str, int], int] = {}
+    rows_check_error: Optional[BaseException] = None  # why the first opener's check of the rows failed
+
+    def _check_rows(self, mins_at: int) -> None:
+        """First opener, on a thread once open, the store byte held (other openers wait): check every queue the snapshot
+        kept as its row (other processes load queues from their files unchecked), repair those that fail, let the
+        others in, then hand the rows over for the last closer (SnapshotWriter.write_handover), stamped against the
+        file system's clock read before they came in. A failure (an I/O error, a failed repair) keeps the byte until
+        this process closes: the rows it could not check raise on their use here, other openers are refused
+        (StoreLockedError) rather than trusting them, and the next open checks them again."""
+        table, ctl = self._cq_table, self._ctl
+        assert table is not None and ctl is not None
+        try:
+            for key in table.check_rows():
+                table.get(key)  # repaired (unless a use built it meanwhile)
+        except BaseException as e:  # noqa: BLE001 - kept, logged, and shown to every other opener
+            self.rows_check_error = e
+            ctl.store(CTL_S_ROWS_UNCHECKED, os.getpid())
+            log.error("%s: the check of the snapshot's queues failed (%s): no other process opens it", self.root, e)
+            return
+        table.end_repairs()
+        self.commit_log.topic_miss = None  # every row checked: the cells hold
+        fs_now = self._handover_clock()
+        ctl.range_lock(CTL_LOCK_BYTE_STORE, 0)
+        if fs_now is not None:
+            self._snapshots().write_handover(fs_now, mins_at)
+
+    def _refuse_unchecked(self) -> None:
+        """An opener waiting on the store byte: the first opener's check of its rows failed (_check_rows)."""
+        assert self._ctl is not None
+        pid = self._ctl.load(CTL_S_ROWS_UNCHECKED)
+        if pid:
+            raise StoreLockedError(
+                f"{self.root}: the first process to open it (pid {pid}) could not check the queues "
+                f"of its snapshot (its log says why): it keeps the store until it closes"
+            )
 
     _handover: Optional[threading.Thread] = None
 
@@ -320,11 +349,6 @@ class SharedMessageQueue(LocalMessageQueue):
         except OSError as e:
             log.warning("%s: no rows handed over (%s); the last close writes no queue snapshot", self.root, e)
             return None
-
-    def _hand_over_rows(self, fs_now: Optional[int], mins_at: int) -> None:
-        """First opener, on a thread of its own once open (SnapshotWriter.write_handover)."""
-        if fs_now is not None:
-            self._snapshots().write_handover(fs_now, mins_at)
 
     def _unit_count(self, topic: str, queue_id: int) -> int:
         """The queue's unit count in the control file; -1 when it has none."""
@@ -763,6 +787,7 @@ class SharedMessageQueue(LocalMessageQueue):
                 "torn_puts_repaired": ctl.load(CTL_S_REPAIRS),
                 "writer_lock_recoveries": ctl.lock.recoveries,
                 "segments_allocated_ahead": self.allocated_ahead,
+                "rows_check_failed": None if self.rows_check_error is None else str(self.rows_check_error),
             }
             hk_flush = self._hk_flush
             if self._housekeeper and isinstance(hk_flush, SharedGroupCommitService):
@@ -848,10 +873,15 @@ class SharedMessageQueue(LocalMessageQueue):
         else:
             ctl.close()
 
-    def _join_handover(self) -> None:
+    def _bind_to_process(self) -> None:
+        super()._bind_to_process()
         if self._handover is not None:
-            self._handover.join()  # bounded: stats and one write of the rows
-            self._handover = None
+            self._handover.start()  # after the open's undo is done: a repair it makes is the store's, not the open's
+
+    def _join_handover(self) -> None:
+        if self._handover is not None and self._handover.ident is not None:
+            self._handover.join()  # bounded: a look at each row, the repairs of those that fail, one write of rows
+        self._handover = None
 
     def _abandon(self) -> None:
         self._join_handover()  # its file is undone with the rest of the open

@@ -398,12 +398,13 @@ cdef class CommitLog:
         if e is None:
             check_topic(topic)
             e = TopicEntry(topic)
-            if self.cb != NULL:
-                bind_shared(self, <TopicEntry>e)
-            elif self.topic_miss is not None:
-                for qid, nxt in self.topic_miss(topic):  # queues of the topic the open has not checked yet
+            # queues of the topic the open has not checked yet (shared: checked before their cells are trusted)
+            for qid, nxt in (self.topic_miss(topic) if self.topic_miss is not None else ()):
+                if self.cb == NULL:
                     (<TopicEntry>e).ensure(qid)
                     (<TopicEntry>e).next_offsets[qid] = nxt
+            if self.cb != NULL:
+                bind_shared(self, <TopicEntry>e)
             # this runs before the put lock and check_topic may let another thread in: the first entry stored wins
             # (an assignment let two threads' first puts to a new topic both take queue offset 0, and the loser's
             # later puts the offsets the winner had handed out: found by tests/test_power_loss.py)

@@ -159,10 +159,11 @@ class ConsumeQueueTable:
         # while an open that may fail re-dispatches: told (path, position) of the last file of a row's queue as it is
         # built, before anything is appended there (OpenUndo.mark_derived_end; last_files for the others)
         self.on_row_built: Optional[Callable[[str, int], None]] = None
-        # a store shared between processes, once its first opener checked every row (check_rows): a row's queue is
-        # made and handed to this (its unit count taken from the control file) before anyone sees it; a row that no
-        # longer holds was written by the process that dispatches (another one, maybe): its queue is loaded from its
-        # files as they are, never repaired (only the dispatching process writes queue files)
+        # a store shared between processes, once its first opener published the rows: a row's queue is made and
+        # handed to this (its unit count taken from the control file) before anyone sees it. While ``repair`` is set
+        # (the first opener checks the rows on a thread, no other process attached) a row that no longer holds is
+        # repaired; after (``end_repairs``) it was written by the process that dispatches (another one, maybe): its
+        # queue is loaded from its files as they are, never repaired (only the dispatching process writes them)
         self.adopt: Optional[Callable[[ConsumeQueue], None]] = None
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
@@ -220,7 +221,7 @@ class ConsumeQueueTable:
             raise
         except OSError as e:
             raise store_io_error(e, "check", e.filename or qdir) from e
-        if not holds and self.adopt is not None:
+        if not holds and self.adopt is not None and self.repair is None:
             cq = self._new(key[0], key[1])
             try:
                 cq.load()
@@ -578,6 +579,11 @@ class ConsumeQueueTable:
         if failed:
             raise failed[0][1]
         return sorted(bad)
+
+    def end_repairs(self) -> None:
+        """No row is repaired from here on (``adopt``): no build is under way as it changes (the table's lock)."""
+        with self._lock:
+            self.repair = None
 
     def closing_view(self, handover: QueueSnapshot, unit_count: Callable[[str, int], int]) -> "ClosingView":
         """What a shared store's last closer writes ``queues.snapshot`` from (see ClosingView)."""
