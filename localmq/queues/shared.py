@@ -211,6 +211,7 @@ class SharedMessageQueue(LocalMessageQueue):
         self._take_byte(CTL_LOCK_BYTE_STORE, OPEN_WAIT_S, "another process's open", refuse=self._refuse_unchecked)
         try:
             if ctl.load(CTL_S_READY) == 1:
+                self._refuse_unchecked()  # (the first opener's failed check stays failed while anyone is attached)
                 self._attach()
             else:
                 # the first process of a run (or the one after a first opener died mid-recovery): recover as a
