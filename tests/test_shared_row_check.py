@@ -64,7 +64,7 @@ try:
 except localmq.LocalMQError as e:
     print("refused", type(e).__name__, e, flush=True)
     sys.exit(0)
-print("open", flush=True)
+print("open", st.first_opener, st.recovery.mode, flush=True)
 for tq in sys.argv[4:]:
     t, q = tq.split("/")
     print(" ".join(hashlib.sha1(bytes(m.body)).hexdigest() for m in queue_messages(st, t, int(q))), flush=True)
@@ -127,7 +127,7 @@ def test_the_first_opener_is_open_before_its_rows_are_checked_and_others_attach_
                 other.wait()
         assert other.returncode == 0, err
         lines = out.splitlines()
-        assert lines[0] == "open"
+        assert lines[0] == "open False attached"
         assert lines[1].split() == want52
         assert lines[2].split() == [sha(body("t6", 1, i)) for i in range(PER_QUEUE + 1)]
         assert lines[3].split() == [sha(body("t7", 3, i)) for i in range(PER_QUEUE)]
@@ -190,3 +190,60 @@ def test_a_close_during_the_row_check_waits_for_it(tmp_path, monkeypatch):
     with localmq.open(root, shared=True, **KW) as st:  # repaired by the check; every queue vouched by the close
         assert st.recovery.cq_vouched == len(TOPICS) * QUEUES
         assert [sha(m.body) for m in queue_messages(st, "t1", 0)] == [sha(body("t1", 0, i)) for i in range(3)]
+
+
+# a first opener whose row check never runs: it puts to a topic of rows and to a new one, says "ready", and waits
+HELD = r"""
+import sys, threading
+import localmq
+from localmq.store.consume_queue_table import ConsumeQueueTable
+ConsumeQueueTable.check_rows = lambda self: threading.Event().wait()
+st = localmq.open(sys.argv[1], shared=True, **eval(sys.argv[2]))
+assert st.put("t2", b"during the check", queue_id=0).queue_offset == int(sys.argv[3])
+assert st.put("k", b"new topic", queue_id=1).queue_offset == 0
+assert st.wait_for_dispatch(10)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_first_opener_killed_during_its_row_check_leaves_the_next_opener_to_recover_the_store(tmp_path):
+    root = tmp_path / "s"
+    fill(root)
+    change_behind_the_store(root, "t5", 2)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen(
+        [sys.executable, "-c", HELD, str(root), repr(KW), str(PER_QUEUE)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    other = None
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        # another process waits on the store byte (attached to the control file, so it is not made afresh)
+        other = start_reader(root, "t5/2", "t2/0", "k/1")
+        time.sleep(1.0)
+        assert other.poll() is None
+    finally:
+        p.kill()
+        p.wait(10)
+        p.stdin.close()
+        p.stdout.close()
+    # the killed process's rows were never checked: the waiting process recovers the store as its first opener
+    # (after a crash), never attaching to rows nobody checked
+    try:
+        out, err = other.communicate(timeout=120)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    assert other.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "open True abnormal"
+    assert lines[1].split() == [sha(body("t5", 2, i)) for i in range(PER_QUEUE)]
+    assert lines[2].split() == [sha(body("t2", 0, i)) for i in range(PER_QUEUE)] + [sha(b"during the check")]
+    assert lines[3].split() == [sha(b"new topic")]
+    with localmq.open(root, shared=True, **KW) as st:
+        assert st.put("t5", b"next", queue_id=2).queue_offset == PER_QUEUE

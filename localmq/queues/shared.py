@@ -211,13 +211,13 @@ class SharedMessageQueue(LocalMessageQueue):
         self._take_byte(CTL_LOCK_BYTE_STORE, OPEN_WAIT_S, "another process's open", refuse=self._refuse_unchecked)
         try:
             if ctl.load(CTL_S_READY) == 1:
-                self._refuse_unchecked()  # (the first opener's failed check stays failed while anyone is attached)
                 self._attach()
             else:
                 # the first process of a run (or the one after a first opener died mid-recovery): recover as a
                 # single process would, with every other opener waiting on the store byte
                 if self._undo is not None:
                     self._undo.retake(ctl_created)  # nobody else writes until this open ends
+                ctl.store(CTL_S_ROWS_UNCHECKED, 0)  # (a first opener whose check failed has closed)
                 last_exit_ok = self._recover(progress)
                 self._check_recovered_rows()
                 self._record_settings()
@@ -253,7 +253,7 @@ class SharedMessageQueue(LocalMessageQueue):
 
     def _publish_first(self) -> None:
         """First opener: fill the control file from the recovered files (committed end, queue offsets, unit
-        counts, dispatched offset), then mark it ready."""
+        counts, dispatched offset); the row check marks it ready (_check_rows)."""
         ctl = self._ctl
         assert ctl is not None
         c = self.config
@@ -283,8 +283,7 @@ class SharedMessageQueue(LocalMessageQueue):
         self._cq_table.repair = functools.partial(self._repair_and_publish, self._cq_table.repair)
         ctl.store(CTL_S_REPUT, self._reput.reput_offset)
         ctl.store(CTL_S_WPOS, self._cl_mfq.max_offset())
-        ctl.store(CTL_S_READY, 1)
-        self._shared_live = True
+        self._shared_live = True  # (CTL_S_READY once the rows are checked: one killed before leaves it 0)
 
     def _check_recovered_rows(self) -> None:
         """First opener, before it publishes: the rows of the topics recovery wrote to or built a queue of (bound at
@@ -323,6 +322,7 @@ class SharedMessageQueue(LocalMessageQueue):
         table.end_repairs()
         self.commit_log.topic_miss = None  # every row checked: the cells hold
         fs_now = self._handover_clock()
+        ctl.store(CTL_S_READY, 1)  # the next opener attaches (until now it would recover the store as its first)
         ctl.range_lock(CTL_LOCK_BYTE_STORE, 0)
         if fs_now is not None:
             self._snapshots().write_handover(fs_now, mins_at)
