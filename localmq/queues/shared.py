@@ -39,6 +39,7 @@ from localmq.layout import (
     COMMITLOG_DIR,
     CONSUMEQUEUE_DIR,
     CTL_FILE,
+    CTL_I_STATE,
     CTL_LOCK_BYTE_HOUSEKEEPER,
     CTL_LOCK_BYTE_STORE,
     CTL_S_CQ_SIZE,
@@ -254,10 +255,10 @@ class SharedMessageQueue(LocalMessageQueue):
     def _publish_first(self) -> None:
         """First opener: fill the control file from the recovered files (committed end, queue offsets, unit
         counts, dispatched offset); the row check marks it ready (_check_rows)."""
-        ctl = self._ctl
+        ctl, c, table = self._ctl, self.config, self.commit_log.topic_table()
         assert ctl is not None
-        c = self.config
-        table = self.commit_log.topic_table()
+        # a first opener killed during its row check may have died in a put: recovery undid it from the files
+        ctl.store(CTL_I_STATE, 0)
         for topic, qid in list(table) + list(self._cqs):
             if qid >= CTL_TOPIC_QUEUES:
                 raise ConfigError(
