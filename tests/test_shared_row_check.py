@@ -83,6 +83,18 @@ def start_reader(root, *queues):
     )
 
 
+def reader_lines(reader, timeout):
+    """The lines a process of start_reader printed, once it exited 0 (killed if it has not within ``timeout`` s)."""
+    try:
+        out, err = reader.communicate(timeout=timeout)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    assert reader.returncode == 0, err
+    return out.splitlines()
+
+
 def held_check(monkeypatch):
     """Make the row check wait for the returned event (at most 60 s) before it runs; (event, started event)."""
     gate, started = threading.Event(), threading.Event()
@@ -119,14 +131,9 @@ def test_the_first_opener_is_open_before_its_rows_are_checked_and_others_attach_
         try:
             time.sleep(1.0)
             assert other.poll() is None
-            gate.set()
-            out, err = other.communicate(timeout=60)
         finally:
-            if other.poll() is None:
-                other.kill()
-                other.wait()
-        assert other.returncode == 0, err
-        lines = out.splitlines()
+            gate.set()
+        lines = reader_lines(other, 60)
         assert lines[0] == "open False attached"
         assert lines[1].split() == want52
         assert lines[2].split() == [sha(body("t6", 1, i)) for i in range(PER_QUEUE + 1)]
@@ -233,14 +240,7 @@ def test_a_first_opener_killed_during_its_row_check_leaves_the_next_opener_to_re
         p.stdout.close()
     # the killed process's rows were never checked: the waiting process recovers the store as its first opener
     # (after a crash), never attaching to rows nobody checked
-    try:
-        out, err = other.communicate(timeout=120)
-    finally:
-        if other.poll() is None:
-            other.kill()
-            other.wait()
-    assert other.returncode == 0, err
-    lines = out.splitlines()
+    lines = reader_lines(other, 120)
     assert lines[0] == "open True abnormal"
     assert lines[1].split() == [sha(body("t5", 2, i)) for i in range(PER_QUEUE)]
     assert lines[2].split() == [sha(body("t2", 0, i)) for i in range(PER_QUEUE)] + [sha(b"during the check")]
