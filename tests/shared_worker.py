@@ -51,23 +51,29 @@ def consume(q, total, queues, timeout):
     say("done", n)
 
 
-def group_consume(q, group, idle_s, retention_ms, first_wait_s=None):
+def group_consume(q, group, idle_s, retention_ms, first_wait_s=None, total=None):
     """A member of ``group``: poll until nothing came for ``idle_s`` seconds (before the first message: for
-    ``first_wait_s``, default ``idle_s``), commit durably, close."""
+    ``first_wait_s``, default ``idle_s``), commit durably after each batch, close. With ``total``: until that many
+    messages came (or nothing for ``first_wait_s``), so that a slow machine cannot end it early. The quiet time is
+    counted from the end of the last commit: a durable commit (the log's flush, the offset file's fsync) may take
+    longer than ``idle_s`` on a loaded machine, and is not time in which nothing came."""
     c = q.create_consumer(group, ["T"], consumer_retention_ms=retention_ms)
     say("member")
     quiet_since = time.monotonic()
     wait_s = idle_s if first_wait_s is None else first_wait_s
-    while time.monotonic() - quiet_since < wait_s:
+    n = 0
+    while time.monotonic() - quiet_since < wait_s and (total is None or n < total):
         batch = c.poll_batch(32, timeout=0.2)
         for m in batch:
             say("msg", m.queue_id, m.queue_offset, hashlib.sha1(bytes(m.body)).hexdigest())
+        n += len(batch)
         if batch:
-            quiet_since = time.monotonic()
-            wait_s = idle_s
             c.commit(durable=True)
+            quiet_since = time.monotonic()
+            if total is None:
+                wait_s = idle_s
     c.close()
-    say("done", 0)
+    say("done", n)
 
 
 def main():
@@ -83,7 +89,14 @@ def main():
     elif role == "consume":
         consume(q, args["total"], args.get("queues", 4), args.get("timeout", 60))
     elif role == "group":
-        group_consume(q, args["group"], args.get("idle", 2.0), args.get("retention_ms", 30000), args.get("first_wait"))
+        group_consume(
+            q,
+            args["group"],
+            args.get("idle", 2.0),
+            args.get("retention_ms", 30000),
+            args.get("first_wait"),
+            args.get("total"),
+        )
     elif role == "idle":
         sys.stdin.readline()  # until the test closes our stdin
     if args.get("exit_without_close"):

@@ -462,9 +462,9 @@ def test_commits_of_two_processes_both_reach_the_offset_file(tmp_path, workers):
     try:
         put_many(q, 100)
         assert q.wait_for_dispatch(10)
-        # each group has one member, which must see all 100 (a slow start must not end it before its first message)
-        a = workers("group", path, group="ga", idle=1.0, first_wait=30.0)
-        b = workers("group", path, group="gb", idle=1.0, first_wait=30.0)
+        # each group has one member, which reads until it saw all 100 (no idle time ends it on a slow machine)
+        a = workers("group", path, group="ga", first_wait=30.0, total=100)
+        b = workers("group", path, group="gb", first_wait=30.0, total=100)
         a.finish(60)
         b.finish(60)
         doc = localmq.read_config_json(str(path / "config" / "consumerOffset.json"))
