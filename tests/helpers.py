@@ -176,20 +176,54 @@ def read_bytes(path, pos, n):
         return f.read(n)
 
 
-def rmtree_on_fuse(path, timeout=10.0):
+def rmtree_on_fuse(path, timeout=30.0):
     """``shutil.rmtree`` of a tree on a powerfs mount, retried while a directory is not empty. libfuse's high-level
     API renames a file that is unlinked while still open to ``.fuse_hidden...`` in the same directory, and the kernel
     sends the last close of a mapped file (its RELEASE) asynchronously after the unmap: a store that has just closed
-    can leave such an entry for a moment, which disappears once the release arrives."""
+    can leave such an entry for a moment, which disappears once the release arrives. When it does not within
+    ``timeout``, the error names what is left and which process still maps or holds it open."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             shutil.rmtree(path)
             return
         except OSError as e:
-            if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+            if e.errno != errno.ENOTEMPTY:
                 raise
+            if time.monotonic() > deadline:
+                raise OSError(e.errno, f"{e.strerror}: {_left_behind(path)}", e.filename) from e
             time.sleep(0.05)
+
+
+def _left_behind(path):
+    """The files left under ``path``, and the processes whose mappings or descriptors name a file under it."""
+    left = [os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names]
+    holders = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                maps = [line.split(None, 5)[-1].strip() for line in f if str(path) in line]
+            fds = [
+                t for t in (_readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")) if str(path) in t
+            ]
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+        except OSError:
+            continue
+        if maps or fds:
+            holders.append(
+                f"pid {pid} ({cmd}{', this process' if int(pid) == os.getpid() else ''}): maps {maps}, fds {fds}"
+            )
+    return f"left {left}; held by {holders or 'no process'}"
+
+
+def _readlink(p):
+    try:
+        return os.readlink(p)
+    except OSError:
+        return ""
 
 
 @contextlib.contextmanager
