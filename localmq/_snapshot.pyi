@@ -1,6 +1,6 @@
 """Stub for the compiled localmq._snapshot: the queue snapshot's rows parsed in one pass."""
 
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple, final
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union, final
 
 @final
 class QueueRow:
@@ -61,3 +61,4 @@ ROW_DISAGREES: int
 ROW_LINK: int
 
 def check_rows(qdirs: List[bytes], rows: List[QueueRow], file_size: int, dev: int, log_min: int) -> List[int]: ...
+def dir_stamps(root: bytes, names: List[bytes]) -> List[Union[Tuple[int, int], int]]: ...

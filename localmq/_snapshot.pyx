@@ -18,6 +18,8 @@ from localmq._layout cimport (
     QUEUE_SNAPSHOT_QUEUE_ROW_SIZE, QUEUE_SNAPSHOT_TOPIC_ROW_SIZE,
 )
 
+import os
+
 
 cdef extern from "<fcntl.h>" nogil:
     enum: O_NOFOLLOW
@@ -415,4 +417,65 @@ def check_rows(list qdirs, list rows, int64_t file_size, unsigned long long dev,
         PyMem_Free(fps)
         PyMem_Free(nfs)
         PyMem_Free(ints)
+    return out
+
+
+cdef extern from "<fcntl.h>" nogil:
+    enum: AT_SYMLINK_NOFOLLOW
+    enum: O_DIRECTORY
+    int c_fstatat "fstatat"(int dirfd, const char *path, stat *buf, int flags)
+
+
+def dir_stamps(bytes root, list names):
+    """The stamps of each ``root/name`` (names as bytes) as a topic row holds them: ``(ctime ns, inode)`` from its
+    lstat, ``ROW_LINK`` when it is a symlink (never the directory the snapshot saw), or ``-errno`` when the lstat
+    failed. One release of the GIL for the whole list, and each name looked up in ``root`` opened once (an open of
+    25,000 topics looks at every topic directory before it uses any): a loop of ``os.lstat`` calls paid about 3 us
+    a path in Python. Raises OSError when ``root`` cannot be opened as a directory."""
+    cdef Py_ssize_t i, n = len(names)
+    cdef list out = [None] * n
+    cdef const char **ps
+    cdef int *rcs
+    cdef int64_t *vals
+    cdef stat st
+    cdef int dfd
+    if n == 0:
+        return out
+    cdef tuple held = tuple(names)  # the bytes stay alive while the GIL is released
+    for i in range(n):
+        if type(held[i]) is not bytes:
+            raise TypeError(f"names[{i}] is not bytes")
+    ps = <const char **>PyMem_Malloc(n * sizeof(const char *))
+    rcs = <int *>PyMem_Malloc(n * sizeof(int))
+    vals = <int64_t *>PyMem_Malloc(2 * n * sizeof(int64_t))
+    dfd = -1
+    try:
+        if ps == NULL or rcs == NULL or vals == NULL:
+            raise MemoryError()
+        for i in range(n):
+            ps[i] = PyBytes_AS_STRING(<bytes>held[i])
+        dfd = c_open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if dfd < 0:
+            raise OSError(errno, os.strerror(errno), os.fsdecode(root))
+        with nogil:
+            for i in range(n):
+                if c_fstatat(dfd, ps[i], &st, AT_SYMLINK_NOFOLLOW) != 0:
+                    rcs[i] = -errno
+                elif S_ISLNK(st.st_mode):
+                    rcs[i] = ROW_LINK_
+                else:
+                    rcs[i] = 0
+                    vals[2 * i] = <int64_t>st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec
+                    vals[2 * i + 1] = <int64_t>st.st_ino
+        for i in range(n):
+            if rcs[i] == 0:
+                out[i] = (vals[2 * i], vals[2 * i + 1])
+            else:
+                out[i] = rcs[i]
+    finally:
+        if dfd >= 0:
+            c_close(dfd)
+        PyMem_Free(ps)
+        PyMem_Free(rcs)
+        PyMem_Free(vals)
     return out

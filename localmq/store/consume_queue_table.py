@@ -6,11 +6,11 @@ import logging
 import os
 import stat
 import threading
-from typing import Callable, Container, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Container, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from localmq._mapping import MappingBudget
 from localmq._native import fsync_dir
-from localmq._snapshot import ROW_DISAGREES, ROW_HOLDS, ROW_LINK, check_rows
+from localmq._snapshot import ROW_DISAGREES, ROW_HOLDS, ROW_LINK, check_rows, dir_stamps
 from localmq.config import check_topic
 from localmq.errors import CorruptStoreError, LocalMQError, StoreClosedError, UnsafePathError, store_io_error
 from localmq.layout import CQ_UNIT_SIZE, MAX_QUEUE_ID, TOPIC_RE, is_decimal
@@ -26,6 +26,32 @@ def _stamp_of(path: str) -> Tuple[int, int]:
     if stat.S_ISLNK(st.st_mode):
         raise UnsafePathError(f"{path} is a symlink, which localmq never writes through", path=path)
     return st.st_ctime_ns, st.st_ino
+
+
+def _stamps_of(root: str, names: List[str]) -> Dict[str, Tuple[int, int]]:
+    """``_stamp_of`` of each ``root/name``, in one compiled pass (``_snapshot.dir_stamps``): an open of 25,000 topics
+    stamps every topic directory the snapshot vouches for. Raises as ``_stamp_of`` would for the first that fails."""
+    broot = os.fsencode(root)
+    size = max(256, -(-len(names) // 64))  # 64 chunks or more, on sync_each's threads: each lstat is a lookup
+    chunks = [names[i : i + size] for i in range(0, len(names), size)]
+    found: Dict[int, List[Union[Tuple[int, int], int]]] = {}
+
+    def stamp(i: int) -> None:
+        found[i] = dir_stamps(broot, [os.fsencode(n) for n in chunks[i]])
+
+    failed = sync_each(stamp, list(range(len(chunks))))
+    if failed:
+        raise failed[0][1]
+    out: Dict[str, Tuple[int, int]] = {}
+    for name, got in zip(names, (s for i in range(len(chunks)) for s in found[i])):
+        if isinstance(got, tuple):
+            out[name] = got
+        elif got == ROW_LINK:
+            path = f"{root}/{name}"
+            raise UnsafePathError(f"{path} is a symlink, which localmq never writes through", path=path)
+        else:
+            raise OSError(-got, os.strerror(-got), f"{root}/{name}")
+    return out
 
 
 def _names_refusing_links(path: str) -> List[str]:
@@ -450,6 +476,7 @@ class ConsumeQueueTable:
         with os.scandir(root) as it:  # the entries' types (d_type): no stat per topic
             topics = sorted(e.name for e in it if e.is_dir(follow_symlinks=False) or e.is_symlink())
         rows, vouched, row_qids, vouch_dirs = self.rows, self.vouched, self._row_qids, self.vouch_queue_dirs
+        stamps = _stamps_of(root, [t for t in topics if t in known and known[t].dir_ctime != NOT_VOUCHED])
         for topic in topics:
             tdir = f"{root}/{topic}"
             if TOPIC_RE.match(topic) is None:
@@ -457,11 +484,7 @@ class ConsumeQueueTable:
                 log.warning("ignoring consume queue directory %s: not a valid topic name", tdir)
                 continue
             entry = known.get(topic)
-            if (
-                entry is not None
-                and entry.dir_ctime != NOT_VOUCHED
-                and _stamp_of(tdir) == (entry.dir_ctime, entry.dir_ino)
-            ):
+            if entry is not None and stamps.get(topic) == (entry.dir_ctime, entry.dir_ino):
                 # the directory holds what it held at the close: the snapshot's queues (ids as numbers, no names),
                 # the vouched rows taken whole (checked and built on first use)
                 if entry.keys:
@@ -690,14 +713,15 @@ class ClosingView:
         self._states: List[QueueState] = []
         with os.scandir(root) as it:
             topics = sorted(e.name for e in it if e.is_dir(follow_symlinks=False) or e.is_symlink())
+        known = handover.topics
+        stamps = _stamps_of(root, [t for t in topics if t in known and known[t].dir_ctime != NOT_VOUCHED])
         for topic in topics:
             tdir = f"{root}/{topic}"
             if TOPIC_RE.match(topic) is None:
                 self.skipped_dirs.append(tdir)
                 continue
-            entry = handover.topics.get(topic)
-            same = entry is not None and entry.dir_ctime != NOT_VOUCHED
-            same = same and _stamp_of(tdir) == (entry.dir_ctime, entry.dir_ino)  # type: ignore[union-attr]
+            entry = known.get(topic)
+            same = entry is not None and stamps.get(topic) == (entry.dir_ctime, entry.dir_ino)
             if same:  # (the handover's listing of it holds: no queue was added)
                 qids: List[int] = list(entry.qids) + list(entry.others)  # type: ignore[union-attr]
             else:
