@@ -763,3 +763,31 @@ def test_the_compiled_parse_reads_the_rows_the_layout_formats_write_and_refuses_
         parse_topic_rows(_packed_topics([("T", 1, 2, [topics[1][3][0], topics[1][3][0]])]), 0, 1)
     with pytest.raises(ValueError):  # not UTF-8
         parse_topic_rows(QUEUE_SNAPSHOT_TOPIC_ROW.pack(1, 1, 1, 0) + b"\xff", 0, 1)
+
+
+def test_dir_stamps_agree_with_lstat_and_name_links_and_failures(tmp_path):
+    """The compiled stamps of topic directories (what an open compares with the snapshot's topic rows) are what
+    os.lstat sees; a symlink is ROW_LINK (even to a directory), a missing name -ENOENT; the store's own loader
+    raises them as UnsafePathError and FileNotFoundError."""
+    import errno
+
+    from localmq._snapshot import ROW_LINK, dir_stamps
+    from localmq.store.consume_queue_table import _stamps_of
+
+    names = [f"t{i}" for i in range(700)]  # more than one chunk of _stamps_of's threads
+    for n in names:
+        (tmp_path / n).mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "t1")
+    want = {n: (os.lstat(tmp_path / n).st_ctime_ns, os.lstat(tmp_path / n).st_ino) for n in names}
+    assert _stamps_of(str(tmp_path), names) == want
+    got = dir_stamps(os.fsencode(tmp_path), [b"t3", b"link", b"gone"])
+    assert got == [want["t3"], ROW_LINK, -errno.ENOENT]
+    with pytest.raises(localmq.UnsafePathError):
+        _stamps_of(str(tmp_path), names + ["link"])
+    with pytest.raises(FileNotFoundError):
+        _stamps_of(str(tmp_path), ["gone"])
+    with pytest.raises(TypeError):
+        dir_stamps(os.fsencode(tmp_path), ["t3"])
+    with pytest.raises(NotADirectoryError):
+        (tmp_path / "file").write_bytes(b"")
+        dir_stamps(os.fsencode(tmp_path / "file"), [b"t3"])
