@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from helpers import powerfs_mounted as mounted
+from helpers import rmtree_on_fuse
 from powerfs import PowerFS, PowerFSError, build, run_then_kill
 
 try:  # the per-test limit, where pytest-timeout is installed (every wait below has its own timeout too)
@@ -363,6 +364,33 @@ def test_an_open_unlinked_file_keeps_working(disk, mnt):
         assert os.pread(fd, 100, 0) == b"still here"
         assert os.fstat(fd).st_size == 10
         os.close(fd)
+        fs.cut("all")
+    assert names(disk) == []
+
+
+def test_a_hidden_name_counts_in_rmdir_while_its_file_is_open_and_not_once_it_is_orphaned(disk, mnt):
+    """libfuse keeps a file unlinked while open under a hidden name (not listed): rmdir of its directory fails with
+    ENOTEMPTY until the last close, as on any libfuse high-level file system. libfuse 3.14 can also leave such a name
+    behind for good, its file closed (the last close's RELEASE racing the UNLINK, libfuse issue #746): such an
+    orphan, made here in the backing directory before the mount, does not keep its directory from being removed."""
+    fresh_disk(disk)
+    (disk / "orphaned").mkdir()
+    (disk / "orphaned" / ".fuse_hidden0000002a00000001").write_bytes(b"left by the race")
+    with mounted(disk, mnt) as fs:
+        assert os.listdir(mnt / "orphaned") == []
+        os.rmdir(mnt / "orphaned")
+        (mnt / "d").mkdir()
+        fd = os.open(mnt / "d" / "f", os.O_RDWR | os.O_CREAT, 0o600)
+        os.unlink(mnt / "d" / "f")
+        assert os.listdir(mnt / "d") == []
+        with pytest.raises(OSError) as e:
+            os.rmdir(mnt / "d")
+        assert e.value.errno == errno.ENOTEMPTY
+        os.write(fd, b"still here")
+        assert os.pread(fd, 100, 0) == b"still here"
+        os.close(fd)
+        rmtree_on_fuse(mnt / "d")  # once the last close's release reached the daemon (asynchronously)
+        fsync_dir(mnt)
         fs.cut("all")
     assert names(disk) == []
 

@@ -112,6 +112,19 @@ void rm_rf_at(int dirfd, const char *name)
     unlinkat(dirfd, name, AT_REMOVEDIR);
 }
 
+/* 1 when directory NAME in DIRFD is empty but for hidden names of files no handle has open, 0 when it holds more,
+ * -errno.  A hidden name of an open file counts (as with any libfuse high-level file system, rmdir fails until its
+ * last close); one whose file is closed is an orphan: libfuse 3.14 leaves it behind for good when the last close's
+ * RELEASE races the UNLINK that hid it (libfuse issue #746, fixed after 3.14), and nothing would ever remove it. */
+static int orphan_hidden(int dirfd, const char *name)
+{
+    struct stat st;
+    if (!is_fuse_hidden(name) || fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return 0;
+    struct node *n = node_find(st.st_dev, st.st_ino);
+    return n == NULL || n->opens == 0;
+}
+
 int dir_is_empty(int dirfd, const char *name)
 {
     int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -125,7 +138,7 @@ int dir_is_empty(int dirfd, const char *name)
     int empty = 1;
     struct dirent *de;
     while ((de = readdir(d)) != NULL)
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !orphan_hidden(fd, de->d_name)) {
             empty = 0;
             break;
         }
