@@ -271,6 +271,42 @@ def test_a_segment_is_created_ahead_only_after_the_one_before_it(tmp_path, monke
     mfq.close()
 
 
+def test_a_segment_made_on_the_put_path_whose_name_cannot_be_synced_is_unmapped_and_deleted(tmp_path, monkeypatch):
+    """The put path makes a segment itself when none was made ahead. When the directory's fsync fails after the
+    file was made, the segment was left mapped (until the exception was freed: a log record holding it kept it for
+    as long as the record lived) and named on disk. Now it is unmapped and deleted, as MappedFileQueue.create_file
+    does, and the next allocation makes it again."""
+    import errno
+
+    import localmq.services.allocate as allocate
+    from localmq.store.mapped_file_queue import MappedFileQueue
+
+    d = tmp_path / "commitlog"
+    d.mkdir()
+    mfq = MappedFileQueue(str(d), SEGMENT)
+    mfq.create_file(0)
+    svc = allocate.AllocateMappedFileService(mfq)  # not started, no request: the segment is made synchronously
+    path = str(d / f"{SEGMENT:020d}")
+    real = allocate.fsync_dir
+
+    def failing(directory):
+        raise OSError(errno.EIO, "Input/output error", directory)
+
+    monkeypatch.setattr(allocate, "fsync_dir", failing)
+    with pytest.raises(OSError) as e:
+        svc.allocate(path, SEGMENT, SEGMENT)
+    with open("/proc/self/maps") as f:
+        assert not [line for line in f if path in line], e.value  # not mapped, while the exception still lives
+    assert sorted(os.listdir(d)) == [f"{0:020d}"]
+    monkeypatch.setattr(allocate, "fsync_dir", real)
+    mf = svc.allocate(path, SEGMENT, SEGMENT)
+    assert os.path.exists(path) and mf.file_size == SEGMENT
+    mf.close()
+    with svc._cond:  # the requests made ahead by the allocation (the service never ran): nothing was created
+        assert all(r.mf is None for r in svc._requests.values())
+    mfq.close()
+
+
 def test_a_gap_over_a_hole_is_stepped_over_by_every_later_open(tmp_path):
     """A page lost in a power cut is a hole (on ext4 too: unwritten extents of the fallocated segment), and the gap
     record that recovery writes over the damage can end past it. Every later open walked only up to the end of the

@@ -106,7 +106,17 @@ class AllocateMappedFileService(ServiceThread):
             mf = MappedFile(
                 path, file_size, start_offset, create=True, reserve=self.reserve, reserve_step=self.mfq.reserve_step
             )
-            fsync_dir(self.directory)
+            try:
+                fsync_dir(self.directory)
+            except BaseException:
+                # its name may not survive a power cut: not used, unmapped now (not when the exception is freed),
+                # deleted; the put that asked fails and the next one makes it again (as MappedFileQueue.create_file)
+                mf.close()
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                raise
             self.served_sync += 1
         if self.pool is not None:
             buf = self.pool.borrow()
